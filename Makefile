@@ -1,0 +1,30 @@
+# turnpool — two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench bench-quick soak venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m examples.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n auto -q
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

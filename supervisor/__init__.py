@@ -1,0 +1,29 @@
+"""turnpool's supervisor side: the pool, the turn table, cancellation and escalation.
+
+Layers, bottom up: ``_timers`` (one task for every deadline), ``_turns`` (the turn record,
+the one cancellation holder, and the queue), ``_pool`` (a worker slot), ``_procs`` (start,
+signal, reap worker process trees), ``_core`` (``Supervisor``: the engine), ``_handle``
+(``TurnHandle``), ``_sync`` (blocking twins). Never imports agent code.
+"""
+
+from wire import Cause, TurnError, TurnResult
+
+from ._core import Supervisor
+from ._errors import (
+    DaemonUnavailable,
+    InvalidAgent,
+    ProtocolError,
+    QueueFull,
+    SupervisorClosed,
+    TurnpoolError,
+    UnknownTurn,
+    WorkerStartError,
+)
+from ._handle import TurnHandle
+from ._sync import SyncSupervisor, SyncTurnHandle
+
+__all__ = [
+    "Cause", "DaemonUnavailable", "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor",
+    "SupervisorClosed", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult",
+    "TurnpoolError", "UnknownTurn", "WorkerStartError",
+]

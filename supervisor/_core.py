@@ -1,0 +1,885 @@
+"""The embedded supervisor: owns the pool, the turn table, the queue and every turn's cancellation.
+
+One anyio event loop owns all state; nothing here blocks on another thread. The pieces:
+
+* the worker link: a ROUTER on a private ipc endpoint; workers connect DEALERs;
+* the pool: ``workers`` slots running turns plus ``spares`` warm workers; exits are pidfd events;
+* the turn table (``TurnRecord`` per turn: the one cancellation holder) and the ``TurnQueue``;
+* the escalation ladder: ``Abort`` → ``grace`` → SIGTERM to the tree → ``kill_after`` → SIGKILL
+  → reaped with every descendant → ``killed``; driven by one ``Timers`` task.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import msgspec
+import zmq
+import zmq.asyncio
+
+import wire
+from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
+from worker import _tree
+
+from . import _procs
+from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
+from ._handle import TurnHandle
+from ._paths import private_dir
+from ._pool import WorkerSlot
+from ._timers import Timers
+from ._turns import TurnQueue, TurnRecord
+
+log = logging.getLogger("turnpool.supervisor")
+
+AGENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_TURN_ID = 256
+
+
+def check_agent(agent: Any) -> str:
+    if not isinstance(agent, str) or not AGENT_RE.match(agent):
+        raise InvalidAgent(f"agent must be written 'package.module:attr', got {agent!r}")
+    return agent
+
+
+def _check_seconds(name: str, value: Any, *, allow_none: bool = True, positive: bool = False) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value}")
+    return value
+
+
+def _check_optional_str(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_TURN_ID:
+        raise TypeError(f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {value!r}")
+    return value
+
+
+class Supervisor:
+    """Runs agent turns in a pool of worker processes and owns their cancellation.
+
+    Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is
+    cancelled with cause ``disposed``, escalated as needed, and every worker reaped.
+    """
+
+    def __init__(
+        self,
+        workers: int = 4,
+        grace: float = 5.0,
+        kill_after: float = 2.0,
+        spares: int = 1,
+        max_turns_per_worker: int | None = None,
+        max_rss_mb: float | None = None,
+        *,
+        timeout: float | None = None,
+        max_queue: int = 100_000,
+        max_events: int = 10_000,
+        keep_results: int = 10_000,
+        heartbeat: float = 1.0,
+        start_timeout: float = 30.0,
+        rss_interval: float = 0.25,
+        stop_timeout: float = 5.0,
+        python: str | None = None,
+        worker_args: tuple[str, ...] = (),
+    ) -> None:
+        for name, value, low in (("workers", workers, 1), ("spares", spares, 0), ("max_queue", max_queue, 1),
+                                 ("max_events", max_events, 1), ("keep_results", keep_results, 1)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if max_turns_per_worker is not None and (
+            isinstance(max_turns_per_worker, bool) or not isinstance(max_turns_per_worker, int) or max_turns_per_worker < 1
+        ):
+            raise ValueError(f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}")
+        self.workers = workers
+        self.grace = _check_seconds("grace", grace, allow_none=False)
+        self.kill_after = _check_seconds("kill_after", kill_after, allow_none=False)
+        self.spares = spares
+        self.max_turns_per_worker = max_turns_per_worker
+        self.max_rss_mb = _check_seconds("max_rss_mb", max_rss_mb, positive=True)
+        self.timeout = _check_seconds("timeout", timeout, positive=True)
+        self.max_queue = max_queue
+        self.max_events = max_events
+        self.keep_results = keep_results
+        self.heartbeat = _check_seconds("heartbeat", heartbeat, allow_none=False)
+        self.start_timeout = _check_seconds("start_timeout", start_timeout, allow_none=False, positive=True)
+        self.rss_interval = _check_seconds("rss_interval", rss_interval, allow_none=False, positive=True)
+        self.stop_timeout = _check_seconds("stop_timeout", stop_timeout, allow_none=False)
+        self.python = python
+        self.worker_args = tuple(worker_args)
+
+        self._turns: dict[str, TurnRecord] = {}
+        self._ended: collections.deque[str] = collections.deque()
+        self._queue = TurnQueue()
+        self._slots: dict[str, WorkerSlot] = {}
+        self._by_ident: dict[bytes, WorkerSlot] = {}
+        self._idle: collections.deque[WorkerSlot] = collections.deque()
+        self._timers = Timers()
+        self._ids = itertools.count(1)
+        self._worker_ids = itertools.count(1)
+        self._prefix = secrets.token_hex(4)
+        self._running = 0  # turns handed to a worker and not yet ended
+        self._active = 0  # turns accepted and not yet ended
+        self._lent = 0  # slots lent by parents waiting on a spawned child
+        self._idle_waiters: list[anyio.Event] = []
+        self._outcomes: collections.Counter[str] = collections.Counter()
+        self._causes: collections.Counter[str] = collections.Counter()
+        self._escalations: collections.Counter[str] = collections.Counter()
+        self.bad_frames = 0
+        self.worker_restarts = 0
+        self._start_failures = 0
+        self._last_start_error: str | None = None
+        self._backoff_until = 0.0
+        self._refill_timer: Any = None
+        self._ready_event: anyio.Event | None = None
+        self._slots_changed = anyio.Event()
+        self._result_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
+        self._event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []
+        self._start_hooks: list[Callable[[TurnRecord, int], None]] = []
+
+        self._state = "new"  # new → running → closing → closed
+        self._disposing = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._send_sock: zmq.Socket[bytes] | None = None
+        self._dir: Any = None
+        self._endpoint = ""
+        self._life_r = -1
+        self._life_w = -1
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Supervisor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Bind the worker link, start the pool and wait until ``workers`` workers are ready."""
+        if self._state != "new":
+            raise RuntimeError("a Supervisor can be started once")
+        self._state = "running"
+        _tree.set_child_subreaper()
+        self._dir = private_dir()
+        self._endpoint = f"ipc://{self._dir}/workers.sock"
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.ROUTER_MANDATORY, 1),
+                         (zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)):
+            sock.setsockopt(opt, val)
+        sock.bind(self._endpoint)
+        self._sock = sock
+        self._send_sock = zmq.Socket.shadow(sock.underlying)
+        self._life_r, self._life_w = os.pipe()
+        os.set_inheritable(self._life_r, True)
+        self._ready_event = anyio.Event()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._timers.run)
+        self._tg.start_soon(self._receive)
+        if self.max_rss_mb is not None:
+            self._tg.start_soon(self._memory_loop)
+        try:
+            self._fill_pool()
+            with anyio.fail_after(self.start_timeout):
+                await self._ready_event.wait()
+            if self._ready_count() == 0:
+                raise WorkerStartError(f"workers could not be started: {self._last_start_error}")
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, TimeoutError):
+                raise WorkerStartError(
+                    f"workers were not ready within {self.start_timeout}s"
+                    + (f": {self._last_start_error}" if self._last_start_error else "")
+                ) from None
+            raise
+
+    async def aclose(self) -> None:
+        """Dispose: cancel every turn with cause ``disposed``, escalate, reap, release everything.
+
+        Returns only when every worker and every descendant of one has been reaped.
+        """
+        if self._state in ("closing", "closed"):
+            while self._state != "closed":
+                await self._wait_change()
+            return
+        if self._state == "new":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        with anyio.CancelScope(shield=True):
+            self._disposing = True
+            for turn in list(self._turns.values()):
+                if turn.state in ("queued", "running"):
+                    self._cancel(turn, DISPOSED)
+            while self._active:
+                ev = anyio.Event()
+                self._idle_waiters.append(ev)
+                await ev.wait()
+            for slot in list(self._slots.values()):
+                if slot.state in ("starting", "idle", "busy"):
+                    self._retire(slot)
+            while self._slots:
+                await self._wait_change()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            if self._sock is not None:
+                self._sock.close(linger=0)
+            if self._ctx is not None:
+                self._ctx.term()
+            for fd in (self._life_r, self._life_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._life_r = self._life_w = -1
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+            self._state = "closed"
+            self._notify_change()
+
+    async def _wait_change(self) -> None:
+        await self._slots_changed.wait()
+
+    def _notify_change(self) -> None:
+        self._slots_changed.set()
+        self._slots_changed = anyio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self._state in ("closing", "closed")
+
+    # ---- public API --------------------------------------------------------------------
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+    ) -> TurnHandle:
+        """Accept a turn and queue it; returns its handle at once.
+
+        Raises ``InvalidAgent`` (agent syntax), ``TypeError`` (input not encodable, bad
+        argument types), ``ValueError`` (negative times), ``QueueFull``, ``SupervisorClosed``.
+        A ``turn_id`` that already exists returns the existing turn's handle (never runs twice).
+        """
+        raw = wire.encode_payload(input, what="turn input")
+        turn = self._accept(agent, raw, session=session, timeout=timeout, grace=grace,
+                            kill_after=kill_after, turn_id=turn_id, parent=None)
+        return TurnHandle(self, turn.id)
+
+    async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
+        """``submit`` then ``result``."""
+        handle = await self.submit(agent, input, **kwargs)
+        return await handle.result()
+
+    def handle(self, turn_id: str) -> TurnHandle:
+        """A handle on an existing turn; raises ``UnknownTurn``."""
+        self._get(turn_id)
+        return TurnHandle(self, turn_id)
+
+    async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
+        """Cancel a turn (default cause ``{"kind": "user"}``); returns the winning cause.
+
+        On a turn that already ended nothing changes and the winning cause (or ``None``) is
+        returned. Raises ``UnknownTurn``, ``TypeError``/``ValueError`` for a bad cause.
+        """
+        accepted = validate_cause(cause)
+        turn = self._get(turn_id)
+        return self._cancel(turn, accepted)
+
+    async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
+        """Cancel the running turn of ``session`` and clear its turns queued now.
+
+        Turns submitted afterwards run normally. Returns the ids of the turns cancelled.
+        """
+        accepted = validate_cause(cause)
+        if not isinstance(session, str) or not session:
+            raise TypeError(f"session must be a non-empty string, got {session!r}")
+        return self._cancel_session(session, accepted)
+
+    async def when_idle(self) -> None:
+        """Return once no turn is queued or running, and every interrupted worker is reaped."""
+        while self._active:
+            ev = anyio.Event()
+            self._idle_waiters.append(ev)
+            await ev.wait()
+
+    def status(self) -> dict[str, Any]:
+        """Workers (id, pid, state, turn_id, turns_run, rss_mb), the queue and counters."""
+        workers = []
+        for slot in self._slots.values():
+            workers.append({
+                "id": slot.id, "pid": slot.pid, "state": slot.state,
+                "turn_id": slot.turn.id if slot.turn else None, "turns_run": slot.turns_run,
+                "rss_mb": round(_procs.rss_of_tree(slot.pid) / 2**20, 1) if slot.state != "dead" else 0.0,
+            })
+        return {
+            "pid": os.getpid(),
+            "state": self._state,
+            "workers": workers,
+            "queue": len(self._queue),
+            "running": self._running,
+            "outcomes": dict(self._outcomes),
+            "causes": dict(self._causes),
+            "escalations": dict(self._escalations),
+            "bad_frames": self.bad_frames,
+            "worker_restarts": self.worker_restarts,
+            "last_start_error": self._last_start_error,
+        }
+
+    # ---- handle backend ----------------------------------------------------------------
+
+    def _get(self, turn_id: str) -> TurnRecord:
+        try:
+            return self._turns[turn_id]
+        except (KeyError, TypeError):
+            raise UnknownTurn(turn_id) from None
+
+    async def _result(self, turn_id: str) -> TurnResult:
+        turn = self._get(turn_id)
+        if turn.result is None:
+            if turn.done is None:
+                turn.done = anyio.Event()
+            await turn.done.wait()
+        assert turn.result is not None
+        return turn.result
+
+    async def follow_raw(self, turn_id: str) -> AsyncIterator[tuple[int, msgspec.Raw]]:
+        """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends.
+
+        At most ``max_events`` events are retained per turn: a follower that starts late or
+        falls further behind than that skips the dropped ones (``seq`` shows the gap).
+        """
+        turn = self._get(turn_id)
+        seq = turn.events_base
+        while True:
+            if seq < turn.events_base:
+                seq = turn.events_base
+            while seq - turn.events_base < len(turn.events):
+                yield seq, turn.events[seq - turn.events_base]
+                seq += 1
+                if seq < turn.events_base:
+                    seq = turn.events_base
+            if turn.state == "ended" or turn.pending_result is not None:
+                return
+            ev = anyio.Event()
+            turn.waiters.append(ev)
+            await ev.wait()
+
+    async def _events(self, turn_id: str) -> AsyncIterator[Any]:
+        async for _, raw in self.follow_raw(turn_id):
+            yield wire.decode_payload(raw)
+
+    # ---- accepting and cancelling ------------------------------------------------------
+
+    def _accept(
+        self,
+        agent: str,
+        raw: msgspec.Raw,
+        *,
+        session: str | None,
+        timeout: float | None,
+        grace: float | None,
+        kill_after: float | None,
+        turn_id: str | None,
+        parent: str | None,
+    ) -> TurnRecord:
+        check_agent(agent)
+        session = _check_optional_str("session", session)
+        turn_id = _check_optional_str("turn_id", turn_id)
+        timeout = _check_seconds("timeout", timeout, positive=True)
+        grace = _check_seconds("grace", grace)
+        kill_after = _check_seconds("kill_after", kill_after)
+        if self._state != "running":
+            raise SupervisorClosed("the supervisor is shutting down" if self._state == "closing"
+                                   else "the supervisor is not running")
+        if turn_id is not None and turn_id in self._turns:
+            return self._turns[turn_id]
+        if len(self._queue) >= self.max_queue:
+            raise QueueFull(f"the queue already holds {self.max_queue} turns")
+        if turn_id is None:
+            turn_id = f"{self._prefix}-{next(self._ids)}"
+        turn = TurnRecord(
+            turn_id, agent, raw, session, parent,
+            timeout if timeout is not None else self.timeout,
+            grace if grace is not None else self.grace,
+            kill_after if kill_after is not None else self.kill_after,
+            anyio.current_time(),
+        )
+        self._turns[turn_id] = turn
+        self._active += 1
+        self._queue.push(turn)
+        if self._idle:
+            self._pump()
+        return turn
+
+    def _cancel(self, turn: TurnRecord, cause: Cause) -> Cause | None:
+        state = turn.state
+        if state == "ended" or state == "ending":
+            return turn.cause
+        first = turn.cause is None
+        if first:
+            turn.cause = cause
+        for child_id in list(turn.children):
+            child = self._turns.get(child_id)
+            if child is not None:
+                self._cancel(child, PARENT)
+        if state == "queued":
+            self._queue.discard(turn)
+            self._finish(turn, "aborted")
+        elif state == "running" and first:
+            slot = turn.worker
+            assert slot is not None
+            self._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
+        return turn.cause
+
+    def _cancel_session(self, session: str, cause: Cause) -> list[str]:
+        cancelled = []
+        for turn in self._queue.queued_of_session(session):
+            self._cancel(turn, cause)
+            cancelled.append(turn.id)
+        for slot in list(self._slots.values()):
+            turn = slot.turn
+            if turn is not None and turn.session == session and turn.state == "running":
+                self._cancel(turn, cause)
+                cancelled.append(turn.id)
+        return cancelled
+
+    def _deadline(self, turn: TurnRecord) -> None:
+        self._cancel(turn, wire.DEADLINE)
+
+    def _escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
+        # Keyed by turn: act only if this worker is still on this very turn.
+        if slot.turn is not turn or slot.state == "dead":
+            return
+        slot.doomed = True
+        if step == 1:
+            turn.escalation = 1
+            self._escalations["sigterm"] += 1
+            log.warning("escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace)
+            _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
+            turn.esc_timer = self._timers.call_later(turn.kill_after, self._escalate, turn, slot, 2)
+        else:
+            turn.escalation = 2
+            self._escalations["sigkill"] += 1
+            log.warning("escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs", turn.id, slot.pid,
+                        turn.kill_after)
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    # ---- ending ------------------------------------------------------------------------
+
+    def _finish(
+        self,
+        turn: TurnRecord,
+        outcome: str,
+        output: Any = None,
+        error: TurnError | None = None,
+        exit_code: int | None = None,
+        worker_pid: int | None = None,
+    ) -> None:
+        now = anyio.current_time()
+        cause = turn.cause
+        if self._disposing and outcome in ("aborted", "killed"):
+            cause = DISPOSED  # disposal wins over an earlier user or parent cause
+        started_at = turn.started_at
+        result = TurnResult(
+            turn_id=turn.id, outcome=outcome, output=output, error=error, cause=cause,  # type: ignore[arg-type]
+            started=turn.started, worker_pid=worker_pid, exit_code=exit_code,
+            queued_s=(started_at if started_at is not None else now) - turn.submitted_at,
+            run_s=(now - started_at) if started_at is not None else 0.0,
+            session=turn.session, parent=turn.parent, agent=turn.agent, attempts=turn.attempts,
+        )
+        if turn.timer is not None:
+            turn.timer.cancel()
+        if turn.esc_timer is not None:
+            turn.esc_timer.cancel()
+        if turn.state == "running":
+            self._running -= 1
+        live_children = [c for c in turn.children if c in self._turns and self._turns[c].state != "ended"]
+        if live_children:
+            # A child never outlives its parent: hold the parent's result until they end.
+            turn.state = "ending"
+            turn.pending_result = result
+            turn.wake_followers()
+            for child_id in live_children:
+                self._cancel(self._turns[child_id], PARENT)
+            return
+        self._deliver(turn, result)
+
+    def _deliver(self, turn: TurnRecord, result: TurnResult) -> None:
+        turn.result = result
+        turn.pending_result = None
+        turn.state = "ended"
+        turn.ended_at = anyio.current_time()
+        turn.input = None  # type: ignore[assignment]  # no longer needed: free it
+        self._outcomes[result.outcome] += 1
+        if result.cause is not None:
+            self._causes[result.cause.kind] += 1
+        self._active -= 1
+        if turn.done is not None:
+            turn.done.set()
+        turn.wake_followers()
+        for hook in self._result_hooks:
+            hook(turn, result)
+        if turn.session is not None:
+            self._queue.session_quiescent(turn)
+        if turn.spawn_origin is not None:
+            slot, req = turn.spawn_origin
+            turn.spawn_origin = None
+            self._lent -= 1
+            slot.spawns.pop(req, None)
+            if slot.state == "busy" and slot.turn is not None and slot.turn.id == turn.parent:
+                self._send(slot, wire.SpawnReply(req, result=result))
+        if turn.parent is not None:
+            parent = self._turns.get(turn.parent)
+            if parent is not None:
+                parent.children.discard(turn.id)
+                if parent.pending_result is not None and not any(
+                    self._turns.get(c) is not None and self._turns[c].state != "ended" for c in parent.children
+                ):
+                    self._deliver(parent, parent.pending_result)
+        self._ended.append(turn.id)
+        if len(self._ended) > self.keep_results:
+            old = self._turns.get(self._ended.popleft())
+            if old is not None and old.state == "ended":
+                del self._turns[old.id]
+        if self._active == 0 and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for ev in waiters:
+                ev.set()
+        self._pump()
+        self._fill_pool()
+
+    # ---- dispatch ----------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        idle = self._idle
+        queue = self._queue
+        cap = self.workers + self._lent
+        while idle and self._running < cap:
+            slot = idle[0]
+            if slot.state != "idle":
+                idle.popleft()
+                continue
+            turn = queue.pop()
+            if turn is None:
+                return
+            idle.popleft()
+            slot.state = "busy"
+            slot.turn = turn
+            turn.state = "running"
+            turn.worker = slot
+            self._running += 1
+            self._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+
+    def _send(self, slot: WorkerSlot, msg: Any) -> None:
+        assert self._send_sock is not None
+        try:
+            self._send_sock.send_multipart([slot.ident, wire.encode_frame([msg])], zmq.NOBLOCK)
+            # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
+            self._sock.get(zmq.EVENTS)  # type: ignore[union-attr]
+        except zmq.ZMQError as exc:
+            # The worker is gone (or never connected): its exit event settles its turn.
+            log.debug("send to worker %s failed: %s", slot.id, exc)
+
+    # ---- the pool ----------------------------------------------------------------------
+
+    def _ready_count(self) -> int:
+        return sum(1 for s in self._slots.values() if s.state in ("idle", "busy"))
+
+    def _fill_pool(self) -> None:
+        if self._state != "running":
+            return
+        target = self.workers + self.spares + self._lent
+        live = sum(1 for s in self._slots.values() if s.live and not s.doomed)
+        now = anyio.current_time()
+        if live < target and now < self._backoff_until:
+            if self._refill_timer is None:
+                self._refill_timer = self._timers.call_at(self._backoff_until, self._refill)
+            return
+        while live < target:
+            self._spawn()
+            live += 1
+
+    def _refill(self) -> None:
+        self._refill_timer = None
+        self._fill_pool()
+
+    def _spawn(self) -> None:
+        assert self._tg is not None
+        worker_id = f"w{next(self._worker_ids)}"
+        token = secrets.token_hex(16)
+        marker = f"{os.getpid()}-{self._prefix}-{worker_id}"
+        try:
+            pid = _procs.spawn_worker(
+                endpoint=self._endpoint, worker_id=worker_id, token=token, marker=marker,
+                life_fd=self._life_r, heartbeat=self.heartbeat, python=self.python, extra_args=self.worker_args,
+            )
+        except OSError as exc:
+            self._start_failed(f"could not start a worker: {exc}")
+            return
+        slot = WorkerSlot(worker_id, pid, _procs.pidfd(pid), token, marker, anyio.current_time())
+        self._slots[worker_id] = slot
+        self._by_ident[slot.ident] = slot
+        slot.timer = self._timers.call_later(self.start_timeout, self._start_timed_out, slot)
+        self._tg.start_soon(self._watch, slot)
+
+    def _start_failed(self, reason: str) -> None:
+        self._start_failures += 1
+        self._last_start_error = reason
+        delay = min(0.05 * 2 ** min(self._start_failures, 8), 5.0)
+        self._backoff_until = anyio.current_time() + delay
+        log.error("worker start failed (%d in a row, retrying in %.2fs): %s", self._start_failures, delay, reason)
+        if self._ready_event is not None and not self._ready_event.is_set() and self._start_failures >= 3 \
+                and self._ready_count() == 0:
+            self._ready_event.set()  # start() reports the failure instead of waiting for the deadline
+
+    def _start_timed_out(self, slot: WorkerSlot) -> None:
+        if slot.state == "starting":
+            self._last_start_error = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    def _retire(self, slot: WorkerSlot) -> None:
+        """Ask an idle worker to exit; kill its tree if it has not within ``stop_timeout``."""
+        if slot.state in ("stopping", "dead"):
+            return
+        was = slot.state
+        slot.state = "stopping"
+        if slot.timer is not None:
+            slot.timer.cancel()
+        if was == "idle":
+            self._send(slot, wire.Shutdown())
+            slot.timer = self._timers.call_later(self.stop_timeout, self._stop_timed_out, slot)
+        else:
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    def _stop_timed_out(self, slot: WorkerSlot) -> None:
+        if slot.state != "dead":
+            log.warning("worker %s (pid %s) did not exit after Shutdown: killing its tree", slot.id, slot.pid)
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    async def _watch(self, slot: WorkerSlot) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await _procs.wait_exit(slot.pid, slot.fd)
+            finally:
+                if slot.fd is not None:
+                    os.close(slot.fd)
+                    slot.fd = None
+            await self._on_exit(slot)
+
+    async def _on_exit(self, slot: WorkerSlot) -> None:
+        code = _procs.reap(slot.pid)
+        slot.exit_code = code
+        was = slot.state
+        slot.state = "dead"
+        if slot.timer is not None:
+            slot.timer.cancel()
+        self._by_ident.pop(slot.ident, None)
+        # Quiescence: every descendant is killed and reaped before the turn's result is out.
+        exclude = {s.pid for s in self._slots.values()}
+        pending = set(slot.known) - {slot.pid}
+        for _ in range(8):
+            found = set(_procs.orphans_of(slot.pid, slot.marker, exclude)) - pending
+            if not pending and not found:
+                break
+            await _procs.kill_and_reap(pending | found)
+            exclude |= pending | found
+            pending = set()
+        del self._slots[slot.id]
+        turn = slot.turn
+        slot.turn = None
+        if was == "starting":
+            self._start_failed(f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready")
+        elif was != "stopping" or turn is not None:
+            self.worker_restarts += 1
+        if turn is not None and turn.state == "running":
+            if turn.escalation:
+                self._finish(turn, "killed", exit_code=code, worker_pid=slot.pid)
+            elif not turn.started:
+                self._running -= 1
+                if turn.cause is not None:
+                    turn.state = "queued"  # it never ran: cancelled before start
+                    self._finish(turn, "aborted")
+                else:
+                    # Handed over but never started: back to the front of the queue, unharmed.
+                    turn.state = "queued"
+                    turn.worker = None
+                    self._queue.push(turn, front=True)
+            else:
+                log.warning("worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code)
+                self._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
+        self._notify_change()
+        self._fill_pool()
+        self._pump()
+
+    # ---- the worker link ---------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        assert self._sock is not None and self._send_sock is not None
+        sock, sync = self._sock, self._send_sock
+        while True:
+            batch = [await sock.recv_multipart()]
+            while True:
+                try:
+                    batch.append(sync.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            for parts in batch:
+                if len(parts) != 2:
+                    self.bad_frames += 1
+                    continue
+                slot = self._by_ident.get(parts[0])
+                if slot is None:
+                    self.bad_frames += 1
+                    continue
+                try:
+                    messages = wire.decode_from_worker(parts[1])
+                except msgspec.DecodeError as exc:
+                    self.bad_frames += 1
+                    log.warning("undecodable frame from worker %s: %s", slot.id, exc)
+                    continue
+                for msg in messages:
+                    self._on_message(slot, msg)
+
+    def _on_message(self, slot: WorkerSlot, msg: Any) -> None:
+        turn = slot.turn
+        match msg:
+            case wire.Event(turn_id=turn_id, data=data):
+                if turn is not None and turn.id == turn_id:
+                    events = turn.events
+                    events.append(data)
+                    if len(events) > self.max_events:
+                        drop = len(events) - self.max_events // 2
+                        del events[:drop]
+                        turn.events_base += drop
+                    turn.wake_followers()
+                    for hook in self._event_hooks:
+                        hook(turn, data)
+            case wire.Started(turn_id=turn_id):
+                if turn is not None and turn.id == turn_id and not turn.started:
+                    turn.started = True
+                    turn.started_at = now = anyio.current_time()
+                    if turn.timeout is not None:
+                        turn.timer = self._timers.call_at(now + turn.timeout, self._deadline, turn)
+                    for start_hook in self._start_hooks:
+                        start_hook(turn, slot.pid)
+            case wire.End(turn_id=turn_id):
+                if turn is None or turn.id != turn_id:
+                    self.bad_frames += 1
+                    return
+                if turn.escalation or slot.doomed:
+                    return  # once SIGTERM went out the outcome is "killed", whatever the worker says
+                slot.turn = None
+                slot.turns_run += 1
+                try:
+                    output = wire.decode_payload(msg.output)
+                except msgspec.DecodeError:
+                    output = None
+                self._finish(turn, msg.outcome, output=output, error=msg.error, worker_pid=slot.pid)
+                self._after_turn(slot)
+            case wire.Ready():
+                if slot.state != "starting" or msg.token != slot.token or msg.pid != slot.pid:
+                    self.bad_frames += 1
+                    return
+                if msg.version != wire.PROTOCOL_VERSION:
+                    self._last_start_error = f"worker speaks protocol {msg.version}, expected {wire.PROTOCOL_VERSION}"
+                    _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+                    return
+                if slot.timer is not None:
+                    slot.timer.cancel()
+                slot.state = "idle"
+                slot.ready_at = anyio.current_time()
+                self._start_failures = 0
+                self._idle.append(slot)
+                if self._ready_event is not None and self._ready_count() >= self.workers:
+                    self._ready_event.set()
+                self._pump()
+            case wire.Spawn():
+                self._on_spawn(slot, msg)
+            case wire.SpawnCancel(req=req):
+                child_id = slot.spawns.get(req)
+                child = self._turns.get(child_id) if child_id else None
+                if child is not None:
+                    self._cancel(child, PARENT)
+            case wire.Heartbeat():
+                pass
+            case wire.BadFrame(reason=reason):
+                log.warning("worker %s could not decode a frame: %s", slot.id, reason)
+
+    def _after_turn(self, slot: WorkerSlot) -> None:
+        if slot.state != "busy":
+            return
+        target = self.workers + self.spares + self._lent
+        live = sum(1 for s in self._slots.values() if s.live and not s.doomed)
+        if (self.max_turns_per_worker is not None and slot.turns_run >= self.max_turns_per_worker) or live > target:
+            slot.state = "idle"
+            self._retire(slot)
+            self._fill_pool()
+            return
+        slot.state = "idle"
+        self._idle.append(slot)
+        self._pump()
+
+    def _on_spawn(self, slot: WorkerSlot, msg: wire.Spawn) -> None:
+        parent = slot.turn
+        if parent is None or parent.id != msg.parent or parent.state != "running":
+            self._send(slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")))
+            return
+        if parent.cause is not None:
+            self._send(slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled")))
+            return
+        try:
+            child = self._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
+                                 kill_after=msg.kill_after, turn_id=None, parent=parent.id)
+        except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
+            self._send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
+            return
+        parent.children.add(child.id)
+        child.spawn_origin = (slot, msg.req)
+        slot.spawns[msg.req] = child.id
+        # The parent waits on its child: it lends its slot, so the pool can never deadlock.
+        self._lent += 1
+        self._fill_pool()
+        self._pump()
+
+    async def _memory_loop(self) -> None:
+        assert self.max_rss_mb is not None
+        limit = self.max_rss_mb * 2**20
+        while True:
+            await anyio.sleep(self.rss_interval)
+            for slot in list(self._slots.values()):
+                turn = slot.turn
+                if slot.state == "busy" and turn is not None and turn.state == "running" and turn.cause is None:
+                    if _procs.rss_of_tree(slot.pid) > limit:
+                        log.warning("turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, self.max_rss_mb)
+                        self._cancel(turn, wire.MEMORY)

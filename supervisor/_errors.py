@@ -1,0 +1,42 @@
+"""The supervisor package's errors: one base, named for what broke."""
+
+from __future__ import annotations
+
+
+class TurnpoolError(Exception):
+    """Base of every error turnpool raises at its API boundary."""
+
+
+class QueueFull(TurnpoolError):
+    """Raised by ``submit``/``run`` when the bounded queue already holds ``max_queue`` turns."""
+
+
+class SupervisorClosed(TurnpoolError):
+    """Raised by ``submit``, ``run``, ``cancel`` and friends once the supervisor is shutting down or closed."""
+
+
+class UnknownTurn(TurnpoolError, LookupError):
+    """Raised by ``handle``, ``cancel`` and ``result`` for a turn id the supervisor does not know."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"unknown turn id {turn_id!r}")
+        self.turn_id = turn_id
+
+    def __str__(self) -> str:  # LookupError would repr() the message
+        return str(self.args[0])
+
+
+class InvalidAgent(TurnpoolError, ValueError):
+    """Raised by ``submit``/``run`` when the agent is not written ``"package.module:attr"``."""
+
+
+class WorkerStartError(TurnpoolError):
+    """Raised by ``Supervisor.__aenter__`` when workers cannot be started (the reason is given)."""
+
+
+class ProtocolError(TurnpoolError):
+    """Raised by ``Client.connect`` when the daemon speaks another protocol version."""
+
+
+class DaemonUnavailable(TurnpoolError, ConnectionError):
+    """Raised by ``Client`` calls when no daemon answers at the endpoint (named in the message)."""

@@ -1,0 +1,46 @@
+"""``TurnHandle``: follow, await and cancel one turn, embedded or through a daemon client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from wire import Cause, TurnResult
+
+
+class _Backend(Protocol):
+    def _events(self, turn_id: str) -> AsyncIterator[Any]: ...
+    async def _result(self, turn_id: str) -> TurnResult: ...
+    async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None: ...
+
+
+class TurnHandle:
+    """A handle on one turn. Cheap: holds only the turn id and who owns the turn."""
+
+    __slots__ = ("turn_id", "_backend")
+
+    def __init__(self, backend: _Backend, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self._backend = backend
+
+    def events(self) -> AsyncIterator[Any]:
+        """The events the agent emitted, in order, from the turn's start (up to the retained
+        bound); the iteration ends when the turn ends."""
+        return self._backend._events(self.turn_id)
+
+    async def result(self) -> TurnResult:
+        """Wait for the turn's one outcome. Returns only once the turn is quiescent."""
+        return await self._backend._result(self.turn_id)
+
+    async def cancel(self, cause: Any = None) -> Cause | None:
+        """Cancel the turn (default cause ``{"kind": "user"}``); returns the winning cause."""
+        return await self._backend.cancel(self.turn_id, cause)
+
+    def __repr__(self) -> str:
+        return f"TurnHandle({self.turn_id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TurnHandle) and other.turn_id == self.turn_id and other._backend is self._backend
+
+    def __hash__(self) -> int:
+        return hash(self.turn_id)

@@ -1,0 +1,43 @@
+"""A worker slot: one worker process as the supervisor tracks it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ._timers import Timer
+    from ._turns import TurnRecord
+
+SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
+
+
+class WorkerSlot:
+    __slots__ = (
+        "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
+        "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code",
+    )
+
+    def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
+        self.id = worker_id
+        self.ident = worker_id.encode()
+        self.pid = pid
+        self.fd = fd
+        self.token = token
+        self.marker = marker
+        self.state: SlotState = "starting"
+        self.turn: TurnRecord | None = None
+        self.turns_run = 0
+        self.known: set[int] = set()  # descendants seen when the tree was frozen
+        self.spawns: dict[int, str] = {}  # spawn request id -> child turn id
+        self.started_at = now
+        self.ready_at: float | None = None
+        self.timer: Timer | None = None  # start-up deadline, or the stop deadline when retiring
+        self.doomed = False  # escalation began: never goes back to idle
+        self.exit_code: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("starting", "idle", "busy")
+
+    def __repr__(self) -> str:
+        return f"WorkerSlot({self.id}, pid={self.pid}, {self.state})"

@@ -1,0 +1,175 @@
+"""Worker processes as the supervisor sees them: start, watch, signal the tree, reap.
+
+Exits become events through ``pidfd_open`` (no polling loop, no ``waitpid(-1)`` that would
+steal statuses from the host's own subprocess handling): each pid is reaped by number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterable
+
+import anyio
+import psutil
+
+from worker import _tree
+
+log = logging.getLogger("turnpool.supervisor")
+
+TREE_ENV = "TURNPOOL_TREE"
+TOKEN_ENV = "TURNPOOL_SPAWN_TOKEN"
+
+
+def spawn_worker(
+    *,
+    endpoint: str,
+    worker_id: str,
+    token: str,
+    marker: str,
+    life_fd: int,
+    heartbeat: float,
+    python: str | None = None,
+    extra_args: Iterable[str] = (),
+) -> int:
+    """Start ``python -m worker`` in its own session; its stdout goes to our stderr so nothing
+    a worker prints can corrupt a protocol the host speaks on stdout."""
+    exe = python or sys.executable
+    argv = [
+        exe, *extra_args, "-m", "worker",
+        "--endpoint", endpoint, "--id", worker_id, "--parent-pid", str(os.getpid()),
+        "--life-fd", str(life_fd), "--heartbeat", repr(heartbeat),
+    ]
+    env = dict(os.environ)
+    env[TOKEN_ENV] = token
+    env[TREE_ENV] = marker
+    paths = [p for p in sys.path if p]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=[(os.POSIX_SPAWN_DUP2, 2, 1)])
+
+
+def pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+async def wait_exit(pid: int, fd: int | None) -> None:
+    """Return once ``pid`` has exited (it may still need reaping)."""
+    if fd is not None:
+        await anyio.wait_readable(fd)
+        return
+    # No pidfd (old kernel): bounded back-off polling, the only fallback there is.
+    delay = 0.001
+    while _alive(pid):
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] != b"Z"
+    except OSError:
+        return False
+
+
+def reap(pid: int) -> int | None:
+    """Collect ``pid``'s exit status if it is our child and has exited; the exit code
+    (negative: the signal), or None when it is not ours to reap or not dead yet."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
+    """Freeze the worker's tree, signal every process in it and its process group, thaw it
+    (unless the signal is SIGKILL). Adds what it found to ``known``; returns the pids."""
+    pids = _tree.freeze_tree(pid)
+    known.update(pids)
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session and group
+    except (ProcessLookupError, PermissionError):
+        pass
+    _tree.signal_all(pids, sig)
+    if sig != signal.SIGKILL:
+        _tree.thaw(pids)
+    return pids
+
+
+def orphans_of(worker_pid: int, marker: str, exclude: set[int]) -> list[int]:
+    """Our own children that descend from the worker: its session, or its tree marker in the
+    environment (for ones that called setsid). Nothing else of the host is ever touched."""
+    found = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return found
+    for child in children:
+        pid = child.pid
+        if pid in exclude:
+            continue
+        if _tree.session_of(pid) == worker_pid:
+            found.append(pid)
+            continue
+        try:
+            if child.environ().get(TREE_ENV) == marker:
+                found.append(pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+async def kill_and_reap(pids: Iterable[int]) -> None:
+    """SIGKILL each pid (a descendant of a dead worker), wait for it to exit, reap it if it
+    became our child. Pids already gone are skipped."""
+    fds: list[tuple[int, int | None]] = []
+    for pid in pids:
+        fd = pidfd(pid)
+        if fd is None and not _alive(pid):
+            reap(pid)
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            if fd is not None:
+                os.close(fd)
+            continue
+        fds.append((pid, fd))
+    for pid, fd in fds:
+        try:
+            with anyio.move_on_after(5):
+                await wait_exit(pid, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        reap(pid)
+
+
+def rss_of_tree(pid: int) -> int:
+    """Resident memory of the worker and all its descendants, in bytes."""
+    try:
+        proc = psutil.Process(pid)
+        total = proc.memory_info().rss
+        for child in proc.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+    except psutil.Error:
+        return 0
+
+

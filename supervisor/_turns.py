@@ -1,0 +1,151 @@
+"""The turn table's rows and the queue.
+
+``TurnRecord`` is the one cancellation holder of a turn: created when the turn is accepted,
+the same through queueing, start, every event and the end; a new turn always gets a new one.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import msgspec
+
+from wire import Cause, TurnResult
+
+if TYPE_CHECKING:
+    from ._pool import WorkerSlot
+    from ._timers import Timer
+
+TurnState = Literal["queued", "running", "ending", "ended"]
+
+
+class TurnRecord:
+    __slots__ = (
+        "id", "agent", "input", "session", "parent", "timeout", "grace", "kill_after",
+        "state", "cause", "started", "worker", "escalation", "submitted_at", "started_at", "ended_at",
+        "events", "events_base", "waiters", "result", "done", "children", "spawn_origin", "pending_result",
+        "timer", "esc_timer", "attempts", "retry",
+    )
+
+    def __init__(
+        self,
+        turn_id: str,
+        agent: str,
+        input: msgspec.Raw,
+        session: str | None,
+        parent: str | None,
+        timeout: float | None,
+        grace: float,
+        kill_after: float,
+        now: float,
+    ) -> None:
+        self.id = turn_id
+        self.agent = agent
+        self.input = input
+        self.session = session
+        self.parent = parent
+        self.timeout = timeout
+        self.grace = grace
+        self.kill_after = kill_after
+        self.state: TurnState = "queued"
+        self.cause: Cause | None = None  # first cause wins
+        self.started = False
+        self.worker: WorkerSlot | None = None
+        self.escalation = 0  # 0: none, 1: SIGTERM sent, 2: SIGKILL sent
+        self.submitted_at = now
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.events: list[msgspec.Raw] = []
+        self.events_base = 0  # sequence number of events[0] (older ones were dropped)
+        self.waiters: list[anyio.Event] = []
+        self.result: TurnResult | None = None
+        self.done: anyio.Event | None = None
+        self.children: set[str] = set()
+        self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
+        self.pending_result: TurnResult | None = None  # held until live children have ended
+        self.timer: Timer | None = None  # the deadline (timeout), armed when the turn starts
+        self.esc_timer: Timer | None = None  # the next escalation step
+        self.attempts = 1
+        self.retry = False
+
+    def wake_followers(self) -> None:
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for ev in waiters:
+                ev.set()
+
+
+class TurnQueue:
+    """FIFO of turns waiting for a worker, with sessions run one turn at a time in order.
+
+    ``ready`` holds turns that may start now; ``waiting[session]`` holds a session's later
+    turns until its current one is quiescent. Removal is lazy (a cancelled turn's state is no
+    longer ``queued`` and it is skipped), so every operation is O(1) amortised.
+    """
+
+    def __init__(self) -> None:
+        self.ready: collections.deque[TurnRecord] = collections.deque()
+        self.waiting: dict[str, collections.deque[TurnRecord]] = {}
+        self.active: dict[str, str] = {}  # session -> id of its turn that is ready or running
+        self.count = 0  # turns in state "queued"
+
+    def __len__(self) -> int:
+        return self.count
+
+    def push(self, turn: TurnRecord, *, front: bool = False) -> None:
+        self.count += 1
+        session = turn.session
+        if session is not None and not front:
+            if session in self.active:
+                self.waiting.setdefault(session, collections.deque()).append(turn)
+                return
+            self.active[session] = turn.id
+        if front:
+            self.ready.appendleft(turn)
+        else:
+            self.ready.append(turn)
+
+    def pop(self) -> TurnRecord | None:
+        ready = self.ready
+        while ready:
+            turn = ready.popleft()
+            if turn.state == "queued":
+                self.count -= 1
+                return turn
+        return None
+
+    def has_ready(self) -> bool:
+        ready = self.ready
+        while ready and ready[0].state != "queued":
+            ready.popleft()
+        return bool(ready)
+
+    def discard(self, turn: TurnRecord) -> None:
+        """The turn left the queue by cancellation; the caller sets its state."""
+        self.count -= 1
+
+    def session_quiescent(self, turn: TurnRecord) -> None:
+        """``turn`` ended: if it was its session's current turn, the session's next queued
+        turn (if any) becomes ready."""
+        session = turn.session
+        if session is None or self.active.get(session) != turn.id:
+            return
+        waiting = self.waiting.get(session)
+        while waiting:
+            nxt = waiting.popleft()
+            if nxt.state == "queued":
+                if not waiting:
+                    del self.waiting[session]
+                self.ready.append(nxt)
+                self.active[session] = nxt.id
+                return
+        self.waiting.pop(session, None)
+        del self.active[session]
+
+    def queued_of_session(self, session: str) -> list[TurnRecord]:
+        """The session's turns queued now (ready or waiting), in order."""
+        found = [t for t in self.ready if t.session == session and t.state == "queued"]
+        found.extend(t for t in self.waiting.get(session, ()) if t.state == "queued")
+        return found

@@ -1,0 +1,49 @@
+"""turnpool's wire protocol.
+
+Layers: ``_cause`` (the closed cancellation vocabulary and its validation), ``_messages``
+(one tagged union per direction, plus ``TurnResult``), ``_codec`` (reused encoders and
+decoders). This package knows nothing of who owns the sockets.
+"""
+
+from ._cause import CAUSE_KINDS, DEADLINE, DISPOSED, MEMORY, PARENT, USER, Cause, CauseKind, validate_cause
+from ._codec import (
+    MAX_MESSAGE_SIZE,
+    decode_from_worker,
+    decode_payload,
+    decode_to_worker,
+    encode,
+    encode_frame,
+    encode_payload,
+)
+from ._messages import (
+    NIL,
+    OUTCOMES,
+    PROTOCOL_VERSION,
+    Abort,
+    BadFrame,
+    End,
+    Event,
+    FromWorker,
+    Heartbeat,
+    Outcome,
+    Ready,
+    Run,
+    Shutdown,
+    Spawn,
+    SpawnCancel,
+    SpawnReply,
+    Started,
+    ToWorker,
+    TurnError,
+    TurnResult,
+    WorkerOutcome,
+)
+
+__all__ = [
+    "CAUSE_KINDS", "DEADLINE", "DISPOSED", "MEMORY", "PARENT", "USER", "Cause", "CauseKind", "validate_cause",
+    "MAX_MESSAGE_SIZE", "decode_from_worker", "decode_payload", "decode_to_worker", "encode", "encode_frame",
+    "encode_payload",
+    "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "Event", "FromWorker", "Heartbeat", "Outcome",
+    "Ready", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
+    "TurnResult", "WorkerOutcome",
+]

@@ -1,0 +1,49 @@
+"""Encoders and decoders, made once and reused.
+
+A frame on the worker link is a msgpack array of messages, so a burst (``Started`` then
+``End`` of a quick turn, or a run of events) costs one ZeroMQ message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ._messages import FromWorker, ToWorker
+
+# 32 MiB: far above any sensible prompt or event, small enough to refuse abuse.
+MAX_MESSAGE_SIZE = 32 * 1024 * 1024
+
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(list[ToWorker])
+_from_worker = msgspec.msgpack.Decoder(list[FromWorker])
+
+encode = _encoder.encode
+
+
+def encode_payload(value: Any, *, what: str = "value") -> msgspec.Raw:
+    """Encode a user value (turn input, output, event) once; raise ``TypeError`` if it can't be."""
+    try:
+        return msgspec.Raw(_encoder.encode(value))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"{what} is not encodable with msgspec: {exc}") from None
+
+
+def decode_payload(raw: msgspec.Raw | bytes | None) -> Any:
+    if raw is None:
+        return None
+    return msgspec.msgpack.decode(raw)
+
+
+def encode_frame(messages: list[Any]) -> bytes:
+    return _encoder.encode(messages)
+
+
+def decode_to_worker(frame: bytes) -> list[ToWorker]:
+    """Decode a supervisor→worker frame; raises ``msgspec.DecodeError`` (incl. validation)."""
+    return _to_worker.decode(frame)
+
+
+def decode_from_worker(frame: bytes) -> list[FromWorker]:
+    return _from_worker.decode(frame)

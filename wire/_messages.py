@@ -1,0 +1,157 @@
+"""Wire messages between the supervisor and its workers, and the turn result.
+
+Every message is a frozen msgspec Struct with ``forbid_unknown_fields``; each direction has
+one tagged union. Messages are encoded as msgpack arrays (``array_like``): the tag comes
+first, then the fields in order. Evolve the schema only by appending fields with defaults.
+
+Payloads that the supervisor never looks into (turn input, output, event data) travel as
+``msgspec.Raw``: encoded once by whoever produced them, decoded once by whoever consumes
+them, never re-encoded on the way through.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ._cause import Cause
+
+PROTOCOL_VERSION = 1
+NIL = msgspec.Raw(b"\xc0")  # msgpack nil, for Raw fields that carry nothing
+
+Outcome = Literal["completed", "failed", "aborted", "killed", "crashed"]
+WorkerOutcome = Literal["completed", "failed", "aborted"]
+OUTCOMES: tuple[str, ...] = ("completed", "failed", "aborted", "killed", "crashed")
+
+
+class TurnError(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Why a turn failed: the exception's type name and message (never a traceback)."""
+
+    type: str
+    message: str
+
+
+class TurnResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How a turn ended. Exactly one per turn.
+
+    ``outcome`` is one of ``completed``, ``failed``, ``aborted``, ``killed``, ``crashed``.
+    ``cause`` is the winning cancellation cause (``None`` if the turn was never cancelled);
+    ``started`` says whether a worker ever began the turn; ``exit_code`` is the worker's exit
+    status when it was killed or crashed (negative: the signal number).
+    """
+
+    turn_id: str
+    outcome: Outcome
+    output: Any = None
+    error: TurnError | None = None
+    cause: Cause | None = None
+    started: bool = False
+    worker_pid: int | None = None
+    exit_code: int | None = None
+    queued_s: float = 0.0
+    run_s: float = 0.0
+    session: str | None = None
+    parent: str | None = None
+    agent: str = ""
+    attempts: int = 1
+
+
+class _Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True, tag=True):
+    pass
+
+
+# ---- supervisor → worker -------------------------------------------------------------
+
+
+class Run(_Msg, tag="run"):
+    """Start a turn. The worker answers ``Started`` then exactly one ``End``."""
+
+    turn_id: str
+    agent: str
+    input: msgspec.Raw
+    session: str | None = None
+    parent: str | None = None
+
+
+class Abort(_Msg, tag="abort"):
+    """Cooperative stop for ``turn_id``; a worker not running that turn drops it."""
+
+    turn_id: str
+    cause: Cause
+
+
+class SpawnReply(_Msg, tag="spawned"):
+    """Answer to a worker's ``Spawn``: the child's result, or why it could not run."""
+
+    req: int
+    result: TurnResult | None = None
+    error: TurnError | None = None
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    """Idle worker: exit cleanly."""
+
+
+ToWorker = Run | Abort | SpawnReply | Shutdown
+
+
+# ---- worker → supervisor -------------------------------------------------------------
+
+
+class Ready(_Msg, tag="ready"):
+    """First message of a worker: proves with the per-spawn token that the supervisor started it."""
+
+    pid: int
+    token: str
+    version: int
+
+
+class Heartbeat(_Msg, tag="hb"):
+    pid: int
+
+
+class Started(_Msg, tag="started"):
+    turn_id: str
+
+
+class Event(_Msg, tag="event"):
+    turn_id: str
+    data: msgspec.Raw
+
+
+class End(_Msg, tag="end"):
+    """The one end of a turn as the worker saw it."""
+
+    turn_id: str
+    outcome: WorkerOutcome
+    output: msgspec.Raw = NIL
+    error: TurnError | None = None
+
+
+class Spawn(_Msg, tag="spawn"):
+    """A running turn asks for a child turn (``turn.spawn``)."""
+
+    req: int
+    parent: str
+    agent: str
+    input: msgspec.Raw
+    session: str | None = None
+    timeout: float | None = None
+    grace: float | None = None
+    kill_after: float | None = None
+
+
+class SpawnCancel(_Msg, tag="spawn_cancel"):
+    """The parent stopped awaiting its child: cancel the child (cause ``parent``)."""
+
+    req: int
+
+
+class BadFrame(_Msg, tag="bad_frame"):
+    """The worker could not decode a frame from the supervisor."""
+
+    reason: str
+
+
+FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame

@@ -1,0 +1,365 @@
+"""The worker process: connect, run one turn at a time, honour ``Abort``, die with the supervisor.
+
+Started only by the supervisor (``python -m worker ...``). Process-level duties:
+
+* it is the child subreaper of its own descendants, so a grandchild that double-forks stays
+  in this worker's tree where a kill finds it;
+* on SIGTERM it freezes and kills its whole tree, reaps it, then dies of SIGTERM;
+* when the supervisor dies (parent-death signal, or EOF on the inherited life pipe) it does
+  the same, so killing the supervisor with SIGKILL leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib
+import inspect
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import anyio
+import msgspec
+import zmq
+import zmq.asyncio
+
+import wire
+from wire import Abort, End, Run, Shutdown, SpawnReply, TurnError
+
+from . import _tree
+from ._errors import SpawnError, TurnCancelled
+from ._turn import Turn
+
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
+_IMPORT_CACHE: dict[str, Any] = {}
+
+
+# ---- process-level safety ------------------------------------------------------------
+
+
+def kill_own_tree_and_exit(sig: int = signal.SIGTERM) -> None:
+    """Freeze, kill and reap every descendant, then die of ``sig`` (default action)."""
+    try:
+        pids = _tree.freeze_tree(os.getpid(), include_root=False)
+        _tree.signal_all(pids, signal.SIGKILL)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+    finally:
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            os.kill(os.getpid(), sig)
+        finally:
+            os._exit(128 + int(sig))
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    kill_own_tree_and_exit(signal.SIGTERM)
+
+
+def _on_parent_death(signum: int, frame: Any) -> None:
+    kill_own_tree_and_exit(signal.SIGKILL)
+
+
+def _watch_life_pipe(fd: int) -> None:
+    """Runs in a daemon thread: EOF on the pipe means the supervisor is gone."""
+    while True:
+        try:
+            data = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not data:
+            break
+    kill_own_tree_and_exit(signal.SIGKILL)
+
+
+def install_process_guards(parent_pid: int, life_fd: int | None) -> None:
+    _tree.set_child_subreaper()
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
+    _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    if os.getppid() != parent_pid:  # the supervisor died before the prctl took effect
+        kill_own_tree_and_exit(signal.SIGKILL)
+    if life_fd is not None:
+        os.set_inheritable(life_fd, False)
+        threading.Thread(target=_watch_life_pipe, args=(life_fd,), name="life-pipe", daemon=True).start()
+
+
+# ---- agents --------------------------------------------------------------------------
+
+
+def load_agent(spec: str) -> Any:
+    """Import ``"package.module:attr"`` once per process."""
+    fn = _IMPORT_CACHE.get(spec)
+    if fn is None:
+        module_name, _, attr = spec.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise TypeError(f"agent {spec!r} is not callable")
+        fn = _IMPORT_CACHE[spec] = obj
+    return fn
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _error(exc: BaseException) -> TurnError:
+    return TurnError(type=type(exc).__name__, message=str(exc))
+
+
+# ---- the connection ------------------------------------------------------------------
+
+
+class Connection:
+    """The worker's side of the link. Outgoing messages are batched per loop iteration:
+    a turn that ends without suspending sends ``Started`` and ``End`` in one frame."""
+
+    def __init__(self, sock: zmq.Socket[bytes], asock: zmq.asyncio.Socket, loop: asyncio.AbstractEventLoop) -> None:
+        self._sock = sock
+        self._asock = asock
+        self._loop = loop
+        self._out: list[Any] = []
+        self._spawns: dict[int, asyncio.Future[Any]] = {}
+        self._next_req = 0
+
+    def post(self, msg: Any) -> None:
+        if not self._out:
+            self._loop.call_soon(self.flush)
+        self._out.append(msg)
+
+    def flush(self) -> None:
+        if self._out:
+            out, self._out = self._out, []
+            self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
+            # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: ask the
+            # asyncio socket to re-check EVENTS so a message that arrived meanwhile is not stranded.
+            self._asock.get(zmq.EVENTS)
+
+    def send_now(self, msg: Any) -> None:
+        self._out.append(msg)
+        self.flush()
+
+    def emit(self, turn_id: str, event: Any) -> None:
+        self.send_now(wire.Event(turn_id, wire.encode_payload(event, what="event")))
+
+    async def spawn(
+        self,
+        parent: str,
+        agent: str,
+        input: Any,
+        session: str | None,
+        timeout: float | None,
+        grace: float | None,
+        kill_after: float | None,
+    ) -> wire.TurnResult:
+        raw = wire.encode_payload(input, what="input")
+        self._next_req += 1
+        req = self._next_req
+        fut = self._loop.create_future()
+        self._spawns[req] = fut
+        self.send_now(wire.Spawn(req, parent, agent, raw, session, timeout, grace, kill_after))
+        try:
+            reply: SpawnReply = await fut
+        except BaseException:
+            if not fut.done():
+                self.send_now(wire.SpawnCancel(req))
+            raise
+        finally:
+            self._spawns.pop(req, None)
+        if reply.error is not None:
+            raise SpawnError(f"{reply.error.type}: {reply.error.message}")
+        assert reply.result is not None
+        return reply.result
+
+    def spawn_reply(self, msg: SpawnReply) -> None:
+        fut = self._spawns.get(msg.req)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+
+class WorkerLoop:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.pending: collections.deque[Run] = collections.deque()
+        self.wakeup = anyio.Event()
+        self.current: Turn | None = None
+        self.current_scope: anyio.CancelScope | None = None
+        self.current_async = False
+
+    def on_abort(self, msg: Abort) -> None:
+        turn = self.current
+        if turn is None or turn.id != msg.turn_id:
+            # Not running it: it may be waiting here (handed ahead); otherwise stale, dropped.
+            for run in self.pending:
+                if run.turn_id == msg.turn_id:
+                    self.pending.remove(run)
+                    self.conn.post(End(msg.turn_id, "aborted"))
+                    break
+            return
+        if turn.signal._set(msg.cause) and self.current_async and self.current_scope is not None:
+            self.current_scope.cancel()
+
+    def on_run(self, msg: Run) -> None:
+        self.pending.append(msg)
+        self.wakeup.set()
+
+    async def runner(self) -> None:
+        while True:
+            if not self.pending:
+                self.wakeup = anyio.Event()
+                await self.wakeup.wait()
+                continue
+            await self.run_turn(self.pending.popleft())
+
+    async def run_turn(self, msg: Run) -> None:
+        conn = self.conn
+        conn.post(wire.Started(msg.turn_id))
+        try:
+            value = wire.decode_payload(msg.input)
+        except msgspec.DecodeError as exc:
+            conn.post(End(msg.turn_id, "failed", error=_error(exc)))
+            return
+        turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)
+        self.current = turn
+        outcome: str
+        output = wire.NIL
+        error = None
+        try:
+            try:
+                fn = load_agent(msg.agent)
+                is_async = _is_async(fn)
+            except BaseException as exc:  # noqa: BLE001 - an import failure ends the turn, not the worker
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                outcome, error = "failed", _error(exc)
+            else:
+                self.current_async = is_async
+                with anyio.CancelScope() as scope:
+                    self.current_scope = scope
+                    try:
+                        if is_async:
+                            result = await fn(turn)
+                        else:
+                            result = await anyio.to_thread.run_sync(fn, turn)
+                    except TurnCancelled:
+                        outcome = "aborted"
+                    except anyio.get_cancelled_exc_class():
+                        if not turn.signal.cancelled:
+                            raise
+                        outcome = "aborted"
+                        raise
+                    except Exception as exc:  # noqa: BLE001
+                        outcome = "aborted" if _is_cancellation(exc, turn) else "failed"
+                        if outcome == "failed":
+                            error = _error(exc)
+                    else:
+                        try:
+                            output = wire.encode_payload(result, what="agent output")
+                            outcome = "completed"
+                        except TypeError as exc:
+                            outcome, error = "failed", _error(exc)
+                if scope.cancelled_caught:
+                    outcome = "aborted"
+        finally:
+            self.current = None
+            self.current_scope = None
+        conn.post(End(msg.turn_id, outcome, output, error))  # type: ignore[arg-type]
+
+
+def _is_cancellation(exc: BaseException, turn: Turn) -> bool:
+    """An exception counts as the turn honouring its cancel only when a cancel was requested
+    and the exception says it is a cancellation (``TurnCancelled`` or a subclass, or an
+    exception group made only of them). Anything else is an unrelated failure."""
+    if not turn.signal.cancelled:
+        return False
+    if isinstance(exc, TurnCancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancellation(e, turn) for e in exc.exceptions)
+    return False
+
+
+async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> None:
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+    sock.connect(endpoint)
+    sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+    conn = Connection(sync_sock, sock, asyncio.get_running_loop())
+    loop = WorkerLoop(conn)
+    conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(loop.runner)
+            if heartbeat > 0:
+                tg.start_soon(_heartbeats, conn, heartbeat)
+            while True:
+                frames = [await sock.recv()]
+                while True:
+                    try:
+                        frames.append(sync_sock.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                for frame in frames:
+                    try:
+                        messages = wire.decode_to_worker(frame)
+                    except msgspec.DecodeError as exc:
+                        conn.post(wire.BadFrame(str(exc)[:200]))
+                        continue
+                    for msg in messages:
+                        match msg:
+                            case Run():
+                                loop.on_run(msg)
+                            case Abort():
+                                loop.on_abort(msg)
+                            case SpawnReply():
+                                conn.spawn_reply(msg)
+                            case Shutdown():
+                                conn.flush()
+                                tg.cancel_scope.cancel()
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+async def _heartbeats(conn: Connection, interval: float) -> None:
+    pid = os.getpid()
+    while True:
+        await anyio.sleep(interval)
+        conn.post(wire.Heartbeat(pid))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m worker", description="turnpool worker (started by the supervisor)")
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--life-fd", type=int)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")
+    install_process_guards(args.parent_pid, args.life_fd)
+    anyio.run(serve, args.endpoint, args.id, token, args.heartbeat, backend="asyncio")
+    sys.exit(0)

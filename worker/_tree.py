@@ -1,0 +1,102 @@
+"""Process-tree facts shared by the worker and the supervisor: prctl, freeze, list, signal.
+
+Linux only where it says so; elsewhere the prctl calls are no-ops and the tree is the
+process group plus what psutil can see.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc = None
+
+
+def _prctl(option: int, arg: int) -> bool:
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc.prctl(option, arg, 0, 0, 0) == 0
+
+
+def set_child_subreaper() -> bool:
+    """Orphaned descendants of this process are re-parented to it instead of to init."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Deliver ``sig`` to this process when the thread that started it exits."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` that /proc shows (children of children, recursively)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _kill(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def freeze_tree(root: int, *, include_root: bool = True, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """SIGSTOP ``root`` and every descendant, listing again until nothing new appears.
+
+    A stopped process cannot fork, so the returned list is the whole tree at that moment
+    (the root first). Processes listed in ``exclude`` are neither stopped nor returned.
+    """
+    stopped: list[int] = []
+    seen: set[int] = set(exclude)
+    if include_root and root not in seen:
+        if _kill(root, signal.SIGSTOP):
+            stopped.append(root)
+        seen.add(root)
+    for _ in range(64):  # bounded: each round only adds processes that were forked meanwhile
+        new = [pid for pid in descendants(root) if pid not in seen]
+        if not new:
+            break
+        for pid in new:
+            seen.add(pid)
+            if _kill(pid, signal.SIGSTOP):
+                stopped.append(pid)
+    return stopped
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        _kill(pid, sig)
+
+
+def thaw(pids: list[int]) -> None:
+    signal_all(pids, signal.SIGCONT)
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` from /proc (works on zombies too), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: fields start after the last ')'.
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[3])
+    except (IndexError, ValueError):
+        return None

@@ -1,0 +1,139 @@
+"""The agent-author API: ``Turn`` and its ``CancelSignal``."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from wire import Cause, TurnResult
+
+from ._errors import TurnCancelled
+
+if TYPE_CHECKING:
+    from ._main import Connection
+
+
+class CancelSignal:
+    """One turn's cancellation signal: set once, by the supervisor's ``Abort``, with its cause.
+
+    ``cancelled`` is the request; whether the agent honoured it is the turn's outcome.
+    A new turn always gets a new signal, so a stale abort can never reach a later turn.
+    """
+
+    __slots__ = ("_cause", "_event", "_thread_event", "_callbacks")
+
+    def __init__(self) -> None:
+        self._cause: Cause | None = None
+        self._event: anyio.Event | None = None
+        self._thread_event: threading.Event | None = None
+        self._callbacks: list[Any] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cause is not None
+
+    @property
+    def cause(self) -> Cause | None:
+        return self._cause
+
+    async def wait(self) -> Cause:
+        """Wait until the turn is cancelled; returns the cause."""
+        if self._cause is None:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        assert self._cause is not None
+        return self._cause
+
+    def wait_sync(self, timeout: float | None = None) -> bool:
+        """For plain ``def`` agents running in a thread: block until cancelled or timeout."""
+        if self._cause is not None:
+            return True
+        if self._thread_event is None:
+            self._thread_event = threading.Event()
+            if self._cause is not None:
+                return True
+        return self._thread_event.wait(timeout)
+
+    def raise_if_cancelled(self) -> None:
+        if self._cause is not None:
+            raise TurnCancelled(self._cause)
+
+    def add_callback(self, fn: Any) -> None:
+        """Call ``fn(cause)`` (in the worker's event loop) when the signal is set."""
+        if self._cause is not None:
+            fn(self._cause)
+        else:
+            self._callbacks.append(fn)
+
+    def _set(self, cause: Cause) -> bool:
+        """First cause wins; returns whether this call set it."""
+        if self._cause is not None:
+            return False
+        self._cause = cause
+        if self._event is not None:
+            self._event.set()
+        if self._thread_event is not None:
+            self._thread_event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(cause)
+        return True
+
+
+class Turn:
+    """What an agent gets: ``async def agent(turn: worker.Turn) -> output``.
+
+    ``id``, ``input``, ``session``, ``parent``; ``signal`` (this turn's cancellation);
+    ``emit`` streams an event to whoever follows the turn; ``checkpoint`` raises
+    :class:`TurnCancelled` once cancelled; ``spawn`` runs a child turn in another worker.
+    """
+
+    __slots__ = ("id", "input", "session", "parent", "signal", "_conn")
+
+    def __init__(
+        self, turn_id: str, input: Any, session: str | None, parent: str | None, conn: Connection
+    ) -> None:
+        self.id = turn_id
+        self.input = input
+        self.session = session
+        self.parent = parent
+        self.signal = CancelSignal()
+        self._conn = conn
+
+    async def emit(self, event: Any) -> None:
+        """Stream ``event`` (anything msgspec encodes). On return it is on the wire."""
+        self._conn.emit(self.id, event)
+        await anyio.lowlevel.checkpoint()
+
+    def emit_sync(self, event: Any) -> None:
+        """``emit`` for plain ``def`` agents running in a worker thread."""
+        anyio.from_thread.run_sync(self._conn.emit, self.id, event)
+
+    async def checkpoint(self) -> None:
+        """Yield to the event loop; raise :class:`TurnCancelled` if the turn was cancelled."""
+        await anyio.lowlevel.checkpoint()
+        self.signal.raise_if_cancelled()
+
+    async def spawn(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,
+        grace: float | None = None,
+        kill_after: float | None = None,
+    ) -> TurnResult:
+        """Run a child turn in another worker and return its ``TurnResult``.
+
+        The child is cancelled with cause ``parent`` if this turn is cancelled, or if this
+        await is cancelled. Raises :class:`worker.SpawnError` if the supervisor refuses it.
+        """
+        return await self._conn.spawn(self.id, agent, input, session, timeout, grace, kill_after)
+
+    def __repr__(self) -> str:
+        return f"Turn(id={self.id!r}, session={self.session!r})"
