@@ -1,0 +1,44 @@
+"""Run every ``bench_*.py`` module and rewrite ``benchmarks/RESULTS.md``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true", help="reduced sizes, well under a minute")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these bench names")
+    args = parser.parse_args()
+    names = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    if args.only:
+        names = [n for n in names if n in args.only]
+    sections = []
+    for name in names:
+        module = importlib.import_module(f"benchmarks.bench_{name}")
+        t0 = time.monotonic()
+        print(f"== {name} ...", file=sys.stderr, flush=True)
+        sections.append(module.run(args.quick))
+        print(f"== {name} done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+    header = (
+        "# Benchmark results\n\n"
+        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}.\n"
+        f"Command: `make bench` (or `.venv/bin/python -m benchmarks{' --quick' if args.quick else ''}`)"
+        f"{' — quick mode' if args.quick else ''}; run at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
+    )
+    out = HERE / "RESULTS.md"
+    out.write_text(header + "\n\n".join(sections) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
