@@ -249,7 +249,7 @@ class Journal:
     def _writer(self) -> None:
         con = self._con
         assert con is not None
-        last_compaction = 0.0
+        last_compaction = time.monotonic()  # first periodic pass one interval after start
         while True:
             batch = [self._queue.get()]
             while True:
