@@ -1,0 +1,222 @@
+"""``turnpool acp``: a real subprocess driven by the ``agent-client-protocol`` package's client side."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+acp = pytest.importorskip("acp")
+from acp.schema import AgentMessageChunk, ToolCallProgress, ToolCallStart  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+TURNPOOL = Path(sys.executable).with_name("turnpool")
+LIMIT = 64 * 1024 * 1024
+
+
+class Recorder:
+    """The editor's side: records every ``session/update`` and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+        self._changed = anyio.Event()
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append(update)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise acp.RequestError.method_not_found("session/request_permission")
+
+    async def wait_for(self, pred: Callable[[Any], bool]) -> Any:
+        """The first update (already received or still to come) matching ``pred``."""
+        seen = 0
+        while True:
+            for update in self.updates[seen:]:
+                if pred(update):
+                    return update
+            seen = len(self.updates)
+            await self._changed.wait()
+
+    def text(self) -> str:
+        return "".join(u.content.text for u in self.updates if isinstance(u, AgentMessageChunk))
+
+
+@contextlib.asynccontextmanager
+async def acp_agent(tmp_path: Path, agent: str, *extra: str) -> AsyncIterator[tuple[Any, Recorder, Any]]:
+    """Spawn ``turnpool acp --agent AGENT``, initialize, open a session; close and reap on exit."""
+    recorder = Recorder()
+    stderr = open(tmp_path / "acp-stderr.log", "wb")  # noqa: SIM115 (closed below)
+    env = {"PYTHONPATH": str(ROOT)}
+    try:
+        async with acp.spawn_agent_process(
+            recorder, str(TURNPOOL), "acp", "--agent", agent, *extra, env=env, cwd=ROOT,
+            transport_kwargs={"stderr": stderr, "limit": LIMIT, "shutdown_timeout": 30.0},
+        ) as (conn, proc):
+            with anyio.fail_after(60):
+                init = await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+                assert init.protocol_version == acp.PROTOCOL_VERSION
+                session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            yield conn, recorder, session.session_id
+            assert proc.returncode is None, "the acp agent died during the test"
+        # spawn_agent_process closed stdin and waited: the agent exits by itself on EOF.
+        assert proc.returncode == 0, (tmp_path / "acp-stderr.log").read_text()
+    finally:
+        stderr.close()
+
+
+async def test_prompt_streams_updates_and_ends_turn(tmp_path: Path) -> None:
+    """A prompt streams message chunks and a tool call (start → completed) and answers ``end_turn``."""
+    async with acp_agent(tmp_path, "examples.acp_agents:chat", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+        with anyio.fail_after(60):
+            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("one two three")])
+    assert response.stop_reason == "end_turn"
+    assert response.field_meta["turnpool"]["outcome"] == "completed"
+    assert rec.text() == "Counting your words. You wrote 3 words. "
+    starts = [u for u in rec.updates if isinstance(u, ToolCallStart)]
+    progress = [u for u in rec.updates if isinstance(u, ToolCallProgress)]
+    assert [(s.tool_call_id, s.title, s.status) for s in starts] == [("count-1", "count_words", "in_progress")]
+    assert [(p.tool_call_id, p.status, p.raw_output) for p in progress] == [("count-1", "completed", {"words": 3})]
+    # Updates arrive in the order the agent emitted them, all before the answer.
+    kinds = [type(u).__name__ for u in rec.updates]
+    assert kinds == ["AgentMessageChunk", "ToolCallStart", "ToolCallProgress"] + ["AgentMessageChunk"] * 4
+
+
+async def test_cancel_cooperative_turn_answers_cancelled_quickly(tmp_path: Path) -> None:
+    """``session/cancel`` of a cooperative turn: ``cancelled`` well before the grace, the open
+    tool call reported ended and marked cancelled, no error; the next prompt works normally."""
+    grace = 20.0
+    async with acp_agent(tmp_path, "examples.acp_agents:slow", "--workers", "1", "--spares", "0",
+                         "--grace", str(grace)) as (conn, rec, sid):
+        async with anyio.create_task_group() as tg:
+            answers: list[Any] = []
+
+            async def ask() -> None:
+                answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("60")]))
+
+            tg.start_soon(ask)
+            with anyio.fail_after(60):
+                await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+            t0 = time.monotonic()
+            await conn.cancel(session_id=sid)
+        elapsed = time.monotonic() - t0
+        (first,) = answers
+        assert first.stop_reason == "cancelled"
+        assert first.field_meta["turnpool"]["outcome"] == "aborted"
+        assert first.field_meta["turnpool"]["cause"] == "user"
+        assert elapsed < grace / 2
+        closing = [u for u in rec.updates if isinstance(u, ToolCallProgress)]
+        assert [(u.tool_call_id, u.status, u.field_meta) for u in closing] == [
+            ("sleep-1", "failed", {"turnpool": {"cancelled": True}})]
+        with anyio.fail_after(60):
+            again = await conn.prompt(session_id=sid, prompt=[acp.text_block("0")])
+        assert again.stop_reason == "end_turn"
+        assert again.field_meta["turnpool"]["worker_pid"] == first.field_meta["turnpool"]["worker_pid"]
+
+
+async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path) -> None:
+    """A turn that ignores the cancel: answered ``cancelled`` (not an error) only after the grace,
+    its worker killed and reaped, its tool call reported ended; a new worker (new pid) serves the
+    session's next prompt."""
+    grace = 0.5
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--workers", "1", "--spares", "0",
+                         "--grace", str(grace), "--kill-after", "1") as (conn, rec, sid):
+        async with anyio.create_task_group() as tg:
+            answers: list[Any] = []
+
+            async def ask() -> None:
+                answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")]))
+
+            tg.start_soon(ask)
+            with anyio.fail_after(60):
+                await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+            t0 = time.monotonic()
+            await conn.cancel(session_id=sid)
+        elapsed = time.monotonic() - t0
+        (first,) = answers
+        meta = first.field_meta["turnpool"]
+        old_pid = meta["worker_pid"]
+        assert first.stop_reason == "cancelled"
+        assert meta["outcome"] == "killed" and meta["cause"] == "user"
+        assert elapsed >= grace * 0.9
+        assert not psutil.pid_exists(old_pid)  # killed and reaped before the answer
+        closing = [u for u in rec.updates if isinstance(u, ToolCallProgress)]
+        assert [(u.tool_call_id, u.status) for u in closing] == [("spin-1", "failed")]
+        with anyio.fail_after(60):
+            second = await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+        assert second.stop_reason == "end_turn"
+        new_pid = second.field_meta["turnpool"]["worker_pid"]
+        assert new_pid != old_pid and psutil.pid_exists(new_pid)
+        assert rec.text().endswith("hello")
+
+
+async def test_cancel_without_a_prompt_is_harmless(tmp_path: Path) -> None:
+    """``session/cancel`` with nothing running (and for an unknown session) changes nothing:
+    the next prompt runs normally and is not cancelled."""
+    async with acp_agent(tmp_path, "examples.acp_agents:echo", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+        await conn.cancel(session_id=sid)
+        await conn.cancel(session_id="no-such-session")
+        with anyio.fail_after(60):
+            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("still here")])
+    assert response.stop_reason == "end_turn"
+    assert rec.text() == "still here"
+
+
+async def test_one_mebibyte_prompt_round_trips(tmp_path: Path) -> None:
+    """A 1 MiB prompt reaches the agent and comes back as one 1 MiB update, intact."""
+    big = "".join(chr(ord("a") + i % 26) for i in range(1 << 20))
+    async with acp_agent(tmp_path, "examples.acp_agents:echo", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+        with anyio.fail_after(120):
+            response = await conn.prompt(session_id=sid, prompt=[acp.text_block(big)])
+    assert response.stop_reason == "end_turn"
+    assert len(rec.updates) == 1
+    assert rec.text() == big
+
+
+async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
+    """A turn whose worker dies answers a JSON-RPC error saying it crashed; one whose agent
+    raises, an error saying it failed (type and message); the session still serves."""
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+        with anyio.fail_after(60):
+            with pytest.raises(acp.RequestError) as crashed:
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("crash")])
+            with pytest.raises(acp.RequestError) as failed:
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("fail")])
+            ok = await conn.prompt(session_id=sid, prompt=[acp.text_block("fine")])
+    assert "crashed" in str(crashed.value) and "exit code 3" in str(crashed.value)
+    assert crashed.value.data["outcome"] == "crashed"
+    assert "failed" in str(failed.value) and "ValueError: asked to fail" in str(failed.value)
+    assert ok.stop_reason == "end_turn"
+
+
+async def test_agent_output_never_reaches_the_channel(tmp_path: Path) -> None:
+    """An agent that prints, writes fd 1, has a child print and reads stdin cannot corrupt or
+    steal the stdio channel: its reply arrives intact and it read nothing."""
+    async with acp_agent(tmp_path, "examples.acp_agents:noisy", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+        with anyio.fail_after(60):
+            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+            again = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    assert response.stop_reason == "end_turn" and again.stop_reason == "end_turn"
+    assert rec.text() == "still clean (read 0 bytes from stdin)" * 2
+    log = (tmp_path / "acp-stderr.log").read_text()
+    assert "agent print() on stdout" in log and "child says hi on stdout" in log
+
+
+async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
+    """``--connect E``: prompts run as turns of the serve daemon at E."""
+    import supervisor
+
+    if not hasattr(supervisor, "Client"):
+        pytest.skip("needs supervisor.Client from the daemon branch")
+    raise AssertionError("unreachable on this branch")
