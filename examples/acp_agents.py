@@ -78,7 +78,7 @@ async def noisy(turn: worker.Turn) -> dict[str, Any]:
     print("agent print() on stdout", flush=True)
     os.write(1, b"agent raw write on fd 1\n")
     sys.stderr.write("agent on stderr\n")
-    subprocess.run([sys.executable, "-c", _CHILD], check=True)
+    subprocess.run([sys.executable, "-c", _CHILD], check=True)  # noqa: ASYNC221 (blocking is the point)
     stolen = sys.stdin.read()  # must be empty: the protocol's stdin is not shared
     await turn.emit({"type": "delta", "text": f"still clean (read {len(stolen)} bytes from stdin)"})
     return {"stdin_bytes": len(stolen)}

@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -44,9 +44,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "acp",
         help="an Agent Client Protocol agent over stdio, for editors",
-        description="Serve AGENT to an editor over the Agent Client Protocol (stdio). Each prompt runs as a "
-                    "turnpool turn; session/cancel cancels it (cause user), and a turn that ignores the cancel "
-                    "is killed after its grace.",
+        description="Serve AGENT to an editor over the Agent Client Protocol (stdio). Each prompt runs "
+                    "as a turnpool turn; session/cancel cancels it (cause user), and a turn that ignores "
+                    "the cancel is killed after its grace.",
     )
     parser.add_argument("--agent", required=True, metavar="A", help="the agent, 'package.module:attr'")
     where = parser.add_mutually_exclusive_group()
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import acp  # noqa: F401
     except ImportError:
-        print("turnpool acp: needs the agent-client-protocol package: pip install 'turnpool[acp]'", file=sys.stderr)
+        print("turnpool acp: needs the agent-client-protocol package: pip install 'turnpool[acp]'",
+              file=sys.stderr)
         return EXIT_USAGE
     if args.connect is None and (args.workers < 1 or args.spares < 0):
         print("turnpool acp: --workers must be >= 1 and --spares >= 0", file=sys.stderr)
@@ -147,7 +148,8 @@ async def _serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             # Returns at EOF on stdin (the editor went away); in-flight prompts are then cancelled.
-            await acp.run_agent(agent, writer, reader)
+            # TurnpoolAgent implements the Agent methods it serves; the router answers the rest.
+            await acp.run_agent(cast(Any, agent), writer, reader)
             tg.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
             if agent.cleanup:

@@ -122,7 +122,8 @@ class TurnpoolAgent:
                 load_session=False,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=True),
             ),
-            agent_info=Implementation(name="turnpool", title=f"turnpool ({self._agent})", version=TURNPOOL_VERSION),
+            agent_info=Implementation(name="turnpool", title=f"turnpool ({self._agent})",
+                                      version=TURNPOOL_VERSION),
         )
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> None:

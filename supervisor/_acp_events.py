@@ -88,29 +88,29 @@ class TurnEvents:
             tool_id, title = event.get("id"), event.get("title")
             if not isinstance(tool_id, str) or not tool_id or not isinstance(title, str):
                 return None
-            status = event.get("status", "pending")
-            status = status if status in TOOL_STATUSES else "pending"
+            asked = event.get("status", "pending")
+            status: ToolCallStatus = asked if asked in TOOL_STATUSES else "pending"
             tool_kind = event.get("kind")
-            update = acp.start_tool_call(
+            start = acp.start_tool_call(
                 tool_id, title, kind=tool_kind if tool_kind in TOOL_KINDS else None, status=status,
                 content=_content(_text(event.get("text"))), raw_input=event.get("input"),
             )
             self._track(tool_id, status)
-            return update
+            return start
         if kind == "tool_call_update":
             tool_id = event.get("id")
             if not isinstance(tool_id, str) or not tool_id:
                 return None
-            status = event.get("status")
-            status = status if status in TOOL_STATUSES else None
+            asked = event.get("status")
+            new_status: ToolCallStatus | None = asked if asked in TOOL_STATUSES else None
             tool_kind = event.get("kind")
-            update = acp.update_tool_call(
+            progress = acp.update_tool_call(
                 tool_id, title=_text(event.get("title")), kind=tool_kind if tool_kind in TOOL_KINDS else None,
-                status=status, content=_content(_text(event.get("text"))), raw_output=event.get("output"),
+                status=new_status, content=_content(_text(event.get("text"))), raw_output=event.get("output"),
             )
-            if status is not None:
-                self._track(tool_id, status)
-            return update
+            if new_status is not None:
+                self._track(tool_id, new_status)
+            return progress
         if kind == "plan":
             entries = event.get("entries")
             if not isinstance(entries, list):
@@ -120,11 +120,11 @@ class TurnEvents:
                 if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
                     continue
                 priority = entry.get("priority", "medium")
-                status = entry.get("status", "pending")
+                entry_status = entry.get("status", "pending")
                 plan.append(acp.plan_entry(
                     entry["content"],
                     priority=priority if priority in PLAN_PRIORITIES else "medium",
-                    status=status if status in PLAN_STATUSES else "pending",
+                    status=entry_status if entry_status in PLAN_STATUSES else "pending",
                 ))
             return acp.update_plan(plan)
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import psutil
 import pytest
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
 TURNPOOL = Path(sys.executable).with_name("turnpool")
 LIMIT = 64 * 1024 * 1024
+ONE = ("--workers", "1", "--spares", "0")  # one worker, no spare: pids tell workers apart
 
 
 class Recorder:
@@ -54,10 +56,16 @@ class Recorder:
 
 
 @contextlib.asynccontextmanager
-async def acp_agent(tmp_path: Path, agent: str, *extra: str) -> AsyncIterator[tuple[Any, Recorder, Any]]:
-    """Spawn ``turnpool acp --agent AGENT``, initialize, open a session; close and reap on exit."""
+async def acp_agent(
+    tmp_path: Path, agent: str, *extra: str, ends_by_eof: bool = True
+) -> AsyncIterator[tuple[Any, Recorder, str, Any]]:
+    """Spawn ``turnpool acp --agent AGENT``, initialize, open a session; yields the connection,
+    the recorder, the session id and the process; closes and reaps it on exit.
+
+    With ``ends_by_eof`` (default) the agent must still run when the block ends, then exit 0
+    by itself once its stdin is closed."""
     recorder = Recorder()
-    stderr = open(tmp_path / "acp-stderr.log", "wb")  # noqa: SIM115 (closed below)
+    stderr = open(tmp_path / "acp-stderr.log", "wb")  # noqa: ASYNC230 (a local file, closed below)
     env = {"PYTHONPATH": str(ROOT)}
     try:
         async with acp.spawn_agent_process(
@@ -68,17 +76,19 @@ async def acp_agent(tmp_path: Path, agent: str, *extra: str) -> AsyncIterator[tu
                 init = await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
                 assert init.protocol_version == acp.PROTOCOL_VERSION
                 session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
-            yield conn, recorder, session.session_id
-            assert proc.returncode is None, "the acp agent died during the test"
-        # spawn_agent_process closed stdin and waited: the agent exits by itself on EOF.
-        assert proc.returncode == 0, (tmp_path / "acp-stderr.log").read_text()
+            yield conn, recorder, session.session_id, proc
+            if ends_by_eof:
+                assert proc.returncode is None, "the acp agent died during the test"
+        if ends_by_eof:
+            # spawn_agent_process closed stdin and waited: the agent exits by itself on EOF.
+            assert proc.returncode == 0, (tmp_path / "acp-stderr.log").read_text()
     finally:
         stderr.close()
 
 
 async def test_prompt_streams_updates_and_ends_turn(tmp_path: Path) -> None:
     """A prompt streams message chunks and a tool call (start → completed) and answers ``end_turn``."""
-    async with acp_agent(tmp_path, "examples.acp_agents:chat", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+    async with acp_agent(tmp_path, "examples.acp_agents:chat", *ONE) as (conn, rec, sid, _):
         with anyio.fail_after(60):
             response = await conn.prompt(session_id=sid, prompt=[acp.text_block("one two three")])
     assert response.stop_reason == "end_turn"
@@ -86,8 +96,10 @@ async def test_prompt_streams_updates_and_ends_turn(tmp_path: Path) -> None:
     assert rec.text() == "Counting your words. You wrote 3 words. "
     starts = [u for u in rec.updates if isinstance(u, ToolCallStart)]
     progress = [u for u in rec.updates if isinstance(u, ToolCallProgress)]
-    assert [(s.tool_call_id, s.title, s.status) for s in starts] == [("count-1", "count_words", "in_progress")]
-    assert [(p.tool_call_id, p.status, p.raw_output) for p in progress] == [("count-1", "completed", {"words": 3})]
+    assert [(s.tool_call_id, s.title, s.status) for s in starts] == [
+        ("count-1", "count_words", "in_progress")]
+    assert [(p.tool_call_id, p.status, p.raw_output) for p in progress] == [
+        ("count-1", "completed", {"words": 3})]
     # Updates arrive in the order the agent emitted them, all before the answer.
     kinds = [type(u).__name__ for u in rec.updates]
     assert kinds == ["AgentMessageChunk", "ToolCallStart", "ToolCallProgress"] + ["AgentMessageChunk"] * 4
@@ -97,8 +109,8 @@ async def test_cancel_cooperative_turn_answers_cancelled_quickly(tmp_path: Path)
     """``session/cancel`` of a cooperative turn: ``cancelled`` well before the grace, the open
     tool call reported ended and marked cancelled, no error; the next prompt works normally."""
     grace = 20.0
-    async with acp_agent(tmp_path, "examples.acp_agents:slow", "--workers", "1", "--spares", "0",
-                         "--grace", str(grace)) as (conn, rec, sid):
+    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE,
+                         "--grace", str(grace)) as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
 
@@ -130,8 +142,8 @@ async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path
     its worker killed and reaped, its tool call reported ended; a new worker (new pid) serves the
     session's next prompt."""
     grace = 0.5
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--workers", "1", "--spares", "0",
-                         "--grace", str(grace), "--kill-after", "1") as (conn, rec, sid):
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+                         "--grace", str(grace), "--kill-after", "1") as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
 
@@ -161,10 +173,70 @@ async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path
         assert rec.text().endswith("hello")
 
 
+async def test_cancel_right_after_prompt_still_cancels(tmp_path: Path) -> None:
+    """A cancel sent right behind its prompt (before the turn can have started) is not lost:
+    the prompt answers ``cancelled``, and the session serves the next one."""
+    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE,
+                         "--grace", "20") as (conn, rec, sid, _):
+        answers: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("60")]))
+
+            with anyio.fail_after(60):
+                tg.start_soon(ask)
+                await anyio.lowlevel.checkpoint()  # let the prompt go out first, as an editor would
+                await conn.cancel(session_id=sid)
+        with anyio.fail_after(60):
+            again = await conn.prompt(session_id=sid, prompt=[acp.text_block("0")])
+    (first,) = answers
+    assert first.stop_reason == "cancelled"
+    assert first.field_meta["turnpool"]["outcome"] == "aborted"
+    assert again.stop_reason == "end_turn"
+
+
+async def test_editor_gone_mid_turn_stops_everything(tmp_path: Path) -> None:
+    """The editor closes stdin while a stubborn turn runs: the agent kills the turn's worker
+    tree after the grace and exits 0 with nothing left behind."""
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+                         "--grace", "0.3", "--kill-after", "1") as (conn, rec, sid, _):
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                with contextlib.suppress(ConnectionError):
+                    await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")])
+
+            tg.start_soon(ask)
+            with anyio.fail_after(60):
+                await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+            tg.cancel_scope.cancel()
+    # acp_agent checked the exit status; the autouse fixture checks that no process is left.
+
+
+async def test_sigterm_disposes_and_exits_zero(tmp_path: Path) -> None:
+    """SIGTERM while a stubborn turn runs: the agent stops the turn (escalating), reaps every
+    worker and exits 0."""
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+                         "--grace", "0.3", "--kill-after", "1", ends_by_eof=False) as (conn, rec, sid, proc):
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                with contextlib.suppress(ConnectionError):
+                    await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")])
+
+            tg.start_soon(ask)
+            with anyio.fail_after(60):
+                await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0, (tmp_path / "acp-stderr.log").read_text()
+            tg.cancel_scope.cancel()
+
+
 async def test_cancel_without_a_prompt_is_harmless(tmp_path: Path) -> None:
     """``session/cancel`` with nothing running (and for an unknown session) changes nothing:
     the next prompt runs normally and is not cancelled."""
-    async with acp_agent(tmp_path, "examples.acp_agents:echo", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+    async with acp_agent(tmp_path, "examples.acp_agents:echo", *ONE) as (conn, rec, sid, _):
         await conn.cancel(session_id=sid)
         await conn.cancel(session_id="no-such-session")
         with anyio.fail_after(60):
@@ -176,7 +248,7 @@ async def test_cancel_without_a_prompt_is_harmless(tmp_path: Path) -> None:
 async def test_one_mebibyte_prompt_round_trips(tmp_path: Path) -> None:
     """A 1 MiB prompt reaches the agent and comes back as one 1 MiB update, intact."""
     big = "".join(chr(ord("a") + i % 26) for i in range(1 << 20))
-    async with acp_agent(tmp_path, "examples.acp_agents:echo", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+    async with acp_agent(tmp_path, "examples.acp_agents:echo", *ONE) as (conn, rec, sid, _):
         with anyio.fail_after(120):
             response = await conn.prompt(session_id=sid, prompt=[acp.text_block(big)])
     assert response.stop_reason == "end_turn"
@@ -187,7 +259,7 @@ async def test_one_mebibyte_prompt_round_trips(tmp_path: Path) -> None:
 async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
     """A turn whose worker dies answers a JSON-RPC error saying it crashed; one whose agent
     raises, an error saying it failed (type and message); the session still serves."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE) as (conn, rec, sid, _):
         with anyio.fail_after(60):
             with pytest.raises(acp.RequestError) as crashed:
                 await conn.prompt(session_id=sid, prompt=[acp.text_block("crash")])
@@ -203,7 +275,7 @@ async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
 async def test_agent_output_never_reaches_the_channel(tmp_path: Path) -> None:
     """An agent that prints, writes fd 1, has a child print and reads stdin cannot corrupt or
     steal the stdio channel: its reply arrives intact and it read nothing."""
-    async with acp_agent(tmp_path, "examples.acp_agents:noisy", "--workers", "1", "--spares", "0") as (conn, rec, sid):
+    async with acp_agent(tmp_path, "examples.acp_agents:noisy", *ONE) as (conn, rec, sid, _):
         with anyio.fail_after(60):
             response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
             again = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
