@@ -53,10 +53,11 @@ def register(subparsers: Any) -> None:
     where.add_argument("--workers", type=int, default=2, metavar="N", help="embedded pool size (default 2)")
     where.add_argument("--connect", "--endpoint", dest="connect", metavar="E",
                        help="run turns on the serve daemon at endpoint E instead of an embedded pool")
-    parser.add_argument("--grace", type=float, default=5.0, metavar="S",
-                        help="seconds a cancelled turn has to stop before its worker is killed (default 5)")
-    parser.add_argument("--kill-after", type=float, default=2.0, metavar="S",
-                        help="seconds between SIGTERM and SIGKILL (default 2)")
+    parser.add_argument("--grace", type=float, default=None, metavar="S",
+                        help="seconds a cancelled turn has to stop before its worker is killed "
+                             "(default: the pool's, 5 when embedded)")
+    parser.add_argument("--kill-after", type=float, default=None, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL (default: the pool's, 2 when embedded)")
     parser.add_argument("--spares", type=int, default=1, metavar="K", help="warm spare workers (default 1)")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log level of the messages written to stderr (default WARNING)")
@@ -132,8 +133,8 @@ async def open_backend(args: argparse.Namespace) -> AsyncIterator[Any]:
     else:
         from ._core import Supervisor
 
-        async with Supervisor(workers=args.workers, grace=args.grace, kill_after=args.kill_after,
-                              spares=args.spares) as sup:
+        times = {k: v for k, v in (("grace", args.grace), ("kill_after", args.kill_after)) if v is not None}
+        async with Supervisor(workers=args.workers, spares=args.spares, **times) as sup:
             yield sup
 
 
@@ -143,7 +144,8 @@ async def _serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int
     from ._acp_agent import TurnpoolAgent
 
     async with open_backend(args) as backend:
-        agent = TurnpoolAgent(backend, args.agent)
+        # Given explicitly, the times go with every turn: they then hold on a daemon too.
+        agent = TurnpoolAgent(backend, args.agent, grace=args.grace, kill_after=args.kill_after)
         reader, writer = await open_stdio(proto_in, proto_out)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)

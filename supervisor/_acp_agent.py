@@ -48,7 +48,8 @@ class _Handle(Protocol):
 class Backend(Protocol):
     """What the ACP agent needs of a ``Supervisor`` or a ``Client``."""
 
-    async def submit(self, agent: str, input: Any = None, *, session: str | None = None) -> _Handle: ...
+    async def submit(self, agent: str, input: Any = None, *, session: str | None = None,
+                     grace: float | None = None, kill_after: float | None = None) -> _Handle: ...
 
 
 class _Prompt:
@@ -102,9 +103,12 @@ def _meta(result: TurnResult) -> dict[str, Any]:
 class TurnpoolAgent:
     """An ACP ``Agent`` whose prompts are turnpool turns of ``agent`` run by ``backend``."""
 
-    def __init__(self, backend: Backend, agent: str) -> None:
+    def __init__(self, backend: Backend, agent: str, *, grace: float | None = None,
+                 kill_after: float | None = None) -> None:
         self._backend = backend
         self._agent = agent
+        # Per-turn escalation times, passed only when set (else the backend's own apply).
+        self._times = {k: v for k, v in (("grace", grace), ("kill_after", kill_after)) if v is not None}
         self._sessions: dict[str, _Session] = {}
         self._conn: Any = None
         # Cancels sent for prompts whose request was itself cancelled (the client went away):
@@ -154,7 +158,8 @@ class TurnpoolAgent:
             session.prompts.remove(pending)
 
     async def _run_prompt(self, session: _Session, pending: _Prompt, blocks: list[Any]) -> acp.PromptResponse:
-        handle = await self._backend.submit(self._agent, turn_input(session, blocks), session=session.id)
+        handle = await self._backend.submit(self._agent, turn_input(session, blocks), session=session.id,
+                                            **self._times)
         pending.handle = handle
         if pending.cancelled:  # session/cancel arrived while the turn was being submitted
             await handle.cancel()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -285,10 +289,76 @@ async def test_agent_output_never_reaches_the_channel(tmp_path: Path) -> None:
     assert "agent print() on stdout" in log and "child says hi on stdout" in log
 
 
+async def test_command_line_errors_are_clear() -> None:
+    """A malformed ``--agent`` exits 2 naming the expected syntax; ``--connect`` on a build
+    without ``supervisor.Client`` exits 1 saying what is missing; stdout stays empty."""
+    import supervisor
+
+    with anyio.fail_after(60):
+        bad = await anyio.run_process([str(TURNPOOL), "acp", "--agent", "no-colon"], check=False,
+                                      stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and b"package.module:attr" in bad.stderr and bad.stdout == b""
+    if hasattr(supervisor, "Client"):
+        return
+    with anyio.fail_after(60):
+        lone = await anyio.run_process(
+            [str(TURNPOOL), "acp", "--agent", "examples.acp_agents:echo", "--connect", "ipc:///nonexistent"],
+            check=False, stdin=subprocess.DEVNULL)
+    assert lone.returncode == 1 and b"supervisor.Client" in lone.stderr and lone.stdout == b""
+
+
 async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
-    """``--connect E``: prompts run as turns of the serve daemon at E."""
+    """``--connect E``: prompts run as turns of the serve daemon at E — streamed, cancelled
+    (a stubborn one killed by the daemon after the grace given to ``acp``) and served again."""
     import supervisor
 
     if not hasattr(supervisor, "Client"):
         pytest.skip("needs supervisor.Client from the daemon branch")
-    raise AssertionError("unreachable on this branch")
+    rundir = Path(tempfile.mkdtemp(prefix="tp-acp-", dir="/tmp"))  # short: ipc paths are limited
+    endpoint = f"ipc://{rundir}/daemon.sock"
+    log = open(tmp_path / "daemon-stderr.log", "wb")  # noqa: ASYNC230 (a local file, closed below)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    daemon = await anyio.open_process(
+        [str(TURNPOOL), "serve", "--endpoint", endpoint, "--workers", "1", "--spares", "0"],
+        stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env,
+    )
+    try:
+        assert daemon.stdout is not None
+        with anyio.fail_after(60):
+            seen = b""
+            async for chunk in daemon.stdout:  # the daemon announces readiness on stdout
+                seen += chunk
+                if b"ready on" in seen:
+                    break
+        async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--connect", endpoint,
+                             "--grace", "0.5", "--kill-after", "1") as (conn, rec, sid, _):
+            with anyio.fail_after(60):
+                hello = await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+            async with anyio.create_task_group() as tg:
+                answers: list[Any] = []
+
+                async def ask() -> None:
+                    answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")]))
+
+                tg.start_soon(ask)
+                with anyio.fail_after(60):
+                    await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+                await conn.cancel(session_id=sid)
+            with anyio.fail_after(60):
+                again = await conn.prompt(session_id=sid, prompt=[acp.text_block("again")])
+    finally:
+        with anyio.CancelScope(shield=True):
+            if daemon.returncode is None:
+                daemon.send_signal(signal.SIGTERM)
+            with anyio.fail_after(60):
+                await daemon.wait()
+            await daemon.aclose()
+            log.close()
+            shutil.rmtree(rundir, ignore_errors=True)
+    assert daemon.returncode == 0, (tmp_path / "daemon-stderr.log").read_text()
+    assert hello.stop_reason == "end_turn" and again.stop_reason == "end_turn"
+    (cancelled,) = answers
+    assert cancelled.stop_reason == "cancelled"
+    assert cancelled.field_meta["turnpool"]["outcome"] == "killed"
+    assert again.field_meta["turnpool"]["worker_pid"] != cancelled.field_meta["turnpool"]["worker_pid"]
+    assert rec.text().startswith("hello") and rec.text().endswith("again")
