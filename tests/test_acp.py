@@ -362,3 +362,65 @@ async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
     assert cancelled.field_meta["turnpool"]["outcome"] == "killed"
     assert again.field_meta["turnpool"]["worker_pid"] != cancelled.field_meta["turnpool"]["worker_pid"]
     assert rec.text().startswith("hello") and rec.text().endswith("again")
+
+
+class GatedBackend:
+    """A ``Supervisor`` whose ``submit`` waits at a gate, as a daemon ``Client``'s round trip
+    would: lets a test put a ``session/cancel`` exactly between the prompt and its turn."""
+
+    def __init__(self, sup: Any) -> None:
+        self.sup = sup
+        self.entered = anyio.Event()
+        self.release = anyio.Event()
+
+    async def submit(self, agent: str, input: Any = None, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await self.sup.submit(agent, input, **kwargs)
+
+
+async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
+    """A ``session/cancel`` handled while the prompt's turn is still being submitted cancels
+    that turn as soon as it exists: the prompt answers ``cancelled``, never ``end_turn``."""
+    from acp._transport import memory_transport_pair  # in-process pair of ACP message pipes
+    from acp.agent.connection import AgentSideConnection
+    from acp.client.connection import ClientSideConnection
+
+    from supervisor import Supervisor
+    from supervisor._acp_agent import TurnpoolAgent
+
+    cancel_handled = anyio.Event()
+
+    class Agent(TurnpoolAgent):
+        async def cancel(self, session_id: str, **kwargs: Any) -> None:
+            await super().cancel(session_id, **kwargs)
+            cancel_handled.set()
+
+    async with Supervisor(workers=1, spares=0, grace=20) as sup:
+        backend = GatedBackend(sup)
+        agent_end, client_end = memory_transport_pair()
+        agent_conn = AgentSideConnection(Agent(backend, "examples.acp_agents:slow"), agent_end)
+        rec = Recorder()
+        client = ClientSideConnection(rec, client_end)
+        try:
+            with anyio.fail_after(60):
+                await client.initialize(protocol_version=acp.PROTOCOL_VERSION)
+                sid = (await client.new_session(cwd="/", mcp_servers=[])).session_id
+                answers: list[Any] = []
+                async with anyio.create_task_group() as tg:
+
+                    async def ask() -> None:
+                        answers.append(await client.prompt(session_id=sid, prompt=[acp.text_block("60")]))
+
+                    tg.start_soon(ask)
+                    await backend.entered.wait()
+                    await client.cancel(session_id=sid)
+                    await cancel_handled.wait()
+                    backend.release.set()
+        finally:
+            await client.close()
+            await agent_conn.close()
+    (answer,) = answers
+    assert answer.stop_reason == "cancelled"
+    assert answer.field_meta["turnpool"]["outcome"] == "aborted"
+    assert answer.field_meta["turnpool"]["cause"] == "user"
