@@ -276,6 +276,35 @@ async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
     assert ok.stop_reason == "end_turn"
 
 
+async def test_cancelled_turn_that_then_fails_still_answers_cancelled(tmp_path: Path) -> None:
+    """A cancelled turn whose agent raises on the way out ends ``failed``, yet the prompt answers
+    ``cancelled`` and no error: the editor asked to stop, and it stopped."""
+    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+                         "--grace", "20") as (conn, rec, sid, _):
+        async with anyio.create_task_group() as tg:
+            answers: list[Any] = []
+
+            async def ask() -> None:
+                answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("fail-on-cancel")]))
+
+            tg.start_soon(ask)
+            with anyio.fail_after(60):
+                await rec.wait_for(lambda u: isinstance(u, AgentMessageChunk))
+            await conn.cancel(session_id=sid)
+    (answer,) = answers
+    assert answer.stop_reason == "cancelled"
+    assert answer.field_meta["turnpool"]["outcome"] == "failed"
+
+
+async def test_plain_def_agent_returning_text_replies(tmp_path: Path) -> None:
+    """A plain ``def`` agent that returns a string: the string is the reply, then ``end_turn``."""
+    async with acp_agent(tmp_path, "examples.acp_agents:sync_reply", *ONE) as (conn, rec, sid, _):
+        with anyio.fail_after(60):
+            response = await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    assert response.stop_reason == "end_turn"
+    assert rec.text() == "you said: hi"
+
+
 async def test_agent_output_never_reaches_the_channel(tmp_path: Path) -> None:
     """An agent that prints, writes fd 1, has a child print and reads stdin cannot corrupt or
     steal the stdio channel: its reply arrives intact and it read nothing."""
