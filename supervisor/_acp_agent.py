@@ -12,9 +12,10 @@ same methods. The rules it keeps (docs/acp.md names them):
 * ``session/cancel`` cancels the session's prompts with cause ``user``; the cancelled prompt is
   answered ``cancelled`` once, after the turn is quiescent, however it ended — never an error
   first; unfinished tool calls are reported ended and marked cancelled;
-* a turn ending ``aborted`` or ``killed`` answers ``cancelled``; ``failed`` and ``crashed`` answer
-  a JSON-RPC error whose message names the outcome; ``completed`` answers ``end_turn`` (or the
-  ``stop_reason`` the agent returned).
+* a turn ending ``aborted`` or ``killed`` because someone asked (cause ``user``, ``parent``,
+  ``disposed``) answers ``cancelled``; ``failed`` and ``crashed``, and a turn turnpool stopped on
+  its own account (cause ``deadline`` or ``memory``), answer a JSON-RPC error whose message names
+  the outcome and cause; ``completed`` answers ``end_turn`` (or the ``stop_reason`` the agent returned).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from ._acp_events import TurnEvents, stop_reason_of
 log = logging.getLogger("turnpool.acp")
 
 TURNPOOL_VERSION = "0.1.0"
+# Causes of a stopped turn that answer ``cancelled``: someone asked (an ACP cancel, or
+# ``turnpool cancel`` on the daemon), or the front end is shutting down. A turn stopped on
+# turnpool's own account (deadline, memory) answers an error that names the cause instead.
+CANCELLED_BY = frozenset({"user", "disposed", "parent"})
 
 
 class _Handle(Protocol):
@@ -81,6 +86,9 @@ def turn_input(session: _Session, blocks: list[Any]) -> dict[str, Any]:
 
 
 def _describe(result: TurnResult) -> str:
+    if result.outcome in ("aborted", "killed"):
+        kind = result.cause.kind if result.cause is not None else "unknown"
+        return f"turn {result.turn_id} was stopped by turnpool (cause {kind}) and ended {result.outcome}"
     if result.outcome == "failed":
         err = result.error
         what = f"{err.type}: {err.message}" if err is not None else "the agent raised"
@@ -170,8 +178,8 @@ class TurnpoolAgent:
                 await self._send(session.id, update)
         result = await handle.result()  # returns once the turn is quiescent
         pending.ended = True
-        cancelled = pending.cancelled or result.outcome in ("aborted", "killed")
-        if cancelled:
+        stopped = result.outcome in ("aborted", "killed")
+        if pending.cancelled or (stopped and result.cause is not None and result.cause.kind in CANCELLED_BY):
             for update in events.close_open_tools(cancelled=True, reason="cancelled"):
                 await self._send(session.id, update)
             return acp.PromptResponse(stop_reason="cancelled", field_meta=_meta(result))

@@ -408,13 +408,31 @@ class GatedBackend:
         return await self.sup.submit(agent, input, **kwargs)
 
 
-async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
-    """A ``session/cancel`` handled while the prompt's turn is still being submitted cancels
-    that turn as soon as it exists: the prompt answers ``cancelled``, never ``end_turn``."""
+@contextlib.asynccontextmanager
+async def in_process(agent: Any) -> AsyncIterator[tuple[Any, Recorder, str]]:
+    """An ACP client connected to ``agent`` through an in-process message pipe; yields the
+    client connection, its recorder and an open session id."""
     from acp._transport import memory_transport_pair  # in-process pair of ACP message pipes
     from acp.agent.connection import AgentSideConnection
     from acp.client.connection import ClientSideConnection
 
+    agent_end, client_end = memory_transport_pair()
+    agent_conn = AgentSideConnection(agent, agent_end)
+    rec = Recorder()
+    client = ClientSideConnection(rec, client_end)
+    try:
+        with anyio.fail_after(60):
+            await client.initialize(protocol_version=acp.PROTOCOL_VERSION)
+            sid = (await client.new_session(cwd="/", mcp_servers=[])).session_id
+        yield client, rec, sid
+    finally:
+        await client.close()
+        await agent_conn.close()
+
+
+async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
+    """A ``session/cancel`` handled while the prompt's turn is still being submitted cancels
+    that turn as soon as it exists: the prompt answers ``cancelled``, never ``end_turn``."""
     from supervisor import Supervisor
     from supervisor._acp_agent import TurnpoolAgent
 
@@ -427,15 +445,9 @@ async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
 
     async with Supervisor(workers=1, spares=0, grace=20) as sup:
         backend = GatedBackend(sup)
-        agent_end, client_end = memory_transport_pair()
-        agent_conn = AgentSideConnection(Agent(backend, "examples.acp_agents:slow"), agent_end)
-        rec = Recorder()
-        client = ClientSideConnection(rec, client_end)
-        try:
+        async with in_process(Agent(backend, "examples.acp_agents:slow")) as (client, rec, sid):
+            answers: list[Any] = []
             with anyio.fail_after(60):
-                await client.initialize(protocol_version=acp.PROTOCOL_VERSION)
-                sid = (await client.new_session(cwd="/", mcp_servers=[])).session_id
-                answers: list[Any] = []
                 async with anyio.create_task_group() as tg:
 
                     async def ask() -> None:
@@ -446,10 +458,22 @@ async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
                     await client.cancel(session_id=sid)
                     await cancel_handled.wait()
                     backend.release.set()
-        finally:
-            await client.close()
-            await agent_conn.close()
     (answer,) = answers
     assert answer.stop_reason == "cancelled"
     assert answer.field_meta["turnpool"]["outcome"] == "aborted"
     assert answer.field_meta["turnpool"]["cause"] == "user"
+
+
+async def test_turn_stopped_by_its_deadline_answers_an_error() -> None:
+    """A turn turnpool stopped on its own account (its deadline) was not cancelled by the editor:
+    the prompt answers an error naming the cause, not ``cancelled``."""
+    from supervisor import Supervisor
+    from supervisor._acp_agent import TurnpoolAgent
+
+    async with Supervisor(workers=1, spares=0, grace=20, timeout=0.2) as sup:
+        async with in_process(TurnpoolAgent(sup, "examples.acp_agents:slow")) as (client, rec, sid):
+            with anyio.fail_after(60), pytest.raises(acp.RequestError) as stopped:
+                await client.prompt(session_id=sid, prompt=[acp.text_block("60")])
+    assert "cause deadline" in str(stopped.value) and "aborted" in str(stopped.value)
+    assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
+        ("sleep-1", "failed")]
