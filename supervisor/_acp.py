@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if args.connect is None and (args.workers < 1 or args.spares < 0):
         print("turnpool acp: --workers must be >= 1 and --spares >= 0", file=sys.stderr)
         return EXIT_USAGE
-    proto_in, proto_out = claim_stdio()
     try:
+        proto_in, proto_out = claim_stdio()
         return anyio.run(_serve, args, proto_in, proto_out, backend="asyncio")
     except (TurnpoolError, OSError, ValueError, TypeError) as exc:
         print(f"turnpool acp: {exc}", file=sys.stderr)
