@@ -122,8 +122,7 @@ class RichProgress:
 
 def summary_table(s: BatchSummary) -> Table:
     """Jobs per outcome and cause (this run), then the skipped and invalid ones."""
-    table = Table(title=f"batch {s.batch}: {s.ran} job(s) in {s.elapsed:.1f}s"
-                        + (f" ({s.ran / s.elapsed:.1f} jobs/s)" if s.elapsed > 0 and s.ran else ""))
+    table = Table(title="jobs per outcome and cause")
     table.add_column("outcome")
     table.add_column("cause")
     table.add_column("jobs", justify="right")
@@ -143,15 +142,18 @@ def summary_table(s: BatchSummary) -> Table:
 
 def slowest_table(s: BatchSummary) -> Table:
     table = Table(title="slowest jobs")
-    for col in ("id", "outcome", "attempts", "seconds", "turn id"):
-        table.add_column(col, justify="right" if col in ("attempts", "seconds") else "left")
+    for col in ("id", "outcome", "attempts", "seconds"):
+        table.add_column(col, justify="right" if col in ("attempts", "seconds") else "left",
+                         overflow="fold")
     for rec in s.slowest:
         table.add_row(str(rec["id"]), Text(rec["outcome"], style=COLOURS.get(rec["outcome"], "")),
-                      str(rec["attempts"]), f"{rec['duration_s']:.3f}", rec["turn_id"])
+                      str(rec["attempts"]), f"{rec['duration_s']:.3f}")
     return table
 
 
 def print_summary(console: Console, s: BatchSummary) -> None:
+    rate = f" ({s.ran / s.elapsed:.1f} jobs/s)" if s.elapsed > 0 and s.ran else ""
+    console.print(f"[bold]batch {s.batch}[/]: {s.ran} of {s.jobs} job(s) ran in {s.elapsed:.1f}s{rate}")
     console.print(summary_table(s))
     if s.slowest:
         console.print(slowest_table(s))

@@ -90,9 +90,11 @@ async def open_backend(
 
 
 async def default_concurrency(backend: Any) -> int:
-    """Twice the backend's workers (so a worker never waits for the next job), else 8."""
+    """Four times the backend's workers, at least 16: enough queued that a worker never waits
+    for the next submit (a daemon adds a round trip per submit), few enough that stopping only
+    has that many turns to cancel (queued ones end at once, never started)."""
     n = await backend_workers(backend)
-    return 2 * n if n else 8
+    return max(4 * n, 16) if n else 16
 
 
 async def run_batch(
@@ -212,7 +214,7 @@ def register(subparsers: Any) -> None:
     where.add_argument("--connect", "--endpoint", dest="connect", nargs="?", const="", metavar="E",
                        help="run on the daemon at E (no value: the default endpoint)")
     p.add_argument("--concurrency", type=_positive_int, metavar="N",
-                   help="turns submitted at a time (default: twice the workers)")
+                   help="turns submitted at a time (default: 4 per worker, at least 16)")
     p.add_argument("--timeout", type=_positive_seconds, metavar="S", help="per-job timeout unless the job sets one")
     p.add_argument("--grace", type=_seconds, metavar="S", help="seconds a cancelled turn has to stop")
     p.add_argument("--kill-after", type=_seconds, metavar="S", help="seconds from SIGTERM to SIGKILL")
