@@ -45,7 +45,8 @@ def _ppe(jobs: Path, out: Path, chunksize: int) -> int:
         items = [json.loads(line) for line in f if line.strip()]
     n = 0
     with concurrent.futures.ProcessPoolExecutor(max_workers=WORKERS) as ex, open(out, "w") as f:
-        for job, output in zip(items, ex.map(_echo, [j["input"] for j in items], chunksize=chunksize), strict=True):
+        outputs = ex.map(_echo, [j["input"] for j in items], chunksize=chunksize)
+        for job, output in zip(items, outputs, strict=True):
             f.write(json.dumps({"id": job["id"], "outcome": "completed", "output": output}) + "\n")
             f.flush()
             n += 1
@@ -64,8 +65,8 @@ def _run_batch(jobs: Path, out: Path) -> int:
 
 def _cli(jobs: Path, out: Path) -> int:
     proc = subprocess.run(
-        [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch", str(jobs), "-o", str(out),
-         "--agent", "examples.agents:echo", "--workers", str(WORKERS)],
+        [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch", str(jobs),
+         "-o", str(out), "--agent", "examples.agents:echo", "--workers", str(WORKERS)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     if proc.returncode != 0:
@@ -107,15 +108,15 @@ def run(quick: bool) -> str:
     ratio = med[BASELINE] / med[OURS]
     return (
         "## batch: trivial jobs per second — `turnpool batch` vs `ProcessPoolExecutor.map`\n\n"
-        f"{n:,} `examples.agents:echo` jobs from one JSONL file, {WORKERS} worker processes, one JSON line per "
-        f"result flushed as it ends; each run starts and stops its own pool; median of {repeats} runs, runners "
-        "interleaved.\n\n"
+        f"{n:,} `examples.agents:echo` jobs from one JSONL file, {WORKERS} worker processes, one JSON "
+        f"line per result flushed as it ends; each run starts and stops its own pool; median of {repeats} "
+        "runs, runners interleaved.\n\n"
         "| runner | jobs/s (median) | seconds (median) | runs (s) |\n| --- | ---: | ---: | --- |\n"
         f"{rows}\n\n"
         f"Ratio, turnpool `run_batch` jobs/s ÷ plain `ProcessPoolExecutor.map` jobs/s: **{ratio:.2f}×**. "
-        "turnpool pays for a fresh interpreter per worker, a turn (cancellable, with its own deadline and "
-        "escalation) per job and a full result record; `ProcessPoolExecutor` forks the host and cannot stop a "
-        "running job (one dead worker breaks its pool).\n"
+        "turnpool pays for a fresh interpreter per worker, a turn (cancellable, with its own deadline "
+        "and escalation) per job and a full result record; `ProcessPoolExecutor` forks the host and "
+        "cannot stop a running job (one dead worker breaks its pool).\n"
     )
 
 

@@ -146,5 +146,5 @@ def load_jobs(
     """
     if isinstance(source, (str, PathLike)):
         return check_jobs(_parse_lines(source), default_agent)
-    return check_jobs(((i, dict(obj) if isinstance(obj, Mapping) else obj) for i, obj in enumerate(source, 1)),
-                      default_agent)
+    rows = ((i, dict(obj) if isinstance(obj, Mapping) else obj) for i, obj in enumerate(source, 1))
+    return check_jobs(rows, default_agent)

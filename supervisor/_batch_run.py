@@ -63,7 +63,8 @@ class BatchInputError(BatchError, ValueError):
 
     def __init__(self, invalid: list[InvalidLine]) -> None:
         self.invalid = invalid
-        shown = "; ".join(map(str, invalid[:5])) + (f"; and {len(invalid) - 5} more" if len(invalid) > 5 else "")
+        more = f"; and {len(invalid) - 5} more" if len(invalid) > 5 else ""
+        shown = "; ".join(map(str, invalid[:5])) + more
         super().__init__(f"{len(invalid)} invalid job line(s): {shown}")
 
 
@@ -218,7 +219,8 @@ def _error_of(result: TurnResult) -> dict[str, str] | None:
     if result.outcome == "killed":
         how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
         kind = result.cause.kind if result.cause else "?"
-        return {"type": "Killed", "message": f"cancelled ({kind}), grace ran out: worker tree terminated ({how})"}
+        return {"type": "Killed",
+                "message": f"cancelled ({kind}), grace ran out: worker tree terminated ({how})"}
     return None
 
 
@@ -352,7 +354,8 @@ class BatchRun:
     def snapshot(self, last: Mapping[str, Any] | None = None) -> BatchProgress:
         """The progress now (what the callback gets)."""
         return BatchProgress(
-            total=len(self.plan.pending), done=self._done, running=len(self._running), counts=dict(self._counts),
+            total=len(self.plan.pending), done=self._done, running=len(self._running),
+            counts=dict(self._counts),
             interrupted=self._interrupted, retries=self._retries, elapsed=anyio.current_time() - self._t0,
             stopping=self._stopping, last=last,
         )
@@ -449,7 +452,9 @@ class BatchRun:
         final: bool,
     ) -> None:
         duration = anyio.current_time() - submitted
-        interrupted = not final and (result is None or result.cause is not None and result.cause.kind == "user")
+        by_user = result is not None and result.cause is not None and result.cause.kind == "user"
+        interrupted = not final and (result is None or by_user)
+        cause: dict[str, str] | None
         if result is None or interrupted:
             outcome, cause = "aborted", {"kind": "user"}
         else:
@@ -486,8 +491,11 @@ class BatchRun:
             self._by_cause[(outcome, cause["kind"] if cause else None)] += 1
         else:
             self._interrupted += 1
-        entry = (duration, next(self._seq), {"id": job.id, "outcome": outcome, "duration_s": round(duration, 3),
-                                             "attempts": attempt, "turn_id": turn_id})
+        # Slowest by the turn's own run time (queueing behind other jobs is not the job's slowness).
+        ran = result.run_s if result is not None else None
+        entry = (ran if ran is not None else duration, next(self._seq),
+                 {"id": job.id, "outcome": outcome, "run_s": ran, "duration_s": round(duration, 3),
+                  "attempts": attempt, "turn_id": turn_id})
         if len(self._slowest) < self.keep_slowest:
             heapq.heappush(self._slowest, entry)
         elif self.keep_slowest:
@@ -501,7 +509,8 @@ class BatchRun:
         keys = {job.key for job in plan.jobs}
         earlier = Counter(rec.get("outcome") for key, rec in plan.previous.final.items() if key in keys)
         return BatchSummary(
-            batch=plan.batch, output=plan.output, jobs=len(plan.jobs), skipped=len(plan.jobs) - len(plan.pending),
+            batch=plan.batch, output=plan.output, jobs=len(plan.jobs),
+            skipped=len(plan.jobs) - len(plan.pending),
             earlier={k: v for k, v in earlier.items() if isinstance(k, str)},
             counts={k: self._counts[k] for k in OUTCOMES if self._counts[k]},
             by_cause=dict(self._by_cause), interrupted=self._interrupted,

@@ -89,8 +89,8 @@ class RichProgress:
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("[bold]batch[/]"),
-            BarColumn(),
             MofNCompleteColumn(),
+            BarColumn(bar_width=20),
             TextColumn("{task.fields[counts]}"),
             TextColumn("{task.fields[rate]}"),
             TextColumn("ETA {task.fields[eta]}"),
@@ -141,13 +141,15 @@ def summary_table(s: BatchSummary) -> Table:
 
 
 def slowest_table(s: BatchSummary) -> Table:
+    """The jobs whose turns ran longest ("ran": the last attempt's run time; "total": from the
+    first submission to the line, queueing and earlier attempts included)."""
     table = Table(title="slowest jobs")
-    for col in ("id", "outcome", "attempts", "seconds"):
-        table.add_column(col, justify="right" if col in ("attempts", "seconds") else "left",
-                         overflow="fold")
+    for col in ("id", "outcome", "attempts", "ran s", "total s"):
+        table.add_column(col, justify="left" if col in ("id", "outcome") else "right", overflow="fold")
     for rec in s.slowest:
+        ran = rec.get("run_s")
         table.add_row(str(rec["id"]), Text(rec["outcome"], style=COLOURS.get(rec["outcome"], "")),
-                      str(rec["attempts"]), f"{rec['duration_s']:.3f}")
+                      str(rec["attempts"]), "" if ran is None else f"{ran:.3f}", f"{rec['duration_s']:.3f}")
     return table
 
 

@@ -70,7 +70,8 @@ async def open_backend(
         try:
             from . import Client  # type: ignore[attr-defined]
         except ImportError as exc:
-            raise BatchError("--connect needs supervisor.Client (the daemon client), not in this build") from exc
+            raise BatchError("--connect needs supervisor.Client (the daemon client): not in this build") \
+                from exc
         if not connect:
             from ._paths import default_endpoint
 
@@ -105,7 +106,7 @@ async def run_batch(
     workers: int | None = None,
     agent: str | None = None,
     concurrency: int | None = None,
-    timeout: float | None = None,
+    timeout: float | None = None,  # noqa: ASYNC109 — each job's turn timeout, not this call's
     grace: float | None = None,
     kill_after: float | None = None,
     retries: int = 0,
@@ -202,7 +203,8 @@ def register(subparsers: Any) -> None:
     """Add ``turnpool batch`` to the console script."""
     p = subparsers.add_parser(
         "batch", help="run every job of a JSONL file, one result line per job",
-        description="Run every job of JOBS.jsonl as a turn; append one JSON result line per job to OUT.jsonl.",
+        description="Run every job of JOBS.jsonl as a turn; "
+                    "append one JSON result line per job to OUT.jsonl.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("jobs", metavar="JOBS.jsonl", help="one JSON job per line")
@@ -215,10 +217,12 @@ def register(subparsers: Any) -> None:
                        help="run on the daemon at E (no value: the default endpoint)")
     p.add_argument("--concurrency", type=_positive_int, metavar="N",
                    help="turns submitted at a time (default: 4 per worker, at least 16)")
-    p.add_argument("--timeout", type=_positive_seconds, metavar="S", help="per-job timeout unless the job sets one")
+    p.add_argument("--timeout", type=_positive_seconds, metavar="S",
+                   help="per-job timeout unless the job sets one")
     p.add_argument("--grace", type=_seconds, metavar="S", help="seconds a cancelled turn has to stop")
     p.add_argument("--kill-after", type=_seconds, metavar="S", help="seconds from SIGTERM to SIGKILL")
-    p.add_argument("--retries", type=_count, default=0, metavar="K", help="extra attempts per job (default 0)")
+    p.add_argument("--retries", type=_count, default=0, metavar="K",
+                   help="extra attempts per job (default 0)")
     p.add_argument("--retry-on", type=_outcomes, default=DEFAULT_RETRY_ON, metavar="OUTCOMES",
                    help="outcomes retried (default crashed,killed)")
     p.add_argument("--resume", action="store_true", help="skip jobs with a final line in OUT; run the rest")
@@ -228,7 +232,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fsync", action="store_true", help="fsync after each line (survives power loss)")
     p.add_argument("--progress-interval", type=_positive_seconds, default=5.0, metavar="S",
                    help="seconds between plain progress lines when stderr is not a terminal (default 5)")
-    p.add_argument("-v", "--verbose", action="store_true", help="show the pool's warnings (escalations, crashes)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show the pool's warnings (escalations, crashes)")
     p.set_defaults(func=main)
 
 
@@ -295,8 +300,9 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
     view = RichProgress(err) if err.is_terminal else PlainProgress(sys.stderr, args.progress_interval)
     state: dict[str, Any] = {"run": None, "signals": 0}
     if args.resume and plan.previous.lines:
-        print(f"turnpool batch: resuming batch {plan.batch}: {len(plan.jobs) - len(plan.pending)} job(s) done "
-              f"earlier, {len(plan.pending)} to run", file=sys.stderr)
+        done = len(plan.jobs) - len(plan.pending)
+        print(f"turnpool batch: resuming batch {plan.batch}: {done} job(s) done earlier, "
+              f"{len(plan.pending)} to run", file=sys.stderr)
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
@@ -310,8 +316,9 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
                     if run is None:
                         opening.cancel()  # not running yet: stop starting the pool
                     elif state["signals"] == 1:
-                        print(f"\nturnpool batch: {name}: stopping — cancelling {run.snapshot().running} running "
-                              "job(s); again to stop at once", file=sys.stderr, flush=True)
+                        running = run.snapshot().running
+                        print(f"\nturnpool batch: {name}: stopping — cancelling {running} running job(s); "
+                              "again to stop at once", file=sys.stderr, flush=True)
                         run.interrupt()
                     elif state["signals"] == 2:
                         print(f"turnpool batch: {name}: stopping at once", file=sys.stderr, flush=True)

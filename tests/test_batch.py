@@ -3,6 +3,7 @@ Python API with its progress callback, and the same batch through a daemon (``--
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -344,7 +345,8 @@ async def test_resubmitted_attempt_finds_its_turn(tmp_path: Path) -> None:
     again = read_lines(out)[-1]
     assert summary.skipped == 4 and summary.counts == {"completed": 1}
     assert again["turn_id"] == lost["turn_id"] == turn_id_for(lost["batch"], lost["id"], 1)
-    assert (again["worker_pid"], again["run_s"], again["output"]) == (lost["worker_pid"], lost["run_s"], lost["output"])
+    same = ("worker_pid", "run_s", "output")
+    assert [again[k] for k in same] == [lost[k] for k in same]
 
 
 @pytest.mark.anyio
@@ -359,6 +361,60 @@ async def test_fail_fast_stops_at_the_first_failure(tmp_path: Path) -> None:
     assert lines[0]["id"] == "bad" and lines[0]["outcome"] == "failed"
     assert len(lines) < len(jobs) and summary.stopped == "fail-fast" and summary.exit_code == 1
     assert summary.not_run == len(jobs) - len(lines)
+
+
+class ClientLike:
+    """A backend with only the public methods a daemon ``Client`` offers (``status`` a coroutine,
+    as over a socket), over an embedded supervisor: the engine must need nothing more."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self._sup = sup
+
+    async def submit(self, agent: str, input: Any = None, **kwargs: Any) -> supervisor.TurnHandle:
+        return await self._sup.submit(agent, input, **kwargs)
+
+    async def cancel(self, turn_id: str, cause: Any = None) -> Any:
+        return await self._sup.cancel(turn_id, cause)
+
+    async def status(self) -> dict[str, Any]:
+        return self._sup.status()
+
+    async def when_idle(self) -> None:
+        await self._sup.when_idle()
+
+
+@pytest.mark.anyio
+async def test_cancelling_run_batch_on_a_client_like_backend(tmp_path: Path) -> None:
+    """Through a backend with only the Client's methods: cancelling ``run_batch`` while two slow
+    jobs run records both (aborted, cause user, not final) and cancels their turns (cause user)."""
+    jobs = [{"id": f"e{i}", "agent": E + "echo", "input": i} for i in range(3)]
+    jobs += [{"id": f"slow{i}", "agent": E + "slow", "input": {"seconds": 60}} for i in range(2)]
+    out = tmp_path / "out.jsonl"
+    echoes_done = anyio.Event()
+
+    def progress(p: BatchProgress) -> None:
+        if p.counts.get("completed") == 3:
+            echoes_done.set()
+
+    with anyio.fail_after(120):
+        async with Supervisor(workers=2, spares=0) as sup:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: run_batch(jobs, out, backend=ClientLike(sup), progress=progress))
+                await echoes_done.wait()
+                batch = read_lines(out)[0]["batch"]
+                slow_ids = [turn_id_for(batch, f"slow{i}", 1) for i in range(2)]
+                for turn_id in slow_ids:
+                    async with contextlib.aclosing(sup.handle(turn_id).events()) as events:
+                        async for _ in events:  # slow emits once it runs
+                            break
+                tg.cancel_scope.cancel()
+            results = [await sup.handle(turn_id).result() for turn_id in slow_ids]
+    assert [(r.outcome, r.cause) for r in results] == [("aborted", {"kind": "user"})] * 2
+    lines = read_lines(out)
+    assert len(lines) == 5
+    slow = [rec for rec in lines if rec["id"].startswith("slow")]
+    interrupted = ("aborted", False, {"kind": "user"})
+    assert [(rec["outcome"], rec["final"], rec["cause"]) for rec in slow] == [interrupted] * 2
 
 
 # ---- through a daemon ------------------------------------------------------------------------------
@@ -381,7 +437,8 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
         pairs = [mixed_job(i) for i in range(300)]
         jobs = write_jobs(tmp_path / "jobs.jsonl", [job for job, _ in pairs])
         out = tmp_path / "out.jsonl"
-        proc = cli(jobs, "-o", out, "--connect", endpoint, "--grace", "0.2", "--kill-after", "0.5", timeout=300)
+        proc = cli(jobs, "-o", out, "--connect", endpoint, "--grace", "0.2", "--kill-after", "0.5",
+                   timeout=300)
         assert proc.returncode == 1, proc.stderr
         lines = read_lines(out)
         assert Counter(rec["id"] for rec in lines) == Counter(job["id"] for job, _ in pairs)
