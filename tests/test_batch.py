@@ -23,6 +23,7 @@ from supervisor import Supervisor
 from supervisor.batch import (
     BatchInputError,
     BatchProgress,
+    BatchRun,
     OutputNotEmpty,
     prepare_batch,
     run_batch,
@@ -205,6 +206,46 @@ def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
     lines = read_lines(out)
     assert sorted(rec["id"] for rec in lines) == ["st0", "st1"]
     assert all(not rec["final"] and rec["outcome"] == "aborted" for rec in lines)
+
+
+@pytest.mark.anyio
+async def test_interrupt_records_a_killed_turn_as_interrupted(tmp_path: Path) -> None:
+    """BatchRun.interrupt(): a stubborn turn ignores the abort and is killed after its grace; the
+    job is still recorded aborted/user/not final (the turn's own outcome kept in turn_outcome)
+    and the jobs not yet submitted have no line."""
+    jobs = [{"id": "stubborn", "agent": E + "stubborn", "input": {"seconds": 600}}]
+    jobs += [{"id": f"later{i}", "agent": E + "echo", "input": i} for i in range(5)]
+    out = tmp_path / "out.jsonl"
+    plan = prepare_batch(jobs, out)
+    with anyio.fail_after(120):
+        async with Supervisor(workers=1, spares=0, grace=0.2, kill_after=0.5) as sup:
+            run = BatchRun(plan, sup, concurrency=1)
+            summaries: list[Any] = []
+
+            async def go() -> None:
+                summaries.append(await run.run())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(go)
+                turn_id = turn_id_for(plan.batch, "stubborn", 1)
+                while True:  # bounded poll (fail_after): the lane submits at its first step
+                    try:
+                        handle = sup.handle(turn_id)
+                        break
+                    except supervisor.UnknownTurn:
+                        await anyio.lowlevel.checkpoint()
+                async with contextlib.aclosing(handle.events()) as events:
+                    async for _ in events:  # stubborn emits once it runs
+                        break
+                run.interrupt()
+            result = await sup.handle(turn_id).result()
+    assert result.outcome == "killed" and result.cause == {"kind": "user"}
+    [rec] = read_lines(out)
+    assert (rec["id"], rec["outcome"], rec["final"]) == ("stubborn", "aborted", False)
+    assert rec["cause"] == {"kind": "user"}
+    assert rec["turn_outcome"] == "killed" and rec["exit_code"] is not None
+    [summary] = summaries
+    assert summary.stopped == "interrupted" and summary.exit_code == 130 and summary.not_run == 5
 
 
 # ---- retries -------------------------------------------------------------------------------------
