@@ -38,6 +38,7 @@ from wire import OUTCOMES, TurnResult
 
 from ._batch_jobs import InvalidLine, Job, load_jobs, turn_id_for
 from ._batch_out import Previous, ResultLog, read_previous
+from ._cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from ._errors import TurnpoolError
 
 log = logging.getLogger("turnpool.batch")
@@ -47,8 +48,6 @@ DEFAULT_RETRY_ON = frozenset({"crashed", "killed"})
 STOP_INTERRUPTED = "interrupted"
 STOP_ABANDONED = "abandoned"
 STOP_FAIL_FAST = "fail-fast"
-# Exit codes (the same values as ``supervisor._cli``; kept here so the engine has no CLI import).
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class BatchError(TurnpoolError):

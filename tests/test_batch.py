@@ -89,6 +89,23 @@ def finals(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def test_batch_public_names_and_command() -> None:
+    """The batch module's public names are pinned, and the console script has ``batch`` with the
+    documented options and exit codes."""
+    import supervisor.batch as batch
+    from supervisor import _cli
+
+    assert {"run_batch", "prepare_batch", "BatchRun", "BatchProgress", "BatchSummary", "BatchInputError",
+            "OutputNotEmpty", "open_backend", "register", "turn_id_for"} <= set(batch.__all__)
+    assert (batch.EXIT_OK, batch.EXIT_FAILED, batch.EXIT_USAGE, batch.EXIT_INTERRUPTED) == (0, 1, 2, 130)
+    args = _cli.build_parser().parse_args(
+        ["batch", "j.jsonl", "--agent", "a.b:c", "-o", "o.jsonl", "--workers", "3", "--timeout", "2",
+         "--retries", "2", "--retry-on", "crashed,failed", "--resume", "--fail-fast", "--skip-invalid"])
+    assert (args.workers, args.timeout, args.retries, args.retry_on) == (3, 2.0, 2, {"crashed", "failed"})
+    assert args.resume and args.fail_fast and args.skip_invalid and args.connect is None
+    assert _cli.build_parser().parse_args(["batch", "j", "-o", "o", "--connect", "ipc:///x"]).connect == "ipc:///x"
+
+
 # ---- the 2,000-job batch ---------------------------------------------------------------------
 
 
