@@ -324,10 +324,13 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
                         print(f"turnpool batch: {name}: stopping at once", file=sys.stderr, flush=True)
                         run.abandon()
 
+            ticking = anyio.CancelScope()
+
             async def tick(run: BatchRun) -> None:
-                while True:
-                    await anyio.sleep(min(1.0, args.progress_interval))
-                    view.tick(run.snapshot())
+                with ticking:  # until the run returns (not through the pool's disposal)
+                    while True:
+                        await anyio.sleep(min(1.0, args.progress_interval))
+                        view.tick(run.snapshot())
 
             tg.start_soon(watch_signals)
             summary: BatchSummary | None = None
@@ -349,6 +352,7 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
                         try:
                             summary = await run.run()
                         finally:
+                            ticking.cancel()
                             view.close()
             finally:
                 tg.cancel_scope.cancel()
