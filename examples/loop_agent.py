@@ -82,4 +82,30 @@ async def research(turn: worker.Turn) -> dict[str, Any]:
     at whichever detection point it is at, and the turn ends ``aborted``."""
     loop = _research_loop(turn)
     result = await loop.run(str((turn.input or {}).get("prompt", "What is the answer?")))
-    return {"result": type(result).__name__, "text": getattr(result, "text", None), "steps": getattr(result, "steps", None)}
+    return {
+        "result": type(result).__name__,
+        "text": getattr(result, "text", None),
+        "steps": getattr(result, "steps", None),
+    }
+
+
+async def openai_chat(turn: worker.Turn) -> dict[str, Any]:
+    """An ``AgentLoop`` on an OpenAI-compatible server (needs ``turnpool[openai]``).
+
+    Input: ``{"prompt": ..., "model": ..., "base_url": ..., "system": ...}`` (``base_url``
+    defaults to the openai package's, e.g. ``http://127.0.0.1:8000/v1`` for a local vLLM).
+    Streams ``delta`` events; a supervisor cancel closes the HTTP stream and ends ``aborted``.
+    """
+    from worker.agent import OpenAIModel
+
+    inp = turn.input or {}
+
+    async def report_abort(reason: str) -> None:
+        await turn.emit({"type": "on_abort", "reason": reason})
+
+    async with OpenAIModel(
+        str(inp.get("model", "gpt-4o-mini")), base_url=inp.get("base_url"), max_retries=0
+    ) as model:
+        loop = AgentLoop(model, hooks=[hook(on_abort=report_abort)], system=inp.get("system"), turn=turn)
+        result = await loop.run(str(inp.get("prompt", "Say hello.")))
+    return {"result": type(result).__name__, "text": getattr(result, "text", None)}

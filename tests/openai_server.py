@@ -63,7 +63,9 @@ class FakeOpenAIServer:
                 return
             lines = head.decode("latin-1").split("\r\n")
             path = lines[0].split(" ")[1]
-            headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+            headers = {
+                k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)
+            }
             body = await buf.receive_exactly(int(headers.get("content-length", "0")))
             self.requests.append((path, json.loads(body)))
             plan = self.plans.pop(0)
@@ -72,7 +74,9 @@ class FakeOpenAIServer:
                 await self._until_client_leaves(buf)
                 return
             if plan.status != 200:
-                payload = json.dumps({"error": {"message": "scripted failure", "type": "server_error"}}).encode()
+                payload = json.dumps(
+                    {"error": {"message": "scripted failure", "type": "server_error"}}
+                ).encode()
                 await client.send(
                     f"HTTP/1.1 {plan.status} Error\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()

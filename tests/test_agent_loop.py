@@ -145,7 +145,9 @@ async def test_tools_run_in_parallel_and_results_go_back_to_the_model() -> None:
         await other.wait()
         return f"pong {me}"
 
-    model = ScriptedModel([calls(("c1", "ping", {"me": "a"}), ("c2", "ping", {"me": "b"})), reply("both done")])
+    model = ScriptedModel(
+        [calls(("c1", "ping", {"me": "a"}), ("c2", "ping", {"me": "b"})), reply("both done")]
+    )
     loop = AgentLoop(model, tools=[ping])
     with anyio.fail_after(10):
         result = await loop.run("go")
@@ -406,19 +408,57 @@ def _interrupting_setups() -> list[Any]:
             raise ValueError("hook broke")
 
     return [
-        pytest.param(ScriptedModel([reply("x", open_error=ConnectionError("refused"))]), [], [], {}, ClientError,
-                     "ClientError", id="client-open"),
-        pytest.param(ScriptedModel([Response([TextDelta("x"), OSError("reset")])]), [], [], {}, ClientError,
-                     "ClientError", id="client-stream"),
-        pytest.param(ScriptedModel([calls(("c1", "bad", {}))]), [bad], [], {}, ToolError, "ToolError", id="tool"),
-        pytest.param(ScriptedModel([calls(("c1", "nope", {}))]), [], [], {}, ToolError, "ToolError",
-                     id="unknown-tool"),
-        pytest.param(ScriptedModel([reply("x")]), [], [hook(before_step=raising)], {}, HookError, "HookError",
-                     id="hook"),
-        pytest.param(ScriptedModel([reply("x")]), [], [hook(on_event=lambda e: Abort("policy says no"))], {},
-                     Aborted, "Aborted", id="hook-abort"),
-        pytest.param(ScriptedModel([reply("x")], supported_settings=frozenset({"temperature"})), [], [],
-                     {"temperature": 0, "top_k": 3}, ConfigWarnings, "ConfigWarnings", id="config"),
+        pytest.param(
+            ScriptedModel([reply("x", open_error=ConnectionError("refused"))]),
+            [],
+            [],
+            {},
+            ClientError,
+            "ClientError",
+            id="client-open",
+        ),
+        pytest.param(
+            ScriptedModel([Response([TextDelta("x"), OSError("reset")])]),
+            [],
+            [],
+            {},
+            ClientError,
+            "ClientError",
+            id="client-stream",
+        ),
+        pytest.param(
+            ScriptedModel([calls(("c1", "bad", {}))]), [bad], [], {}, ToolError, "ToolError", id="tool"
+        ),
+        pytest.param(
+            ScriptedModel([calls(("c1", "nope", {}))]), [], [], {}, ToolError, "ToolError", id="unknown-tool"
+        ),
+        pytest.param(
+            ScriptedModel([reply("x")]),
+            [],
+            [hook(before_step=raising)],
+            {},
+            HookError,
+            "HookError",
+            id="hook",
+        ),
+        pytest.param(
+            ScriptedModel([reply("x")]),
+            [],
+            [hook(on_event=lambda e: Abort("policy says no"))],
+            {},
+            Aborted,
+            "Aborted",
+            id="hook-abort",
+        ),
+        pytest.param(
+            ScriptedModel([reply("x")], supported_settings=frozenset({"temperature"})),
+            [],
+            [],
+            {"temperature": 0, "top_k": 3},
+            ConfigWarnings,
+            "ConfigWarnings",
+            id="config",
+        ),
     ]
 
 
@@ -509,7 +549,9 @@ async def test_pause_before_tools_then_resume_runs_pending_calls_exactly_once() 
         asked.append(step.index)
         return Pause("needs approval") if step.pending else None
 
-    model = ScriptedModel([calls(("c1", "act", {"what": "x"}), ("c2", "act", {"what": "y"})), reply("all done")])
+    model = ScriptedModel(
+        [calls(("c1", "act", {"what": "x"}), ("c2", "act", {"what": "y"})), reply("all done")]
+    )
     loop = AgentLoop(model, tools=[act], hooks=[hook(before_step=approve)])
     with anyio.fail_after(10):
         paused = await loop.run("go")
@@ -540,7 +582,14 @@ async def test_stream_hook_pause_keeps_what_arrived_and_resume_runs_it() -> None
 
     model = ScriptedModel(
         [
-            Response([TextDelta("Let me act."), ToolCall("c1", "act", {"what": "x"}), TextDelta("unread"), Finish()]),
+            Response(
+                [
+                    TextDelta("Let me act."),
+                    ToolCall("c1", "act", {"what": "x"}),
+                    TextDelta("unread"),
+                    Finish(),
+                ]
+            ),
             reply("done"),
         ]
     )
@@ -686,17 +735,75 @@ def test_timeline_abort_current_block() -> None:
 def test_public_names_are_pinned() -> None:
     """``worker.agent`` re-exports exactly its public API; the loop's cancellation is a TurnCancelled."""
     assert set(agent.__all__) == {
-        "CONTINUE", "Abort", "Aborted", "AgentLoop", "AgentLoopError", "AssistantMessage", "Block",
-        "CancelReceiver", "CancelSender", "Cancelled", "ClientError", "ConfigWarnings", "Continue", "Delayed",
-        "Finish", "Finished", "FunctionCall", "FunctionCallOutput", "Hook", "HookError", "ModelClient",
-        "ModelRequest", "ModelStream", "OpenAIModel", "Pause", "Paused", "Response", "ScriptedModel", "Step",
-        "TextDelta", "Timeline", "Tool", "ToolCall", "ToolError", "ToolSpec", "UserMessage", "cancel_channel",
-        "hook", "tool",
+        "CONTINUE",
+        "Abort",
+        "Aborted",
+        "AgentLoop",
+        "AgentLoopError",
+        "AssistantMessage",
+        "Block",
+        "CancelReceiver",
+        "CancelSender",
+        "Cancelled",
+        "ClientError",
+        "ConfigWarnings",
+        "Continue",
+        "Delayed",
+        "Finish",
+        "Finished",
+        "FunctionCall",
+        "FunctionCallOutput",
+        "Hook",
+        "HookError",
+        "ModelClient",
+        "ModelRequest",
+        "ModelStream",
+        "OpenAIModel",
+        "Pause",
+        "Paused",
+        "Response",
+        "ScriptedModel",
+        "Step",
+        "TextDelta",
+        "Timeline",
+        "Tool",
+        "ToolCall",
+        "ToolError",
+        "ToolSpec",
+        "UserMessage",
+        "cancel_channel",
+        "hook",
+        "tool",
     }
     for name in agent.__all__:
         assert getattr(agent, name) is not None
     assert issubclass(agent.Cancelled, worker.TurnCancelled)
-    for cls in (agent.Cancelled, agent.Aborted, agent.ClientError, agent.ToolError, agent.HookError,
-                agent.ConfigWarnings):
+    for cls in (
+        agent.Cancelled,
+        agent.Aborted,
+        agent.ClientError,
+        agent.ToolError,
+        agent.HookError,
+        agent.ConfigWarnings,
+    ):
         assert issubclass(cls, agent.AgentLoopError) and issubclass(cls, worker.WorkerError)
     assert isinstance(ScriptedModel([]), agent.ModelClient)
+
+
+async def test_tool_raising_turn_cancelled_is_a_cancel_not_a_tool_error() -> None:
+    """A tool that bails out with ``worker.TurnCancelled`` (say it awaited ``turn.checkpoint()``)
+    ends the run ``Cancelled`` with that cause, and stops the rest of the batch."""
+    tools = SlowTools()
+
+    @tool
+    async def checkpointing() -> None:
+        await tools.wait_started("other")
+        raise worker.TurnCancelled({"kind": "parent"})  # type: ignore[arg-type]
+
+    model = ScriptedModel([calls(("c1", "checkpointing", {}), ("c2", "slow", {"key": "other"}))])
+    rec = Recorder()
+    loop = AgentLoop(model, tools=[checkpointing, *tools.tools()], hooks=[rec])
+    with anyio.fail_after(10), pytest.raises(Cancelled) as info:
+        await loop.run("go")
+    assert info.value.cause == {"kind": "parent"} and rec.reasons == ["Cancelled"]
+    assert tools.cancelled == {"other"}

@@ -49,14 +49,18 @@ async def test_loop_agent_completes_and_streams_its_events() -> None:
     kinds = [e["type"] for e in events]
     assert kinds.count("delta") == 4 and kinds.count("tool_call") == 2 and kinds.count("tool_result") == 2
     assert "on_abort" not in kinds
-    assert "".join(e["text"] for e in events if e["type"] == "delta") == "Let me look that up.The answer is 42."
+    assert (
+        "".join(e["text"] for e in events if e["type"] == "delta") == "Let me look that up.The answer is 42."
+    )
 
 
 @pytest.mark.parametrize(
     ("where", "inp", "marker"),
     [
         pytest.param("opening", {"open_delay": 3600}, {"type": "opening", "n": 1}, id="stream-opening"),
-        pytest.param("mid-stream", {"event_delay": 3600}, {"type": "delta", "text": "Let me "}, id="mid-stream"),
+        pytest.param(
+            "mid-stream", {"event_delay": 3600}, {"type": "delta", "text": "Let me "}, id="mid-stream"
+        ),
         pytest.param("tools", {"tool_seconds": 3600}, {"type": "tool_start", "name": "fetch"}, id="tools"),
     ],
 )
@@ -85,3 +89,30 @@ async def test_supervisor_cancel_at_each_detection_point_is_aborted(
     assert [e for e in events if e["type"] == "on_abort"] == [{"type": "on_abort", "reason": "Cancelled"}]
     assert not any(e["type"] == "tool_result" for e in events)
     assert after.outcome == "completed" and after.worker_pid == result.worker_pid
+
+
+async def test_supervisor_cancel_of_an_openai_turn_closes_the_http_stream() -> None:
+    """A worker runs ``examples.loop_agent:openai_chat`` against a loopback server the test
+    started; cancelled mid-stream through the Supervisor, the turn ends ``aborted`` inside the
+    grace and the server sees the worker's HTTP connection close."""
+    from tests.openai_server import FakeOpenAIServer, Plan, chunk
+
+    server = FakeOpenAIServer([Plan([chunk({"role": "assistant", "content": "Once upon"})], stall=True)])
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        async with Supervisor(workers=1, spares=0, grace=GRACE) as sup:
+            handle = await sup.submit(
+                "examples.loop_agent:openai_chat",
+                {"base_url": server.base_url, "model": "m", "prompt": "story"},
+            )
+            await wait_for(handle, {"type": "delta", "text": "Once upon"})
+            t0 = time.monotonic()
+            await handle.cancel()
+            with anyio.fail_after(30):
+                result = await handle.result()
+                await server.disconnected.wait()
+            elapsed = time.monotonic() - t0
+            events = await all_events(handle)
+        tg.cancel_scope.cancel()
+    assert result.outcome == "aborted" and elapsed < GRACE / 2
+    assert {"type": "on_abort", "reason": "Cancelled"} in events

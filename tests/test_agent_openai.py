@@ -31,8 +31,18 @@ def tool_call_chunks() -> list[dict[str, Any]]:
     return [
         chunk({"role": "assistant", "content": "Checking"}),
         chunk({"content": "..."}),
-        chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                               "function": {"name": "lookup", "arguments": ""}}]}),
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": ""},
+                    }
+                ]
+            }
+        ),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"key"'}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": ': "ans'}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'wer"}'}}]}),
@@ -49,7 +59,10 @@ async def test_streams_text_and_tool_calls_through_the_loop() -> None:
         return {"value": 42, "key": key}
 
     server = FakeOpenAIServer(
-        [Plan(tool_call_chunks()), Plan([chunk({"content": "It is "}), chunk({"content": "42."}, finish="stop")])]
+        [
+            Plan(tool_call_chunks()),
+            Plan([chunk({"content": "It is "}), chunk({"content": "42."}, finish="stop")]),
+        ]
     )
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
@@ -62,14 +75,21 @@ async def test_streams_text_and_tool_calls_through_the_loop() -> None:
     (path1, first), (path2, second) = server.requests
     assert path1 == path2 == "/v1/chat/completions"
     assert first["model"] == "test-model" and first["stream"] is True and first["temperature"] == 0
-    assert first["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is it?"}]
+    assert first["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is it?"},
+    ]
     assert first["tools"][0]["function"]["name"] == "lookup"
     assistant, tool_msg = second["messages"][2:]
     assert assistant["content"] == "Checking..."
     assert assistant["tool_calls"] == [
         {"id": "call_a", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "answer"}'}}
     ]
-    assert tool_msg == {"role": "tool", "tool_call_id": "call_a", "content": json.dumps({"value": 42, "key": "answer"})}
+    assert tool_msg == {
+        "role": "tool",
+        "tool_call_id": "call_a",
+        "content": json.dumps({"value": 42, "key": "answer"}),
+    }
 
 
 async def test_cancel_mid_stream_closes_the_http_connection() -> None:

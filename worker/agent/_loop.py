@@ -156,7 +156,9 @@ class AgentLoop:
     def pending_tool_calls(self) -> tuple[FunctionCall, ...]:
         """Tool calls in ``history`` that have no ``FunctionCallOutput`` yet, in call order."""
         done = {item.call_id for item in self.history if isinstance(item, FunctionCallOutput)}
-        return tuple(item for item in self.history if isinstance(item, FunctionCall) and item.call_id not in done)
+        return tuple(
+            item for item in self.history if isinstance(item, FunctionCall) and item.call_id not in done
+        )
 
     # ---- running --------------------------------------------------------------------------
 
@@ -275,7 +277,9 @@ class AgentLoop:
             return
         unknown = sorted(set(self.settings) - set(supported))
         if unknown:
-            raise ConfigWarnings([f"{type(self.model).__name__} does not support setting {k!r}" for k in unknown])
+            raise ConfigWarnings(
+                [f"{type(self.model).__name__} does not support setting {k!r}" for k in unknown]
+            )
 
     async def _hooks_action(self, phase: str, arg: Any) -> Action | None:
         for h in self.hooks:
@@ -366,7 +370,12 @@ class AgentLoop:
                     calls.append(call)
                     self.timeline.add_closed(Block("tool_call", calls=[call]))
                     await self._emit(
-                        {"type": "tool_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+                        {
+                            "type": "tool_call",
+                            "call_id": call.call_id,
+                            "name": call.name,
+                            "arguments": call.arguments,
+                        }
                     )
                 elif isinstance(event, Finish):
                     finish = event.reason
@@ -410,6 +419,7 @@ class AgentLoop:
         block.calls = list(calls)
         outputs: dict[str, FunctionCallOutput] = {}
         failures: dict[str, BaseException] = {}
+        turn_cancelled: list[TurnCancelled] = []
 
         async def run_one(call: FunctionCall, group: anyio.abc.TaskGroup) -> None:
             t = self.tools.get(call.name)
@@ -417,6 +427,10 @@ class AgentLoop:
                 if t is None:
                     raise LookupError(f"unknown tool {call.name!r}")
                 value = await t(call.arguments)
+            except TurnCancelled as exc:  # e.g. the tool awaited turn.checkpoint(): a cancel, not a failure
+                turn_cancelled.append(exc)
+                group.cancel_scope.cancel()
+                return
             except Exception as exc:  # noqa: BLE001 - reported as ToolError below
                 failures[call.call_id] = exc
                 group.cancel_scope.cancel()  # one failure ends the batch
@@ -435,14 +449,21 @@ class AgentLoop:
             for call in calls:
                 if call.call_id in outputs:
                     self.history.append(outputs[call.call_id])
+        if turn_cancelled:
+            self.timeline.abort_current_block()
+            raise Cancelled(turn_cancelled[0].cause) from turn_cancelled[0]
         for call in calls:
             if call.call_id in failures:
                 exc = failures[call.call_id]
-                raise ToolError(f"tool {call.name!r} failed: {exc!r}", name=call.name, call_id=call.call_id) from exc
+                raise ToolError(
+                    f"tool {call.name!r} failed: {exc!r}", name=call.name, call_id=call.call_id
+                ) from exc
         self.timeline.close_current()
         done = tuple(outputs[c.call_id] for c in calls)
         for out in done:
-            await self._emit({"type": "tool_result", "call_id": out.call_id, "name": out.name, "output": out.output})
+            await self._emit(
+                {"type": "tool_result", "call_id": out.call_id, "name": out.name, "output": out.output}
+            )
         return done
 
     # ---- turn events -----------------------------------------------------------------------

@@ -108,7 +108,9 @@ class ScriptedModel:
         index = len(self.requests)
         self.requests.append(request)
         if index >= len(self.responses):
-            raise RuntimeError(f"ScriptedModel has no response #{index + 1} (script of {len(self.responses)})")
+            raise RuntimeError(
+                f"ScriptedModel has no response #{index + 1} (script of {len(self.responses)})"
+            )
         response = self.responses[index]
         self._bump("opened")
         if self._on_open is not None:

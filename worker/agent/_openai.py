@@ -213,9 +213,13 @@ class OpenAIStream:
             try:
                 arguments = json.loads(raw)
             except json.JSONDecodeError as exc:
-                raise ClientError(f"tool call {call.name!r} has arguments that are not JSON: {raw[:200]!r}") from exc
+                raise ClientError(
+                    f"tool call {call.name!r} has arguments that are not JSON: {raw[:200]!r}"
+                ) from exc
             if not isinstance(arguments, dict):
-                raise ClientError(f"tool call {call.name!r} has arguments that are not an object: {raw[:200]!r}")
+                raise ClientError(
+                    f"tool call {call.name!r} has arguments that are not an object: {raw[:200]!r}"
+                )
             self._ready.append(ToolCall(call.call_id or f"call_{index}", call.name, arguments))
         self._calls.clear()
 

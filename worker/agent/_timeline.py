@@ -4,6 +4,7 @@ text or a half-run tool batch is visibly cut, never silently left open."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -69,5 +70,5 @@ class Timeline:
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Block]:
         return iter(self.blocks)
