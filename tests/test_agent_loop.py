@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+import wire
 import worker
 import worker.agent as agent
 from worker.agent import (
@@ -674,7 +675,7 @@ async def test_bound_turn_abort_like_the_worker_does_it() -> None:
 
     async def abort() -> None:
         await model.reached("event", 1)
-        turn.signal._set({"kind": "user"})  # type: ignore[arg-type]
+        turn.signal._set(wire.Cause("user"))
         worker_scope.cancel()
 
     with anyio.fail_after(10):
@@ -693,7 +694,7 @@ async def test_bound_turn_already_cancelled_stops_at_the_first_step() -> None:
     """The turn's signal is a level, not a token: a loop bound to a cancelled turn stops at the
     head of its first step even though the run start drained the channel."""
     turn = worker.Turn("t1", None, None, None, FakeConn())  # type: ignore[arg-type]
-    turn.signal._set({"kind": "deadline"})  # type: ignore[arg-type]
+    turn.signal._set(wire.Cause("deadline"))
     model = ScriptedModel([reply("never")])
     loop = AgentLoop(model).bind(turn)
     with anyio.fail_after(10), pytest.raises(Cancelled) as info:
@@ -798,7 +799,7 @@ async def test_tool_raising_turn_cancelled_is_a_cancel_not_a_tool_error() -> Non
     @tool
     async def checkpointing() -> None:
         await tools.wait_started("other")
-        raise worker.TurnCancelled({"kind": "parent"})  # type: ignore[arg-type]
+        raise worker.TurnCancelled(wire.Cause("parent"))
 
     model = ScriptedModel([calls(("c1", "checkpointing", {}), ("c2", "slow", {"key": "other"}))])
     rec = Recorder()
