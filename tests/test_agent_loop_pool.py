@@ -68,10 +68,11 @@ async def test_supervisor_cancel_at_each_detection_point_is_aborted(
     where: str, inp: dict[str, Any], marker: dict[str, Any]
 ) -> None:
     """Cancel through the Supervisor while the loop opens the stream, between streamed events,
-    or while its tools run: the turn ends ``aborted`` (cause user) far inside the grace, the
-    on_abort hook reported "Cancelled", and the same worker serves the next turn (no kill)."""
+    or while its tools run: ``run()`` raises the loop's ``Cancelled`` (a TurnCancelled with the
+    turn's cause), the turn ends ``aborted`` far inside the grace, the on_abort hook reported
+    "Cancelled", and the same worker serves the next turn (no kill)."""
     async with Supervisor(workers=1, spares=0, grace=GRACE) as sup:
-        handle = await sup.submit(AGENT, inp)
+        handle = await sup.submit("tests.loop_agents:research_probe", inp)
         before = await wait_for(handle, marker)
         if where == "tools":
             assert {e.get("name") for e in before if e["type"] == "tool_start"} >= {"fetch"}
@@ -87,6 +88,16 @@ async def test_supervisor_cancel_at_each_detection_point_is_aborted(
     assert result.cause == {"kind": "user"} and result.started
     assert elapsed < GRACE / 2
     assert [e for e in events if e["type"] == "on_abort"] == [{"type": "on_abort", "reason": "Cancelled"}]
+    # The loop recognised the Abort and raised its own typed cancellation, with the turn's cause.
+    assert [e for e in events if e["type"] == "run_raised"] == [
+        {
+            "type": "run_raised",
+            "error": "Cancelled",
+            "turn_cancelled": True,
+            "cause": "user",
+            "interrupted": True,
+        }
+    ]
     assert not any(e["type"] == "tool_result" for e in events)
     assert after.outcome == "completed" and after.worker_pid == result.worker_pid
 
