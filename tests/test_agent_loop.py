@@ -11,7 +11,10 @@ import gc
 from typing import Any
 
 import anyio
+import hypothesis
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import wire
 import worker
@@ -808,3 +811,81 @@ async def test_tool_raising_turn_cancelled_is_a_cancel_not_a_tool_error() -> Non
         await loop.run("go")
     assert info.value.cause == {"kind": "parent"} and rec.reasons == ["Cancelled"]
     assert tools.cancelled == {"other"}
+
+
+# ---- property: any interruption point leaves a consistent loop ----------------------------------
+
+
+_event = st.one_of(
+    st.builds(TextDelta, st.sampled_from(["a", "bc", " "])),
+    st.just(ToolCall("placeholder", "quick", {})),
+)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@given(
+    scripts=st.lists(st.lists(_event, max_size=5), min_size=1, max_size=4),
+    stop_at=st.integers(0, 30),
+    how=st.sampled_from(["cancel", "abort", "pause", "none"]),
+)
+def test_any_interruption_point_leaves_a_consistent_loop(
+    scripts: list[list[Any]], stop_at: int, how: str
+) -> None:
+    """Whatever the script and wherever a cancel / hook abort / pause lands (counted in stream
+    events), the run ends once: ``on_abort`` heard exactly one reason for an error and none
+    otherwise (a pause is resumed to the end), ``last_run_interrupted`` matches, no timeline
+    block is left open, every output answers a call made before it, and no tool ran twice."""
+    responses = []
+    for i, events in enumerate(scripts):
+        # unique call ids across the whole script
+        evs = [
+            ToolCall(f"r{i}-{j}", e.name, {"key": f"r{i}-{j}"}) if isinstance(e, ToolCall) else e
+            for j, e in enumerate(events)
+        ]
+        responses.append(Response([*evs, Finish()]))
+    responses.append(reply("end"))
+    tools = SlowTools()
+    rec = Recorder()
+    seen = 0
+    loop: AgentLoop
+
+    def on_event(event: Any) -> Any:
+        nonlocal seen
+        seen += 1
+        if seen == stop_at and how == "cancel":
+            loop.cancel()
+        if seen == stop_at and how == "abort":
+            return Abort("stop here")
+        if seen == stop_at and how == "pause":
+            return Pause("hold")
+        return None
+
+    async def main() -> Any:
+        nonlocal loop
+        loop = AgentLoop(ScriptedModel(responses), tools=tools.tools(), hooks=[hook(on_event=on_event), rec])
+        with anyio.fail_after(10):
+            try:
+                result = await loop.run("go")
+            except (Cancelled, Aborted) as exc:
+                return exc
+            if isinstance(result, Paused):
+                assert loop.last_run_interrupted
+                result = await loop.resume()  # runs what was pending, once, and goes on
+                assert isinstance(result, Finished) and loop.pending_tool_calls() == ()
+            return result
+
+    outcome = anyio.run(main)
+    if isinstance(outcome, Cancelled | Aborted):
+        assert rec.reasons == [outcome.reason] and loop.last_run_interrupted
+    else:
+        assert rec.reasons == [] and isinstance(outcome, Finished)
+        assert loop.last_run_interrupted is False
+    assert loop.timeline.current is None
+    assert all(b.state != "open" for b in loop.timeline)
+    called: set[str] = set()
+    for item in loop.history:
+        if isinstance(item, FunctionCall):
+            called.add(item.call_id)
+        elif isinstance(item, FunctionCallOutput):
+            assert item.call_id in called
+    assert all(n == 1 for n in tools.runs.values())  # no tool ran twice
