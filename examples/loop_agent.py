@@ -6,7 +6,10 @@ input, so a cancel can be aimed at each detection point:
 
 * ``open_delay``  — seconds the model takes to open its first stream (cancel while opening);
 * ``event_delay`` — seconds between the first and the second streamed delta (cancel mid-stream);
-* ``tool_seconds`` — seconds each tool takes (cancel while the tools run).
+* ``tool_seconds`` — seconds each tool takes (cancel while the tools run);
+* ``blocking_tools`` — make the tools plain ``def`` functions that ``time.sleep`` in a thread:
+  they cannot be interrupted, so a cancel waits for them (and only the grace-then-kill ladder
+  stops one that takes too long).
 
 It emits what the loop streams (``delta``, ``tool_call``, ``tool_result``) plus markers:
 ``{"type": "opening", "n": n}`` when a stream starts opening, ``{"type": "tool_start", "name": ...}``
@@ -15,6 +18,7 @@ when a tool starts, and ``{"type": "on_abort", "reason": ...}`` from its on_abor
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -57,24 +61,48 @@ def _research_loop(turn: worker.Turn) -> AgentLoop:
         on_open=lambda n: turn.emit({"type": "opening", "n": n}),
     )
 
-    @tool(parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
-    async def search(query: str) -> dict[str, Any]:
-        """Search the web (slowly)."""
-        await turn.emit({"type": "tool_start", "name": "search"})
-        await anyio.sleep(tool_seconds)
-        return {"hits": [f"result for {query}"]}
+    search_params = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+    fetch_params = {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}
 
-    @tool(parameters={"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]})
-    async def fetch(url: str) -> str:
-        """Fetch a page (slowly)."""
-        await turn.emit({"type": "tool_start", "name": "fetch"})
-        await anyio.sleep(tool_seconds)
-        return "42"
+    if inp.get("blocking_tools"):
+
+        @tool(name="search", parameters=search_params)
+        def search_blocking(query: str) -> dict[str, Any]:
+            """Search the web (slowly, in a thread: cannot be interrupted)."""
+            turn.emit_sync({"type": "tool_start", "name": "search"})
+            time.sleep(tool_seconds)
+            return {"hits": [f"result for {query}"]}
+
+        @tool(name="fetch", parameters=fetch_params)
+        def fetch_blocking(url: str) -> str:
+            """Fetch a page (slowly, in a thread: cannot be interrupted)."""
+            turn.emit_sync({"type": "tool_start", "name": "fetch"})
+            time.sleep(tool_seconds)
+            return "42"
+
+        tools = [search_blocking, fetch_blocking]
+    else:
+
+        @tool(parameters=search_params)
+        async def search(query: str) -> dict[str, Any]:
+            """Search the web (slowly)."""
+            await turn.emit({"type": "tool_start", "name": "search"})
+            await anyio.sleep(tool_seconds)
+            return {"hits": [f"result for {query}"]}
+
+        @tool(parameters=fetch_params)
+        async def fetch(url: str) -> str:
+            """Fetch a page (slowly)."""
+            await turn.emit({"type": "tool_start", "name": "fetch"})
+            await anyio.sleep(tool_seconds)
+            return "42"
+
+        tools = [search, fetch]
 
     async def report_abort(reason: str) -> None:
         await turn.emit({"type": "on_abort", "reason": reason})
 
-    return AgentLoop(model, tools=[search, fetch], hooks=[hook(on_abort=report_abort)], turn=turn)
+    return AgentLoop(model, tools=tools, hooks=[hook(on_abort=report_abort)], turn=turn)
 
 
 async def research(turn: worker.Turn) -> dict[str, Any]:

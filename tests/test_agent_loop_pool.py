@@ -127,3 +127,33 @@ async def test_supervisor_cancel_of_an_openai_turn_closes_the_http_stream() -> N
         tg.cancel_scope.cancel()
     assert result.outcome == "aborted" and elapsed < GRACE / 2
     assert {"type": "on_abort", "reason": "Cancelled"} in events
+
+
+async def test_blocking_tool_delays_the_abort_until_it_returns() -> None:
+    """Tools that cannot be interrupted (plain ``def`` in a thread, here taking 1 s) hold the
+    cancel until they return; then the loop stops at detection point 4 and the turn still ends
+    ``aborted`` inside the grace, with the finished tools' work never fed back to the model."""
+    async with Supervisor(workers=1, spares=0, grace=GRACE) as sup:
+        handle = await sup.submit(AGENT, {"blocking_tools": True, "tool_seconds": 1.0})
+        await wait_for(handle, {"type": "tool_start", "name": "fetch"})
+        await handle.cancel()
+        with anyio.fail_after(30):
+            result = await handle.result()
+        events = await all_events(handle)
+    assert result.outcome == "aborted", result
+    assert {"type": "on_abort", "reason": "Cancelled"} in events
+    assert not any(e["type"] == "opening" and e["n"] == 2 for e in events)
+
+
+async def test_tool_stuck_past_the_grace_is_killed_and_the_worker_replaced() -> None:
+    """A blocking tool that outlives the grace is what the escalation ladder is for: the turn
+    ends ``killed`` and a new worker (new pid) serves the next turn."""
+    async with Supervisor(workers=1, spares=0, grace=0.3, kill_after=1.0) as sup:
+        handle = await sup.submit(AGENT, {"blocking_tools": True, "tool_seconds": 3600})
+        await wait_for(handle, {"type": "tool_start", "name": "fetch"})
+        await handle.cancel()
+        with anyio.fail_after(30):
+            result = await handle.result()
+            after = await sup.run("examples.agents:echo", 1)
+    assert result.outcome == "killed", result
+    assert after.outcome == "completed" and after.worker_pid != result.worker_pid
