@@ -889,3 +889,28 @@ def test_any_interruption_point_leaves_a_consistent_loop(
         elif isinstance(item, FunctionCallOutput):
             assert item.call_id in called
     assert all(n == 1 for n in tools.runs.values())  # no tool ran twice
+
+
+async def test_cancel_sender_from_another_thread() -> None:
+    """A plain thread (not an anyio worker thread) holding a sender cancels a run mid-stream:
+    the token is handed to the loop's event loop, which wakes the waiting detection point."""
+    import threading
+
+    model = ScriptedModel([Response([TextDelta("a"), Delayed(TextDelta("b"), FOREVER)])])
+    loop = AgentLoop(model)
+    sender = loop.cancel_sender()
+    sent: list[bool] = []
+    thread = threading.Thread(target=lambda: sent.append(sender.try_send()))
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def start_thread() -> None:
+                await model.reached("event", 1)
+                thread.start()
+
+            tg.start_soon(start_thread)
+            with pytest.raises(Cancelled):
+                await loop.run("hi")
+    thread.join(10)
+    assert sent == [True]
+    sender.close()

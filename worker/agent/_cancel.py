@@ -10,20 +10,26 @@ Modelled on the Rust worker's ``mpsc::channel::<()>(1)``:
 
 Blocking detection points register an anyio ``CancelScope`` here; a token (or the last sender
 going away) cancels every registered scope, so the loop wakes with no polling and no extra task.
-Everything runs in the loop's own event loop; from another thread, call
-``anyio.from_thread.run_sync(sender.try_send)``.
+Senders work from any task of the loop's event loop and from any other thread: from a
+foreign thread the token is handed to the loop's event loop (``anyio.from_thread.run_sync``
+with the token the loop recorded when its run started).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
+
+T = TypeVar("T")
 
 
 class _Channel:
-    __slots__ = ("capacity", "pending", "senders", "scopes", "thread")
+    __slots__ = ("capacity", "pending", "senders", "scopes", "thread", "token")
 
     def __init__(self, capacity: int = 1) -> None:
         self.capacity = capacity
@@ -31,6 +37,21 @@ class _Channel:
         self.senders = 0
         self.scopes: set[anyio.CancelScope] = set()
         self.thread = threading.get_ident()
+        self.token: anyio.lowlevel.EventLoopToken | None = None
+
+    def attach(self) -> None:
+        """Called by the loop as a run starts: remember its thread and event loop."""
+        self.thread = threading.get_ident()
+        self.token = anyio.lowlevel.current_token()
+
+    def in_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` where the scopes live: here, or in the loop's event loop from another thread."""
+        if threading.get_ident() != self.thread and self.token is not None:
+            try:
+                return anyio.from_thread.run_sync(fn, token=self.token)
+            except RuntimeError:
+                pass  # that event loop has ended: no scope is waiting, so no one needs waking
+        return fn()
 
     @property
     def disconnected(self) -> bool:
@@ -41,6 +62,9 @@ class _Channel:
         return self.pending > 0 or self.senders == 0
 
     def put(self) -> bool:
+        return self.in_loop(self._put)
+
+    def _put(self) -> bool:
         if self.pending >= self.capacity:
             return False
         self.pending += 1
@@ -101,6 +125,9 @@ class CancelSender:
         if self._closed:
             return
         self._closed = True
+        self._chan.in_loop(self._release)
+
+    def _release(self) -> None:
         self._chan.senders -= 1
         if self._chan.senders == 0:
             self._chan.wake()

@@ -119,7 +119,8 @@ class AgentLoop:
 
     def cancel(self) -> None:
         """Ask the current run to stop at its next detection point (the Rust ``try_send``).
-        A cancel made while no run is active is drained when the next run starts."""
+        A cancel made while no run is active is drained when the next run starts.
+        Safe from any task and from other threads."""
         self._chan.put()
 
     def cancel_sender(self) -> CancelSender:
@@ -181,6 +182,7 @@ class AgentLoop:
             raise RuntimeError("this AgentLoop is already running")
         self._running = True
         self._last_run_interrupted = False
+        self._chan.attach()
         self._chan.drain()  # stale cancels from before this run never reach it
 
     async def _finalize(self, steps: Any) -> RunResult:
@@ -328,7 +330,7 @@ class AgentLoop:
             with scope:
                 yield
         except Exception as exc:
-            if scope.cancel_called and not isinstance(exc, AgentLoopError | TurnCancelled):
+            if scope.cancel_called and not isinstance(exc, TurnCancelled):
                 raise self._cancelled_here() from exc  # the body failed because we cut it
             raise
         finally:
