@@ -914,3 +914,26 @@ async def test_cancel_sender_from_another_thread() -> None:
     thread.join(10)
     assert sent == [True]
     sender.close()
+
+
+async def test_failing_on_abort_hook_never_replaces_a_foreign_cancellation(caplog: Any) -> None:
+    """When the caller's scope cancels the run and an on_abort hook raises, the cancellation
+    still reaches the caller's scope (logged, not turned into a ``HookError``)."""
+
+    def failing(reason: str) -> None:
+        raise RuntimeError("cleanup failed")
+
+    model = ScriptedModel([reply("x", open_delay=FOREVER)])
+    loop = AgentLoop(model, hooks=[hook(on_abort=failing)])
+    with anyio.fail_after(10):
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+
+                async def cut() -> None:
+                    await model.reached("open")
+                    scope.cancel()
+
+                tg.start_soon(cut)
+                await loop.run("hi")
+    assert scope.cancelled_caught
+    assert "on_abort hook failed" in caplog.text

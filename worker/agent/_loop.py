@@ -19,6 +19,7 @@ once, shielded, with the reason (``"Cancelled"`` for cancellation).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,8 @@ from ._tools import Tool
 
 if TYPE_CHECKING:
     from .._turn import CancelSignal, Turn
+
+logger = logging.getLogger("worker.agent")
 
 #: How long closing an interrupted model stream may take (it runs shielded).
 STREAM_CLOSE_TIMEOUT = 5.0
@@ -143,7 +146,8 @@ class AgentLoop:
         return self._running
 
     def bind(self, turn: Turn) -> AgentLoop:
-        """Take ``turn``'s signal (its cancel stops the loop) and stream events to it."""
+        """Take ``turn``'s signal (its cancel stops the loop) and stream events to it.
+        A loop kept across turns must be bound to each new turn: a turn's signal stays set."""
         self._turn = turn
         signal = self._signal = turn.signal
 
@@ -201,10 +205,15 @@ class AgentLoop:
                 # caller's). When it is our own cancel (bound turn, token) the run ends with the
                 # typed Cancelled; otherwise the cancellation goes on untouched.
                 ours = self._cancel_ready()
-                await self._interrupted("Cancelled")
                 if ours:
+                    await self._interrupted("Cancelled")
                     self._chan.try_recv()
                     raise Cancelled(self._cause()) from None
+                try:
+                    await self._interrupted("Cancelled")
+                except HookError:
+                    # Never replace a cancellation that is not ours: log the hook's failure.
+                    logger.exception("on_abort hook failed while the run was being cancelled")
                 raise
             except Exception as exc:
                 await self._interrupted(f"{type(exc).__name__}: {exc}")
