@@ -49,7 +49,7 @@ def _research_loop(turn: worker.Turn) -> AgentLoop:
             Response(
                 [
                     TextDelta("Let me "),
-                    Delayed(TextDelta("look that up."), event_delay),
+                    Delayed(TextDelta("look that up. "), event_delay),
                     ToolCall("call_1", "search", {"query": question}),
                     ToolCall("call_2", "fetch", {"url": "https://example.invalid/answer"}),
                     Finish("tool_calls"),

@@ -50,7 +50,7 @@ async def test_loop_agent_completes_and_streams_its_events() -> None:
     assert kinds.count("delta") == 4 and kinds.count("tool_call") == 2 and kinds.count("tool_result") == 2
     assert "on_abort" not in kinds
     assert (
-        "".join(e["text"] for e in events if e["type"] == "delta") == "Let me look that up.The answer is 42."
+        "".join(e["text"] for e in events if e["type"] == "delta") == "Let me look that up. The answer is 42."
     )
 
 
