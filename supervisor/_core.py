@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -165,6 +166,7 @@ class Supervisor:
         self._endpoint = ""
         self._life_r = -1
         self._life_w = -1
+        self._wall_offset = 0.0
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class Supervisor:
         self._life_r, self._life_w = os.pipe()
         os.set_inheritable(self._life_r, True)
         self._ready_event = anyio.Event()
+        self._wall_offset = time.time() - anyio.current_time()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._timers.run)
@@ -517,6 +520,9 @@ class Supervisor:
             queued_s=(started_at if started_at is not None else now) - turn.submitted_at,
             run_s=(now - started_at) if started_at is not None else 0.0,
             session=turn.session, parent=turn.parent, agent=turn.agent, attempts=turn.attempts,
+            submitted_at=turn.submitted_at + self._wall_offset,
+            started_at=started_at + self._wall_offset if started_at is not None else None,
+            ended_at=now + self._wall_offset,
         )
         if turn.timer is not None:
             turn.timer.cancel()
@@ -566,7 +572,11 @@ class Supervisor:
                 if parent.pending_result is not None and not any(
                     self._turns.get(c) is not None and self._turns[c].state != "ended" for c in parent.children
                 ):
-                    self._deliver(parent, parent.pending_result)
+                    # Delivered now, after its last child: that is when it became quiescent.
+                    held = msgspec.structs.replace(
+                        parent.pending_result, ended_at=anyio.current_time() + self._wall_offset
+                    )
+                    self._deliver(parent, held)
         self._ended.append(turn.id)
         if len(self._ended) > self.keep_results:
             old = self._turns.get(self._ended.popleft())
