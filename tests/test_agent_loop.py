@@ -822,7 +822,7 @@ _event = st.one_of(
 )
 
 
-@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.settings(max_examples=100, deadline=None)
 @given(
     scripts=st.lists(st.lists(_event, max_size=5), min_size=1, max_size=4),
     stop_at=st.integers(0, 30),
@@ -843,7 +843,8 @@ def test_any_interruption_point_leaves_a_consistent_loop(
             for j, e in enumerate(events)
         ]
         responses.append(Response([*evs, Finish()]))
-    responses.append(reply("end"))
+    # A pause mid-stream is resumed by asking the model again: give it answers to give.
+    responses += [reply("end"), reply("again"), reply("and again")]
     tools = SlowTools()
     rec = Recorder()
     seen = 0
@@ -937,3 +938,20 @@ async def test_failing_on_abort_hook_never_replaces_a_foreign_cancellation(caplo
                 await loop.run("hi")
     assert scope.cancelled_caught
     assert "on_abort hook failed" in caplog.text
+
+
+async def test_pause_on_the_final_finish_resumes_to_that_answer() -> None:
+    """A pause that lands on the model's ``Finish`` with no tool calls keeps the complete answer:
+    ``resume()`` returns it without asking the model again. A pause mid-text asks again."""
+    model = ScriptedModel([reply("final answer"), reply("part"), reply("continued")])
+    pause_on = [Finish]
+    loop = AgentLoop(model, hooks=[hook(on_event=lambda e: Pause("look") if type(e) in pause_on else None)])
+    with anyio.fail_after(10):
+        assert isinstance(await loop.run("q1"), Paused)
+        assert await loop.resume() == Finished("final answer", 0, "stop")
+        assert model.counts.opened == 1
+        pause_on[:] = [TextDelta]
+        assert isinstance(await loop.run("q2"), Paused)
+        pause_on[:] = []
+        assert await loop.resume() == Finished("continued", 1, "stop")
+    assert model.counts.opened == 3

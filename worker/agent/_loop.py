@@ -105,6 +105,9 @@ class AgentLoop:
         self.emit_events = emit_events
         self._last_run_interrupted = False
         self._running = False
+        # A pause that came on or after the model's Finish, with no tool calls: the answer is
+        # complete, so resume() returns it instead of asking the model again.
+        self._paused_answer: tuple[str, str | None] | None = None
         self._turn: Turn | None = None
         self._signal: CancelSignal | None = None
         if cancel_rx is None:
@@ -170,6 +173,7 @@ class AgentLoop:
     async def run(self, prompt: str) -> RunResult:
         """Add ``prompt`` as a user message and run steps until the model finishes or a hook pauses."""
         self._begin()
+        self._paused_answer = None
         self.history.append(UserMessage(prompt))
         return await self._finalize(self._turn_loop(resumed=False))
 
@@ -257,12 +261,15 @@ class AgentLoop:
         self._check_settings()
         index = 0
         first = True
+        answer, self._paused_answer = self._paused_answer, None
         while True:
             # Detection point 1: the head of every step.
             if self._try_cancelled():
                 self.timeline.abort_current_block()
                 raise Cancelled(self._cause())
             pending = self.pending_tool_calls()
+            if resumed and first and answer is not None and not pending:
+                return Finished(answer[0], 0, answer[1])
             if not (resumed and first):
                 action = await self._hooks_action("before_step", Step(index, pending, resumed))
                 if isinstance(action, Pause):
@@ -402,6 +409,8 @@ class AgentLoop:
             self.history.append(AssistantMessage(joined))
         self.history.extend(calls)
         if paused is not None:
+            if finish is not None and not calls:
+                self._paused_answer = (joined, finish)
             return Paused(paused.reason, self.pending_tool_calls())
         return joined, calls, finish
 
