@@ -1,0 +1,573 @@
+"""The serve daemon: a ROUTER on the client endpoint in front of one embedded ``Supervisor``.
+
+Clients (``Client``, ``SyncClient``, the CLI) connect DEALERs and speak ``wire._client``. The
+daemon passes a client's encoded input bytes straight to its supervisor (never re-encoded).
+
+Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
+
+* **One daemon per endpoint.** For ``ipc://`` a lock file beside the socket (``<path>.lock``,
+  holding the pid) is taken with ``flock`` for the daemon's life: a second daemon exits with a
+  clear message; a socket file left by a dead daemon is replaced. ``tcp://`` relies on the bind.
+* **A client never owns a turn.** A client that disconnects cancels nothing; results stay in
+  the supervisor's turn table, bounded by ``keep_results`` (default 10 000 ended turns, the
+  oldest evicted first), so a reconnecting client can fetch or follow them. A repeated
+  ``turn_id`` returns the existing turn and never runs it twice.
+* **Bad frames cost one reply.** A frame that does not decode gets ``Error(code="malformed")``
+  and is counted; it changes no turn. ``MAXMSGSIZE`` refuses oversized frames at the socket.
+* **Shutdown.** The first SIGTERM/SIGINT stops accepting (submits get ``shutting_down``), lets
+  accepted turns finish for ``drain`` seconds, then disposes the supervisor (cause
+  ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain.
+* **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted), ``start_hooks``
+  (a worker started it), ``end_hooks`` (its one result) — all called on the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import zmq
+import zmq.asyncio
+
+import wire
+from wire import Cause, TurnResult
+
+from ._core import Supervisor
+from ._errors import DaemonAlreadyRunning, InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
+from ._metrics import Metrics
+from ._paths import default_endpoint, runtime_dir
+from ._turns import TurnRecord
+
+log = logging.getLogger("turnpool.daemon")
+
+READY_PREFIX = "turnpool serve: ready on "
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint (``None`` for other transports and abstract sockets)."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        return Path(endpoint[len("ipc://"):])
+    return None
+
+
+def socket_options(sock: zmq.Socket[Any]) -> None:
+    """The options every client-link socket gets, on both sides."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+
+
+class Daemon:
+    """``turnpool serve``: owns a ``Supervisor`` and answers clients on ``endpoint``.
+
+    ``supervisor`` holds the keyword arguments of ``Supervisor``. ``drain`` is how long accepted
+    turns may run on after the first signal. ``metrics_port`` (0: any free port) serves
+    Prometheus text on ``metrics_host``. ``curve_secret_key`` (a ``zmq.auth`` certificate file
+    with a secret key) turns on CURVE; ``curve_clients`` is then the directory of the public
+    certificates of the clients allowed in.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        supervisor: dict[str, Any] | None = None,
+        drain: float = 30.0,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        curve_secret_key: str | os.PathLike[str] | None = None,
+        curve_clients: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        if not self.endpoint.startswith(("ipc://", "tcp://")):
+            raise ValueError(f"endpoint must be ipc://PATH or tcp://HOST:PORT, got {self.endpoint!r}")
+        if drain < 0:
+            raise ValueError(f"drain must be >= 0 seconds, got {drain}")
+        if curve_secret_key is not None and curve_clients is None:
+            raise ValueError("CURVE needs the directory of allowed client certificates (--curve-clients)")
+        self.sup_kwargs = dict(supervisor or {})
+        Supervisor(**self.sup_kwargs)  # validate the options now, before binding anything
+        self.drain = drain
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.curve_secret_key = curve_secret_key
+        self.curve_clients = curve_clients
+
+        # Hook sites (a durable journal hooks in here). Called on the event loop; must not block.
+        self.accept_hooks: list[Callable[[TurnRecord], None]] = []
+        self.start_hooks: list[Callable[[TurnRecord, int], None]] = []
+        self.end_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
+
+        self.sup: Supervisor | None = None
+        self.malformed = 0
+        self.accepting = False
+        self.metrics: Metrics | None = None
+        self.metrics_bound: int | None = None
+        self.disposing_at: float | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._sync: zmq.Socket[bytes] | None = None
+        self._auth: Any = None
+        self._lock_fd = -1
+        self._owns_socket_file = False
+        self._streams: dict[tuple[bytes, int], anyio.CancelScope] = {}
+        self._inflight = 0
+        self._inflight_zero = anyio.Event()
+        self._cancel_times: dict[str, float] = {}
+        self._cancelling_at: float | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def serve(self, *, ready: Callable[[str], None] | None = None) -> None:
+        """Run until SIGTERM/SIGINT, then drain, dispose and return.
+
+        ``ready`` is called with the announcement once clients can connect. Raises
+        ``DaemonAlreadyRunning`` when another daemon holds the endpoint and ``WorkerStartError``
+        when the pool cannot start.
+        """
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            self._claim_endpoint()
+            try:
+                await self._serve(signals, ready)
+            finally:
+                self._release_endpoint()
+
+    async def _serve(self, signals: Any, ready: Callable[[str], None] | None) -> None:
+        sup = Supervisor(**self.sup_kwargs)
+        self.sup = sup
+        sup._start_hooks.append(self._on_start)
+        sup._result_hooks.append(self._on_end)
+        self.metrics = Metrics(self)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                # The supervisor's own task group nests inside this one: it is started and
+                # closed from this task at this level (anyio's scopes must nest).
+                await sup.start()
+                try:
+                    self._bind()
+                    tg.start_soon(self._receive)
+                    if self.metrics_port is not None:
+                        self.metrics_bound = await tg.start(self.metrics.serve, self.metrics_host,
+                                                            self.metrics_port)
+                    self.accepting = True
+                    line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
+                    if self.metrics_bound is not None:
+                        line += f" metrics http://{self.metrics_host}:{self.metrics_bound}/metrics"
+                    log.info("%s", line)
+                    if ready is not None:
+                        ready(line)
+                    async for signum in signals:
+                        log.info("received %s: draining for up to %ss", signal.Signals(signum).name, self.drain)
+                        break
+                    await self._shutdown(signals)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await sup.aclose()
+                    tg.cancel_scope.cancel()
+        finally:
+            self._close_sockets()
+
+    async def _shutdown(self, signals: Any) -> None:
+        assert self.sup is not None and self._tg is not None
+        self.accepting = False
+        with anyio.CancelScope() as drain_scope:
+            self._tg.start_soon(self._second_signal, signals, drain_scope)
+            with anyio.move_on_after(self.drain):
+                await self.sup.when_idle()
+        drain_scope.cancel()
+        self.disposing_at = anyio.current_time()
+        log.info("disposing: %d turns still queued or running", self.sup._active)
+        await self.sup.aclose()
+        # Let the requests woken by disposal (results, follows, when_idle) answer before the socket goes.
+        with anyio.move_on_after(5):
+            while self._inflight:
+                await self._inflight_zero.wait()
+
+    async def _second_signal(self, signals: Any, drain_scope: anyio.CancelScope) -> None:
+        async for signum in signals:
+            if not drain_scope.cancel_called:
+                log.info("received %s again: skipping the drain", signal.Signals(signum).name)
+                drain_scope.cancel()
+
+    def _claim_endpoint(self) -> None:
+        path = ipc_path(self.endpoint)
+        if path is None:
+            return
+        if self.endpoint == default_endpoint() and "TURNPOOL_ENDPOINT" not in os.environ:
+            runtime_dir()
+        else:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if len(str(path).encode()) > 107:
+            raise ValueError(f"ipc path is longer than the 107 bytes a unix socket allows: {path}")
+        lock = Path(f"{path}.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DaemonAlreadyRunning(
+                f"a turnpool daemon (pid {other}) is already serving {self.endpoint}; "
+                "stop it first or choose another --endpoint"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        if path.exists() or path.is_symlink():
+            log.info("replacing the stale socket file %s left by a daemon that is gone", path)
+            path.unlink()
+
+    def _release_endpoint(self) -> None:
+        path = ipc_path(self.endpoint)
+        if path is not None and self._owns_socket_file:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if self._lock_fd >= 0:
+            # The lock file stays (unlinking it would let two daemons lock two different inodes).
+            os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _bind(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        socket_options(sock)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if self.curve_secret_key is not None:
+            self._setup_curve(sock)
+        elif self.endpoint.startswith("tcp://"):
+            log.warning("serving %s over tcp without CURVE: anyone who can reach the port can submit turns",
+                        self.endpoint)
+        path = ipc_path(self.endpoint)
+        old = os.umask(0o177)  # the socket file is born 0600
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            if exc.errno == errno.EADDRINUSE:
+                raise DaemonAlreadyRunning(f"{self.endpoint} is already in use (another daemon?)") from None
+            raise
+        finally:
+            os.umask(old)
+        if path is not None:
+            self._owns_socket_file = True
+            os.chmod(path, 0o600)
+        if self.endpoint.startswith("tcp://") and self.endpoint.endswith(":0"):
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._sock = sock
+        self._sync = zmq.Socket.shadow(sock.underlying)
+
+    def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
+        import zmq.auth
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        public, secret = zmq.auth.load_certificate(os.fspath(self.curve_secret_key))  # type: ignore[arg-type]
+        if not secret:
+            raise ValueError(f"{self.curve_secret_key} holds no secret key (use the .key_secret file)")
+        clients = os.fspath(self.curve_clients)  # type: ignore[arg-type]
+        if not os.path.isdir(clients):
+            raise ValueError(f"--curve-clients {clients} is not a directory of client certificates")
+        self._auth = AsyncioAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=clients)
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+
+    def _close_sockets(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # ---- the client link ---------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        assert self._sock is not None and self._sync is not None
+        sock, sync = self._sock, self._sync
+        while True:
+            batch = [await sock.recv_multipart()]
+            while True:
+                try:
+                    batch.append(sync.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            for parts in batch:
+                self._on_frame(parts)
+
+    def _on_frame(self, parts: list[bytes]) -> None:
+        ident = parts[0]
+        if len(parts) != 2:
+            self._malformed(ident, f"a request is one frame, got {len(parts) - 1}")
+            return
+        try:
+            msg = wire.decode_to_daemon(parts[1])
+        except msgspec.DecodeError as exc:
+            self._malformed(ident, f"undecodable request: {exc}")
+            return
+        try:
+            self._dispatch(ident, msg)
+        except Exception as exc:  # a bug here must cost one request, never the daemon
+            log.exception("request %r failed", msg)
+            self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+
+    def _malformed(self, ident: bytes, why: str) -> None:
+        self.malformed += 1
+        log.warning("malformed frame from a client: %s", why)
+        self._send(ident, wire.Error(0, "malformed", why))
+
+    def _send(self, ident: bytes, msg: Any) -> bool:
+        """Send one reply; ``False`` when the client is gone (ROUTER_MANDATORY tells us)."""
+        assert self._sync is not None and self._sock is not None
+        try:
+            self._sync.send_multipart([ident, wire.encode(msg)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:
+            log.debug("reply to a client failed (client gone?): %s", exc)
+            return False
+        finally:
+            # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
+            self._sock.get(zmq.EVENTS)
+
+    def _dispatch(self, ident: bytes, msg: Any) -> None:
+        sup = self.sup
+        assert sup is not None
+        match msg:
+            case wire.Hello(req=req, version=version):
+                if version != wire.CLIENT_PROTOCOL_VERSION:
+                    self._send(ident, wire.Error(req, "protocol", (
+                        f"the daemon speaks client protocol {wire.CLIENT_PROTOCOL_VERSION}, the client {version}")))
+                else:
+                    self._send(ident, wire.Welcome(req, wire.CLIENT_PROTOCOL_VERSION, wire.MAX_MESSAGE_SIZE,
+                                                   os.getpid()))
+            case wire.Submit():
+                self._submit(ident, msg)
+            case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
+                try:
+                    turn = sup._get(turn_id)
+                except UnknownTurn as exc:
+                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                    return
+                winner = self._cancel(lambda: sup._cancel(turn, cause), [turn_id])
+                self._send(ident, wire.Cancelled(req, winner))
+            case wire.CancelSession(req=req, session=session, cause=cause):
+                if not session:
+                    self._send(ident, wire.Error(req, "bad_value", "session must be a non-empty string"))
+                    return
+                ids: list[str] = []
+
+                def cancel_session() -> None:
+                    ids.extend(sup._cancel_session(session, cause))
+
+                self._cancel(cancel_session, ids)
+                self._send(ident, wire.SessionCancelled(req, ids))
+            case wire.GetResult(req=req, turn_id=turn_id):
+                self._task(self._result, ident, req, turn_id)
+            case wire.Follow(req=req, turn_id=turn_id):
+                try:
+                    sup._get(turn_id)
+                except UnknownTurn as exc:
+                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                    return
+                scope = anyio.CancelScope()
+                self._streams[(ident, req)] = scope
+                self._task(self._follow, ident, req, turn_id, scope)
+            case wire.Unfollow(req=req):
+                scope = self._streams.pop((ident, req), None)
+                if scope is not None:
+                    scope.cancel()
+            case wire.Lookup(req=req, turn_id=turn_id):
+                if turn_id in sup._turns:
+                    self._send(ident, wire.Ok(req))
+                else:
+                    self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
+            case wire.GetStatus(req=req):
+                self._send(ident, wire.Status(req, self.status()))
+            case wire.WhenIdle(req=req):
+                self._task(self._when_idle, ident, req)
+
+    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
+        sup = self.sup
+        assert sup is not None
+        req = msg.req
+        existing = msg.turn_id is not None and msg.turn_id in sup._turns
+        if existing and msg.turn_id is not None:
+            # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
+            self._send(ident, wire.Accepted(req, msg.turn_id, True))
+            return
+        if not self.accepting:
+            self._send(ident, wire.Error(req, "shutting_down",
+                                         f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"))
+            return
+        try:
+            turn = sup._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
+                               kill_after=msg.kill_after, turn_id=msg.turn_id, parent=None)
+        except InvalidAgent as exc:
+            self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
+            return
+        except QueueFull as exc:
+            self._send(ident, wire.Error(req, "queue_full", str(exc)))
+            return
+        except SupervisorClosed as exc:
+            self._send(ident, wire.Error(req, "shutting_down", str(exc)))
+            return
+        except TypeError as exc:
+            self._send(ident, wire.Error(req, "bad_type", str(exc)))
+            return
+        except ValueError as exc:
+            self._send(ident, wire.Error(req, "bad_value", str(exc)))
+            return
+        if not existing:
+            for hook in self.accept_hooks:
+                hook(turn)
+        self._send(ident, wire.Accepted(req, turn.id, existing))
+
+    def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
+        """Run a cancel and note when it was asked, for the cancel-to-end latency."""
+        assert self.sup is not None
+        now = anyio.current_time()
+        self._cancelling_at = now  # turns that end inside the call (queued ones) see it
+        try:
+            out = do()
+        finally:
+            self._cancelling_at = None
+        for turn_id in ids:
+            turn = self.sup._turns.get(turn_id)
+            if turn is not None and turn.state != "ended":
+                self._cancel_times.setdefault(turn_id, now)
+        return out
+
+    def _task(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._tg is not None
+        self._inflight += 1
+        if self._inflight == 1:
+            self._inflight_zero = anyio.Event()
+        self._tg.start_soon(self._run_task, fn, args)
+
+    async def _run_task(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            await fn(*args)
+        except Exception:
+            log.exception("request task %s failed", getattr(fn, "__name__", fn))
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._inflight_zero.set()
+
+    async def _result(self, ident: bytes, req: int, turn_id: str) -> None:
+        assert self.sup is not None
+        try:
+            result = await self.sup._result(turn_id)
+        except UnknownTurn as exc:
+            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+            return
+        self._send(ident, wire.Result(req, result))
+
+    async def _follow(self, ident: bytes, req: int, turn_id: str, scope: anyio.CancelScope) -> None:
+        assert self.sup is not None
+        try:
+            with scope:
+                events = self.sup.follow_raw(turn_id)
+                try:
+                    async for seq, raw in events:
+                        if not self._send(ident, wire.Events(req, seq, [raw])):
+                            return  # the client is gone: stop streaming, the turn goes on
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
+            if not scope.cancel_called:
+                self._send(ident, wire.FollowEnd(req))
+        except UnknownTurn as exc:
+            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+        finally:
+            self._streams.pop((ident, req), None)
+
+    async def _when_idle(self, ident: bytes, req: int) -> None:
+        assert self.sup is not None
+        await self.sup.when_idle()
+        self._send(ident, wire.Ok(req))
+
+    # ---- hooks and status --------------------------------------------------------------
+
+    def _on_start(self, turn: TurnRecord, pid: int) -> None:
+        for hook in self.start_hooks:
+            hook(turn, pid)
+
+    def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
+        asked = self._cancel_times.pop(turn.id, None)
+        if self.metrics is not None:
+            self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
+        for hook in self.end_hooks:
+            hook(turn, result)
+
+    def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
+        """When the cancellation that ended ``turn`` was asked (``None``: not known)."""
+        if cause is None:
+            return None
+        if cause.kind == "disposed":
+            return self.disposing_at
+        if cause.kind == "deadline" and turn.started_at is not None and turn.timeout is not None:
+            return turn.started_at + turn.timeout
+        if asked is not None:
+            return asked
+        return self._cancelling_at
+
+    def status(self) -> dict[str, Any]:
+        """The supervisor's status plus the daemon's own facts."""
+        assert self.sup is not None
+        st = self.sup.status()
+        st["daemon"] = {
+            "pid": os.getpid(),
+            "endpoint": self.endpoint,
+            "accepting": self.accepting,
+            "malformed_frames": self.malformed,
+            "streams": len(self._streams),
+            "turns_kept": len(self.sup._turns),
+            "keep_results": self.sup.keep_results,
+            "metrics_port": self.metrics_bound,
+        }
+        return st
+
+
+def run_daemon(daemon: Daemon) -> int:
+    """Run ``daemon`` to completion (blocking); the exit code of ``turnpool serve``."""
+    from ._errors import WorkerStartError
+
+    def ready(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        anyio.run(lambda: daemon.serve(ready=ready), backend="asyncio")
+    except BaseException as exc:
+        inner: BaseException = exc
+        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+            inner = inner.exceptions[0]
+        if isinstance(inner, (DaemonAlreadyRunning, WorkerStartError, ValueError, OSError, zmq.ZMQError)):
+            print(f"turnpool serve: {inner}", file=sys.stderr, flush=True)
+            return 1
+        raise
+    return 0
+
+
+__all__ = ["Daemon", "READY_PREFIX", "ipc_path", "run_daemon", "socket_options"]
