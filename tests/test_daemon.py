@@ -1,0 +1,243 @@
+"""The serve daemon end to end: endpoint ownership, bad frames, shutdown with drain, metrics, config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import urllib.request
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import msgspec
+import psutil
+import pytest
+import zmq
+
+import wire
+from supervisor import Client, DaemonShuttingDown
+from tests import daemonkit
+from tests.daemonkit import FAST, serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def first_event(handle: Any) -> Any:
+    with anyio.fail_after(60):
+        async with aclosing(handle.events()) as events:
+            async for event in events:
+                return event
+    raise AssertionError("the turn ended without emitting")
+
+
+def test_default_endpoint_is_private() -> None:
+    """Without TURNPOOL_ENDPOINT the daemon binds ``$XDG_RUNTIME_DIR/turnpool/supervisor.sock``:
+    the directory is 0700 and the socket file 0600; it is removed at exit."""
+    home = daemonkit.short_dir()
+    with serving(*FAST, home=home, endpoint=None) as d:
+        path = home / "turnpool" / "supervisor.sock"
+        assert d.endpoint == f"ipc://{path}"
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+        assert not path.exists()
+
+
+def test_second_daemon_on_the_same_endpoint_is_refused() -> None:
+    """A second ``serve`` on a live daemon's endpoint exits 1 naming the endpoint and the pid;
+    the first keeps serving."""
+    with serving(*FAST) as d:
+        second = d.cli("serve", *FAST)
+        assert second.returncode == 1
+        assert "already serving" in second.stderr and d.endpoint in second.stderr and str(d.pid) in second.stderr
+        status = d.cli("status", "--json")
+        assert status.returncode == 0, status.stderr
+
+
+def test_stale_socket_file_is_replaced() -> None:
+    """A socket file left by a dead daemon (nobody listening) is replaced at start."""
+    home = daemonkit.short_dir()
+    path = home / "s.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens
+    assert path.exists()
+    with serving(*FAST, home=home) as d:
+        result = d.cli("submit", "examples.agents:echo", "--input", '"x"', "--wait")
+        assert result.returncode == 0, result.stderr
+        assert msgspec.json.decode(result.stdout)["output"] == "x"
+
+
+async def test_garbage_frames_get_error_replies() -> None:
+    """Frames that do not decode (bytes, wrong shape, several frames, unknown cause) each get
+    ``Error(malformed)`` and are counted; the daemon keeps serving normally."""
+    with serving(*FAST) as d:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 30_000)
+        sock.connect(d.endpoint)
+        try:
+            garbage: list[list[bytes]] = [
+                [b"\xff\x00garbage"],
+                [msgspec.msgpack.encode({"not": "a request"})],
+                [b"two", b"frames"],
+                [msgspec.msgpack.encode(["cancel", 5, "t", {"kind": "bogus"}])],
+                [msgspec.msgpack.encode(["submit", 6, "a:b"])],  # missing input
+            ]
+            for frames in garbage:
+                sock.send_multipart(frames)
+                reply = wire.decode_from_daemon(sock.recv())
+                assert isinstance(reply, wire.Error) and reply.code == "malformed" and reply.req == 0
+        finally:
+            sock.close()
+            ctx.term()
+        async with Client.connect(d.endpoint) as client:
+            with anyio.fail_after(60):
+                result = await client.run("examples.agents:echo", {"ok": True})
+            status = await client.status()
+        assert result.outcome == "completed" and result.output == {"ok": True}
+        assert status["daemon"]["malformed_frames"] == len(garbage)
+
+
+async def test_sigterm_drains_then_disposes_a_stubborn_turn() -> None:
+    """SIGTERM: new submits get ``shutting down``; a turn that ignores Abort runs through the drain,
+    is then disposed (ends ``killed`` with cause ``disposed``); the daemon exits 0 and its worker
+    tree is gone."""
+    with serving("--workers", "1", "--spares", "0", "--grace", "0.3", "--kill-after", "1", "--drain", "0.5") as d:
+        async with Client.connect(d.endpoint) as client:
+            handle = await client.submit("examples.agents:stubborn")
+            info = await first_event(handle)
+            worker = psutil.Process(info["pid"])
+            results: list[Any] = []
+
+            async def wait_result() -> None:
+                results.append(await handle.result())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_result)
+                d.signal(signal.SIGTERM)
+                with anyio.fail_after(60):
+                    while (await client.status())["daemon"]["accepting"]:
+                        await anyio.lowlevel.checkpoint()  # each status call is a round trip
+                with pytest.raises(DaemonShuttingDown, match="shutting down"):
+                    await client.submit("examples.agents:echo", 1)
+        with anyio.fail_after(60):
+            code = await anyio.to_thread.run_sync(d.wait)
+    assert code == 0, d.stderr()
+    (result,) = results
+    assert result.outcome == "killed" and result.cause == {"kind": "disposed"}
+    assert result.exit_code in (-signal.SIGTERM, -signal.SIGKILL)
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+
+async def test_drain_lets_a_running_turn_finish() -> None:
+    """Within the drain a running turn completes normally, then the daemon exits 0."""
+    with serving("--workers", "1", "--spares", "0", "--drain", "120") as d:
+        async with Client.connect(d.endpoint) as client:
+            handle = await client.submit("examples.agents:slow", {"seconds": 1.0})
+            await first_event(handle)
+            d.signal(signal.SIGTERM)
+            with anyio.fail_after(60):
+                result = await handle.result()
+        with anyio.fail_after(60):
+            code = await anyio.to_thread.run_sync(d.wait)
+    assert result.outcome == "completed" and result.cause is None
+    assert code == 0
+
+
+async def test_second_signal_skips_the_drain() -> None:
+    """With a long drain, a second SIGTERM ends the drain at once: the stubborn turn is disposed."""
+    with serving("--workers", "1", "--spares", "0", "--grace", "0.2", "--kill-after", "0.5", "--drain", "600") as d:
+        async with Client.connect(d.endpoint) as client:
+            handle = await client.submit("examples.agents:stubborn")
+            await first_event(handle)
+            d.signal(signal.SIGTERM)
+            with anyio.fail_after(60):
+                while (await client.status())["daemon"]["accepting"]:
+                    await anyio.lowlevel.checkpoint()
+            d.signal(signal.SIGINT)
+            with anyio.fail_after(120):
+                result = await handle.result()
+        with anyio.fail_after(60):
+            code = await anyio.to_thread.run_sync(d.wait)
+    assert result.outcome == "killed" and result.cause == {"kind": "disposed"}
+    assert code == 0
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+async def test_metrics_over_http_show_the_counts() -> None:
+    """``--metrics-port 0`` serves Prometheus text on 127.0.0.1: turns by outcome and cause,
+    queue depth, workers by state, escalations, restarts, cancel latency, malformed frames."""
+    with serving(*FAST, "--metrics-port", "0") as d:
+        assert d.metrics_url.startswith("http://127.0.0.1:")
+        async with Client.connect(d.endpoint) as client:
+            with anyio.fail_after(60):
+                for i in range(3):
+                    assert (await client.run("examples.agents:echo", i)).outcome == "completed"
+                assert (await client.run("examples.agents:failing")).outcome == "failed"
+                slow = await client.submit("examples.agents:slow", {"seconds": 60})
+                await first_event(slow)
+                await slow.cancel()
+                assert (await slow.result()).outcome == "aborted"
+                stubborn = await client.submit("examples.agents:stubborn")
+                await first_event(stubborn)
+                await stubborn.cancel()
+                assert (await stubborn.result()).outcome == "killed"
+                await client.when_idle()
+        ctx = zmq.Context()
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.RCVTIMEO, 30_000)
+        raw.connect(d.endpoint)
+        raw.send(b"junk")
+        assert wire.decode_from_daemon(raw.recv()).code == "malformed"  # type: ignore[union-attr]
+        raw.close()
+        ctx.term()
+        m = await anyio.to_thread.run_sync(_scrape, d.metrics_url)
+    assert m['turnpool_turns_total{cause="none",outcome="completed"}'] == 3
+    assert m['turnpool_turns_total{cause="none",outcome="failed"}'] == 1
+    assert m['turnpool_turns_total{cause="user",outcome="aborted"}'] == 1
+    assert m['turnpool_turns_total{cause="user",outcome="killed"}'] == 1
+    assert m["turnpool_queue_depth"] == 0
+    assert m['turnpool_workers{state="busy"}'] == 0
+    assert m['turnpool_workers{state="idle"}'] + m['turnpool_workers{state="starting"}'] == 2
+    assert m['turnpool_escalations_total{step="sigterm"}'] == 1
+    assert m["turnpool_worker_restarts_total"] == 1
+    assert m["turnpool_cancel_to_end_seconds_count"] == 2
+    assert m['turnpool_malformed_frames_total{link="client"}'] == 1
+
+
+def test_config_file_with_flags_overriding() -> None:
+    """``--config`` TOML sets options; a flag overrides the file; an unknown key exits 2."""
+    home = daemonkit.short_dir()
+    config = home / "serve.toml"
+    config.write_text("workers = 3\nspares = 0\ngrace = 1\nkill-after = 1\ndrain = 0\n")
+    with serving("--config", str(config), "--workers", "1", home=home) as d:
+        status = d.cli("status", "--json")
+        assert status.returncode == 0, status.stderr
+        workers = msgspec.json.decode(status.stdout)["workers"]
+        assert len(workers) == 1
+    bad = daemonkit.short_dir()
+    (bad / "bad.toml").write_text("wokers = 2\n")
+    proc = daemonkit.start("--config", str(bad / "bad.toml"), home=bad, check_ready=False)
+    assert proc.wait() == 2
+    assert "unknown option 'wokers'" in proc.stderr()
+    assert proc.proc.stdout is not None
+    proc.proc.stdout.close()
