@@ -29,7 +29,8 @@ from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
 
 __all__ = [
-    "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown", "DaemonUnavailable", "InvalidAgent",
-    "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle",
-    "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
+    "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown", "DaemonUnavailable",
+    "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient",
+    "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError",
+    "UnknownTurn", "WorkerStartError",
 ]

@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
         "Run the turnpool daemon: a pool of workers behind a client endpoint. SIGTERM/SIGINT drains "
         "(--drain seconds), then disposes every turn (cause disposed) and exits 0; a second signal skips "
         "the drain. Prints a 'ready' line on stdout once clients can connect."))
-    serve.add_argument("--config", metavar="FILE", help="TOML file with any of these options (flags override)")
+    serve.add_argument("--config", metavar="FILE",
+                       help="TOML file with any of these options (flags override)")
     for name, kind, text in DAEMON_OPTIONS + SUPERVISOR_OPTIONS:
         serve.add_argument(_flag(name), dest=name, type=kind, default=None, help=text)
     serve.set_defaults(func=cmd_serve)
@@ -130,7 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     level = str(opts.pop("log_level")).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         return _fail(f"serve: --log-level must be DEBUG, INFO, WARNING or ERROR, got {level!r}", EXIT_USAGE)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
     try:
         daemon = Daemon(opts.pop("endpoint", None), supervisor=sup, **opts)

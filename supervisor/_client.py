@@ -1,4 +1,4 @@
-"""``Client`` (async) and ``SyncClient`` (blocking): the serve daemon's API, the same methods as ``Supervisor``.
+"""``Client`` (async) and ``SyncClient`` (blocking): the serve daemon's API, with ``Supervisor``'s methods.
 
 One DEALER per client; every request carries an id, so any number of calls (and event
 streams) share the connection. Input is validated and encoded here, strictly, before anything
@@ -101,7 +101,8 @@ class Client:
     ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout = _check_seconds("timeout", timeout, allow_none=False, positive=True)
-        self.request_timeout = _check_seconds("request_timeout", request_timeout, allow_none=False, positive=True)
+        self.request_timeout = _check_seconds("request_timeout", request_timeout, allow_none=False,
+                                              positive=True)
         if (curve_server_key is None) != (curve_secret_key is None):
             raise ValueError("CURVE needs both curve_server_key and curve_secret_key")
         self.curve_server_key = curve_server_key
@@ -147,7 +148,8 @@ class Client:
         path = ipc_path(self.endpoint)
         if path is not None and not path.exists():
             self._state = "closed"
-            raise DaemonUnavailable(f"no turnpool daemon is running at {self.endpoint} (no socket file {path})")
+            raise DaemonUnavailable(
+                f"no turnpool daemon is running at {self.endpoint} (no socket file {path})")
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.DEALER)
         socket_options(sock)
@@ -335,7 +337,7 @@ class Client:
         input: Any = None,
         *,
         session: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 — the turn's timeout (Supervisor.submit's signature)
         grace: float | None = None,
         kill_after: float | None = None,
         turn_id: str | None = None,

@@ -171,7 +171,8 @@ class Daemon:
                     if ready is not None:
                         ready(line)
                     async for signum in signals:
-                        log.info("received %s: draining for up to %ss", signal.Signals(signum).name, self.drain)
+                        log.info("received %s: draining for up to %ss", signal.Signals(signum).name,
+                                 self.drain)
                         break
                     await self._shutdown(signals)
                 finally:
@@ -357,8 +358,9 @@ class Daemon:
         match msg:
             case wire.Hello(req=req, version=version):
                 if version != wire.CLIENT_PROTOCOL_VERSION:
-                    self._send(ident, wire.Error(req, "protocol", (
-                        f"the daemon speaks client protocol {wire.CLIENT_PROTOCOL_VERSION}, the client {version}")))
+                    why = (f"the daemon speaks client protocol {wire.CLIENT_PROTOCOL_VERSION}, "
+                           f"the client {version}")
+                    self._send(ident, wire.Error(req, "protocol", why))
                 else:
                     self._send(ident, wire.Welcome(req, wire.CLIENT_PROTOCOL_VERSION, wire.MAX_MESSAGE_SIZE,
                                                    os.getpid()))
@@ -395,9 +397,9 @@ class Daemon:
                 self._streams[(ident, req)] = scope
                 self._task(self._follow, ident, req, turn_id, scope)
             case wire.Unfollow(req=req):
-                scope = self._streams.pop((ident, req), None)
-                if scope is not None:
-                    scope.cancel()
+                stream = self._streams.pop((ident, req), None)
+                if stream is not None:
+                    stream.cancel()
             case wire.Lookup(req=req, turn_id=turn_id):
                 if turn_id in sup._turns:
                     self._send(ident, wire.Ok(req))
@@ -418,12 +420,12 @@ class Daemon:
             self._send(ident, wire.Accepted(req, msg.turn_id, True))
             return
         if not self.accepting:
-            self._send(ident, wire.Error(req, "shutting_down",
-                                         f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"))
+            why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
+            self._send(ident, wire.Error(req, "shutting_down", why))
             return
         try:
-            turn = sup._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
-                               kill_after=msg.kill_after, turn_id=msg.turn_id, parent=None)
+            turn = sup._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout,
+                               grace=msg.grace, kill_after=msg.kill_after, turn_id=msg.turn_id, parent=None)
         except InvalidAgent as exc:
             self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
             return

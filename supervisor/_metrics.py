@@ -50,7 +50,7 @@ class Metrics:
             "turnpool_cancel_to_end_seconds", "Seconds from a cancel being asked to the turn's end",
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
-        self.registry.register(self)  # type: ignore[arg-type]
+        self.registry.register(self)
 
     def turn_ended(self, turn: TurnRecord, result: TurnResult, asked_at: float | None) -> None:
         self.ended[(result.outcome, result.cause.kind if result.cause is not None else "none")] += 1
@@ -59,11 +59,13 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         sup = self.daemon.sup
-        turns = CounterMetricFamily("turnpool_turns", "Turns ended, by outcome and cause", labels=["outcome", "cause"])
+        turns = CounterMetricFamily("turnpool_turns", "Turns ended, by outcome and cause",
+                                    labels=["outcome", "cause"])
         for (outcome, cause), n in sorted(self.ended.items()):
             turns.add_metric([outcome, cause], n)
         yield turns
-        malformed = CounterMetricFamily("turnpool_malformed_frames", "Frames that did not decode", labels=["link"])
+        malformed = CounterMetricFamily("turnpool_malformed_frames", "Frames that did not decode",
+                                        labels=["link"])
         malformed.add_metric(["client"], self.daemon.malformed)
         malformed.add_metric(["worker"], sup.bad_frames if sup is not None else 0)
         yield malformed
@@ -72,7 +74,8 @@ class Metrics:
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup._queue))
         yield GaugeMetricFamily("turnpool_turns_running", "Turns handed to a worker and not ended",
                                 value=sup._running)
-        states: collections.Counter[str] = collections.Counter({"busy": 0, "idle": 0, "starting": 0, "stopping": 0})
+        states: collections.Counter[str] = collections.Counter(
+            {"busy": 0, "idle": 0, "starting": 0, "stopping": 0})
         for slot in sup._slots.values():
             states[slot.state] += 1
         workers = GaugeMetricFamily("turnpool_workers", "Worker processes by state", labels=["state"])

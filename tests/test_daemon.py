@@ -53,7 +53,8 @@ def test_second_daemon_on_the_same_endpoint_is_refused() -> None:
     with serving(*FAST) as d:
         second = d.cli("serve", *FAST)
         assert second.returncode == 1
-        assert "already serving" in second.stderr and d.endpoint in second.stderr and str(d.pid) in second.stderr
+        assert "already serving" in second.stderr
+        assert d.endpoint in second.stderr and str(d.pid) in second.stderr
         status = d.cli("status", "--json")
         assert status.returncode == 0, status.stderr
 
@@ -108,7 +109,8 @@ async def test_sigterm_drains_then_disposes_a_stubborn_turn() -> None:
     """SIGTERM: new submits get ``shutting down``; a turn that ignores Abort runs through the drain,
     is then disposed (ends ``killed`` with cause ``disposed``); the daemon exits 0 and its worker
     tree is gone."""
-    with serving("--workers", "1", "--spares", "0", "--grace", "0.3", "--kill-after", "1", "--drain", "0.5") as d:
+    with serving("--workers", "1", "--spares", "0", "--grace", "0.3", "--kill-after", "1",
+                 "--drain", "0.5") as d:
         async with Client.connect(d.endpoint) as client:
             handle = await client.submit("examples.agents:stubborn")
             info = await first_event(handle)
@@ -152,7 +154,8 @@ async def test_drain_lets_a_running_turn_finish() -> None:
 
 async def test_second_signal_skips_the_drain() -> None:
     """With a long drain, a second SIGTERM ends the drain at once: the stubborn turn is disposed."""
-    with serving("--workers", "1", "--spares", "0", "--grace", "0.2", "--kill-after", "0.5", "--drain", "600") as d:
+    with serving("--workers", "1", "--spares", "0", "--grace", "0.2", "--kill-after", "0.5",
+                 "--drain", "600") as d:
         async with Client.connect(d.endpoint) as client:
             handle = await client.submit("examples.agents:stubborn")
             await first_event(handle)

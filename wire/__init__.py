@@ -12,8 +12,8 @@ from ._client import (
     ERROR_CODES,
     Accepted,
     Cancel,
-    CancelSession,
     Cancelled,
+    CancelSession,
     Error,
     ErrorCode,
     Events,
@@ -78,7 +78,7 @@ __all__ = [
     "TurnResult", "WorkerOutcome",
     # client <-> daemon
     "CLIENT_PROTOCOL_VERSION", "ERROR_CODES", "Accepted", "Cancel", "CancelSession", "Cancelled", "Error",
-    "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello", "Lookup", "Ok",
-    "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome", "WhenIdle",
+    "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello", "Lookup",
+    "Ok", "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome", "WhenIdle",
     "decode_from_daemon", "decode_to_daemon",
 ]

@@ -119,7 +119,9 @@ class WhenIdle(_CMsg, tag="when_idle"):
     req: int
 
 
-ToDaemon = Hello | Submit | Cancel | CancelSession | GetResult | Follow | Unfollow | Lookup | GetStatus | WhenIdle
+ToDaemon = (
+    Hello | Submit | Cancel | CancelSession | GetResult | Follow | Unfollow | Lookup | GetStatus | WhenIdle
+)
 
 
 # ---- daemon → client -----------------------------------------------------------------
@@ -186,7 +188,9 @@ class Error(_CMsg, tag="error"):
     message: str
 
 
-FromDaemon = Welcome | Accepted | Cancelled | SessionCancelled | Result | Events | FollowEnd | Status | Ok | Error
+FromDaemon = (
+    Welcome | Accepted | Cancelled | SessionCancelled | Result | Events | FollowEnd | Status | Ok | Error
+)
 
 
 _to_daemon = msgspec.msgpack.Decoder(ToDaemon)
