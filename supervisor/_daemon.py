@@ -17,8 +17,10 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 * **Shutdown.** The first SIGTERM/SIGINT stops accepting (submits get ``shutting_down``), lets
   accepted turns finish for ``drain`` seconds, then disposes the supervisor (cause
   ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain.
-* **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted), ``start_hooks``
+* **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted; an awaitable it
+  returns holds the submit's acknowledgement until it is done, e.g. committed), ``start_hooks``
   (a worker started it), ``end_hooks`` (its one result) — all called on the event loop.
+  ``stop()`` is the programmatic SIGTERM (a second call skips the drain).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import inspect
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +109,9 @@ class Daemon:
         self.curve_clients = curve_clients
 
         # Hook sites (a durable journal hooks in here). Called on the event loop; must not block.
-        self.accept_hooks: list[Callable[[TurnRecord], None]] = []
+        # An accept hook may return an awaitable: the submit is acknowledged only once it is done
+        # (e.g. the journal row is committed).
+        self.accept_hooks: list[Callable[[TurnRecord], Awaitable[Any] | None]] = []
         self.start_hooks: list[Callable[[TurnRecord, int], None]] = []
         self.end_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
 
@@ -128,22 +133,44 @@ class Daemon:
         self._cancel_times: dict[str, float] = {}
         self._cancelling_at: float | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._stop_asked: anyio.Event | None = None
+        self._skip_drain: anyio.Event | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def serve(self, *, ready: Callable[[str], None] | None = None) -> None:
-        """Run until SIGTERM/SIGINT, then drain, dispose and return.
+        """Run until SIGTERM/SIGINT (or ``stop()``), then drain, dispose and return.
 
         ``ready`` is called with the announcement once clients can connect. Raises
         ``DaemonAlreadyRunning`` when another daemon holds the endpoint and ``WorkerStartError``
         when the pool cannot start.
         """
+        self._stop_asked = anyio.Event()
+        self._skip_drain = anyio.Event()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             self._claim_endpoint()
             try:
                 await self._serve(signals, ready)
             finally:
                 self._release_endpoint()
+
+    def stop(self, *, skip_drain: bool = False) -> None:
+        """Begin the shutdown, as the first SIGTERM does; a second call (or ``skip_drain``) skips
+        the drain, as a second signal does. Call it on the daemon's event loop."""
+        if self._stop_asked is None or self._skip_drain is None:
+            raise RuntimeError("the daemon is not serving")
+        if self._stop_asked.is_set() or skip_drain:
+            self._skip_drain.set()
+        self._stop_asked.set()
+
+    async def _watch_signals(self, signals: Any) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self._stop_asked is not None and self._stop_asked.is_set():
+                log.info("received %s again: skipping the drain", name)
+            else:
+                log.info("received %s: draining for up to %ss", name, self.drain)
+            self.stop()
 
     async def _serve(self, signals: Any, ready: Callable[[str], None] | None) -> None:
         sup = Supervisor(**self.sup_kwargs)
@@ -154,6 +181,7 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                tg.start_soon(self._watch_signals, signals)
                 # The supervisor's own task group nests inside this one: it is started and
                 # closed from this task at this level (anyio's scopes must nest).
                 await sup.start()
@@ -170,11 +198,9 @@ class Daemon:
                     log.info("%s", line)
                     if ready is not None:
                         ready(line)
-                    async for signum in signals:
-                        log.info("received %s: draining for up to %ss", signal.Signals(signum).name,
-                                 self.drain)
-                        break
-                    await self._shutdown(signals)
+                    assert self._stop_asked is not None
+                    await self._stop_asked.wait()
+                    await self._shutdown()
                 finally:
                     with anyio.CancelScope(shield=True):
                         await sup.aclose()
@@ -182,27 +208,26 @@ class Daemon:
         finally:
             self._close_sockets()
 
-    async def _shutdown(self, signals: Any) -> None:
-        assert self.sup is not None and self._tg is not None
+    async def _shutdown(self) -> None:
+        assert self.sup is not None and self._skip_drain is not None
         self.accepting = False
-        with anyio.CancelScope() as drain_scope:
-            self._tg.start_soon(self._second_signal, signals, drain_scope)
-            with anyio.move_on_after(self.drain):
-                await self.sup.when_idle()
-        drain_scope.cancel()
+        sup, skip = self.sup, self._skip_drain
+        with anyio.move_on_after(self.drain):
+            async with anyio.create_task_group() as drain:
+                async def skipped() -> None:
+                    await skip.wait()
+                    drain.cancel_scope.cancel()
+
+                drain.start_soon(skipped)
+                await sup.when_idle()
+                drain.cancel_scope.cancel()
         self.disposing_at = anyio.current_time()
-        log.info("disposing: %d turns still queued or running", self.sup._active)
-        await self.sup.aclose()
+        log.info("disposing: %d turns still queued or running", sup._active)
+        await sup.aclose()
         # Let the requests woken by disposal (results, follows, when_idle) answer before the socket goes.
         with anyio.move_on_after(5):
             while self._inflight:
                 await self._inflight_zero.wait()
-
-    async def _second_signal(self, signals: Any, drain_scope: anyio.CancelScope) -> None:
-        async for signum in signals:
-            if not drain_scope.cancel_called:
-                log.info("received %s again: skipping the drain", signal.Signals(signum).name)
-                drain_scope.cancel()
 
     def _claim_endpoint(self) -> None:
         path = ipc_path(self.endpoint)
@@ -441,10 +466,22 @@ class Daemon:
         except ValueError as exc:
             self._send(ident, wire.Error(req, "bad_value", str(exc)))
             return
-        if not existing:
-            for hook in self.accept_hooks:
-                hook(turn)
-        self._send(ident, wire.Accepted(req, turn.id, existing))
+        gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
+        if gates:
+            self._task(self._ack_after, ident, req, turn.id, gates)
+        else:
+            self._send(ident, wire.Accepted(req, turn.id, False))
+
+    async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]]) -> None:
+        """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
+        for gate in gates:
+            try:
+                await gate
+            except Exception as exc:
+                log.exception("accept hook failed for turn %s", turn_id)
+                self._send(ident, wire.Error(req, "internal", f"turn {turn_id} accepted but not recorded: {exc}"))
+                return
+        self._send(ident, wire.Accepted(req, turn_id, False))
 
     def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
         """Run a cancel and note when it was asked, for the cancel-to-end latency."""

@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 import wire
-from supervisor import Client, DaemonShuttingDown
+from supervisor import Client, Daemon, DaemonShuttingDown
 from tests import daemonkit
 from tests.daemonkit import FAST, serving
 
@@ -244,3 +244,68 @@ def test_config_file_with_flags_overriding() -> None:
     assert "unknown option 'wokers'" in proc.stderr()
     assert proc.proc.stdout is not None
     proc.proc.stdout.close()
+
+
+async def test_hook_sites_and_programmatic_stop() -> None:
+    """In-process ``Daemon``: accept, start and end hooks run in order for each new turn (not for an
+    idempotent resubmit); an awaitable from an accept hook holds the submit's acknowledgement until
+    it is done; ``stop()`` drains and disposes like SIGTERM."""
+    home = daemonkit.short_dir()
+    endpoint = f"ipc://{home}/hooks.sock"
+    daemon = Daemon(endpoint, supervisor={"workers": 1, "spares": 0, "grace": 0.5, "kill_after": 0.5}, drain=0)
+    calls: list[tuple[str, str]] = []
+    gate = anyio.Event()
+
+    def on_accept(turn: Any) -> Any:
+        calls.append(("accept", turn.id))
+        return gate.wait() if turn.id == "gated" else None
+
+    daemon.accept_hooks.append(on_accept)
+    daemon.start_hooks.append(lambda turn, pid: calls.append(("start", turn.id)))
+    daemon.end_hooks.append(lambda turn, result: calls.append(("end", f"{turn.id}:{result.outcome}")))
+    ready = anyio.Event()
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: daemon.serve(ready=lambda line: ready.set()))
+            await ready.wait()
+            async with Client.connect(endpoint) as client:
+                assert (await client.run("examples.agents:echo", 1, turn_id="plain")).outcome == "completed"
+                await client.submit("examples.agents:echo", 2, turn_id="plain")  # known: no hook
+                acked: list[str] = []
+
+                async def submit_gated() -> None:
+                    acked.append((await client.submit("examples.agents:echo", 3, turn_id="gated")).turn_id)
+
+                tg.start_soon(submit_gated)
+                while ("accept", "gated") not in calls:
+                    await client.status()  # a round trip: the daemon has read the submit before it
+                assert acked == []
+                gate.set()
+                result = await client.handle("gated").result()
+                assert acked == ["gated"] and result.outcome == "completed"
+            daemon.stop()
+    assert calls == [
+        ("accept", "plain"), ("start", "plain"), ("end", "plain:completed"),
+        ("accept", "gated"), ("start", "gated"), ("end", "gated:completed"),
+    ]
+    assert not (home / "hooks.sock").exists()
+
+
+async def test_oversized_requests_are_refused() -> None:
+    """A request above the size the daemon announced is refused by the client before sending
+    (``ValueError`` naming the limit); a raw frame above ``MAXMSGSIZE`` is dropped by the socket
+    and the daemon keeps serving."""
+    with serving(*FAST) as d:
+        async with Client.connect(d.endpoint) as client:
+            assert client.max_message_size == wire.MAX_MESSAGE_SIZE
+            with pytest.raises(ValueError, match="above the daemon's limit"):
+                await client.submit("examples.agents:echo", b"x" * (wire.MAX_MESSAGE_SIZE + 1))
+            ctx = zmq.Context()
+            raw = ctx.socket(zmq.DEALER)
+            raw.setsockopt(zmq.LINGER, 0)
+            raw.connect(d.endpoint)
+            raw.send(b"\x00" * (wire.MAX_MESSAGE_SIZE + 1))
+            with anyio.fail_after(60):
+                assert (await client.run("examples.agents:echo", "still here")).output == "still here"
+            raw.close()
+            ctx.term()
