@@ -479,7 +479,8 @@ class Daemon:
                 await gate
             except Exception as exc:
                 log.exception("accept hook failed for turn %s", turn_id)
-                self._send(ident, wire.Error(req, "internal", f"turn {turn_id} accepted but not recorded: {exc}"))
+                why = f"turn {turn_id} accepted but not recorded: {exc}"
+                self._send(ident, wire.Error(req, "internal", why))
                 return
         self._send(ident, wire.Accepted(req, turn_id, False))
 

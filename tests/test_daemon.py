@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -252,7 +253,8 @@ async def test_hook_sites_and_programmatic_stop() -> None:
     it is done; ``stop()`` drains and disposes like SIGTERM."""
     home = daemonkit.short_dir()
     endpoint = f"ipc://{home}/hooks.sock"
-    daemon = Daemon(endpoint, supervisor={"workers": 1, "spares": 0, "grace": 0.5, "kill_after": 0.5}, drain=0)
+    options = {"workers": 1, "spares": 0, "grace": 0.5, "kill_after": 0.5}
+    daemon = Daemon(endpoint, supervisor=options, drain=0)
     calls: list[tuple[str, str]] = []
     gate = anyio.Event()
 
@@ -289,6 +291,7 @@ async def test_hook_sites_and_programmatic_stop() -> None:
         ("accept", "gated"), ("start", "gated"), ("end", "gated:completed"),
     ]
     assert not (home / "hooks.sock").exists()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 async def test_oversized_requests_are_refused() -> None:
