@@ -35,6 +35,8 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("heartbeat", float, "worker heartbeat interval in seconds (default 1)"),
     ("start_timeout", float, "seconds a worker has to become ready (default 30)"),
     ("stop_timeout", float, "seconds an idle worker has to exit when retired (default 5)"),
+    ("rss_interval", float, "seconds between RSS checks when --max-rss-mb is set (default 0.25)"),
+    ("python", str, "interpreter that runs the workers (default: this one)"),
 )
 DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("endpoint", str, "client endpoint (default: TURNPOOL_ENDPOINT or ipc:// in the runtime dir)"),

@@ -361,7 +361,9 @@ class Daemon:
 
     def _malformed(self, ident: bytes, why: str) -> None:
         self.malformed += 1
-        log.warning("malformed frame from a client: %s", why)
+        # Warn about the first few only: a flood of garbage must not flood the log too.
+        level = logging.WARNING if self.malformed <= 10 else logging.DEBUG
+        log.log(level, "malformed frame from a client: %s", why)
         self._send(ident, wire.Error(0, "malformed", why))
 
     def _send(self, ident: bytes, msg: Any) -> bool:

@@ -137,6 +137,16 @@ async def test_errors_are_typed_and_validated_before_sending() -> None:
                         pass
             status = await client.status()
             assert status["daemon"]["malformed_frames"] == 0 and status["outcomes"] == {}
+        awaited = await Client.connect(d.endpoint)  # the other form: await, then aclose
+        try:
+            assert awaited.daemon_pid == d.pid
+            with pytest.raises(RuntimeError, match="connects once"):
+                await awaited.open()
+        finally:
+            await awaited.aclose()
+        with pytest.raises(supervisor.SupervisorClosed, match="closed"):
+            await awaited.status()
+        async with Client.connect(d.endpoint) as client:
 
             running = await client.submit("examples.agents:slow", {"seconds": 60})
             await first_event(running)
