@@ -348,21 +348,46 @@ class Client:
         bad types), ``ValueError`` (bad times, request above the size limit). From the daemon:
         ``QueueFull``, ``DaemonShuttingDown``. A known ``turn_id`` returns the existing turn.
         """
-        check_agent(agent)
-        raw = wire.encode_payload(input, what="turn input")
-        session = _check_optional_str("session", session)
-        turn_id = _check_optional_str("turn_id", turn_id)
-        timeout = _check_seconds("timeout", timeout, positive=True)
-        grace = _check_seconds("grace", grace)
-        kill_after = _check_seconds("kill_after", kill_after)
-        reply = await self._call(
-            lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id))
+        make = _submit_request(agent, input, session=session, timeout=timeout, grace=grace,
+                               kill_after=kill_after, turn_id=turn_id)
+        reply = await self._call(make)
         return TurnHandle(self, reply.turn_id)
 
-    async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
-        """``submit`` then ``result``."""
-        handle = await self.submit(agent, input, **kwargs)
-        return await handle.result()
+    async def run(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 — the turn's timeout (Supervisor.run's signature)
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+    ) -> TurnResult:
+        """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
+        ``Result`` under the same request id. Raises as ``submit`` does."""
+        make = _submit_request(agent, input, session=session, timeout=timeout, grace=grace,
+                               kill_after=kill_after, turn_id=turn_id, wait=True)
+        self._check_open()
+        req = next(self._reqs)
+        send, receive = anyio.create_memory_object_stream[Any](2)
+        self._pending[req] = _Stream(send)
+        try:
+            await self._send(make(req))
+            async with receive:
+                try:
+                    with anyio.fail_after(self.request_timeout):
+                        accepted = self._reply(await receive.receive(), turn_id)
+                except TimeoutError:
+                    why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
+                    raise DaemonUnavailable(why) from None
+                reply = self._reply(await receive.receive(), accepted.turn_id)
+        finally:
+            self._pending.pop(req, None)
+            send.close()
+        if not isinstance(reply, wire.Result):
+            raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
+        return reply.result
 
     def handle(self, turn_id: str) -> TurnHandle:
         """A handle on a turn the daemon knows (submitted by any client). An unknown id raises
@@ -441,6 +466,19 @@ class Client:
             if not ended and self._state == "open" and self._lost is None:
                 with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                     await self._send(wire.Unfollow(req))
+
+
+def _submit_request(agent: str, input: Any, *, session: Any, timeout: Any, grace: Any, kill_after: Any,
+                    turn_id: Any, wait: bool = False) -> Callable[[int], wire.Submit]:
+    """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
+    check_agent(agent)
+    raw = wire.encode_payload(input, what="turn input")
+    session = _check_optional_str("session", session)
+    turn_id = _check_optional_str("turn_id", turn_id)
+    timeout = _check_seconds("timeout", timeout, positive=True)
+    grace = _check_seconds("grace", grace)
+    kill_after = _check_seconds("kill_after", kill_after)
+    return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait)
 
 
 def _check_turn_id(turn_id: Any) -> None:

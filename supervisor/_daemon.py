@@ -445,6 +445,8 @@ class Daemon:
         if existing and msg.turn_id is not None:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
             self._send(ident, wire.Accepted(req, msg.turn_id, True))
+            if msg.wait:
+                self._task(self._result, ident, req, msg.turn_id)
             return
         if not self.accepting:
             why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
@@ -470,11 +472,14 @@ class Daemon:
             return
         gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
         if gates:
-            self._task(self._ack_after, ident, req, turn.id, gates)
+            self._task(self._ack_after, ident, req, turn.id, gates, msg.wait)
         else:
             self._send(ident, wire.Accepted(req, turn.id, False))
+            if msg.wait:
+                self._task(self._result, ident, req, turn.id)
 
-    async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]]) -> None:
+    async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
+                         wait: bool) -> None:
         """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
         for gate in gates:
             try:
@@ -485,6 +490,8 @@ class Daemon:
                 self._send(ident, wire.Error(req, "internal", why))
                 return
         self._send(ident, wire.Accepted(req, turn_id, False))
+        if wait:
+            await self._result(ident, req, turn_id)
 
     def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
         """Run a cancel and note when it was asked, for the cancel-to-end latency."""

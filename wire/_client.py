@@ -58,7 +58,8 @@ class Hello(_CMsg, tag="hello"):
 
 
 class Submit(_CMsg, tag="submit"):
-    """Accept a turn (idempotent by ``turn_id``)."""
+    """Accept a turn (idempotent by ``turn_id``). With ``wait`` the ``Accepted`` reply is followed
+    by the turn's ``Result`` under the same ``req`` (``run`` in one round trip)."""
 
     req: int
     agent: str
@@ -68,6 +69,7 @@ class Submit(_CMsg, tag="submit"):
     grace: float | None = None
     kill_after: float | None = None
     turn_id: str | None = None
+    wait: bool = False
 
 
 class Cancel(_CMsg, tag="cancel"):
