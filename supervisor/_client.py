@@ -120,9 +120,22 @@ class Client:
         self._lost: str | None = None
 
     @classmethod
-    def connect(cls, endpoint: str | None = None, **kwargs: Any) -> Client:
-        """A client for ``endpoint``: use ``async with Client.connect(ep) as client`` (or ``await`` it)."""
-        return cls(endpoint, **kwargs)
+    def connect(
+        cls,
+        endpoint: str | None = None,
+        *,
+        timeout: float = 5.0,
+        request_timeout: float = 60.0,
+        curve_server_key: str | bytes | None = None,
+        curve_secret_key: str | os.PathLike[str] | None = None,
+    ) -> Client:
+        """A client for ``endpoint``: use ``async with Client.connect(ep) as client`` (or ``await`` it).
+
+        The connection is made on entering; it raises ``DaemonUnavailable`` (naming the endpoint)
+        within ``timeout`` when no daemon answers, ``ProtocolError`` on a version mismatch.
+        """
+        return cls(endpoint, timeout=timeout, request_timeout=request_timeout,
+                   curve_server_key=curve_server_key, curve_secret_key=curve_secret_key)
 
     def __await__(self) -> Generator[Any, None, Client]:
         async def opened() -> Client:

@@ -49,7 +49,7 @@ from wire import Cause, TurnResult
 from ._core import Supervisor
 from ._errors import DaemonAlreadyRunning, InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
 from ._metrics import Metrics
-from ._paths import default_endpoint, runtime_dir
+from ._paths import default_endpoint
 from ._turns import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
@@ -147,6 +147,7 @@ class Daemon:
         """
         self._stop_asked = anyio.Event()
         self._skip_drain = anyio.Event()
+        self._inflight_zero = anyio.Event()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             self._claim_endpoint()
             try:
@@ -233,10 +234,8 @@ class Daemon:
         path = ipc_path(self.endpoint)
         if path is None:
             return
-        if self.endpoint == default_endpoint() and "TURNPOOL_ENDPOINT" not in os.environ:
-            runtime_dir()
-        else:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The default endpoint's directory was made (0700, checked ours) by default_endpoint().
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if len(str(path).encode()) > 107:
             raise ValueError(f"ipc path is longer than the 107 bytes a unix socket allows: {path}")
         lock = Path(f"{path}.lock")
