@@ -469,6 +469,8 @@ class Daemon:
         except ValueError as exc:
             self._send(ident, wire.Error(req, "bad_value", str(exc)))
             return
+        if self.metrics is not None:
+            self.metrics.accepted += 1
         gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
         if gates:
             self._task(self._ack_after, ident, req, turn.id, gates, msg.wait)

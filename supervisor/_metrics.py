@@ -6,7 +6,8 @@ renders the text format; the HTTP side is a few lines of anyio (GET only, one re
 connection).
 
 Exposed (all prefixed ``turnpool_``): ``turns_total{outcome,cause}`` (cause ``none`` when the turn
-was not cancelled), ``turns_accepted_total``, ``queue_depth``, ``turns_running``,
+was not cancelled), ``turns_accepted_total`` (submitted by clients; child turns are not
+counted), ``queue_depth``, ``turns_running``,
 ``workers{state}`` (busy, idle, starting, stopping), ``escalations_total{step}`` (sigterm,
 sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, worker),
 ``cancel_to_end_seconds`` (histogram: from the cancel being asked — a client's cancel, the
@@ -69,6 +70,8 @@ class Metrics:
         malformed.add_metric(["client"], self.daemon.malformed)
         malformed.add_metric(["worker"], sup.bad_frames if sup is not None else 0)
         yield malformed
+        yield CounterMetricFamily("turnpool_turns_accepted", "New turns accepted from clients",
+                                  value=self.accepted)
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup._queue))

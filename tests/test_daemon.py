@@ -219,6 +219,7 @@ async def test_metrics_over_http_show_the_counts() -> None:
     assert m['turnpool_turns_total{cause="none",outcome="failed"}'] == 1
     assert m['turnpool_turns_total{cause="user",outcome="aborted"}'] == 1
     assert m['turnpool_turns_total{cause="user",outcome="killed"}'] == 1
+    assert m["turnpool_turns_accepted_total"] == 6
     assert m["turnpool_queue_depth"] == 0
     assert m['turnpool_workers{state="busy"}'] == 0
     assert m['turnpool_workers{state="idle"}'] + m['turnpool_workers{state="starting"}'] == 2
