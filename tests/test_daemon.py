@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import urllib.request
 from contextlib import aclosing
 from typing import Any
@@ -313,3 +314,21 @@ async def test_oversized_requests_are_refused() -> None:
                 assert (await client.run("examples.agents:echo", "still here")).output == "still here"
             raw.close()
             ctx.term()
+
+
+def test_bad_serve_options_exit_2() -> None:
+    """Options the Supervisor refuses (zero workers, negative grace), a bad log level or an endpoint
+    of another transport make ``serve`` exit 2 with the reason, before binding anything."""
+    home = daemonkit.short_dir()
+    for args, needle in (
+        (("--workers", "0"), "workers must be >= 1"),
+        (("--grace", "-1"), "grace must be"),
+        (("--log-level", "LOUD"), "--log-level"),
+        (("--endpoint", "inproc://x"), "endpoint must be"),
+    ):
+        out = subprocess.run(daemonkit.turnpool_argv("serve", *args), env=daemonkit.env_for(home, None),
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 2, (args, out)
+        assert needle in out.stderr, (args, out.stderr)
+    assert not (home / "turnpool" / "supervisor.sock").exists()
+    shutil.rmtree(home, ignore_errors=True)
