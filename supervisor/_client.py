@@ -87,7 +87,8 @@ class Client:
     ``endpoint`` defaults to ``TURNPOOL_ENDPOINT`` or the per-user default. ``timeout`` bounds
     the handshake, ``request_timeout`` each short request (submit, cancel, status …). For a
     CURVE daemon pass ``curve_server_key`` (the daemon's public key, or its certificate file) and
-    ``curve_secret_key`` (this client's ``.key_secret`` certificate file).
+    ``curve_secret_key`` (this client's ``.key_secret`` certificate file). ``follow_window`` bounds
+    how many events the daemon sends ahead of what ``events()`` has consumed (flow control).
     """
 
     def __init__(
@@ -98,11 +99,15 @@ class Client:
         request_timeout: float = 60.0,
         curve_server_key: str | bytes | None = None,
         curve_secret_key: str | os.PathLike[str] | None = None,
+        follow_window: int = 1024,
     ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout = _check_seconds("timeout", timeout, allow_none=False, positive=True)
         self.request_timeout = _check_seconds("request_timeout", request_timeout, allow_none=False,
                                               positive=True)
+        if isinstance(follow_window, bool) or not isinstance(follow_window, int) or follow_window < 2:
+            raise ValueError(f"follow_window must be an int >= 2, got {follow_window!r}")
+        self.follow_window = follow_window
         if (curve_server_key is None) != (curve_secret_key is None):
             raise ValueError("CURVE needs both curve_server_key and curve_secret_key")
         self.curve_server_key = curve_server_key
@@ -128,6 +133,7 @@ class Client:
         request_timeout: float = 60.0,
         curve_server_key: str | bytes | None = None,
         curve_secret_key: str | os.PathLike[str] | None = None,
+        follow_window: int = 1024,
     ) -> Client:
         """A client for ``endpoint``: use ``async with Client.connect(ep) as client`` (or ``await`` it).
 
@@ -135,7 +141,8 @@ class Client:
         within ``timeout`` when no daemon answers, ``ProtocolError`` on a version mismatch.
         """
         return cls(endpoint, timeout=timeout, request_timeout=request_timeout,
-                   curve_server_key=curve_server_key, curve_secret_key=curve_secret_key)
+                   curve_server_key=curve_server_key, curve_secret_key=curve_secret_key,
+                   follow_window=follow_window)
 
     def __await__(self) -> Generator[Any, None, Client]:
         async def opened() -> Client:
@@ -459,13 +466,20 @@ class Client:
         send, receive = anyio.create_memory_object_stream[Any](math.inf)
         self._pending[req] = _Stream(send)
         ended = False
+        window = self.follow_window
+        consumed = 0
         try:
-            await self._send(wire.Follow(req, turn_id))
+            await self._send(wire.Follow(req, turn_id, window))
             async with receive:
                 async for item in receive:
                     if isinstance(item, wire.Events):
                         for raw in item.data:
                             yield wire.decode_payload(raw)
+                            consumed += 1
+                            if consumed >= window // 2:
+                                # Flow control: the daemon sends at most `window` events ahead of us.
+                                await self._send(wire.Credit(req, consumed))
+                                consumed = 0
                     elif isinstance(item, wire.FollowEnd):
                         ended = True
                         return

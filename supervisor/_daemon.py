@@ -127,7 +127,7 @@ class Daemon:
         self._auth: Any = None
         self._lock_fd = -1
         self._owns_socket_file = False
-        self._streams: dict[tuple[bytes, int], anyio.CancelScope] = {}
+        self._streams: dict[tuple[bytes, int], _Stream] = {}
         self._inflight = 0
         self._inflight_zero = anyio.Event()
         self._cancel_times: dict[str, float] = {}
@@ -413,19 +413,23 @@ class Daemon:
                 self._send(ident, wire.SessionCancelled(req, ids))
             case wire.GetResult(req=req, turn_id=turn_id):
                 self._task(self._result, ident, req, turn_id)
-            case wire.Follow(req=req, turn_id=turn_id):
+            case wire.Follow(req=req, turn_id=turn_id, window=window):
                 try:
                     sup._get(turn_id)
                 except UnknownTurn as exc:
                     self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
                     return
-                scope = anyio.CancelScope()
-                self._streams[(ident, req)] = scope
-                self._task(self._follow, ident, req, turn_id, scope)
+                stream = _Stream(window)
+                self._streams[(ident, req)] = stream
+                self._task(self._follow, ident, req, turn_id, stream)
+            case wire.Credit(req=req, n=n):
+                credited = self._streams.get((ident, req))
+                if credited is not None and n > 0:
+                    credited.grant(n)
             case wire.Unfollow(req=req):
-                stream = self._streams.pop((ident, req), None)
-                if stream is not None:
-                    stream.cancel()
+                unfollowed = self._streams.pop((ident, req), None)
+                if unfollowed is not None:
+                    unfollowed.scope.cancel()
             case wire.Lookup(req=req, turn_id=turn_id):
                 if turn_id in sup._turns:
                     self._send(ident, wire.Ok(req))
@@ -535,13 +539,15 @@ class Daemon:
             return
         self._send(ident, wire.Result(req, result))
 
-    async def _follow(self, ident: bytes, req: int, turn_id: str, scope: anyio.CancelScope) -> None:
+    async def _follow(self, ident: bytes, req: int, turn_id: str, stream: _Stream) -> None:
         assert self.sup is not None
+        scope = stream.scope
         try:
             with scope:
                 events = self.sup.follow_raw(turn_id)
                 try:
                     async for seq, raw in events:
+                        await stream.spend()  # flow control: wait for the client's credit
                         if not self._send(ident, wire.Events(req, seq, [raw])):
                             return  # the client is gone: stop streaming, the turn goes on
                 finally:
@@ -598,6 +604,31 @@ class Daemon:
             "metrics_port": self.metrics_bound,
         }
         return st
+
+
+class _Stream:
+    """One follow: its cancel scope and, with a window, the events the client still allows."""
+
+    __slots__ = ("scope", "credit", "_more")
+
+    def __init__(self, window: int) -> None:
+        self.scope = anyio.CancelScope()
+        self.credit = window if window > 0 else None
+        self._more: anyio.Event | None = None
+
+    async def spend(self) -> None:
+        if self.credit is None:
+            return
+        while self.credit <= 0:
+            self._more = anyio.Event()
+            await self._more.wait()
+        self.credit -= 1
+
+    def grant(self, n: int) -> None:
+        if self.credit is not None:
+            self.credit += n
+            if self._more is not None:
+                self._more.set()
 
 
 def run_daemon(daemon: Daemon) -> int:

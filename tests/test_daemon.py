@@ -17,6 +17,7 @@ import msgspec
 import psutil
 import pytest
 import zmq
+import zmq.asyncio
 
 import wire
 from supervisor import Client, Daemon, DaemonShuttingDown
@@ -332,3 +333,57 @@ def test_bad_serve_options_exit_2() -> None:
         assert needle in out.stderr, (args, out.stderr)
     assert not (home / "turnpool" / "supervisor.sock").exists()
     shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_follow_flow_control_holds_events_until_credit() -> None:
+    """A follow with a window gets that many events and no more until it grants credit, even when
+    the turn has long ended (replies on one connection stay in order: the Result overtakes the
+    held events); credit releases the rest, then ``FollowEnd``."""
+    with serving(*FAST) as d:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(d.endpoint)
+
+        async def ask(msg: Any) -> None:
+            await sock.send(wire.encode(msg))
+
+        async def reply() -> Any:
+            return wire.decode_from_daemon(await sock.recv())
+
+        try:
+            with anyio.fail_after(60):
+                await ask(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION))
+                assert isinstance(await reply(), wire.Welcome)
+                await ask(wire.Submit(2, "examples.agents:streamer",
+                                      msgspec.Raw(wire.encode({"count": 50})), wait=True))
+                accepted = await reply()
+                assert isinstance(accepted, wire.Accepted)
+                assert isinstance(await reply(), wire.Result)  # the turn has ended: all 50 retained
+                await ask(wire.Follow(3, accepted.turn_id, window=5))
+                await ask(wire.GetResult(4, accepted.turn_id))
+                got: list[int] = []
+                while True:
+                    msg = await reply()
+                    if isinstance(msg, wire.Result):
+                        break
+                    assert isinstance(msg, wire.Events)
+                    got.extend(msgspec.msgpack.decode(raw)["i"] for raw in msg.data)
+                assert got == [0, 1, 2, 3, 4]
+                await ask(wire.Credit(3, 45))
+                while len(got) < 50:
+                    msg = await reply()
+                    assert isinstance(msg, wire.Events)
+                    got.extend(msgspec.msgpack.decode(raw)["i"] for raw in msg.data)
+                assert got == list(range(50))
+                await ask(wire.Credit(3, 1))
+                assert isinstance(await reply(), wire.FollowEnd)
+        finally:
+            sock.close()
+            ctx.term()
+        async with Client.connect(d.endpoint, follow_window=8) as client:
+            with anyio.fail_after(60):
+                handle = await client.submit("examples.agents:streamer", {"count": 300})
+                async with aclosing(handle.events()) as events:
+                    seen = [e["i"] async for e in events]
+        assert seen == list(range(300))

@@ -14,6 +14,7 @@ from ._client import (
     Cancel,
     Cancelled,
     CancelSession,
+    Credit,
     Error,
     ErrorCode,
     Events,
@@ -77,8 +78,9 @@ __all__ = [
     "Ready", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
     "TurnResult", "WorkerOutcome",
     # client <-> daemon
-    "CLIENT_PROTOCOL_VERSION", "ERROR_CODES", "Accepted", "Cancel", "CancelSession", "Cancelled", "Error",
-    "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello", "Lookup",
-    "Ok", "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome", "WhenIdle",
+    "CLIENT_PROTOCOL_VERSION", "ERROR_CODES", "Accepted", "Cancel", "CancelSession", "Cancelled", "Credit",
+    "Error", "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello",
+    "Lookup", "Ok", "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome",
+    "WhenIdle",
     "decode_from_daemon", "decode_to_daemon",
 ]

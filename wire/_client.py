@@ -92,10 +92,21 @@ class GetResult(_CMsg, tag="result"):
 
 
 class Follow(_CMsg, tag="follow"):
-    """Stream the turn's events from the oldest retained one; ends with ``FollowEnd``."""
+    """Stream the turn's events from the oldest retained one; ends with ``FollowEnd``.
+
+    ``window`` > 0 is flow control: the daemon sends at most that many events beyond those the
+    client has granted with ``Credit`` (0: no limit)."""
 
     req: int
     turn_id: str
+    window: int = 0
+
+
+class Credit(_CMsg, tag="credit"):
+    """The client consumed ``n`` more events of the follow ``req``: the daemon may send ``n`` more."""
+
+    req: int
+    n: int
 
 
 class Unfollow(_CMsg, tag="unfollow"):
@@ -122,7 +133,8 @@ class WhenIdle(_CMsg, tag="when_idle"):
 
 
 ToDaemon = (
-    Hello | Submit | Cancel | CancelSession | GetResult | Follow | Unfollow | Lookup | GetStatus | WhenIdle
+    Hello | Submit | Cancel | CancelSession | GetResult | Follow | Credit | Unfollow | Lookup | GetStatus
+    | WhenIdle
 )
 
 
