@@ -11,6 +11,9 @@ A client call never hangs on a daemon that is not there: ``connect`` fails fast 
 ZeroMQ socket monitor, with heartbeats on the link) fails every pending call at once, and
 short requests are bounded by ``request_timeout``. Waiting for a result or following events is
 not bounded: a turn may run for as long as it likes.
+
+``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` runs it on
+its own asyncio loop in a portal thread, so it works from any synchronous code.
 """
 
 from __future__ import annotations

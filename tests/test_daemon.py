@@ -387,3 +387,16 @@ async def test_follow_flow_control_holds_events_until_credit() -> None:
                 async with aclosing(handle.events()) as events:
                     seen = [e["i"] async for e in events]
         assert seen == list(range(300))
+
+
+def test_workers_that_cannot_start_make_serve_exit_1() -> None:
+    """A pool that cannot start (the worker interpreter exits at once) makes ``serve`` exit 1 with
+    the reason, leaving no socket file and no process."""
+    home = daemonkit.short_dir()
+    argv = daemonkit.turnpool_argv("serve", "--python", "/bin/false", "--workers", "1", "--spares", "0")
+    out = subprocess.run(argv, env=daemonkit.env_for(home, f"ipc://{home}/s.sock"), capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1, out
+    assert "workers could not be started" in out.stderr
+    assert not (home / "s.sock").exists()
+    shutil.rmtree(home, ignore_errors=True)
