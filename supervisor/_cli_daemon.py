@@ -45,6 +45,8 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("metrics_host", str, "address for the metrics server (default 127.0.0.1)"),
     ("curve_secret_key", str, "CURVE: the daemon's certificate file with its secret key"),
     ("curve_clients", str, "CURVE: directory of the public certificates of allowed clients"),
+    ("journal", str, "record every accepted turn in this SQLite journal (see `turnpool history`)"),
+    ("keep_days", float, "with --journal: delete ended turns older than this many days"),
     ("log_level", str, "DEBUG, INFO, WARNING (default), ERROR"),
 )
 DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_level": "WARNING"}
@@ -63,6 +65,8 @@ def register(subparsers: Any) -> None:
                        help="TOML file with any of these options (flags override)")
     for name, kind, text in DAEMON_OPTIONS + SUPERVISOR_OPTIONS:
         serve.add_argument(_flag(name), dest=name, type=kind, default=None, help=text)
+    serve.add_argument("--journal-events", dest="journal_events", action="store_const", const=True,
+                       default=None, help="with --journal: record the turns' events too")
     serve.set_defaults(func=cmd_serve)
 
     submit = subparsers.add_parser("submit", help="submit a turn to the daemon")
@@ -104,7 +108,8 @@ def _fail(message: str, code: int = EXIT_FAILED) -> int:
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:
     """Merge built-in defaults < the TOML config < flags. Raises ``ValueError`` on unknown keys."""
-    known = {name: kind for name, kind, _ in DAEMON_OPTIONS + SUPERVISOR_OPTIONS}
+    known: dict[str, Any] = {name: kind for name, kind, _ in DAEMON_OPTIONS + SUPERVISOR_OPTIONS}
+    known["journal_events"] = bool
     merged: dict[str, Any] = dict(DEFAULTS)
     if args.config:
         with open(args.config, "rb") as f:
@@ -136,11 +141,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
+    journal_path = opts.pop("journal", None)
+    keep_days = opts.pop("keep_days", None)
+    journal_events = bool(opts.pop("journal_events", False))
+    if journal_path is None and (keep_days is not None or journal_events):
+        return _fail("serve: --keep-days and --journal-events need --journal PATH", EXIT_USAGE)
     try:
         daemon = Daemon(opts.pop("endpoint", None), supervisor=sup, **opts)
     except (TypeError, ValueError) as exc:
         return _fail(f"serve: {exc}", EXIT_USAGE)
-    return run_daemon(daemon)
+    if journal_path is None:
+        return run_daemon(daemon)
+    from ._daemon_journal import attach_journal
+    from ._journal import Journal, JournalError
+
+    try:
+        journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events)
+    except (JournalError, OSError) as exc:
+        return _fail(f"serve: {exc}")
+    try:
+        attach_journal(daemon, journal)
+        return run_daemon(daemon)
+    finally:
+        journal.close()
 
 
 # ---- client commands -----------------------------------------------------------------

@@ -114,6 +114,7 @@ class Daemon:
         self.accept_hooks: list[Callable[[TurnRecord], Awaitable[Any] | None]] = []
         self.start_hooks: list[Callable[[TurnRecord, int], None]] = []
         self.end_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
+        self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -178,6 +179,7 @@ class Daemon:
         self.sup = sup
         sup._start_hooks.append(self._on_start)
         sup._result_hooks.append(self._on_end)
+        sup._event_hooks.extend(self.event_hooks)
         self.metrics = Metrics(self)
         try:
             async with anyio.create_task_group() as tg:

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import urllib.request
@@ -400,3 +401,38 @@ def test_workers_that_cannot_start_make_serve_exit_1() -> None:
     assert "workers could not be started" in out.stderr
     assert not (home / "s.sock").exists()
     shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_journal_records_what_clients_saw() -> None:
+    """``serve --journal PATH`` records each accepted turn (acknowledged after commit), its start and
+    its end: ``turnpool result`` prints what the client saw, ``history`` lists them; a second daemon
+    on the same journal is refused."""
+    home = daemonkit.short_dir()
+    journal = home / "journal.sqlite3"
+    with serving(*FAST, "--journal", str(journal), "--journal-events", home=home) as d:
+        async with Client.connect(d.endpoint) as client:
+            with anyio.fail_after(60):
+                done = await client.run("examples.agents:streamer", {"count": 2}, turn_id="j-1")
+                failed = await client.run("examples.agents:failing", turn_id="j-2")
+        other = daemonkit.start(*FAST, "--journal", str(journal), home=daemonkit.short_dir(),
+                                check_ready=False)
+        assert other.wait() == 1 and "locked" in other.stderr()
+        assert other.proc.stdout is not None
+        other.proc.stdout.close()
+        shutil.rmtree(other.home, ignore_errors=True)
+        d.signal(signal.SIGTERM)
+        assert d.wait() == 0
+        for result in (done, failed):
+            out = d.cli("result", result.turn_id, "--journal", str(journal))
+            assert out.returncode == 0, out.stderr
+            assert msgspec.json.decode(out.stdout, type=wire.TurnResult) == result
+        history = d.cli("history", "--journal", str(journal), "--json")
+        rows = [msgspec.json.decode(line) for line in history.stdout.splitlines()]
+        con = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+        try:
+            events = [msgspec.msgpack.decode(row[0]) for row in
+                      con.execute("SELECT data FROM events WHERE turn_id='j-1' ORDER BY seq")]
+        finally:
+            con.close()
+    assert [e["i"] for e in events] == [0, 1]
+    assert {(r["turn_id"], r["outcome"]) for r in rows} == {("j-1", "completed"), ("j-2", "failed")}
