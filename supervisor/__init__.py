@@ -3,9 +3,10 @@
 Layers, bottom up: ``_timers`` (one task for every deadline), ``_turns`` (the turn record,
 the one cancellation holder, and the queue), ``_pool`` (a worker slot), ``_procs`` (start,
 signal, reap worker process trees), ``_core`` (``Supervisor``: the engine), ``_handle``
-(``TurnHandle``), ``_sync`` (blocking twins); around it the serve daemon: ``_daemon`` (a ROUTER in
-front of a ``Supervisor``), ``_metrics`` (Prometheus), ``_client`` (``Client``, ``SyncClient``),
-``_cli_daemon`` (serve, submit, cancel, status). Never imports agent code.
+(``TurnHandle``), ``_sync`` (blocking twins); around it the serve daemon: ``_daemon`` (a ROUTER
+in front of a ``Supervisor``), ``_endpoint`` (claiming and binding its address), ``_metrics``
+(Prometheus), ``_daemon_journal`` (the journal on the daemon's hooks), ``_client`` (``Client``,
+``SyncClient``), ``_cli_daemon`` (serve, submit, cancel, status). Never imports agent code.
 """
 
 from wire import Cause, TurnError, TurnResult

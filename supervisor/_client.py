@@ -37,7 +37,7 @@ import wire
 from wire import Cause, TurnResult, validate_cause
 
 from ._core import _check_optional_str, _check_seconds, check_agent
-from ._daemon import ipc_path, socket_options
+from ._endpoint import ipc_path, socket_options
 from ._errors import (
     DaemonShuttingDown,
     DaemonUnavailable,

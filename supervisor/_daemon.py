@@ -5,9 +5,9 @@ daemon passes a client's encoded input bytes straight to its supervisor (never r
 
 Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
-* **One daemon per endpoint.** For ``ipc://`` a lock file beside the socket (``<path>.lock``,
-  holding the pid) is taken with ``flock`` for the daemon's life: a second daemon exits with a
-  clear message; a socket file left by a dead daemon is replaced. ``tcp://`` relies on the bind.
+* **One daemon per endpoint** (``_endpoint``): for ``ipc://`` a ``flock`` on ``<path>.lock`` held
+  for the daemon's life refuses a second daemon with a clear message; a socket file left by a
+  dead daemon is replaced. ``tcp://`` relies on the bind, optionally with CURVE.
 * **A client never owns a turn.** A client that disconnects cancels nothing; results stay in
   the supervisor's turn table, bounded by ``keep_results`` (default 10 000 ended turns, the
   oldest evicted first), so a reconnecting client can fetch or follow them. A repeated
@@ -25,16 +25,12 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import inspect
 import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,6 +43,7 @@ import wire
 from wire import Cause, TurnResult
 
 from ._core import Supervisor
+from ._endpoint import ClientEndpoint
 from ._errors import DaemonAlreadyRunning, InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
 from ._metrics import Metrics
 from ._paths import default_endpoint
@@ -55,21 +52,6 @@ from ._turns import TurnRecord
 log = logging.getLogger("turnpool.daemon")
 
 READY_PREFIX = "turnpool serve: ready on "
-
-
-def ipc_path(endpoint: str) -> Path | None:
-    """The socket file of an ``ipc://`` endpoint (``None`` for other transports and abstract sockets)."""
-    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        return Path(endpoint[len("ipc://"):])
-    return None
-
-
-def socket_options(sock: zmq.Socket[Any]) -> None:
-    """The options every client-link socket gets, on both sides."""
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
 
 
 class Daemon:
@@ -93,20 +75,15 @@ class Daemon:
         curve_secret_key: str | os.PathLike[str] | None = None,
         curve_clients: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.endpoint = endpoint or default_endpoint()
-        if not self.endpoint.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"endpoint must be ipc://PATH or tcp://HOST:PORT, got {self.endpoint!r}")
+        self._endpoint = ClientEndpoint(endpoint or default_endpoint(), curve_secret_key=curve_secret_key,
+                                        curve_clients=curve_clients)
         if drain < 0:
             raise ValueError(f"drain must be >= 0 seconds, got {drain}")
-        if curve_secret_key is not None and curve_clients is None:
-            raise ValueError("CURVE needs the directory of allowed client certificates (--curve-clients)")
         self.sup_kwargs = dict(supervisor or {})
         Supervisor(**self.sup_kwargs)  # validate the options now, before binding anything
         self.drain = drain
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
-        self.curve_secret_key = curve_secret_key
-        self.curve_clients = curve_clients
 
         # Hook sites (a durable journal hooks in here). Called on the event loop; must not block.
         # An accept hook may return an awaitable: the submit is acknowledged only once it is done
@@ -122,12 +99,8 @@ class Daemon:
         self.metrics: Metrics | None = None
         self.metrics_bound: int | None = None
         self.disposing_at: float | None = None
-        self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None
-        self._auth: Any = None
-        self._lock_fd = -1
-        self._owns_socket_file = False
         self._streams: dict[tuple[bytes, int], _Stream] = {}
         self._inflight = 0
         self._inflight_zero = anyio.Event()
@@ -136,6 +109,11 @@ class Daemon:
         self._tg: anyio.abc.TaskGroup | None = None
         self._stop_asked: anyio.Event | None = None
         self._skip_drain: anyio.Event | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The client endpoint (a ``tcp://…:0`` one reads as the bound port once serving)."""
+        return self._endpoint.address
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -150,11 +128,11 @@ class Daemon:
         self._skip_drain = anyio.Event()
         self._inflight_zero = anyio.Event()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            self._claim_endpoint()
+            self._endpoint.claim()
             try:
                 await self._serve(signals, ready)
             finally:
-                self._release_endpoint()
+                self._endpoint.release()
 
     def stop(self, *, skip_drain: bool = False) -> None:
         """Begin the shutdown, as the first SIGTERM does; a second call (or ``skip_drain``) skips
@@ -189,7 +167,8 @@ class Daemon:
                 # closed from this task at this level (anyio's scopes must nest).
                 await sup.start()
                 try:
-                    self._bind()
+                    self._sock = self._endpoint.bind()
+                    self._sync = zmq.Socket.shadow(self._sock.underlying)
                     tg.start_soon(self._receive)
                     if self.metrics_port is not None:
                         self.metrics_bound = await tg.start(self.metrics.serve, self.metrics_host,
@@ -209,7 +188,8 @@ class Daemon:
                         await sup.aclose()
                     tg.cancel_scope.cancel()
         finally:
-            self._close_sockets()
+            self._sock = self._sync = None
+            self._endpoint.close()
 
     async def _shutdown(self) -> None:
         assert self.sup is not None and self._skip_drain is not None
@@ -231,103 +211,6 @@ class Daemon:
         with anyio.move_on_after(5):
             while self._inflight:
                 await self._inflight_zero.wait()
-
-    def _claim_endpoint(self) -> None:
-        path = ipc_path(self.endpoint)
-        if path is None:
-            return
-        # The default endpoint's directory was made (0700, checked ours) by default_endpoint().
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if len(str(path).encode()) > 107:
-            raise ValueError(f"ipc path is longer than the 107 bytes a unix socket allows: {path}")
-        lock = Path(f"{path}.lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
-                raise
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise DaemonAlreadyRunning(
-                f"a turnpool daemon (pid {other}) is already serving {self.endpoint}; "
-                "stop it first or choose another --endpoint"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
-        if path.exists() or path.is_symlink():
-            log.info("replacing the stale socket file %s left by a daemon that is gone", path)
-            path.unlink()
-
-    def _release_endpoint(self) -> None:
-        path = ipc_path(self.endpoint)
-        if path is not None and self._owns_socket_file:
-            with contextlib.suppress(OSError):
-                path.unlink()
-        if self._lock_fd >= 0:
-            # The lock file stays (unlinking it would let two daemons lock two different inodes).
-            os.ftruncate(self._lock_fd, 0)
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-
-    def _bind(self) -> None:
-        self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
-        socket_options(sock)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        if self.curve_secret_key is not None:
-            self._setup_curve(sock)
-        elif self.endpoint.startswith("tcp://"):
-            log.warning("serving %s over tcp without CURVE: anyone who can reach the port can submit turns",
-                        self.endpoint)
-        path = ipc_path(self.endpoint)
-        old = os.umask(0o177)  # the socket file is born 0600
-        try:
-            sock.bind(self.endpoint)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            if exc.errno == errno.EADDRINUSE:
-                raise DaemonAlreadyRunning(f"{self.endpoint} is already in use (another daemon?)") from None
-            raise
-        finally:
-            os.umask(old)
-        if path is not None:
-            self._owns_socket_file = True
-            os.chmod(path, 0o600)
-        if self.endpoint.startswith("tcp://") and self.endpoint.endswith(":0"):
-            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._sock = sock
-        self._sync = zmq.Socket.shadow(sock.underlying)
-
-    def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
-        import zmq.auth
-        from zmq.auth.asyncio import AsyncioAuthenticator
-
-        public, secret = zmq.auth.load_certificate(os.fspath(self.curve_secret_key))  # type: ignore[arg-type]
-        if not secret:
-            raise ValueError(f"{self.curve_secret_key} holds no secret key (use the .key_secret file)")
-        clients = os.fspath(self.curve_clients)  # type: ignore[arg-type]
-        if not os.path.isdir(clients):
-            raise ValueError(f"--curve-clients {clients} is not a directory of client certificates")
-        self._auth = AsyncioAuthenticator(self._ctx)
-        self._auth.start()
-        self._auth.configure_curve(domain="*", location=clients)
-        sock.curve_secretkey = secret
-        sock.curve_publickey = public
-        sock.curve_server = True
-
-    def _close_sockets(self) -> None:
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
 
     # ---- the client link ---------------------------------------------------------------
 
@@ -653,4 +536,4 @@ def run_daemon(daemon: Daemon) -> int:
     return 0
 
 
-__all__ = ["Daemon", "READY_PREFIX", "ipc_path", "run_daemon", "socket_options"]
+__all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
