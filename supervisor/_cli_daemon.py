@@ -68,6 +68,8 @@ def register(subparsers: Any) -> None:
         serve.add_argument(_flag(name), dest=name, type=kind, default=None, help=text)
     serve.add_argument("--journal-events", dest="journal_events", action="store_const", const=True,
                        default=None, help="record the turns' events in the journal too")
+    serve.add_argument("--insecure-tcp", dest="insecure_tcp", action="store_const", const=True, default=None,
+                       help="allow tcp:// without CURVE (trusted networks only; refused otherwise)")
     serve.add_argument("--no-journal", dest="no_journal", action="store_const", const=True, default=None,
                        help="run without a journal: nothing survives a restart")
     serve.set_defaults(func=cmd_serve)
@@ -114,6 +116,7 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     known: dict[str, Any] = {name: kind for name, kind, _ in DAEMON_OPTIONS + SUPERVISOR_OPTIONS}
     known["journal_events"] = bool
     known["no_journal"] = bool
+    known["insecure_tcp"] = bool
     merged: dict[str, Any] = dict(DEFAULTS)
     if args.config:
         with open(args.config, "rb") as f:

@@ -74,9 +74,10 @@ class Daemon:
         metrics_host: str = "127.0.0.1",
         curve_secret_key: str | os.PathLike[str] | None = None,
         curve_clients: str | os.PathLike[str] | None = None,
+        insecure_tcp: bool = False,
     ) -> None:
         self._endpoint = ClientEndpoint(endpoint or default_endpoint(), curve_secret_key=curve_secret_key,
-                                        curve_clients=curve_clients)
+                                        curve_clients=curve_clients, insecure_tcp=insecure_tcp)
         if drain < 0:
             raise ValueError(f"drain must be >= 0 seconds, got {drain}")
         self.sup_kwargs = dict(supervisor or {})

@@ -56,11 +56,18 @@ class ClientEndpoint:
         *,
         curve_secret_key: str | os.PathLike[str] | None = None,
         curve_clients: str | os.PathLike[str] | None = None,
+        insecure_tcp: bool = False,
     ) -> None:
         if not address.startswith(("ipc://", "tcp://")):
             raise ValueError(f"endpoint must be ipc://PATH or tcp://HOST:PORT, got {address!r}")
         if curve_secret_key is not None and curve_clients is None:
             raise ValueError("CURVE needs the directory of allowed client certificates (--curve-clients)")
+        if address.startswith("tcp://") and curve_secret_key is None and not insecure_tcp:
+            raise ValueError(
+                f"refusing to serve {address} without CURVE: anyone who can reach the port could run code as "
+                "this user. Give --curve-secret-key FILE and --curve-clients DIR (see zmq.auth), use ipc://, "
+                "or pass --insecure-tcp on a trusted network"
+            )
         self.address = address
         self.curve_secret_key = curve_secret_key
         self.curve_clients = curve_clients
