@@ -98,7 +98,7 @@ class SlowTools:
             """Waits for ever, cancellably."""
             self._start(key)
             try:
-                await anyio.sleep(FOREVER)
+                await anyio.sleep(FOREVER)  # allowed: the tool under test blocks until cancelled
             except anyio.get_cancelled_exc_class():
                 self.cancelled.add(key)
                 self.cancelled_events.setdefault(key, anyio.Event()).set()

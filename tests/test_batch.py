@@ -65,7 +65,7 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(0.02)  # allowed: bounded poll of a file written by another process
 
 
 def cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
