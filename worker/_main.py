@@ -86,8 +86,50 @@ def _watch_life_pipe(fd: int) -> None:
     kill_own_tree_and_exit(signal.SIGKILL)
 
 
+def start_guardian(life_fd: int) -> int:
+    """Fork the guardian: a tiny process that watches the life pipe and, on EOF (the
+    supervisor died), freezes and SIGKILLs this worker's whole tree, itself excepted.
+
+    The worker's own watchers (the life-pipe thread, the SIGUSR2 handler) need the worker's
+    GIL; an agent blocked in a C call that holds it would keep them from ever running. The
+    guardian is another process, so it needs nothing from the worker. It is forked before any
+    thread or ZeroMQ context exists, dies with the worker (parent-death SIGKILL), sits in the
+    worker's session (so the supervisor's tree kill and orphan scan find it), and costs one
+    fork at start-up.
+    """
+    worker_pid = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the guardian: never returns
+        _tree.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != worker_pid:
+            os._exit(0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        while True:
+            try:
+                if not os.read(life_fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        # Killing the worker would kill us (parent-death signal) before we are done: drop it,
+        # and kill the worker last.
+        _tree.set_parent_death_signal(0)
+        me = os.getpid()
+        pids = _tree.freeze_tree(worker_pid, include_root=True, exclude=frozenset({me}))
+        _tree.signal_all([p for p in pids if p != worker_pid], signal.SIGKILL)
+        _tree.signal_all([worker_pid], signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
 def install_process_guards(parent_pid: int, life_fd: int | None) -> None:
     _tree.set_child_subreaper()
+    if life_fd is not None:
+        start_guardian(life_fd)  # first: no thread and no ZeroMQ context exist yet
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)

@@ -1,0 +1,90 @@
+"""Agents that misbehave in the ways the fault matrix needs (``tests.fault_agents:NAME``).
+
+Each one emits a first event (``{"type": "started", "pid": ...}``) before it misbehaves, so a
+test can wait for the turn to be seen running instead of sleeping. The ones in
+``examples.agents`` (echo, failing, crasher, stubborn, sigterm_ignorer, sigterm_blocker,
+forker, hog) cover the rest of the matrix.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import sys
+import time
+from typing import Any
+
+import anyio
+import zmq
+
+import worker
+
+
+async def gil_holder(turn: worker.Turn) -> None:
+    """Blocks in one C call that holds the GIL and never returns to the interpreter loop.
+
+    ``sum`` over ``itertools.repeat`` runs entirely in C: no bytecode runs, so neither the
+    worker's Python signal handlers (SIGTERM, the parent-death SIGUSR2) nor any other thread
+    (the life-pipe watcher) gets to run until it returns — in hours. It ignores ``Abort`` too.
+    """
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    sum(itertools.repeat(1, 10**14))
+
+
+async def stubborn_hog(turn: worker.Turn) -> None:
+    """Allocates ``mb`` MiB (default 300) and then spins without awaiting: the memory limit's
+    cancel is ignored, so the ladder must kill it (outcome ``killed``, cause ``memory``)."""
+    mb = int((turn.input or {}).get("mb", 300))
+    block = bytearray(mb * 1024 * 1024)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    while True:
+        time.sleep(0.01)
+
+
+async def forker_only_children(turn: worker.Turn) -> None:
+    """Starts ``children`` plain grandchildren (default 2; no daemon), emits their pids and hangs
+    without awaiting."""
+    import subprocess
+
+    pids = []
+    for _ in range(int((turn.input or {}).get("children", 2))):
+        p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+        pids.append(p.pid)
+    await turn.emit({"type": "started", "pid": os.getpid(), "children": pids})
+    while True:
+        time.sleep(0.01)
+
+
+def _worker_sockets() -> list[zmq.Socket[Any]]:
+    return [o for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed]
+
+
+async def socket_closer(turn: worker.Turn) -> str:
+    """Finds the worker's own ZeroMQ socket(s) (through ``gc``) and closes them, then returns.
+
+    The worker can no longer report anything: it must die rather than stay up deaf."""
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    for sock in _worker_sockets():
+        sock.close(linger=0)
+    return "closed"
+
+
+async def socket_options(turn: worker.Turn) -> dict[str, int]:
+    """Reports the worker socket's ``MAXMSGSIZE`` (every socket must carry the limit)."""
+    socks = _worker_sockets()
+    return {"count": len(socks), "maxmsgsize": min(s.getsockopt(zmq.MAXMSGSIZE) for s in socks)}
+
+
+async def garbage_writer(turn: worker.Turn) -> str:
+    """Writes binary garbage to stdout and stderr (Python level and raw fds), then returns."""
+    junk = bytes(range(256)) * 64
+    sys.stdout.write("\x00\xff garbage \x1b[2J not a frame\n")
+    sys.stdout.flush()
+    sys.stderr.write("\x00 more garbage\n")
+    os.write(1, junk)
+    os.write(2, junk)
+    await anyio.sleep(0)
+    return "wrote"
