@@ -290,7 +290,7 @@ class Supervisor:
         argument types), ``ValueError`` (negative times), ``QueueFull``, ``SupervisorClosed``.
         A ``turn_id`` that already exists returns the existing turn's handle (never runs twice).
         """
-        raw = wire.encode_payload(input, what="turn input")
+        raw = wire.encode_payload(input, what="turn input")  # TypeError, or PayloadTooLarge (ValueError)
         turn = self._accept(agent, raw, session=session, timeout=timeout, grace=grace,
                             kill_after=kill_after, turn_id=turn_id, parent=None)
         return TurnHandle(self, turn.id)
@@ -608,8 +608,13 @@ class Supervisor:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
             self._sock.get(zmq.EVENTS)  # type: ignore[union-attr]
         except zmq.ZMQError as exc:
-            # The worker is gone (or never connected): its exit event settles its turn.
+            # The worker is gone (its exit event settles its turn) or its connection dropped (it
+            # cannot be reached, so it would hold its turn forever): make sure it is gone.
             log.debug("send to worker %s failed: %s", slot.id, exc)
+            if slot.state in ("idle", "busy", "stopping"):
+                log.warning("worker %s (pid %s) unreachable (%s): killing its tree", slot.id, slot.pid, exc)
+                slot.doomed = True
+                _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
 
     # ---- the pool ----------------------------------------------------------------------
 

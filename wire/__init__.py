@@ -8,6 +8,8 @@ decoders). This package knows nothing of who owns the sockets.
 from ._cause import CAUSE_KINDS, DEADLINE, DISPOSED, MEMORY, PARENT, USER, Cause, CauseKind, validate_cause
 from ._codec import (
     MAX_MESSAGE_SIZE,
+    MAX_PAYLOAD_SIZE,
+    PayloadTooLarge,
     decode_from_worker,
     decode_payload,
     decode_to_worker,
@@ -41,8 +43,8 @@ from ._messages import (
 
 __all__ = [
     "CAUSE_KINDS", "DEADLINE", "DISPOSED", "MEMORY", "PARENT", "USER", "Cause", "CauseKind", "validate_cause",
-    "MAX_MESSAGE_SIZE", "decode_from_worker", "decode_payload", "decode_to_worker", "encode", "encode_frame",
-    "encode_payload",
+    "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "PayloadTooLarge", "decode_from_worker", "decode_payload",
+    "decode_to_worker", "encode", "encode_frame", "encode_payload",
     "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "Event", "FromWorker", "Heartbeat", "Outcome",
     "Ready", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
     "TurnResult", "WorkerOutcome",

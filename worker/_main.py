@@ -41,8 +41,12 @@ _IMPORT_CACHE: dict[str, Any] = {}
 # ---- process-level safety ------------------------------------------------------------
 
 
-def kill_own_tree_and_exit(sig: int = signal.SIGTERM) -> None:
-    """Freeze, kill and reap every descendant, then die of ``sig`` (default action)."""
+EXIT_LINK_LOST = 75  # the connection to the supervisor dropped: this worker can never report again
+
+
+def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = None) -> None:
+    """Freeze, kill and reap every descendant, then die of ``sig`` (default action), or exit
+    with ``exit_code`` when one is given."""
     try:
         pids = _tree.freeze_tree(os.getpid(), include_root=False)
         _tree.signal_all(pids, signal.SIGKILL)
@@ -56,6 +60,8 @@ def kill_own_tree_and_exit(sig: int = signal.SIGTERM) -> None:
             except InterruptedError:
                 continue
     finally:
+        if exit_code is not None:
+            os._exit(exit_code)
         try:
             signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
@@ -314,7 +320,7 @@ class WorkerLoop:
                         try:
                             output = wire.encode_payload(result, what="agent output")
                             outcome = "completed"
-                        except TypeError as exc:
+                        except (TypeError, ValueError) as exc:  # not encodable, or too large
                             outcome, error = "failed", _error(exc)
                 if scope.cancelled_caught:
                     outcome = "aborted"
@@ -349,9 +355,14 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
     conn = Connection(sync_sock, sock, asyncio.get_running_loop())
     loop = WorkerLoop(conn)
+    # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
+    # protocol) and does not reconnect it: a worker left like that could never report a turn's
+    # end again, so it must not stay up deaf. Watch for the disconnection and exit.
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
     try:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_link, monitor)
             tg.start_soon(loop.runner)
             if heartbeat > 0:
                 tg.start_soon(_heartbeats, conn, heartbeat)
@@ -380,8 +391,16 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
                                 conn.flush()
                                 tg.cancel_scope.cancel()
     finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
         sock.close(linger=0)
         ctx.term()
+
+
+async def _watch_link(monitor: zmq.asyncio.Socket) -> None:
+    await monitor.recv_multipart()
+    print("turnpool worker: the connection to the supervisor dropped; exiting", file=sys.stderr, flush=True)
+    kill_own_tree_and_exit(exit_code=EXIT_LINK_LOST)
 
 
 async def _heartbeats(conn: Connection, interval: float) -> None:
