@@ -43,6 +43,9 @@ log = logging.getLogger("turnpool.supervisor")
 
 AGENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 MAX_TURN_ID = 256
+# A turn handed to workers that all died before reporting it started is re-queued at most this
+# many times in all, then ends ``crashed`` (no poison turn loops through the pool forever).
+MAX_HANDOVERS = 3
 
 
 def check_agent(agent: Any) -> str:
@@ -703,10 +706,13 @@ class Supervisor:
             await self._on_exit(slot)
 
     async def _on_exit(self, slot: WorkerSlot) -> None:
+        # Frames the worker sent before it died (its Started, its End) may still sit in the
+        # socket: handle them first, so a turn that started is not mistaken for one that did not.
+        was = slot.state
+        slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
+        self._drain()
         code = _procs.reap(slot.pid)
         slot.exit_code = code
-        was = slot.state
-        slot.state = "dead"
         if slot.timer is not None:
             slot.timer.cancel()
         self._by_ident.pop(slot.ident, None)
@@ -735,8 +741,17 @@ class Supervisor:
                 if turn.cause is not None:
                     turn.state = "queued"  # it never ran: cancelled before start
                     self._finish(turn, "aborted")
+                elif turn.attempts >= MAX_HANDOVERS:
+                    # Every worker given this turn died before its Started arrived (an agent that
+                    # kills its worker at once: Started never leaves the process). Re-queueing
+                    # it again would loop forever, killing a worker each time: it crashed.
+                    log.warning("turn %s: %d workers died before it was seen to start; crashed",
+                                turn.id, turn.attempts)
+                    self._running += 1  # _finish counts the running turn down itself
+                    self._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
                 else:
                     # Handed over but never started: back to the front of the queue, unharmed.
+                    turn.attempts += 1
                     turn.state = "queued"
                     turn.worker = None
                     self._queue.push(turn, front=True)
@@ -760,27 +775,44 @@ class Supervisor:
                 except zmq.Again:
                     break
             for parts in batch:
-                if len(parts) != 2:
-                    self.bad_frames += 1
-                    continue
-                slot = self._by_ident.get(parts[0])
-                if slot is None:
-                    self.bad_frames += 1
-                    continue
-                try:
-                    messages = wire.decode_from_worker(parts[1])
-                except msgspec.DecodeError as exc:
-                    self.bad_frames += 1
-                    log.warning("undecodable frame from worker %s: %s", slot.id, exc)
-                    continue
-                for msg in messages:
-                    self._on_message(slot, msg)
+                self._on_frame(parts)
+
+    def _on_frame(self, parts: list[bytes]) -> None:
+        if len(parts) != 2:
+            self.bad_frames += 1
+            return
+        slot = self._by_ident.get(parts[0])
+        if slot is None:
+            self.bad_frames += 1
+            return
+        try:
+            messages = wire.decode_from_worker(parts[1])
+        except msgspec.DecodeError as exc:
+            self.bad_frames += 1
+            log.warning("undecodable frame from worker %s: %s", slot.id, exc)
+            return
+        for msg in messages:
+            self._on_message(slot, msg)
+
+    def _drain(self) -> None:
+        """Handle every frame ZeroMQ already holds (a dead worker's last words come first)."""
+        if self._send_sock is None:
+            return
+        while True:
+            try:
+                parts = self._send_sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again, or the socket is closed
+                break
+            self._on_frame(parts)
+        self._sock.get(zmq.EVENTS)  # type: ignore[union-attr]  # re-arm the edge-triggered reader
 
     def _on_message(self, slot: WorkerSlot, msg: Any) -> None:
         turn = slot.turn
         match msg:
             case wire.Event(turn_id=turn_id, data=data):
-                if turn is not None and turn.id == turn_id:
+                if turn is None or turn.id != turn_id:
+                    self.bad_frames += 1  # not the turn this worker runs: out of order, ignored
+                else:
                     events = turn.events
                     events.append(data)
                     if len(events) > self.max_events:

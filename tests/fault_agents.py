@@ -36,10 +36,10 @@ async def stubborn_hog(turn: worker.Turn) -> None:
     """Allocates ``mb`` MiB (default 300) and then spins without awaiting: the memory limit's
     cancel is ignored, so the ladder must kill it (outcome ``killed``, cause ``memory``)."""
     mb = int((turn.input or {}).get("mb", 300))
+    await turn.emit({"type": "started", "pid": os.getpid()})  # before the limit can trip
     block = bytearray(mb * 1024 * 1024)
     for i in range(0, len(block), 4096):
         block[i] = 1
-    await turn.emit({"type": "started", "pid": os.getpid()})
     while True:
         time.sleep(0.01)
 
@@ -88,3 +88,29 @@ async def garbage_writer(turn: worker.Turn) -> str:
     os.write(2, junk)
     await anyio.sleep(0)
     return "wrote"
+
+
+async def exit_at_once(turn: worker.Turn) -> None:
+    """Kills its worker before yielding once: the worker's ``Started`` never leaves the process,
+    so the supervisor sees a worker die holding a turn it never saw start (a poison turn)."""
+    os._exit(9)
+
+
+async def crash_when_told(turn: worker.Turn) -> None:
+    """Emits, then waits; SIGUSR1 makes it die: ``{"how": "exit", "code": n}`` or ``{"how": "segv"}``.
+
+    The test sends the signal after it saw the first event, so the supervisor knows the turn
+    started (an agent that dies before its first frame leaves the process is ``exit_at_once``)."""
+    import ctypes
+    import signal
+
+    inp = turn.input or {}
+
+    def die(signum: int, frame: Any) -> None:
+        if inp.get("how") == "segv":
+            ctypes.string_at(0)
+        os._exit(int(inp.get("code", 3)))
+
+    signal.signal(signal.SIGUSR1, die)
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    await anyio.sleep_forever()

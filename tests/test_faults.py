@@ -37,7 +37,9 @@ class Fault:
     agent: str
     input: Any = None
     outcome: str = "completed"
-    trigger: str | None = None  # None, "cancel" (user cancel), "kill" (SIGKILL of the worker from outside)
+    # None; "cancel" (user cancel); "kill" (SIGKILL of the worker from outside); "usr1" (tells the
+    # agent to crash, once the supervisor has seen the turn start)
+    trigger: str | None = None
     exit_codes: frozenset[int | None] = frozenset({None})
     cause: str | None = None
     error_type: str | None = None
@@ -48,8 +50,10 @@ class Fault:
 FAULTS: dict[str, Fault] = {
     "returns": Fault("examples.agents:echo", {"x": 1}, "completed", output={"x": 1}),
     "raises": Fault("examples.agents:failing", {"message": "boom"}, "failed", error_type="ValueError"),
-    "os_exit": Fault("examples.agents:crasher", {"how": "exit", "code": 7}, "crashed", exit_codes=frozenset({7})),
-    "sigsegv": Fault("examples.agents:crasher", {"how": "segv"}, "crashed", exit_codes=frozenset({-signal.SIGSEGV})),
+    "os_exit": Fault("tests.fault_agents:crash_when_told", {"how": "exit", "code": 7}, "crashed", trigger="usr1",
+                     exit_codes=frozenset({7})),
+    "sigsegv": Fault("tests.fault_agents:crash_when_told", {"how": "segv"}, "crashed", trigger="usr1",
+                     exit_codes=frozenset({-signal.SIGSEGV})),
     "sigkill_from_outside": Fault("examples.agents:slow", {"seconds": 60}, "crashed", trigger="kill",
                                   exit_codes=frozenset({-signal.SIGKILL})),
     "memory_limit": Fault("tests.fault_agents:stubborn_hog", {"mb": 300}, "killed", exit_codes=SIGTERM_OR_KILL,
@@ -107,6 +111,8 @@ async def test_fault_matrix(name: str) -> None:
                 assert await handle.cancel() == {"kind": "user"}
             elif fault.trigger == "kill":
                 os.kill(event["pid"], signal.SIGKILL)
+            elif fault.trigger == "usr1":
+                os.kill(event["pid"], signal.SIGUSR1)
         with anyio.fail_after(60):
             result = await handle.result()
         elapsed = time.monotonic() - t_cancel if t_cancel is not None else None
@@ -222,3 +228,19 @@ async def test_start_failures_after_start_back_off_and_recover(tmp_path: Path, m
         with anyio.fail_after(30):
             result = await waiting.result()
     assert result.outcome == "completed" and result.output == "waited"
+
+
+async def test_poison_turn_is_crashed_after_bounded_handovers() -> None:
+    """An agent that kills its worker before its ``Started`` leaves the process looks, to the
+    supervisor, like a worker lost while holding a queued turn, which is re-queued unharmed. It
+    must not loop through the pool forever: after ``MAX_HANDOVERS`` workers it ends ``crashed``
+    (never seen started), and the pool keeps serving."""
+    async with Supervisor(workers=1, spares=0) as sup:
+        with anyio.fail_after(60):
+            result = await sup.run("tests.fault_agents:exit_at_once")
+            after = await sup.run("examples.agents:echo", "next")
+        restarts = sup.status()["worker_restarts"]
+    assert result.outcome == "crashed" and result.exit_code == 9 and result.started is False
+    assert result.attempts == core.MAX_HANDOVERS
+    assert restarts == core.MAX_HANDOVERS
+    assert after.outcome == "completed"
