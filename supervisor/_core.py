@@ -673,7 +673,8 @@ class Supervisor:
 
     def _start_timed_out(self, slot: WorkerSlot) -> None:
         if slot.state == "starting":
-            self._last_start_error = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"
+            slot.failure = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"
+            self._last_start_error = slot.failure
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
 
     def _retire(self, slot: WorkerSlot) -> None:
@@ -730,7 +731,8 @@ class Supervisor:
         turn = slot.turn
         slot.turn = None
         if was == "starting":
-            self._start_failed(f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready")
+            # Keep the specific reason (no Ready in time, wrong protocol) over the bare exit code.
+            self._start_failed(slot.failure or f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready")
         elif was != "stopping" or turn is not None:
             self.worker_restarts += 1
         if turn is not None and turn.state == "running":
@@ -823,7 +825,9 @@ class Supervisor:
                     for hook in self._event_hooks:
                         hook(turn, data)
             case wire.Started(turn_id=turn_id):
-                if turn is not None and turn.id == turn_id and not turn.started:
+                if turn is None or turn.id != turn_id:
+                    self.bad_frames += 1
+                elif not turn.started:
                     turn.started = True
                     turn.started_at = now = anyio.current_time()
                     if turn.timeout is not None:
@@ -849,7 +853,10 @@ class Supervisor:
                     self.bad_frames += 1
                     return
                 if msg.version != wire.PROTOCOL_VERSION:
-                    self._last_start_error = f"worker speaks protocol {msg.version}, expected {wire.PROTOCOL_VERSION}"
+                    self.bad_frames += 1
+                    slot.failure = (f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
+                                    f"expected {wire.PROTOCOL_VERSION}")
+                    self._last_start_error = slot.failure
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
                     return
                 if slot.timer is not None:
