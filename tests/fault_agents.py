@@ -73,8 +73,9 @@ async def socket_closer(turn: worker.Turn) -> str:
 
 
 async def socket_options(turn: worker.Turn) -> dict[str, int]:
-    """Reports the worker socket's ``MAXMSGSIZE`` (every socket must carry the limit)."""
-    socks = _worker_sockets()
+    """Reports the smallest ``MAXMSGSIZE`` of the worker's sockets that reach outside the process
+    (its DEALERs; the link monitor is an inproc PAIR)."""
+    socks = [s for s in _worker_sockets() if s.socket_type == zmq.DEALER]
     return {"count": len(socks), "maxmsgsize": min(s.getsockopt(zmq.MAXMSGSIZE) for s in socks)}
 
 
@@ -114,3 +115,39 @@ async def crash_when_told(turn: worker.Turn) -> None:
     signal.signal(signal.SIGUSR1, die)
     await turn.emit({"type": "started", "pid": os.getpid()})
     await anyio.sleep_forever()
+
+
+async def big_output(turn: worker.Turn) -> str:
+    """Returns a value larger than ``wire.MAX_PAYLOAD_SIZE``: the turn must fail, not the link."""
+    import wire
+
+    return "x" * (wire.MAX_PAYLOAD_SIZE + 1)
+
+
+async def big_event(turn: worker.Turn) -> str:
+    """Emits an event larger than ``wire.MAX_PAYLOAD_SIZE`` (``emit`` raises ``PayloadTooLarge``)."""
+    import wire
+
+    await turn.emit("x" * (wire.MAX_PAYLOAD_SIZE + 1))
+    return "unreachable"
+
+
+async def env_probe(turn: worker.Turn) -> dict[str, Any]:
+    """Reports whether the spawn token is visible to agent code or to a child process."""
+    import subprocess
+
+    child = subprocess.run([sys.executable, "-c", "import os; print('TURNPOOL_SPAWN_TOKEN' in os.environ)"],
+                           capture_output=True, text=True, check=True)
+    return {"in_environ": "TURNPOOL_SPAWN_TOKEN" in os.environ, "in_child": child.stdout.strip() == "True"}
+
+
+async def stream_when_told(turn: worker.Turn) -> dict[str, int]:
+    """Emits event 0, waits until the turn is cancelled, then emits ``count - 1`` more events and
+    returns (shielded, so it completes): lets a test follow from the first event deterministically."""
+    count = int((turn.input or {}).get("count", 100))
+    with anyio.CancelScope(shield=True):
+        await turn.emit({"i": 0})
+        await turn.signal.wait()
+        for i in range(1, count):
+            await turn.emit({"i": i})
+    return {"events": count}
