@@ -498,3 +498,42 @@ def test_worker_exits_cleanly_on_shutdown() -> None:
         router.close()
         ctx.term()
         shutil.rmtree(short, ignore_errors=True)
+
+
+async def _next_monitor_event(mon: Any) -> None:
+    with anyio.fail_after(30):
+        await mon.recv_multipart()
+
+
+def test_unreachable_worker_is_replaced_and_its_turn_requeued(portal: BlockingPortal, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose connection is gone (here: the puppet closes its socket) cannot be handed a
+    turn: the failed send gets it killed, the turn goes back to the queue unharmed and runs on the
+    replacement (``attempts`` 2) — it does not wait forever on a worker that will never answer."""
+    puppet = _Puppet(portal, tmp_path)
+    sup = puppet.sup
+    hosted, wait_spawn = _start_in_background(portal, sup, monkeypatch)
+    try:
+        portal.call(wait_spawn)
+        first = puppet.slot()
+        puppet.connect(first)
+        puppet.send(wire.Ready(first.pid, first.token, wire.PROTOCOL_VERSION))
+        hosted.entered.result(timeout=30)
+        mon = portal.call(lambda: sup._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))  # type: ignore[union-attr]
+        puppet.sock.close()  # type: ignore[union-attr]
+        portal.call(_next_monitor_event, mon)  # the supervisor's socket saw the peer go
+        portal.call(lambda: (sup._sock.disable_monitor(), mon.close()))  # type: ignore[union-attr]
+        handle = portal.call(sup.submit, "examples.agents:echo", "again")
+        portal.call(wait_spawn, 2)
+        second = puppet.slot()
+        puppet.connect(second)
+        puppet.send(wire.Ready(second.pid, second.token, wire.PROTOCOL_VERSION))
+        (run,) = puppet.recv()
+        assert isinstance(run, wire.Run) and run.turn_id == handle.turn_id
+        puppet.send(wire.Started(run.turn_id), wire.End(run.turn_id, "completed", wire.encode_payload("again")))
+        result = portal.call(_result, handle)
+        assert result.outcome == "completed" and result.attempts == 2 and result.worker_pid == second.pid
+        assert first.state == "dead" and first.exit_code == -9
+    finally:
+        puppet.close()
+        hosted.close()
