@@ -120,6 +120,16 @@ class _Hosted:
         self.task.result(timeout=60)
 
 
+# Well-formed msgpack frames whose messages carry a tag no union member has, or a known tag
+# with fields of the wrong shape.
+_TAGS = ["run", "abort", "spawned", "shutdown", "ready", "hb", "started", "event", "end", "spawn",
+         "spawn_cancel", "bad_frame"]
+_unknown_tags = st.tuples(
+    st.text(max_size=12) | st.sampled_from(_TAGS),
+    st.lists(st.integers(-5, 5) | st.text(max_size=5) | st.none(), max_size=4),
+).map(lambda t: msgspec.msgpack.encode([[t[0], *t[1]]]))
+
+
 @pytest.fixture
 def portal() -> Iterator[BlockingPortal]:
     with start_blocking_portal("asyncio") as p:
@@ -338,6 +348,7 @@ def test_puppet_out_of_order_messages_change_nothing(portal: BlockingPortal, tmp
         payload = st.builds(wire.encode_payload, st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20))
         counted = st.one_of(
             st.binary(max_size=200).filter(_undecodable_from_worker).map(lambda b: ("raw", b)),
+            _unknown_tags.filter(_undecodable_from_worker).map(lambda b: ("raw", b)),
             st.builds(wire.Started, other_ids),
             st.builds(wire.Event, other_ids, payload),
             st.builds(wire.End, other_ids, st.sampled_from(["completed", "failed", "aborted"])),
@@ -439,7 +450,7 @@ def test_worker_answers_bad_frames_and_keeps_serving() -> None:
         tried = 0
 
         @FUZZ
-        @given(data=st.binary(max_size=300))
+        @given(data=st.binary(max_size=300) | _unknown_tags)
         def fuzz(data: bytes) -> None:
             nonlocal tried
             try:
