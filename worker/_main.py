@@ -35,6 +35,8 @@ from ._errors import SpawnError, TurnCancelled
 from ._turn import Turn
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
+_BATON_FD = -1  # set by start_guardian: see _take_baton
+_KILLING = False  # this process has begun killing its tree
 _IMPORT_CACHE: dict[str, Any] = {}
 
 
@@ -44,14 +46,39 @@ _IMPORT_CACHE: dict[str, Any] = {}
 EXIT_LINK_LOST = 75  # the connection to the supervisor dropped: this worker can never report again
 
 
+def _take_baton() -> bool:
+    """Exactly one of the worker and its guardian may kill the tree: two processes freezing each
+    other's trees could stop each other for good. The baton is one byte in a pipe they share;
+    whoever reads it acts, the other stands by. Without a guardian the worker always acts."""
+    if _BATON_FD < 0:
+        return True
+    try:
+        return os.read(_BATON_FD, 1) == b"x"
+    except OSError:  # already taken (the pipe is empty and non-blocking)
+        return False
+
+
 def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = None) -> None:
     """Freeze, kill and reap every descendant, then die of ``sig`` (default action), or exit
-    with ``exit_code`` when one is given."""
+    with ``exit_code`` when one is given. If the guardian holds the baton, it is killing this
+    tree already (this worker included): wait for it."""
+    global _KILLING
+    if _KILLING:
+        # This process is at it already: a second signal (the parent-death signal can come more
+        # than once) interrupted the first handler, or another watcher thread got here too.
+        # Return, so that the first one can finish.
+        return
+    _KILLING = True
+    if not _take_baton():
+        while True:
+            time.sleep(3600)
+    main = threading.current_thread() is threading.main_thread()
     try:
         pids = _tree.freeze_tree(os.getpid(), include_root=False)
         _tree.signal_all(pids, signal.SIGKILL)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
+        if main:  # signal.* works in the main thread only
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
         while True:
             try:
                 os.waitpid(-1, 0)
@@ -63,8 +90,9 @@ def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = No
         if exit_code is not None:
             os._exit(exit_code)
         try:
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            if main:
+                signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
             os.kill(os.getpid(), sig)
         finally:
             os._exit(128 + int(sig))
@@ -74,8 +102,12 @@ def _on_term(signum: int, frame: Any) -> None:
     kill_own_tree_and_exit(signal.SIGTERM)
 
 
-def _on_parent_death(signum: int, frame: Any) -> None:
+def _on_supervisor_death() -> None:
     kill_own_tree_and_exit(signal.SIGKILL)
+
+
+def _on_parent_death(signum: int, frame: Any) -> None:
+    _on_supervisor_death()
 
 
 def _watch_life_pipe(fd: int) -> None:
@@ -89,7 +121,7 @@ def _watch_life_pipe(fd: int) -> None:
             break
         if not data:
             break
-    kill_own_tree_and_exit(signal.SIGKILL)
+    _on_supervisor_death()
 
 
 def start_guardian(life_fd: int) -> int:
@@ -101,9 +133,16 @@ def start_guardian(life_fd: int) -> int:
     guardian is another process, so it needs nothing from the worker. It is forked before any
     thread or ZeroMQ context exists, dies with the worker (parent-death SIGKILL), sits in the
     worker's session (so the supervisor's tree kill and orphan scan find it), and costs one
-    fork at start-up.
+    fork at start-up. The worker's own watchers stay as a fallback; a baton (``_take_baton``)
+    makes sure only one of the two kills the tree.
     """
+    global _BATON_FD
     worker_pid = os.getpid()
+    baton, w = os.pipe()  # not inheritable: agents' children never see it
+    os.write(w, b"x")
+    os.close(w)
+    os.set_blocking(baton, False)
+    _BATON_FD = baton
     pid = os.fork()
     if pid:
         return pid
@@ -121,6 +160,8 @@ def start_guardian(life_fd: int) -> int:
                 continue
             except OSError:
                 break
+        if not _take_baton():
+            os._exit(0)  # the worker is killing its tree itself (us included)
         # Killing the worker would kill us (parent-death signal) before we are done: drop it,
         # and kill the worker last.
         _tree.set_parent_death_signal(0)
@@ -140,7 +181,7 @@ def install_process_guards(parent_pid: int, life_fd: int | None) -> None:
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     if os.getppid() != parent_pid:  # the supervisor died before the prctl took effect
-        kill_own_tree_and_exit(signal.SIGKILL)
+        _on_supervisor_death()
     if life_fd is not None:
         os.set_inheritable(life_fd, False)
         threading.Thread(target=_watch_life_pipe, args=(life_fd,), name="life-pipe", daemon=True).start()
