@@ -50,26 +50,81 @@ class Fault:
 FAULTS: dict[str, Fault] = {
     "returns": Fault("examples.agents:echo", {"x": 1}, "completed", output={"x": 1}),
     "raises": Fault("examples.agents:failing", {"message": "boom"}, "failed", error_type="ValueError"),
-    "os_exit": Fault("tests.fault_agents:crash_when_told", {"how": "exit", "code": 7}, "crashed", trigger="usr1",
-                     exit_codes=frozenset({7})),
-    "sigsegv": Fault("tests.fault_agents:crash_when_told", {"how": "segv"}, "crashed", trigger="usr1",
-                     exit_codes=frozenset({-signal.SIGSEGV})),
-    "sigkill_from_outside": Fault("examples.agents:slow", {"seconds": 60}, "crashed", trigger="kill",
-                                  exit_codes=frozenset({-signal.SIGKILL})),
-    "memory_limit": Fault("tests.fault_agents:stubborn_hog", {"mb": 300}, "killed", exit_codes=SIGTERM_OR_KILL,
-                          cause="memory", options={"max_rss_mb": 150, "rss_interval": 0.05}),
-    "gil_holding_c_call": Fault("tests.fault_agents:gil_holder", None, "killed", trigger="cancel",
-                                exit_codes=frozenset({-signal.SIGKILL}), cause="user"),
-    "ignores_sigterm": Fault("examples.agents:sigterm_ignorer", None, "killed", trigger="cancel",
-                             exit_codes=frozenset({-signal.SIGKILL}), cause="user"),
-    "blocks_sigterm": Fault("examples.agents:sigterm_blocker", None, "killed", trigger="cancel",
-                            exit_codes=SIGTERM_OR_KILL, cause="user"),
-    "grandchildren": Fault("tests.fault_agents:forker_only_children", {"children": 3}, "killed", trigger="cancel",
-                           exit_codes=SIGTERM_OR_KILL, cause="user"),
-    "setsid_daemon": Fault("examples.agents:forker", {"children": 0, "ignore_sigterm": True}, "killed",
-                           trigger="cancel", exit_codes=frozenset({-signal.SIGKILL}), cause="user"),
-    "closes_its_zmq_socket": Fault("tests.fault_agents:socket_closer", None, "crashed",
-                                   exit_codes=frozenset(range(1, 256)) | SIGTERM_OR_KILL),
+    "os_exit": Fault(
+        "tests.fault_agents:crash_when_told",
+        {"how": "exit", "code": 7},
+        "crashed",
+        trigger="usr1",
+        exit_codes=frozenset({7}),
+    ),
+    "sigsegv": Fault(
+        "tests.fault_agents:crash_when_told",
+        {"how": "segv"},
+        "crashed",
+        trigger="usr1",
+        exit_codes=frozenset({-signal.SIGSEGV}),
+    ),
+    "sigkill_from_outside": Fault(
+        "examples.agents:slow",
+        {"seconds": 60},
+        "crashed",
+        trigger="kill",
+        exit_codes=frozenset({-signal.SIGKILL}),
+    ),
+    "memory_limit": Fault(
+        "tests.fault_agents:stubborn_hog",
+        {"mb": 300},
+        "killed",
+        exit_codes=SIGTERM_OR_KILL,
+        cause="memory",
+        options={"max_rss_mb": 150, "rss_interval": 0.05},
+    ),
+    "gil_holding_c_call": Fault(
+        "tests.fault_agents:gil_holder",
+        None,
+        "killed",
+        trigger="cancel",
+        exit_codes=frozenset({-signal.SIGKILL}),
+        cause="user",
+    ),
+    "ignores_sigterm": Fault(
+        "examples.agents:sigterm_ignorer",
+        None,
+        "killed",
+        trigger="cancel",
+        exit_codes=frozenset({-signal.SIGKILL}),
+        cause="user",
+    ),
+    "blocks_sigterm": Fault(
+        "examples.agents:sigterm_blocker",
+        None,
+        "killed",
+        trigger="cancel",
+        exit_codes=SIGTERM_OR_KILL,
+        cause="user",
+    ),
+    "grandchildren": Fault(
+        "tests.fault_agents:forker_only_children",
+        {"children": 3},
+        "killed",
+        trigger="cancel",
+        exit_codes=SIGTERM_OR_KILL,
+        cause="user",
+    ),
+    "setsid_daemon": Fault(
+        "examples.agents:forker",
+        {"children": 0, "ignore_sigterm": True},
+        "killed",
+        trigger="cancel",
+        exit_codes=frozenset({-signal.SIGKILL}),
+        cause="user",
+    ),
+    "closes_its_zmq_socket": Fault(
+        "tests.fault_agents:socket_closer",
+        None,
+        "crashed",
+        exit_codes=frozenset(range(1, 256)) | SIGTERM_OR_KILL,
+    ),
     "garbage_on_stdout_stderr": Fault("tests.fault_agents:garbage_writer", None, "completed", output="wrote"),
 }
 
@@ -147,7 +202,7 @@ async def test_fault_matrix(name: str) -> None:
 
 def _wrapper(tmp: Path, body: str) -> str:
     script = tmp / "python-wrapper"
-    script.write_text(f"#!/bin/sh\n{body}\nexec {sys.executable} \"$@\"\n")
+    script.write_text(f'#!/bin/sh\n{body}\nexec {sys.executable} "$@"\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)
 
@@ -190,7 +245,9 @@ async def test_worker_start_failure_is_reported_not_spun(
         sup = Supervisor(workers=1, spares=0, worker_args=("--no-such-flag",))
     else:
         shadow = _shadow(tmp_path)
-        sup = Supervisor(workers=1, spares=0, python=_wrapper(tmp_path, f'export PYTHONPATH="{shadow}:$PYTHONPATH"'))
+        sup = Supervisor(
+            workers=1, spares=0, python=_wrapper(tmp_path, f'export PYTHONPATH="{shadow}:$PYTHONPATH"')
+        )
     t0 = time.monotonic()
     with anyio.fail_after(30), pytest.raises(WorkerStartError, match="before it was ready"):
         await sup.start()
@@ -204,7 +261,9 @@ async def test_worker_start_failure_is_reported_not_spun(
     assert elapsed >= 0.1 + 0.2
 
 
-async def test_start_failures_after_start_back_off_and_recover(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_start_failures_after_start_back_off_and_recover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Replacements that fail to start (after the pool was up) are retried with growing delays and
     reported in ``status()``; a turn submitted meanwhile waits in the queue (not lost, not failed)
     and runs once workers start again."""

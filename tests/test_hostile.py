@@ -122,8 +122,20 @@ class _Hosted:
 
 # Well-formed msgpack frames whose messages carry a tag no union member has, or a known tag
 # with fields of the wrong shape.
-_TAGS = ["run", "abort", "spawned", "shutdown", "ready", "hb", "started", "event", "end", "spawn",
-         "spawn_cancel", "bad_frame"]
+_TAGS = [
+    "run",
+    "abort",
+    "spawned",
+    "shutdown",
+    "ready",
+    "hb",
+    "started",
+    "event",
+    "end",
+    "spawn",
+    "spawn_cancel",
+    "bad_frame",
+]
 _unknown_tags = st.tuples(
     st.text(max_size=12) | st.sampled_from(_TAGS),
     st.lists(st.integers(-5, 5) | st.text(max_size=5) | st.none(), max_size=4),
@@ -284,8 +296,9 @@ def _start_in_background(portal: BlockingPortal, sup: Supervisor, monkeypatch: p
     return hosted, wait_spawn
 
 
-def test_puppet_without_the_token_is_ignored(portal: BlockingPortal, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_puppet_without_the_token_is_ignored(
+    portal: BlockingPortal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A process that holds a worker's identity but not its spawn token (or lies about its pid) is
     ignored and counted; a ``Ready`` in another protocol version gets the worker killed and the
     reason reported; the real handshake then works."""
@@ -319,8 +332,9 @@ def test_puppet_without_the_token_is_ignored(portal: BlockingPortal, tmp_path: P
         hosted.close()
 
 
-def test_puppet_out_of_order_messages_change_nothing(portal: BlockingPortal, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_puppet_out_of_order_messages_change_nothing(
+    portal: BlockingPortal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A worker (with a valid token) sending undecodable frames and valid messages out of order
     — ``Started``/``Event``/``End`` for other turns, a second ``Ready``, spawns for a turn it does
     not run, unknown spawn cancels — while it runs a turn: the turn's state is unchanged, no other
@@ -420,8 +434,21 @@ async def _wait_events(sup: Supervisor, turn_id: str, n: int) -> None:
 def _start_worker_by_hand(endpoint: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, TURNPOOL_SPAWN_TOKEN="t0k3n", PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
     return subprocess.Popen(
-        [sys.executable, "-m", "worker", "--endpoint", endpoint, "--id", "w1", "--parent-pid", str(os.getpid()),
-         "--heartbeat", "0"], env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "--endpoint",
+            endpoint,
+            "--id",
+            "w1",
+            "--parent-pid",
+            str(os.getpid()),
+            "--heartbeat",
+            "0",
+        ],
+        env=env,
+        start_new_session=True,
     )
 
 
@@ -516,8 +543,9 @@ async def _next_monitor_event(mon: Any) -> None:
         await mon.recv_multipart()
 
 
-def test_unreachable_worker_is_replaced_and_its_turn_requeued(portal: BlockingPortal, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_worker_is_replaced_and_its_turn_requeued(
+    portal: BlockingPortal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A worker whose connection is gone (here: the puppet closes its socket) cannot be handed a
     turn: the failed send gets it killed, the turn goes back to the queue unharmed and runs on the
     replacement (``attempts`` 2) — it does not wait forever on a worker that will never answer."""
@@ -541,7 +569,9 @@ def test_unreachable_worker_is_replaced_and_its_turn_requeued(portal: BlockingPo
         puppet.send(wire.Ready(second.pid, second.token, wire.PROTOCOL_VERSION))
         (run,) = puppet.recv()
         assert isinstance(run, wire.Run) and run.turn_id == handle.turn_id
-        puppet.send(wire.Started(run.turn_id), wire.End(run.turn_id, "completed", wire.encode_payload("again")))
+        puppet.send(
+            wire.Started(run.turn_id), wire.End(run.turn_id, "completed", wire.encode_payload("again"))
+        )
         result = portal.call(_result, handle)
         assert result.outcome == "completed" and result.attempts == 2 and result.worker_pid == second.pid
         assert first.state == "dead" and first.exit_code == -9

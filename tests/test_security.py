@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import anyio
@@ -79,7 +78,9 @@ def test_runtime_dir_is_tightened_and_checked(tmp_path: Path, monkeypatch: pytes
         runtime_dir()
 
 
-@pytest.mark.skipif(os.getuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root and a system python")
+@pytest.mark.skipif(
+    os.getuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root and a system python"
+)
 async def test_another_user_cannot_connect_to_the_worker_endpoint() -> None:
     """A process running as another uid (nobody) can neither list the private directory nor
     connect to the worker socket: the kernel refuses it, so it cannot send a single frame."""
@@ -87,7 +88,10 @@ async def test_another_user_cannot_connect_to_the_worker_endpoint() -> None:
         path = sup._endpoint.removeprefix("ipc://")
         with anyio.fail_after(30):
             proc = await anyio.run_process(
-                [SYSTEM_PYTHON, "-c", CONNECT_AS_OTHER_USER, path], user=NOBODY, group=NOBODY, extra_groups=[],
+                [SYSTEM_PYTHON, "-c", CONNECT_AS_OTHER_USER, path],
+                user=NOBODY,
+                group=NOBODY,
+                extra_groups=[],
                 cwd="/",
             )
         assert proc.stdout.decode().split() == ["list-refused", "connect-refused"]
@@ -106,7 +110,7 @@ async def test_spawn_tokens_are_per_spawn_and_hidden_from_agents() -> None:
         tokens = {s.token for s in slots}
         assert len(tokens) == len(slots) == 3 and all(len(t) == 32 for t in tokens)
         for s in slots:
-            with open(f"/proc/{s.pid}/cmdline", "rb") as f:
+            with open(f"/proc/{s.pid}/cmdline", "rb") as f:  # noqa: ASYNC230 - /proc, instant
                 assert s.token.encode() not in f.read()
         with anyio.fail_after(30):
             probe = await sup.run("tests.fault_agents:env_probe")

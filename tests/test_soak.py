@@ -25,5 +25,7 @@ async def test_soak_every_turn_one_outcome_nothing_accumulates() -> None:
     assert last.zombies == 0 and report.max_zombies <= 8
     assert last.fds <= quarter.fds + 8, [s.fds for s in report.samples]
     assert last.rss_mb <= quarter.rss_mb + 40, [round(s.rss_mb) for s in report.samples]
-    print(f"soak: {TURNS} turns in {report.seconds:.1f}s, outcomes {dict(report.outcomes)}, "
-          f"fds {[s.fds for s in report.samples]}, rss {[round(s.rss_mb) for s in report.samples]}")
+    print(
+        f"soak: {TURNS} turns in {report.seconds:.1f}s, outcomes {dict(report.outcomes)}, "
+        f"fds {[s.fds for s in report.samples]}, rss {[round(s.rss_mb) for s in report.samples]}"
+    )
