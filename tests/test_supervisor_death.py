@@ -133,3 +133,84 @@ async def test_sigkill_of_the_supervisor_leaves_nothing_behind() -> None:
     figures = await kill_host_and_measure(rounds=1)
     print(f"supervisor SIGKILL -> last descendant gone: {max(figures) * 1000:.1f} ms")
     assert max(figures) < BOUND
+
+
+# The "worker" gets the read end of a life pipe whose write end only the test (the
+# "supervisor") holds, as a real worker does; the test closes it to play the supervisor's death.
+GUARDIAN_STANDS_DOWN = r"""
+import os, sys
+import worker._main as m
+guardian = m.start_guardian(int(sys.argv[1]))
+assert m._take_baton()  # this process is killing its tree already
+print("ready", flush=True)
+_, status = os.waitpid(guardian, 0)
+print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+GUARDIAN_ACTS = r"""
+import os, subprocess, sys, time
+import worker._main as m
+guardian = m.start_guardian(int(sys.argv[1]))
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, guardian, flush=True)
+time.sleep(60)
+"""
+
+
+def _start_with_life_pipe(script: str) -> tuple[subprocess.Popen[bytes], int]:
+    r, w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(r)], stdout=subprocess.PIPE, cwd=os.getcwd(), pass_fds=[r]
+        )
+    finally:
+        os.close(r)
+    return proc, w
+
+
+async def test_guardian_stands_down_when_the_worker_holds_the_baton() -> None:
+    """Exactly one of a worker and its guardian kills the tree: when the worker took the baton
+    first, the guardian sees the supervisor die and exits quietly (it must not freeze a worker
+    that is busy killing its own tree: the two could stop each other for good)."""
+    proc, life_w = _start_with_life_pipe(GUARDIAN_STANDS_DOWN)
+    try:
+        assert proc.stdout is not None
+        with anyio.fail_after(30):
+            assert (await anyio.to_thread.run_sync(proc.stdout.readline)).strip() == b"ready"
+            os.close(life_w)
+            life_w = -1
+            assert (await anyio.to_thread.run_sync(proc.stdout.readline)).strip() == b"0"
+            assert await anyio.to_thread.run_sync(proc.wait) == 0
+    finally:
+        if life_w >= 0:
+            os.close(life_w)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+async def test_guardian_kills_the_tree_when_it_holds_the_baton() -> None:
+    """When the supervisor dies and the guardian gets the baton, it kills the worker (last) and
+    every descendant."""
+    proc, life_w = _start_with_life_pipe(GUARDIAN_ACTS)
+    try:
+        assert proc.stdout is not None
+        with anyio.fail_after(30):
+            child, guardian = map(int, (await anyio.to_thread.run_sync(proc.stdout.readline)).split())
+            os.close(life_w)
+            life_w = -1
+            await _wait_all_exit([proc.pid, child, guardian])
+            code = await anyio.to_thread.run_sync(proc.wait)
+        assert code == -signal.SIGKILL
+        _reap_everything([child, guardian])
+        assert not psutil.pid_exists(child) and not psutil.pid_exists(guardian)
+    finally:
+        if life_w >= 0:
+            os.close(life_w)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
