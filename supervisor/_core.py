@@ -44,6 +44,9 @@ log = logging.getLogger("turnpool.supervisor")
 
 AGENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 MAX_TURN_ID = 256
+# A turn handed to workers that all died before reporting it started is re-queued at most this
+# many times in all, then ends ``crashed`` (no poison turn loops through the pool forever).
+MAX_HANDOVERS = 3
 
 
 def check_agent(agent: Any) -> str:
@@ -297,7 +300,7 @@ class Supervisor:
         ``retry=True`` lets a daemon with a journal run the turn again after a restart that
         interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
         """
-        raw = wire.encode_payload(input, what="turn input")
+        raw = wire.encode_payload(input, what="turn input")  # TypeError, or PayloadTooLarge (ValueError)
         turn = self._accept(agent, raw, session=session, timeout=timeout, grace=grace,
                             kill_after=kill_after, turn_id=turn_id, parent=None, retry=retry)
         return TurnHandle(self, turn.id)
@@ -630,8 +633,13 @@ class Supervisor:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
             self._sock.get(zmq.EVENTS)  # type: ignore[union-attr]
         except zmq.ZMQError as exc:
-            # The worker is gone (or never connected): its exit event settles its turn.
+            # The worker is gone (its exit event settles its turn) or its connection dropped (it
+            # cannot be reached, so it would hold its turn forever): make sure it is gone.
             log.debug("send to worker %s failed: %s", slot.id, exc)
+            if slot.state in ("idle", "busy", "stopping"):
+                log.warning("worker %s (pid %s) unreachable (%s): killing its tree", slot.id, slot.pid, exc)
+                slot.doomed = True
+                _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
 
     # ---- the pool ----------------------------------------------------------------------
 
@@ -687,7 +695,8 @@ class Supervisor:
 
     def _start_timed_out(self, slot: WorkerSlot) -> None:
         if slot.state == "starting":
-            self._last_start_error = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"
+            slot.failure = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"
+            self._last_start_error = slot.failure
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
 
     def _retire(self, slot: WorkerSlot) -> None:
@@ -720,10 +729,13 @@ class Supervisor:
             await self._on_exit(slot)
 
     async def _on_exit(self, slot: WorkerSlot) -> None:
+        # Frames the worker sent before it died (its Started, its End) may still sit in the
+        # socket: handle them first, so a turn that started is not mistaken for one that did not.
+        was = slot.state
+        slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
+        self._drain()
         code = _procs.reap(slot.pid)
         slot.exit_code = code
-        was = slot.state
-        slot.state = "dead"
         if slot.timer is not None:
             slot.timer.cancel()
         self._by_ident.pop(slot.ident, None)
@@ -741,7 +753,8 @@ class Supervisor:
         turn = slot.turn
         slot.turn = None
         if was == "starting":
-            self._start_failed(f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready")
+            # Keep the specific reason (no Ready in time, wrong protocol) over the bare exit code.
+            self._start_failed(slot.failure or f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready")
         elif was != "stopping" or turn is not None:
             self.worker_restarts += 1
         if turn is not None and turn.state == "running":
@@ -752,8 +765,17 @@ class Supervisor:
                 if turn.cause is not None:
                     turn.state = "queued"  # it never ran: cancelled before start
                     self._finish(turn, "aborted")
+                elif turn.attempts >= MAX_HANDOVERS:
+                    # Every worker given this turn died before its Started arrived (an agent that
+                    # kills its worker at once: Started never leaves the process). Re-queueing
+                    # it again would loop forever, killing a worker each time: it crashed.
+                    log.warning("turn %s: %d workers died before it was seen to start; crashed",
+                                turn.id, turn.attempts)
+                    self._running += 1  # _finish counts the running turn down itself
+                    self._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
                 else:
                     # Handed over but never started: back to the front of the queue, unharmed.
+                    turn.attempts += 1
                     turn.state = "queued"
                     turn.worker = None
                     self._queue.push(turn, front=True)
@@ -777,27 +799,44 @@ class Supervisor:
                 except zmq.Again:
                     break
             for parts in batch:
-                if len(parts) != 2:
-                    self.bad_frames += 1
-                    continue
-                slot = self._by_ident.get(parts[0])
-                if slot is None:
-                    self.bad_frames += 1
-                    continue
-                try:
-                    messages = wire.decode_from_worker(parts[1])
-                except msgspec.DecodeError as exc:
-                    self.bad_frames += 1
-                    log.warning("undecodable frame from worker %s: %s", slot.id, exc)
-                    continue
-                for msg in messages:
-                    self._on_message(slot, msg)
+                self._on_frame(parts)
+
+    def _on_frame(self, parts: list[bytes]) -> None:
+        if len(parts) != 2:
+            self.bad_frames += 1
+            return
+        slot = self._by_ident.get(parts[0])
+        if slot is None:
+            self.bad_frames += 1
+            return
+        try:
+            messages = wire.decode_from_worker(parts[1])
+        except msgspec.DecodeError as exc:
+            self.bad_frames += 1
+            log.warning("undecodable frame from worker %s: %s", slot.id, exc)
+            return
+        for msg in messages:
+            self._on_message(slot, msg)
+
+    def _drain(self) -> None:
+        """Handle every frame ZeroMQ already holds (a dead worker's last words come first)."""
+        if self._send_sock is None:
+            return
+        while True:
+            try:
+                parts = self._send_sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again, or the socket is closed
+                break
+            self._on_frame(parts)
+        self._sock.get(zmq.EVENTS)  # type: ignore[union-attr]  # re-arm the edge-triggered reader
 
     def _on_message(self, slot: WorkerSlot, msg: Any) -> None:
         turn = slot.turn
         match msg:
             case wire.Event(turn_id=turn_id, data=data):
-                if turn is not None and turn.id == turn_id:
+                if turn is None or turn.id != turn_id:
+                    self.bad_frames += 1  # not the turn this worker runs: out of order, ignored
+                else:
                     events = turn.events
                     events.append(data)
                     if len(events) > self.max_events:
@@ -808,7 +847,9 @@ class Supervisor:
                     for hook in self._event_hooks:
                         hook(turn, data)
             case wire.Started(turn_id=turn_id):
-                if turn is not None and turn.id == turn_id and not turn.started:
+                if turn is None or turn.id != turn_id:
+                    self.bad_frames += 1
+                elif not turn.started:
                     turn.started = True
                     turn.started_at = now = anyio.current_time()
                     if turn.timeout is not None:
@@ -834,7 +875,10 @@ class Supervisor:
                     self.bad_frames += 1
                     return
                 if msg.version != wire.PROTOCOL_VERSION:
-                    self._last_start_error = f"worker speaks protocol {msg.version}, expected {wire.PROTOCOL_VERSION}"
+                    self.bad_frames += 1
+                    slot.failure = (f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
+                                    f"expected {wire.PROTOCOL_VERSION}")
+                    self._last_start_error = slot.failure
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
                     return
                 if slot.timer is not None:

@@ -14,7 +14,7 @@ SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
 class WorkerSlot:
     __slots__ = (
         "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
-        "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code",
+        "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure",
     )
 
     def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
@@ -34,6 +34,7 @@ class WorkerSlot:
         self.timer: Timer | None = None  # start-up deadline, or the stop deadline when retiring
         self.doomed = False  # escalation began: never goes back to idle
         self.exit_code: int | None = None
+        self.failure: str | None = None  # why it was killed before it was ready, if we know
 
     @property
     def live(self) -> bool:

@@ -305,7 +305,7 @@ async def test_oversized_requests_are_refused() -> None:
     with serving(*FAST) as d:
         async with Client.connect(d.endpoint) as client:
             assert client.max_message_size == wire.MAX_MESSAGE_SIZE
-            with pytest.raises(ValueError, match="above the daemon's limit"):
+            with pytest.raises(ValueError, match="limit"):
                 await client.submit("examples.agents:echo", b"x" * (wire.MAX_MESSAGE_SIZE + 1))
             ctx = zmq.Context()
             raw = ctx.socket(zmq.DEALER)

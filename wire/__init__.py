@@ -39,6 +39,8 @@ from ._client import (
 )
 from ._codec import (
     MAX_MESSAGE_SIZE,
+    MAX_PAYLOAD_SIZE,
+    PayloadTooLarge,
     decode_from_worker,
     decode_payload,
     decode_to_worker,
@@ -72,8 +74,8 @@ from ._messages import (
 
 __all__ = [
     "CAUSE_KINDS", "DEADLINE", "DISPOSED", "MEMORY", "PARENT", "USER", "Cause", "CauseKind", "validate_cause",
-    "MAX_MESSAGE_SIZE", "decode_from_worker", "decode_payload", "decode_to_worker", "encode", "encode_frame",
-    "encode_payload",
+    "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "PayloadTooLarge", "decode_from_worker", "decode_payload",
+    "decode_to_worker", "encode", "encode_frame", "encode_payload",
     "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "Event", "FromWorker", "Heartbeat", "Outcome",
     "Ready", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
     "TurnResult", "WorkerOutcome",

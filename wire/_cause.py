@@ -32,6 +32,12 @@ class Cause(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             return len(other) == 1 and other.get("kind") == self.kind
         return NotImplemented
 
+    def __ne__(self, other: object) -> bool:
+        # msgspec.Struct compares != itself (as structs), so without this ``cause != {"kind": ...}``
+        # was True even when ``==`` was True too.
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
     def __hash__(self) -> int:
         return hash(("Cause", self.kind))
 

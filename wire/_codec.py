@@ -14,6 +14,14 @@ from ._messages import FromWorker, ToWorker
 
 # 32 MiB: far above any sensible prompt or event, small enough to refuse abuse.
 MAX_MESSAGE_SIZE = 32 * 1024 * 1024
+# A payload (input, output, event) must leave room for the message around it: a frame above
+# MAX_MESSAGE_SIZE is dropped by the receiving socket together with the connection.
+MAX_PAYLOAD_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
+
+
+class PayloadTooLarge(ValueError):
+    """Raised by ``encode_payload`` (so by ``submit``, ``Turn.emit``, ``Turn.spawn``, and for an
+    agent's output) when the encoded value exceeds ``MAX_PAYLOAD_SIZE``."""
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(list[ToWorker])
@@ -25,9 +33,12 @@ encode = _encoder.encode
 def encode_payload(value: Any, *, what: str = "value") -> msgspec.Raw:
     """Encode a user value (turn input, output, event) once; raise ``TypeError`` if it can't be."""
     try:
-        return msgspec.Raw(_encoder.encode(value))
+        data = _encoder.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{what} is not encodable with msgspec: {exc}") from None
+    if len(data) > MAX_PAYLOAD_SIZE:
+        raise PayloadTooLarge(f"{what} is {len(data)} bytes encoded; the limit is {MAX_PAYLOAD_SIZE}")
+    return msgspec.Raw(data)
 
 
 def decode_payload(raw: msgspec.Raw | bytes | None) -> Any:

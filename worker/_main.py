@@ -35,19 +35,50 @@ from ._errors import SpawnError, TurnCancelled
 from ._turn import Turn
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
+_BATON_FD = -1  # set by start_guardian: see _take_baton
+_KILLING = False  # this process has begun killing its tree
 _IMPORT_CACHE: dict[str, Any] = {}
 
 
 # ---- process-level safety ------------------------------------------------------------
 
 
-def kill_own_tree_and_exit(sig: int = signal.SIGTERM) -> None:
-    """Freeze, kill and reap every descendant, then die of ``sig`` (default action)."""
+EXIT_LINK_LOST = 75  # the connection to the supervisor dropped: this worker can never report again
+
+
+def _take_baton() -> bool:
+    """Exactly one of the worker and its guardian may kill the tree: two processes freezing each
+    other's trees could stop each other for good. The baton is one byte in a pipe they share;
+    whoever reads it acts, the other stands by. Without a guardian the worker always acts."""
+    if _BATON_FD < 0:
+        return True
+    try:
+        return os.read(_BATON_FD, 1) == b"x"
+    except OSError:  # already taken (the pipe is empty and non-blocking)
+        return False
+
+
+def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = None) -> None:
+    """Freeze, kill and reap every descendant, then die of ``sig`` (default action), or exit
+    with ``exit_code`` when one is given. If the guardian holds the baton, it is killing this
+    tree already (this worker included): wait for it."""
+    global _KILLING
+    if _KILLING:
+        # This process is at it already: a second signal (the parent-death signal can come more
+        # than once) interrupted the first handler, or another watcher thread got here too.
+        # Return, so that the first one can finish.
+        return
+    _KILLING = True
+    if not _take_baton():
+        while True:
+            time.sleep(3600)
+    main = threading.current_thread() is threading.main_thread()
     try:
         pids = _tree.freeze_tree(os.getpid(), include_root=False)
         _tree.signal_all(pids, signal.SIGKILL)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
+        if main:  # signal.* works in the main thread only
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
         while True:
             try:
                 os.waitpid(-1, 0)
@@ -56,9 +87,12 @@ def kill_own_tree_and_exit(sig: int = signal.SIGTERM) -> None:
             except InterruptedError:
                 continue
     finally:
+        if exit_code is not None:
+            os._exit(exit_code)
         try:
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            if main:
+                signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
             os.kill(os.getpid(), sig)
         finally:
             os._exit(128 + int(sig))
@@ -68,8 +102,12 @@ def _on_term(signum: int, frame: Any) -> None:
     kill_own_tree_and_exit(signal.SIGTERM)
 
 
-def _on_parent_death(signum: int, frame: Any) -> None:
+def _on_supervisor_death() -> None:
     kill_own_tree_and_exit(signal.SIGKILL)
+
+
+def _on_parent_death(signum: int, frame: Any) -> None:
+    _on_supervisor_death()
 
 
 def _watch_life_pipe(fd: int) -> None:
@@ -83,16 +121,67 @@ def _watch_life_pipe(fd: int) -> None:
             break
         if not data:
             break
-    kill_own_tree_and_exit(signal.SIGKILL)
+    _on_supervisor_death()
+
+
+def start_guardian(life_fd: int) -> int:
+    """Fork the guardian: a tiny process that watches the life pipe and, on EOF (the
+    supervisor died), freezes and SIGKILLs this worker's whole tree, itself excepted.
+
+    The worker's own watchers (the life-pipe thread, the SIGUSR2 handler) need the worker's
+    GIL; an agent blocked in a C call that holds it would keep them from ever running. The
+    guardian is another process, so it needs nothing from the worker. It is forked before any
+    thread or ZeroMQ context exists, dies with the worker (parent-death SIGKILL), sits in the
+    worker's session (so the supervisor's tree kill and orphan scan find it), and costs one
+    fork at start-up. The worker's own watchers stay as a fallback; a baton (``_take_baton``)
+    makes sure only one of the two kills the tree.
+    """
+    global _BATON_FD
+    worker_pid = os.getpid()
+    baton, w = os.pipe()  # not inheritable: agents' children never see it
+    os.write(w, b"x")
+    os.close(w)
+    os.set_blocking(baton, False)
+    _BATON_FD = baton
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the guardian: never returns
+        _tree.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != worker_pid:
+            os._exit(0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        while True:
+            try:
+                if not os.read(life_fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        if not _take_baton():
+            os._exit(0)  # the worker is killing its tree itself (us included)
+        # Killing the worker would kill us (parent-death signal) before we are done: drop it,
+        # and kill the worker last.
+        _tree.set_parent_death_signal(0)
+        me = os.getpid()
+        pids = _tree.freeze_tree(worker_pid, include_root=True, exclude=frozenset({me}))
+        _tree.signal_all([p for p in pids if p != worker_pid], signal.SIGKILL)
+        _tree.signal_all([worker_pid], signal.SIGKILL)
+    finally:
+        os._exit(0)
 
 
 def install_process_guards(parent_pid: int, life_fd: int | None) -> None:
     _tree.set_child_subreaper()
+    if life_fd is not None:
+        start_guardian(life_fd)  # first: no thread and no ZeroMQ context exist yet
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     if os.getppid() != parent_pid:  # the supervisor died before the prctl took effect
-        kill_own_tree_and_exit(signal.SIGKILL)
+        _on_supervisor_death()
     if life_fd is not None:
         os.set_inheritable(life_fd, False)
         threading.Thread(target=_watch_life_pipe, args=(life_fd,), name="life-pipe", daemon=True).start()
@@ -272,7 +361,7 @@ class WorkerLoop:
                         try:
                             output = wire.encode_payload(result, what="agent output")
                             outcome = "completed"
-                        except TypeError as exc:
+                        except (TypeError, ValueError) as exc:  # not encodable, or too large
                             outcome, error = "failed", _error(exc)
                 if scope.cancelled_caught:
                     outcome = "aborted"
@@ -307,9 +396,14 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
     conn = Connection(sync_sock, sock, asyncio.get_running_loop())
     loop = WorkerLoop(conn)
+    # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
+    # protocol) and does not reconnect it: a worker left like that could never report a turn's
+    # end again, so it must not stay up deaf. Watch for the disconnection and exit.
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
     try:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_link, monitor)
             tg.start_soon(loop.runner)
             if heartbeat > 0:
                 tg.start_soon(_heartbeats, conn, heartbeat)
@@ -338,8 +432,16 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
                                 conn.flush()
                                 tg.cancel_scope.cancel()
     finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
         sock.close(linger=0)
         ctx.term()
+
+
+async def _watch_link(monitor: zmq.asyncio.Socket) -> None:
+    await monitor.recv_multipart()
+    print("turnpool worker: the connection to the supervisor dropped; exiting", file=sys.stderr, flush=True)
+    kill_own_tree_and_exit(exit_code=EXIT_LINK_LOST)
 
 
 async def _heartbeats(conn: Connection, interval: float) -> None:
