@@ -272,9 +272,14 @@ async def test_start_failures_after_start_back_off_and_recover(
     async with Supervisor(workers=1, spares=0, python=python) as sup:
         flag.touch()
         spawns = _CountSpawns(monkeypatch, n=4)
+        # The worker is lost while a turn is known to run (its event arrived), so the loss is
+        # certain to be seen as a crash of that turn, not as a hand-over that never started.
+        running = await sup.submit("examples.agents:slow", {"seconds": 60})
+        info = await _first_event(running)
+        os.kill(info["pid"], signal.SIGKILL)
         with anyio.fail_after(30):
-            crashed = await sup.run("examples.agents:crasher", {"code": 5})
-        assert crashed.outcome == "crashed" and crashed.exit_code == 5
+            crashed = await running.result()
+        assert crashed.outcome == "crashed" and crashed.exit_code == -signal.SIGKILL
         waiting = await sup.submit("examples.agents:echo", "waited")
         with anyio.fail_after(30):
             await spawns.reached.wait()
