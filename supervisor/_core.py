@@ -98,9 +98,11 @@ class Supervisor:
         stop_timeout: float = 5.0,
         python: str | None = None,
         worker_args: tuple[str, ...] = (),
+        prefetch: int = 16,
     ) -> None:
         for name, value, low in (("workers", workers, 1), ("spares", spares, 0), ("max_queue", max_queue, 1),
-                                 ("max_events", max_events, 1), ("keep_results", keep_results, 1)):
+                                 ("max_events", max_events, 1), ("keep_results", keep_results, 1),
+                                 ("prefetch", prefetch, 1)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
             if value < low:
@@ -125,6 +127,9 @@ class Supervisor:
         self.stop_timeout = _check_seconds("stop_timeout", stop_timeout, allow_none=False)
         self.python = python
         self.worker_args = tuple(worker_args)
+        # Turns a worker may hold at once (running + handed ahead): hides the round trip between
+        # one turn's end and the next one's start. 1 turns prefetching off.
+        self.prefetch = prefetch
 
         self._turns: dict[str, TurnRecord] = {}
         self._ended: collections.deque[str] = collections.deque()
@@ -132,11 +137,15 @@ class Supervisor:
         self._slots: dict[str, WorkerSlot] = {}
         self._by_ident: dict[bytes, WorkerSlot] = {}
         self._idle: collections.deque[WorkerSlot] = collections.deque()
+        self._busy: dict[WorkerSlot, None] = {}  # slots holding a turn (running or handed), in order
+        self._handed = 0  # turns handed ahead to a worker, not started yet (they count as queued)
+        self._dirty: list[WorkerSlot] = []  # slots with messages waiting in slot.out
+        self._batching = False  # inside the receive loop: frames go out once the batch is handled
         self._timers = Timers()
         self._ids = itertools.count(1)
         self._worker_ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
-        self._running = 0  # turns handed to a worker and not yet ended
+        self._running = 0  # turns a worker reported Started for and not yet ended
         self._active = 0  # turns accepted and not yet ended
         self._lent = 0  # slots lent by parents waiting on a spawned child
         self._idle_waiters: list[anyio.Event] = []
@@ -231,7 +240,7 @@ class Supervisor:
         with anyio.CancelScope(shield=True):
             self._disposing = True
             for turn in list(self._turns.values()):
-                if turn.state in ("queued", "running"):
+                if turn.state in ("queued", "handed", "running"):
                     self._cancel(turn, DISPOSED)
             while self._active:
                 ev = anyio.Event()
@@ -345,7 +354,7 @@ class Supervisor:
             "pid": os.getpid(),
             "state": self._state,
             "workers": workers,
-            "queue": len(self._queue),
+            "queue": len(self._queue) + self._handed,
             "running": self._running,
             "outcomes": dict(self._outcomes),
             "causes": dict(self._causes),
@@ -423,7 +432,7 @@ class Supervisor:
                                    else "the supervisor is not running")
         if turn_id is not None and turn_id in self._turns:
             return self._turns[turn_id]
-        if len(self._queue) >= self.max_queue:
+        if len(self._queue) + self._handed >= self.max_queue:
             raise QueueFull(f"the queue already holds {self.max_queue} turns")
         if turn_id is None:
             turn_id = f"{self._prefix}-{next(self._ids)}"
@@ -437,8 +446,7 @@ class Supervisor:
         self._turns[turn_id] = turn
         self._active += 1
         self._queue.push(turn)
-        if self._idle:
-            self._pump()
+        self._pump()
         return turn
 
     def _cancel(self, turn: TurnRecord, cause: Cause) -> Cause | None:
@@ -455,6 +463,11 @@ class Supervisor:
         if state == "queued":
             self._queue.discard(turn)
             self._finish(turn, "aborted")
+        elif state == "handed" and first:
+            # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
+            # started meanwhile, honours the Abort; Started then arms the escalation.
+            assert turn.worker is not None
+            self._send(turn.worker, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
         elif state == "running" and first:
             slot = turn.worker
             assert slot is not None
@@ -468,6 +481,10 @@ class Supervisor:
             self._cancel(turn, cause)
             cancelled.append(turn.id)
         for slot in list(self._slots.values()):
+            for turn in list(slot.ahead):
+                if turn.session == session and turn.state == "handed":
+                    self._cancel(turn, cause)
+                    cancelled.append(turn.id)
             turn = slot.turn
             if turn is not None and turn.session == session and turn.state == "running":
                 self._cancel(turn, cause)
@@ -582,10 +599,18 @@ class Supervisor:
     # ---- dispatch ----------------------------------------------------------------------
 
     def _pump(self) -> None:
-        idle = self._idle
+        """Hand queued turns to workers: first one to each idle worker (up to ``workers``
+        busy at once), then top busy workers up to ``prefetch`` turns each. A turn handed
+        ahead must never wait behind a busy worker while another can take it: see ``_rebalance``."""
         queue = self._queue
+        if not queue.has_ready():
+            if self._handed and self._idle:
+                self._rebalance()
+            return
+        idle = self._idle
+        busy = self._busy
         cap = self.workers + self._lent
-        while idle and self._running < cap:
+        while idle and len(busy) < cap:
             slot = idle[0]
             if slot.state != "idle":
                 idle.popleft()
@@ -595,21 +620,90 @@ class Supervisor:
                 return
             idle.popleft()
             slot.state = "busy"
-            slot.turn = turn
-            turn.state = "running"
-            turn.worker = slot
-            self._running += 1
-            self._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+            busy[slot] = None
+            self._hand(slot, turn)
+        if self.prefetch > 1 and queue.has_ready():
+            self._top_up()
+
+    def _top_up(self) -> None:
+        depth = self.prefetch
+        limit = self.max_turns_per_worker
+        queue = self._queue
+        while True:
+            gave = False
+            for slot in self._busy:
+                n = slot.inflight
+                if n >= depth or slot.doomed:
+                    continue
+                current = slot.turn
+                # Never queue behind a turn being cancelled or waiting on a child it spawned.
+                if current is not None and (current.cause is not None or current.children):
+                    continue
+                if limit is not None and slot.turns_run + n >= limit:
+                    continue
+                turn = queue.pop()
+                if turn is None:
+                    return
+                self._hand(slot, turn)
+                gave = True
+            if not gave:
+                return
+
+    def _hand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+        turn.state = "handed"
+        turn.worker = slot
+        slot.ahead.append(turn)
+        self._handed += 1
+        self._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+
+    def _unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+        """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
+        try:
+            slot.ahead.remove(turn)
+        except ValueError:
+            pass
+        self._handed -= 1
+        turn.state = "queued"
+        turn.worker = None
+        turn.revoking = False
+
+    def _rebalance(self) -> None:
+        """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a
+        running one: revoke them so they come back to the queue and go to the free worker."""
+        if len(self._busy) >= self.workers + self._lent or not any(s.state == "idle" for s in self._idle):
+            return
+        for slot in self._busy:
+            ahead = slot.ahead
+            if not ahead:
+                continue
+            waiting = ahead if slot.turn is not None else list(ahead)[1:]
+            for turn in waiting:
+                if not turn.revoking and turn.cause is None:
+                    turn.revoking = True
+                    self._send(slot, wire.Revoke(turn.id))
 
     def _send(self, slot: WorkerSlot, msg: Any) -> None:
+        out = slot.out
+        out.append(msg)
+        if len(out) == 1:
+            self._dirty.append(slot)
+        if not self._batching:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send each worker's batched messages as one frame."""
         assert self._send_sock is not None
-        try:
-            self._send_sock.send_multipart([slot.ident, wire.encode_frame([msg])], zmq.NOBLOCK)
+        dirty, self._dirty = self._dirty, []
+        for slot in dirty:
+            out, slot.out = slot.out, []
+            try:
+                self._send_sock.send_multipart([slot.ident, wire.encode_frame(out)], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                # The worker is gone (or never connected): its exit event settles its turns.
+                log.debug("send to worker %s failed: %s", slot.id, exc)
+        if dirty:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
             self._sock.get(zmq.EVENTS)  # type: ignore[union-attr]
-        except zmq.ZMQError as exc:
-            # The worker is gone (or never connected): its exit event settles its turn.
-            log.debug("send to worker %s failed: %s", slot.id, exc)
 
     # ---- the pool ----------------------------------------------------------------------
 
@@ -716,6 +810,16 @@ class Supervisor:
             exclude |= pending | found
             pending = set()
         del self._slots[slot.id]
+        self._busy.pop(slot, None)
+        slot.out = []
+        # Turns handed ahead never started: back to the front of the queue, unharmed, in order
+        # (or aborted, never started, if they were cancelled meanwhile).
+        for handed in reversed(list(slot.ahead)):
+            self._unhand(slot, handed)
+            if handed.cause is not None:
+                self._finish(handed, "aborted")
+            else:
+                self._queue.push(handed, front=True)
         turn = slot.turn
         slot.turn = None
         if was == "starting":
@@ -754,22 +858,31 @@ class Supervisor:
                     batch.append(sync.recv_multipart(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-            for parts in batch:
-                if len(parts) != 2:
-                    self.bad_frames += 1
-                    continue
-                slot = self._by_ident.get(parts[0])
-                if slot is None:
-                    self.bad_frames += 1
-                    continue
-                try:
-                    messages = wire.decode_from_worker(parts[1])
-                except msgspec.DecodeError as exc:
-                    self.bad_frames += 1
-                    log.warning("undecodable frame from worker %s: %s", slot.id, exc)
-                    continue
-                for msg in messages:
-                    self._on_message(slot, msg)
+            self._batching = True
+            try:
+                self._handle_batch(batch)
+            finally:
+                self._batching = False
+                if self._dirty:
+                    self._flush()
+
+    def _handle_batch(self, batch: list[list[bytes]]) -> None:
+        for parts in batch:
+            if len(parts) != 2:
+                self.bad_frames += 1
+                continue
+            slot = self._by_ident.get(parts[0])
+            if slot is None:
+                self.bad_frames += 1
+                continue
+            try:
+                messages = wire.decode_from_worker(parts[1])
+            except msgspec.DecodeError as exc:
+                self.bad_frames += 1
+                log.warning("undecodable frame from worker %s: %s", slot.id, exc)
+                continue
+            for msg in messages:
+                self._on_message(slot, msg)
 
     def _on_message(self, slot: WorkerSlot, msg: Any) -> None:
         turn = slot.turn
@@ -786,16 +899,42 @@ class Supervisor:
                     for hook in self._event_hooks:
                         hook(turn, data)
             case wire.Started(turn_id=turn_id):
-                if turn is not None and turn.id == turn_id and not turn.started:
+                ahead = slot.ahead
+                if not ahead:
+                    self.bad_frames += 1
+                    return
+                turn = ahead[0]
+                if turn.id != turn_id:
+                    turn = next((t for t in ahead if t.id == turn_id), None)  # type: ignore[assignment]
+                    if turn is None:
+                        self.bad_frames += 1
+                        return
+                ahead.remove(turn)
+                self._handed -= 1
+                turn.revoking = False
+                slot.turn = turn
+                turn.state = "running"
+                self._running += 1
+                if not turn.started:
                     turn.started = True
                     turn.started_at = now = anyio.current_time()
                     if turn.timeout is not None:
                         turn.timer = self._timers.call_at(now + turn.timeout, self._deadline, turn)
                     for start_hook in self._start_hooks:
                         start_hook(turn, slot.pid)
+                    if turn.cause is not None and turn.esc_timer is None:
+                        # Cancelled while handed ahead, started before the Abort arrived.
+                        turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
             case wire.End(turn_id=turn_id):
                 if turn is None or turn.id != turn_id:
-                    self.bad_frames += 1
+                    handed = next((t for t in slot.ahead if t.id == turn_id), None)
+                    if handed is None:
+                        self.bad_frames += 1
+                        return
+                    # A handed turn the worker dropped unstarted on Abort.
+                    self._unhand(slot, handed)
+                    self._finish(handed, "aborted")
+                    self._after_turn(slot)
                     return
                 if turn.escalation or slot.doomed:
                     return  # once SIGTERM went out the outcome is "killed", whatever the worker says
@@ -831,6 +970,17 @@ class Supervisor:
                 child = self._turns.get(child_id) if child_id else None
                 if child is not None:
                     self._cancel(child, PARENT)
+            case wire.Revoked(turn_id=turn_id):
+                handed = next((t for t in slot.ahead if t.id == turn_id), None)
+                if handed is None:
+                    self.bad_frames += 1
+                    return
+                self._unhand(slot, handed)
+                if handed.cause is not None:
+                    self._finish(handed, "aborted")
+                else:
+                    self._queue.push(handed, front=True)
+                self._after_turn(slot)
             case wire.Heartbeat():
                 pass
             case wire.BadFrame(reason=reason):
@@ -839,6 +989,10 @@ class Supervisor:
     def _after_turn(self, slot: WorkerSlot) -> None:
         if slot.state != "busy":
             return
+        if slot.turn is not None or slot.ahead:
+            self._pump()  # still busy: top it up
+            return
+        self._busy.pop(slot, None)
         target = self.workers + self.spares + self._lent
         live = sum(1 for s in self._slots.values() if s.live and not s.doomed)
         if (self.max_turns_per_worker is not None and slot.turns_run >= self.max_turns_per_worker) or live > target:
@@ -869,6 +1023,10 @@ class Supervisor:
         slot.spawns[msg.req] = child.id
         # The parent waits on its child: it lends its slot, so the pool can never deadlock.
         self._lent += 1
+        for handed in slot.ahead:  # they would wait behind the parent: give them back
+            if not handed.revoking and handed.cause is None:
+                handed.revoking = True
+                self._send(slot, wire.Revoke(handed.id))
         self._fill_pool()
         self._pump()
 

@@ -27,6 +27,8 @@ from ._messages import (
     Heartbeat,
     Outcome,
     Ready,
+    Revoke,
+    Revoked,
     Run,
     Shutdown,
     Spawn,
@@ -44,6 +46,6 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "decode_from_worker", "decode_payload", "decode_to_worker", "encode", "encode_frame",
     "encode_payload",
     "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "Event", "FromWorker", "Heartbeat", "Outcome",
-    "Ready", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
+    "Ready", "Revoke", "Revoked", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
     "TurnResult", "WorkerOutcome",
 ]

@@ -93,7 +93,14 @@ class Shutdown(_Msg, tag="shutdown"):
     """Idle worker: exit cleanly."""
 
 
-ToWorker = Run | Abort | SpawnReply | Shutdown
+class Revoke(_Msg, tag="revoke"):
+    """Give back ``turn_id`` if it was handed ahead and has not started (answered by ``Revoked``);
+    a worker that already started it, or never had it, ignores this."""
+
+    turn_id: str
+
+
+ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke
 
 
 # ---- worker → supervisor -------------------------------------------------------------
@@ -148,10 +155,16 @@ class SpawnCancel(_Msg, tag="spawn_cancel"):
     req: int
 
 
+class Revoked(_Msg, tag="revoked"):
+    """Answer to ``Revoke``: the turn was dropped unstarted; the supervisor queues it again."""
+
+    turn_id: str
+
+
 class BadFrame(_Msg, tag="bad_frame"):
     """The worker could not decode a frame from the supervisor."""
 
     reason: str
 
 
-FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame
+FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame | Revoked

@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Abort, End, Run, Shutdown, SpawnReply, TurnError
+from wire import Abort, End, Revoke, Run, Shutdown, SpawnReply, TurnError
 
 from . import _tree
 from ._errors import SpawnError, TurnCancelled
@@ -36,6 +36,7 @@ from ._turn import Turn
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 _IMPORT_CACHE: dict[str, Any] = {}
+_ASYNC_CACHE: dict[str, bool] = {}
 
 
 # ---- process-level safety ------------------------------------------------------------
@@ -215,6 +216,14 @@ class WorkerLoop:
         if turn.signal._set(msg.cause) and self.current_async and self.current_scope is not None:
             self.current_scope.cancel()
 
+    def on_revoke(self, msg: Revoke) -> None:
+        """Give back a turn handed ahead that has not started; ignore it otherwise."""
+        for run in self.pending:
+            if run.turn_id == msg.turn_id:
+                self.pending.remove(run)
+                self.conn.post(wire.Revoked(msg.turn_id))
+                return
+
     def on_run(self, msg: Run) -> None:
         self.pending.append(msg)
         self.wakeup.set()
@@ -243,7 +252,9 @@ class WorkerLoop:
         try:
             try:
                 fn = load_agent(msg.agent)
-                is_async = _is_async(fn)
+                is_async = _ASYNC_CACHE.get(msg.agent)
+                if is_async is None:
+                    is_async = _ASYNC_CACHE[msg.agent] = _is_async(fn)
             except BaseException as exc:  # noqa: BLE001 - an import failure ends the turn, not the worker
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
@@ -332,6 +343,8 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
                                 loop.on_run(msg)
                             case Abort():
                                 loop.on_abort(msg)
+                            case Revoke():
+                                loop.on_revoke(msg)
                             case SpawnReply():
                                 conn.spawn_reply(msg)
                             case Shutdown():
