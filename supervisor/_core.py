@@ -11,6 +11,7 @@ One anyio event loop owns all state; nothing here blocks on another thread. The 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
@@ -98,7 +99,7 @@ class Supervisor:
         stop_timeout: float = 5.0,
         python: str | None = None,
         worker_args: tuple[str, ...] = (),
-        prefetch: int = 16,
+        prefetch: int = 64,
     ) -> None:
         for name, value, low in (("workers", workers, 1), ("spares", spares, 0), ("max_queue", max_queue, 1),
                                  ("max_events", max_events, 1), ("keep_results", keep_results, 1),
@@ -203,6 +204,9 @@ class Supervisor:
         self._life_r, self._life_w = os.pipe()
         os.set_inheritable(self._life_r, True)
         self._ready_event = anyio.Event()
+        # The loop's clock (what anyio.current_time() returns on asyncio) without anyio's
+        # per-call backend lookup: it is read several times per turn.
+        self._clock = asyncio.get_running_loop().time
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._timers.run)
@@ -441,7 +445,7 @@ class Supervisor:
             timeout if timeout is not None else self.timeout,
             grace if grace is not None else self.grace,
             kill_after if kill_after is not None else self.kill_after,
-            anyio.current_time(),
+            self._clock(),
         )
         self._turns[turn_id] = turn
         self._active += 1
@@ -523,7 +527,7 @@ class Supervisor:
         exit_code: int | None = None,
         worker_pid: int | None = None,
     ) -> None:
-        now = anyio.current_time()
+        now = self._clock()
         cause = turn.cause
         if self._disposing and outcome in ("aborted", "killed"):
             cause = DISPOSED  # disposal wins over an earlier user or parent cause
@@ -556,7 +560,7 @@ class Supervisor:
         turn.result = result
         turn.pending_result = None
         turn.state = "ended"
-        turn.ended_at = anyio.current_time()
+        turn.ended_at = result.queued_s + result.run_s + turn.submitted_at
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self._outcomes[result.outcome] += 1
         if result.cause is not None:
@@ -569,8 +573,9 @@ class Supervisor:
             hook(turn, result)
         if turn.session is not None:
             self._queue.session_quiescent(turn)
-        if turn.spawn_origin is not None:
-            slot, req = turn.spawn_origin
+        lent_changed = turn.spawn_origin is not None
+        if lent_changed:
+            slot, req = turn.spawn_origin  # type: ignore[misc]
             turn.spawn_origin = None
             self._lent -= 1
             slot.spawns.pop(req, None)
@@ -594,7 +599,8 @@ class Supervisor:
             for ev in waiters:
                 ev.set()
         self._pump()
-        self._fill_pool()
+        if lent_changed:
+            self._fill_pool()
 
     # ---- dispatch ----------------------------------------------------------------------
 
@@ -632,7 +638,7 @@ class Supervisor:
         while True:
             gave = False
             for slot in self._busy:
-                n = slot.inflight
+                n = len(slot.ahead) + (slot.turn is not None)
                 if n >= depth or slot.doomed:
                     continue
                 current = slot.turn
@@ -917,7 +923,7 @@ class Supervisor:
                 self._running += 1
                 if not turn.started:
                     turn.started = True
-                    turn.started_at = now = anyio.current_time()
+                    turn.started_at = now = self._clock()
                     if turn.timeout is not None:
                         turn.timer = self._timers.call_at(now + turn.timeout, self._deadline, turn)
                     for start_hook in self._start_hooks:
