@@ -110,20 +110,15 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
 def orphans_of(worker_pid: int, marker: str, exclude: set[int]) -> list[int]:
     """Our own children that descend from the worker: its session, or its tree marker in the
     environment (for ones that called setsid). Nothing else of the host is ever touched."""
-    found = []
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return found
-    for child in children:
-        pid = child.pid
+    found: list[int] = []
+    for pid in _tree.children(os.getpid()):
         if pid in exclude:
             continue
         if _tree.session_of(pid) == worker_pid:
             found.append(pid)
             continue
         try:
-            if child.environ().get(TREE_ENV) == marker:
+            if psutil.Process(pid).environ().get(TREE_ENV) == marker:
                 found.append(pid)
         except psutil.Error:
             continue

@@ -39,12 +39,51 @@ def set_parent_death_signal(sig: int) -> bool:
     return _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
+_HAVE_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``.
+
+    Reads ``/proc/PID/task/*/children`` (Linux >= 3.5): a few small reads, where psutil scans
+    every process on the machine (3-7 ms here, paid several times on each kill)."""
+    if not _HAVE_PROC_CHILDREN:
+        try:
+            return [p.pid for p in psutil.Process(pid).children()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return []
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        found.extend(int(x) for x in data.split())
+    return found
+
+
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` that /proc shows (children of children, recursively)."""
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
+    if not _HAVE_PROC_CHILDREN:
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return []
+    out: list[int] = []
+    seen = {pid}
+    stack = [pid]
+    while stack:
+        for child in children(stack.pop()):
+            if child not in seen:
+                seen.add(child)
+                out.append(child)
+                stack.append(child)
+    return out
 
 
 def _kill(pid: int, sig: int) -> bool:
