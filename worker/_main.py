@@ -138,6 +138,7 @@ class Connection:
         self._out: list[Any] = []
         self._spawns: dict[int, asyncio.Future[Any]] = {}
         self._next_req = 0
+        self.on_readable: Any = None  # the reader callback, re-run when a send hid a readable edge
 
     def post(self, msg: Any) -> None:
         if not self._out:
@@ -148,9 +149,10 @@ class Connection:
         if self._out:
             out, self._out = self._out, []
             self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
-            # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: ask the
-            # asyncio socket to re-check EVENTS so a message that arrived meanwhile is not stranded.
-            self._asock.get(zmq.EVENTS)
+            # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
+            # EVENTS so a message that arrived meanwhile is not stranded.
+            if self.on_readable is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._loop.call_soon(self.on_readable)
 
     def send_now(self, msg: Any) -> None:
         self._out.append(msg)
@@ -319,37 +321,56 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     conn = Connection(sync_sock, sock, asyncio.get_running_loop())
     loop = WorkerLoop(conn)
     conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
+    aloop = asyncio.get_running_loop()
+    stop = aloop.create_future()
+
+    def on_readable() -> None:
+        # Called by the event loop when the socket's FD is readable (and after a send, see
+        # Connection.flush): drain every frame, dispatch each message. No task switch per frame.
+        while True:
+            try:
+                frame = sync_sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                if sync_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    continue
+                return
+            except zmq.ZMQError:
+                return
+            try:
+                messages = wire.decode_to_worker(frame)
+            except msgspec.DecodeError as exc:
+                conn.post(wire.BadFrame(str(exc)[:200]))
+                continue
+            for msg in messages:
+                match msg:
+                    case Run():
+                        loop.on_run(msg)
+                    case Abort():
+                        loop.on_abort(msg)
+                    case Revoke():
+                        loop.on_revoke(msg)
+                    case SpawnReply():
+                        conn.spawn_reply(msg)
+                    case Shutdown():
+                        conn.flush()
+                        if not stop.done():
+                            stop.set_result(None)
+
+    fd = sync_sock.getsockopt(zmq.FD)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(loop.runner)
             if heartbeat > 0:
                 tg.start_soon(_heartbeats, conn, heartbeat)
-            while True:
-                frames = [await sock.recv()]
-                while True:
-                    try:
-                        frames.append(sync_sock.recv(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-                for frame in frames:
-                    try:
-                        messages = wire.decode_to_worker(frame)
-                    except msgspec.DecodeError as exc:
-                        conn.post(wire.BadFrame(str(exc)[:200]))
-                        continue
-                    for msg in messages:
-                        match msg:
-                            case Run():
-                                loop.on_run(msg)
-                            case Abort():
-                                loop.on_abort(msg)
-                            case Revoke():
-                                loop.on_revoke(msg)
-                            case SpawnReply():
-                                conn.spawn_reply(msg)
-                            case Shutdown():
-                                conn.flush()
-                                tg.cancel_scope.cancel()
+            conn.on_readable = on_readable
+            aloop.add_reader(fd, on_readable)
+            on_readable()
+            try:
+                await stop
+            finally:
+                aloop.remove_reader(fd)
+                conn.on_readable = None
+            tg.cancel_scope.cancel()
     finally:
         sock.close(linger=0)
         ctx.term()
