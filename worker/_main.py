@@ -327,13 +327,14 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     def on_readable() -> None:
         # Called by the event loop when the socket's FD is readable (and after a send, see
         # Connection.flush): drain every frame, dispatch each message. No task switch per frame.
+        # Polling EVENTS (≈1 µs) instead of recv until zmq.Again: that exception costs ≈12 µs.
         while True:
             try:
+                if not sync_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
                 frame = sync_sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                if sync_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    continue
-                return
+                continue
             except zmq.ZMQError:
                 return
             try:
