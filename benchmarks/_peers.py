@@ -182,14 +182,14 @@ def pebble_kill(n: int, grace: float) -> tuple[list[float], list[float]]:
     return timeouts, cancels
 
 
-def pebble_recovery(n: int) -> list[float]:
-    """pebble, 1 worker: cancel a spinning task; until the next queued task is running."""
+def pebble_recovery(n: int) -> tuple[list[float], list[float]]:
+    """pebble, 1 worker: cancel a spinning task; (worker gone → next running, cancel → next running)."""
     import os
     import tempfile
 
     import pebble
 
-    out = []
+    from_kill, from_cancel = [], []
     with tempfile.TemporaryDirectory() as d:
         pool = pebble.ProcessPool(max_workers=1)
         try:
@@ -197,14 +197,17 @@ def pebble_recovery(n: int) -> list[float]:
                 path = os.path.join(d, f"r{i}")
                 fut = pool.schedule(_tasks.spin_report, args=(path,))
                 nxt = pool.schedule(_tasks.stamp)
-                _wait_file(path)
+                pid, _ = _wait_file(path)
                 t0 = time.monotonic()
                 fut.cancel()
-                out.append(nxt.result(timeout=60) - t0)
+                gone = _wait_gone(pid)
+                started = nxt.result(timeout=60)
+                from_kill.append(started - gone)
+                from_cancel.append(started - t0)
         finally:
             pool.stop()
             pool.join()
-    return out
+    return from_kill, from_cancel
 
 
 def ray_cancel(n: int, force: bool) -> list[float]:
@@ -236,12 +239,13 @@ def _sleepy_report(path: str) -> None:
     _tasks.sleepy()
 
 
-def ray_recovery(n: int) -> list[float]:
-    """Ray (2 CPUs): a spinning task holding both CPUs is force-cancelled; until the next task runs."""
+def ray_recovery(n: int) -> tuple[list[float], list[float]]:
+    """Ray (2 CPUs): a spinning task holding both CPUs is force-cancelled; (worker gone → next task
+    running, cancel → next task running)."""
     import os
     import tempfile
 
-    out = []
+    from_kill, from_cancel = [], []
     with ray_runtime(2) as ray, tempfile.TemporaryDirectory() as d:
         spin = ray.remote(num_cpus=2, max_retries=0)(_tasks.spin_report)
         stamp = ray.remote(num_cpus=2)(_tasks.stamp)
@@ -250,23 +254,28 @@ def ray_recovery(n: int) -> list[float]:
             path = os.path.join(d, f"r{i}")
             ref = spin.remote(path)
             nxt = stamp.remote()
-            _wait_file(path)
+            pid, _ = _wait_file(path)
             t0 = time.monotonic()
             ray.cancel(ref, force=True)
-            out.append(ray.get(nxt, timeout=120) - t0)
+            gone = _wait_gone(pid)
+            started = ray.get(nxt, timeout=120)
+            from_kill.append(started - gone)
+            from_cancel.append(started - t0)
             with contextlib.suppress(Exception):
                 ray.get(ref, timeout=60)
-    return out
+    return from_kill, from_cancel
 
 
-def celery_kill_and_recovery(n: int, grace: float) -> tuple[list[float], list[float]]:
+def celery_kill_and_recovery(n: int, grace: float) -> tuple[list[float], tuple[list[float], list[float]]]:
     """Celery prefork, 1 process: hard ``time_limit=grace`` on a spinning task (overshoot = worker
     gone − (start + grace)); then ``revoke(terminate=True, signal=SIGKILL)`` and the time until the
     next queued task runs."""
     import os
     import tempfile
 
-    overs, recov = [], []
+    overs: list[float] = []
+    from_kill: list[float] = []
+    from_cancel: list[float] = []
     with celery_worker(1) as app, tempfile.TemporaryDirectory() as d:
         for i in range(n):
             path = os.path.join(d, f"k{i}")
@@ -279,9 +288,12 @@ def celery_kill_and_recovery(n: int, grace: float) -> tuple[list[float], list[fl
         for i in range(max(2, n // 3)):
             path = os.path.join(d, f"r{i}")
             res = app.spin_report.apply_async(args=(path,))
-            _wait_file(path)
+            pid, _ = _wait_file(path)
             nxt = app.stamp.delay()
             t0 = time.monotonic()
             app.app.control.revoke(res.id, terminate=True, signal="SIGKILL")
-            recov.append(nxt.get(timeout=120) - t0)
-    return overs, recov
+            gone = _wait_gone(pid)
+            started = nxt.get(timeout=120)
+            from_kill.append(started - gone)
+            from_cancel.append(started - t0)
+    return overs, (from_kill, from_cancel)
