@@ -855,6 +855,17 @@ class Supervisor:
                 await _procs.wait_exit(zygote.pid, zygote.fd)
             if _procs.reap(zygote.pid) is None and _procs._alive(zygote.pid):
                 await _procs.kill_and_reap([zygote.pid])
+            zygote.read()  # embryos announced meanwhile
+            # Unassigned embryos see EOF on their pipe once the zygote is gone and exit; they are
+            # our children (re-parented), so reap them.
+            for pid in list(zygote.embryos):
+                fd = _procs.pidfd(pid)
+                with anyio.move_on_after(self.stop_timeout):
+                    await _procs.wait_exit(pid, fd)
+                if fd is not None:
+                    os.close(fd)
+                if _procs.reap(pid) is None and _procs._alive(pid):
+                    await _procs.kill_and_reap([pid])
             zygote.close()
 
     async def _stop_zygote(self) -> None:
@@ -923,6 +934,7 @@ class Supervisor:
         exclude = {s.pid for s in self._slots.values()}
         if self._zygote is not None:
             exclude.add(self._zygote.pid)
+            exclude |= self._zygote.embryos
         pending = set(slot.known) - {slot.pid}
         for _ in range(8):
             found = set(_procs.orphans_of(slot.pid, slot.marker, exclude)) - pending

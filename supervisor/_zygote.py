@@ -23,6 +23,7 @@ class Zygote:
         self._buf = b""
         self.ready = False
         self.lost = False
+        self.embryos: set[int] = set()  # pre-forked, not yet assigned: our children to reap at the end
 
     @classmethod
     def start(
@@ -84,10 +85,16 @@ class Zygote:
                 out.append((worker_id, int(pid)))
             except ValueError:
                 continue
-        if out and out[0][0] == "ready":
-            self.ready = True
-            out = out[1:]
-        return [o for o in out if o[0] != "ready"]
+        workers = []
+        for worker_id, pid in out:
+            if worker_id == "ready":
+                self.ready = True
+            elif worker_id == "embryo":
+                self.embryos.add(pid)
+            else:
+                self.embryos.discard(pid)
+                workers.append((worker_id, pid))
+        return workers
 
     def close_requests(self) -> None:
         """EOF on its request pipe: the zygote exits."""

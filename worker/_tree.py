@@ -25,7 +25,12 @@ def _prctl(option: int, arg: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # "libc.so.6" first: ctypes.util.find_library runs ldconfig (a subprocess, ~1-10 ms), which
+        # a worker would otherwise pay at start.
+        try:
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     return _libc.prctl(option, arg, 0, 0, 0) == 0
 
 

@@ -17,9 +17,15 @@ Rules it keeps (see PITFALLS):
   exports the tree marker in its environment for its descendants;
 * the zygote dies with the supervisor: parent-death ``SIGKILL`` plus EOF on its request pipe.
 
+To take the forks off the critical path, the zygote keeps one *embryo* ready: a grandchild
+already re-parented to the supervisor, waiting on a private pipe for its assignment. A request
+is then one pipe write away from a worker; the next embryo is prepared once requests pause.
+An embryo whose zygote dies sees EOF on that pipe and exits.
+
 Protocol, one line each way: the supervisor writes ``"<id> <token> <marker> <heartbeat>\\n"``;
-the intermediate child answers ``"<id> <pid>\\n"`` on the response pipe. The zygote writes
-``"ready 0\\n"`` once its imports are done.
+the answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
+embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
+the imports are done.
 """
 
 from __future__ import annotations
@@ -46,6 +52,15 @@ def _preload(modules: list[str]) -> None:
 
     from . import _main  # noqa: F401
 
+    # Warm the lazy parts a worker's first loop would pay (anyio's backend setup, asyncio's
+    # loop machinery); this starts no thread, so the zygote stays safe to fork.
+    async def _warm() -> None:
+        await anyio.sleep(0)
+
+    anyio.run(_warm, backend="asyncio")
+    from . import _tree
+
+    _tree._prctl(0, 0)  # loads libc once (PR_GET_... no-op: option 0 is invalid and harmless)
     del anyio
     for name in modules:
         try:
@@ -55,12 +70,14 @@ def _preload(modules: list[str]) -> None:
 
 
 def _become_worker(
-    parent_pid: int, life_fd: int, endpoint: str, worker_id: str, token: str, marker: str, heartbeat: float
+    parent_pid: int, life_fd: int, endpoint: str, worker_id: str, token: str, marker: str, heartbeat: float,
+    reparented: bool = False,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
     from . import _main
 
-    os.setsid()
+    if not reparented:
+        os.setsid()
     os.environ[TREE_ENV] = marker
     deadline = time.monotonic() + 5.0
     while os.getppid() != parent_pid:
@@ -89,17 +106,102 @@ def _become_worker(
     os._exit(0)
 
 
-def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> None:
-    reader = os.fdopen(req_fd, "rb", buffering=0)
-    buf = b""
-    os.write(resp_fd, b"ready 0\n")
-    while True:
+EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this long (s)
+
+
+def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign_fd: int) -> None:
+    """In a grandchild made ahead of time: wait for re-parenting, then for an assignment."""
+    from . import _tree
+
+    os.setsid()
+    deadline = time.monotonic() + 5.0
+    while os.getppid() != parent_pid:
+        if time.monotonic() > deadline or os.getppid() == 1:
+            os._exit(70)
+        time.sleep(0.0001)
+    # Until assigned it has no tree to clean: it simply dies with the supervisor.
+    _tree.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(70)
+    data = b""
+    while not data.endswith(b"\n"):
         try:
-            chunk = reader.read(4096)
+            chunk = os.read(assign_fd, 4096)
         except InterruptedError:
             continue
         if not chunk:
-            return  # EOF: the supervisor closed the pipe (or died)
+            os._exit(0)  # the zygote is gone: never assigned
+        data += chunk
+    os.close(assign_fd)
+    worker_id, token, marker, heartbeat = data.decode().strip().split(" ")
+    _tree.set_parent_death_signal(0)
+    _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), reparented=True)
+
+
+def _prepare_embryo(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> tuple[int, int] | None:
+    """Fork an embryo; returns (its pid, the write end of its assignment pipe)."""
+    er, ew = os.pipe()
+    pr, pw = os.pipe()
+    try:
+        mid = os.fork()
+    except OSError:
+        for fd in (er, ew, pr, pw):
+            os.close(fd)
+        return None
+    if mid == 0:
+        try:
+            os.close(ew)
+            os.close(pr)
+            os.close(req_fd)
+            pid = os.fork()
+            if pid == 0:
+                os.close(pw)
+                os.close(resp_fd)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _embryo(parent_pid, life_fd, endpoint, er)
+                os._exit(1)  # not reached
+            os.write(resp_fd, f"embryo {pid}\n".encode())
+            os.write(pw, f"{pid}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(er)
+    os.close(pw)
+    while True:
+        try:
+            os.waitpid(mid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+    data = os.read(pr, 64)
+    os.close(pr)
+    try:
+        return int(data.strip()), ew
+    except ValueError:
+        os.close(ew)
+        return None
+
+
+def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> None:
+    import select
+
+    buf = b""
+    os.write(resp_fd, b"ready 0\n")
+    embryo: tuple[int, int] | None = None
+    while True:
+        if embryo is None:
+            # Requests come in bursts (pool start, a kill): make the next embryo once they pause.
+            ready, _, _ = select.select([req_fd], [], [], EMBRYO_IDLE)
+            if not ready:
+                embryo = _prepare_embryo(parent_pid, life_fd, endpoint, req_fd, resp_fd)
+                continue
+        try:
+            chunk = os.read(req_fd, 4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return  # EOF: the supervisor closed the pipe (or died); an embryo sees EOF too
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
@@ -108,6 +210,17 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
                 hb = float(heartbeat)
             except ValueError:
                 continue
+            if embryo is not None:
+                pid, ew = embryo
+                embryo = None
+                try:
+                    os.write(ew, line + b"\n")
+                    os.write(resp_fd, f"{worker_id} {pid}\n".encode())
+                    continue
+                except OSError:
+                    pass  # the embryo died: fork one the direct way
+                finally:
+                    os.close(ew)
             _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd)
 
 
@@ -160,6 +273,11 @@ def main(argv: list[str] | None = None) -> None:
     if os.getppid() != args.parent_pid:
         os._exit(0)
     _preload([m for m in args.preload.split(",") if m])
+    if len(os.listdir("/proc/self/task")) != 1:
+        # Something started a thread: forking now would be unsafe. Refuse; the supervisor falls
+        # back to fresh interpreters when the zygote is gone.
+        print("turnpool zygote: a thread is running after preload; not forking", file=sys.stderr)
+        os._exit(3)
     serve(args.parent_pid, args.life_fd, args.endpoint, args.req_fd, args.resp_fd)
     os._exit(0)
 
