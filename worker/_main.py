@@ -233,6 +233,9 @@ class WorkerLoop:
     async def runner(self) -> None:
         while True:
             if not self.pending:
+                # Going idle: send what the finished turns posted now rather than one loop
+                # iteration later (the call_soon'd flush then finds nothing to do).
+                self.conn.flush()
                 self.wakeup = anyio.Event()
                 await self.wakeup.wait()
                 continue
