@@ -8,7 +8,7 @@ import anyio
 
 from supervisor import Supervisor
 
-from . import _peers
+from . import _floor, _peers
 from ._common import command, heavy_peers_reason, log, med, ms, pct, ratio, run_peer, skipped_lines, table
 
 
@@ -43,6 +43,8 @@ def run(quick: bool) -> str:
         r = run_peer("Ray", lambda: _peers.ray_latency(500), skipped)
         if r:
             results["Ray"] = r
+    floor = _floor.asyncio_zmq_rtt(n)
+    results["floor: asyncio + ZeroMQ ipc echo"] = floor
     tp = results["turnpool"]
     rows = []
     for name, xs in results.items():
@@ -53,6 +55,9 @@ def run(quick: bool) -> str:
         "## Submit → result latency\n\n"
         "One no-op turn at a time, 2 workers, after a warm-up: `await sup.run(...)` (peers: `submit(...).result()`).\n\n"
         + table(["system", "samples", "p50", "p99", "peer ÷ turnpool (p50)"], rows)
+        + "\n\nThe floor row is a bare round trip on turnpool's stack (ROUTER/DEALER over ipc, an asyncio "
+        "FD reader on each side, no turn logic), measured in the same run: what is left above it is "
+        "turnpool's own work per turn (submit, dispatch, run, end, result) on both sides."
         + f"\n\nTargets: p50 ≤ 200 µs — {ms(p50)} {'met' if p50 <= 200e-6 else 'MISSED'}; "
         f"p99 ≤ 1 ms — {ms(p99)} {'met' if p99 <= 1e-3 else 'MISSED'}."
         + skipped_lines(skipped) + f"\n\nCommand: {command('latency', quick)}"
