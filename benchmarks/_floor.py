@@ -41,15 +41,14 @@ def _echo_child(endpoint: str) -> None:
 
 
 def asyncio_zmq_rtt(n: int) -> list[float]:
-    """Round trips of a tiny frame between this process and a forked echo process."""
+    """Round trips of a tiny frame between this process and an echo process."""
     d = tempfile.mkdtemp(prefix="tp-floor-")
     endpoint = f"ipc://{d}/s"
-    pid = os.fork()  # before this side creates its context (never fork one); each side makes its own
-    if pid == 0:
-        try:
-            _echo_child(endpoint)  # its DEALER reconnects until the ROUTER below is bound
-        finally:
-            os._exit(0)
+    import subprocess
+    import sys
+
+    # A fresh interpreter, not a fork: this process may hold threads (Ray, pools) from earlier peers.
+    child = subprocess.Popen([sys.executable, "-m", "benchmarks._floor", endpoint])
     ctx = zmq.Context()
     r = ctx.socket(zmq.ROUTER)
     r.setsockopt(zmq.LINGER, 0)
@@ -93,9 +92,15 @@ def asyncio_zmq_rtt(n: int) -> list[float]:
     try:
         return asyncio.run(main())
     finally:
-        os.waitpid(pid, 0)
+        child.wait()
         r.close(0)
         ctx.term()
         import shutil
 
         shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _echo_child(sys.argv[1])
