@@ -26,5 +26,5 @@ async def spin(turn: worker.Turn) -> None:
 async def awaiting(turn: worker.Turn) -> None:
     """Emits, then awaits in a loop (1 ms sleeps): a cancel lands at the next await."""
     await turn.emit({"pid": os.getpid()})
-    while True:
+    while True:  # noqa: ASYNC110 - awaiting in a loop is what this agent is for
         await anyio.sleep(0.001)

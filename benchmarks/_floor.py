@@ -4,7 +4,6 @@ an asyncio loop with an FD reader on each side), measured in the same run as the
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import time
 

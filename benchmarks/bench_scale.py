@@ -5,7 +5,6 @@ client exists)."""
 from __future__ import annotations
 
 import gc
-import os
 import time
 
 import anyio

@@ -9,7 +9,7 @@ import anyio
 from supervisor import Supervisor
 
 from . import _peers
-from ._common import command, heavy_peers_reason, log, med, pct, rate, ratio, run_peer, skipped_lines, table
+from ._common import command, heavy_peers_reason, log, med, rate, ratio, run_peer, skipped_lines, table
 
 
 async def _turnpool(n: int, reps: int, workers: int = 2, prefetch: int | None = None) -> list[float]:

@@ -27,7 +27,8 @@ class Zygote:
 
     @classmethod
     def start(
-        cls, *, endpoint: str, life_fd: int, python: str | None, extra_args: Iterable[str], preload: Iterable[str]
+        cls, *, endpoint: str, life_fd: int, python: str | None, extra_args: Iterable[str],
+        preload: Iterable[str],
     ) -> Zygote:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
@@ -36,7 +37,8 @@ class Zygote:
         os.set_inheritable(resp_w, True)
         exe = python or sys.executable
         argv = [
-            exe, *extra_args, "-m", "worker._zygote", "--parent-pid", str(os.getpid()), "--life-fd", str(life_fd),
+            exe, *extra_args, "-m", "worker._zygote", "--parent-pid", str(os.getpid()),
+            "--life-fd", str(life_fd),
             "--endpoint", endpoint, "--req-fd", str(req_r), "--resp-fd", str(resp_w),
             "--preload", ",".join(preload),
         ]

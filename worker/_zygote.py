@@ -43,7 +43,8 @@ TREE_ENV = "TURNPOOL_TREE"
 def _preload(modules: list[str]) -> None:
     # The worker stack itself: everything a worker imports before its first turn.
     import anyio
-    import anyio._backends._asyncio  # noqa: F401 - anyio.run imports it lazily; pay it here once
+    import anyio._backends._asyncio
+    import anyio.lowlevel  # noqa: F401 - anyio.run imports it lazily; pay it here once
     import msgspec  # noqa: F401
     import zmq  # noqa: F401
     import zmq.asyncio  # noqa: F401
@@ -55,18 +56,18 @@ def _preload(modules: list[str]) -> None:
     # Warm the lazy parts a worker's first loop would pay (anyio's backend setup, asyncio's
     # loop machinery); this starts no thread, so the zygote stays safe to fork.
     async def _warm() -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
     anyio.run(_warm, backend="asyncio")
     from . import _tree
 
     _tree._prctl(0, 0)  # loads libc once (PR_GET_... no-op: option 0 is invalid and harmless)
-    del anyio
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the pool; the turn will report it
-            print(f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the pool; the turn reports it
+            print(f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
 
 
 def _become_worker(
@@ -138,7 +139,9 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign_fd: int) -> Non
     _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), reparented=True)
 
 
-def _prepare_embryo(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> tuple[int, int] | None:
+def _prepare_embryo(
+    parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int
+) -> tuple[int, int] | None:
     """Fork an embryo; returns (its pid, the write end of its assignment pipe)."""
     er, ew = os.pipe()
     pr, pw = os.pipe()
@@ -259,7 +262,8 @@ def _fork_worker(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m worker._zygote", description="turnpool zygote (started by the supervisor)")
+    parser = argparse.ArgumentParser(prog="python -m worker._zygote",
+                                     description="turnpool zygote (started by the supervisor)")
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--life-fd", type=int, required=True)
     parser.add_argument("--endpoint", required=True)
