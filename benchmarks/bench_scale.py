@@ -22,7 +22,7 @@ def _rss() -> int:
 
 async def _workers(n_workers: int, n: int, reps: int) -> tuple[list[float], float, float]:
     t0 = time.perf_counter()
-    async with Supervisor(workers=n_workers, spares=0, max_queue=max(n, 100_000)) as sup:
+    async with Supervisor(workers=n_workers, spares=0, max_queue=max(n, 100_000), keep_results=n + 10) as sup:
         start_s = time.perf_counter() - t0
         await sup.run("examples.agents:noop")
         rates = []

@@ -15,7 +15,7 @@ from ._common import command, heavy_peers_reason, log, med, rate, ratio, run_pee
 async def _turnpool(n: int, reps: int, workers: int = 2, prefetch: int | None = None) -> list[float]:
     out = []
     kw = {} if prefetch is None else {"prefetch": prefetch}
-    async with Supervisor(workers=workers, spares=0, max_queue=max(n, 100_000), **kw) as sup:
+    async with Supervisor(workers=workers, spares=0, max_queue=max(n, 100_000), keep_results=n + 10, **kw) as sup:
         await sup.run("examples.agents:noop")
         for _ in range(reps):
             t0 = time.perf_counter()

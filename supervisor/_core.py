@@ -159,6 +159,8 @@ class Supervisor:
         self._batching = False  # inside the receive loop: frames go out once the batch is handled
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck_scheduled = False
+        self._pump_wanted = False  # a pump was asked for during a receive batch
+        self._defer_pump = False
         self._timers = Timers()
         self._ids = itertools.count(1)
         self._worker_ids = itertools.count(1)
@@ -633,7 +635,12 @@ class Supervisor:
     def _pump(self) -> None:
         """Hand queued turns to workers: first one to each idle worker (up to ``workers``
         busy at once), then top busy workers up to ``prefetch`` turns each. A turn handed
-        ahead must never wait behind a busy worker while another can take it: see ``_rebalance``."""
+        ahead must never wait behind a busy worker while another can take it: see ``_rebalance``.
+
+        Inside a receive batch it runs once, at the end of the batch (not once per message)."""
+        if self._defer_pump:
+            self._pump_wanted = True
+            return
         queue = self._queue
         if not queue.has_ready():
             if self._handed and self._idle:
@@ -1017,15 +1024,21 @@ class Supervisor:
                     break
             if not batch:
                 break
-            self._batching = True
+            self._batching = self._defer_pump = True
             try:
                 self._handle_batch(batch)
             except Exception:  # noqa: BLE001 - a bug in one message's handling must not stop the link
                 log.exception("error while handling frames from workers")
             finally:
-                self._batching = False
-                if self._dirty:
-                    self._flush()
+                self._defer_pump = False
+                try:
+                    if self._pump_wanted:
+                        self._pump_wanted = False
+                        self._pump()  # its sends still go out as one frame per worker
+                finally:
+                    self._batching = False
+                    if self._dirty:
+                        self._flush()
             if not sync.getsockopt(events) & pollin:
                 break
 
