@@ -20,6 +20,7 @@ import re
 import secrets
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -194,6 +195,7 @@ class Supervisor:
         self._endpoint = ""
         self._life_r = -1
         self._life_w = -1
+        self._wall_offset = 0.0
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -226,6 +228,7 @@ class Supervisor:
         # The loop's clock (what anyio.current_time() returns on asyncio) without anyio's
         # per-call backend lookup: it is read several times per turn.
         self._clock = asyncio.get_running_loop().time
+        self._wall_offset = time.time() - self._clock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._timers.run)
@@ -566,6 +569,9 @@ class Supervisor:
             queued_s=(started_at if started_at is not None else now) - turn.submitted_at,
             run_s=(now - started_at) if started_at is not None else 0.0,
             session=turn.session, parent=turn.parent, agent=turn.agent, attempts=turn.attempts,
+            submitted_at=turn.submitted_at + self._wall_offset,
+            started_at=started_at + self._wall_offset if started_at is not None else None,
+            ended_at=now + self._wall_offset,
         )
         if turn.timer is not None:
             turn.timer.cancel()
@@ -588,7 +594,7 @@ class Supervisor:
         turn.result = result
         turn.pending_result = None
         turn.state = "ended"
-        turn.ended_at = result.queued_s + result.run_s + turn.submitted_at
+        turn.ended_at = self._clock()
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self._outcomes[result.outcome] += 1
         if result.cause is not None:
@@ -616,7 +622,11 @@ class Supervisor:
                 if parent.pending_result is not None and not any(
                     self._turns.get(c) is not None and self._turns[c].state != "ended" for c in parent.children
                 ):
-                    self._deliver(parent, parent.pending_result)
+                    # Delivered now, after its last child: that is when it became quiescent.
+                    held = msgspec.structs.replace(
+                        parent.pending_result, ended_at=anyio.current_time() + self._wall_offset
+                    )
+                    self._deliver(parent, held)
         self._ended.append(turn.id)
         if len(self._ended) > self.keep_results:
             old = self._turns.get(self._ended.popleft())

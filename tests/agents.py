@@ -61,3 +61,18 @@ async def spawn_tree(turn: worker.Turn) -> dict:
         await anyio.sleep_forever()
     child = await turn.spawn("tests.agents:spawn_tree", {"depth": depth - 1})
     return {"child": child.turn_id, "outcome": child.outcome}
+
+
+async def spawn_with_timeout(turn: worker.Turn) -> dict:
+    """Spawns a slow child but stops awaiting it after ``after`` seconds (the agent's own
+    choice): the abandoned child must be cancelled with cause ``parent``."""
+    after = float((turn.input or {}).get("after", 0.3))
+    with anyio.move_on_after(after) as scope:
+        await turn.spawn("examples.agents:slow", {"seconds": 60})
+    return {"gave_up": scope.cancelled_caught}
+
+
+async def spawn_echo(turn: worker.Turn) -> dict:
+    """Spawns an ``echo`` child and returns its result's outcome and output."""
+    child = await turn.spawn("examples.agents:echo", turn.input)
+    return {"outcome": child.outcome, "output": child.output, "parent": child.parent}

@@ -55,6 +55,9 @@ class TurnResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     parent: str | None = None
     agent: str = ""
     attempts: int = 1
+    submitted_at: float = 0.0  # wall-clock (epoch seconds) times of the turn's life
+    started_at: float | None = None
+    ended_at: float = 0.0
 
 
 class _Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True, tag=True):

@@ -1,0 +1,155 @@
+"""The journal on its own: batched durable writes, exact round trip, refusal of bad files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import wire
+from supervisor._journal import Journal, JournalError, read_history, read_result
+from supervisor._turns import TurnRecord
+
+
+def record(turn_id: str, session: str | None = None, retry: bool = False) -> TurnRecord:
+    t = TurnRecord(turn_id, "examples.agents:echo", wire.encode_payload({"id": turn_id}), session, None,
+                   None, 5.0, 2.0, 0.0)
+    t.retry = retry
+    return t
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_accept_is_acknowledged_after_commit_and_round_trips(tmp_path: Path) -> None:
+    """``on_commit`` runs only once the row is committed; the ended record reads back exactly
+    as the client saw it; recover() lists only unfinished turns, in order."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    committed = threading.Event()
+    journal.accepted(record("a", "s"), committed.set)
+    assert committed.wait(10)
+    # Visible to an independent reader at once.
+    assert [t.turn_id for t in journal.recover()] == ["a"]
+    journal.accepted(record("b", "s", retry=True))
+    journal.started("a", 1234)
+    result = wire.TurnResult(turn_id="a", outcome="aborted", cause=wire.USER, started=True, worker_pid=1234,
+                             output={"partial": [1, 2]}, session="s", ended_at=time.time())
+    journal.ended(result)
+    journal.flush()
+    assert read_result(path, "a") == result
+    assert read_result(path, "b") is None
+    pending = journal.recover()
+    assert [(t.turn_id, t.state, t.retry) for t in pending] == [("b", "queued", True)]
+    assert json.loads(json.dumps(read_history(path, outcome="aborted")))[0]["cause"] == "user"
+    assert [r["turn_id"] for r in read_history(path, session="s")] == ["b", "a"]
+    journal.close()
+    assert (path.stat().st_mode & 0o777) == 0o600
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_writes_are_batched(tmp_path: Path) -> None:
+    """A burst of 2,000 accepted turns is committed in far fewer transactions."""
+    journal = Journal.open(tmp_path / "j.sqlite3")
+    done = threading.Semaphore(0)
+    for i in range(2000):
+        journal.accepted(record(f"t{i}"), done.release)
+    for _ in range(2000):
+        assert done.acquire(timeout=30)
+    assert journal.rows_written == 2000
+    assert journal.commits < 200
+    journal.close()
+
+
+def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
+    """A journal held by another live process is refused with its pid; the file is untouched."""
+    path = tmp_path / "j.sqlite3"
+    Journal.open(path).close()
+    with subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from supervisor._journal import Journal; j = Journal.open(sys.argv[1]); "
+         "print('ready', flush=True); sys.stdin.read()", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        before = digest(path)
+        with pytest.raises(JournalError, match=f"locked by another live daemon \\(pid {holder.pid}\\)"):
+            Journal.open(path)
+        assert digest(path) == before
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    Journal.open(path).close()  # free again once the holder is gone
+
+
+def test_corrupt_newer_and_foreign_files_are_refused_untouched(tmp_path: Path) -> None:
+    """Garbage, a journal from a newer schema, and someone else's SQLite file are refused with a
+    clear error, and their bytes are left exactly as they were."""
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"this is not a database" * 100)
+    newer = tmp_path / "newer.sqlite3"
+    Journal.open(newer).close()
+    with sqlite3.connect(newer) as con:
+        con.execute("PRAGMA user_version=99")
+    foreign = tmp_path / "foreign.sqlite3"
+    with sqlite3.connect(foreign) as con:
+        con.execute("CREATE TABLE things (x)")
+    for path, message in ((garbage, "corrupt or not an SQLite file"), (newer, "newer than"),
+                          (foreign, "not a turnpool journal")):
+        before = digest(path)
+        with pytest.raises(JournalError, match=message):
+            Journal.open(path)
+        assert digest(path) == before
+
+
+def test_retention_removes_old_ended_turns(tmp_path: Path) -> None:
+    """``keep_days`` compaction deletes ended turns older than the limit and nothing else."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path, keep_days=1)
+    for name in ("old", "recent", "open"):
+        journal.accepted(record(name))
+    journal.ended(wire.TurnResult(turn_id="old", outcome="completed", ended_at=time.time() - 3 * 86400))
+    journal.ended(wire.TurnResult(turn_id="recent", outcome="completed", ended_at=time.time()))
+    journal.flush()
+    assert journal.compact() == 1
+    assert sorted(r["turn_id"] for r in read_history(path)) == ["open", "recent"]
+    journal.close()
+
+
+def test_history_and_result_commands(tmp_path: Path) -> None:
+    """``turnpool history`` lists and filters; ``turnpool result`` prints the recorded result as JSON;
+    bad input gets a clear message and a non-zero exit."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    journal.accepted(record("x1", "s1"))
+    journal.accepted(record("x2", "s2"))
+    journal.ended(wire.TurnResult(turn_id="x1", outcome="killed", cause=wire.DEADLINE, ended_at=time.time()))
+    journal.close()
+    turnpool = [sys.executable, "-m", "supervisor._cli_main"]
+    out = subprocess.run([*turnpool, "history", "--journal", str(path), "--json", "--session", "s1"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["turn_id"], r["outcome"], r["cause"]) for r in rows] == [("x1", "killed", "deadline")]
+    table = subprocess.run([*turnpool, "history", "--journal", str(path)], capture_output=True, text=True,
+                           check=True).stdout
+    assert "x1" in table and "x2" in table
+    res = subprocess.run([*turnpool, "result", "x1", "--journal", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(res)["outcome"] == "killed" and json.loads(res)["cause"] == {"kind": "deadline"}
+    missing = subprocess.run([*turnpool, "result", "nope", "--journal", str(path)], capture_output=True, text=True)
+    assert missing.returncode == 1 and "unknown turn id 'nope'" in missing.stderr
+    absent = subprocess.run([*turnpool, "history", "--journal", str(tmp_path / "none.sqlite3")],
+                            capture_output=True, text=True)
+    assert absent.returncode == 2 and "no journal at" in absent.stderr
+    bad_since = subprocess.run([*turnpool, "history", "--journal", str(path), "--since", "yesterday-ish"],
+                               capture_output=True, text=True)
+    assert bad_since.returncode == 2 and "--since" in bad_since.stderr

@@ -1,0 +1,84 @@
+"""The agent loop's errors: one base, one class per way a run can be interrupted.
+
+Every error here ends a ``run()`` / ``resume()`` *after* the loop has closed its timeline's
+current block, set ``last_run_interrupted`` and run the ``on_abort`` hooks with ``reason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from wire import Cause
+
+from .._errors import TurnCancelled, WorkerError
+
+
+class AgentLoopError(WorkerError):
+    """Base of the errors raised by ``AgentLoop.run()`` and ``AgentLoop.resume()``."""
+
+    @property
+    def reason(self) -> str:
+        """What the ``on_abort`` hooks are told."""
+        return str(self)
+
+
+class Cancelled(AgentLoopError, TurnCancelled):
+    """Raised by ``run()`` / ``resume()`` when a cancel (``cancel()``, a ``CancelSender``, a
+    channel whose every sender is gone, or the bound turn's signal) is seen at a detection point.
+
+    A subclass of ``worker.TurnCancelled``: an agent that lets it propagate ends its turn
+    ``aborted``. ``cause`` is the bound turn's cause, or ``None`` for a local cancel.
+    """
+
+    def __init__(self, cause: Cause | None = None) -> None:
+        Exception.__init__(self, "Cancelled")
+        self.cause = cause
+
+    @property
+    def reason(self) -> str:
+        return "Cancelled"
+
+
+class Aborted(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when a hook answered ``Abort(reason)``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self._reason = reason
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+
+class ClientError(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when the model client failed to open the stream or
+    failed while streaming (the client's own exception is the ``__cause__``)."""
+
+
+class ToolError(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when a tool raised, or the model called a tool that
+    does not exist. ``name`` and ``call_id`` say which call; the tool's exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, name: str, call_id: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.call_id = call_id
+
+
+class HookError(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when a hook raised. ``phase`` is the hook method
+    (``before_step``, ``on_event``, ``after_tool_results``, ``on_abort``)."""
+
+    def __init__(self, message: str, *, phase: str) -> None:
+        super().__init__(message)
+        self.phase = phase
+
+
+class ConfigWarnings(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when the loop's ``settings`` hold options the model
+    client does not support; ``warnings`` lists them."""
+
+    def __init__(self, warnings: Sequence[str]) -> None:
+        self.warnings = tuple(warnings)
+        super().__init__("; ".join(self.warnings))

@@ -1,0 +1,59 @@
+"""Tools the model may call: a name, a JSON Schema for the arguments, and a function.
+
+The function gets the arguments as keyword arguments. An ``async def`` tool is cancelled
+with the rest of its batch when the loop is cancelled; a plain ``def`` tool runs in a thread
+and cannot be interrupted (the loop waits for it, and the pool's grace-then-kill is the bound).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+
+from ._messages import ToolSpec
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    fn: Callable[..., Any]
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    async def __call__(self, arguments: dict[str, Any]) -> Any:
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**arguments)
+        result = await anyio.to_thread.run_sync(functools.partial(self.fn, **arguments))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
+) -> Any:
+    """``@tool`` / ``@tool(name=..., parameters=...)``: a ``Tool`` from a function (its
+    docstring is the default description)."""
+
+    def make(f: Callable[..., Any]) -> Tool:
+        return Tool(
+            name=name or f.__name__,
+            fn=f,
+            description=description if description is not None else inspect.getdoc(f) or "",
+            parameters=parameters or {"type": "object", "properties": {}},
+        )
+
+    return make(fn) if fn is not None else make
