@@ -342,7 +342,7 @@ class Supervisor:
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
         """``submit`` then ``result``."""
         handle = await self.submit(agent, input, **kwargs)
-        return await handle.result()
+        return await self._result(handle.turn_id)
 
     def handle(self, turn_id: str) -> TurnHandle:
         """A handle on an existing turn; raises ``UnknownTurn``."""

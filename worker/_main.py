@@ -200,7 +200,9 @@ class WorkerLoop:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.pending: collections.deque[Run] = collections.deque()
-        self.wakeup = anyio.Event()
+        # The idle runner waits on a bare asyncio future (the worker runs on asyncio): a few µs
+        # cheaper per turn than an anyio.Event made and awaited each time.
+        self.wakeup: asyncio.Future[None] | None = None
         self.current: Turn | None = None
         self.current_scope: anyio.CancelScope | None = None
         self.current_async = False
@@ -228,7 +230,9 @@ class WorkerLoop:
 
     def on_run(self, msg: Run) -> None:
         self.pending.append(msg)
-        self.wakeup.set()
+        wakeup = self.wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
     async def runner(self) -> None:
         while True:
@@ -236,8 +240,11 @@ class WorkerLoop:
                 # Going idle: send what the finished turns posted now rather than one loop
                 # iteration later (the call_soon'd flush then finds nothing to do).
                 self.conn.flush()
-                self.wakeup = anyio.Event()
-                await self.wakeup.wait()
+                self.wakeup = self.conn._loop.create_future()
+                try:
+                    await self.wakeup
+                finally:
+                    self.wakeup = None
                 continue
             await self.run_turn(self.pending.popleft())
 
