@@ -109,6 +109,7 @@ class Supervisor:
         python: str | None = None,
         worker_args: tuple[str, ...] = (),
         prefetch: int = 64,
+        prefetch_window: float = 0.002,
         zygote: bool = True,
         preload: tuple[str, ...] = (),
     ) -> None:
@@ -142,6 +143,12 @@ class Supervisor:
         # Turns a worker may hold at once (running + handed ahead): hides the round trip between
         # one turn's end and the next one's start. 1 turns prefetching off.
         self.prefetch = prefetch
+        # How much work (seconds, at the recent mean turn time) a worker may hold beyond its current
+        # turn: trivial turns are handed up to ``prefetch`` at a time, turns longer than the window
+        # are not handed ahead at all, so a long agent turn never holds others behind it.
+        self.prefetch_window = _check_seconds("prefetch_window", prefetch_window, allow_none=False)
+        self._turn_time = self.prefetch_window  # EWMA of run times; starts at "too long to prefetch"
+        self._depth = 1
         # Fork workers from a preloaded zygote (a few ms) instead of starting interpreters (≈50 ms+);
         # ``preload`` names agent modules the zygote imports once for every worker.
         self.use_zygote = bool(zygote)
@@ -671,11 +678,16 @@ class Supervisor:
             slot.state = "busy"
             busy[slot] = None
             self._hand(slot, turn)
-        if self.prefetch > 1 and queue.has_ready():
+        if self._depth > 1 and queue.has_ready():
             self._top_up()
 
+    def _note_turn_time(self, run_s: float) -> None:
+        t = self._turn_time = self._turn_time + 0.2 * (run_s - self._turn_time)
+        window = self.prefetch_window
+        self._depth = 1 + min(self.prefetch - 1, int(window / t)) if t < window else 1
+
     def _top_up(self) -> None:
-        depth = self.prefetch
+        depth = self._depth
         limit = self.max_turns_per_worker
         queue = self._queue
         while True:
@@ -1126,6 +1138,8 @@ class Supervisor:
                     return  # once SIGTERM went out the outcome is "killed", whatever the worker says
                 slot.turn = None
                 slot.turns_run += 1
+                if turn.started_at is not None:
+                    self._note_turn_time(self._clock() - turn.started_at)
                 try:
                     output = wire.decode_payload(msg.output)
                 except msgspec.DecodeError:

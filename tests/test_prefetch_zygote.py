@@ -38,10 +38,22 @@ def handed_to(sup: Supervisor, turn_id: str) -> Any:
     return next((s for s in sup._slots.values() if any(t.id == turn_id for t in s.ahead)), None)
 
 
+# Hand turns ahead whatever the turn times: a window of an hour, seeded by one quick turn (the
+# mean turn time starts at the window, i.e. "too long to prefetch").
+EAGER = {"prefetch_window": 3600.0}
+
+
+async def seed(sup: Supervisor) -> None:
+    """One quick turn, so the supervisor's mean turn time drops below the window."""
+    with anyio.fail_after(30):
+        assert (await sup.run("examples.agents:echo", 0)).outcome == "completed"
+
+
 async def test_handed_turn_counts_as_queued_and_cancels_unstarted() -> None:
     """A turn handed ahead behind a busy worker is reported as queued; cancelling it ends ``aborted``
     with ``started`` false and no worker pid, and the running turn is untouched."""
-    async with Supervisor(workers=1, spares=0, grace=20) as sup:
+    async with Supervisor(workers=1, spares=0, grace=20, **EAGER) as sup:
+        await seed(sup)
         blocker = await sup.submit("tests.agents:wait_signal")
         await first_event(blocker)
         queued = await sup.submit("examples.agents:echo", "never")
@@ -60,7 +72,8 @@ async def test_handed_turn_counts_as_queued_and_cancels_unstarted() -> None:
 async def test_handed_turn_goes_back_to_the_queue_when_its_worker_dies() -> None:
     """The worker holding a handed-ahead turn is killed from outside: the running turn is ``crashed``,
     the handed one runs unharmed on the replacement worker."""
-    async with Supervisor(workers=1, spares=0) as sup:
+    async with Supervisor(workers=1, spares=0, **EAGER) as sup:
+        await seed(sup)
         blocker = await sup.submit("examples.agents:slow", {"seconds": 60})
         info = await first_event(blocker)
         nxt = await sup.submit("examples.agents:echo", "after")
@@ -77,7 +90,8 @@ async def test_handed_turn_goes_back_to_the_queue_when_its_worker_dies() -> None
 async def test_handed_turn_is_revoked_to_an_idle_worker() -> None:
     """Two workers busy, a third turn handed ahead behind one of them; when the *other* worker frees
     up, the handed turn is revoked and runs there while the first worker is still busy."""
-    async with Supervisor(workers=2, spares=0, grace=20) as sup:
+    async with Supervisor(workers=2, spares=0, grace=20, **EAGER) as sup:
+        await seed(sup)
         a = await sup.submit("examples.agents:slow", {"seconds": 60})
         b = await sup.submit("examples.agents:slow", {"seconds": 60})
         info = {a.turn_id: await first_event(a), b.turn_id: await first_event(b)}
@@ -96,6 +110,25 @@ async def test_handed_turn_is_revoked_to_an_idle_worker() -> None:
         await stuck.cancel()
         with anyio.fail_after(30):
             assert (await stuck.result()).outcome == "aborted"
+
+
+async def test_long_turns_get_nothing_handed_behind_them() -> None:
+    """With the default window (2 ms of work), once turns are seen to be long a queued turn stays in
+    the queue instead of being handed ahead behind a running one; trivial turns are prefetched."""
+    async with Supervisor(workers=1, spares=0, grace=20) as sup:
+        with anyio.fail_after(60):
+            await sup.run("examples.agents:slow", {"seconds": 0.05})  # a "long" turn: 50 ms > 2 ms
+            blocker = await sup.submit("examples.agents:slow", {"seconds": 60})
+            await first_event(blocker)
+            waiting = await sup.submit("examples.agents:echo", "later")
+            assert handed_to(sup, waiting.turn_id) is None and sup.status()["queue"] == 1
+            await blocker.cancel()
+            assert (await blocker.result()).outcome == "aborted"
+            assert (await waiting.result()).outcome == "completed"
+            # Trivial turns bring the mean down: a burst is handed ahead several at a time again.
+            results = [await h.result() for h in [await sup.submit("examples.agents:noop") for _ in range(200)]]
+        assert all(r.outcome == "completed" for r in results)
+        assert sup._depth > 1
 
 
 async def test_zygote_workers_are_our_children_in_their_own_session() -> None:
