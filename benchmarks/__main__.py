@@ -54,7 +54,9 @@ def main() -> int:
     )
     header += _glance(sections)
     out = HERE / "RESULTS.md"
-    out.write_text(header + "\n\n".join(sections) + "\n")
+    tuning = HERE / "TUNING.md"
+    tail = "\n\n" + tuning.read_text().strip() + "\n" if tuning.exists() and not args.only else "\n"
+    out.write_text(header + "\n\n".join(sections) + tail)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
