@@ -87,6 +87,14 @@ class Supervisor:
 
     Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is
     cancelled with cause ``disposed``, escalated as needed, and every worker reaped.
+
+    Speed knobs (keyword-only): ``prefetch`` caps the turns a worker holds at once (running +
+    handed ahead; 1 turns it off) and ``prefetch_window`` is how much work, at the recent mean
+    turn time, may wait handed ahead behind a running turn (2 ms: trivial turns are prefetched
+    deeply, long agent turns not at all); a handed-ahead turn still counts as queued until it
+    starts. ``zygote`` forks workers from a preloaded process (a few ms instead of a fresh
+    interpreter; workers inherit the environment as it was when the supervisor started) and
+    ``preload`` names agent modules that process imports once for every worker.
     """
 
     def __init__(
