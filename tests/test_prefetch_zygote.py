@@ -209,3 +209,12 @@ def test_supervisor_sigkill_leaves_no_zygote_forked_process() -> None:
         p.kill()
     psutil.wait_procs(alive, timeout=5)
     assert [p.pid for p in alive] == []
+
+
+async def test_preload_imports_agents_once_and_tolerates_a_bad_module() -> None:
+    """Agents from a ``preload`` module run as usual; a preload module that cannot be imported is
+    reported on the zygote's stderr and changes nothing else (workers still start, turns run)."""
+    async with Supervisor(workers=1, spares=0, preload=("tests.agents", "no_such_module_here")) as sup:
+        with anyio.fail_after(30):
+            result = await sup.run("tests.agents:signal_state")
+    assert result.outcome == "completed" and result.output["cancelled"] is False
