@@ -3,13 +3,20 @@
 Layers, bottom up: ``_timers`` (one task for every deadline), ``_turns`` (the turn record,
 the one cancellation holder, and the queue), ``_pool`` (a worker slot), ``_procs`` (start,
 signal, reap worker process trees), ``_core`` (``Supervisor``: the engine), ``_handle``
-(``TurnHandle``), ``_sync`` (blocking twins). Never imports agent code.
+(``TurnHandle``), ``_sync`` (blocking twins); around it the serve daemon: ``_daemon`` (a ROUTER
+in front of a ``Supervisor``), ``_endpoint`` (claiming and binding its address), ``_metrics``
+(Prometheus), ``_daemon_journal`` (the journal on the daemon's hooks), ``_client`` (``Client``,
+``SyncClient``), ``_cli_daemon`` (serve, submit, cancel, status). Never imports agent code.
 """
 
 from wire import Cause, TurnError, TurnResult
 
+from ._client import Client, SyncClient
 from ._core import Supervisor
+from ._daemon import Daemon
 from ._errors import (
+    DaemonAlreadyRunning,
+    DaemonShuttingDown,
     DaemonUnavailable,
     InvalidAgent,
     ProtocolError,
@@ -23,7 +30,8 @@ from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
 
 __all__ = [
-    "Cause", "DaemonUnavailable", "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor",
-    "SupervisorClosed", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult",
-    "TurnpoolError", "UnknownTurn", "WorkerStartError",
+    "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown", "DaemonUnavailable",
+    "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient",
+    "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError",
+    "UnknownTurn", "WorkerStartError",
 ]

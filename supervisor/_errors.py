@@ -40,3 +40,11 @@ class ProtocolError(TurnpoolError):
 
 class DaemonUnavailable(TurnpoolError, ConnectionError):
     """Raised by ``Client`` calls when no daemon answers at the endpoint (named in the message)."""
+
+
+class DaemonShuttingDown(SupervisorClosed):
+    """Raised by ``Client.submit``/``run`` when the serve daemon is draining or disposing."""
+
+
+class DaemonAlreadyRunning(TurnpoolError):
+    """Raised by ``Daemon.serve`` (``turnpool serve``) when a live daemon already holds the endpoint."""

@@ -339,10 +339,6 @@ async def test_command_line_errors_are_clear() -> None:
 async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
     """``--connect E``: prompts run as turns of the serve daemon at E — streamed, cancelled
     (a stubborn one killed by the daemon after the grace given to ``acp``) and served again."""
-    import supervisor
-
-    if not hasattr(supervisor, "Client"):
-        pytest.skip("needs supervisor.Client from the daemon branch")
     rundir = Path(tempfile.mkdtemp(prefix="tp-acp-", dir="/tmp"))  # short: ipc paths are limited
     endpoint = f"ipc://{rundir}/daemon.sock"
     log = open(tmp_path / "daemon-stderr.log", "wb")  # noqa: ASYNC230 (a local file, closed below)

@@ -32,8 +32,6 @@ from supervisor.batch import (
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch"]
-# Module-level guard, removed by the lead once the daemon branch is merged.
-HAVE_CLIENT = hasattr(supervisor, "Client")
 
 E = "examples.agents:"
 
@@ -478,7 +476,6 @@ async def test_cancelling_run_batch_on_a_client_like_backend(tmp_path: Path) -> 
 # ---- through a daemon ------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not HAVE_CLIENT, reason="needs supervisor.Client from the daemon branch")
 def test_same_batch_through_connect(tmp_path: Path) -> None:
     """The mixed batch (smaller) against a real ``turnpool serve``: every job has exactly one line
     with the outcome its agent must produce; a --resume run after it runs nothing again."""

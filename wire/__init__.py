@@ -2,10 +2,41 @@
 
 Layers: ``_cause`` (the closed cancellation vocabulary and its validation), ``_messages``
 (one tagged union per direction, plus ``TurnResult``), ``_codec`` (reused encoders and
-decoders). This package knows nothing of who owns the sockets.
+decoders), ``_client`` (the client↔daemon protocol: one tagged union per direction).
+This package knows nothing of who owns the sockets.
 """
 
 from ._cause import CAUSE_KINDS, DEADLINE, DISPOSED, MEMORY, PARENT, USER, Cause, CauseKind, validate_cause
+from ._client import (
+    CLIENT_PROTOCOL_VERSION,
+    ERROR_CODES,
+    Accepted,
+    Cancel,
+    Cancelled,
+    CancelSession,
+    Credit,
+    Error,
+    ErrorCode,
+    Events,
+    Follow,
+    FollowEnd,
+    FromDaemon,
+    GetResult,
+    GetStatus,
+    Hello,
+    Lookup,
+    Ok,
+    Result,
+    SessionCancelled,
+    Status,
+    Submit,
+    ToDaemon,
+    Unfollow,
+    Welcome,
+    WhenIdle,
+    decode_from_daemon,
+    decode_to_daemon,
+)
 from ._codec import (
     MAX_MESSAGE_SIZE,
     decode_from_worker,
@@ -48,4 +79,10 @@ __all__ = [
     "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "Event", "FromWorker", "Heartbeat", "Outcome",
     "Ready", "Revoke", "Revoked", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
     "TurnResult", "WorkerOutcome",
+    # client <-> daemon
+    "CLIENT_PROTOCOL_VERSION", "ERROR_CODES", "Accepted", "Cancel", "CancelSession", "Cancelled", "Credit",
+    "Error", "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello",
+    "Lookup", "Ok", "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome",
+    "WhenIdle",
+    "decode_from_daemon", "decode_to_daemon",
 ]

@@ -1,0 +1,141 @@
+"""Helpers for tests against a real ``turnpool serve`` subprocess.
+
+Each daemon gets its own short temp dir (``/tmp/tpd…``: an ``ipc://`` path must fit in 107
+bytes), its own ``TURNPOOL_ENDPOINT`` and ``XDG_RUNTIME_DIR``, so tests never share a daemon.
+Start-up is awaited on the daemon's own "ready" line on stdout, bounded; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from supervisor._daemon import READY_PREFIX
+
+ENTRY = "from supervisor._cli import entry; entry()"
+READY_TIMEOUT = 60.0
+
+
+def turnpool_argv(*args: str) -> list[str]:
+    """argv running the ``turnpool`` console script with this interpreter."""
+    return [sys.executable, "-c", ENTRY, *args]
+
+
+def short_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="tpd", dir="/tmp"))
+
+
+class Served:
+    """A running ``turnpool serve``: its process, endpoint, env, ready line and stderr file."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], endpoint: str, env: dict[str, str], home: Path,
+                 ready: str) -> None:
+        self.proc = proc
+        self.endpoint = endpoint
+        self.env = env
+        self.home = home
+        self.ready = ready
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def metrics_url(self) -> str:
+        return self.ready.split(" metrics ", 1)[1].strip()
+
+    def stderr(self) -> str:
+        return (self.home / "stderr.log").read_text(errors="replace")
+
+    def cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run a ``turnpool`` command against this daemon (through the environment)."""
+        return subprocess.run(turnpool_argv(*args), env=self.env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+def env_for(home: Path, endpoint: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XDG_RUNTIME_DIR"] = str(home)
+    if endpoint is None:
+        env.pop("TURNPOOL_ENDPOINT", None)
+    else:
+        env["TURNPOOL_ENDPOINT"] = endpoint
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p)
+    return env
+
+
+def start(*args: str, home: Path | None = None, endpoint: str | None = "default",
+          check_ready: bool = True) -> Served:
+    """Start ``turnpool serve`` and wait (bounded) for its ready line."""
+    home = home or short_dir()
+    if endpoint == "default":
+        endpoint = f"ipc://{home}/s.sock"
+    env = env_for(home, endpoint)
+    err = open(home / "stderr.log", "ab")  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(turnpool_argv("serve", *args), env=env, stdout=subprocess.PIPE, stderr=err,
+                                stdin=subprocess.DEVNULL)
+    finally:
+        err.close()
+    if not check_ready:
+        return Served(proc, endpoint or "", env, home, "")
+    line = _read_line(proc, READY_TIMEOUT)
+    if not line.startswith(READY_PREFIX):
+        stop_process(proc)
+        raise AssertionError(f"serve did not get ready: {line!r}\n{(home / 'stderr.log').read_text()}")
+    actual = line[len(READY_PREFIX):].split(" ", 1)[0]
+    return Served(proc, actual, env, home, line)
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return ""
+        readable, _, _ = select.select([proc.stdout], [], [], left)
+        if readable:
+            return proc.stdout.readline().decode(errors="replace").strip()
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """SIGTERM, wait (bounded), SIGKILL if it must; always reaped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@contextlib.contextmanager
+def serving(*args: str, **kwargs: object) -> Iterator[Served]:
+    """``turnpool serve`` for the duration of the block; stopped (SIGTERM, drained) and cleaned after."""
+    served = start(*args, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield served
+    finally:
+        stop_process(served.proc)
+        shutil.rmtree(served.home, ignore_errors=True)
+
+
+FAST = ("--workers", "2", "--spares", "0", "--grace", "0.5", "--kill-after", "0.5", "--drain", "0")

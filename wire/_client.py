@@ -1,0 +1,221 @@
+"""Messages between a client and the serve daemon.
+
+One ZeroMQ message carries one message (a msgpack array: tag first, then the fields). The
+client opens with ``Hello`` and the daemon answers ``Welcome`` with its protocol version and
+the largest message its socket accepts, so a client refuses an oversized request itself
+instead of being disconnected by ``MAXMSGSIZE`` without a word.
+
+Every request carries ``req``, an id chosen by the client and unique on its connection: the
+daemon echoes it in every reply, so many requests (and many event streams) can be in flight on
+one DEALER. A ``Follow`` is answered by zero or more ``Events`` then one ``FollowEnd`` (or an
+``Error``). Anything that goes wrong is an ``Error`` with a closed ``code`` and a message; a
+frame that does not decode gets ``Error(req=0, code="malformed")``.
+
+Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
+hands the bytes to its supervisor and its workers untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ._cause import Cause
+from ._messages import TurnResult
+
+CLIENT_PROTOCOL_VERSION = 1
+
+ErrorCode = Literal[
+    "malformed",      # the frame did not decode (or was not a single frame)
+    "protocol",       # the client speaks another protocol version
+    "unknown_turn",   # no such turn id (never accepted, or its result was evicted)
+    "invalid_agent",  # the agent is not written "package.module:attr"
+    "bad_type",       # an argument of the wrong type
+    "bad_value",      # an argument with a value out of range
+    "queue_full",     # the daemon's queue already holds max_queue turns
+    "shutting_down",  # the daemon is draining or disposing: it accepts no new turn
+    "internal",       # a bug in the daemon: reported, never fatal
+]
+ERROR_CODES: tuple[str, ...] = (
+    "malformed", "protocol", "unknown_turn", "invalid_agent", "bad_type", "bad_value", "queue_full",
+    "shutting_down", "internal",
+)
+
+
+class _CMsg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True, tag=True):
+    pass
+
+
+# ---- client → daemon -----------------------------------------------------------------
+
+
+class Hello(_CMsg, tag="hello"):
+    """First request of a connection: the client's protocol version."""
+
+    req: int
+    version: int
+
+
+class Submit(_CMsg, tag="submit"):
+    """Accept a turn (idempotent by ``turn_id``). With ``wait`` the ``Accepted`` reply is followed
+    by the turn's ``Result`` under the same ``req`` (``run`` in one round trip)."""
+
+    req: int
+    agent: str
+    input: msgspec.Raw
+    session: str | None = None
+    timeout: float | None = None
+    grace: float | None = None
+    kill_after: float | None = None
+    turn_id: str | None = None
+    wait: bool = False
+
+
+class Cancel(_CMsg, tag="cancel"):
+    req: int
+    turn_id: str
+    cause: Cause
+
+
+class CancelSession(_CMsg, tag="cancel_session"):
+    req: int
+    session: str
+    cause: Cause
+
+
+class GetResult(_CMsg, tag="result"):
+    """Wait for the turn's result (answered when the turn is quiescent)."""
+
+    req: int
+    turn_id: str
+
+
+class Follow(_CMsg, tag="follow"):
+    """Stream the turn's events from the oldest retained one; ends with ``FollowEnd``.
+
+    ``window`` > 0 is flow control: the daemon sends at most that many events beyond those the
+    client has granted with ``Credit`` (0: no limit)."""
+
+    req: int
+    turn_id: str
+    window: int = 0
+
+
+class Credit(_CMsg, tag="credit"):
+    """The client consumed ``n`` more events of the follow ``req``: the daemon may send ``n`` more."""
+
+    req: int
+    n: int
+
+
+class Unfollow(_CMsg, tag="unfollow"):
+    """Stop the event stream opened by the ``Follow`` whose id is ``req``."""
+
+    req: int
+
+
+class Lookup(_CMsg, tag="lookup"):
+    """Does the daemon know this turn? Answered ``Ok`` or ``Error(unknown_turn)``."""
+
+    req: int
+    turn_id: str
+
+
+class GetStatus(_CMsg, tag="status"):
+    req: int
+
+
+class WhenIdle(_CMsg, tag="when_idle"):
+    """Answered ``Ok`` once no turn is queued or running."""
+
+    req: int
+
+
+ToDaemon = (
+    Hello | Submit | Cancel | CancelSession | GetResult | Follow | Credit | Unfollow | Lookup | GetStatus
+    | WhenIdle
+)
+
+
+# ---- daemon → client -----------------------------------------------------------------
+
+
+class Welcome(_CMsg, tag="welcome"):
+    req: int
+    version: int
+    max_message_size: int
+    pid: int
+
+
+class Accepted(_CMsg, tag="accepted"):
+    """The turn is accepted; ``existing`` when the ``turn_id`` was already known (not run again)."""
+
+    req: int
+    turn_id: str
+    existing: bool = False
+
+
+class Cancelled(_CMsg, tag="cancelled"):
+    """The winning cause (``None``: the turn had ended without being cancelled)."""
+
+    req: int
+    cause: Cause | None
+
+
+class SessionCancelled(_CMsg, tag="session_cancelled"):
+    req: int
+    turn_ids: list[str]
+
+
+class Result(_CMsg, tag="result"):
+    req: int
+    result: TurnResult
+
+
+class Events(_CMsg, tag="events"):
+    """Events of a followed turn; ``seq`` numbers the first one (a gap: older events were dropped)."""
+
+    req: int
+    seq: int
+    data: list[msgspec.Raw]
+
+
+class FollowEnd(_CMsg, tag="follow_end"):
+    req: int
+
+
+class Status(_CMsg, tag="status"):
+    req: int
+    status: dict[str, Any]
+
+
+class Ok(_CMsg, tag="ok"):
+    req: int
+
+
+class Error(_CMsg, tag="error"):
+    """Why a request failed; ``req`` is 0 when the request could not even be read."""
+
+    req: int
+    code: ErrorCode
+    message: str
+
+
+FromDaemon = (
+    Welcome | Accepted | Cancelled | SessionCancelled | Result | Events | FollowEnd | Status | Ok | Error
+)
+
+
+_to_daemon = msgspec.msgpack.Decoder(ToDaemon)
+_from_daemon = msgspec.msgpack.Decoder(FromDaemon)
+
+
+def decode_to_daemon(frame: bytes) -> ToDaemon:
+    """Decode a client→daemon frame; raises ``msgspec.DecodeError`` (incl. validation)."""
+    return _to_daemon.decode(frame)
+
+
+def decode_from_daemon(frame: bytes) -> FromDaemon:
+    """Decode a daemon→client frame; raises ``msgspec.DecodeError`` (incl. validation)."""
+    return _from_daemon.decode(frame)
