@@ -1132,6 +1132,9 @@ class Supervisor:
                         # Cancelled while handed ahead, started before the Abort arrived.
                         turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
             case wire.End(turn_id=turn_id):
+                if msg.ack:
+                    # The worker holds back its next handed turn until this End is known here.
+                    self._send(slot, wire.EndAck(turn_id))
                 if turn is None or turn.id != turn_id:
                     handed = next((t for t in slot.ahead if t.id == turn_id), None)
                     if handed is None:

@@ -218,3 +218,21 @@ async def test_preload_imports_agents_once_and_tolerates_a_bad_module() -> None:
         with anyio.fail_after(30):
             result = await sup.run("tests.agents:signal_state")
     assert result.outcome == "completed" and result.output["cancelled"] is False
+
+
+async def test_a_crash_never_takes_the_end_of_the_turn_before_it() -> None:
+    """A turn that reported Started early (a thread agent) is followed, handed ahead on the same
+    worker, by one that kills the process at once: the first still ends ``completed`` (its End is
+    confirmed before the next handed turn starts), the second ``crashed``. Ten pairs in a row."""
+    async with Supervisor(workers=1, spares=0, **EAGER) as sup:
+        await seed(sup)
+        pairs = []
+        for i in range(10):
+            first = await sup.submit("examples.agents:echo_sync", {"i": i})
+            crash = await sup.submit("examples.agents:crasher", {"code": 3})
+            pairs.append((first, crash))
+        with anyio.fail_after(120):
+            for i, (first, crash) in enumerate(pairs):
+                r1, r2 = await first.result(), await crash.result()
+                assert (r1.outcome, r1.output) == ("completed", {"i": i}), r1
+                assert r2.outcome == "crashed" and r2.exit_code == 3, r2

@@ -53,6 +53,7 @@ from ._messages import (
     Abort,
     BadFrame,
     End,
+    EndAck,
     Event,
     FromWorker,
     Heartbeat,
@@ -76,7 +77,7 @@ __all__ = [
     "CAUSE_KINDS", "DEADLINE", "DISPOSED", "MEMORY", "PARENT", "USER", "Cause", "CauseKind", "validate_cause",
     "MAX_MESSAGE_SIZE", "decode_from_worker", "decode_payload", "decode_to_worker", "encode", "encode_frame",
     "encode_payload",
-    "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "Event", "FromWorker", "Heartbeat", "Outcome",
+    "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "EndAck", "Event", "FromWorker", "Heartbeat", "Outcome",
     "Ready", "Revoke", "Revoked", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started", "ToWorker", "TurnError",
     "TurnResult", "WorkerOutcome",
     # client <-> daemon

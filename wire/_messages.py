@@ -103,7 +103,13 @@ class Revoke(_Msg, tag="revoke"):
     turn_id: str
 
 
-ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke
+class EndAck(_Msg, tag="end_ack"):
+    """The supervisor has this turn's ``End`` (sent when the ``End`` asked for it, see ``End.ack``)."""
+
+    turn_id: str
+
+
+ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke | EndAck
 
 
 # ---- worker → supervisor -------------------------------------------------------------
@@ -137,6 +143,10 @@ class End(_Msg, tag="end"):
     outcome: WorkerOutcome
     output: msgspec.Raw = NIL
     error: TurnError | None = None
+    # The worker will start another turn it was handed only once the supervisor confirms this End
+    # (``EndAck``): set when this turn's ``Started`` left in an earlier frame, so that a crash in
+    # the next turn cannot lose this End while the supervisor believes this turn still running.
+    ack: bool = False
 
 
 class Spawn(_Msg, tag="spawn"):

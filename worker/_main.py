@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Abort, End, Revoke, Run, Shutdown, SpawnReply, TurnError
+from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnError
 
 from . import _tree
 from ._errors import SpawnError, TurnCancelled
@@ -139,6 +139,7 @@ class Connection:
         self._spawns: dict[int, asyncio.Future[Any]] = {}
         self._next_req = 0
         self.on_readable: Any = None  # the reader callback, re-run when a send hid a readable edge
+        self.frames = 0  # frames sent so far: tells whether a Started already left
 
     def post(self, msg: Any) -> None:
         if not self._out:
@@ -148,6 +149,7 @@ class Connection:
     def flush(self) -> None:
         if self._out:
             out, self._out = self._out, []
+            self.frames += 1
             self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
             # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
             # EVENTS so a message that arrived meanwhile is not stranded.
@@ -206,6 +208,11 @@ class WorkerLoop:
         self.current: Turn | None = None
         self.current_scope: anyio.CancelScope | None = None
         self.current_async = False
+        # An End that asked for an EndAck: no handed turn starts before that ack is in. A frame
+        # still inside ZeroMQ dies with the process, so without this a turn that crashes the
+        # worker could take the End of the turn before it along (reported crashed, not completed).
+        self.unacked: str | None = None
+        self.acked: asyncio.Future[None] | None = None
 
     def on_abort(self, msg: Abort) -> None:
         turn = self.current
@@ -228,6 +235,12 @@ class WorkerLoop:
                 self.conn.post(wire.Revoked(msg.turn_id))
                 return
 
+    def on_end_ack(self, msg: EndAck) -> None:
+        if msg.turn_id == self.unacked:
+            self.unacked = None
+            if self.acked is not None and not self.acked.done():
+                self.acked.set_result(None)
+
     def on_run(self, msg: Run) -> None:
         self.pending.append(msg)
         wakeup = self.wakeup
@@ -246,11 +259,20 @@ class WorkerLoop:
                 finally:
                     self.wakeup = None
                 continue
+            if self.unacked is not None:
+                self.conn.flush()
+                self.acked = self.conn._loop.create_future()
+                try:
+                    await self.acked
+                finally:
+                    self.acked = None
+                continue  # the queue may have changed meanwhile (Abort, Revoke)
             await self.run_turn(self.pending.popleft())
 
     async def run_turn(self, msg: Run) -> None:
         conn = self.conn
         conn.post(wire.Started(msg.turn_id))
+        frames_at_start = conn.frames
         try:
             value = wire.decode_payload(msg.input)
         except msgspec.DecodeError as exc:
@@ -302,7 +324,12 @@ class WorkerLoop:
         finally:
             self.current = None
             self.current_scope = None
-        conn.post(End(msg.turn_id, outcome, output, error))  # type: ignore[arg-type]
+        # Started already left in an earlier frame: the supervisor sees this turn running, so its End
+        # must be confirmed before a handed turn (which might crash the process) starts.
+        ack = conn.frames != frames_at_start
+        if ack:
+            self.unacked = msg.turn_id
+        conn.post(End(msg.turn_id, outcome, output, error, ack))  # type: ignore[arg-type]
 
 
 def _is_cancellation(exc: BaseException, turn: Turn) -> bool:
@@ -360,6 +387,8 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
                         loop.on_abort(msg)
                     case Revoke():
                         loop.on_revoke(msg)
+                    case EndAck():
+                        loop.on_end_ack(msg)
                     case SpawnReply():
                         conn.spawn_reply(msg)
                     case Shutdown():
