@@ -19,9 +19,11 @@ def _glance(sections: list[str]) -> str:
     """Every section's "Target(s): ..." line under its title: the verdicts in one place."""
     lines = []
     for text in sections:
-        title = next((ln[3:] for ln in text.splitlines() if ln.startswith("## ")), "?")
+        title = "?"
         for ln in text.splitlines():
-            if ln.startswith(("Targets:", "Target:")):
+            if ln.startswith("## "):
+                title = ln[3:]
+            elif ln.startswith(("Targets:", "Target:")):
                 lines.append(f"- **{title}** — {ln.split(':', 1)[1].strip()}")
     if not lines:
         return ""
