@@ -45,8 +45,9 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("metrics_host", str, "address for the metrics server (default 127.0.0.1)"),
     ("curve_secret_key", str, "CURVE: the daemon's certificate file with its secret key"),
     ("curve_clients", str, "CURVE: directory of the public certificates of allowed clients"),
-    ("journal", str, "record every accepted turn in this SQLite journal (see `turnpool history`)"),
-    ("keep_days", float, "with --journal: delete ended turns older than this many days"),
+    ("journal", str, "the SQLite journal of every accepted turn (default: one per endpoint in the per-user "
+                     "state dir; see `turnpool history`)"),
+    ("keep_days", float, "delete ended turns older than this many days from the journal"),
     ("log_level", str, "DEBUG, INFO, WARNING (default), ERROR"),
 )
 DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_level": "WARNING"}
@@ -66,7 +67,9 @@ def register(subparsers: Any) -> None:
     for name, kind, text in DAEMON_OPTIONS + SUPERVISOR_OPTIONS:
         serve.add_argument(_flag(name), dest=name, type=kind, default=None, help=text)
     serve.add_argument("--journal-events", dest="journal_events", action="store_const", const=True,
-                       default=None, help="with --journal: record the turns' events too")
+                       default=None, help="record the turns' events in the journal too")
+    serve.add_argument("--no-journal", dest="no_journal", action="store_const", const=True, default=None,
+                       help="run without a journal: nothing survives a restart")
     serve.set_defaults(func=cmd_serve)
 
     submit = subparsers.add_parser("submit", help="submit a turn to the daemon")
@@ -110,6 +113,7 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     """Merge built-in defaults < the TOML config < flags. Raises ``ValueError`` on unknown keys."""
     known: dict[str, Any] = {name: kind for name, kind, _ in DAEMON_OPTIONS + SUPERVISOR_OPTIONS}
     known["journal_events"] = bool
+    known["no_journal"] = bool
     merged: dict[str, Any] = dict(DEFAULTS)
     if args.config:
         with open(args.config, "rb") as f:
@@ -144,20 +148,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     journal_path = opts.pop("journal", None)
     keep_days = opts.pop("keep_days", None)
     journal_events = bool(opts.pop("journal_events", False))
-    if journal_path is None and (keep_days is not None or journal_events):
-        return _fail("serve: --keep-days and --journal-events need --journal PATH", EXIT_USAGE)
+    no_journal = bool(opts.pop("no_journal", False))
+    if no_journal and (journal_path is not None or keep_days is not None or journal_events):
+        return _fail("serve: --no-journal cannot go with --journal, --keep-days or --journal-events", EXIT_USAGE)
     try:
         daemon = Daemon(opts.pop("endpoint", None), supervisor=sup, **opts)
     except (TypeError, ValueError) as exc:
         return _fail(f"serve: {exc}", EXIT_USAGE)
-    if journal_path is None:
+    if no_journal:
         return run_daemon(daemon)
     from ._daemon_journal import attach_journal
-    from ._journal import Journal, JournalError
+    from ._journal import Journal, JournalError, default_journal_path
 
+    from ._errors import DaemonAlreadyRunning
+
+    if journal_path is None:
+        journal_path = str(default_journal_path(daemon.endpoint))
+    try:
+        # Claim the endpoint first: a second daemon is told about the daemon, not about its journal.
+        daemon._endpoint.claim()
+    except (DaemonAlreadyRunning, ValueError, OSError) as exc:
+        print(f"turnpool serve: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     try:
         journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events)
     except (JournalError, OSError) as exc:
+        daemon._endpoint.release()
         return _fail(f"serve: {exc}")
     try:
         attach_journal(daemon, journal)

@@ -39,24 +39,26 @@ def _since(value: str) -> float:
 
 def register(sub: Any) -> None:
     h = sub.add_parser("history", help="list past turns from the daemon's journal")
-    h.add_argument("--journal", default=None, help=f"journal file (default {default_journal_path()})")
+    h.add_argument("--journal", default=None, help="journal file (default: the daemon's at --endpoint)")
     h.add_argument("--session")
     h.add_argument("--outcome", choices=OUTCOMES)
     h.add_argument("--since", type=_since, help="epoch seconds, ISO time, or an age like 2h")
     h.add_argument("--limit", type=int, default=100)
     h.add_argument("--json", action="store_true", help="one JSON object per line")
-    h.add_argument("--endpoint", help=argparse.SUPPRESS)  # accepted for symmetry with other commands
+    h.add_argument("--endpoint", help="the daemon whose journal to read (default: TURNPOOL_ENDPOINT or the "
+                                      "default endpoint)")
     h.set_defaults(func=history)
 
     r = sub.add_parser("result", help="print one past turn's result as JSON")
     r.add_argument("turn_id")
-    r.add_argument("--journal", default=None, help=f"journal file (default {default_journal_path()})")
-    r.add_argument("--endpoint", help=argparse.SUPPRESS)
+    r.add_argument("--journal", default=None, help="journal file (default: the daemon's at --endpoint)")
+    r.add_argument("--endpoint", help="the daemon whose journal to read")
     r.set_defaults(func=result)
 
 
 def _path(args: argparse.Namespace) -> str:
-    return args.journal or str(default_journal_path())
+    """``--journal``, else the journal of the daemon at ``--endpoint`` (or the default endpoint)."""
+    return args.journal or str(default_journal_path(args.endpoint))
 
 
 def history(args: argparse.Namespace) -> int:

@@ -364,6 +364,7 @@ class Client:
         grace: float | None = None,
         kill_after: float | None = None,
         turn_id: str | None = None,
+        retry: bool = False,
     ) -> TurnHandle:
         """Submit a turn to the daemon; returns its handle at once.
 
@@ -372,7 +373,7 @@ class Client:
         ``QueueFull``, ``DaemonShuttingDown``. A known ``turn_id`` returns the existing turn.
         """
         make = _submit_request(agent, input, session=session, timeout=timeout, grace=grace,
-                               kill_after=kill_after, turn_id=turn_id)
+                               kill_after=kill_after, turn_id=turn_id, retry=retry)
         reply = await self._call(make)
         return TurnHandle(self, reply.turn_id)
 
@@ -386,11 +387,12 @@ class Client:
         grace: float | None = None,
         kill_after: float | None = None,
         turn_id: str | None = None,
+        retry: bool = False,
     ) -> TurnResult:
         """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
         ``Result`` under the same request id. Raises as ``submit`` does."""
         make = _submit_request(agent, input, session=session, timeout=timeout, grace=grace,
-                               kill_after=kill_after, turn_id=turn_id, wait=True)
+                               kill_after=kill_after, turn_id=turn_id, retry=retry, wait=True)
         self._check_open()
         req = next(self._reqs)
         send, receive = anyio.create_memory_object_stream[Any](2)
@@ -499,7 +501,7 @@ class Client:
 
 
 def _submit_request(agent: str, input: Any, *, session: Any, timeout: Any, grace: Any, kill_after: Any,
-                    turn_id: Any, wait: bool = False) -> Callable[[int], wire.Submit]:
+                    turn_id: Any, wait: bool = False, retry: Any = False) -> Callable[[int], wire.Submit]:
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
     raw = wire.encode_payload(input, what="turn input")
@@ -508,7 +510,9 @@ def _submit_request(agent: str, input: Any, *, session: Any, timeout: Any, grace
     timeout = _check_seconds("timeout", timeout, positive=True)
     grace = _check_seconds("grace", grace)
     kill_after = _check_seconds("kill_after", kill_after)
-    return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait)
+    if not isinstance(retry, bool):
+        raise TypeError(f"retry must be True or False, got {retry!r}")
+    return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
 
 
 def _check_turn_id(turn_id: Any) -> None:

@@ -199,6 +199,7 @@ class Supervisor:
         self._result_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
         self._event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []
         self._start_hooks: list[Callable[[TurnRecord, int], None]] = []
+        self._accept_hooks: list[Callable[[TurnRecord], None]] = []
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
@@ -342,16 +343,19 @@ class Supervisor:
         grace: float | None = None,
         kill_after: float | None = None,
         turn_id: str | None = None,
+        retry: bool = False,
     ) -> TurnHandle:
         """Accept a turn and queue it; returns its handle at once.
 
         Raises ``InvalidAgent`` (agent syntax), ``TypeError`` (input not encodable, bad
         argument types), ``ValueError`` (negative times), ``QueueFull``, ``SupervisorClosed``.
         A ``turn_id`` that already exists returns the existing turn's handle (never runs twice).
+        ``retry=True`` lets a daemon with a journal run the turn again after a restart that
+        interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
         """
         raw = wire.encode_payload(input, what="turn input")
         turn = self._accept(agent, raw, session=session, timeout=timeout, grace=grace,
-                            kill_after=kill_after, turn_id=turn_id, parent=None)
+                            kill_after=kill_after, turn_id=turn_id, parent=None, retry=retry)
         return TurnHandle(self, turn.id)
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
@@ -470,7 +474,11 @@ class Supervisor:
         kill_after: float | None,
         turn_id: str | None,
         parent: str | None,
+        retry: bool = False,
+        attempts: int = 1,
     ) -> TurnRecord:
+        if not isinstance(retry, bool):
+            raise TypeError(f"retry must be True or False, got {retry!r}")
         check_agent(agent)
         session = _check_optional_str("session", session)
         turn_id = _check_optional_str("turn_id", turn_id)
@@ -493,8 +501,12 @@ class Supervisor:
             kill_after if kill_after is not None else self.kill_after,
             self._clock(),
         )
+        turn.retry = retry
+        turn.attempts = attempts
         self._turns[turn_id] = turn
         self._active += 1
+        for accept_hook in self._accept_hooks:
+            accept_hook(turn)
         self._queue.push(turn)
         self._pump()
         return turn
@@ -1243,6 +1255,25 @@ class Supervisor:
                 self._send(slot, wire.Revoke(handed.id))
         self._fill_pool()
         self._pump()
+
+    def _restore_result(self, result: TurnResult) -> None:
+        """Register a turn that ended before this supervisor started (a daemon's journal), so
+        ``handle(id).result()`` and ``cancel(id)`` answer for it as for any ended turn."""
+        if result.turn_id in self._turns:
+            return
+        turn = TurnRecord(result.turn_id, result.agent, wire.NIL, result.session, result.parent, None, 0.0, 0.0,
+                          anyio.current_time())
+        turn.state = "ended"
+        turn.result = result
+        turn.cause = result.cause
+        turn.started = result.started
+        turn.attempts = result.attempts
+        self._turns[turn.id] = turn
+        self._ended.append(turn.id)
+        if len(self._ended) > self.keep_results:
+            old = self._turns.get(self._ended.popleft())
+            if old is not None and old.state == "ended":
+                del self._turns[old.id]
 
     async def _memory_loop(self) -> None:
         assert self.max_rss_mb is not None

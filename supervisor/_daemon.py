@@ -92,6 +92,8 @@ class Daemon:
         self.start_hooks: list[Callable[[TurnRecord, int], None]] = []
         self.end_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
+        # Run once the pool is up, before clients can connect (a journal's restart recovery).
+        self.startup_hooks: list[Callable[[Supervisor], Any]] = []
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -167,6 +169,10 @@ class Daemon:
                 # closed from this task at this level (anyio's scopes must nest).
                 await sup.start()
                 try:
+                    for startup_hook in self.startup_hooks:
+                        started = startup_hook(sup)
+                        if inspect.isawaitable(started):
+                            await started
                     self._sock = self._endpoint.bind()
                     self._sync = zmq.Socket.shadow(self._sock.underlying)
                     tg.start_soon(self._receive)
@@ -342,7 +348,8 @@ class Daemon:
             return
         try:
             turn = sup._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout,
-                               grace=msg.grace, kill_after=msg.kill_after, turn_id=msg.turn_id, parent=None)
+                               grace=msg.grace, kill_after=msg.kill_after, turn_id=msg.turn_id, parent=None,
+                               retry=msg.retry)
         except InvalidAgent as exc:
             self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
             return

@@ -73,7 +73,7 @@ class ClientEndpoint:
     def claim(self) -> None:
         """Take the endpoint's lock (``ipc://``); raises ``DaemonAlreadyRunning`` if a live daemon has it."""
         path = ipc_path(self.address)
-        if path is None:
+        if path is None or self._lock_fd >= 0:
             return
         # The default endpoint's directory was made (0700, checked ours) by default_endpoint().
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -77,9 +77,23 @@ class JournalError(TurnpoolError):
     from a newer version, not a turnpool journal, or locked by another live daemon."""
 
 
-def default_journal_path() -> Path:
+def state_dir() -> Path:
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "turnpool" / "journal.sqlite3"
+    return Path(state) / "turnpool"
+
+
+def default_journal_path(endpoint: str | None = None) -> Path:
+    """The journal of the daemon serving ``endpoint`` (default: the default endpoint).
+
+    One daemon serves one endpoint, so each endpoint has its own journal file in the per-user
+    state directory; a daemon restarted on the same endpoint finds its journal again.
+    """
+    import hashlib
+
+    from ._paths import default_endpoint
+
+    key = hashlib.sha256((endpoint or default_endpoint()).encode()).hexdigest()[:16]
+    return state_dir() / f"journal-{key}.sqlite3"
 
 
 @dataclass(frozen=True)
@@ -321,6 +335,18 @@ class Journal:
     def recover(self) -> list[RecoveredTurn]:
         """Unfinished turns (queued or running when the daemon died), in acceptance order."""
         return list(_unfinished(self.path))
+
+    def recent_results(self, limit: int) -> list[TurnResult]:
+        """The results of the ``limit`` most recently ended turns, oldest first."""
+        con = _reader(self.path)
+        try:
+            rows = con.execute(
+                "SELECT result FROM turns WHERE state='ended' AND result IS NOT NULL ORDER BY seq DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        finally:
+            con.close()
+        return [_decode_result(r["result"]) for r in reversed(rows)]
 
 
 def _reader(path: Path) -> sqlite3.Connection:

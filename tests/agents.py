@@ -76,3 +76,17 @@ async def spawn_echo(turn: worker.Turn) -> dict:
     """Spawns an ``echo`` child and returns its result's outcome and output."""
     child = await turn.spawn("examples.agents:echo", turn.input)
     return {"outcome": child.outcome, "output": child.output, "parent": child.parent}
+
+
+async def hang_first_time(turn: worker.Turn) -> dict:
+    """On its first run (no ``marker`` file yet) creates the marker, emits and hangs cooperatively;
+    on a later run (a retry after a daemon restart) returns at once."""
+    from pathlib import Path
+
+    marker = Path(turn.input["marker"])
+    if marker.exists():
+        return {"run": "again"}
+    marker.write_text("first run")
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    await anyio.sleep_forever()
+    return {"run": "first"}

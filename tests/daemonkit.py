@@ -71,6 +71,7 @@ class Served:
 def env_for(home: Path, endpoint: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env["XDG_RUNTIME_DIR"] = str(home)
+    env["XDG_STATE_HOME"] = str(home / "state")  # the default journal lives here
     if endpoint is None:
         env.pop("TURNPOOL_ENDPOINT", None)
     else:

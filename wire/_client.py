@@ -70,6 +70,7 @@ class Submit(_CMsg, tag="submit"):
     kill_after: float | None = None
     turn_id: str | None = None
     wait: bool = False
+    retry: bool = False  # with a journal: run again if a daemon restart interrupted it
 
 
 class Cancel(_CMsg, tag="cancel"):
