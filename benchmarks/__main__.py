@@ -11,6 +11,23 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+# The issue's scenarios first, in its order; any other bench module after them, by name.
+ORDER = ("throughput", "latency", "cancel", "kill", "death", "scale")
+
+
+def _glance(sections: list[str]) -> str:
+    """Every section's "Target(s): ..." line under its title: the verdicts in one place."""
+    lines = []
+    for text in sections:
+        title = "?"
+        for ln in text.splitlines():
+            if ln.startswith("## "):
+                title = ln[3:]
+            elif ln.startswith(("Targets:", "Target:")):
+                lines.append(f"- **{title}** — {ln.split(':', 1)[1].strip()}")
+    if not lines:
+        return ""
+    return "## Targets at a glance\n\n" + "\n".join(lines) + "\n\n"
 
 
 def main() -> int:
@@ -18,7 +35,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="reduced sizes, well under a minute")
     parser.add_argument("--only", nargs="*", default=None, help="run only these bench names")
     args = parser.parse_args()
-    names = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    found = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    names = [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
     if args.only:
         names = [n for n in names if n in args.only]
     sections = []
@@ -32,10 +50,15 @@ def main() -> int:
         "# Benchmark results\n\n"
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}.\n"
         f"Command: `make bench` (or `.venv/bin/python -m benchmarks{' --quick' if args.quick else ''}`)"
-        f"{' — quick mode' if args.quick else ''}; run at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
+        f"{' — quick mode' if args.quick else ''}; run at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+        f"Load average when it ended: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min) — the "
+        "machine is shared, so compare rows of one run (ratios), not runs.\n\n"
     )
+    header += _glance(sections)
     out = HERE / "RESULTS.md"
-    out.write_text(header + "\n\n".join(sections) + "\n")
+    tuning = HERE / "TUNING.md"
+    tail = "\n\n" + tuning.read_text().strip() + "\n" if tuning.exists() and not args.only else "\n"
+    out.write_text(header + "\n\n".join(sections) + tail)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

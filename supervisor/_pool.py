@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import collections
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from ._timers import Timer
@@ -14,7 +15,7 @@ SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
 class WorkerSlot:
     __slots__ = (
         "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
-        "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure",
+        "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure", "ahead", "out",
     )
 
     def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
@@ -25,7 +26,11 @@ class WorkerSlot:
         self.token = token
         self.marker = marker
         self.state: SlotState = "starting"
-        self.turn: TurnRecord | None = None
+        self.turn: TurnRecord | None = None  # the turn it reported Started for
+        # Turns handed ahead (prefetched), in the order the worker will start them. They still
+        # count as queued until the worker reports Started.
+        self.ahead: collections.deque[TurnRecord] = collections.deque()
+        self.out: list[Any] = []  # messages batched for one frame (flushed by the supervisor)
         self.turns_run = 0
         self.known: set[int] = set()  # descendants seen when the tree was frozen
         self.spawns: dict[int, str] = {}  # spawn request id -> child turn id
@@ -35,6 +40,10 @@ class WorkerSlot:
         self.doomed = False  # escalation began: never goes back to idle
         self.exit_code: int | None = None
         self.failure: str | None = None  # why it was killed before it was ready, if we know
+
+    @property
+    def inflight(self) -> int:
+        return len(self.ahead) + (self.turn is not None)
 
     @property
     def live(self) -> bool:

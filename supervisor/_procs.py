@@ -42,14 +42,22 @@ def spawn_worker(
         "--endpoint", endpoint, "--id", worker_id, "--parent-pid", str(os.getpid()),
         "--life-fd", str(life_fd), "--heartbeat", repr(heartbeat),
     ]
-    env = dict(os.environ)
+    env = worker_env()
     env[TOKEN_ENV] = token
     env[TREE_ENV] = marker
+    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=[(os.POSIX_SPAWN_DUP2, 2, 1)])
+
+
+def worker_env() -> dict[str, str]:
+    """The environment a worker (or the zygote) starts with: ours, with our import path."""
+    env = dict(os.environ)
+    env.pop(TOKEN_ENV, None)
+    env.pop(TREE_ENV, None)
     paths = [p for p in sys.path if p]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
-    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=[(os.POSIX_SPAWN_DUP2, 2, 1)])
+    return env
 
 
 def pidfd(pid: int) -> int | None:
@@ -95,6 +103,8 @@ def reap(pid: int) -> int | None:
 def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     """Freeze the worker's tree, signal every process in it and its process group, thaw it
     (unless the signal is SIGKILL). Adds what it found to ``known``; returns the pids."""
+    if pid <= 0:  # a worker whose pid is not known yet (zygote fork in flight): never signal 0 or -1
+        return []
     pids = _tree.freeze_tree(pid)
     known.update(pids)
     try:
@@ -110,20 +120,15 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
 def orphans_of(worker_pid: int, marker: str, exclude: set[int]) -> list[int]:
     """Our own children that descend from the worker: its session, or its tree marker in the
     environment (for ones that called setsid). Nothing else of the host is ever touched."""
-    found = []
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return found
-    for child in children:
-        pid = child.pid
+    found: list[int] = []
+    for pid in _tree.children(os.getpid()):
         if pid in exclude:
             continue
         if _tree.session_of(pid) == worker_pid:
             found.append(pid)
             continue
         try:
-            if child.environ().get(TREE_ENV) == marker:
+            if psutil.Process(pid).environ().get(TREE_ENV) == marker:
                 found.append(pid)
         except psutil.Error:
             continue

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ._pool import WorkerSlot
     from ._timers import Timer
 
-TurnState = Literal["queued", "running", "ending", "ended"]
+# "handed": given to a worker ahead of time, not started yet; still counts as queued.
+TurnState = Literal["queued", "handed", "running", "ending", "ended"]
 
 
 class TurnRecord:
@@ -26,7 +27,7 @@ class TurnRecord:
         "id", "agent", "input", "session", "parent", "timeout", "grace", "kill_after",
         "state", "cause", "started", "worker", "escalation", "submitted_at", "started_at", "ended_at",
         "events", "events_base", "waiters", "result", "done", "children", "spawn_origin", "pending_result",
-        "timer", "esc_timer", "attempts", "retry",
+        "timer", "esc_timer", "attempts", "retry", "revoking",
     )
 
     def __init__(
@@ -69,6 +70,7 @@ class TurnRecord:
         self.esc_timer: Timer | None = None  # the next escalation step
         self.attempts = 1
         self.retry = False
+        self.revoking = False  # a Revoke for this handed turn is on its way to the worker
 
     def wake_followers(self) -> None:
         if self.waiters:

@@ -96,7 +96,20 @@ class Shutdown(_Msg, tag="shutdown"):
     """Idle worker: exit cleanly."""
 
 
-ToWorker = Run | Abort | SpawnReply | Shutdown
+class Revoke(_Msg, tag="revoke"):
+    """Give back ``turn_id`` if it was handed ahead and has not started (answered by ``Revoked``);
+    a worker that already started it, or never had it, ignores this."""
+
+    turn_id: str
+
+
+class EndAck(_Msg, tag="end_ack"):
+    """The supervisor has this turn's ``End`` (sent when the ``End`` asked for it, see ``End.ack``)."""
+
+    turn_id: str
+
+
+ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke | EndAck
 
 
 # ---- worker → supervisor -------------------------------------------------------------
@@ -130,6 +143,10 @@ class End(_Msg, tag="end"):
     outcome: WorkerOutcome
     output: msgspec.Raw = NIL
     error: TurnError | None = None
+    # The worker will start another turn it was handed only once the supervisor confirms this End
+    # (``EndAck``): set when this turn's ``Started`` left in an earlier frame, so that a crash in
+    # the next turn cannot lose this End while the supervisor believes this turn still running.
+    ack: bool = False
 
 
 class Spawn(_Msg, tag="spawn"):
@@ -151,10 +168,16 @@ class SpawnCancel(_Msg, tag="spawn_cancel"):
     req: int
 
 
+class Revoked(_Msg, tag="revoked"):
+    """Answer to ``Revoke``: the turn was dropped unstarted; the supervisor queues it again."""
+
+    turn_id: str
+
+
 class BadFrame(_Msg, tag="bad_frame"):
     """The worker could not decode a frame from the supervisor."""
 
     reason: str
 
 
-FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame
+FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame | Revoked

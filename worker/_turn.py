@@ -105,9 +105,13 @@ class Turn:
         self._conn = conn
 
     async def emit(self, event: Any) -> None:
-        """Stream ``event`` (anything msgspec encodes). On return it is on the wire."""
+        """Stream ``event`` (anything msgspec encodes). On return it is on the wire.
+
+        It yields to the event loop but is not where a cancellation lands: a turn cancelled just
+        after emitting sees it at its next await (the cancel scope stays cancelled). With a fast
+        link the Abort for a follower who reacted to this very event can arrive within the yield."""
         self._conn.emit(self.id, event)
-        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def emit_sync(self, event: Any) -> None:
         """``emit`` for plain ``def`` agents running in a worker thread."""

@@ -1,0 +1,41 @@
+"""Plain functions the peers run (importable by reference, so every pool can pickle them)."""
+
+from __future__ import annotations
+
+import time
+
+
+def noop() -> None:
+    """The cheapest task: the peers' twin of ``examples.agents:noop``."""
+    return None
+
+
+def stamp() -> float:
+    """Returns ``time.monotonic()`` at its start (CLOCK_MONOTONIC is system-wide on Linux, so
+    the caller can compare it with its own clock): when the next queued task began running."""
+    return time.monotonic()
+
+
+def spin(seconds: float = 3600.0) -> None:
+    """A CPU loop that never yields: only a kill stops it early."""
+    deadline = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < deadline:
+        x += 1
+
+
+def sleepy(seconds: float = 3600.0) -> None:
+    """Sleeps in 1 ms steps: a Python-level interrupt (Ray's ``force=False``) can land between them."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def spin_report(path: str, seconds: float = 3600.0) -> None:
+    """Writes ``"<pid> <monotonic start>"`` to ``path``, then spins without yielding."""
+    import os
+
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {time.monotonic()}")
+    os.replace(path + ".tmp", path)
+    spin(seconds)

@@ -1,0 +1,132 @@
+"""Kill overshoot (a turn that never awaits, grace G: time past G until the result says ``killed``,
+the worker reaped) and capacity recovery (after a kill, until the next queued turn is running)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+
+from supervisor import Supervisor
+
+from . import _peers
+from ._common import command, heavy_peers_reason, log, med, ms, pct, ratio, run_peer, skipped_lines, table
+
+GRACE = 0.05
+
+
+async def _first_event(handle: Any) -> Any:
+    async with aclosing(handle.events()) as events:
+        async for event in events:
+            return event
+
+
+async def _overshoot(n: int) -> list[float]:
+    out = []
+    async with Supervisor(workers=1, spares=1, grace=GRACE, kill_after=1.0) as sup:
+        for _ in range(n):
+            handle = await sup.submit("benchmarks._agents:spin")
+            await _first_event(handle)
+            t0 = time.monotonic()
+            await handle.cancel()
+            result = await handle.result()
+            out.append(time.monotonic() - t0 - GRACE)
+            assert result.outcome == "killed", result
+            await _ready(sup, 2)
+    return out
+
+
+async def _ready(sup: Supervisor, count: int) -> None:
+    """Wait until ``count`` workers are ready again (so each sample starts from a full pool)."""
+    while sum(1 for w in sup.status()["workers"] if w["state"] in ("idle", "busy")) < count:  # noqa: ASYNC110
+        await anyio.sleep(0.002)  # polling the pool between samples, off the timed path
+
+
+async def _recovery(n: int, spares: int) -> tuple[list[float], list[float]]:
+    """Returns (killed → next running, cancel → next running). "Killed" is the moment the
+    supervisor delivered the ``killed`` result: the worker and its tree reaped."""
+    from_kill, from_cancel = [], []
+    async with Supervisor(workers=1, spares=spares, grace=0.0, kill_after=1.0) as sup:
+        for _ in range(n):
+            handle = await sup.submit("benchmarks._agents:spin")
+            await _first_event(handle)
+            nxt = await sup.submit("benchmarks._agents:stamp")
+            t0 = time.monotonic()
+            await handle.cancel()
+            started = (await nxt.result()).output
+            assert (await handle.result()).outcome == "killed"
+            killed_at = sup._get(handle.turn_id).ended_at  # the loop clock is time.monotonic on asyncio
+            from_kill.append(started - killed_at)
+            from_cancel.append(started - t0)
+            await _ready(sup, 1 + spares)
+    return from_kill, from_cancel
+
+
+def run(quick: bool) -> str:
+    n = 15 if quick else 60
+    nr = 10 if quick else 30
+    skipped: dict[str, str] = {}
+    over: dict[str, tuple[str, list[float]]] = {}
+    recov: dict[str, tuple[str, list[float], list[float]]] = {}
+    over["turnpool"] = (f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
+                        anyio.run(_overshoot, n))
+    log(f"turnpool overshoot p50 {ms(med(over['turnpool'][1]))}")
+    recov["turnpool, spare"] = ("killed (tree reaped) → next queued turn running on the warm spare",
+                                *anyio.run(_recovery, nr, 1))
+    recov["turnpool, no spare"] = ("killed (tree reaped) → worker forked from the zygote → next turn running",
+                                   *anyio.run(_recovery, nr, 0))
+    log(f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / {ms(med(recov['turnpool, no spare'][1]))}")
+    npeb = 5 if quick else 20
+    r = run_peer("pebble", lambda: _peers.pebble_kill(npeb, GRACE), skipped)
+    if r:
+        over["pebble (timeout)"] = (f"`schedule(timeout={GRACE})` → worker gone, past start + timeout", r[0])
+        over["pebble (cancel)"] = ("`future.cancel()` → worker gone", r[1])
+    r = run_peer("pebble ", lambda: _peers.pebble_recovery(npeb), skipped)
+    if r:
+        recov["pebble"] = ("`future.cancel()`, worker gone → next queued task running (1 worker)", *r)
+    for peer in ("ProcessPoolExecutor", "loky"):
+        skipped[peer] = "cannot stop a running task, so nothing to overshoot or recover from"
+    heavy = heavy_peers_reason(quick)
+    if heavy:
+        skipped["Celery"] = skipped["Ray"] = heavy
+    else:
+        r = run_peer("Ray", lambda: _peers.ray_cancel(20, force=True), skipped)
+        if r:
+            over["Ray"] = ("`ray.cancel(force=True)` → `ray.get` raises", r)
+        r = run_peer("Ray ", lambda: _peers.ray_recovery(8), skipped)
+        if r:
+            recov["Ray"] = ("`ray.cancel(force=True)`, worker gone → next queued task running", *r)
+        r = run_peer("Celery", lambda: _peers.celery_kill_and_recovery(10, GRACE), skipped)
+        if r:
+            over["Celery"] = (f"hard `time_limit={GRACE}` → worker process gone, past start + limit", r[0])
+            recov["Celery"] = ("`revoke(terminate=True, SIGKILL)`, process gone → next queued task running", *r[1])
+    tp = over["turnpool"][1]
+    rows = [[f"**{k}**" if k == "turnpool" else k, what, len(xs), ms(med(xs)), ms(pct(xs, 90)), ms(pct(xs, 99)),
+             "1.0×" if k == "turnpool" else ratio(med(xs) / med(tp))] for k, (what, xs) in over.items()]
+    ts, tn = recov["turnpool, spare"][1], recov["turnpool, no spare"][1]
+    tnc = recov["turnpool, no spare"][2]
+    rrows = [[f"**{k}**" if k.startswith("turnpool") else k, what, len(xs), ms(med(xs)), ms(pct(xs, 99)),
+              ms(med(cs)), "—" if k.startswith("turnpool") else ratio(med(cs) / med(tnc))]
+             for k, (what, xs, cs) in recov.items()]
+    return (
+        "## Kill overshoot\n\n"
+        "A turn that never awaits (a CPU loop) is cancelled; timed past the grace until the result says "
+        "`killed` with the worker and its tree reaped (peers: until the worker process is gone).\n\n"
+        + table(["system", "what is timed", "kills", "p50", "p90", "p99", "peer ÷ turnpool (p50)"], rows)
+        + f"\n\nTargets: p50 ≤ 5 ms — {ms(med(tp))} {'met' if med(tp) <= 5e-3 else 'MISSED'}; "
+        f"p90 ≤ 20 ms — {ms(pct(tp, 90))} {'met' if pct(tp, 90) <= 20e-3 else 'MISSED'} (over {len(tp)} kills).\n\n"
+        "## Capacity recovery\n\n"
+        "One worker runs a CPU loop, the next turn is queued behind it; the loop is killed (grace 0) and "
+        "timed from the kill (turnpool: the `killed` result, tree reaped; peers: the worker process gone, "
+        "polled every 0.5 ms) until the next turn is running (it returns `time.monotonic()` at its start). "
+        "The last columns time from `cancel()` instead, which adds the kill itself; the ratio uses them, since "
+        "peers differ in when they kill (pebble notices a cancel on a ~100 ms loop, then replaces the worker "
+        "at once).\n\n"
+        + table(["system", "what is timed", "samples", "p50", "p99", "p50 from cancel",
+                 "peer ÷ turnpool without spare (p50 from cancel)"], rrows)
+        + f"\n\nTargets: with a spare p50 ≤ 2 ms — {ms(med(ts))} {'met' if med(ts) <= 2e-3 else 'MISSED'}; "
+        f"without p50 ≤ 20 ms — {ms(med(tn))} {'met' if med(tn) <= 20e-3 else 'MISSED'}."
+        + skipped_lines(skipped) + f"\n\nCommand: {command('kill', quick)}"
+    )

@@ -1,0 +1,64 @@
+"""Submit → result latency: one no-op turn at a time."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from supervisor import Supervisor
+
+from . import _floor, _peers
+from ._common import command, heavy_peers_reason, log, med, ms, pct, ratio, run_peer, skipped_lines, table
+
+
+async def _turnpool(n: int) -> list[float]:
+    out = []
+    async with Supervisor(workers=2, spares=0) as sup:
+        for _ in range(50):
+            await sup.run("examples.agents:noop")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await sup.run("examples.agents:noop")
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def run(quick: bool) -> str:
+    n = 500 if quick else 3_000
+    skipped: dict[str, str] = {}
+    results: dict[str, list[float]] = {"turnpool": anyio.run(_turnpool, n)}
+    log(f"turnpool: p50 {ms(med(results['turnpool']))}")
+    for peer in _peers.FUTURE_PEERS:
+        r = run_peer(peer, lambda p=peer: _peers.futures_latency(p, n), skipped)
+        if r:
+            results[peer] = r
+    heavy = heavy_peers_reason(quick)
+    if heavy:
+        skipped["Celery"] = skipped["Ray"] = heavy
+    else:
+        r = run_peer("Celery", lambda: _peers.celery_latency(300), skipped)
+        if r:
+            results["Celery"] = r
+        r = run_peer("Ray", lambda: _peers.ray_latency(500), skipped)
+        if r:
+            results["Ray"] = r
+    floor = _floor.asyncio_zmq_rtt(n)
+    results["floor: asyncio + ZeroMQ ipc echo"] = floor
+    tp = results["turnpool"]
+    rows = []
+    for name, xs in results.items():
+        rows.append([f"**{name}**" if name == "turnpool" else name, len(xs), ms(med(xs)), ms(pct(xs, 99)),
+                     "1.0×" if name == "turnpool" else ratio(med(xs) / med(tp))])
+    p50, p99 = med(tp), pct(tp, 99)
+    return (
+        "## Submit → result latency\n\n"
+        "One no-op turn at a time, 2 workers, after a warm-up: `await sup.run(...)` (peers: `submit(...).result()`).\n\n"
+        + table(["system", "samples", "p50", "p99", "peer ÷ turnpool (p50)"], rows)
+        + "\n\nThe floor row is a bare round trip on turnpool's stack (ROUTER/DEALER over ipc, an asyncio "
+        "FD reader on each side, no turn logic), measured in the same run: what is left above it is "
+        "turnpool's own work per turn (submit, dispatch, run, end, result) on both sides."
+        + f"\n\nTargets: p50 ≤ 200 µs — {ms(p50)} {'met' if p50 <= 200e-6 else 'MISSED'}; "
+        f"p99 ≤ 1 ms — {ms(p99)} {'met' if p99 <= 1e-3 else 'MISSED'}."
+        + skipped_lines(skipped) + f"\n\nCommand: {command('latency', quick)}"
+    )

@@ -1,0 +1,113 @@
+"""The supervisor's handle on the zygote (``worker._zygote``): start it, ask it for workers,
+collect their pids, stop it.
+
+A worker forked by the zygote is re-parented to the supervisor (a child subreaper), so it is
+watched (pidfd), signalled and reaped by pid exactly like a spawned one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+
+from . import _procs
+
+
+class Zygote:
+    def __init__(self, pid: int, req_w: int, resp_r: int) -> None:
+        self.pid = pid
+        self.fd = _procs.pidfd(pid)
+        self._req_w = req_w
+        self.resp_fd = resp_r
+        self._buf = b""
+        self.ready = False
+        self.lost = False
+        self.embryos: set[int] = set()  # pre-forked, not yet assigned: our children to reap at the end
+
+    @classmethod
+    def start(
+        cls, *, endpoint: str, life_fd: int, python: str | None, extra_args: Iterable[str],
+        preload: Iterable[str],
+    ) -> Zygote:
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        os.set_blocking(resp_r, False)
+        os.set_inheritable(req_r, True)
+        os.set_inheritable(resp_w, True)
+        exe = python or sys.executable
+        argv = [
+            exe, *extra_args, "-m", "worker._zygote", "--parent-pid", str(os.getpid()),
+            "--life-fd", str(life_fd),
+            "--endpoint", endpoint, "--req-fd", str(req_r), "--resp-fd", str(resp_w),
+            "--preload", ",".join(preload),
+        ]
+        env = _procs.worker_env()
+        try:
+            pid = os.posix_spawn(exe, argv, env, setsid=True, file_actions=[(os.POSIX_SPAWN_DUP2, 2, 1)])
+        except BaseException:
+            for fd in (req_r, req_w, resp_r, resp_w):
+                os.close(fd)
+            raise
+        os.close(req_r)
+        os.close(resp_w)
+        return cls(pid, req_w, resp_r)
+
+    def request(self, worker_id: str, token: str, marker: str, heartbeat: float) -> bool:
+        """Ask for a worker; False if the zygote is gone (the caller starts one another way)."""
+        if self.lost:
+            return False
+        try:
+            os.write(self._req_w, f"{worker_id} {token} {marker} {heartbeat!r}\n".encode())
+            return True
+        except OSError:
+            self.lost = True
+            return False
+
+    def read(self) -> list[tuple[str, int]]:
+        """Pids reported so far, as ``(worker_id, pid)``; a negative pid means the fork failed.
+        Sets ``lost`` on EOF (the zygote exited)."""
+        while True:
+            try:
+                chunk = os.read(self.resp_fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                self.lost = True
+                break
+            if not chunk:
+                self.lost = True
+                break
+            self._buf += chunk
+        out = []
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            try:
+                worker_id, pid = line.decode().split(" ")
+                out.append((worker_id, int(pid)))
+            except ValueError:
+                continue
+        workers = []
+        for worker_id, pid in out:
+            if worker_id == "ready":
+                self.ready = True
+            elif worker_id == "embryo":
+                self.embryos.add(pid)
+            else:
+                self.embryos.discard(pid)
+                workers.append((worker_id, pid))
+        return workers
+
+    def close_requests(self) -> None:
+        """EOF on its request pipe: the zygote exits."""
+        if self._req_w >= 0:
+            os.close(self._req_w)
+            self._req_w = -1
+
+    def close(self) -> None:
+        self.close_requests()
+        for name in ("resp_fd", "fd"):
+            fd = getattr(self, name)
+            if fd is not None and fd >= 0:
+                os.close(fd)
+            setattr(self, name, -1 if name == "resp_fd" else None)

@@ -1,0 +1,290 @@
+"""The zygote: a preloaded process that forks workers on request.
+
+A fresh ``python -m worker`` costs ≈ 50 ms of interpreter start and imports (far more on a
+loaded machine); a fork of a process that already imported the worker stack (and any agent
+modules named with ``--preload``) is ready in a few milliseconds. The supervisor starts one
+zygote and asks it for workers over a pipe.
+
+Rules it keeps (see PITFALLS):
+
+* it never creates a ZeroMQ context and starts no thread, so forking it is safe; each worker
+  makes its own context after the fork;
+* each worker is double-forked: the intermediate child exits at once, so the worker is
+  re-parented to the supervisor (a child subreaper), which reaps it by pid like any worker;
+  only then does the worker arm its parent-death signal (tied to its parent *thread*), so
+  the signal follows the supervisor, not the short-lived intermediate;
+* the worker calls ``setsid`` (it leads its own session and group, like a spawned worker) and
+  exports the tree marker in its environment for its descendants;
+* the zygote dies with the supervisor: parent-death ``SIGKILL`` plus EOF on its request pipe.
+
+To take the forks off the critical path, the zygote keeps one *embryo* ready: a grandchild
+already re-parented to the supervisor, waiting on a private pipe for its assignment. A request
+is then one pipe write away from a worker; the next embryo is prepared once requests pause.
+An embryo whose zygote dies sees EOF on that pipe and exits.
+
+Protocol, one line each way: the supervisor writes ``"<id> <token> <marker> <heartbeat>\\n"``;
+the answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
+embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
+the imports are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import time
+
+TREE_ENV = "TURNPOOL_TREE"
+
+
+def _preload(modules: list[str]) -> None:
+    # The worker stack itself: everything a worker imports before its first turn.
+    import anyio
+    import anyio._backends._asyncio
+    import anyio.lowlevel  # noqa: F401 - anyio.run imports it lazily; pay it here once
+    import msgspec  # noqa: F401
+    import zmq  # noqa: F401
+    import zmq.asyncio  # noqa: F401
+
+    import wire  # noqa: F401
+
+    from . import _main  # noqa: F401
+
+    # Warm the lazy parts a worker's first loop would pay (anyio's backend setup, asyncio's
+    # loop machinery); this starts no thread, so the zygote stays safe to fork.
+    async def _warm() -> None:
+        await anyio.lowlevel.checkpoint()
+
+    anyio.run(_warm, backend="asyncio")
+    from . import _tree
+
+    _tree._prctl(0, 0)  # loads libc once (PR_GET_... no-op: option 0 is invalid and harmless)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the pool; the turn reports it
+            print(f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+
+
+def _become_worker(
+    parent_pid: int, life_fd: int, endpoint: str, worker_id: str, token: str, marker: str, heartbeat: float,
+    reparented: bool = False,
+) -> None:
+    """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
+    from . import _main
+
+    if not reparented:
+        os.setsid()
+    os.environ[TREE_ENV] = marker
+    deadline = time.monotonic() + 5.0
+    while os.getppid() != parent_pid:
+        # The intermediate child exits right after the fork; until then it is our parent.
+        if time.monotonic() > deadline or os.getppid() == 1:
+            os._exit(70)  # the supervisor is gone (or we were not re-parented to it)
+        time.sleep(0.0001)
+    try:
+        _main.install_process_guards(parent_pid, life_fd)
+        import anyio
+
+        anyio.run(_main.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this long (s)
+
+
+def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign_fd: int) -> None:
+    """In a grandchild made ahead of time: wait for re-parenting, then for an assignment."""
+    from . import _tree
+
+    os.setsid()
+    deadline = time.monotonic() + 5.0
+    while os.getppid() != parent_pid:
+        if time.monotonic() > deadline or os.getppid() == 1:
+            os._exit(70)
+        time.sleep(0.0001)
+    # Until assigned it has no tree to clean: it simply dies with the supervisor.
+    _tree.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(70)
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            chunk = os.read(assign_fd, 4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            os._exit(0)  # the zygote is gone: never assigned
+        data += chunk
+    os.close(assign_fd)
+    worker_id, token, marker, heartbeat = data.decode().strip().split(" ")
+    _tree.set_parent_death_signal(0)
+    _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), reparented=True)
+
+
+def _prepare_embryo(
+    parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int
+) -> tuple[int, int] | None:
+    """Fork an embryo; returns (its pid, the write end of its assignment pipe)."""
+    er, ew = os.pipe()
+    pr, pw = os.pipe()
+    try:
+        mid = os.fork()
+    except OSError:
+        for fd in (er, ew, pr, pw):
+            os.close(fd)
+        return None
+    if mid == 0:
+        try:
+            os.close(ew)
+            os.close(pr)
+            os.close(req_fd)
+            pid = os.fork()
+            if pid == 0:
+                os.close(pw)
+                os.close(resp_fd)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _embryo(parent_pid, life_fd, endpoint, er)
+                os._exit(1)  # not reached
+            os.write(resp_fd, f"embryo {pid}\n".encode())
+            os.write(pw, f"{pid}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(er)
+    os.close(pw)
+    while True:
+        try:
+            os.waitpid(mid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+    data = os.read(pr, 64)
+    os.close(pr)
+    try:
+        return int(data.strip()), ew
+    except ValueError:
+        os.close(ew)
+        return None
+
+
+def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> None:
+    import select
+
+    buf = b""
+    os.write(resp_fd, b"ready 0\n")
+    embryo: tuple[int, int] | None = None
+    while True:
+        if embryo is None:
+            # Requests come in bursts (pool start, a kill): make the next embryo once they pause.
+            ready, _, _ = select.select([req_fd], [], [], EMBRYO_IDLE)
+            if not ready:
+                embryo = _prepare_embryo(parent_pid, life_fd, endpoint, req_fd, resp_fd)
+                continue
+        try:
+            chunk = os.read(req_fd, 4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return  # EOF: the supervisor closed the pipe (or died); an embryo sees EOF too
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                worker_id, token, marker, heartbeat = line.decode().split(" ")
+                hb = float(heartbeat)
+            except ValueError:
+                continue
+            if embryo is not None:
+                pid, ew = embryo
+                embryo = None
+                try:
+                    os.write(ew, line + b"\n")
+                    os.write(resp_fd, f"{worker_id} {pid}\n".encode())
+                    continue
+                except OSError:
+                    pass  # the embryo died: fork one the direct way
+                finally:
+                    os.close(ew)
+            _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd)
+
+
+def _fork_worker(
+    parent_pid: int, life_fd: int, endpoint: str, resp_fd: int, worker_id: str, token: str, marker: str,
+    heartbeat: float, req_fd: int,
+) -> None:
+    try:
+        mid = os.fork()
+    except OSError as exc:
+        os.write(resp_fd, f"{worker_id} -{exc.errno or 1}\n".encode())
+        return
+    if mid == 0:
+        # Intermediate child: fork the worker, report its pid, exit so it is re-parented.
+        try:
+            os.close(req_fd)
+            pid = os.fork()
+            if pid == 0:
+                os.close(resp_fd)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat)
+                os._exit(1)  # not reached
+            os.write(resp_fd, f"{worker_id} {pid}\n".encode())
+        except BaseException:  # noqa: BLE001
+            os.write(resp_fd, f"{worker_id} -1\n".encode())
+        finally:
+            os._exit(0)
+    while True:
+        try:
+            os.waitpid(mid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m worker._zygote",
+                                     description="turnpool zygote (started by the supervisor)")
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--life-fd", type=int, required=True)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--req-fd", type=int, required=True)
+    parser.add_argument("--resp-fd", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    args = parser.parse_args(argv)
+    from . import _tree
+
+    _tree.set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != args.parent_pid:
+        os._exit(0)
+    _preload([m for m in args.preload.split(",") if m])
+    if len(os.listdir("/proc/self/task")) != 1:
+        # Something started a thread: forking now would be unsafe. Refuse; the supervisor falls
+        # back to fresh interpreters when the zygote is gone.
+        print("turnpool zygote: a thread is running after preload; not forking", file=sys.stderr)
+        os._exit(3)
+    serve(args.parent_pid, args.life_fd, args.endpoint, args.req_fd, args.resp_fd)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
