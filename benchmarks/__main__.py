@@ -1,4 +1,5 @@
-"""Run every ``bench_*.py`` module and rewrite ``benchmarks/RESULTS.md``."""
+"""Run every ``bench_*.py`` module and rewrite ``benchmarks/RESULTS.md`` (a full run; ``--quick`` and
+``--only`` write ``benchmarks/RESULTS-partial.md`` so the committed full results are never clobbered)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def main() -> int:
         "machine is shared, so compare rows of one run (ratios), not runs.\n\n"
     )
     header += _glance(sections)
-    out = HERE / "RESULTS.md"
+    # Only a full run rewrites the committed RESULTS.md; --quick and --only write beside it.
+    out = HERE / ("RESULTS.md" if not (args.quick or args.only) else "RESULTS-partial.md")
     tuning = HERE / "TUNING.md"
     tail = "\n\n" + tuning.read_text().strip() + "\n" if tuning.exists() and not args.only else "\n"
     out.write_text(header + "\n\n".join(sections) + tail)
