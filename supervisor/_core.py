@@ -400,13 +400,15 @@ class Supervisor:
             await ev.wait()
 
     def status(self) -> dict[str, Any]:
-        """Workers (id, pid, state, turn_id, turns_run, rss_mb), the queue and counters."""
+        """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of
+        the worker's whole tree), the queue and counters."""
         workers = []
         for slot in self._slots.values():
+            rss = _procs.rss_of_tree(slot.pid) if slot.state != "dead" and slot.pid else 0
             workers.append({
                 "id": slot.id, "pid": slot.pid, "state": slot.state,
                 "turn_id": slot.turn.id if slot.turn else None, "turns_run": slot.turns_run,
-                "rss_mb": round(_procs.rss_of_tree(slot.pid) / 2**20, 1) if slot.state != "dead" and slot.pid else 0.0,
+                "rss": rss, "rss_mb": round(rss / 2**20, 1),
             })
         return {
             "pid": os.getpid(),

@@ -427,7 +427,8 @@ async def test_status_and_when_idle() -> None:
         assert all(h for h in handles)
         status = sup.status()
     assert len(status["workers"]) == 3
-    assert {"id", "pid", "state", "turn_id", "turns_run", "rss_mb"} <= set(status["workers"][0])
+    assert {"id", "pid", "state", "turn_id", "turns_run", "rss", "rss_mb"} <= set(status["workers"][0])
+    assert all(w["rss"] > 0 for w in status["workers"])
     assert status["queue"] == 0 and status["running"] == 0 and status["outcomes"] == {"completed": 6}
 
 
