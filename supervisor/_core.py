@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ import zmq.asyncio
 
 import wire
 from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
-from worker import _tree
+from worker import _marker, _tree
 
 from . import _procs
 from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
@@ -1015,6 +1016,23 @@ class Supervisor:
         turn = slot.turn
         slot.turn = None
         handed_turns = list(slot.ahead)
+        marker = _marker.path_for(self._endpoint, slot.id)
+        if marker is not None:
+            started_id = _marker.read(marker)
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+            if turn is None and handed_turns and handed_turns[0].id == started_id:
+                # The worker noted it started this turn, but its Started died with it: the turn
+                # ran (and crashed), it must not be handed to another worker.
+                first = handed_turns.pop(0)
+                slot.ahead.remove(first)
+                self._handed -= 1
+                first.revoking = False
+                first.state = "running"
+                first.started = True
+                first.started_at = self._clock()
+                self._running += 1
+                turn = first
         for index in reversed(range(len(handed_turns))):
             handed = handed_turns[index]
             self._unhand(slot, handed)

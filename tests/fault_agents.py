@@ -93,8 +93,8 @@ async def garbage_writer(turn: worker.Turn) -> str:
 
 
 async def exit_at_once(turn: worker.Turn) -> None:
-    """Kills its worker before yielding once: the worker's ``Started`` never leaves the process,
-    so the supervisor sees a worker die holding a turn it never saw start (a poison turn)."""
+    """Kills its worker before yielding once: the worker's ``Started`` frame never leaves the
+    process; only the start marker tells the supervisor that the turn started."""
     os._exit(9)
 
 
@@ -156,3 +156,16 @@ async def stream_when_told(turn: worker.Turn) -> dict[str, int]:
         for i in range(1, count):
             await turn.emit({"i": i})
     return {"events": count}
+
+
+async def exit_first_run_only(turn: worker.Turn) -> str:
+    """On its first run (no marker file yet) emits and kills its worker at once; a second run
+    (which must never happen) would return "rerun"."""
+    from pathlib import Path
+
+    marker = Path(turn.input)
+    if marker.exists():
+        return "rerun"
+    marker.write_text("ran")
+    await turn.emit({"dying": True})
+    os._exit(3)

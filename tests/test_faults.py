@@ -294,17 +294,29 @@ async def test_start_failures_after_start_back_off_and_recover(
     assert result.outcome == "completed" and result.output == "waited"
 
 
-async def test_poison_turn_is_crashed_after_bounded_handovers() -> None:
-    """An agent that kills its worker before its ``Started`` leaves the process looks, to the
-    supervisor, like a worker lost while holding a queued turn, which is re-queued unharmed. It
-    must not loop through the pool forever: after ``MAX_HANDOVERS`` workers it ends ``crashed``
-    (never seen started), and the pool keeps serving."""
+async def test_turn_that_kills_its_worker_at_once_runs_once() -> None:
+    """An agent that kills its worker before its ``Started`` frame can leave the process: the
+    worker's start marker (a shared file written before agent code runs) tells the supervisor the
+    turn did start, so it ends ``crashed`` at once — it is never handed to another worker (it
+    would run twice), and only one worker is lost. (Were the marker lost too, the turn would be
+    re-queued at most ``MAX_HANDOVERS`` times, then end ``crashed``.)"""
     async with Supervisor(workers=1, spares=0) as sup:
         with anyio.fail_after(60):
             result = await sup.run("tests.fault_agents:exit_at_once")
             after = await sup.run("examples.agents:echo", "next")
         restarts = sup.status()["worker_restarts"]
-    assert result.outcome == "crashed" and result.exit_code == 9 and result.started is False
-    assert result.attempts == core.MAX_HANDOVERS
-    assert restarts == core.MAX_HANDOVERS
+    assert result.outcome == "crashed" and result.exit_code == 9 and result.started is True
+    assert result.attempts == 1 and restarts == 1
+    assert core.MAX_HANDOVERS >= 2
     assert after.outcome == "completed"
+
+
+async def test_a_turn_that_crashed_its_worker_is_never_run_again(tmp_path: Path) -> None:
+    """Turns handed ahead in bursts whose agent emits and kills its worker at once: each ends
+    ``crashed`` (started), none is silently run a second time on another worker."""
+    async with Supervisor(workers=2, spares=1) as sup:
+        handles = [await sup.submit("tests.fault_agents:exit_first_run_only", str(tmp_path / f"m{i}"))
+                   for i in range(12)]
+        with anyio.fail_after(120):
+            results = [await h.result() for h in handles]
+    assert {(r.outcome, r.started, r.output) for r in results} == {("crashed", True, None)}

@@ -30,7 +30,7 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _tree
+from . import _marker, _tree
 from ._errors import SpawnError, TurnCancelled
 from ._turn import Turn
 
@@ -292,8 +292,9 @@ class Connection:
 
 
 class WorkerLoop:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, marker: _marker.StartMarker | None = None) -> None:
         self.conn = conn
+        self.marker = marker
         self.pending: collections.deque[Run] = collections.deque()
         # The idle runner waits on a bare asyncio future (the worker runs on asyncio): a few µs
         # cheaper per turn than an anyio.Event made and awaited each time.
@@ -364,6 +365,8 @@ class WorkerLoop:
 
     async def run_turn(self, msg: Run) -> None:
         conn = self.conn
+        if self.marker is not None:
+            self.marker.mark(msg.turn_id)  # survives the process, unlike a queued frame
         conn.post(wire.Started(msg.turn_id))
         frames_at_start = conn.frames
         try:
@@ -449,7 +452,8 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     sock.connect(endpoint)
     sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
     conn = Connection(sync_sock, sock, asyncio.get_running_loop())
-    loop = WorkerLoop(conn)
+    marker_path = _marker.path_for(endpoint, worker_id)
+    loop = WorkerLoop(conn, _marker.StartMarker(marker_path) if marker_path else None)
     # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
     # protocol) and does not reconnect it: a worker left like that could never report a turn's
     # end again, so it must not stay up deaf. Watch for the disconnection and exit.

@@ -1,0 +1,60 @@
+"""The start marker: a tiny shared file in which a worker notes the turn it is starting.
+
+ZeroMQ sends are asynchronous: a frame queued just before the process dies (an agent that
+calls ``os._exit`` at once, a segfault) can die with it, ``Started`` included. The marker is a
+memory-mapped file, written before any agent code runs (a memory write, no syscall), so the
+kernel keeps it whatever happens to the process next. When a worker dies, the supervisor
+reads it to tell a turn that started (and crashed) from one that never did.
+
+Layout: a 4-byte little-endian length, then the turn id in UTF-8. The length is zeroed
+first and written last, so a torn write reads as "nothing started".
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+SIZE = 4 + 1024  # turn ids are at most 256 characters
+
+
+def path_for(endpoint: str, worker_id: str) -> str | None:
+    """Beside the private worker endpoint (``ipc://DIR/workers.sock``), or None (not ipc)."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    return os.path.join(os.path.dirname(endpoint[len("ipc://"):]), f"{worker_id}.started")
+
+
+class StartMarker:
+    """The worker's side: ``mark(turn_id)`` before the agent runs."""
+
+    def __init__(self, path: str) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+
+    def mark(self, turn_id: str) -> None:
+        data = turn_id.encode()[: SIZE - 4]
+        m = self._map
+        m[0:4] = b"\0\0\0\0"
+        m[4 : 4 + len(data)] = data
+        m[0:4] = struct.pack("<I", len(data))
+
+
+def read(path: str) -> str | None:
+    """The supervisor's side: the last turn the (dead) worker noted as starting, if any."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SIZE)
+    except OSError:
+        return None
+    if len(head) < 4:
+        return None
+    (n,) = struct.unpack("<I", head[:4])
+    if n == 0 or n > SIZE - 4 or len(head) < 4 + n:
+        return None
+    return head[4 : 4 + n].decode(errors="replace")
