@@ -881,6 +881,9 @@ class Supervisor:
             self._tg.start_soon(self._watch, slot)
             if slot.state == "stopping":  # retired before its pid was known
                 _procs.signal_tree(pid, signal.SIGKILL, known=slot.known)
+            ready, slot.deferred_ready = slot.deferred_ready, None
+            if ready is not None:
+                self._on_message(slot, ready)
         if zygote.lost:
             self._zygote_lost(zygote)
 
@@ -1203,8 +1206,10 @@ class Supervisor:
                     self._finish(handed, "aborted")
                     self._after_turn(slot)
                     return
-                if turn.escalation or slot.doomed:
+                if turn.escalation:
                     return  # once SIGTERM went out the outcome is "killed", whatever the worker says
+                # (A slot doomed only because a send to it failed still reports truthfully: a turn
+                # that ended before the worker died keeps its real outcome.)
                 slot.turn = None
                 slot.turns_run += 1
                 if turn.started_at is not None:
@@ -1217,7 +1222,12 @@ class Supervisor:
                 self._after_turn(slot)
             case wire.Ready():
                 if not slot.pid:
-                    self._zygote_pids()  # the pid is in the zygote's pipe already: it was written first
+                    self._zygote_pids()
+                    if not slot.pid and slot.state == "starting" and msg.token == slot.token:
+                        # An embryo woken by the zygote can say Ready before the zygote's report
+                        # of its pid reaches us: hold the Ready until that report is read.
+                        slot.deferred_ready = msg
+                        return
                 if slot.state != "starting" or msg.token != slot.token or msg.pid != slot.pid:
                     self.bad_frames += 1
                     return
@@ -1263,6 +1273,8 @@ class Supervisor:
     def _after_turn(self, slot: WorkerSlot) -> None:
         if slot.state != "busy":
             return
+        if slot.doomed:
+            return  # being killed (or unreachable): it gets no new turn; its exit settles the rest
         if slot.turn is not None or slot.ahead:
             self._pump()  # still busy: top it up
             return

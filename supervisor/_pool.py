@@ -16,6 +16,7 @@ class WorkerSlot:
     __slots__ = (
         "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
         "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure", "ahead", "out",
+        "deferred_ready",
     )
 
     def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
@@ -39,6 +40,7 @@ class WorkerSlot:
         self.timer: Timer | None = None  # start-up deadline, or the stop deadline when retiring
         self.doomed = False  # escalation began: never goes back to idle
         self.exit_code: int | None = None
+        self.deferred_ready: Any = None  # a Ready that came before the zygote's report of the pid
         self.failure: str | None = None  # why it was killed before it was ready, if we know
 
     @property

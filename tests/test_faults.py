@@ -320,3 +320,22 @@ async def test_a_turn_that_crashed_its_worker_is_never_run_again(tmp_path: Path)
         with anyio.fail_after(120):
             results = [await h.result() for h in handles]
     assert {(r.outcome, r.started, r.output) for r in results} == {("crashed", True, None)}
+
+
+async def test_an_end_after_a_failed_send_keeps_the_real_outcome() -> None:
+    """A worker whose link failed a send is doomed (killed, no new turns), but an ``End`` it sent
+    before dying still settles its turn with the real outcome, not ``crashed``."""
+    async with Supervisor(workers=1, spares=0, grace=20) as sup:
+        handle = await sup.submit("tests.agents:wait_signal")
+        info = await _first_event(handle)
+        slot = next(s for s in sup._slots.values() if s.turn is not None)
+        slot.doomed = True  # what a failed send does (before it SIGKILLs the worker)
+        await handle.cancel({"kind": "deadline"})
+        with anyio.fail_after(30):
+            result = await handle.result()
+        assert result.outcome == "completed" and result.output == {"saw": "deadline"}
+        assert sup.status()["workers"][0]["state"] == "busy"  # no new turn for a doomed worker
+        os.kill(info["pid"], signal.SIGKILL)
+        with anyio.fail_after(30):
+            after = await sup.run("examples.agents:echo", "next")
+    assert after.outcome == "completed" and after.worker_pid != info["pid"]
