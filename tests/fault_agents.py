@@ -42,7 +42,7 @@ async def stubborn_hog(turn: worker.Turn) -> None:
     for i in range(0, len(block), 4096):
         block[i] = 1
     while True:
-        time.sleep(0.01)  # noqa: ASYNC251 - never awaiting is the point
+        time.sleep(0.01)  # noqa: ASYNC251  # allowed: the agent must never await (the fault under test)
 
 
 async def forker_only_children(turn: worker.Turn) -> None:
@@ -52,11 +52,11 @@ async def forker_only_children(turn: worker.Turn) -> None:
 
     pids = []
     for _ in range(int((turn.input or {}).get("children", 2))):
-        p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])  # noqa: ASYNC220
+        p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])  # noqa: ASYNC220  # allowed: a grandchild that just lives
         pids.append(p.pid)
     await turn.emit({"type": "started", "pid": os.getpid(), "children": pids})
     while True:
-        time.sleep(0.01)  # noqa: ASYNC251 - never awaiting is the point
+        time.sleep(0.01)  # noqa: ASYNC251  # allowed: the agent must never await (the fault under test)
 
 
 def _worker_sockets() -> list[zmq.Socket[Any]]:
