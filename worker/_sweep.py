@@ -1,0 +1,70 @@
+"""The end-of-turn sweep: whatever a turn started is killed and reaped before its End is sent.
+
+The worker is the child subreaper of its descendants, so everything a turn started (a plain
+child, a double-forked setsid daemon, the orphans of either) is in the worker's own tree while
+the worker lives. Whether anything is there is one ``pread`` per thread that may have forked
+(≈ 2 µs for an async agent: the main thread, which also adopts orphans); only when something
+other than the guardian shows up does the sweep freeze, kill and reap the tree.
+
+A no-op turn costs ≈ 15 µs end to end here, so the check must stay that cheap: it reads the
+kernel's ``/proc/self/task/TID/children`` through descriptors opened once (re-opened only when
+the set of Python threads changes), instead of listing tasks or scanning processes each time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from . import _tree
+
+
+class TurnSweep:
+    def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = ("life-pipe",)) -> None:
+        self.me = os.getpid()
+        self.guardian = guardian
+        self._skip = skip_threads
+        self._clean = {b"", f"{guardian} ".encode()}  # what a thread's children file reads when clean
+        self._fds: list[int] = []
+        self._threads = -1
+        self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
+
+    def _refresh(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        # The main thread adopts orphans (the kernel hands them to the first live thread of the
+        # group); other threads hold what they forked themselves (plain ``def`` agents).
+        # ZeroMQ's own threads are not Python threads and never fork.
+        tids = {self.me}
+        for t in threading.enumerate():
+            if t.native_id is not None and t.name not in self._skip:
+                tids.add(t.native_id)
+        for tid in tids:
+            try:
+                self._fds.append(os.open(f"/proc/{self.me}/task/{tid}/children", os.O_RDONLY))
+            except OSError:
+                continue
+        self._threads = threading.active_count()
+
+    def leftovers(self) -> bool:
+        """Whether this process has any child besides its guardian (zombies included)."""
+        if not self._ok:
+            return bool(set(_tree.children(self.me)) - {self.guardian})
+        if threading.active_count() != self._threads:
+            self._refresh()
+        for fd in self._fds:
+            try:
+                data = os.pread(fd, 4096, 0)
+            except OSError:  # the thread ended: look again next time
+                self._threads = -1
+                continue
+            if data not in self._clean:
+                return True
+        return False
+
+    def sweep(self) -> list[int]:
+        """Kill and reap every descendant but the guardian; the pids killed (usually none)."""
+        if not self.leftovers():
+            return []
+        return _tree.kill_descendants(self.me, exclude=frozenset({self.guardian}))
