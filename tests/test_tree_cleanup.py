@@ -43,14 +43,16 @@ def _pids(pid_file: Path) -> list[int]:
     return [int(x) for x in pid_file.read_text().split()]
 
 
-def _dead(pids: list[int]) -> list[int]:
+def _alive(pids: list[int]) -> list[int]:
     """The pids of ``pids`` that still exist (a zombie counts: it is not reaped)."""
     return [p for p in pids if psutil.pid_exists(p)]
 
 
 @pytest.mark.parametrize("cgroups", MODES)
 @pytest.mark.parametrize("agent, outcome", [("daemonize", "completed"), ("daemonize_then_fail", "failed")])
-async def test_a_finished_turn_leaves_no_process(tmp_path: Path, cgroups: bool, agent: str, outcome: str) -> None:
+async def test_a_finished_turn_leaves_no_process(
+    tmp_path: Path, cgroups: bool, agent: str, outcome: str
+) -> None:
     """A turn that forks a setsid daemon and a plain child without exec and then returns (or
     raises): both are killed and reaped before the result is delivered; the next turn on the same
     worker has nothing of them in its tree; ``aclose()`` leaves nothing either."""
@@ -60,13 +62,13 @@ async def test_a_finished_turn_leaves_no_process(tmp_path: Path, cgroups: bool, 
             result = await sup.run(f"tests.tree_agents:{agent}", {"pid_file": str(pid_file)})
             assert result.outcome == outcome, result
             left = _pids(pid_file)
-            assert _dead(left) == [], f"still alive when the result arrived: {left}"
+            assert _alive(left) == [], f"still alive when the result arrived: {left}"
             nxt = await sup.run("tests.tree_agents:next_turn_children")
             assert nxt.outcome == "completed"
             assert nxt.output["worker"] == result.worker_pid
             assert not set(nxt.output["children"]) & set(left)
             assert len(nxt.output["children"]) <= 1  # the worker's guardian, nothing else
-        assert _dead(left) == []
+        assert _alive(left) == []
 
 
 @pytest.mark.parametrize("cgroups", MODES)
@@ -78,7 +80,7 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool) -
         async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
             result = await sup.run("tests.tree_agents:daemonize_then_crash", {"pid_file": str(pid_file)})
             assert result.outcome == "crashed", result
-            assert _dead(_pids(pid_file)) == []
+            assert _alive(_pids(pid_file)) == []
 
 
 @pytest.mark.parametrize("cgroups", MODES)
@@ -94,7 +96,7 @@ async def test_a_killed_turn_leaves_no_process(tmp_path: Path, cgroups: bool) ->
             await handle.cancel()
             result = await handle.result()
             assert result.outcome == "killed", result
-            assert _dead(_pids(pid_file)) == []
+            assert _alive(_pids(pid_file)) == []
 
 
 HOST = r"""
@@ -127,8 +129,9 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
     plain child and its setsid daemon within a bound."""
     files = [str(tmp_path / f"pids{i}") for i in range(2)]
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    host = subprocess.Popen([sys.executable, "-c", HOST, "1" if cgroups else "0", *files],
-                            stdout=subprocess.PIPE, cwd=os.getcwd())
+    host = subprocess.Popen(  # noqa: ASYNC220 - its stdout is read in a thread
+        [sys.executable, "-c", HOST, "1" if cgroups else "0", *files], stdout=subprocess.PIPE, cwd=os.getcwd()
+    )
     try:
         assert host.stdout is not None
         with anyio.fail_after(60):
@@ -142,7 +145,7 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
         _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(rest, timeout=BOUND))
         assert [p.pid for p in alive if p.pid in left] == [], "the agents' processes survived the host"
         assert alive == [], f"left behind: {[p.pid for p in alive]}"
-        assert _dead(left) == []
+        assert _alive(left) == []
     finally:
         if host.poll() is None:
             host.kill()
@@ -167,7 +170,7 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
             assert status["pss_mb"] < 250, status
             result = await handle.result()
             assert result.outcome == "completed", result
-            assert _dead(result.output["pids"]) == []
+            assert _alive(result.output["pids"]) == []
             hog = await sup.run("tests.fault_agents:stubborn_hog", {"mb": 400})
             assert (hog.outcome, hog.cause) == ("killed", {"kind": "memory"}), hog
 
@@ -180,20 +183,19 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
         with anyio.fail_after(60):
             async with Supervisor(workers=2, spares=0, zygote=zygote) as sup:
                 pool = sup._cgroups.path if sup._cgroups is not None else None
-                assert pool is not None and os.path.isdir(pool)
+                assert pool is not None and Path(pool).is_dir()  # noqa: ASYNC240 - one stat
                 paths = set()
                 for w in sup.status()["workers"]:
                     path = _cgroup.cgroup_of(w["pid"])
                     assert path is not None and os.path.dirname(path) == pool, (path, pool)
+                    assert w["cgroup"] == path
                     paths.add(path)
                 assert len(paths) == 2
-            assert not os.path.exists(pool)
+            assert not Path(pool).exists()  # noqa: ASYNC240 - one stat
 
 
-@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
-async def test_stale_pool_cgroup_of_a_dead_supervisor_is_cleaned_at_start() -> None:
-    """A pool cgroup left by a supervisor killed with SIGKILL (its owner is dead) is emptied
-    (its processes killed) and removed when the next supervisor starts."""
+def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
+    """A pool cgroup named for a dead owner, holding one live process of ours."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that is dead: the stale pool's "owner"
     own = _cgroup.cgroup_of(os.getpid())
@@ -201,31 +203,37 @@ async def test_stale_pool_cgroup_of_a_dead_supervisor_is_cleaned_at_start() -> N
     stale = os.path.join(own, f"{_cgroup.POOL_PREFIX}{gone.pid}-0")
     os.mkdir(stale)
     os.mkdir(os.path.join(stale, "w1"))
-    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])  # allowed: it lives
+    victim = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
+    with open(os.path.join(stale, "w1", "cgroup.procs"), "w") as f:
+        f.write(str(victim.pid))
+    return stale, victim
+
+
+def _cleanup_stale(stale: str, victim: subprocess.Popen[bytes]) -> None:
+    if victim.poll() is None:
+        victim.kill()
+        victim.wait()
+    own = str(_cgroup.cgroup_of(os.getpid()))
+    for path in (os.path.join(stale, "w1"), stale):
+        if os.path.isdir(path):
+            for pid in _cgroup.procs(path):
+                with open(os.path.join(own, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            os.rmdir(path)
+
+
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+async def test_stale_pool_cgroup_of_a_dead_supervisor_is_cleaned_at_start() -> None:
+    """A pool cgroup left by a supervisor killed with SIGKILL (its owner is dead) is emptied
+    (its processes killed) and removed when the next supervisor starts."""
+    stale, victim = _stale_pool_with_a_process()
     try:
-        with open(os.path.join(stale, "w1", "cgroup.procs"), "w") as f:
-            f.write(str(victim.pid))
         with anyio.fail_after(60):
             async with Supervisor(workers=1, spares=0):
-                assert not os.path.exists(stale)
+                assert not Path(stale).exists()  # noqa: ASYNC240 - one stat
                 assert await anyio.to_thread.run_sync(victim.wait) == -signal.SIGKILL
     finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
-        for path in (os.path.join(stale, "w1"), stale):
-            if os.path.isdir(path):
-                _move_out_and_rmdir(path)
-
-
-def _move_out_and_rmdir(path: str) -> None:
-    own = _cgroup.cgroup_of(os.getpid())
-    with open(os.path.join(path, "cgroup.procs")) as f:
-        pids = f.read().split()
-    for pid in pids:
-        with open(os.path.join(str(own), "cgroup.procs"), "w") as f:
-            f.write(pid)
-    os.rmdir(path)
+        _cleanup_stale(stale, victim)
 
 
 def test_cgroup_option_is_validated() -> None:

@@ -95,7 +95,8 @@ async def fork_many(turn: worker.Turn) -> dict[str, Any]:
                 signal.pause()
         pids.append(pid)
     await turn.emit({"type": "forked", "pids": pids})
-    await anyio.sleep(float(turn.input.get("hold", 1.0)))  # allowed: the agent's behaviour (sampled meanwhile)
+    # allowed: the agent's behaviour (the memory watch samples the tree meanwhile)
+    await anyio.sleep(float(turn.input.get("hold", 1.0)))
     return {"pids": pids}
 
 

@@ -80,7 +80,8 @@ def sweep(worker_pid: int, worker_start: int | None, cgroup: str | None, marker:
     me = os.getpid()
     stopped: set[int] = {me}
     for _ in range(16):  # bounded: each round only adds what was forked meanwhile
-        found = [pid for pid in _tree.all_pids() if pid not in stopped and _ours(pid, worker_pid, worker_start, marker)]
+        found = [pid for pid in _tree.all_pids()
+                 if pid not in stopped and _ours(pid, worker_pid, worker_start, marker)]
         if not found:
             break
         for pid in found:

@@ -79,9 +79,7 @@ def _become_worker(
     reparented: bool = False,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
-    from . import _main
-
-    from . import _tree
+    from . import _main, _tree
 
     if not reparented:
         os.setsid()
@@ -279,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--req-fd", type=int, required=True)
     parser.add_argument("--resp-fd", type=int, required=True)
     parser.add_argument("--preload", default="")
-    parser.add_argument("--cgroup-pool", default="", help="cgroup v2 pool directory; each worker joins a child")
+    parser.add_argument("--cgroup-pool", default="",
+                        help="cgroup v2 pool directory; each worker joins <pool>/<worker id>")
     args = parser.parse_args(argv)
     global _CGROUP_POOL
     _CGROUP_POOL = args.cgroup_pool or None
