@@ -18,6 +18,8 @@ import threading
 
 from . import _tree
 
+_THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
+
 
 class TurnSweep:
     def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = ("life-pipe",)) -> None:
@@ -45,22 +47,25 @@ class TurnSweep:
                 self._fds.append(os.open(f"/proc/{self.me}/task/{tid}/children", os.O_RDONLY))
             except OSError:
                 continue
-        self._threads = threading.active_count()
+        self._threads = len(_THREADS)
 
     def leftovers(self) -> bool:
         """Whether this process has any child besides its guardian (zombies included)."""
         if not self._ok:
             return bool(set(_tree.children(self.me)) - {self.guardian})
-        if threading.active_count() != self._threads:
+        # len() of threading's table of running threads: no lock (active_count() takes one) -
+        # this runs once per turn, and a thread that is only starting has forked nothing yet.
+        if len(_THREADS) != self._threads:
             self._refresh()
-        for fd in self._fds:
-            try:
-                data = os.pread(fd, 4096, 0)
-            except OSError:  # the thread ended: look again next time
-                self._threads = -1
-                continue
-            if data not in self._clean:
-                return True
+        clean = self._clean
+        try:
+            for fd in self._fds:
+                # A few bytes are enough: more than the guardian's pid means leftovers anyway.
+                if os.pread(fd, 24, 0) not in clean:
+                    return True
+        except OSError:  # a thread ended: list them again
+            self._threads = -1
+            return self.leftovers()
         return False
 
     def sweep(self) -> list[int]:
