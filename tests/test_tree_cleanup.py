@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -41,6 +42,10 @@ BOUND = 10.0  # seconds: generous on a busy 2-core box
 
 def _pids(pid_file: Path) -> list[int]:
     return [int(x) for x in pid_file.read_text().split()]
+
+
+def _subdirs(path: str) -> list[str]:
+    return [e.name for e in os.scandir(path) if e.is_dir()]
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -112,7 +117,8 @@ async def main():
             async for _ in h.events():
                 break
         workers = [w["pid"] for w in sup.status()["workers"]]
-        print(json.dumps(workers), flush=True)
+        pool = sup._cgroups.path if sup._cgroups else None
+        print(json.dumps({"workers": workers, "pool": pool}), flush=True)
         # Like a host that SIGKILLs its direct children on exit (Ray's actors), then dies.
         for child in psutil.Process().children():
             os.kill(child.pid, signal.SIGKILL)
@@ -135,17 +141,27 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
     try:
         assert host.stdout is not None
         with anyio.fail_after(60):
-            workers = json.loads(await anyio.to_thread.run_sync(host.stdout.readline))
-            assert len(workers) == 2
+            seen = json.loads(await anyio.to_thread.run_sync(host.stdout.readline))
+            assert len(seen["workers"]) == 2
+            assert (seen["pool"] is not None) == cgroups
             assert await anyio.to_thread.run_sync(host.wait) == -signal.SIGKILL
         left = [p for f in files for p in _pids(Path(f))]
         # Everything the host left (guardians, the agents' processes) was re-parented to this
         # process (a child subreaper, see conftest): wait on all of it, reaping as it goes.
         rest = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        t0 = time.monotonic()
         _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(rest, timeout=BOUND))
+        print(f"host SIGKILL ({'cgroup' if cgroups else 'fallback'}) -> {len(rest)} left processes gone "
+              f"in {(time.monotonic() - t0) * 1000:.0f} ms")
         assert [p.pid for p in alive if p.pid in left] == [], "the agents' processes survived the host"
         assert alive == [], f"left behind: {[p.pid for p in alive]}"
         assert _alive(left) == []
+        if cgroups:
+            # Each guardian emptied and removed its worker's cgroup; the pool itself (its owner
+            # died by SIGKILL) is what the next supervisor's start sweeps: do that here.
+            assert _cgroup.procs(seen["pool"]) == [] and not _cgroup.populated(seen["pool"])
+            assert await anyio.to_thread.run_sync(_subdirs, seen["pool"]) == []
+            assert seen["pool"] in _cgroup.sweep_stale(os.path.dirname(seen["pool"]))
     finally:
         if host.poll() is None:
             host.kill()

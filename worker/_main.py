@@ -198,7 +198,7 @@ def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | N
 
 
 def sweep_leftovers() -> None:
-    """Kill and reap what the turn that just ended left running (R-tree: before its End)."""
+    """Kill and reap what the turn that just ended left running (R-sweep: before its End)."""
     if _SWEEP is not None:
         killed = _SWEEP.sweep()
         if killed:
