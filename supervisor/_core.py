@@ -1042,7 +1042,9 @@ class Supervisor:
         pending = set(slot.known) - {slot.pid}
         if slot.cgroup is not None:
             # Atomic: everything in the worker's cgroup dies at once, whatever sessions it made.
-            exclude |= set(await _procs.kill_cgroup(slot.cgroup))
+            # Not excluded below: one reaped too early (its parent still dying) is a zombie of
+            # ours later, and the scan finds it by its cgroup.
+            await _procs.kill_cgroup(slot.cgroup)
         for _ in range(8):
             found = set(_procs.orphans_of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
             if not pending and not found:

@@ -30,7 +30,7 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _cgroup, _marker, _sweep, _tree
+from . import _cgroup, _guardian, _marker, _sweep, _tree
 from ._errors import SpawnError, TurnCancelled
 from ._turn import Turn
 
@@ -169,8 +169,6 @@ def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | Non
             os.close(worker_fd)
         return pid
     try:  # the guardian: never returns
-        from . import _guardian
-
         _guardian.run(worker_pid, worker_start, worker_fd, life_fd, cgroup, marker, _take_baton)
     finally:
         os._exit(0)
