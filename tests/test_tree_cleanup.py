@@ -76,13 +76,14 @@ async def test_a_finished_turn_leaves_no_process(
         assert _alive(left) == []
 
 
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
 @pytest.mark.parametrize("cgroups", MODES)
-async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool) -> None:
+async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, zygote: bool) -> None:
     """The agent leaves a setsid daemon and a child, then kills its own worker: the result is
-    ``crashed`` and neither process is alive when it arrives."""
+    ``crashed`` and neither process is alive when it arrives (zygote-forked and spawned workers)."""
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
-        async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups, zygote=zygote) as sup:
             result = await sup.run("tests.tree_agents:daemonize_then_crash", {"pid_file": str(pid_file)})
             assert result.outcome == "crashed", result
             assert _alive(_pids(pid_file)) == []
@@ -208,6 +209,23 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
                     paths.add(path)
                 assert len(paths) == 2
             assert not Path(pool).exists()  # noqa: ASYNC240 - one stat
+
+
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+async def test_two_supervisors_in_one_process_keep_their_own_pools(tmp_path: Path) -> None:
+    """Two supervisors of one process get two pools: the first one's start does not sweep the
+    second's (its owner is alive), and closing one leaves the other's workers running."""
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0) as outer:
+            async with Supervisor(workers=1, spares=0) as inner:
+                assert outer._cgroups is not None and inner._cgroups is not None
+                assert outer._cgroups.path != inner._cgroups.path
+                inner_pool = inner._cgroups.path
+            assert not Path(inner_pool).exists()  # noqa: ASYNC240 - one stat
+            assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
+            async with Supervisor(workers=1, spares=0):
+                assert Path(outer._cgroups.path).is_dir()  # noqa: ASYNC240 - one stat
+            assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
 
 
 def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:

@@ -8,7 +8,7 @@ stays there, so ``cgroup.kill`` stops the whole tree atomically, as systemd's
 has ``cgroup.kill`` (Linux >= 5.14) and the supervisor's own cgroup is writable; otherwise the
 caller keeps the subreaper + freeze-and-signal + tree-marker path (see ``_tree``).
 
-Layout: ``<supervisor's own v2 cgroup>/turnpool-<pid>-<start time>/<worker id>``. The pool name
+Layout: ``<supervisor's own v2 cgroup>/turnpool-<pid>-<start time>-<random>/<worker id>``. The pool name
 carries its owner's pid and start time, so a pool left by a supervisor killed with SIGKILL is
 recognised (owner gone) and swept at the next start. No controller is enabled in the pool:
 the cgroups only group processes, so "no internal processes" never applies.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import select
 import signal
 import time
@@ -195,7 +196,8 @@ class Pool:
         assert own is not None
         sweep_stale(own)
         me = os.getpid()
-        path = os.path.join(own, f"{POOL_PREFIX}{me}-{_start_time(me)}")
+        # A random tail: several supervisors may live in one process, each with its own pool.
+        path = os.path.join(own, f"{POOL_PREFIX}{me}-{_start_time(me)}-{secrets.token_hex(4)}")
         try:
             os.mkdir(path)
         except FileExistsError:
@@ -232,13 +234,14 @@ def sweep_stale(own: str) -> list[str]:
     for name in entries:
         if not name.startswith(POOL_PREFIX):
             continue
-        pid_s, _, start = name[len(POOL_PREFIX):].partition("-")
+        pid_s, _, rest = name[len(POOL_PREFIX):].partition("-")
+        start = rest.partition("-")[0]
         try:
             pid = int(pid_s)
         except ValueError:
             continue
-        if pid != os.getpid() and _start_time(pid) == start:
-            continue  # its supervisor is alive
+        if _start_time(pid) == start:
+            continue  # its supervisor is alive (this process's other supervisors included)
         path = os.path.join(own, name)
         if kill_and_remove(path):
             swept.append(path)
