@@ -123,6 +123,8 @@ async def main():
         # Like a host that SIGKILLs its direct children on exit (Ray's actors), then dies.
         for child in psutil.Process().children():
             os.kill(child.pid, signal.SIGKILL)
+        for pid in workers:  # dead (and reaped) before the host goes: no race left to win
+            os.waitpid(pid, 0)
         os.kill(os.getpid(), signal.SIGKILL)
 
 anyio.run(main)
