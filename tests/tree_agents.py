@@ -107,19 +107,3 @@ async def next_turn_children(turn: worker.Turn) -> dict[str, Any]:
     me = psutil.Process()
     return {"worker": os.getpid(), "children": [p.pid for p in me.children(recursive=True)]}
 
-
-async def sweep_cost(turn: worker.Turn) -> dict[str, Any]:
-    """Diagnostics: what the end-of-turn check reads in this worker, and what one check costs."""
-    import threading
-    import time as _t
-
-    from worker import _main
-
-    sweep = _main._SWEEP
-    assert sweep is not None
-    n = 20000
-    t0 = _t.perf_counter()
-    for _ in range(n):
-        sweep.leftovers()
-    return {"us": (_t.perf_counter() - t0) / n * 1e6, "fds": len(sweep._fds), "threads": sweep._threads,
-            "active": threading.active_count(), "names": [t.name for t in threading.enumerate()]}
