@@ -877,6 +877,8 @@ class Supervisor:
                 cgroup=cgroup,
             )
         except OSError as exc:
+            if cgroup is not None:
+                _cgroup.remove(cgroup)
             self._start_failed(f"could not start a worker: {exc}")
             return
         slot = WorkerSlot(worker_id, pid, _procs.pidfd(pid), token, marker, anyio.current_time())
@@ -927,6 +929,8 @@ class Supervisor:
         """A slot whose worker will never exist (the zygote failed or died before forking it)."""
         if slot.timer is not None:
             slot.timer.cancel()
+        if slot.cgroup is not None:
+            _cgroup.remove(slot.cgroup)
         slot.state = "dead"
         self._slots.pop(slot.id, None)
         self._by_ident.pop(slot.ident, None)

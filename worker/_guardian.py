@@ -35,7 +35,26 @@ def run(
         _tree.signal_all([worker_pid], signal.SIGKILL)  # last: what it forks meanwhile is frozen
         if worker_fd is not None:
             select.select([worker_fd], [], [], 5.0)
+    elif cgroup is None or not os.path.isdir(cgroup):
+        # The worker is gone and the supervisor lives. Without a cgroup the sweep is a scan of
+        # every process on the machine (tens of ms); the supervisor does the same work among its
+        # adopted orphans, and kills and reaps this guardian with them. So wait: only if the
+        # supervisor dies first (a host that kills its workers, then itself) is the scan ours.
+        _wait_eof(life_fd)
     sweep(worker_pid, worker_start, cgroup, marker)
+
+
+def _wait_eof(fd: int) -> None:
+    while True:
+        try:
+            if not os.read(fd, 1):
+                return
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            select.select([fd], [], [])
+        except OSError:
+            return
 
 
 def _is(pid: int, start: int | None) -> bool:
