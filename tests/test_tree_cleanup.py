@@ -277,3 +277,15 @@ def test_cgroup_option_is_validated() -> None:
     with pytest.raises(TypeError, match="cgroups"):
         Supervisor(cgroups="yes")  # type: ignore[arg-type]
 
+
+
+def test_serve_takes_cgroups_on_or_off() -> None:
+    """``turnpool serve --cgroups off`` forces the fallback; anything but on/off is refused."""
+    import argparse
+
+    from supervisor import _cli_daemon
+
+    assert _cli_daemon._on_off("off") is False and _cli_daemon._on_off("on") is True
+    with pytest.raises(argparse.ArgumentTypeError, match="on or off"):
+        _cli_daemon._on_off("maybe")
+    assert any(name == "cgroups" for name, _, _ in _cli_daemon.SUPERVISOR_OPTIONS)
