@@ -20,6 +20,17 @@ import msgspec
 from ._cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from ._errors import InvalidAgent, TurnpoolError
 
+
+def _on_off(value: str) -> bool:
+    """``on`` / ``off`` (also true/false, yes/no, 1/0) for a boolean ``serve`` option."""
+    v = value.strip().lower()
+    if v in ("on", "true", "yes", "1"):
+        return True
+    if v in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+
+
 # Options of ``serve`` that go to ``Supervisor`` (name, type, help).
 SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("workers", int, "worker processes running turns (default 4)"),
@@ -27,7 +38,8 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("kill_after", float, "seconds after SIGTERM before SIGKILL (default 2)"),
     ("spares", int, "warm spare workers (default 1)"),
     ("max_turns_per_worker", int, "replace a worker after this many turns (default: never)"),
-    ("max_rss_mb", float, "cancel a turn (cause memory) whose worker tree passes this RSS"),
+    ("max_rss_mb", float, "cancel a turn (cause memory) whose worker tree passes this many MiB (PSS: shared "
+                           "pages split between the processes mapping them)"),
     ("timeout", float, "default turn timeout in seconds (default: none)"),
     ("max_queue", int, "queued turns before submits get QueueFull (default 100000)"),
     ("max_events", int, "events kept per turn for late followers (default 10000)"),
@@ -35,8 +47,10 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("heartbeat", float, "worker heartbeat interval in seconds (default 1)"),
     ("start_timeout", float, "seconds a worker has to become ready (default 30)"),
     ("stop_timeout", float, "seconds an idle worker has to exit when retired (default 5)"),
-    ("rss_interval", float, "seconds between RSS checks when --max-rss-mb is set (default 0.25)"),
+    ("rss_interval", float, "seconds between memory checks when --max-rss-mb is set (default 0.25)"),
     ("python", str, "interpreter that runs the workers (default: this one)"),
+    ("cgroups", _on_off, "on (default): each worker in its own cgroup v2 where the hierarchy is writable, "
+                         "killed at once with cgroup.kill; off: subreaper and tree markers only"),
 )
 DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("endpoint", str, "client endpoint (default: TURNPOOL_ENDPOINT or ipc:// in the runtime dir)"),

@@ -32,7 +32,7 @@ import zmq.asyncio
 
 import wire
 from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
-from worker import _marker, _tree
+from worker import _cgroup, _marker, _tree
 
 from . import _procs
 from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
@@ -99,6 +99,13 @@ class Supervisor:
     starts. ``zygote`` forks workers from a preloaded process (a few ms instead of a fresh
     interpreter; workers inherit the environment as it was when the supervisor started) and
     ``preload`` names agent modules that process imports once for every worker.
+
+    ``cgroups`` (default True) puts each worker in a cgroup v2 of its own where the unified
+    hierarchy is writable (root, or a delegated subtree), so a worker's tree is killed at once
+    with ``cgroup.kill`` and nothing escapes it; ``False`` forces the fallback (subreaper,
+    freeze-and-signal, tree markers), which is also what runs where cgroups cannot be used.
+    ``max_rss_mb`` is compared with the tree's proportional set size (PSS, shared pages split
+    between the processes mapping them).
     """
 
     def __init__(
@@ -124,7 +131,10 @@ class Supervisor:
         prefetch_window: float = 0.002,
         zygote: bool = True,
         preload: tuple[str, ...] = (),
+        cgroups: bool = True,
     ) -> None:
+        if not isinstance(cgroups, bool):
+            raise TypeError(f"cgroups must be True or False, got {cgroups!r}")
         for name, value, low in (("workers", workers, 1), ("spares", spares, 0), ("max_queue", max_queue, 1),
                                  ("max_events", max_events, 1), ("keep_results", keep_results, 1),
                                  ("prefetch", prefetch, 1)):
@@ -167,6 +177,8 @@ class Supervisor:
         self.use_zygote = bool(zygote) and python is None and not worker_args
         self.preload = tuple(preload)
         self._zygote: Zygote | None = None
+        self.cgroups = cgroups
+        self._cgroups: _cgroup.Pool | None = None  # our pool cgroup, when cgroups are in use
 
         self._turns: dict[str, TurnRecord] = {}
         self._ended: collections.deque[str] = collections.deque()
@@ -254,10 +266,16 @@ class Supervisor:
         await self._tg.__aenter__()
         self._tg.start_soon(self._timers.run)
         self._tg.start_soon(self._receive)
+        if self.cgroups:
+            # Also sweeps pools left by supervisors killed with SIGKILL (may wait for their exits).
+            self._cgroups = await anyio.to_thread.run_sync(_cgroup.Pool.create)
+            if self._cgroups is None:
+                log.info("cgroup v2 not usable here: worker trees are tracked by subreaper and markers")
         if self.use_zygote and _tree.set_child_subreaper():
             try:
                 self._zygote = Zygote.start(endpoint=self._endpoint, life_fd=self._life_r, python=self.python,
-                                            extra_args=self.worker_args, preload=self.preload)
+                                            extra_args=self.worker_args, preload=self.preload,
+                                            cgroup_pool=self._cgroups.path if self._cgroups else None)
             except OSError as exc:
                 log.warning("could not start the zygote, starting workers as fresh interpreters: %s", exc)
             else:
@@ -307,6 +325,9 @@ class Supervisor:
             while self._slots:
                 await self._wait_change()
             await self._stop_zygote()
+            if self._cgroups is not None:
+                await anyio.to_thread.run_sync(self._cgroups.close)
+                self._cgroups = None
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         try:
@@ -402,14 +423,20 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of
-        the worker's whole tree), the queue and counters."""
+        the worker's whole tree summed per process, so shared pages count once per process; pss and
+        pss_mb: its proportional set size, shared pages split between the processes mapping them,
+        which is what ``max_rss_mb`` is compared with; cgroup: the worker's own cgroup or None),
+        the queue and counters."""
         workers = []
         for slot in self._slots.values():
-            rss = _procs.rss_of_tree(slot.pid) if slot.state != "dead" and slot.pid else 0
+            live = slot.state != "dead" and slot.pid
+            rss = _procs.rss_of_tree(slot.pid) if live else 0
+            pss = _procs.memory_of_tree(slot.pid) if live else 0
             workers.append({
                 "id": slot.id, "pid": slot.pid, "state": slot.state,
                 "turn_id": slot.turn.id if slot.turn else None, "turns_run": slot.turns_run,
-                "rss": rss, "rss_mb": round(rss / 2**20, 1),
+                "rss": rss, "rss_mb": round(rss / 2**20, 1), "pss": pss, "pss_mb": round(pss / 2**20, 1),
+                "cgroup": slot.cgroup,
             })
         return {
             "pid": os.getpid(),
@@ -830,11 +857,14 @@ class Supervisor:
         worker_id = f"w{next(self._worker_ids)}"
         token = secrets.token_hex(16)
         marker = f"{os.getpid()}-{self._prefix}-{worker_id}"
+        # Made before the worker exists: it joins it before it forks anything.
+        cgroup = self._cgroups.worker_dir(worker_id) if self._cgroups is not None else None
         zygote = self._zygote
         if zygote is not None and not zygote.lost:
             if zygote.request(worker_id, token, marker, self.heartbeat):
                 # The pid comes back from the zygote (``_zygote_pids``); until then it is 0.
                 slot = WorkerSlot(worker_id, 0, None, token, marker, self._clock())
+                slot.cgroup = cgroup
                 self._slots[worker_id] = slot
                 self._by_ident[slot.ident] = slot
                 slot.timer = self._timers.call_later(self.start_timeout, self._start_timed_out, slot)
@@ -844,11 +874,17 @@ class Supervisor:
             pid = _procs.spawn_worker(
                 endpoint=self._endpoint, worker_id=worker_id, token=token, marker=marker,
                 life_fd=self._life_r, heartbeat=self.heartbeat, python=self.python, extra_args=self.worker_args,
+                cgroup=cgroup,
             )
         except OSError as exc:
+            if cgroup is not None:
+                _cgroup.remove(cgroup)
             self._start_failed(f"could not start a worker: {exc}")
             return
         slot = WorkerSlot(worker_id, pid, _procs.pidfd(pid), token, marker, anyio.current_time())
+        slot.cgroup = cgroup
+        if cgroup is not None:
+            _procs.CGROUPS[pid] = cgroup
         self._slots[worker_id] = slot
         self._by_ident[slot.ident] = slot
         slot.timer = self._timers.call_later(self.start_timeout, self._start_timed_out, slot)
@@ -877,6 +913,8 @@ class Supervisor:
                 continue
             slot.pid = pid
             slot.fd = _procs.pidfd(pid)
+            if slot.cgroup is not None:
+                _procs.CGROUPS[pid] = slot.cgroup
             assert self._tg is not None
             self._tg.start_soon(self._watch, slot)
             if slot.state == "stopping":  # retired before its pid was known
@@ -891,6 +929,8 @@ class Supervisor:
         """A slot whose worker will never exist (the zygote failed or died before forking it)."""
         if slot.timer is not None:
             slot.timer.cancel()
+        if slot.cgroup is not None:
+            _cgroup.remove(slot.cgroup)
         slot.state = "dead"
         self._slots.pop(slot.id, None)
         self._by_ident.pop(slot.ident, None)
@@ -1004,13 +1044,21 @@ class Supervisor:
             exclude.add(self._zygote.pid)
             exclude |= self._zygote.embryos
         pending = set(slot.known) - {slot.pid}
+        if slot.cgroup is not None:
+            # Atomic: everything in the worker's cgroup dies at once, whatever sessions it made.
+            # Not excluded below: one reaped too early (its parent still dying) is a zombie of
+            # ours later, and the scan finds it by its cgroup.
+            await _procs.kill_cgroup(slot.cgroup)
         for _ in range(8):
-            found = set(_procs.orphans_of(slot.pid, slot.marker, exclude)) - pending
+            found = set(_procs.orphans_of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
             if not pending and not found:
                 break
             await _procs.kill_and_reap(pending | found)
             exclude |= pending | found
             pending = set()
+        if slot.cgroup is not None:
+            _procs.CGROUPS.pop(slot.pid, None)
+            _cgroup.remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
         del self._slots[slot.id]
         self._busy.pop(slot, None)
         slot.out = []
@@ -1344,6 +1392,11 @@ class Supervisor:
             for slot in list(self._slots.values()):
                 turn = slot.turn
                 if slot.state == "busy" and turn is not None and turn.state == "running" and turn.cause is None:
-                    if _procs.rss_of_tree(slot.pid) > limit:
+                    # PSS, not summed RSS: N forked children of a worker share its pages. Read in a
+                    # thread: smaps_rollup walks page tables (≈ 0.1 ms per process, more when large).
+                    used = await anyio.to_thread.run_sync(_procs.memory_of_tree, slot.pid)
+                    if slot.turn is not turn or turn.cause is not None or turn.state != "running":
+                        continue  # it moved on while we measured
+                    if used > limit:
                         log.warning("turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, self.max_rss_mb)
                         self._cancel(turn, wire.MEMORY)

@@ -16,7 +16,7 @@ class WorkerSlot:
     __slots__ = (
         "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
         "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure", "ahead", "out",
-        "deferred_ready",
+        "deferred_ready", "cgroup",
     )
 
     def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
@@ -42,6 +42,7 @@ class WorkerSlot:
         self.exit_code: int | None = None
         self.deferred_ready: Any = None  # a Ready that came before the zygote's report of the pid
         self.failure: str | None = None  # why it was killed before it was ready, if we know
+        self.cgroup: str | None = None  # its own cgroup v2 directory, where the pool has one
 
     @property
     def inflight(self) -> int:

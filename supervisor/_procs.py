@@ -15,11 +15,16 @@ from collections.abc import Iterable
 import anyio
 import psutil
 
-from worker import _tree
+from worker import _cgroup, _tree
 
 log = logging.getLogger("turnpool.supervisor")
 
-TREE_ENV = "TURNPOOL_TREE"
+TREE_ENV = _tree.TREE_ENV
+
+# Worker pid -> its cgroup v2 directory, for workers that run in one. Kept here (not passed by
+# every caller) so that each escalation step, retire and unreachable-worker kill gets the
+# atomic ``cgroup.kill`` without knowing about cgroups.
+CGROUPS: dict[int, str] = {}
 TOKEN_ENV = "TURNPOOL_SPAWN_TOKEN"
 
 
@@ -33,6 +38,7 @@ def spawn_worker(
     heartbeat: float,
     python: str | None = None,
     extra_args: Iterable[str] = (),
+    cgroup: str | None = None,
 ) -> int:
     """Start ``python -m worker`` in its own session; its stdout goes to our stderr so nothing
     a worker prints can corrupt a protocol the host speaks on stdout."""
@@ -41,6 +47,7 @@ def spawn_worker(
         exe, *extra_args, "-m", "worker",
         "--endpoint", endpoint, "--id", worker_id, "--parent-pid", str(os.getpid()),
         "--life-fd", str(life_fd), "--heartbeat", repr(heartbeat),
+        *(("--cgroup", cgroup) if cgroup else ()),
     ]
     env = worker_env()
     env[TOKEN_ENV] = token
@@ -105,6 +112,9 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     (unless the signal is SIGKILL). Adds what it found to ``known``; returns the pids."""
     if pid <= 0:  # a worker whose pid is not known yet (zygote fork in flight): never signal 0 or -1
         return []
+    cgroup = CGROUPS.get(pid)
+    if cgroup is not None and sig == signal.SIGKILL:
+        _cgroup.kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
     pids = _tree.freeze_tree(pid)
     known.update(pids)
     try:
@@ -117,9 +127,10 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     return pids
 
 
-def orphans_of(worker_pid: int, marker: str, exclude: set[int]) -> list[int]:
-    """Our own children that descend from the worker: its session, or its tree marker in the
-    environment (for ones that called setsid). Nothing else of the host is ever touched."""
+def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | None = None) -> list[int]:
+    """Our own children that descend from the worker: its session, its cgroup (zombies keep
+    theirs), or its tree marker (environment or memfd, for ones that called setsid). Nothing
+    else of the host is ever touched."""
     found: list[int] = []
     for pid in _tree.children(os.getpid()):
         if pid in exclude:
@@ -127,12 +138,26 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int]) -> list[int]:
         if _tree.session_of(pid) == worker_pid:
             found.append(pid)
             continue
-        try:
-            if psutil.Process(pid).environ().get(TREE_ENV) == marker:
-                found.append(pid)
-        except psutil.Error:
+        if cgroup is not None and _cgroup.cgroup_of(pid) == cgroup:
+            found.append(pid)
             continue
+        if _tree.has_marker(pid, marker):
+            found.append(pid)
     return found
+
+
+async def kill_cgroup(path: str) -> list[int]:
+    """Kill everything in a dead worker's cgroup at once, wait for each process to exit (pidfds,
+    no polling) and reap those that became our children; returns the pids seen."""
+    seen: list[int] = []
+    for _ in range(8):
+        _cgroup.kill(path)
+        pids = [p for p in _cgroup.procs(path) if p not in seen]
+        if not pids and not _cgroup.populated(path):
+            break
+        seen.extend(pids)
+        await kill_and_reap(pids)
+    return seen
 
 
 async def kill_and_reap(pids: Iterable[int]) -> None:
@@ -164,7 +189,8 @@ async def kill_and_reap(pids: Iterable[int]) -> None:
 
 
 def rss_of_tree(pid: int) -> int:
-    """Resident memory of the worker and all its descendants, in bytes."""
+    """Resident memory of the worker and all its descendants, in bytes (summed RSS: shared
+    pages count once per process that maps them)."""
     try:
         proc = psutil.Process(pid)
         total = proc.memory_info().rss
@@ -178,3 +204,19 @@ def rss_of_tree(pid: int) -> int:
         return 0
 
 
+def tree_pids(pid: int) -> list[int]:
+    """The worker and every process of its tree: its cgroup's members where it has one (nothing
+    escapes it), else its descendants (it is their child subreaper)."""
+    cgroup = CGROUPS.get(pid)
+    if cgroup is not None:
+        pids = _cgroup.procs(cgroup)
+        if pids:
+            return pids
+    return [pid, *_tree.descendants(pid)]
+
+
+def memory_of_tree(pid: int) -> int:
+    """Proportional set size (PSS) of the worker's whole tree, in bytes: each shared page is
+    split between the processes that map it, so 500 forked children of a 46 MiB worker count
+    about 46 MiB, not 500 times that. What ``max_rss_mb`` is compared with."""
+    return _cgroup.pss_bytes(tree_pids(pid))

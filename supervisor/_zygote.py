@@ -28,7 +28,7 @@ class Zygote:
     @classmethod
     def start(
         cls, *, endpoint: str, life_fd: int, python: str | None, extra_args: Iterable[str],
-        preload: Iterable[str],
+        preload: Iterable[str], cgroup_pool: str | None = None,
     ) -> Zygote:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
@@ -41,6 +41,7 @@ class Zygote:
             "--life-fd", str(life_fd),
             "--endpoint", endpoint, "--req-fd", str(req_r), "--resp-fd", str(resp_w),
             "--preload", ",".join(preload),
+            *(("--cgroup-pool", cgroup_pool) if cgroup_pool else ()),
         ]
         env = _procs.worker_env()
         try:

@@ -30,12 +30,13 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _marker, _tree
+from . import _cgroup, _guardian, _marker, _sweep, _tree
 from ._errors import SpawnError, TurnCancelled
 from ._turn import Turn
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 _BATON_FD = -1  # set by start_guardian: see _take_baton
+_SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
 _KILLING = False  # this process has begun killing its tree
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
@@ -129,59 +130,60 @@ def _watch_life_pipe(fd: int) -> None:
     _on_supervisor_death()
 
 
-def start_guardian(life_fd: int) -> int:
-    """Fork the guardian: a tiny process that watches the life pipe and, on EOF (the
-    supervisor died), freezes and SIGKILLs this worker's whole tree, itself excepted.
+def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | None = None) -> int:
+    """Fork the guardian: a tiny process that outlives this worker and cleans up after it.
 
-    The worker's own watchers (the life-pipe thread, the SIGUSR2 handler) need the worker's
-    GIL; an agent blocked in a C call that holds it would keep them from ever running. The
-    guardian is another process, so it needs nothing from the worker. It is forked before any
-    thread or ZeroMQ context exists, dies with the worker (parent-death SIGKILL), sits in the
-    worker's session (so the supervisor's tree kill and orphan scan find it), and costs one
-    fork at start-up. The worker's own watchers stay as a fallback; a baton (``_take_baton``)
-    makes sure only one of the two kills the tree.
+    It watches two things: the life pipe (EOF: the supervisor died) and this worker's pidfd
+    (the worker exited, however: a crash, a host's SIGKILL, a clean Shutdown).
+
+    * Supervisor gone: it takes the baton (``_take_baton``) and freezes and SIGKILLs this
+      worker's whole tree, itself excepted, the worker last. The worker's own watchers (the
+      life-pipe thread, the SIGUSR2 handler) need the worker's GIL; an agent blocked in a C call
+      that holds it would keep them from ever running, and the guardian needs nothing from the
+      worker. If the worker took the baton first, it is killing its tree itself: stand down.
+    * Worker gone: what it left (now re-parented away from it) is swept: the worker's cgroup is
+      killed, emptied and removed; without one, every process in the worker's session or
+      carrying its tree marker is frozen and SIGKILLed. Nothing else is ever touched.
+
+    It has no parent-death signal (it must outlive the worker: a host that SIGKILLs its direct
+    children, as Ray does, kills the worker but not this grandchild), is forked before any
+    thread, ZeroMQ context or cgroup move (so it is outside the worker's cgroup and survives
+    its kill), sits in the worker's session (so the supervisor's tree kill and orphan scan find
+    and reap it), and costs one fork at start-up.
     """
     global _BATON_FD
     worker_pid = os.getpid()
+    worker_start = _tree.start_time(worker_pid)
     baton, w = os.pipe()  # not inheritable: agents' children never see it
     os.write(w, b"x")
     os.close(w)
     os.set_blocking(baton, False)
     _BATON_FD = baton
+    try:
+        worker_fd: int | None = os.pidfd_open(worker_pid)
+    except (OSError, AttributeError):
+        worker_fd = None
     pid = os.fork()
     if pid:
+        if worker_fd is not None:
+            os.close(worker_fd)
         return pid
     try:  # the guardian: never returns
-        _tree.set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != worker_pid:
-            os._exit(0)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        while True:
-            try:
-                if not os.read(life_fd, 1):
-                    break
-            except InterruptedError:
-                continue
-            except OSError:
-                break
-        if not _take_baton():
-            os._exit(0)  # the worker is killing its tree itself (us included)
-        # Killing the worker would kill us (parent-death signal) before we are done: drop it,
-        # and kill the worker last.
-        _tree.set_parent_death_signal(0)
-        me = os.getpid()
-        pids = _tree.freeze_tree(worker_pid, include_root=True, exclude=frozenset({me}))
-        _tree.signal_all([p for p in pids if p != worker_pid], signal.SIGKILL)
-        _tree.signal_all([worker_pid], signal.SIGKILL)
+        _guardian.run(worker_pid, worker_start, worker_fd, life_fd, cgroup, marker, _take_baton)
     finally:
         os._exit(0)
 
 
-def install_process_guards(parent_pid: int, life_fd: int | None) -> None:
+def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | None = None) -> None:
+    """Subreaper, guardian, then the worker's own cgroup (if any), before anything else forks."""
+    global _SWEEP
     _tree.set_child_subreaper()
+    guardian = -1
     if life_fd is not None:
-        start_guardian(life_fd)  # first: no thread and no ZeroMQ context exist yet
+        # First: no thread and no ZeroMQ context exist yet, and it stays outside the cgroup.
+        guardian = start_guardian(life_fd, cgroup=cgroup, marker=os.environ.get(_tree.TREE_ENV))
+    if cgroup is not None and not _cgroup.join(cgroup):
+        print(f"turnpool worker: could not join cgroup {cgroup}; the tree markers stand in", file=sys.stderr)
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
@@ -190,6 +192,16 @@ def install_process_guards(parent_pid: int, life_fd: int | None) -> None:
     if life_fd is not None:
         os.set_inheritable(life_fd, False)
         threading.Thread(target=_watch_life_pipe, args=(life_fd,), name="life-pipe", daemon=True).start()
+    _SWEEP = _sweep.TurnSweep(guardian)
+
+
+def sweep_leftovers() -> None:
+    """Kill and reap what the turn that just ended left running (R-sweep: before its End)."""
+    if _SWEEP is not None:
+        killed = _SWEEP.sweep()
+        if killed:
+            print(f"turnpool worker: killed {len(killed)} process(es) left by the turn", file=sys.stderr,
+                  flush=True)
 
 
 # ---- agents --------------------------------------------------------------------------
@@ -420,6 +432,7 @@ class WorkerLoop:
         finally:
             self.current = None
             self.current_scope = None
+        sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
         # Started already left in an earlier frame: the supervisor sees this turn running, so its End
         # must be confirmed before a handed turn (which might crash the process) starts.
         ack = conn.frames != frames_at_start
@@ -542,8 +555,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--life-fd", type=int)
     parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--cgroup", help="the cgroup v2 directory this worker joins before it forks anything")
     args = parser.parse_args(argv)
     token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")
-    install_process_guards(args.parent_pid, args.life_fd)
+    marker = os.environ.get(_tree.TREE_ENV)
+    if marker:
+        _tree.mark_tree(marker)
+    install_process_guards(args.parent_pid, args.life_fd, args.cgroup)
     anyio.run(serve, args.endpoint, args.id, token, args.heartbeat, backend="asyncio")
     sys.exit(0)

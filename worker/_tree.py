@@ -11,6 +11,7 @@ import ctypes.util
 import os
 import signal
 import sys
+import time
 
 import psutil
 
@@ -144,3 +145,112 @@ def session_of(pid: int) -> int | None:
         return int(fields[3])
     except (IndexError, ValueError):
         return None
+
+
+def start_time(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks since boot (tells a pid from its reuse), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rfind(b")") + 2 :].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+# ---- tree markers ---------------------------------------------------------------------
+#
+# Two markers tell a worker's descendants that left its session (setsid) from everything else:
+# the environment variable TURNPOOL_TREE, which exec'd children see (the worker's os.environ is
+# what exec passes on), and a memfd named after the marker, which forked children inherit with
+# the worker's file descriptors. A child forked without exec keeps the environment block of the
+# process image as it was first exec'd: in a zygote-forked worker that is the zygote's, without
+# the marker, so the environment alone cannot find it.
+
+TREE_ENV = "TURNPOOL_TREE"
+_MARKER_FD = -1
+
+
+def memfd_name(marker: str) -> str:
+    return f"turnpool-tree:{marker}"
+
+
+def mark_tree(marker: str) -> None:
+    """Set both markers in this process (a worker, before it forks anything)."""
+    global _MARKER_FD
+    os.environ[TREE_ENV] = marker
+    if _MARKER_FD < 0 and hasattr(os, "memfd_create"):
+        try:
+            # Close-on-exec (exec'd children carry the environment marker instead); a fork keeps it.
+            _MARKER_FD = os.memfd_create(memfd_name(marker), os.MFD_CLOEXEC)
+        except OSError:
+            pass
+
+
+def has_marker(pid: int, marker: str) -> bool:
+    """Whether ``pid`` carries ``marker`` in its environment or holds the marker memfd."""
+    needle = f"{TREE_ENV}={marker}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if needle in f.read().split(b"\0"):
+                return True
+    except OSError:
+        pass
+    link = f"/memfd:{memfd_name(marker)} (deleted)"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def kill_descendants(root: int, exclude: frozenset[int] = frozenset(), timeout: float = 3.0) -> list[int]:
+    """Freeze, SIGKILL and reap every descendant of ``root`` (this process, a child subreaper)
+    but ``exclude``. Waits on pidfds for the exits (a killed grandchild is re-parented to us
+    once its parent is gone), then reaps each by pid: never ``waitpid(-1)``. Returns the pids."""
+    import select
+
+    pids = freeze_tree(root, include_root=False, exclude=exclude)
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except (OSError, AttributeError):
+            pass
+    signal_all(pids, signal.SIGKILL)
+    try:
+        poller = select.poll()
+        waiting = set(fds)
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # a process stuck in uninterruptible sleep: not ours to wait forever for
+            for fd, _ in poller.poll(left * 1000):
+                waiting.discard(fd)
+                poller.unregister(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for pid in [*pids, *children(root)]:
+        if pid in exclude:
+            continue
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return pids

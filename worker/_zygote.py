@@ -13,8 +13,10 @@ Rules it keeps (see PITFALLS):
   re-parented to the supervisor (a child subreaper), which reaps it by pid like any worker;
   only then does the worker arm its parent-death signal (tied to its parent *thread*), so
   the signal follows the supervisor, not the short-lived intermediate;
-* the worker calls ``setsid`` (it leads its own session and group, like a spawned worker) and
-  exports the tree marker in its environment for its descendants;
+* the worker calls ``setsid`` (it leads its own session and group, like a spawned worker), sets
+  its tree markers (environment for exec'd descendants, an inherited memfd for fork-only ones:
+  see ``_tree``) and, with ``--cgroup-pool``, joins ``<pool>/<worker id>`` before it forks
+  anything but its guardian;
 * the zygote dies with the supervisor: parent-death ``SIGKILL`` plus EOF on its request pipe.
 
 To take the forks off the critical path, the zygote keeps one *embryo* ready: a grandchild
@@ -37,7 +39,9 @@ import signal
 import sys
 import time
 
-TREE_ENV = "TURNPOOL_TREE"
+from ._tree import TREE_ENV  # noqa: F401 - re-exported: where it used to live
+
+_CGROUP_POOL: str | None = None  # --cgroup-pool: workers join <pool>/<worker id>
 
 
 def _preload(modules: list[str]) -> None:
@@ -75,11 +79,13 @@ def _become_worker(
     reparented: bool = False,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
-    from . import _main
+    from . import _main, _tree
 
     if not reparented:
         os.setsid()
-    os.environ[TREE_ENV] = marker
+    # putenv alone would not do: a child forked without exec keeps the environment block this
+    # process image was exec'd with (the zygote's). The memfd marker is inherited by any fork.
+    _tree.mark_tree(marker)
     deadline = time.monotonic() + 5.0
     while os.getppid() != parent_pid:
         # The intermediate child exits right after the fork; until then it is our parent.
@@ -87,7 +93,8 @@ def _become_worker(
             os._exit(70)  # the supervisor is gone (or we were not re-parented to it)
         time.sleep(0.0001)
     try:
-        _main.install_process_guards(parent_pid, life_fd)
+        cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
+        _main.install_process_guards(parent_pid, life_fd, cgroup)
         import anyio
 
         anyio.run(_main.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
@@ -270,7 +277,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--req-fd", type=int, required=True)
     parser.add_argument("--resp-fd", type=int, required=True)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--cgroup-pool", default="",
+                        help="cgroup v2 pool directory; each worker joins <pool>/<worker id>")
     args = parser.parse_args(argv)
+    global _CGROUP_POOL
+    _CGROUP_POOL = args.cgroup_pool or None
     from . import _tree
 
     _tree.set_parent_death_signal(signal.SIGKILL)

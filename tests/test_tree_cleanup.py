@@ -1,0 +1,291 @@
+"""A turn's end leaves nothing the turn started; a worker's guardian outlives its worker; the
+memory limit measures what a tree really uses.
+
+Attacks, each with the worker's own cgroup (cgroup v2, where this machine allows it) and with
+the fallback (subreaper, freeze-and-signal, tree markers) forced by ``cgroups=False``:
+
+* an agent that forks without exec (``fork → setsid → fork``, the classic daemon, plus a plain
+  child) and then returns, raises, crashes its worker or is killed: nothing of it is alive when
+  the result arrives, nor after ``aclose()``; the next turn on that worker sees nothing of it;
+* a host that SIGKILLs its direct children (the workers) and then itself, as Ray does on actor
+  exit: the guardians outlive their workers and sweep the agents' grandchildren and daemons;
+* 100 forked children of one worker are not read as 100 copies of its memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from supervisor import Supervisor
+from worker import _cgroup
+
+pytestmark = pytest.mark.anyio
+
+HAVE_CGROUP = _cgroup.usable()
+MODES = [
+    pytest.param(True, id="cgroup", marks=pytest.mark.skipif(
+        not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine (the fallback is tested)")),
+    pytest.param(False, id="fallback"),
+]
+BOUND = 10.0  # seconds: generous on a busy 2-core box
+
+
+def _pids(pid_file: Path) -> list[int]:
+    return [int(x) for x in pid_file.read_text().split()]
+
+
+def _subdirs(path: str) -> list[str]:
+    return [e.name for e in os.scandir(path) if e.is_dir()]
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """The pids of ``pids`` that still exist (a zombie counts: it is not reaped)."""
+    return [p for p in pids if psutil.pid_exists(p)]
+
+
+@pytest.mark.parametrize("cgroups", MODES)
+@pytest.mark.parametrize("agent, outcome", [("daemonize", "completed"), ("daemonize_then_fail", "failed")])
+async def test_a_finished_turn_leaves_no_process(
+    tmp_path: Path, cgroups: bool, agent: str, outcome: str
+) -> None:
+    """A turn that forks a setsid daemon and a plain child without exec and then returns (or
+    raises): both are killed and reaped before the result is delivered; the next turn on the same
+    worker has nothing of them in its tree; ``aclose()`` leaves nothing either."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
+            result = await sup.run(f"tests.tree_agents:{agent}", {"pid_file": str(pid_file)})
+            assert result.outcome == outcome, result
+            left = _pids(pid_file)
+            assert _alive(left) == [], f"still alive when the result arrived: {left}"
+            nxt = await sup.run("tests.tree_agents:next_turn_children")
+            assert nxt.outcome == "completed"
+            assert nxt.output["worker"] == result.worker_pid
+            assert not set(nxt.output["children"]) & set(left)
+            assert len(nxt.output["children"]) <= 1  # the worker's guardian, nothing else
+        assert _alive(left) == []
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
+@pytest.mark.parametrize("cgroups", MODES)
+async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, zygote: bool) -> None:
+    """The agent leaves a setsid daemon and a child, then kills its own worker: the result is
+    ``crashed`` and neither process is alive when it arrives (zygote-forked and spawned workers)."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups, zygote=zygote) as sup:
+            result = await sup.run("tests.tree_agents:daemonize_then_crash", {"pid_file": str(pid_file)})
+            assert result.outcome == "crashed", result
+            assert _alive(_pids(pid_file)) == []
+
+
+@pytest.mark.parametrize("cgroups", MODES)
+async def test_a_killed_turn_leaves_no_process(tmp_path: Path, cgroups: bool) -> None:
+    """The agent leaves a setsid daemon and a child, then ignores its cancel: the result is
+    ``killed`` and neither process is alive when it arrives."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, grace=0.1, kill_after=0.1, cgroups=cgroups) as sup:
+            handle = await sup.submit("tests.tree_agents:daemonize_then_hang", {"pid_file": str(pid_file)})
+            async for _ in handle.events():
+                break
+            await handle.cancel()
+            result = await handle.result()
+            assert result.outcome == "killed", result
+            assert _alive(_pids(pid_file)) == []
+
+
+HOST = r"""
+import json, os, signal, sys
+import anyio, psutil
+from supervisor import Supervisor
+
+async def main():
+    async with Supervisor(workers=2, spares=0, grace=60, kill_after=60, cgroups=sys.argv[1] == "1") as sup:
+        handles = [await sup.submit("tests.tree_agents:daemonize_then_hang", {"pid_file": f})
+                   for f in sys.argv[2:]]
+        for h in handles:
+            async for _ in h.events():
+                break
+        workers = [w["pid"] for w in sup.status()["workers"]]
+        pool = sup._cgroups.path if sup._cgroups else None
+        print(json.dumps({"workers": workers, "pool": pool}), flush=True)
+        # Like a host that SIGKILLs its direct children on exit (Ray's actors), then dies.
+        for child in psutil.Process().children():
+            os.kill(child.pid, signal.SIGKILL)
+        for pid in workers:  # dead (and reaped) before the host goes: no race left to win
+            os.waitpid(pid, 0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("cgroups", MODES)
+async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, cgroups: bool) -> None:
+    """A host running an embedded Supervisor SIGKILLs its direct children (the workers, the
+    zygote) and then itself: each worker's guardian outlives its worker and kills the agent's
+    plain child and its setsid daemon within a bound."""
+    files = [str(tmp_path / f"pids{i}") for i in range(2)]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    host = subprocess.Popen(  # noqa: ASYNC220 - its stdout is read in a thread
+        [sys.executable, "-c", HOST, "1" if cgroups else "0", *files], stdout=subprocess.PIPE, cwd=os.getcwd()
+    )
+    try:
+        assert host.stdout is not None
+        with anyio.fail_after(60):
+            seen = json.loads(await anyio.to_thread.run_sync(host.stdout.readline))
+            assert len(seen["workers"]) == 2
+            assert (seen["pool"] is not None) == cgroups
+            assert await anyio.to_thread.run_sync(host.wait) == -signal.SIGKILL
+        left = [p for f in files for p in _pids(Path(f))]
+        # Everything the host left (guardians, the agents' processes) was re-parented to this
+        # process (a child subreaper, see conftest): wait on all of it, reaping as it goes.
+        rest = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        t0 = time.monotonic()
+        _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(rest, timeout=BOUND))
+        print(f"host SIGKILL ({'cgroup' if cgroups else 'fallback'}) -> {len(rest)} left processes gone "
+              f"in {(time.monotonic() - t0) * 1000:.0f} ms")
+        assert [p.pid for p in alive if p.pid in left] == [], "the agents' processes survived the host"
+        assert alive == [], f"left behind: {[p.pid for p in alive]}"
+        assert _alive(left) == []
+        if cgroups:
+            # Each guardian emptied and removed its worker's cgroup; the pool itself (its owner
+            # died by SIGKILL) is what the next supervisor's start sweeps: do that here.
+            assert _cgroup.procs(seen["pool"]) == [] and not _cgroup.populated(seen["pool"])
+            assert await anyio.to_thread.run_sync(_subdirs, seen["pool"]) == []
+            assert seen["pool"] in _cgroup.sweep_stale(os.path.dirname(seen["pool"]))
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+        if host.stdout is not None:
+            host.stdout.close()
+
+
+@pytest.mark.parametrize("cgroups", MODES)
+async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
+    """100 forked children share their worker's pages: the tree's memory (PSS) stays near one
+    worker's, so a limit of 250 MiB does not kill the turn (summed RSS reads several GB); a real
+    400 MiB allocation under the same limit still ends ``killed`` with cause ``memory``."""
+    with anyio.fail_after(90):
+        async with Supervisor(workers=1, spares=0, max_rss_mb=250, rss_interval=0.05, grace=0.2,
+                              kill_after=0.2, cgroups=cgroups) as sup:
+            handle = await sup.submit("tests.tree_agents:fork_many", {"n": 100, "hold": 1.0})
+            async for event in handle.events():
+                assert len(event["pids"]) == 100
+                break
+            status = sup.status()["workers"][0]
+            assert status["pss_mb"] < 250, status
+            result = await handle.result()
+            assert result.outcome == "completed", result
+            assert _alive(result.output["pids"]) == []
+            hog = await sup.run("tests.fault_agents:stubborn_hog", {"mb": 400})
+            assert (hog.outcome, hog.cause) == ("killed", {"kind": "memory"}), hog
+
+
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
+    """With cgroups each worker (zygote-forked or spawned) runs in a cgroup of its own under the
+    supervisor's pool cgroup; ``aclose()`` removes them all."""
+    for zygote in (True, False):
+        with anyio.fail_after(60):
+            async with Supervisor(workers=2, spares=0, zygote=zygote) as sup:
+                pool = sup._cgroups.path if sup._cgroups is not None else None
+                assert pool is not None and Path(pool).is_dir()  # noqa: ASYNC240 - one stat
+                paths = set()
+                for w in sup.status()["workers"]:
+                    path = _cgroup.cgroup_of(w["pid"])
+                    assert path is not None and os.path.dirname(path) == pool, (path, pool)
+                    assert w["cgroup"] == path
+                    paths.add(path)
+                assert len(paths) == 2
+            assert not Path(pool).exists()  # noqa: ASYNC240 - one stat
+
+
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+async def test_two_supervisors_in_one_process_keep_their_own_pools(tmp_path: Path) -> None:
+    """Two supervisors of one process get two pools: the first one's start does not sweep the
+    second's (its owner is alive), and closing one leaves the other's workers running."""
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0) as outer:
+            async with Supervisor(workers=1, spares=0) as inner:
+                assert outer._cgroups is not None and inner._cgroups is not None
+                assert outer._cgroups.path != inner._cgroups.path
+                inner_pool = inner._cgroups.path
+            assert not Path(inner_pool).exists()  # noqa: ASYNC240 - one stat
+            assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
+            async with Supervisor(workers=1, spares=0):
+                assert Path(outer._cgroups.path).is_dir()  # noqa: ASYNC240 - one stat
+            assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
+
+
+def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
+    """A pool cgroup named for a dead owner, holding one live process of ours."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is dead: the stale pool's "owner"
+    own = _cgroup.cgroup_of(os.getpid())
+    assert own is not None
+    stale = os.path.join(own, f"{_cgroup.POOL_PREFIX}{gone.pid}-0")
+    os.mkdir(stale)
+    os.mkdir(os.path.join(stale, "w1"))
+    victim = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
+    with open(os.path.join(stale, "w1", "cgroup.procs"), "w") as f:
+        f.write(str(victim.pid))
+    return stale, victim
+
+
+def _cleanup_stale(stale: str, victim: subprocess.Popen[bytes]) -> None:
+    if victim.poll() is None:
+        victim.kill()
+        victim.wait()
+    own = str(_cgroup.cgroup_of(os.getpid()))
+    for path in (os.path.join(stale, "w1"), stale):
+        if os.path.isdir(path):
+            for pid in _cgroup.procs(path):
+                with open(os.path.join(own, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            os.rmdir(path)
+
+
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+async def test_stale_pool_cgroup_of_a_dead_supervisor_is_cleaned_at_start() -> None:
+    """A pool cgroup left by a supervisor killed with SIGKILL (its owner is dead) is emptied
+    (its processes killed) and removed when the next supervisor starts."""
+    stale, victim = _stale_pool_with_a_process()
+    try:
+        with anyio.fail_after(60):
+            async with Supervisor(workers=1, spares=0):
+                assert not Path(stale).exists()  # noqa: ASYNC240 - one stat
+                assert await anyio.to_thread.run_sync(victim.wait) == -signal.SIGKILL
+    finally:
+        _cleanup_stale(stale, victim)
+
+
+def test_cgroup_option_is_validated() -> None:
+    """``cgroups`` is a keyword-only bool, refused otherwise with a clear message."""
+    with pytest.raises(TypeError, match="cgroups"):
+        Supervisor(cgroups="yes")  # type: ignore[arg-type]
+
+
+
+def test_serve_takes_cgroups_on_or_off() -> None:
+    """``turnpool serve --cgroups off`` forces the fallback; anything but on/off is refused."""
+    import argparse
+
+    from supervisor import _cli_daemon
+
+    assert _cli_daemon._on_off("off") is False and _cli_daemon._on_off("on") is True
+    with pytest.raises(argparse.ArgumentTypeError, match="on or off"):
+        _cli_daemon._on_off("maybe")
+    assert any(name == "cgroups" for name, _, _ in _cli_daemon.SUPERVISOR_OPTIONS)

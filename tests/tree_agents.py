@@ -1,0 +1,109 @@
+"""Agents that leave processes behind (``tests.tree_agents:NAME``), for tests/test_tree_cleanup.py.
+
+They fork *without exec*: a forked child keeps the worker's memory image as it was (its
+environment block included), so a marker set with ``putenv`` in the worker never shows in the
+child's ``/proc/PID/environ``. Each forked child does only async-signal-safe things (setsid,
+fork, write, pause), since the worker has threads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import anyio
+
+import worker
+
+
+def _daemonize(pid_file: str) -> dict[str, int]:
+    """``fork → setsid → fork`` (the classic daemon) plus one plain forked child; both live until
+    killed. Their pids go to ``pid_file`` (one line: "<daemon> <child>") and are returned."""
+    r, w = os.pipe()
+    plain = os.fork()
+    if plain == 0:  # a plain child, in the worker's session
+        os.close(r)
+        os.close(w)
+        while True:
+            signal.pause()
+    mid = os.fork()
+    if mid == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            daemon = os.fork()
+            if daemon == 0:
+                os.close(w)
+                while True:
+                    signal.pause()
+            os.write(w, f"{daemon}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(mid, 0)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(r, 64)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    daemon_pid = int(data)
+    tmp = pid_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{daemon_pid} {plain}\n")
+    os.rename(tmp, pid_file)  # appears whole: the test waits for the file
+    return {"daemon": daemon_pid, "child": plain, "worker": os.getpid()}
+
+
+async def daemonize(turn: worker.Turn) -> dict[str, int]:
+    """Leaves a setsid daemon and a plain child running, then returns (outcome ``completed``)."""
+    return _daemonize(turn.input["pid_file"])
+
+
+async def daemonize_then_fail(turn: worker.Turn) -> None:
+    """Leaves the same processes, then raises (outcome ``failed``)."""
+    _daemonize(turn.input["pid_file"])
+    raise RuntimeError("failed on purpose")
+
+
+async def daemonize_then_crash(turn: worker.Turn) -> None:
+    """Leaves the same processes, then kills its own worker (outcome ``crashed``)."""
+    _daemonize(turn.input["pid_file"])
+    os._exit(3)
+
+
+async def daemonize_then_hang(turn: worker.Turn) -> None:
+    """Leaves the same processes, then ignores cancellation without awaiting (outcome ``killed``)."""
+    _daemonize(turn.input["pid_file"])
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    while True:
+        time.sleep(0.01)  # noqa: ASYNC251  # allowed: the agent must never await (the fault under test)
+
+
+async def fork_many(turn: worker.Turn) -> dict[str, Any]:
+    """Forks ``n`` children that only pause (sharing the worker's pages copy-on-write), stays
+    up ``hold`` seconds so the memory watch samples the tree, then returns."""
+    n = int(turn.input.get("n", 100))
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            while True:
+                signal.pause()
+        pids.append(pid)
+    await turn.emit({"type": "forked", "pids": pids})
+    # allowed: the agent's behaviour (the memory watch samples the tree meanwhile)
+    await anyio.sleep(float(turn.input.get("hold", 1.0)))
+    return {"pids": pids}
+
+
+async def next_turn_children(turn: worker.Turn) -> dict[str, Any]:
+    """Reports the worker's pid and the processes in its tree besides its guardian."""
+    import psutil
+
+    me = psutil.Process()
+    return {"worker": os.getpid(), "children": [p.pid for p in me.children(recursive=True)]}
+

@@ -1,0 +1,75 @@
+"""The end-of-turn sweep: whatever a turn started is killed and reaped before its End is sent.
+
+The worker is the child subreaper of its descendants, so everything a turn started (a plain
+child, a double-forked setsid daemon, the orphans of either) is in the worker's own tree while
+the worker lives. Whether anything is there is one ``pread`` per thread that may have forked
+(≈ 2 µs for an async agent: the main thread, which also adopts orphans); only when something
+other than the guardian shows up does the sweep freeze, kill and reap the tree.
+
+A no-op turn costs ≈ 15 µs end to end here, so the check must stay that cheap: it reads the
+kernel's ``/proc/self/task/TID/children`` through descriptors opened once (re-opened only when
+the set of Python threads changes), instead of listing tasks or scanning processes each time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from . import _tree
+
+_THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
+
+
+class TurnSweep:
+    def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = ("life-pipe",)) -> None:
+        self.me = os.getpid()
+        self.guardian = guardian
+        self._skip = skip_threads
+        self._clean = {b"", f"{guardian} ".encode()}  # what a thread's children file reads when clean
+        self._fds: list[int] = []
+        self._threads = -1
+        self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
+
+    def _refresh(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        # The main thread adopts orphans (the kernel hands them to the first live thread of the
+        # group); other threads hold what they forked themselves (plain ``def`` agents).
+        # ZeroMQ's own threads are not Python threads and never fork.
+        tids = {self.me}
+        for t in threading.enumerate():
+            if t.native_id is not None and t.name not in self._skip:
+                tids.add(t.native_id)
+        for tid in tids:
+            try:
+                self._fds.append(os.open(f"/proc/{self.me}/task/{tid}/children", os.O_RDONLY))
+            except OSError:
+                continue
+        self._threads = len(_THREADS)
+
+    def leftovers(self) -> bool:
+        """Whether this process has any child besides its guardian (zombies included)."""
+        if not self._ok:
+            return bool(set(_tree.children(self.me)) - {self.guardian})
+        # len() of threading's table of running threads: no lock (active_count() takes one) -
+        # this runs once per turn, and a thread that is only starting has forked nothing yet.
+        if len(_THREADS) != self._threads:
+            self._refresh()
+        clean = self._clean
+        try:
+            for fd in self._fds:
+                # A few bytes are enough: more than the guardian's pid means leftovers anyway.
+                if os.pread(fd, 24, 0) not in clean:
+                    return True
+        except OSError:  # a thread ended: list them again
+            self._threads = -1
+            return self.leftovers()
+        return False
+
+    def sweep(self) -> list[int]:
+        """Kill and reap every descendant but the guardian; the pids killed (usually none)."""
+        if not self.leftovers():
+            return []
+        return _tree.kill_descendants(self.me, exclude=frozenset({self.guardian}))
