@@ -49,6 +49,7 @@ from wire import Cause, TurnResult
 
 from ._core import Supervisor
 from ._daemon_clients import (
+    COALESCE,
     EVENTS_BATCH_BYTES,
     OWED_RETRY,
     PROBE_DELAY,
@@ -645,6 +646,7 @@ class Daemon:
         """
         assert self.sup is not None
         seq = turn.events_base  # a late follower starts at the oldest event kept
+        sent_at = -COALESCE
         try:
             while True:
                 base = turn.events_base
@@ -656,6 +658,12 @@ class Daemon:
                     count, room = stream.allowance()
                     if count == 0:
                         await stream.wait()  # the client's credit, or the turn's end (lag check above)
+                        continue
+                    early = sent_at + COALESCE - anyio.current_time()
+                    if early > 0 and turn.state != "ended":
+                        # A busy stream sends at most one batch per COALESCE: a flood costs each
+                        # follower a few hundred sends a second, whatever the event rate (R21).
+                        await anyio.sleep(early)
                         continue
                     batch, sizes, size = [], [], 0
                     i, stop = seq - base, kept if count is None else min(kept, seq - base + count)
@@ -674,6 +682,7 @@ class Daemon:
                         return  # gone, or stopped reading (then it is owed a `lagged`)
                     stream.spent(sizes)
                     seq += len(batch)
+                    sent_at = anyio.current_time()
                     await anyio.lowlevel.checkpoint()
                     continue
                 if turn.state == "ended" or turn.pending_result is not None:

@@ -28,6 +28,9 @@ import anyio
 # a catching-up follower costs one send per batch, not one per event, and a client that never
 # reads holds at most SNDHWM such batches in the daemon.
 EVENTS_BATCH_BYTES = 64 * 1024
+# A follow that has just sent waits this long before its next batch, so a flood is sent in a few
+# hundred batches a second per follower instead of one send per event; an idle stream sends at once.
+COALESCE = 0.005
 # Bytes a windowed follow may have in flight (sent, not yet credited), whatever its window.
 STREAM_BYTES = 4 * 1024 * 1024
 # How long after a disconnect the suspects are probed (the ROUTER drops the routing id a moment
