@@ -740,6 +740,18 @@ class Daemon:
             return asked
         return self._cancelling_at
 
+    def client_facts(self) -> dict[str, int]:
+        """What the daemon holds for its clients (R20–R22): status and metrics show these."""
+        return {
+            "streams": len(self._streams),
+            "clients": len(self._clients.peers),
+            "waits": self._clients.waits(),  # pending result/follow/when_idle requests of all clients
+            "clients_gone": self._clients.gone,
+            "clients_stalled": self._clients.stalled,
+            "lagged_followers": self.lagged_followers,
+            "too_large_replies": self.too_large_replies,
+        }
+
     def status(self) -> dict[str, Any]:
         """The supervisor's status plus the daemon's own facts."""
         assert self.sup is not None
@@ -749,13 +761,7 @@ class Daemon:
             "endpoint": self.endpoint,
             "accepting": self.accepting,
             "malformed_frames": self.malformed,
-            "streams": len(self._streams),
-            "clients": len(self._clients.peers),
-            "waits": self._clients.waits(),  # pending result/follow/when_idle requests of all clients
-            "clients_gone": self._clients.gone,
-            "clients_stalled": self._clients.stalled,
-            "lagged_followers": self.lagged_followers,
-            "too_large_replies": self.too_large_replies,
+            **self.client_facts(),
             "turns_kept": len(self.sup._turns),
             "keep_results": self.sup.keep_results,
             "metrics_port": self.metrics_bound,
