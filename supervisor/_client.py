@@ -206,6 +206,10 @@ class Client:
                     welcome = await self._hello()
                 except DaemonUnavailable:
                     pass
+            if self._auth_failed and self.curve_secret_key is None:
+                raise AuthenticationFailed(
+                    f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
+                    "(pass curve_server_key and curve_secret_key)")
             if self._auth_failed:
                 raise AuthenticationFailed(
                     f"the turnpool daemon at {self.endpoint} refused this client: the CURVE handshake failed "
@@ -287,8 +291,7 @@ class Client:
                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                 # The daemon is there but refused this client (or its key): an authentication
                 # failure, not a missing daemon.
-                self._auth_failed = (self.curve_secret_key is not None
-                                     or kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                self._auth_failed = True
                 self._lost = "the security handshake failed (CURVE keys?)"
                 self._fail_pending(self._lost)
             elif kind == zmq.EVENT_MONITOR_STOPPED:

@@ -248,7 +248,8 @@ async def test_a_result_at_the_size_limit_is_fetchable() -> None:
 
 async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
     """A CURVE client whose key the daemon does not allow gets ``AuthenticationFailed`` (a
-    ``DaemonUnavailable``) saying the handshake was refused, not "no daemon is running"."""
+    ``DaemonUnavailable``) saying the handshake was refused, not "no daemon is running"; so does a
+    client that offers no CURVE at all; an allowed key still gets in."""
     home = daemonkit.short_dir()
     keys, allowed = home / "keys", home / "allowed"
     keys.mkdir()
@@ -267,6 +268,9 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
         assert isinstance(caught.value, DaemonUnavailable)
         assert "no turnpool daemon is running" not in str(caught.value)
         assert time.monotonic() - t0 < 10  # told by the handshake, not by a timeout
+        with pytest.raises(AuthenticationFailed, match="requires CURVE"):
+            async with Client.connect(d.endpoint, timeout=10):
+                pass
         async with Client.connect(d.endpoint, timeout=30, curve_server_key=server_pub,
                                   curve_secret_key=friend_sec) as friend:
             with anyio.fail_after(60):
