@@ -44,6 +44,9 @@ SWEEP_EVERY = 30.0
 OWED_RETRY = 0.25
 
 
+MAX_OWED = 1024
+
+
 class Peer:
     """One client connection (one routing id)."""
 
@@ -54,7 +57,9 @@ class Peer:
         self.fd = fd
         self.version = 1  # until its Hello says otherwise: never send it what version 1 lacks
         self.tasks: dict[int, tuple[anyio.CancelScope, str]] = {}  # req -> (scope, kind)
-        self.owed: deque[Any] = deque()  # errors to deliver once its queue has room
+        # Errors to deliver once its queue has room; bounded, so a client that keeps asking and never
+        # reads cannot grow it (it then misses the oldest notices, never more than MAX_OWED kept).
+        self.owed: deque[Any] = deque(maxlen=MAX_OWED)
         self.suspect_since: float | None = None
 
 
