@@ -15,9 +15,11 @@ from ._client import Client, SyncClient
 from ._core import Supervisor
 from ._daemon import Daemon
 from ._errors import (
+    AuthenticationFailed,
     DaemonAlreadyRunning,
     DaemonShuttingDown,
     DaemonUnavailable,
+    FollowerDropped,
     InvalidAgent,
     ProtocolError,
     QueueFull,
@@ -30,8 +32,8 @@ from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
 
 __all__ = [
-    "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown", "DaemonUnavailable",
-    "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient",
-    "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError",
-    "UnknownTurn", "WorkerStartError",
+    "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
+    "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor",
+    "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle",
+    "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
 ]

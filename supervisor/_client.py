@@ -39,8 +39,10 @@ from wire import Cause, TurnResult, validate_cause
 from ._core import _check_optional_str, _check_seconds, check_agent
 from ._endpoint import ipc_path, socket_options
 from ._errors import (
+    AuthenticationFailed,
     DaemonShuttingDown,
     DaemonUnavailable,
+    FollowerDropped,
     InvalidAgent,
     ProtocolError,
     QueueFull,
@@ -126,6 +128,8 @@ class Client:
         self._pending: dict[int, _Pending | _Stream] = {}
         self._state = "new"  # new → open → closed
         self._lost: str | None = None
+        self._auth_failed = False
+        self.protocol = wire.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
     def connect(
@@ -199,10 +203,18 @@ class Client:
                 try:
                     # A refused connection (stale socket file, closed port) fails this at once:
                     # the monitor sees every reconnect attempt being refused.
-                    welcome = await self._call(lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION),
-                                               bounded=False, handshake=True)
+                    welcome = await self._hello()
                 except DaemonUnavailable:
                     pass
+            if self._auth_failed and self.curve_secret_key is None:
+                raise AuthenticationFailed(
+                    f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
+                    "(pass curve_server_key and curve_secret_key)")
+            if self._auth_failed:
+                raise AuthenticationFailed(
+                    f"the turnpool daemon at {self.endpoint} refused this client: the CURVE handshake failed "
+                    "(is this client's public key in the daemon's --curve-clients directory, and is "
+                    "curve_server_key the daemon's public key?)")
             if welcome is None:
                 why = self._lost or f"no answer within {self.timeout}s"
                 raise DaemonUnavailable(f"no turnpool daemon is running at {self.endpoint} ({why})")
@@ -212,6 +224,14 @@ class Client:
         assert isinstance(welcome, wire.Welcome)
         self.daemon_pid = welcome.pid
         self.max_message_size = welcome.max_message_size
+        self.protocol = welcome.version
+
+    async def _hello(self) -> Any:
+        """Shake hands: this client speaks ``CLIENT_PROTOCOL_VERSION``; a daemon that does not
+        (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
+        older clients and says in ``Welcome`` which version it speaks to this one."""
+        return await self._call(lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False,
+                                handshake=True)
 
     def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
         import zmq.auth
@@ -269,6 +289,9 @@ class Client:
                 self._fail_pending(self._lost)
             elif kind in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                # The daemon is there but refused this client (or its key): an authentication
+                # failure, not a missing daemon.
+                self._auth_failed = True
                 self._lost = "the security handshake failed (CURVE keys?)"
                 self._fail_pending(self._lost)
             elif kind == zmq.EVENT_MONITOR_STOPPED:
@@ -328,22 +351,34 @@ class Client:
     async def _call(self, make: Callable[[int], Any], *, bounded: bool = True, turn_id: str | None = None,
                     handshake: bool = False) -> Any:
         """Send one request and wait for its one reply (at most ``request_timeout`` when
-        ``bounded``); raise the reply's error, typed."""
+        ``bounded``); raise the reply's error, typed. An unbounded wait that is cancelled (or
+        fails) before its reply tells the daemon to drop the request (``Abandon``)."""
         if not handshake:
             self._check_open()
         req = next(self._reqs)
         pending = _Pending()
         self._pending[req] = pending
         limit = self.request_timeout if bounded else None
+        sent = False
         try:
             await self._send(make(req))
+            sent = True
             with anyio.fail_after(limit):
                 await pending.event.wait()
         except TimeoutError:
             raise DaemonUnavailable(f"the daemon at {self.endpoint} did not answer within {limit}s") from None
         finally:
             self._pending.pop(req, None)
+            if sent and not bounded and not handshake and not pending.event.is_set():
+                await self._abandon(req)
         return self._reply(pending.reply, turn_id)
+
+    async def _abandon(self, req: int) -> None:
+        """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
+        if self.protocol < 2 or self._state != "open" or self._lost is not None:
+            return
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await self._send(wire.Abandon(req))
 
     def _reply(self, reply: Any, turn_id: str | None) -> Any:
         if isinstance(reply, _Lost):
@@ -397,6 +432,7 @@ class Client:
         req = next(self._reqs)
         send, receive = anyio.create_memory_object_stream[Any](2)
         self._pending[req] = _Stream(send)
+        answered = False
         try:
             await self._send(make(req))
             async with receive:
@@ -407,9 +443,12 @@ class Client:
                     why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
                     raise DaemonUnavailable(why) from None
                 reply = self._reply(await receive.receive(), accepted.turn_id)
+                answered = True
         finally:
             self._pending.pop(req, None)
             send.close()
+            if not answered:
+                await self._abandon(req)
         if not isinstance(reply, wire.Result):
             raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
         return reply.result
@@ -490,6 +529,8 @@ class Client:
                         return
                     else:
                         ended = True
+                        if isinstance(item, wire.Error) and item.code == "lagged":
+                            raise FollowerDropped(f"{item.message} (daemon at {self.endpoint})")
                         self._reply(item, turn_id)
                         raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
         finally:
@@ -539,6 +580,10 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
         return DaemonShuttingDown(message)
     if code in ("protocol", "malformed"):
         return ProtocolError(f"{message} (daemon at {endpoint})")
+    if code == "lagged":
+        return FollowerDropped(f"{message} (daemon at {endpoint})")
+    if code in ("dropped", "too_large"):
+        return TurnpoolError(f"{message} (daemon at {endpoint})")
     return TurnpoolError(f"the daemon at {endpoint} failed: {message}")
 
 

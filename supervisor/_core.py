@@ -58,6 +58,8 @@ _CHECKED_AGENTS: set[str] = set()
 def check_agent(agent: Any) -> str:
     if type(agent) is str and agent in _CHECKED_AGENTS:
         return agent
+    if isinstance(agent, str) and len(agent) > wire.MAX_AGENT_CHARS:  # R23: a result always fits a message
+        raise InvalidAgent(f"agent must be at most {wire.MAX_AGENT_CHARS} characters, got {len(agent)}")
     if not isinstance(agent, str) or not AGENT_RE.match(agent):
         raise InvalidAgent(f"agent must be written 'package.module:attr', got {agent!r}")
     if len(_CHECKED_AGENTS) < 4096:

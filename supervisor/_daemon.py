@@ -12,6 +12,9 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
   the supervisor's turn table, bounded by ``keep_results`` (default 10 000 ended turns, the
   oldest evicted first), so a reconnecting client can fetch or follow them. A repeated
   ``turn_id`` returns the existing turn and never runs it twice.
+* **A client's state is bounded and freed** (``_daemon_clients``): a client that disconnects,
+  abandons a request or stops reading loses its pending requests (the turns go on); follows are
+  windowed and batched; a reply that would not fit one message is answered with an error.
 * **Bad frames cost one reply.** A frame that does not decode gets ``Error(code="malformed")``
   and is counted; it changes no turn. ``MAXMSGSIZE`` refuses oversized frames at the socket.
 * **Shutdown.** The first SIGTERM/SIGINT stops accepting (submits get ``shutting_down``), lets
@@ -25,6 +28,8 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import inspect
 import logging
 import os
@@ -43,6 +48,17 @@ import wire
 from wire import Cause, TurnResult
 
 from ._core import Supervisor
+from ._daemon_clients import (
+    COALESCE,
+    EVENTS_BATCH_BYTES,
+    OWED_RETRY,
+    PROBE_DELAY,
+    SUSPECT_FOR,
+    SWEEP_EVERY,
+    ClientTable,
+    FollowStream,
+    Peer,
+)
 from ._endpoint import ClientEndpoint
 from ._errors import DaemonAlreadyRunning, InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
 from ._metrics import Metrics
@@ -104,7 +120,13 @@ class Daemon:
         self.disposing_at: float | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None
-        self._streams: dict[tuple[bytes, int], _Stream] = {}
+        self._streams: dict[tuple[bytes, int], FollowStream] = {}
+        self._clients = ClientTable()
+        self._turn_streams: dict[str, set[FollowStream]] = {}  # streams per followed turn
+        self._mon: zmq.asyncio.Socket | None = None
+        self._probe_now: anyio.Event = anyio.Event()
+        self.lagged_followers = 0
+        self.too_large_replies = 0
         self._inflight = 0
         self._inflight_zero = anyio.Event()
         self._cancel_times: dict[str, float] = {}
@@ -176,7 +198,10 @@ class Daemon:
                             await started
                     self._sock = self._endpoint.bind()
                     self._sync = zmq.Socket.shadow(self._sock.underlying)
+                    self._mon = self._open_monitor(self._sock)
                     tg.start_soon(self._receive)
+                    tg.start_soon(self._watch_disconnects, self._mon)
+                    tg.start_soon(self._sweep)
                     if self.metrics_port is not None:
                         self.metrics_bound = await tg.start(self.metrics.serve, self.metrics_host,
                                                             self.metrics_port)
@@ -195,6 +220,12 @@ class Daemon:
                         await sup.aclose()
                     tg.cancel_scope.cancel()
         finally:
+            if self._mon is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    if self._sock is not None:
+                        self._sock.disable_monitor()
+                self._mon.close(linger=0)
+                self._mon = None
             self._sock = self._sync = None
             self._endpoint.close()
 
@@ -225,17 +256,29 @@ class Daemon:
         assert self._sock is not None and self._sync is not None
         sock, sync = self._sock, self._sync
         while True:
-            batch = [await sock.recv_multipart()]
+            # Frames (not bytes): the first frame from a client tells which descriptor it came in
+            # on, which is how a disconnect reported by the monitor finds its client (R20).
+            batch = [await sock.recv_multipart(copy=False)]
             while True:
                 try:
-                    batch.append(sync.recv_multipart(zmq.NOBLOCK))
+                    batch.append(sync.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     break
-            for parts in batch:
-                self._on_frame(parts)
+            for frames in batch:
+                self._on_frame(frames)
 
-    def _on_frame(self, parts: list[bytes]) -> None:
-        ident = parts[0]
+    def _on_frame(self, frames: list[zmq.Frame]) -> None:
+        ident = frames[0].bytes
+        peer = self._clients.peers.get(ident)
+        if peer is None:
+            try:
+                fd = frames[-1].get(zmq.SRCFD)
+            except zmq.ZMQError:
+                fd = -1
+            peer = self._clients.get(ident, fd)
+        if peer.owed:
+            self._pay(peer)  # it sends again: it may read again
+        parts = [f.bytes for f in frames]
         if len(parts) != 2:
             self._malformed(ident, f"a request is one frame, got {len(parts) - 1}")
             return
@@ -258,30 +301,170 @@ class Daemon:
         self._send(ident, wire.Error(0, "malformed", why))
 
     def _send(self, ident: bytes, msg: Any) -> bool:
-        """Send one reply; ``False`` when the client is gone (ROUTER_MANDATORY tells us)."""
+        """Send one reply; ``False`` when it did not go: the client is gone (``ROUTER_MANDATORY``
+        says ``EHOSTUNREACH``: its state is freed) or its queue is full (``SNDHWM``: its requests
+        are dropped and it is owed an error each, R21)."""
+        peer = self._clients.peers.get(ident)
+        sent = self._put(ident, msg, peer)
+        if sent == "gone":
+            self._forget(ident)
+        elif sent == "full" and peer is not None:
+            self._stall(peer)
+        return sent == "ok"
+
+    def _put(self, ident: bytes, msg: Any, peer: Peer | None) -> str:
+        """One send: ``"ok"``, ``"gone"`` or ``"full"``. A reply that would not fit one message
+        (the client's socket would drop it and the connection) becomes a ``too_large`` error."""
         assert self._sync is not None and self._sock is not None
+        frame = wire.encode(msg)
+        if len(frame) > wire.MAX_MESSAGE_SIZE:
+            self.too_large_replies += 1
+            why = (f"the {type(msg).__name__.lower()} reply is {len(frame)} bytes, above the "
+                   f"{wire.MAX_MESSAGE_SIZE}-byte message limit")
+            log.warning("%s (request %s)", why, msg.req)
+            frame = wire.encode(self._for(peer, wire.Error(msg.req, "too_large", why)))
+        elif isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
+            frame = wire.encode(self._for(peer, msg))
         try:
-            self._sync.send_multipart([ident, wire.encode(msg)], zmq.NOBLOCK)
-            return True
+            self._sync.send_multipart([ident, frame], zmq.NOBLOCK)
+            return "ok"
+        except zmq.Again:
+            return "full"
         except zmq.ZMQError as exc:
-            log.debug("reply to a client failed (client gone?): %s", exc)
-            return False
+            if exc.errno != errno.EHOSTUNREACH:
+                log.debug("reply to a client failed: %s", exc)
+            return "gone"
         finally:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
             self._sock.get(zmq.EVENTS)
+
+    @staticmethod
+    def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
+        """``err`` as ``peer`` can read it: a version-1 client gets new codes as ``internal``."""
+        if err.code in wire.V1_ERROR_CODES or (peer is not None and peer.version >= 2):
+            return err
+        return wire.Error(err.req, "internal", f"{err.code}: {err.message}")
+
+    # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
+
+    def _abandon(self, ident: bytes, req: int) -> None:
+        """The client stopped waiting for ``req``: cancel that request only (never the turn)."""
+        peer = self._clients.peers.get(ident)
+        task = peer.tasks.pop(req, None) if peer is not None else None
+        if task is not None:
+            task[0].cancel()
+        stream = self._streams.pop((ident, req), None)
+        if stream is not None:
+            stream.scope.cancel()
+
+    def _forget(self, ident: bytes) -> None:
+        """The client is gone: free everything it held."""
+        peer = self._clients.forget(ident)
+        if peer is None:
+            return
+        self._clients.gone += 1
+        for scope, _ in peer.tasks.values():
+            scope.cancel()
+        peer.tasks.clear()
+
+    def _stall(self, peer: Peer) -> None:
+        """The client's queue is full: drop its pending requests now, owe it an error for each."""
+        if not peer.tasks:
+            return
+        self._clients.stalled += 1
+        log.warning("a client stopped reading (its queue reached %d messages): dropping its %d pending "
+                    "requests", self._sock.getsockopt(zmq.SNDHWM) if self._sock else 0, len(peer.tasks))
+        for req, (scope, kind) in list(peer.tasks.items()):
+            scope.cancel()
+            if kind == "follow":
+                self.lagged_followers += 1
+                why = ("this follower was dropped: its client stopped reading until the daemon's send queue "
+                       "for it was full; follow again to resume from the oldest event kept")
+                peer.owed.append(wire.Error(req, "lagged", why))
+            else:
+                why = "this request was dropped: the client stopped reading until its send queue was full"
+                peer.owed.append(wire.Error(req, "dropped", why))
+        peer.tasks.clear()
+        self._probe_now.set()
+
+    def _pay(self, peer: Peer) -> None:
+        """Deliver the errors ``peer`` is owed, as far as its queue has room."""
+        while peer.owed:
+            sent = self._put(peer.ident, peer.owed[0], peer)
+            if sent == "gone":
+                self._forget(peer.ident)
+                return
+            if sent == "full":
+                return
+            peer.owed.popleft()
+
+    def _open_monitor(self, sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+        """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
+        thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
+        address = f"inproc://turnpool-clients-monitor-{id(self)}"
+        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        mon = sock.context.socket(zmq.PAIR)
+        mon.setsockopt(zmq.RCVHWM, 0)
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.connect(address)
+        return mon  # type: ignore[return-value]
+
+    async def _watch_disconnects(self, mon: zmq.asyncio.Socket) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            try:
+                event = parse_monitor_message(await mon.recv_multipart())
+            except (zmq.ZMQError, RuntimeError):
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._clients.disconnected(event["value"], anyio.current_time())
+                self._probe_now.set()
+
+    async def _sweep(self) -> None:
+        """Settle suspects, deliver owed errors, and now and then probe every client that holds
+        requests: a send under ``ROUTER_MANDATORY`` to a client that is gone fails at once."""
+        clients = self._clients
+        last_full = anyio.current_time()
+        while True:
+            busy = clients.suspects or any(p.owed for p in clients.peers.values())
+            with anyio.move_on_after(OWED_RETRY if busy else SWEEP_EVERY):
+                await self._probe_now.wait()
+            self._probe_now = anyio.Event()
+            await anyio.sleep(PROBE_DELAY)  # let the ROUTER drop the closed pipes first
+            now = anyio.current_time()
+            full = now - last_full >= SWEEP_EVERY
+            if full:
+                last_full = now
+            for ident, peer in list(clients.peers.items()):
+                if peer.owed:
+                    self._pay(peer)
+                elif ident in clients.suspects or (full and peer.tasks):
+                    self._probe(peer, now)
+            await anyio.lowlevel.checkpoint()
+
+    def _probe(self, peer: Peer, now: float) -> None:
+        sent = self._put(peer.ident, wire.Ok(0), peer)
+        if sent == "gone":
+            self._forget(peer.ident)
+        elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:
+            peer.suspect_since = None  # it answers: a new client on a reused descriptor
+            self._clients.suspects.discard(peer.ident)
 
     def _dispatch(self, ident: bytes, msg: Any) -> None:
         sup = self.sup
         assert sup is not None
         match msg:
             case wire.Hello(req=req, version=version):
-                if version != wire.CLIENT_PROTOCOL_VERSION:
-                    why = (f"the daemon speaks client protocol {wire.CLIENT_PROTOCOL_VERSION}, "
-                           f"the client {version}")
+                if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
+                    why = (f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
+                           f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}")
                     self._send(ident, wire.Error(req, "protocol", why))
                 else:
-                    self._send(ident, wire.Welcome(req, wire.CLIENT_PROTOCOL_VERSION, wire.MAX_MESSAGE_SIZE,
-                                                   os.getpid()))
+                    peer = self._clients.peers.get(ident)
+                    if peer is not None:
+                        peer.version = version
+                    self._send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
             case wire.Submit():
                 self._submit(ident, msg)
             case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
@@ -304,24 +487,27 @@ class Daemon:
                 self._cancel(cancel_session, ids)
                 self._send(ident, wire.SessionCancelled(req, ids))
             case wire.GetResult(req=req, turn_id=turn_id):
-                self._task(self._result, ident, req, turn_id)
+                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
             case wire.Follow(req=req, turn_id=turn_id, window=window):
                 try:
-                    sup._get(turn_id)
+                    followed = sup._get(turn_id)
                 except UnknownTurn as exc:
                     self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
                     return
-                stream = _Stream(window)
+                if window < 0:
+                    self._send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
+                    return
+                stream = FollowStream(window, turn_id)
                 self._streams[(ident, req)] = stream
-                self._task(self._follow, ident, req, turn_id, stream)
+                self._turn_streams.setdefault(turn_id, set()).add(stream)
+                self._task(self._follow, ident, req, followed, stream, key=(ident, req, "follow"),
+                           scope=stream.scope)
             case wire.Credit(req=req, n=n):
                 credited = self._streams.get((ident, req))
                 if credited is not None and n > 0:
                     credited.grant(n)
-            case wire.Unfollow(req=req):
-                unfollowed = self._streams.pop((ident, req), None)
-                if unfollowed is not None:
-                    unfollowed.scope.cancel()
+            case wire.Unfollow(req=req) | wire.Abandon(req=req):
+                self._abandon(ident, req)
             case wire.Lookup(req=req, turn_id=turn_id):
                 if turn_id in sup._turns:
                     self._send(ident, wire.Ok(req))
@@ -330,7 +516,7 @@ class Daemon:
             case wire.GetStatus(req=req):
                 self._send(ident, wire.Status(req, self.status()))
             case wire.WhenIdle(req=req):
-                self._task(self._when_idle, ident, req)
+                self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
 
     def _submit(self, ident: bytes, msg: wire.Submit) -> None:
         sup = self.sup
@@ -341,7 +527,7 @@ class Daemon:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
             self._send(ident, wire.Accepted(req, msg.turn_id, True))
             if msg.wait:
-                self._task(self._result, ident, req, msg.turn_id)
+                self._task(self._result, ident, req, msg.turn_id, key=(ident, req, "result"))
             return
         if not self.accepting:
             why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
@@ -370,11 +556,11 @@ class Daemon:
             self.metrics.accepted += 1
         gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
         if gates:
-            self._task(self._ack_after, ident, req, turn.id, gates, msg.wait)
+            self._task(self._ack_after, ident, req, turn.id, gates, msg.wait, key=(ident, req, "result"))
         else:
             self._send(ident, wire.Accepted(req, turn.id, False))
             if msg.wait:
-                self._task(self._result, ident, req, turn.id)
+                self._task(self._result, ident, req, turn.id, key=(ident, req, "result"))
 
     async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
                          wait: bool) -> None:
@@ -406,19 +592,37 @@ class Daemon:
                 self._cancel_times.setdefault(turn_id, now)
         return out
 
-    def _task(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _task(self, fn: Callable[..., Any], *args: Any, key: tuple[bytes, int, str] | None = None,
+              scope: anyio.CancelScope | None = None) -> None:
+        """Run a request that waits (result, follow, when_idle) as a task; with ``key`` it is
+        registered under its client, so an ``Abandon``, a disconnect or a full queue cancels it."""
         assert self._tg is not None
         self._inflight += 1
         if self._inflight == 1:
             self._inflight_zero = anyio.Event()
-        self._tg.start_soon(self._run_task, fn, args)
+        scope = scope or anyio.CancelScope()
+        if key is not None:
+            ident, req, kind = key
+            peer = self._clients.peers.get(ident)
+            if peer is not None:
+                old = peer.tasks.get(req)
+                if old is not None:
+                    old[0].cancel()  # a client reusing a live request id replaces that request
+                peer.tasks[req] = (scope, kind)
+        self._tg.start_soon(self._run_task, fn, args, scope, key)
 
-    async def _run_task(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    async def _run_task(self, fn: Callable[..., Any], args: tuple[Any, ...], scope: anyio.CancelScope,
+                        key: tuple[bytes, int, str] | None) -> None:
         try:
-            await fn(*args)
+            with scope:
+                await fn(*args)
         except Exception:
             log.exception("request task %s failed", getattr(fn, "__name__", fn))
         finally:
+            if key is not None:
+                peer = self._clients.peers.get(key[0])
+                if peer is not None and peer.tasks.get(key[1], (None,))[0] is scope:
+                    del peer.tasks[key[1]]
             self._inflight -= 1
             if self._inflight == 0:
                 self._inflight_zero.set()
@@ -432,25 +636,77 @@ class Daemon:
             return
         self._send(ident, wire.Result(req, result))
 
-    async def _follow(self, ident: bytes, req: int, turn_id: str, stream: _Stream) -> None:
+    async def _follow(self, ident: bytes, req: int, turn: TurnRecord, stream: FollowStream) -> None:
+        """Stream ``turn``'s events from the oldest kept one, in batches, within the client's window.
+
+        A follower whose next event was dropped from the turn's buffer (it fell more than
+        ``max_events`` behind) is told so (``lagged``) and its stream ends: never a silent gap
+        (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
+        workers' frames or other clients (R21).
+        """
         assert self.sup is not None
-        scope = stream.scope
+        seq = turn.events_base  # a late follower starts at the oldest event kept
+        sent_at = -COALESCE
         try:
-            with scope:
-                events = self.sup.follow_raw(turn_id)
-                try:
-                    async for seq, raw in events:
-                        await stream.spend()  # flow control: wait for the client's credit
-                        if not self._send(ident, wire.Events(req, seq, [raw])):
-                            return  # the client is gone: stop streaming, the turn goes on
-                finally:
-                    await events.aclose()  # type: ignore[attr-defined]
-            if not scope.cancel_called:
-                self._send(ident, wire.FollowEnd(req))
-        except UnknownTurn as exc:
-            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+            while True:
+                base = turn.events_base
+                if seq < base:
+                    self._lagged(ident, req, turn, base - seq)
+                    return
+                kept = len(turn.events)
+                if seq < base + kept:
+                    count, room = stream.allowance()
+                    if count == 0:
+                        await stream.wait()  # the client's credit, or the turn's end (lag check above)
+                        continue
+                    early = sent_at + COALESCE - anyio.current_time()
+                    if early > 0 and turn.state != "ended":
+                        # A busy stream sends at most one batch per COALESCE: a flood costs each
+                        # follower a few hundred sends a second, whatever the event rate (R21).
+                        await anyio.sleep(early)
+                        continue
+                    batch, sizes, size = [], [], 0
+                    i, stop = seq - base, kept if count is None else min(kept, seq - base + count)
+                    limit = EVENTS_BATCH_BYTES if room is None else min(EVENTS_BATCH_BYTES, room)
+                    events = turn.events
+                    while i < stop:
+                        raw = events[i]
+                        n = len(raw)
+                        if batch and size + n > limit:
+                            break
+                        batch.append(raw)
+                        sizes.append(n)
+                        size += n
+                        i += 1
+                    if not self._send(ident, wire.Events(req, seq, batch)):
+                        return  # gone, or stopped reading (then it is owed a `lagged`)
+                    stream.spent(sizes)
+                    seq += len(batch)
+                    sent_at = anyio.current_time()
+                    await anyio.lowlevel.checkpoint()
+                    continue
+                if turn.state == "ended" or turn.pending_result is not None:
+                    self._send(ident, wire.FollowEnd(req))
+                    return
+                ev = anyio.Event()
+                turn.waiters.append(ev)
+                await ev.wait()
         finally:
-            self._streams.pop((ident, req), None)
+            if self._streams.get((ident, req)) is stream:
+                del self._streams[(ident, req)]
+            streams = self._turn_streams.get(stream.turn_id)
+            if streams is not None:
+                streams.discard(stream)
+                if not streams:
+                    del self._turn_streams[stream.turn_id]
+
+    def _lagged(self, ident: bytes, req: int, turn: TurnRecord, missed: int) -> None:
+        assert self.sup is not None
+        self.lagged_followers += 1
+        why = (f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
+               f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
+               "the oldest one kept")
+        self._send(ident, wire.Error(req, "lagged", why))
 
     async def _when_idle(self, ident: bytes, req: int) -> None:
         assert self.sup is not None
@@ -464,6 +720,8 @@ class Daemon:
             hook(turn, pid)
 
     def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
+        for stream in self._turn_streams.get(turn.id, ()):
+            stream.wake()  # a follower waiting for credit learns now whether it lagged
         asked = self._cancel_times.pop(turn.id, None)
         if self.metrics is not None:
             self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
@@ -482,6 +740,18 @@ class Daemon:
             return asked
         return self._cancelling_at
 
+    def client_facts(self) -> dict[str, int]:
+        """What the daemon holds for its clients (R20–R22): status and metrics show these."""
+        return {
+            "streams": len(self._streams),
+            "clients": len(self._clients.peers),
+            "waits": self._clients.waits(),  # pending result/follow/when_idle requests of all clients
+            "clients_gone": self._clients.gone,
+            "clients_stalled": self._clients.stalled,
+            "lagged_followers": self.lagged_followers,
+            "too_large_replies": self.too_large_replies,
+        }
+
     def status(self) -> dict[str, Any]:
         """The supervisor's status plus the daemon's own facts."""
         assert self.sup is not None
@@ -491,37 +761,12 @@ class Daemon:
             "endpoint": self.endpoint,
             "accepting": self.accepting,
             "malformed_frames": self.malformed,
-            "streams": len(self._streams),
+            **self.client_facts(),
             "turns_kept": len(self.sup._turns),
             "keep_results": self.sup.keep_results,
             "metrics_port": self.metrics_bound,
         }
         return st
-
-
-class _Stream:
-    """One follow: its cancel scope and, with a window, the events the client still allows."""
-
-    __slots__ = ("scope", "credit", "_more")
-
-    def __init__(self, window: int) -> None:
-        self.scope = anyio.CancelScope()
-        self.credit = window if window > 0 else None
-        self._more: anyio.Event | None = None
-
-    async def spend(self) -> None:
-        if self.credit is None:
-            return
-        while self.credit <= 0:
-            self._more = anyio.Event()
-            await self._more.wait()
-        self.credit -= 1
-
-    def grant(self, n: int) -> None:
-        if self.credit is not None:
-            self.credit += n
-            if self._more is not None:
-                self._more.set()
 
 
 def run_daemon(daemon: Daemon) -> int:

@@ -9,7 +9,9 @@
   With a CURVE secret key and a directory of allowed client certificates, only those clients
   get in (``zmq.auth``'s asyncio authenticator).
 * Every client-link socket, both sides: ``LINGER`` 0, ``MAXMSGSIZE``; the ROUTER also
-  ``ROUTER_MANDATORY`` (a reply to a client that is gone fails instead of vanishing).
+  ``ROUTER_MANDATORY`` (a reply to a client that is gone fails instead of vanishing) and a send
+  high-water mark of ``CLIENT_SNDHWM`` messages per client, so a client that stops reading makes
+  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (R21).
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ import wire
 from ._errors import DaemonAlreadyRunning
 
 log = logging.getLogger("turnpool.daemon")
+
+
+# Replies queued for one client before a send to it fails with EAGAIN (the daemon then drops that
+# client's pending requests and tells it once it reads again). Event batches are at most
+# ``EVENTS_BATCH_BYTES`` (or one event), so a client that never reads holds at most about
+# CLIENT_SNDHWM * 64 KiB of small events in the daemon.
+CLIENT_SNDHWM = 256
 
 
 def ipc_path(endpoint: str) -> Path | None:
@@ -111,6 +120,7 @@ class ClientEndpoint:
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         socket_options(sock)
+        sock.setsockopt(zmq.SNDHWM, CLIENT_SNDHWM)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self.curve_secret_key is not None:
             self._setup_curve(sock)

@@ -42,6 +42,19 @@ class DaemonUnavailable(TurnpoolError, ConnectionError):
     """Raised by ``Client`` calls when no daemon answers at the endpoint (named in the message)."""
 
 
+class AuthenticationFailed(DaemonUnavailable):
+    """Raised by ``Client.connect`` (and ``SyncClient``) when the daemon refused this client's CURVE
+    key (not in its ``--curve-clients`` directory) or the client does not hold the daemon's key:
+    a daemon is there, but it will not talk to this client."""
+
+
+class FollowerDropped(TurnpoolError):
+    """Raised by ``events()`` on a ``Client`` handle when the daemon dropped this follower: it fell
+    further behind than the events the daemon keeps per turn (``--max-events``), or its client
+    stopped reading until its send queue filled. The events it missed are gone; following again
+    resumes from the oldest event still kept. The turn is unaffected."""
+
+
 class DaemonShuttingDown(SupervisorClosed):
     """Raised by ``Client.submit``/``run`` when the serve daemon is draining or disposing."""
 

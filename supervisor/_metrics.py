@@ -10,8 +10,10 @@ was not cancelled), ``turns_accepted_total`` (submitted by clients; child turns 
 counted), ``queue_depth``, ``turns_running``,
 ``workers{state}`` (busy, idle, starting, stopping), ``escalations_total{step}`` (sigterm,
 sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, worker),
-``cancel_to_end_seconds`` (histogram: from the cancel being asked — a client's cancel, the
-deadline, or disposal — to the turn's end; cancels by ``parent`` or ``memory`` are not timed).
+``clients``, ``client_waits``, ``client_streams`` (gauges), ``clients_dropped_total{why}`` (gone,
+stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
+asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
+``memory`` are not timed).
 """
 
 from __future__ import annotations
@@ -72,6 +74,19 @@ class Metrics:
         yield malformed
         yield CounterMetricFamily("turnpool_turns_accepted", "New turns accepted from clients",
                                   value=self.accepted)
+        facts = self.daemon.client_facts()
+        yield GaugeMetricFamily("turnpool_clients", "Client connections the daemon holds state for",
+                                value=facts["clients"])
+        yield GaugeMetricFamily("turnpool_client_waits", "Pending result, follow and when_idle requests",
+                                value=facts["waits"])
+        yield GaugeMetricFamily("turnpool_client_streams", "Open follows", value=facts["streams"])
+        dropped = CounterMetricFamily("turnpool_clients_dropped", "Clients whose state was freed, by why",
+                                      labels=["why"])
+        dropped.add_metric(["gone"], facts["clients_gone"])
+        dropped.add_metric(["stalled"], facts["clients_stalled"])
+        yield dropped
+        yield CounterMetricFamily("turnpool_lagged_followers", "Followers dropped and told (lagged)",
+                                  value=facts["lagged_followers"])
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup._queue))

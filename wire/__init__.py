@@ -10,6 +10,9 @@ from ._cause import CAUSE_KINDS, DEADLINE, DISPOSED, MEMORY, PARENT, USER, Cause
 from ._client import (
     CLIENT_PROTOCOL_VERSION,
     ERROR_CODES,
+    MIN_CLIENT_PROTOCOL_VERSION,
+    V1_ERROR_CODES,
+    Abandon,
     Accepted,
     Cancel,
     Cancelled,
@@ -38,9 +41,13 @@ from ._client import (
     decode_to_daemon,
 )
 from ._codec import (
+    MAX_AGENT_CHARS,
+    MAX_ERROR_CHARS,
+    MAX_ERROR_TYPE_CHARS,
     MAX_MESSAGE_SIZE,
     MAX_PAYLOAD_SIZE,
     PayloadTooLarge,
+    cut_error_text,
     decode_from_worker,
     decode_payload,
     decode_to_worker,
@@ -79,6 +86,7 @@ __all__ = [
     "CAUSE_KINDS", "DEADLINE", "DISPOSED", "MEMORY", "PARENT", "USER", "Cause", "CauseKind", "validate_cause",
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "PayloadTooLarge", "decode_from_worker", "decode_payload",
     "decode_to_worker", "encode", "encode_frame", "encode_payload",
+    "MAX_AGENT_CHARS", "MAX_ERROR_CHARS", "MAX_ERROR_TYPE_CHARS", "cut_error_text",
     "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "EndAck", "Event", "FromWorker", "Heartbeat",
     "Outcome", "Ready", "Revoke", "Revoked", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started",
     "ToWorker", "TurnError",
@@ -88,5 +96,6 @@ __all__ = [
     "Error", "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello",
     "Lookup", "Ok", "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome",
     "WhenIdle",
+    "MIN_CLIENT_PROTOCOL_VERSION", "V1_ERROR_CODES", "Abandon",
     "decode_from_daemon", "decode_to_daemon",
 ]

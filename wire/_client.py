@@ -11,6 +11,17 @@ one DEALER. A ``Follow`` is answered by zero or more ``Events`` then one ``Follo
 ``Error``). Anything that goes wrong is an ``Error`` with a closed ``code`` and a message; a
 frame that does not decode gets ``Error(req=0, code="malformed")``.
 
+A client that stops waiting (its task was cancelled) sends ``Abandon`` so the daemon frees the
+request; the turn is never touched. ``Ok(req=0)`` is a liveness probe the daemon may send to a
+client at any time (it learns from the socket whether the client is still there): clients ignore
+a reply whose ``req`` they did not ask for.
+
+Versions: the client sends its version in ``Hello``; the daemon accepts every version from
+``MIN_CLIENT_PROTOCOL_VERSION`` to ``CLIENT_PROTOCOL_VERSION`` and answers ``Welcome`` with the
+version both speak. It never sends a version-1 client a message or error code that version 1 does
+not have (new codes go out as ``internal``, with the message). Version 2 added ``Abandon`` and the
+error codes ``lagged``, ``dropped`` and ``too_large``.
+
 Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
 hands the bytes to its supervisor and its workers untouched.
 """
@@ -24,7 +35,8 @@ import msgspec
 from ._cause import Cause
 from ._messages import TurnResult
 
-CLIENT_PROTOCOL_VERSION = 1
+CLIENT_PROTOCOL_VERSION = 2
+MIN_CLIENT_PROTOCOL_VERSION = 1
 
 ErrorCode = Literal[
     "malformed",      # the frame did not decode (or was not a single frame)
@@ -36,11 +48,16 @@ ErrorCode = Literal[
     "queue_full",     # the daemon's queue already holds max_queue turns
     "shutting_down",  # the daemon is draining or disposing: it accepts no new turn
     "internal",       # a bug in the daemon: reported, never fatal
+    # version 2:
+    "lagged",         # a follower fell behind what the daemon keeps (or stopped reading): its stream ends
+    "dropped",        # this client stopped reading until its send queue filled: the request was dropped
+    "too_large",      # the reply would not fit in one message (the turn is unharmed)
 ]
-ERROR_CODES: tuple[str, ...] = (
+V1_ERROR_CODES: tuple[str, ...] = (
     "malformed", "protocol", "unknown_turn", "invalid_agent", "bad_type", "bad_value", "queue_full",
     "shutting_down", "internal",
 )
+ERROR_CODES: tuple[str, ...] = (*V1_ERROR_CODES, "lagged", "dropped", "too_large")
 
 
 class _CMsg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True, tag=True):
@@ -116,6 +133,14 @@ class Unfollow(_CMsg, tag="unfollow"):
     req: int
 
 
+class Abandon(_CMsg, tag="abandon"):
+    """(Version 2.) The client no longer waits for request ``req`` (a ``GetResult``, ``Follow``,
+    ``WhenIdle`` or ``Submit`` with ``wait``): the daemon frees it and sends nothing more for it.
+    Never a cancel: the turn goes on. No reply."""
+
+    req: int
+
+
 class Lookup(_CMsg, tag="lookup"):
     """Does the daemon know this turn? Answered ``Ok`` or ``Error(unknown_turn)``."""
 
@@ -135,7 +160,7 @@ class WhenIdle(_CMsg, tag="when_idle"):
 
 ToDaemon = (
     Hello | Submit | Cancel | CancelSession | GetResult | Follow | Credit | Unfollow | Lookup | GetStatus
-    | WhenIdle
+    | WhenIdle | Abandon
 )
 
 

@@ -17,6 +17,20 @@ MAX_MESSAGE_SIZE = 32 * 1024 * 1024
 # A payload (input, output, event) must leave room for the message around it: a frame above
 # MAX_MESSAGE_SIZE is dropped by the receiving socket together with the connection.
 MAX_PAYLOAD_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
+# A turn's error is cut to these many characters at the source (the worker), so that a result —
+# the output (at most MAX_PAYLOAD_SIZE) or the error, plus its ids (turn id, session and parent
+# at most 256 characters each, the agent at most MAX_AGENT_CHARS) — always fits in one message.
+MAX_ERROR_CHARS = 8 * 1024
+MAX_ERROR_TYPE_CHARS = 256
+MAX_AGENT_CHARS = 1024
+
+
+def cut_error_text(text: str, limit: int) -> str:
+    """``text``, cut to at most ``limit`` characters with a note saying how long it was."""
+    if len(text) <= limit:
+        return text
+    note = f"... [cut: {len(text)} characters]"
+    return text[: max(0, limit - len(note))] + note
 
 
 class PayloadTooLarge(ValueError):

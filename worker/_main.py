@@ -226,7 +226,9 @@ def _is_async(fn: Any) -> bool:
 
 
 def _error(exc: BaseException) -> TurnError:
-    return TurnError(type=type(exc).__name__, message=str(exc))
+    """The turn's error, cut at the source so its result always fits in one message (R23)."""
+    return TurnError(type=wire.cut_error_text(type(exc).__name__, wire.MAX_ERROR_TYPE_CHARS),
+                     message=wire.cut_error_text(str(exc), wire.MAX_ERROR_CHARS))
 
 
 # ---- the connection ------------------------------------------------------------------

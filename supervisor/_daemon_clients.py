@@ -1,0 +1,160 @@
+"""The daemon's per-client state, and how it is bounded and freed (rules R20–R22 of ``docs/design.md``).
+
+A client is a routing id on the daemon's ROUTER. Everything the daemon holds for it lives here:
+its protocol version, its pending requests (result waits, follows, ``when_idle``), each with a
+cancel scope, and the errors it is owed. That state goes away
+
+* when the client abandons a request (``Abandon``, ``Unfollow``) — R20;
+* when the client is gone (R20): ZeroMQ's socket monitor reports each closed connection with
+  its file descriptor; the clients last heard on that descriptor are *suspects*, and a probe
+  (a send under ``ROUTER_MANDATORY``: ``EHOSTUNREACH`` means gone) settles each one. A slow
+  sweep probes every client holding requests, in case the monitor missed a disconnect;
+* when the client stops reading (R21): a send that finds its queue at ``SNDHWM`` fails with
+  ``EAGAIN``; its requests are dropped at once and it is owed one error per request
+  (``lagged`` for a follow, ``dropped`` otherwise), delivered as soon as its queue has room.
+
+``FollowStream`` is one follow's flow control: ``window`` events (and ``STREAM_BYTES`` bytes)
+beyond what the client has credited (R22).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import anyio
+
+# An ``Events`` message carries at most this many bytes of events (or a single larger event):
+# a catching-up follower costs one send per batch, not one per event, and a client that never
+# reads holds at most SNDHWM such batches in the daemon.
+EVENTS_BATCH_BYTES = 64 * 1024
+# A follow that has just sent waits this long before its next batch, so a flood is sent in a few
+# hundred batches a second per follower instead of one send per event; an idle stream sends at once.
+COALESCE = 0.005
+# Bytes a windowed follow may have in flight (sent, not yet credited), whatever its window.
+STREAM_BYTES = 4 * 1024 * 1024
+# How long after a disconnect the suspects are probed (the ROUTER drops the routing id a moment
+# after the monitor reports the closed descriptor), and how long a suspect that still answers
+# stays suspected (a descriptor reused by a new client) before it is cleared.
+PROBE_DELAY = 0.05
+SUSPECT_FOR = 1.0
+# The slow sweep: every client holding requests is probed this often (a missed disconnect).
+SWEEP_EVERY = 30.0
+# Owed errors are retried this often while a client's queue is full.
+OWED_RETRY = 0.25
+
+
+MAX_OWED = 1024
+
+
+class Peer:
+    """One client connection (one routing id)."""
+
+    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since")
+
+    def __init__(self, ident: bytes, fd: int) -> None:
+        self.ident = ident
+        self.fd = fd
+        self.version = 1  # until its Hello says otherwise: never send it what version 1 lacks
+        self.tasks: dict[int, tuple[anyio.CancelScope, str]] = {}  # req -> (scope, kind)
+        # Errors to deliver once its queue has room; bounded, so a client that keeps asking and never
+        # reads cannot grow it (it then misses the oldest notices, never more than MAX_OWED kept).
+        self.owed: deque[Any] = deque(maxlen=MAX_OWED)
+        self.suspect_since: float | None = None
+
+
+class ClientTable:
+    """Every client the daemon knows, by routing id and by the descriptor it was last heard on."""
+
+    def __init__(self) -> None:
+        self.peers: dict[bytes, Peer] = {}
+        self.by_fd: dict[int, set[bytes]] = {}
+        self.suspects: set[bytes] = set()
+        self.gone = 0  # clients freed because they disconnected
+        self.stalled = 0  # clients whose requests were dropped because they stopped reading
+
+    def get(self, ident: bytes, fd: int) -> Peer:
+        peer = self.peers.get(ident)
+        if peer is None:
+            peer = self.peers[ident] = Peer(ident, fd)
+            if fd >= 0:
+                self.by_fd.setdefault(fd, set()).add(ident)
+        return peer
+
+    def disconnected(self, fd: int, now: float) -> None:
+        """The monitor saw descriptor ``fd`` close: the clients heard on it become suspects."""
+        for ident in self.by_fd.get(fd, ()):
+            peer = self.peers.get(ident)
+            if peer is not None:
+                peer.suspect_since = now
+                self.suspects.add(ident)
+
+    def forget(self, ident: bytes) -> Peer | None:
+        """Remove a client; its tasks are the caller's to cancel."""
+        peer = self.peers.pop(ident, None)
+        self.suspects.discard(ident)
+        if peer is not None and peer.fd >= 0:
+            idents = self.by_fd.get(peer.fd)
+            if idents is not None:
+                idents.discard(ident)
+                if not idents:
+                    del self.by_fd[peer.fd]
+        return peer
+
+    def waits(self) -> int:
+        return sum(len(p.tasks) for p in self.peers.values())
+
+
+class FollowStream:
+    """One follow: its cancel scope and, with a window, what the client still allows.
+
+    ``window`` > 0: at most ``window`` events and ``STREAM_BYTES`` bytes (or one event) beyond
+    what the client has credited. ``window`` 0 (a version-1 client's choice): no credit, bounded
+    only by the socket's high-water mark.
+    """
+
+    __slots__ = ("scope", "credit", "inflight", "inflight_bytes", "_more", "turn_id")
+
+    def __init__(self, window: int, turn_id: str) -> None:
+        self.scope = anyio.CancelScope()
+        self.turn_id = turn_id
+        self.credit: int | None = window if window > 0 else None
+        self.inflight: deque[int] = deque()  # sizes of events sent and not yet credited
+        self.inflight_bytes = 0
+        self._more: anyio.Event | None = None
+
+    def allowance(self) -> tuple[int | None, int | None]:
+        """How many events and bytes may go now (``None``: no limit); (0, _) means wait."""
+        if self.credit is None:
+            return None, None
+        if self.credit <= 0:
+            return 0, 0
+        room = STREAM_BYTES - self.inflight_bytes
+        if room <= 0 and self.inflight:
+            return 0, 0
+        return self.credit, max(room, 1)
+
+    def spent(self, sizes: list[int]) -> None:
+        if self.credit is None:
+            return
+        self.credit -= len(sizes)
+        self.inflight.extend(sizes)
+        self.inflight_bytes += sum(sizes)
+
+    async def wait(self) -> None:
+        """Until the client grants credit (or ``wake`` is called: the turn ended)."""
+        self._more = anyio.Event()
+        await self._more.wait()
+
+    def grant(self, n: int) -> None:
+        if self.credit is None:
+            return
+        self.credit += n
+        inflight = self.inflight
+        for _ in range(min(n, len(inflight))):
+            self.inflight_bytes -= inflight.popleft()
+        self.wake()
+
+    def wake(self) -> None:
+        if self._more is not None:
+            self._more.set()

@@ -1,0 +1,287 @@
+"""The daemon's per-client state is bounded and freed (issue 13, items 9 and 10, and two smaller items).
+
+Attacks, each against a real ``turnpool serve``: thousands of raw clients that ask and vanish; a
+client that stops waiting; followers that never read, next to an event flood and other clients;
+a result at the message-size limit; a CURVE key the daemon does not know.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import msgspec
+import psutil
+import pytest
+import zmq
+import zmq.asyncio
+import zmq.auth
+
+import wire
+from supervisor import AuthenticationFailed, Client, DaemonUnavailable, FollowerDropped, InvalidAgent
+from tests import daemonkit
+from tests.daemonkit import FAST, serving
+
+pytestmark = pytest.mark.anyio
+
+LONG = "tests.client_agents:wait_for_cancel"
+
+
+async def _daemon_facts(client: Client) -> dict[str, Any]:
+    return dict((await client.status())["daemon"])
+
+
+async def _until(client: Client, what: str, check: Any, limit: float = 60.0) -> dict[str, Any]:
+    """Poll the daemon's status until ``check(daemon facts)`` holds, bounded by ``limit``."""
+    with anyio.fail_after(limit):
+        while True:
+            facts = await _daemon_facts(client)
+            if check(facts):
+                return facts
+            await anyio.sleep(0.05)  # allowed: pacing a bounded poll of the daemon's status (no event)
+
+
+async def _first_event(client: Client, turn_id: str) -> Any:
+    with anyio.fail_after(60):
+        async with aclosing(client.handle(turn_id).events()) as events:
+            async for event in events:
+                return event
+    raise AssertionError("no event")
+
+
+async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
+    """2,000 raw clients send ``Follow`` + ``GetResult`` for a long turn and close: the daemon
+    notices each disconnect and frees every stream and pending result wait (its status says 0),
+    its RSS grows by no more than a generous bound, and the turn runs on untouched."""
+    batches, per_batch = 4, 500
+    with serving(*FAST, "--no-journal") as d:
+        daemon = psutil.Process(d.pid)
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            handle = await client.submit(LONG)
+            await _first_event(client, handle.turn_id)
+            rss_before = daemon.memory_info().rss
+            ctx = zmq.asyncio.Context()
+            try:
+                for batch in range(batches):
+                    socks = []
+                    for _ in range(per_batch):
+                        sock = ctx.socket(zmq.DEALER)
+                        sock.setsockopt(zmq.LINGER, 0)
+                        sock.connect(d.endpoint)
+                        await sock.send(wire.encode(wire.Follow(1, handle.turn_id, 64)))
+                        await sock.send(wire.encode(wire.GetResult(2, handle.turn_id)))
+                        socks.append(sock)
+                    # Every request arrived (the daemon holds them) before the clients vanish.
+                    await _until(client, "requests held",
+                                 lambda f: f["streams"] >= per_batch and f["waits"] >= 2 * per_batch)
+                    for sock in socks:
+                        sock.close(linger=0)
+                    facts = await _until(client, "freed", lambda f: (f["streams"], f["waits"], f["clients"])
+                                         == (0, 0, 1))
+                    print(f"batch {batch}: freed; {facts['clients_gone']} clients seen gone")
+            finally:
+                ctx.term()
+            rss_after = daemon.memory_info().rss
+            status = await client.status()
+            assert status["running"] == 1, status  # the turn was never touched
+            grown = (rss_after - rss_before) / 2**20
+            print(f"daemon RSS grew {grown:.1f} MiB after {batches * per_batch} vanished clients")
+            assert grown < 64, grown
+            assert await handle.cancel() == {"kind": "user"}
+            with anyio.fail_after(60):
+                assert (await handle.result()).outcome == "aborted"
+
+
+async def test_a_cancelled_wait_frees_its_state_and_the_turn_runs_on() -> None:
+    """Cancelling a pending ``result()``, ``events()`` or ``when_idle()`` on the client side sends
+    ``Abandon``: the daemon drops that request (status shows 0 waits) and the turn keeps running."""
+    with serving(*FAST, "--no-journal") as d:
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            handle = await client.submit(LONG)
+            await _first_event(client, handle.turn_id)
+            base = (await _daemon_facts(client))["waits"]
+
+            async def wait_result() -> None:
+                await handle.result()
+
+            async def follow() -> None:
+                async with aclosing(handle.events()) as events:
+                    async for _ in events:
+                        pass
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_result)
+                tg.start_soon(follow)
+                tg.start_soon(client.when_idle)
+                await _until(client, "three waits", lambda f: f["waits"] == base + 3)
+                tg.cancel_scope.cancel()
+            facts = await _until(client, "freed", lambda f: f["waits"] == base and f["streams"] == 0)
+            assert facts["waits"] == 0
+            status = await client.status()
+            assert status["running"] == 1 and status["outcomes"] == {}, status
+            await handle.cancel()
+            with anyio.fail_after(60):
+                assert (await handle.result()).outcome == "aborted"
+
+
+async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, int, dict[str, Any]]:
+    """Run a ``count``-event flood turn with ``stopped`` followers that never read (half with no
+    window, half windowed) while another client submits echo turns. Returns the flood's run time,
+    how many echo turns completed meanwhile, and the daemon's facts after."""
+    ctx = zmq.Context()
+    socks = []
+    try:
+        async with Client.connect(endpoint, timeout=30) as client:
+            handle = await client.submit("tests.client_agents:flood", {"count": count})
+            for i in range(stopped):
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.RCVHWM, 1)  # a client that reads nothing keeps its queue full
+                sock.connect(endpoint)
+                sock.send(wire.encode(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION)))
+                sock.send(wire.encode(wire.Follow(2, handle.turn_id, 0 if i % 2 == 0 else 1024)))
+                socks.append(sock)
+            done = 0
+
+            async def others() -> None:
+                nonlocal done
+                while True:
+                    assert (await client.run("examples.agents:echo", done)).output == done
+                    done += 1
+
+            with anyio.fail_after(300):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(others)
+                    result = await handle.result()
+                    tg.cancel_scope.cancel()
+            assert result.outcome == "completed", result
+            return result.run_s, done, await _daemon_facts(client)
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
+
+
+async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() -> None:
+    """20 followers that never read an event-flooding turn: the turn runs about as fast as with
+    none, another client's submits and results go on at a comparable rate (generous bounds), the
+    stopped followers are dropped (the daemon's memory stays bounded), and it gets back what
+    it grew once they are gone."""
+    count = 100_000
+    with serving(*FAST, "--no-journal") as d:
+        daemon = psutil.Process(d.pid)
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            await client.run("examples.agents:echo", 0)
+        alone_s, alone_done, _ = await _flood_while(d.endpoint, count, 0)
+        rss_before = daemon.memory_info().rss
+        crowd_s, crowd_done, facts = await _flood_while(d.endpoint, count, 20)
+        rss_peak = daemon.memory_info().rss
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            after = await _until(client, "followers freed",
+                                 lambda f: f["streams"] == 0 and f["clients"] <= 1)
+        rss_after = daemon.memory_info().rss
+    print(f"flood of {count}: alone {alone_s:.1f}s with {alone_done / alone_s:.0f} echo/s; with 20 stopped "
+          f"followers {crowd_s:.1f}s with {crowd_done / crowd_s:.0f} echo/s; "
+          f"RSS +{(rss_peak - rss_before) >> 20} MiB, after they left +{(rss_after - rss_before) >> 20} MiB; "
+          f"{facts}")
+    assert crowd_s < 2 * alone_s + 5
+    assert crowd_done / crowd_s > 0.15 * alone_done / alone_s
+    # The windowed ones fell behind the kept events and were told; the window-less ones were
+    # either sent everything within the socket's bound or dropped when their queue filled.
+    assert facts["lagged_followers"] >= 10
+    assert after["streams"] == 0
+    assert rss_after - rss_before < 64 * 2**20
+
+
+async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None:
+    """A ``Client`` follower that stops reading while the turn emits more than ``--max-events``
+    events is not silently skipped ahead: when it reads again, ``events()`` raises
+    ``FollowerDropped``. Following again resumes from the oldest kept event; the turn completes."""
+    with serving(*FAST, "--no-journal", "--max-events", "20") as d:
+        async with Client.connect(d.endpoint, timeout=30, follow_window=4) as client:
+            handle = await client.submit("tests.fault_agents:stream_when_told", {"count": 200})
+            got: list[int] = []
+            with anyio.fail_after(60):
+                async with aclosing(handle.events()) as events:
+                    got.append((await events.__anext__())["i"])  # read one, then stop reading
+                    await handle.cancel()  # the agent now emits 199 more (shielded) and completes
+                    result = await handle.result()
+                    with pytest.raises(FollowerDropped, match="fell .* behind"):
+                        async for event in events:
+                            got.append(event["i"])
+                again = [e["i"] async for e in client.handle(handle.turn_id).events()]
+    assert result.outcome == "completed"
+    assert got[0] == 0 and got == list(range(len(got))) and len(got) < 200  # no silent gap
+    assert again == list(range(200 - len(again), 200)) and len(again) <= 20
+
+
+async def test_a_result_at_the_size_limit_is_fetchable() -> None:
+    """An output just under the payload limit, with the longest turn id and session, comes back
+    whole; an agent that raises with a message larger than a message frame ends ``failed`` with
+    the message cut at the source, its result fetchable by every client, repeatedly."""
+    with serving(*FAST, "--no-journal") as d:
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            with anyio.fail_after(120):
+                big = await client.run("tests.client_agents:near_limit_output", {"slack": 16},
+                                       turn_id="t" * 256, session="s" * 256)
+                assert big.outcome == "completed" and len(big.output) == wire.MAX_PAYLOAD_SIZE - 21
+                loud = await client.submit("tests.client_agents:near_limit_error", turn_id="u" * 256,
+                                           session="s" * 256)
+                first = await loud.result()
+                huge = await client.run("tests.client_agents:near_limit_error",
+                                        {"size": wire.MAX_MESSAGE_SIZE})
+                with pytest.raises(InvalidAgent, match="at most"):
+                    await client.submit("tests.client_agents:" + "a" * 2000)
+        async with Client.connect(d.endpoint, timeout=30) as other:
+            with anyio.fail_after(60):
+                again = await other.handle("u" * 256).result()
+                assert (await other.run("examples.agents:echo", "still fine")).output == "still fine"
+    assert first.outcome == again.outcome == "failed"
+    assert first.error is not None and first.error.type == "RuntimeError"
+    assert len(first.error.message) < 100_000 and first.error.message.startswith("eee")
+    assert again == first
+    assert huge.outcome == "failed" and huge.error is not None and len(huge.error.message) < 100_000
+
+
+async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
+    """A CURVE client whose key the daemon does not allow gets ``AuthenticationFailed`` (a
+    ``DaemonUnavailable``) saying the handshake was refused, not "no daemon is running"; so does a
+    client that offers no CURVE at all; an allowed key still gets in."""
+    home = daemonkit.short_dir()
+    keys, allowed = home / "keys", home / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_pub, server_sec = zmq.auth.create_certificates(str(keys), "server")
+    _, stranger_sec = zmq.auth.create_certificates(str(keys), "stranger")
+    friend_pub, friend_sec = zmq.auth.create_certificates(str(keys), "friend")
+    os.rename(friend_pub, allowed / "friend.key")
+    with serving(*FAST, "--no-journal", "--curve-secret-key", server_sec, "--curve-clients", str(allowed),
+                 home=home, endpoint="tcp://127.0.0.1:0") as d:
+        t0 = time.monotonic()
+        with pytest.raises(AuthenticationFailed, match="refused this client") as caught:
+            async with Client.connect(d.endpoint, timeout=10, curve_server_key=server_pub,
+                                      curve_secret_key=stranger_sec):
+                pass
+        assert isinstance(caught.value, DaemonUnavailable)
+        assert "no turnpool daemon is running" not in str(caught.value)
+        assert time.monotonic() - t0 < 10  # told by the handshake, not by a timeout
+        with pytest.raises(AuthenticationFailed, match="requires CURVE"):
+            async with Client.connect(d.endpoint, timeout=10):
+                pass
+        async with Client.connect(d.endpoint, timeout=30, curve_server_key=server_pub,
+                                  curve_secret_key=friend_sec) as friend:
+            with anyio.fail_after(60):
+                assert (await friend.run("examples.agents:echo", 1)).output == 1
+
+
+def test_wire_evolves_by_addition_only() -> None:
+    """Version 2 of the client protocol only adds: a version-1 client's every message still
+    decodes, and the daemon accepts version 1 in ``Hello``."""
+    assert wire.MIN_CLIENT_PROTOCOL_VERSION == 1 < wire.CLIENT_PROTOCOL_VERSION
+    assert set(wire.V1_ERROR_CODES) < set(wire.ERROR_CODES)
+    follow_v1 = msgspec.msgpack.encode(["follow", 3, "t", 0])
+    assert wire.decode_to_daemon(follow_v1) == wire.Follow(3, "t", 0)
+    assert wire.decode_to_daemon(wire.encode(wire.Abandon(4))) == wire.Abandon(4)
