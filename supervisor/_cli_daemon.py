@@ -73,15 +73,16 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--no-journal", dest="no_journal", action="store_const", const=True, default=None,
                        help="run without a journal: nothing survives a restart")
     serve.add_argument("--path", dest="path", action="append", default=None, metavar="DIR",
-                       help="a directory workers import agents from (repeatable). Nothing else is searched but "
-                            "PYTHONPATH's absolute entries and installed packages: never the daemon's working "
-                            "directory (`--path .` says so explicitly)")
+                       help="a directory workers import agents from (repeatable). Nothing else is searched "
+                            "but PYTHONPATH's absolute entries and installed packages: never the daemon's "
+                            "working directory (`--path .` says so explicitly)")
     serve.add_argument("--worker-log", dest="worker_log", default=None, metavar="FILE",
                        help="where workers' stdout and stderr go: a log file rotated by size (default: "
                             "workers-<key>.log in the per-user state dir, next to the journal), 'stderr' "
                             "(forwarded, never blocking the daemon), or 'none'")
-    serve.add_argument("--worker-log-max-mb", dest="worker_log_max_mb", type=float, default=None, metavar="MB",
-                       help="size of the worker log before it is rotated; 4 files are kept (default 16)")
+    serve.add_argument("--worker-log-max-mb", dest="worker_log_max_mb", type=float, default=None,
+                       metavar="MB", help="size of the worker log before it is rotated; 4 files are kept "
+                                          "(default 16)")
     serve.set_defaults(func=cmd_serve)
 
     submit = subparsers.add_parser("submit", help="submit a turn to the daemon")

@@ -355,7 +355,9 @@ class Supervisor:
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
             if self._output is not None:
-                self._output.close()  # every worker is reaped: drain what they left, stop the thread
+                # Every worker is reaped: drain what they left and stop the pump, off the event loop.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._output.close)
             self._state = "closed"
             self._notify_change()
 

@@ -47,7 +47,8 @@ def check_worker_output(value: Any) -> str | Path | None:
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
         path = Path(value)
         if not str(value) or path.is_dir():
-            raise ValueError(f"worker_output must be a log file path, 'stderr', 'inherit' or None, got {value!r}")
+            raise ValueError(f"worker_output must be a log file path (not a directory), 'stderr', 'inherit' "
+                             f"or None, got {value!r}")
         return path.absolute()
     raise TypeError(f"worker_output must be a log file path, 'stderr', 'inherit' or None, got {value!r}")
 
@@ -166,7 +167,9 @@ class WorkerOutput:
     first drains what the (by then reaped) workers left in their pipes.
     """
 
-    def __init__(self, target: str | Path | None, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
+    def __init__(
+        self, target: str | Path | None, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS
+    ) -> None:
         self.target = target
         self._max_bytes = max_bytes
         self._backups = backups

@@ -59,11 +59,11 @@ def _private(path: Path) -> Path:
         pass
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"runtime directory {path} is not a directory (a symlink or a file put there by "
-                              f"uid {st.st_uid})")
+        raise PermissionError(f"runtime directory {path} is not a directory owned by this user (a symlink or "
+                              f"a file, made by uid {st.st_uid})")
     if st.st_uid != os.getuid():
-        raise PermissionError(f"runtime directory {path} belongs to uid {st.st_uid}, not to us (uid "
-                              f"{os.getuid()}): another user created it")
+        raise PermissionError(f"runtime directory {path} is not a directory owned by this user (uid "
+                              f"{os.getuid()}): uid {st.st_uid} created it")
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700, follow_symlinks=False)  # ours: make it private again
     return path
