@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import msgspec
 import zmq
 import zmq.asyncio
@@ -187,7 +188,8 @@ class Supervisor:
         self.worker_output = _output.check_worker_output(worker_output)
         if isinstance(worker_output_max_mb, bool) or not isinstance(worker_output_max_mb, (int, float)) \
                 or not 0 < worker_output_max_mb < float("inf"):
-            raise ValueError(f"worker_output_max_mb must be a number of MiB > 0, got {worker_output_max_mb!r}")
+            raise ValueError(f"worker_output_max_mb must be a number of MiB > 0, "
+                             f"got {worker_output_max_mb!r}")
         self.worker_output_max_mb = float(worker_output_max_mb)
         self._output: _output.WorkerOutput | None = None
         self._pythonpath = ""
@@ -255,12 +257,18 @@ class Supervisor:
         """Bind the worker link, start the pool and wait until ``workers`` workers are ready."""
         if self._state != "new":
             raise RuntimeError("a Supervisor can be started once")
+        output = _output.WorkerOutput(self.worker_output,
+                                      max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096))
+        output.start()  # a log that cannot be written fails here, before anything exists (R-OUT)
+        self._output = output
+        try:
+            self._dir = private_dir()
+        except BaseException:
+            output.close()
+            raise
         self._state = "running"
         _tree.set_child_subreaper()
-        self._dir = private_dir()
         self._pythonpath = _procs.import_path(self.agent_path)
-        self._output = _output.WorkerOutput(self.worker_output,
-                                            max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096))
         self._endpoint = f"ipc://{self._dir}/workers.sock"
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
@@ -880,7 +888,9 @@ class Supervisor:
         finally:
             os.close(out_fd)  # the worker holds its own copy as fds 1 and 2
 
-    def _spawn_with(self, worker_id: str, token: str, marker: str, zygote: Zygote | None, out_fd: int) -> None:
+    def _spawn_with(
+        self, worker_id: str, token: str, marker: str, zygote: Zygote | None, out_fd: int
+    ) -> None:
         assert self._tg is not None
         if zygote is not None and not zygote.lost:
             if zygote.request(worker_id, token, marker, self.heartbeat, out_fd):

@@ -193,8 +193,7 @@ class WorkerOutput:
             return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         if self.target == INHERIT:
             return os.dup(2)
-        if self._thread is None:
-            self._start()
+        self.start()
         r, w = os.pipe()
         os.set_blocking(r, False)
         stream = _Stream(label.encode(errors="replace"))
@@ -212,9 +211,17 @@ class WorkerOutput:
         if stream is not None:
             stream.label = f"{label}[{pid}]".encode(errors="replace")
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Open the target and start the pump (once). Raises ``OSError`` naming a log file that
+        cannot be written, before any worker exists."""
+        if self._thread is not None or self.target is None or self.target == INHERIT:
+            return
         if isinstance(self.target, Path):
-            self._sink = RotatingLog(self.target, max_bytes=self._max_bytes, backups=self._backups)
+            try:
+                self._sink = RotatingLog(self.target, max_bytes=self._max_bytes, backups=self._backups)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot write the workers' output log {self.target}: "
+                                         f"{exc.strerror}") from exc
         else:
             self._sink = _StderrSink()
         self._sel = selectors.DefaultSelector()

@@ -35,6 +35,9 @@ class Zygote:
         # output fd (``socket.send_fds``), one message per request.
         req, req_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         req.setblocking(False)
+        # A burst of requests (a large pool starting) must not find the socket full: a full one
+        # reads as a zygote that stopped reading, and workers then start as fresh interpreters.
+        req.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
         resp_r, resp_w = os.pipe()
         os.set_blocking(resp_r, False)
         req_r = req_child.detach()

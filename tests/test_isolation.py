@@ -318,3 +318,15 @@ def test_squatted_runtime_dir_falls_back(home: Path, squat: str) -> None:
     assert "is not a directory owned by this user" in served.stderr()
     assert f"using {fallback} instead" in served.stderr()
     assert os.listdir(theirs if squat == "symlink" else squatted) == []  # nothing of ours went there
+
+
+def test_serve_refuses_a_worker_log_it_cannot_write(home: Path) -> None:
+    """Promise: a ``--worker-log`` that cannot be written stops ``serve`` at start with exit 1 and a
+    message naming the file, before any worker exists (output is never silently lost)."""
+    served = daemonkit.start(*daemonkit.FAST, "--worker-log", "/proc/no/such/workers.log", home=home,
+                             check_ready=False)
+    try:
+        assert served.wait(BOUND) == 1
+    finally:
+        daemonkit.stop_process(served.proc)
+    assert "cannot write the workers' output log /proc/no/such/workers.log" in served.stderr()
