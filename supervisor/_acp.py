@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
         help="an Agent Client Protocol agent over stdio, for editors",
         description="Serve AGENT to an editor over the Agent Client Protocol (stdio). Each prompt runs "
                     "as a turnpool turn; session/cancel cancels it (cause user), and a turn that ignores "
-                    "the cancel is killed after its grace.",
+                    "the cancel is killed after its grace. What the embedded pool's workers print goes to "
+                    "stderr, each line prefixed w<n>[<pid>]; stdout carries the protocol alone.",
     )
     parser.add_argument("--agent", required=True, metavar="A", help="the agent, 'package.module:attr'")
     where = parser.add_mutually_exclusive_group()

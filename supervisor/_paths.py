@@ -30,8 +30,16 @@ def runtime_dir() -> Path:
         return _private(shared)
     except PermissionError as exc:
         fallback = _fallback_dir()
+        if len(str(fallback)) + IPC_SUFFIX_MAX > IPC_PATH_MAX:
+            raise PermissionError(
+                f"{exc}; the fallback {fallback} is too long for an ipc:// socket path ({IPC_PATH_MAX} "
+                "bytes): set XDG_RUNTIME_DIR (or TURNPOOL_ENDPOINT)") from None
         _warn_once(f"{exc}; using {fallback} instead")
         return _private(fallback)
+
+
+IPC_PATH_MAX = 107  # sun_path, less its terminating NUL
+IPC_SUFFIX_MAX = len("/sup-4194304-abcdefgh/workers.sock")  # what a supervisor adds under the runtime dir
 
 
 def _fallback_dir() -> Path:

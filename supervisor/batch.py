@@ -204,7 +204,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "batch", help="run every job of a JSONL file, one result line per job",
         description="Run every job of JOBS.jsonl as a turn; "
-                    "append one JSON result line per job to OUT.jsonl.",
+                    "append one JSON result line per job to OUT.jsonl. What the embedded pool's workers "
+                    "print goes to stderr, each line prefixed w<n>[<pid>] (forwarded by a thread: it never "
+                    "blocks the pool).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("jobs", metavar="JOBS.jsonl", help="one JSON job per line")
