@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import selectors
 import socket
@@ -80,17 +81,20 @@ class RotatingLog:
 
     def _rotate(self) -> None:
         os.close(self._fd)
-        for i in range(self.backups - 1, 0, -1):
+        try:
+            for i in range(self.backups - 1, 0, -1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
             with contextlib.suppress(FileNotFoundError):
-                os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
-        if self.backups > 0:
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(self.path, f"{self.path}.1")
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-        self._fd = self._open()
-        self._size = 0
+                if self.backups > 0:
+                    os.replace(self.path, f"{self.path}.1")
+                else:
+                    os.unlink(self.path)
+        finally:
+            # Reopened whatever happened, truncated if the rename failed: the bound holds either way.
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_TRUNC,
+                               0o600)
+            self._size = 0
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -152,10 +156,11 @@ class _StderrSink:
 
 
 class _Stream:
-    __slots__ = ("label", "pending")
+    __slots__ = ("key", "label", "pending")
 
-    def __init__(self, label: bytes) -> None:
-        self.label = label
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.label = key.encode(errors="replace")
         self.pending = b""
 
 
@@ -196,7 +201,7 @@ class WorkerOutput:
         self.start()
         r, w = os.pipe()
         os.set_blocking(r, False)
-        stream = _Stream(label.encode(errors="replace"))
+        stream = _Stream(label)
         with self._lock:
             self._adds.append((r, stream))
             self._labels[label] = stream
@@ -255,6 +260,12 @@ class WorkerOutput:
     # ---- the pump thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # a bug here must cost output, never the supervisor
+            logging.getLogger("turnpool.supervisor").exception("the workers' output pump stopped")
+
+    def _loop(self) -> None:
         assert self._sel is not None
         sel = self._sel
         while True:
@@ -287,6 +298,9 @@ class WorkerOutput:
             assert self._sel is not None
             self._sel.unregister(fd)
             os.close(fd)
+            with self._lock:
+                if self._labels.get(stream.key) is stream:
+                    del self._labels[stream.key]  # a worker that died before its pid was known
             return False
         data = stream.pending + chunk
         cut = data.rfind(b"\n") + 1

@@ -28,3 +28,11 @@ async def hello(turn: worker.Turn) -> Any:
     print(f"hello-stdout {turn.input}", flush=True)
     os.write(2, f"hello-stderr {turn.input}\n".encode())
     return os.getcwd()
+
+
+def dump(turn: worker.Turn) -> Any:
+    """Writes ``mib`` MiB of 1 KiB lines to fd 1 and returns (a flood that ends)."""
+    line = b"y" * 1023 + b"\n"
+    for _ in range(int(turn.input["mib"]) * 1024):
+        os.write(1, line)
+    return "done"
