@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 	@# The batch runner on a file mixing every outcome; exit 1 (some jobs did not complete) is expected.
 	@out=$$(mktemp -d)/results.jsonl; \
-	$(BIN)/turnpool batch examples/jobs.jsonl -o $$out --workers 2 --grace 1 --kill-after 1; rc=$$?; \
+	$(BIN)/turnpool batch examples/jobs.jsonl -o $$out --workers 2 --path . --grace 1 --kill-after 1; rc=$$?; \
 	echo "one JSON line per job in $$out (exit $$rc), e.g.:"; head -n 1 $$out; test $$rc -le 1
 
 test: $(STAMP)

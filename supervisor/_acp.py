@@ -46,7 +46,8 @@ def register(subparsers: Any) -> None:
         help="an Agent Client Protocol agent over stdio, for editors",
         description="Serve AGENT to an editor over the Agent Client Protocol (stdio). Each prompt runs "
                     "as a turnpool turn; session/cancel cancels it (cause user), and a turn that ignores "
-                    "the cancel is killed after its grace.",
+                    "the cancel is killed after its grace. What the embedded pool's workers print goes to "
+                    "stderr, each line prefixed w<n>[<pid>]; stdout carries the protocol alone.",
     )
     parser.add_argument("--agent", required=True, metavar="A", help="the agent, 'package.module:attr'")
     where = parser.add_mutually_exclusive_group()
@@ -59,6 +60,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--kill-after", type=float, default=None, metavar="S",
                         help="seconds between SIGTERM and SIGKILL (default: the pool's, 2 when embedded)")
     parser.add_argument("--spares", type=int, default=1, metavar="K", help="warm spare workers (default 1)")
+    parser.add_argument("--path", action="append", metavar="DIR",
+                        help="a directory the embedded pool's workers import agents from (repeatable; the "
+                             "working directory is not searched: `--path .` to use it)")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log level of the messages written to stderr (default WARNING)")
     parser.set_defaults(func=run)
@@ -81,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.connect is None and (args.workers < 1 or args.spares < 0):
         print("turnpool acp: --workers must be >= 1 and --spares >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    if args.path and args.connect is not None:
+        print("turnpool acp: --path is for the embedded pool; with --connect the daemon's own --path decides",
+              file=sys.stderr)
         return EXIT_USAGE
     try:
         proto_in, proto_out = claim_stdio()
@@ -134,7 +142,9 @@ async def open_backend(args: argparse.Namespace) -> AsyncIterator[Any]:
         from ._core import Supervisor
 
         times = {k: v for k, v in (("grace", args.grace), ("kill_after", args.kill_after)) if v is not None}
-        async with Supervisor(workers=args.workers, spares=args.spares, **times) as sup:
+        # Workers' output goes to our stderr through the pump (never onto the protocol's stdout).
+        async with Supervisor(workers=args.workers, spares=args.spares, agent_path=tuple(args.path or ()),
+                              **times) as sup:
             yield sup
 
 

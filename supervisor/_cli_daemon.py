@@ -86,6 +86,17 @@ def register(subparsers: Any) -> None:
                        help="allow tcp:// without CURVE (trusted networks only; refused otherwise)")
     serve.add_argument("--no-journal", dest="no_journal", action="store_const", const=True, default=None,
                        help="run without a journal: nothing survives a restart")
+    serve.add_argument("--path", dest="path", action="append", default=None, metavar="DIR",
+                       help="a directory workers import agents from (repeatable). Nothing else is searched "
+                            "but PYTHONPATH's absolute entries and installed packages: never the daemon's "
+                            "working directory (`--path .` says so explicitly)")
+    serve.add_argument("--worker-log", dest="worker_log", default=None, metavar="FILE",
+                       help="where workers' stdout and stderr go: a log file rotated by size (default: "
+                            "workers-<key>.log in the per-user state dir, next to the journal), 'stderr' "
+                            "(forwarded, never blocking the daemon), or 'none'")
+    serve.add_argument("--worker-log-max-mb", dest="worker_log_max_mb", type=float, default=None,
+                       metavar="MB", help="size of the worker log before it is rotated; 4 files are kept "
+                                          "(default 16)")
     serve.set_defaults(func=cmd_serve)
 
     submit = subparsers.add_parser("submit", help="submit a turn to the daemon")
@@ -131,6 +142,9 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     known["journal_events"] = bool
     known["no_journal"] = bool
     known["insecure_tcp"] = bool
+    known["path"] = list
+    known["worker_log"] = str
+    known["worker_log_max_mb"] = float
     merged: dict[str, Any] = dict(DEFAULTS)
     if args.config:
         with open(args.config, "rb") as f:
@@ -149,6 +163,30 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
+def _isolation_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """``--path``, ``--worker-log`` and ``--worker-log-max-mb`` as ``Supervisor`` options (R-PATH, R-OUT).
+
+    The daemon's workers import from the ``--path`` directories only (nothing implicit), and
+    write their output to a rotated log file by default, never to the daemon's stderr.
+    """
+    from ._paths import default_endpoint, default_worker_log
+
+    paths = opts.pop("path", None) or []
+    if isinstance(paths, str) or not isinstance(paths, list):
+        raise TypeError(f"path must be a list of directories, got {paths!r}")
+    out: dict[str, Any] = {"agent_path": tuple(paths)}
+    log = opts.pop("worker_log", None)
+    if log is None:
+        log = str(default_worker_log(opts.get("endpoint") or default_endpoint()))
+    elif log == "none":
+        log = None
+    out["worker_output"] = log
+    max_mb = opts.pop("worker_log_max_mb", None)
+    if max_mb is not None:
+        out["worker_output_max_mb"] = max_mb
+    return out
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from ._daemon import Daemon, run_daemon
 
@@ -162,6 +200,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
+    try:
+        sup.update(_isolation_options(opts))
+    except (TypeError, ValueError) as exc:
+        return _fail(f"serve: {exc}", EXIT_USAGE)
     journal_path = opts.pop("journal", None)
     keep_days = opts.pop("keep_days", None)
     journal_events = bool(opts.pop("journal_events", False))
@@ -296,6 +338,8 @@ def render_status(st: dict[str, Any]) -> None:
                       f"{w['rss_mb']:.1f}")
     console.print(table)
     console.print(f"queue depth: {st.get('queue', 0)}   running: {st.get('running', 0)}")
+    if st.get("worker_output"):
+        console.print(f"workers' output: {st['worker_output']}")
     outcomes = st.get("outcomes", {})
     counts = Table(title="turns by outcome")
     counts.add_column("outcome")

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import msgspec
 import zmq
 import zmq.asyncio
@@ -34,7 +35,7 @@ import wire
 from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
 from worker import _cgroup, _marker, _tree
 
-from . import _procs
+from . import _output, _procs
 from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
 from ._handle import TurnHandle
 from ._paths import private_dir
@@ -108,6 +109,18 @@ class Supervisor:
     freeze-and-signal, tree markers), which is also what runs where cgroups cannot be used.
     ``max_rss_mb`` is compared with the tree's proportional set size (PSS, shared pages split
     between the processes mapping them).
+    Isolation (keyword-only): ``agent_path`` is where workers import agents from (R-PATH): a
+    sequence of directories, searched first and exactly, then the interpreter's own path
+    (installed packages); the default ``None`` mirrors this process's ``sys.path``, the embedding
+    program's choice. Workers run in ``python -P`` safe-path mode, from this supervisor's private
+    runtime directory, so a module planted in a working directory never runs.
+    ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this
+    process's stderr: ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this
+    process's stderr through a thread, so a stalled stderr never blocks the supervisor; a file
+    path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file;
+    four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards
+    them; ``"inherit"`` shares this process's fd 2 with the workers as before (a stalled stderr
+    then stalls workers and this process alike).
     """
 
     def __init__(
@@ -134,6 +147,9 @@ class Supervisor:
         zygote: bool = True,
         preload: tuple[str, ...] = (),
         cgroups: bool = True,
+        agent_path: Any = None,
+        worker_output: Any = _output.STDERR,
+        worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
     ) -> None:
         if not isinstance(cgroups, bool):
             raise TypeError(f"cgroups must be True or False, got {cgroups!r}")
@@ -181,6 +197,15 @@ class Supervisor:
         self._zygote: Zygote | None = None
         self.cgroups = cgroups
         self._cgroups: _cgroup.Pool | None = None  # our pool cgroup, when cgroups are in use
+        self.agent_path = _procs.check_agent_path(agent_path)
+        self.worker_output = _output.check_worker_output(worker_output)
+        if isinstance(worker_output_max_mb, bool) or not isinstance(worker_output_max_mb, (int, float)) \
+                or not 0 < worker_output_max_mb < float("inf"):
+            raise ValueError(f"worker_output_max_mb must be a number of MiB > 0, "
+                             f"got {worker_output_max_mb!r}")
+        self.worker_output_max_mb = float(worker_output_max_mb)
+        self._output: _output.WorkerOutput | None = None
+        self._pythonpath = ""
 
         self._turns: dict[str, TurnRecord] = {}
         self._ended: collections.deque[str] = collections.deque()
@@ -245,9 +270,18 @@ class Supervisor:
         """Bind the worker link, start the pool and wait until ``workers`` workers are ready."""
         if self._state != "new":
             raise RuntimeError("a Supervisor can be started once")
+        output = _output.WorkerOutput(self.worker_output,
+                                      max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096))
+        output.start()  # a log that cannot be written fails here, before anything exists (R-OUT)
+        self._output = output
+        try:
+            self._dir = private_dir()
+        except BaseException:
+            output.close()
+            raise
         self._state = "running"
         _tree.set_child_subreaper()
-        self._dir = private_dir()
+        self._pythonpath = _procs.import_path(self.agent_path)
         self._endpoint = f"ipc://{self._dir}/workers.sock"
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
@@ -274,14 +308,19 @@ class Supervisor:
             if self._cgroups is None:
                 log.info("cgroup v2 not usable here: worker trees are tracked by subreaper and markers")
         if self.use_zygote and _tree.set_child_subreaper():
+            assert self._output is not None
+            out_fd = self._output.open("zygote")
             try:
                 self._zygote = Zygote.start(endpoint=self._endpoint, life_fd=self._life_r, python=self.python,
-                                            extra_args=self.worker_args, preload=self.preload,
+                                            extra_args=self.worker_args, preload=self.preload, out_fd=out_fd,
+                                            cwd=str(self._dir), pythonpath=self._pythonpath,
                                             cgroup_pool=self._cgroups.path if self._cgroups else None)
             except OSError as exc:
                 log.warning("could not start the zygote, starting workers as fresh interpreters: %s", exc)
             else:
                 self._tg.start_soon(self._zygote_loop, self._zygote)
+            finally:
+                os.close(out_fd)
         if self.max_rss_mb is not None:
             self._tg.start_soon(self._memory_loop)
         try:
@@ -345,6 +384,10 @@ class Supervisor:
             self._life_r = self._life_w = -1
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
+            if self._output is not None:
+                # Every worker is reaped: drain what they left and stop the pump, off the event loop.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._output.close)
             self._state = "closed"
             self._notify_change()
 
@@ -452,7 +495,13 @@ class Supervisor:
             "bad_frames": self.bad_frames,
             "worker_restarts": self.worker_restarts,
             "last_start_error": self._last_start_error,
+            "worker_output": self.describe_output(),
+            "worker_output_dropped": self._output.dropped if self._output is not None else 0,
         }
+
+    def describe_output(self) -> str:
+        """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
+        return "discarded" if self.worker_output is None else str(self.worker_output)
 
     # ---- handle backend ----------------------------------------------------------------
 
@@ -862,8 +911,19 @@ class Supervisor:
         # Made before the worker exists: it joins it before it forks anything.
         cgroup = self._cgroups.worker_dir(worker_id) if self._cgroups is not None else None
         zygote = self._zygote
+        assert self._output is not None
+        out_fd = self._output.open(worker_id)
+        try:
+            self._spawn_with(worker_id, token, marker, zygote, out_fd, cgroup)
+        finally:
+            os.close(out_fd)  # the worker holds its own copy as fds 1 and 2
+
+    def _spawn_with(
+        self, worker_id: str, token: str, marker: str, zygote: Zygote | None, out_fd: int, cgroup: str | None
+    ) -> None:
+        assert self._tg is not None
         if zygote is not None and not zygote.lost:
-            if zygote.request(worker_id, token, marker, self.heartbeat):
+            if zygote.request(worker_id, token, marker, self.heartbeat, out_fd):
                 # The pid comes back from the zygote (``_zygote_pids``); until then it is 0.
                 slot = WorkerSlot(worker_id, 0, None, token, marker, self._clock())
                 slot.cgroup = cgroup
@@ -877,12 +937,15 @@ class Supervisor:
                 endpoint=self._endpoint, worker_id=worker_id, token=token, marker=marker,
                 life_fd=self._life_r, heartbeat=self.heartbeat, python=self.python, extra_args=self.worker_args,
                 cgroup=cgroup,
+                out_fd=out_fd, cwd=str(self._dir), pythonpath=self._pythonpath,
             )
         except OSError as exc:
             if cgroup is not None:
                 _cgroup.remove(cgroup)
             self._start_failed(f"could not start a worker: {exc}")
             return
+        if self._output is not None:
+            self._output.name(worker_id, pid)
         slot = WorkerSlot(worker_id, pid, _procs.pidfd(pid), token, marker, anyio.current_time())
         slot.cgroup = cgroup
         if cgroup is not None:
@@ -917,6 +980,8 @@ class Supervisor:
             slot.fd = _procs.pidfd(pid)
             if slot.cgroup is not None:
                 _procs.CGROUPS[pid] = slot.cgroup
+            if self._output is not None:
+                self._output.name(worker_id, pid)
             assert self._tg is not None
             self._tg.start_soon(self._watch, slot)
             if slot.state == "stopping":  # retired before its pid was known

@@ -207,6 +207,7 @@ class Daemon:
                                                             self.metrics_port)
                     self.accepting = True
                     line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
+                    line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
                     if self.metrics_bound is not None:
                         line += f" metrics http://{self.metrics_host}:{self.metrics_bound}/metrics"
                     log.info("%s", line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -12,16 +13,78 @@ ENDPOINT_ENV = "TURNPOOL_ENDPOINT"
 
 
 def runtime_dir() -> Path:
-    """``$XDG_RUNTIME_DIR/turnpool`` or ``<tmp>/turnpool-<uid>``, created 0700 and checked to be ours."""
+    """The per-user runtime directory, private (ours, a real directory, mode 0700) (R-RUN).
+
+    ``$XDG_RUNTIME_DIR/turnpool`` when that is set, else ``<tmp>/turnpool-<uid>``. In a shared
+    temp directory another user can create that name first (a directory of theirs, or a symlink
+    to one): it is then never used, and neither chmod-ed nor followed. The fallback is
+    ``$XDG_CACHE_HOME/turnpool-run`` (default ``~/.cache/turnpool-run``): under our own home,
+    where nobody else can create it, and the same for the daemon and the CLI, so the default
+    endpoint still finds the daemon. Each use of the fallback says why on the ``turnpool`` logger.
+    """
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "turnpool" if xdg and os.path.isdir(xdg) else Path(tempfile.gettempdir()) / f"turnpool-{os.getuid()}"
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = base.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise PermissionError(f"runtime directory {base} is not a directory owned by this user")
+    if xdg and os.path.isdir(xdg):
+        return _private(Path(xdg) / "turnpool")
+    shared = Path(tempfile.gettempdir()) / f"turnpool-{os.getuid()}"
+    try:
+        return _private(shared)
+    except PermissionError as exc:
+        fallback = _fallback_dir()
+        if len(str(fallback)) + IPC_SUFFIX_MAX > IPC_PATH_MAX:
+            raise PermissionError(
+                f"{exc}; the fallback {fallback} is too long for an ipc:// socket path ({IPC_PATH_MAX} "
+                "bytes): set XDG_RUNTIME_DIR (or TURNPOOL_ENDPOINT)") from None
+        _warn_once(f"{exc}; using {fallback} instead")
+        return _private(fallback)
+
+
+IPC_PATH_MAX = 107  # sun_path, less its terminating NUL
+IPC_SUFFIX_MAX = len("/sup-4194304-abcdefgh/workers.sock")  # what a supervisor adds under the runtime dir
+
+
+def _fallback_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "turnpool-run"
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("turnpool").warning("turnpool: %s", message)
+
+
+def _private(path: Path) -> Path:
+    """``path`` as a directory of ours with mode 0700: created so, or refused (``PermissionError``)
+    when something else (a symlink, another user's directory, a group- or world-open one we did
+    not make private ourselves) is there."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"runtime directory {path} is not a directory owned by this user (a symlink or "
+                              f"a file, made by uid {st.st_uid})")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"runtime directory {path} is not a directory owned by this user (uid "
+                              f"{os.getuid()}): uid {st.st_uid} created it")
     if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(base, 0o700)
-    return base
+        os.chmod(path, 0o700, follow_symlinks=False)  # ours: make it private again
+    return path
+
+
+def default_worker_log(endpoint: str) -> Path:
+    """The worker log of the daemon serving ``endpoint``: next to its journal, in the state dir (R-OUT)."""
+    import hashlib
+
+    from ._journal import state_dir
+
+    key = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
+    return state_dir() / f"workers-{key}.log"
 
 
 def default_endpoint() -> str:

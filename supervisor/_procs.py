@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 import anyio
 import psutil
@@ -36,34 +37,87 @@ def spawn_worker(
     marker: str,
     life_fd: int,
     heartbeat: float,
+    out_fd: int,
+    cwd: str,
+    pythonpath: str,
     python: str | None = None,
     extra_args: Iterable[str] = (),
     cgroup: str | None = None,
 ) -> int:
-    """Start ``python -m worker`` in its own session; its stdout goes to our stderr so nothing
-    a worker prints can corrupt a protocol the host speaks on stdout."""
+    """Start ``python -P -m worker`` in its own session with ``out_fd`` as its stdout and stderr
+    (never our stderr: ``_output``), importing from ``pythonpath`` only (R-PATH), and moving to
+    ``cwd`` (a directory only we can write) before it imports anything of an agent."""
     exe = python or sys.executable
     argv = [
-        exe, *extra_args, "-m", "worker",
+        exe, *SAFE_FLAGS, *extra_args, "-m", "worker",
         "--endpoint", endpoint, "--id", worker_id, "--parent-pid", str(os.getpid()),
-        "--life-fd", str(life_fd), "--heartbeat", repr(heartbeat),
+        "--life-fd", str(life_fd), "--heartbeat", repr(heartbeat), "--cwd", cwd,
         *(("--cgroup", cgroup) if cgroup else ()),
     ]
-    env = worker_env()
+    env = worker_env(pythonpath)
     env[TOKEN_ENV] = token
     env[TREE_ENV] = marker
-    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=[(os.POSIX_SPAWN_DUP2, 2, 1)])
+    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=output_actions(out_fd))
 
 
-def worker_env() -> dict[str, str]:
-    """The environment a worker (or the zygote) starts with: ours, with our import path."""
+# ``-P`` (Python ≥ 3.11 safe-path mode): ``-m`` no longer puts the current directory first on
+# ``sys.path``. A flag, not ``PYTHONSAFEPATH`` in the environment, so that it stays with the
+# worker: an agent's own ``python tool.py`` subprocesses keep Python's usual path rules.
+SAFE_FLAGS = ("-P",)
+
+
+def output_actions(out_fd: int) -> list[tuple[int, int, int]]:
+    """posix_spawn file actions making ``out_fd`` the child's fd 1 and fd 2."""
+    return [(os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, out_fd, 2)]
+
+
+def check_agent_path(value: Any) -> tuple[str, ...] | None:
+    """Validate ``Supervisor(agent_path=...)``: ``None`` or a sequence of directories, made
+    absolute now (a relative one means the current directory of the call, said explicitly)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Iterable):
+        raise TypeError(f"agent_path must be a list of directories (or None), got {value!r}")
+    out = []
+    for entry in value:
+        if not isinstance(entry, (str, os.PathLike)) or isinstance(entry, bytes) or not str(entry):
+            raise TypeError(f"agent_path entries must be directory paths, got {entry!r}")
+        path = os.path.abspath(os.fspath(entry))
+        if not os.path.isdir(path):
+            raise ValueError(f"agent_path entry {entry!r} is not a directory")
+        out.append(path)
+    return tuple(out)
+
+
+def import_path(agent_path: tuple[str, ...] | None) -> str:
+    """The ``PYTHONPATH`` of workers (R-PATH).
+
+    ``None`` (an embedded ``Supervisor``'s default): the host's own ``sys.path`` as it is now,
+    the embedding program's choice (its script's directory, pytest's rootdir); an empty entry,
+    which means "the current directory" in the host, is written out as the host's cwd, since the
+    worker runs elsewhere. Otherwise exactly ``agent_path`` (absolute directories), then the
+    absolute entries of an inherited ``PYTHONPATH``: relative and empty entries, which would
+    mean whatever directory the process started in, are left out. Either way the interpreter's
+    own path (standard library, site-packages, installed packages) follows.
+    """
+    if agent_path is None:
+        cwd = os.getcwd()
+        entries = [os.path.join(cwd, p) if not os.path.isabs(p) else p for p in sys.path]
+    else:
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+        entries = [*agent_path, *inherited]
+    return os.pathsep.join(dict.fromkeys(os.path.normpath(p) for p in entries))
+
+
+def worker_env(pythonpath: str) -> dict[str, str]:
+    """The environment a worker (or the zygote) starts with: ours, with ``pythonpath``."""
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
     env.pop(TREE_ENV, None)
-    paths = [p for p in sys.path if p]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *paths]))
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    else:
+        env.pop("PYTHONPATH", None)
     return env
 
 

@@ -8,6 +8,7 @@ watched (pidfd), signalled and reaped by pid exactly like a spawned one.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterable
 
@@ -15,10 +16,10 @@ from . import _procs
 
 
 class Zygote:
-    def __init__(self, pid: int, req_w: int, resp_r: int) -> None:
+    def __init__(self, pid: int, req: socket.socket, resp_r: int) -> None:
         self.pid = pid
         self.fd = _procs.pidfd(pid)
-        self._req_w = req_w
+        self._req: socket.socket | None = req
         self.resp_fd = resp_r
         self._buf = b""
         self.ready = False
@@ -28,38 +29,47 @@ class Zygote:
     @classmethod
     def start(
         cls, *, endpoint: str, life_fd: int, python: str | None, extra_args: Iterable[str],
-        preload: Iterable[str], cgroup_pool: str | None = None,
+        preload: Iterable[str], out_fd: int, cwd: str, pythonpath: str, cgroup_pool: str | None = None,
     ) -> Zygote:
-        req_r, req_w = os.pipe()
+        # Requests go over a unix seqpacket socket, not a pipe: each one carries the worker's
+        # output fd (``socket.send_fds``), one message per request.
+        req, req_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        req.setblocking(False)
+        # A burst of requests (a large pool starting) must not find the socket full: a full one
+        # reads as a zygote that stopped reading, and workers then start as fresh interpreters.
+        req.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
         resp_r, resp_w = os.pipe()
         os.set_blocking(resp_r, False)
+        req_r = req_child.detach()
         os.set_inheritable(req_r, True)
         os.set_inheritable(resp_w, True)
         exe = python or sys.executable
         argv = [
-            exe, *extra_args, "-m", "worker._zygote", "--parent-pid", str(os.getpid()),
+            exe, *_procs.SAFE_FLAGS, *extra_args, "-m", "worker._zygote", "--parent-pid", str(os.getpid()),
             "--life-fd", str(life_fd),
             "--endpoint", endpoint, "--req-fd", str(req_r), "--resp-fd", str(resp_w),
-            "--preload", ",".join(preload),
+            "--preload", ",".join(preload), "--cwd", cwd,
             *(("--cgroup-pool", cgroup_pool) if cgroup_pool else ()),
         ]
-        env = _procs.worker_env()
+        env = _procs.worker_env(pythonpath)
         try:
-            pid = os.posix_spawn(exe, argv, env, setsid=True, file_actions=[(os.POSIX_SPAWN_DUP2, 2, 1)])
+            pid = os.posix_spawn(exe, argv, env, setsid=True, file_actions=_procs.output_actions(out_fd))
         except BaseException:
-            for fd in (req_r, req_w, resp_r, resp_w):
+            for fd in (req_r, resp_r, resp_w):
                 os.close(fd)
+            req.close()
             raise
         os.close(req_r)
         os.close(resp_w)
-        return cls(pid, req_w, resp_r)
+        return cls(pid, req, resp_r)
 
-    def request(self, worker_id: str, token: str, marker: str, heartbeat: float) -> bool:
-        """Ask for a worker; False if the zygote is gone (the caller starts one another way)."""
-        if self.lost:
+    def request(self, worker_id: str, token: str, marker: str, heartbeat: float, out_fd: int) -> bool:
+        """Ask for a worker whose stdout and stderr are ``out_fd`` (the caller still closes its
+        copy); False if the zygote is gone or not reading (the caller starts one another way)."""
+        if self.lost or self._req is None:
             return False
         try:
-            os.write(self._req_w, f"{worker_id} {token} {marker} {heartbeat!r}\n".encode())
+            socket.send_fds(self._req, [f"{worker_id} {token} {marker} {heartbeat!r}".encode()], [out_fd])
             return True
         except OSError:
             self.lost = True
@@ -100,10 +110,10 @@ class Zygote:
         return workers
 
     def close_requests(self) -> None:
-        """EOF on its request pipe: the zygote exits."""
-        if self._req_w >= 0:
-            os.close(self._req_w)
-            self._req_w = -1
+        """EOF on its request socket: the zygote exits."""
+        if self._req is not None:
+            self._req.close()
+            self._req = None
 
     def close(self) -> None:
         self.close_requests()

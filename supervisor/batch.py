@@ -62,10 +62,11 @@ __all__ = [
 @contextlib.asynccontextmanager
 async def open_backend(
     *, workers: int | None = None, connect: str | None = None, grace: float | None = None,
-    kill_after: float | None = None,
+    kill_after: float | None = None, agent_path: Any = None,
 ) -> AsyncIterator[Any]:
-    """An embedded ``Supervisor`` (``workers``, default: one per core) or, with ``connect``, a
-    ``Client`` of the daemon at that endpoint (``""``: the default endpoint)."""
+    """An embedded ``Supervisor`` (``workers``, default: one per core; ``agent_path`` as for
+    ``Supervisor``) or, with ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the
+    default endpoint)."""
     if connect is not None:
         try:
             from . import Client  # type: ignore[attr-defined]
@@ -81,7 +82,7 @@ async def open_backend(
         return
     from ._core import Supervisor
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"agent_path": agent_path}
     if grace is not None:
         kwargs["grace"] = grace
     if kill_after is not None:
@@ -203,7 +204,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "batch", help="run every job of a JSONL file, one result line per job",
         description="Run every job of JOBS.jsonl as a turn; "
-                    "append one JSON result line per job to OUT.jsonl.",
+                    "append one JSON result line per job to OUT.jsonl. What the embedded pool's workers "
+                    "print goes to stderr, each line prefixed w<n>[<pid>] (forwarded by a thread: it never "
+                    "blocks the pool).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("jobs", metavar="JOBS.jsonl", help="one JSON job per line")
@@ -214,6 +217,9 @@ def register(subparsers: Any) -> None:
                        help="embedded pool size (default: one per core)")
     where.add_argument("--connect", "--endpoint", dest="connect", nargs="?", const="", metavar="E",
                        help="run on the daemon at E (no value: the default endpoint)")
+    p.add_argument("--path", action="append", metavar="DIR",
+                   help="a directory the embedded pool's workers import agents from (repeatable; "
+                        "the working directory is not searched: `--path .` to use it)")
     p.add_argument("--concurrency", type=_positive_int, metavar="N",
                    help="turns submitted at a time (default: 4 per worker, at least 16)")
     p.add_argument("--timeout", type=_positive_seconds, metavar="S",
@@ -239,6 +245,17 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """``turnpool batch``: validate, then run; returns the exit code."""
     err = Console(stderr=True, highlight=False)
+    if args.path and args.connect is not None:
+        print("turnpool batch: --path is for the embedded pool; with --connect the daemon's own --path "
+              "decides where agents are imported from", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        from ._procs import check_agent_path
+
+        check_agent_path(args.path or ())
+    except (TypeError, ValueError) as exc:
+        print(f"turnpool batch: --path: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         plan = prepare_batch(args.jobs, args.output, agent=args.agent, resume=args.resume,
                              skip_invalid=args.skip_invalid)
@@ -336,7 +353,8 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
             try:
                 with opening:
                     async with open_backend(workers=args.workers, connect=args.connect, grace=args.grace,
-                                            kill_after=args.kill_after) as backend:
+                                            kill_after=args.kill_after,
+                                            agent_path=tuple(args.path or ())) as backend:
                         concurrency = args.concurrency or await default_concurrency(backend)
                         run = BatchRun(plan, backend, concurrency=concurrency, timeout=args.timeout,
                                        grace=args.grace, kill_after=args.kill_after, retries=args.retries,

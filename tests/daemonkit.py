@@ -3,6 +3,10 @@
 Each daemon gets its own short temp dir (``/tmp/tpd…``: an ``ipc://`` path must fit in 107
 bytes), its own ``TURNPOOL_ENDPOINT`` and ``XDG_RUNTIME_DIR``, so tests never share a daemon.
 Start-up is awaited on the daemon's own "ready" line on stdout, bounded; nothing sleeps.
+
+Workers import agents only from ``--path`` directories (R-PATH): ``start`` passes the repo root,
+so ``tests.agents:...`` resolves wherever the daemon runs. Commands run with ``python -P``, like
+the ``turnpool`` console script, which never searches its working directory either.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from supervisor._daemon import READY_PREFIX
 
 ENTRY = "from supervisor._cli import entry; entry()"
 READY_TIMEOUT = 60.0
+ROOT = str(Path(__file__).resolve().parent.parent)  # the repo root: ``tests.*`` agents live under it
 
 
 def turnpool_argv(*args: str) -> list[str]:
     """argv running the ``turnpool`` console script with this interpreter."""
-    return [sys.executable, "-c", ENTRY, *args]
+    return [sys.executable, "-P", "-c", ENTRY, *args]
 
 
 def short_dir() -> Path:
@@ -76,29 +81,41 @@ def env_for(home: Path, endpoint: str | None) -> dict[str, str]:
         env.pop("TURNPOOL_ENDPOINT", None)
     else:
         env["TURNPOOL_ENDPOINT"] = endpoint
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH", "")] if p)
     return env
 
 
 def start(*args: str, home: Path | None = None, endpoint: str | None = "default",
-          check_ready: bool = True) -> Served:
-    """Start ``turnpool serve`` and wait (bounded) for its ready line."""
+          check_ready: bool = True, paths: tuple[str, ...] = (ROOT,), cwd: str | Path | None = None,
+          stderr_pipe: bool = False, env_extra: dict[str, str | None] | None = None) -> Served:
+    """Start ``turnpool serve`` and wait (bounded) for its ready line.
+
+    ``paths`` become ``--path`` flags; ``cwd`` is the daemon's working directory; with
+    ``stderr_pipe`` its stderr is a pipe the caller may leave unread (``proc.stderr``);
+    ``env_extra`` overrides variables (``None`` removes one)."""
     home = home or short_dir()
     if endpoint == "default":
         endpoint = f"ipc://{home}/s.sock"
     env = env_for(home, endpoint)
-    err = open(home / "stderr.log", "ab")  # noqa: SIM115
+    for key, value in (env_extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    flags = [flag for p in paths for flag in ("--path", p)]
+    err = subprocess.PIPE if stderr_pipe else open(home / "stderr.log", "ab")  # noqa: SIM115
     try:
-        proc = subprocess.Popen(turnpool_argv("serve", *args), env=env, stdout=subprocess.PIPE, stderr=err,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(turnpool_argv("serve", *flags, *args), env=env, stdout=subprocess.PIPE,
+                                stderr=err, stdin=subprocess.DEVNULL, cwd=cwd)
     finally:
-        err.close()
+        if not isinstance(err, int):
+            err.close()
     if not check_ready:
         return Served(proc, endpoint or "", env, home, "")
     line = _read_line(proc, READY_TIMEOUT)
     if not line.startswith(READY_PREFIX):
         stop_process(proc)
-        raise AssertionError(f"serve did not get ready: {line!r}\n{(home / 'stderr.log').read_text()}")
+        log = home / "stderr.log"
+        raise AssertionError(f"serve did not get ready: {line!r}\n{log.read_text() if log.exists() else ''}")
     actual = line[len(READY_PREFIX):].split(" ", 1)[0]
     return Served(proc, actual, env, home, line)
 
@@ -126,6 +143,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
             proc.wait(timeout=timeout)
     if proc.stdout is not None:
         proc.stdout.close()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
 @contextlib.contextmanager

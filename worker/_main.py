@@ -212,7 +212,16 @@ def load_agent(spec: str) -> Any:
     fn = _IMPORT_CACHE.get(spec)
     if fn is None:
         module_name, _, attr = spec.partition(":")
-        obj: Any = importlib.import_module(module_name)
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (exc.name == module_name or module_name.startswith(exc.name + ".")):
+                raise  # a dependency of the agent is missing: its own message says which
+            # The agent's own module (or package) is not on the worker's path: say where workers look.
+            raise ModuleNotFoundError(
+                f"{exc} (workers import agents from the supervisor's agent_path / `--path` directories, "
+                "PYTHONPATH and installed packages; never from the working directory)", name=exc.name,
+            ) from None
         for part in attr.split("."):
             obj = getattr(obj, part)
         if not callable(obj):
@@ -558,7 +567,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--life-fd", type=int)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--cgroup", help="the cgroup v2 directory this worker joins before it forks anything")
+    parser.add_argument("--cwd", default=None, help="directory to run in (the supervisor's private one)")
     args = parser.parse_args(argv)
+    if args.cwd:
+        os.chdir(args.cwd)  # before any agent is imported or run
     token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")
     marker = os.environ.get(_tree.TREE_ENV)
     if marker:

@@ -24,8 +24,10 @@ already re-parented to the supervisor, waiting on a private pipe for its assignm
 is then one pipe write away from a worker; the next embryo is prepared once requests pause.
 An embryo whose zygote dies sees EOF on that pipe and exits.
 
-Protocol, one line each way: the supervisor writes ``"<id> <token> <marker> <heartbeat>\\n"``;
-the answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
+Protocol: the supervisor sends ``"<id> <token> <marker> <heartbeat>"`` as one message on a unix
+seqpacket socket, with the worker's output fd attached (``SCM_RIGHTS``): the worker makes it its
+fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output. The answer on the
+response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
 embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
 the imports are done.
 """
@@ -36,6 +38,7 @@ import argparse
 import importlib
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -74,13 +77,24 @@ def _preload(modules: list[str]) -> None:
                   file=sys.stderr)
 
 
+def _take_output(out_fd: int) -> None:
+    """Make ``out_fd`` (the worker's own pipe or log, from the supervisor) our stdout and stderr."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    if out_fd > 2:
+        os.close(out_fd)
+
+
 def _become_worker(
     parent_pid: int, life_fd: int, endpoint: str, worker_id: str, token: str, marker: str, heartbeat: float,
-    reparented: bool = False,
+    out_fd: int, reparented: bool = False,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
     from . import _main, _tree
 
+    _take_output(out_fd)
     if not reparented:
         os.setsid()
     # putenv alone would not do: a child forked without exec keeps the environment block this
@@ -117,7 +131,7 @@ def _become_worker(
 EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this long (s)
 
 
-def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign_fd: int) -> None:
+def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket) -> None:
     """In a grandchild made ahead of time: wait for re-parenting, then for an assignment."""
     from . import _tree
 
@@ -131,36 +145,33 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign_fd: int) -> Non
     _tree.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(70)
-    data = b""
-    while not data.endswith(b"\n"):
-        try:
-            chunk = os.read(assign_fd, 4096)
-        except InterruptedError:
-            continue
-        if not chunk:
-            os._exit(0)  # the zygote is gone: never assigned
-        data += chunk
-    os.close(assign_fd)
+    data, fds, _, _ = socket.recv_fds(assign, 4096, 1)
+    if not data or not fds:
+        os._exit(0)  # the zygote is gone: never assigned
+    assign.close()
     worker_id, token, marker, heartbeat = data.decode().strip().split(" ")
     _tree.set_parent_death_signal(0)
-    _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), reparented=True)
+    _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), fds[0],
+                   reparented=True)
 
 
 def _prepare_embryo(
     parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int
-) -> tuple[int, int] | None:
-    """Fork an embryo; returns (its pid, the write end of its assignment pipe)."""
-    er, ew = os.pipe()
+) -> tuple[int, socket.socket] | None:
+    """Fork an embryo; returns (its pid, our end of its assignment socket)."""
+    er, ew = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pr, pw = os.pipe()
     try:
         mid = os.fork()
     except OSError:
-        for fd in (er, ew, pr, pw):
+        for fd in (pr, pw):
             os.close(fd)
+        er.close()
+        ew.close()
         return None
     if mid == 0:
         try:
-            os.close(ew)
+            ew.close()
             os.close(pr)
             os.close(req_fd)
             pid = os.fork()
@@ -174,7 +185,7 @@ def _prepare_embryo(
             os.write(pw, f"{pid}\n".encode())
         finally:
             os._exit(0)
-    os.close(er)
+    er.close()
     os.close(pw)
     while True:
         try:
@@ -189,16 +200,16 @@ def _prepare_embryo(
     try:
         return int(data.strip()), ew
     except ValueError:
-        os.close(ew)
+        ew.close()
         return None
 
 
 def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> None:
     import select
 
-    buf = b""
+    req = socket.socket(fileno=req_fd)
     os.write(resp_fd, b"ready 0\n")
-    embryo: tuple[int, int] | None = None
+    embryo: tuple[int, socket.socket] | None = None
     while True:
         if embryo is None:
             # Requests come in bursts (pool start, a kill): make the next embryo once they pause.
@@ -206,37 +217,39 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
             if not ready:
                 embryo = _prepare_embryo(parent_pid, life_fd, endpoint, req_fd, resp_fd)
                 continue
+        line, fds, _, _ = socket.recv_fds(req, 4096, 1)
+        if not line:
+            return  # EOF: the supervisor closed the socket (or died); an embryo sees EOF too
         try:
-            chunk = os.read(req_fd, 4096)
-        except InterruptedError:
+            worker_id, token, marker, heartbeat = line.decode().split(" ")
+            hb = float(heartbeat)
+            if len(fds) != 1:
+                raise ValueError("a request carries exactly one output fd")
+        except ValueError:
+            for fd in fds:
+                os.close(fd)
             continue
-        if not chunk:
-            return  # EOF: the supervisor closed the pipe (or died); an embryo sees EOF too
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            try:
-                worker_id, token, marker, heartbeat = line.decode().split(" ")
-                hb = float(heartbeat)
-            except ValueError:
-                continue
+        out_fd = fds[0]
+        try:
             if embryo is not None:
                 pid, ew = embryo
                 embryo = None
                 try:
-                    os.write(ew, line + b"\n")
+                    socket.send_fds(ew, [line], [out_fd])
                     os.write(resp_fd, f"{worker_id} {pid}\n".encode())
                     continue
                 except OSError:
                     pass  # the embryo died: fork one the direct way
                 finally:
-                    os.close(ew)
-            _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd)
+                    ew.close()
+            _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd, out_fd)
+        finally:
+            os.close(out_fd)  # the worker has its own copy now
 
 
 def _fork_worker(
     parent_pid: int, life_fd: int, endpoint: str, resp_fd: int, worker_id: str, token: str, marker: str,
-    heartbeat: float, req_fd: int,
+    heartbeat: float, req_fd: int, out_fd: int,
 ) -> None:
     try:
         mid = os.fork()
@@ -251,7 +264,7 @@ def _fork_worker(
             if pid == 0:
                 os.close(resp_fd)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat)
+                _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat, out_fd)
                 os._exit(1)  # not reached
             os.write(resp_fd, f"{worker_id} {pid}\n".encode())
         except BaseException:  # noqa: BLE001
@@ -279,10 +292,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preload", default="")
     parser.add_argument("--cgroup-pool", default="",
                         help="cgroup v2 pool directory; each worker joins <pool>/<worker id>")
+    parser.add_argument("--cwd", default=None, help="directory to run in (the supervisor's private one)")
     args = parser.parse_args(argv)
     global _CGROUP_POOL
     _CGROUP_POOL = args.cgroup_pool or None
     from . import _tree
+
+    if args.cwd:
+        os.chdir(args.cwd)  # before any preload: the forked workers inherit it
 
     _tree.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != args.parent_pid:
