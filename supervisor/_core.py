@@ -34,7 +34,7 @@ import wire
 from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
 from worker import _marker, _tree
 
-from . import _procs
+from . import _procs, _turninfo
 from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
 from ._handle import TurnHandle
 from ._paths import private_dir
@@ -424,6 +424,16 @@ class Supervisor:
             "worker_restarts": self.worker_restarts,
             "last_start_error": self._last_start_error,
         }
+
+    def turn_info(self, turn_id: str) -> dict[str, Any]:
+        """One turn's live facts for front ends (state, agent, session, cause, escalation step and
+        when the next signal is due, event count; its input while retained). Raises ``UnknownTurn``."""
+        return _turninfo.info(self, self._get(turn_id), with_input=True)
+
+    def turns(self, state: str | tuple[str, ...] = "running", *, limit: int = 100) -> list[dict[str, Any]]:
+        """Turns in ``state`` (``queued``, ``running``, ``ended`` newest first; or a tuple of them) as
+        ``turn_info`` dicts without input, at most ``limit``. Raises ``ValueError`` for another state."""
+        return _turninfo.listing(self, (state,) if isinstance(state, str) else state, limit)
 
     # ---- handle backend ----------------------------------------------------------------
 
