@@ -10,7 +10,9 @@ supervisor has closed, so results and ``end`` events of disposed turns still rea
 * The listening socket is bound here, before the ready line is printed, so a port in use fails
   the start with a one-line message (exit 1) instead of a half-started daemon.
 * Slow readers are dropped: when a connection's write buffer stays above the high-water mark
-  (the client stopped reading) for ``stall`` seconds, its transport is aborted (R-H3).
+  (the client stopped reading) for ``stall`` seconds, its transport is aborted. What one
+  connection can hold is bounded: the kernel send buffer (capped at ``SNDBUF``), the transport's
+  64 KiB high-water mark, and for an event stream ``sse_buffer`` encoded events (``_sse``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from wire import TurnResult
 
+from ._api import build_app
 from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.http")
 
 DEFAULT_STALL = 30.0
+SNDBUF = 256 * 1024  # bytes the kernel may hold for one HTTP connection (it reports twice this)
 HISTORY_SECONDS = 600
 OUTCOMES = ("completed", "failed", "aborted", "killed", "crashed")
 
@@ -123,6 +127,15 @@ class _StallMixin:
     transport: asyncio.Transport
     _stall_timer: asyncio.TimerHandle | None = None
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # The kernel's share of the per-connection bound: without a cap, send buffers autotune up to
+        # megabytes, and a client that stops reading would hold that much before writes pause.
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+        super().connection_made(transport)  # type: ignore[misc]
+
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
         if self._stall_timer is None:
@@ -172,8 +185,6 @@ class HttpFrontEnd:
         self.url = ""
         self.bound_port: int | None = None
         self.server: _Server | None = None
-        from ._api import build_app
-
         self.app, self.guard = build_app(self)
         daemon.end_hooks.append(self._on_end)
         daemon.front_ends.append(self.run)
