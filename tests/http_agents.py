@@ -42,3 +42,15 @@ async def blobs_when_told(turn: worker.Turn) -> dict[str, int]:
         for i in range(1, count):
             await turn.emit({"i": i, "blob": blob})
     return {"events": count}
+
+
+async def ticker(turn: worker.Turn) -> int:
+    """Emits ``{"tick": i}`` every ``every`` seconds (default 0.1) until cancelled (cooperative)."""
+    import anyio
+
+    every = float((turn.input or {}).get("every", 0.1))
+    i = 0
+    while True:
+        await turn.emit({"tick": i})
+        i += 1
+        await anyio.sleep(every)

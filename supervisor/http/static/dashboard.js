@@ -159,7 +159,7 @@ function renderRunning() {
         onclick: () => cancelTurn(t.turn_id) }),
       t.session ? " " : "",
       t.session ? el("button", { class: "danger cancel-session", text: "cancel session",
-        onclick: () => cancelSession(t.session) }) : ""))));
+        onclick: () => cancelSession(t.session) }) : "")));
   if (!rows.length) rows.push(el("tr", {}, el("td", { class: "empty", colSpan: 7, text: "nothing running" })));
   body.replaceChildren(...rows);
   $("running-hint").textContent = state.running.length >= 200 ? "(first 200)" : "";
