@@ -314,13 +314,14 @@ async def test_a_disconnecting_follower_cancels_nothing() -> None:
 
 
 async def test_fifty_followers_with_one_that_never_reads() -> None:
-    """50 SSE followers of one turn emitting 2,000 × 1 KiB events, one of which never reads its
+    """50 SSE followers of one turn emitting 2,000 × 512 B events, one of which never reads its
     socket: the 49 others get every event and the end (bounded, generous), the turn is not held
-    up, and the stalled client is dropped after --http-stall."""
-    with serving(*FAST, *HTTP, "--http-stall", "1", "--max-events", "100000") as d:
+    up, and the stalled client is dropped after --http-stall (5 s: long enough that a reader
+    starved of CPU on a busy machine is not taken for a stalled one)."""
+    with serving(*FAST, *HTTP, "--http-stall", "5", "--max-events", "100000") as d:
         host, port = d.http_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
         async with client(d, limits=httpx.Limits(max_connections=100)) as http:
-            turn_id = await submit(http, "tests.http_agents:blobs_when_told", {"count": 2000, "size": 1024})
+            turn_id = await submit(http, "tests.http_agents:blobs_when_told", {"count": 2000, "size": 512})
             # The stalled reader: a tiny receive buffer, a request, and never a read.
             stalled = socket.socket()
             try:
@@ -358,13 +359,16 @@ async def test_fifty_followers_with_one_that_never_reads() -> None:
                 res = await result(http, turn_id)
                 assert res["outcome"] == "completed" and res["output"] == {"events": 2000}
                 assert counts == [2000] * 49
-                # The stalled client is dropped: its connection is reset or closed by the daemon.
+                # The stalled client is dropped once its buffers stay full for --http-stall seconds
+                # (it must not read before that: reading would make it a slow reader, not a stalled one).
+                with anyio.fail_after(60):
+                    while (await http.get("/v1/status")).json()["http"]["dropped_slow"] < 1:
+                        await anyio.lowlevel.checkpoint()  # each status call is a round trip
                 stalled.settimeout(60)
-                with pytest.raises((ConnectionResetError, _Closed)):
+                with pytest.raises((ConnectionResetError, _Closed)):  # reset by the daemon, not a timeout
                     while stalled.recv(65536):
                         pass
                     raise _Closed
-                assert (await http.get("/v1/status")).json()["http"]["dropped_slow"] >= 1
             finally:
                 stalled.close()
 
