@@ -172,8 +172,19 @@ async def _main(quick: bool) -> str:
     rtt = {"http": [], "client": []}  # type: dict[str, list[float]]
     many = {"http": [], "client": []}  # type: dict[str, list[float]]
     evs = {"http": [], "client": []}  # type: dict[str, list[float]]
-    with daemonkit.serving("--workers", str(WORKERS), "--spares", "0", "--drain", "0", "--no-journal",
-                           "--max-events", str(events * 2), "--http", "127.0.0.1:0") as served:
+    with daemonkit.serving(
+        "--workers",
+        str(WORKERS),
+        "--spares",
+        "0",
+        "--drain",
+        "0",
+        "--no-journal",
+        "--max-events",
+        str(events * 2),
+        "--http",
+        "127.0.0.1:0",
+    ) as served:
         host, port = served.http_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
         conns = [await _Conn(host, int(port)).open() for _ in range(CALLERS)]
         try:
@@ -189,23 +200,46 @@ async def _main(quick: bool) -> str:
             for conn in conns:
                 conn.close()
     rows = [
-        ["round trip (submit + result), median", ms(med(rtt["http"])), ms(med(rtt["client"])),
-         ratio(med(rtt["http"]) / med(rtt["client"]))],
-        ["round trip, p99", ms(pct(rtt["http"], 99)), ms(pct(rtt["client"], 99)),
-         ratio(pct(rtt["http"], 99) / pct(rtt["client"], 99))],
-        [f"{CALLERS} callers × {per} turns: turns/s (median)", rate(med(many["http"])), rate(med(many["client"])),
-         ratio(med(many["client"]) / med(many["http"]))],
-        [f"events/s to one follower ({events:,} events, live)", rate(med(evs["http"])), rate(med(evs["client"])),
-         ratio(med(evs["client"]) / med(evs["http"]))],
+        [
+            "round trip (submit + result), median",
+            ms(med(rtt["http"])),
+            ms(med(rtt["client"])),
+            ratio(med(rtt["http"]) / med(rtt["client"])),
+        ],
+        [
+            "round trip, p99",
+            ms(pct(rtt["http"], 99)),
+            ms(pct(rtt["client"], 99)),
+            ratio(pct(rtt["http"], 99) / pct(rtt["client"], 99)),
+        ],
+        [
+            f"{CALLERS} callers × {per} turns: turns/s (median)",
+            rate(med(many["http"])),
+            rate(med(many["client"])),
+            ratio(med(many["client"]) / med(many["http"])),
+        ],
+        [
+            f"events/s to one follower ({events:,} events, live)",
+            rate(med(evs["http"])),
+            rate(med(evs["client"])),
+            ratio(med(evs["client"]) / med(evs["http"])),
+        ],
     ]
-    runs = "; ".join(f"{k}: " + ", ".join(f"{x:,.0f}" for x in v) for k, v in
-                     (("HTTP turns/s", many["http"]), ("Client turns/s", many["client"]),
-                      ("HTTP events/s", evs["http"]), ("Client events/s", evs["client"])))
+    runs = "; ".join(
+        f"{k}: " + ", ".join(f"{x:,.0f}" for x in v)
+        for k, v in (
+            ("HTTP turns/s", many["http"]),
+            ("Client turns/s", many["client"]),
+            ("HTTP events/s", evs["http"]),
+            ("Client events/s", evs["client"]),
+        )
+    )
     return (
         "## http: the HTTP/SSE API vs the `Client` path, same daemon, same run\n\n"
         f"{WORKERS} workers, noop turns; {n:,} sequential round trips per path after 20 warm-ups, {repeats} "
         "repeats interleaved (the latency rows pool every sample). A minimal keep-alive HTTP/1.1 "
-        "client for HTTP (one connection per caller), `Client` over ipc. The ratio column is how many times the `Client` path is better.\n\n"
+        "client for HTTP (one connection per caller), `Client` over ipc. The ratio column is how many "
+        "times the `Client` path is better.\n\n"
         + table(["measure", "HTTP", "Client (ZeroMQ)", "ratio"], rows)
         + f"\n\nPer-repeat figures — {runs}.\n\n"
         f"Command: {command('http', quick)}."

@@ -348,8 +348,9 @@ class Daemon:
                 self._task(self._when_idle, ident, req)
 
     async def submit(self, agent: str, input: Any = None, *, session: str | None = None,
-                     timeout: float | None = None, grace: float | None = None, kill_after: float | None = None,
-                     turn_id: str | None = None, retry: bool = False) -> tuple[str, bool]:
+                     timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+                     grace: float | None = None, kill_after: float | None = None, turn_id: str | None = None,
+                     retry: bool = False) -> tuple[str, bool]:
         """Accept a turn for a front end other than the client link (the HTTP API), exactly as a
         client's ``Submit`` is: returns ``(turn_id, existed)``; idempotent by ``turn_id`` (a known
         id returns ``(id, True)``, even while draining); returns only once every accept hook is
@@ -371,7 +372,8 @@ class Daemon:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
             return turn_id, True, []
         if not self.accepting:
-            raise DaemonShuttingDown(f"the daemon at {self.endpoint} is shutting down: it accepts no new turn")
+            why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
+            raise DaemonShuttingDown(why)
         turn = sup._accept(agent, raw, parent=None, **options)
         if self.metrics is not None:
             self.metrics.accepted += 1
@@ -381,9 +383,9 @@ class Daemon:
     def _submit(self, ident: bytes, msg: wire.Submit) -> None:
         req = msg.req
         try:
-            turn_id, existed, gates = self._admit(msg.agent, msg.input, session=msg.session, timeout=msg.timeout,
-                                                  grace=msg.grace, kill_after=msg.kill_after, turn_id=msg.turn_id,
-                                                  retry=msg.retry)
+            turn_id, existed, gates = self._admit(
+                msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
+                kill_after=msg.kill_after, turn_id=msg.turn_id, retry=msg.retry)
         except InvalidAgent as exc:
             self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
             return

@@ -23,8 +23,13 @@ if TYPE_CHECKING:
     from ._turns import TurnRecord
 
 TURN_STATES = ("queued", "running", "ended")
-_PUBLIC_STATE = {"queued": "queued", "handed": "queued", "running": "running", "ending": "running",
-                 "ended": "ended"}
+_PUBLIC_STATE = {
+    "queued": "queued",
+    "handed": "queued",
+    "running": "running",
+    "ending": "running",
+    "ended": "ended",
+}
 _STEP = {0: "abort", 1: "sigterm", 2: "sigkill"}
 _NEXT = {0: "sigterm", 1: "sigkill"}
 

@@ -21,18 +21,26 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    with serving("--workers", "2", "--spares", "0", "--grace", "1", "--kill-after", "0.5", "--drain", "0",
-                 *HTTP) as d, browserkit.chromium(tmp_path / "chromedriver.log") as browser:
+    with (
+        serving(
+            "--workers", "2", "--spares", "0", "--grace", "1", "--kill-after", "0.5", "--drain", "0", *HTTP
+        ) as d,
+        browserkit.chromium(tmp_path / "chromedriver.log") as browser,
+    ):
         wait = WebDriverWait(browser, 60)
         browser.get(d.http_url)
         wait.until(ec.text_to_be_present_in_element((By.ID, "daemon"), f"pid {d.pid}"))
         with httpx.Client(base_url=d.http_url, timeout=60) as http:
-            r = http.post("/v1/turns", json={"agent": "tests.http_agents:ticker", "input": {"every": 0.1},
-                                             "session": "demo"})
+            r = http.post(
+                "/v1/turns",
+                json={"agent": "tests.http_agents:ticker", "input": {"every": 0.1}, "session": "demo"},
+            )
             assert r.status_code == 201, r.text
             turn_id = r.json()["turn_id"]
         # The running turn appears on the live page (no reload).
-        row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#running tr[data-turn="{turn_id}"]')))
+        row = wait.until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, f'#running tr[data-turn="{turn_id}"]'))
+        )
         assert "tests.http_agents:ticker" in row.text and "demo" in row.text
         browser.save_screenshot(str(tmp_path / "dashboard-overview.png"))
         # Its page: the events stream in.

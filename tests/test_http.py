@@ -73,7 +73,9 @@ async def sse(response: httpx.Response) -> Any:
         event[key] = value[1:] if value.startswith(" ") else value
 
 
-async def follow_all(http: httpx.AsyncClient, turn_id: str, headers: dict[str, str] | None = None) -> list[Any]:
+async def follow_all(
+    http: httpx.AsyncClient, turn_id: str, headers: dict[str, str] | None = None
+) -> list[Any]:
     with anyio.fail_after(60):
         async with http.stream("GET", f"/v1/turns/{turn_id}/events", headers=headers) as r:
             assert r.status_code == 200, await r.aread()
@@ -117,7 +119,9 @@ async def test_turn_id_is_idempotent_and_a_different_request_conflicts() -> None
             assert (await result(http, "job-1"))["output"] == {"n": 1}
             again = await http.post("/v1/turns", json=body)
             assert again.status_code == 200
-            assert msgspec.json.decode(again.content, type=Submitted) == Submitted(turn_id="job-1", existing=True)
+            assert msgspec.json.decode(again.content, type=Submitted) == Submitted(
+                turn_id="job-1", existing=True
+            )
             for change in ({"input": {"n": 2}}, {"agent": "examples.agents:noop"}, {"session": "other"}):
                 msg = error_of(await http.post("/v1/turns", json={**body, **change}), 409, "turn_id_conflict")
                 assert next(iter(change)) in msg
@@ -135,18 +139,26 @@ async def test_bad_input_gets_a_4xx_json_error_never_a_500() -> None:
             error_of(await http.post(post, content=b"{not json", headers=js), 400, "malformed")
             error_of(await http.post(post, content=b"", headers=js), 400, "malformed")
             error_of(await http.post(post, json=[1, 2]), 400, "bad_type")
-            assert "$.timeout" in error_of(await http.post(post, json={"agent": "a:b", "timeout": "x"}), 400,
-                                           "bad_type")
+            assert "$.timeout" in error_of(
+                await http.post(post, json={"agent": "a:b", "timeout": "x"}), 400, "bad_type"
+            )
             error_of(await http.post(post, json={"agent": "a:b", "extra": 1}), 400, "bad_type")
             error_of(await http.post(post, json={"input": 1}), 400, "bad_type")
             error_of(await http.post(post, json={"agent": "not an agent"}), 400, "invalid_agent")
             error_of(await http.post(post, json={"agent": "a:b", "timeout": -1}), 400, "bad_value")
-            error_of(await http.post(post, content=b'{"agent": "a:b", "grace": 1e999}', headers=js), 400, "bad_type")
+            error_of(
+                await http.post(post, content=b'{"agent": "a:b", "grace": 1e999}', headers=js),
+                400,
+                "bad_type",
+            )
             error_of(await http.post(post, json={"agent": "a:b", "kill_after": -0.5}), 400, "bad_value")
             error_of(await http.post(post, json={"agent": "a:b", "turn_id": ""}), 400, "bad_type")
             error_of(await http.post(post, content=b'{"agent": "a:b"}'), 415, "unsupported_media_type")
-            error_of(await http.post(post, content=b'{"agent": "a:b"}', headers={"content-type": "text/plain"}),
-                     415, "unsupported_media_type")
+            error_of(
+                await http.post(post, content=b'{"agent": "a:b"}', headers={"content-type": "text/plain"}),
+                415,
+                "unsupported_media_type",
+            )
             huge = b'{"agent": "a:b", "input": "' + b"x" * (33 * 1024 * 1024) + b'"}'
             error_of(await http.post(post, content=huge, headers=js), 413, "too_large")
             error_of(await http.get("/v1/turns/nope"), 404, "unknown_turn")
@@ -156,8 +168,11 @@ async def test_bad_input_gets_a_4xx_json_error_never_a_500() -> None:
             error_of(await http.get(f"/v1/turns/{turn_id}", params={"wait": "soon"}), 400, "bad_value")
             error_of(await http.get(f"/v1/turns/{turn_id}", params={"wait": "-1"}), 400, "bad_value")
             error_of(await http.get(f"/v1/turns/{turn_id}", params={"wait": "nan"}), 400, "bad_value")
-            error_of(await http.get(f"/v1/turns/{turn_id}/events", headers={"last-event-id": "x"}), 400,
-                     "bad_value")
+            error_of(
+                await http.get(f"/v1/turns/{turn_id}/events", headers={"last-event-id": "x"}),
+                400,
+                "bad_value",
+            )
             error_of(await http.get("/v1/turns", params={"state": "bogus"}), 400, "bad_value")
             error_of(await http.get("/v1/turns", params={"limit": "many"}), 400, "bad_value")
             error_of(await http.get("/v1/outcomes", params={"seconds": "0"}), 400, "bad_value")
@@ -187,11 +202,36 @@ async def test_full_queue_is_429_and_draining_is_503() -> None:
             with anyio.fail_after(60):
                 while (await http.get("/v1/status")).json()["daemon"]["accepting"]:
                     await anyio.lowlevel.checkpoint()  # each status call is a round trip
-            error_of(await http.post("/v1/turns", json={"agent": "examples.agents:echo"}), 503, "shutting_down")
+            error_of(
+                await http.post("/v1/turns", json={"agent": "examples.agents:echo"}), 503, "shutting_down"
+            )
             r = await http.post(f"/v1/turns/{running}/cancel")
             assert r.status_code == 200 and r.json()["cause"] == {"kind": "user"}
             assert (await result(http, running))["outcome"] == "aborted"
             assert (await result(http, queued))["outcome"] == "completed"
+        with anyio.fail_after(60):
+            assert await anyio.to_thread.run_sync(d.wait) == 0
+
+
+async def test_sigterm_delivers_the_end_of_disposed_turns_then_exits_0() -> None:
+    """SIGTERM (drain 0) while an event stream follows a stubborn turn: the daemon, not uvicorn, owns
+    the signal; the follower still gets `end` (killed, cause disposed) before the HTTP server stops,
+    and the daemon exits 0."""
+    with serving(
+        "--workers", "1", "--spares", "0", "--grace", "0.3", "--kill-after", "0.3", "--drain", "0", *HTTP
+    ) as d:
+        async with client(d) as http:
+            turn_id = await submit(http, "examples.agents:stubborn")
+            seen: list[Any] = []
+            with anyio.fail_after(60):
+                async with http.stream("GET", f"/v1/turns/{turn_id}/events") as r:
+                    async for item in sse(r):
+                        seen.append(item)
+                        if len(seen) == 1:
+                            d.signal(signal.SIGTERM)
+            assert [k for k, _, _ in seen] == ["event", "end"]
+            end = seen[-1][2]
+            assert end["outcome"] == "killed" and end["cause"] == {"kind": "disposed"}
         with anyio.fail_after(60):
             assert await anyio.to_thread.run_sync(d.wait) == 0
 
@@ -203,8 +243,9 @@ async def test_cancel_of_a_stubborn_turn_through_http_ends_killed() -> None:
     """POST /v1/turns/{id}/cancel on a turn that never awaits: 200 with cause user, the dashboard's
     listing shows the escalation step and when the next signal is due, and the turn ends killed;
     a second cancel returns the same winning cause."""
-    with serving("--workers", "1", "--spares", "0", "--grace", "0.5", "--kill-after", "0.5", "--drain", "0",
-                 *HTTP) as d:
+    with serving(
+        "--workers", "1", "--spares", "0", "--grace", "0.5", "--kill-after", "0.5", "--drain", "0", *HTTP
+    ) as d:
         async with client(d) as http:
             turn_id = await submit(http, "examples.agents:stubborn")
             async with http.stream("GET", f"/v1/turns/{turn_id}/events") as r:
@@ -213,8 +254,9 @@ async def test_cancel_of_a_stubborn_turn_through_http_ends_killed() -> None:
                     break
             r = await http.post(f"/v1/turns/{turn_id}/cancel")
             assert r.status_code == 200 and r.json() == {"turn_id": turn_id, "cause": {"kind": "user"}}
-            listing = msgspec.json.decode((await http.get("/v1/turns", params={"state": "running"})).content,
-                                          type=TurnList)
+            listing = msgspec.json.decode(
+                (await http.get("/v1/turns", params={"state": "running"})).content, type=TurnList
+            )
             rows = [t for t in listing.turns if t.turn_id == turn_id]
             if rows:  # not yet killed: the ladder is visible
                 (row,) = rows
@@ -396,13 +438,20 @@ async def test_status_openapi_and_static_files() -> None:
             for name in ("SubmitRequest", "TurnResult", "TurnState", "Cause", "ErrorReply"):
                 assert name in schemas
             assert set(schemas["TurnResult"]["properties"]) == set(TurnResult.__struct_fields__)
-            for path in ("/v1/turns", "/v1/turns/{turn_id}", "/v1/turns/{turn_id}/events",
-                         "/v1/turns/{turn_id}/cancel", "/v1/sessions/{session}/cancel", "/v1/status"):
+            for path in (
+                "/v1/turns",
+                "/v1/turns/{turn_id}",
+                "/v1/turns/{turn_id}/events",
+                "/v1/turns/{turn_id}/cancel",
+                "/v1/sessions/{session}/cancel",
+                "/v1/status",
+            ):
                 assert path in doc["paths"]
             page = await http.get("/")
             assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
             assert "/static/dashboard.js" in page.text and "http" not in page.text.split("<body>")[0].replace(
-                "http-equiv", "")  # no CDN
+                "http-equiv", ""
+            )  # no CDN
             js = await http.get("/static/dashboard.js")
             assert js.status_code == 200 and "text/javascript" in js.headers["content-type"]
             css = await http.get("/static/dashboard.css")
@@ -428,12 +477,19 @@ async def test_token_is_required_off_loopback_and_compared_exactly() -> None:
     # 127.0.0.2 stands for "not 127.0.0.1" here: the check is the same as for any address.
     with serving(*FAST, "--http", "127.0.0.2:0", "--http-token", str(path), home=home) as d:
         async with client(d) as http:
-            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Basic {token}"},
-                            {"authorization": f"Bearer {token}x"}, {"authorization": "Bearer"}):
+            for headers in (
+                {},
+                {"authorization": "Bearer wrong"},
+                {"authorization": f"Basic {token}"},
+                {"authorization": f"Bearer {token}x"},
+                {"authorization": "Bearer"},
+            ):
                 r = await http.get("/v1/status", headers=headers)
                 error_of(r, 401, "unauthorized")
                 assert r.headers["www-authenticate"].startswith("Bearer")
-            error_of(await http.post("/v1/turns", json={"agent": "examples.agents:echo"}), 401, "unauthorized")
+            error_of(
+                await http.post("/v1/turns", json={"agent": "examples.agents:echo"}), 401, "unauthorized"
+            )
             ok = await http.get("/v1/status", headers={"authorization": f"Bearer {token}"})
             assert ok.status_code == 200 and ok.json()["http"]["auth"] is True
             assert (await http.get("/")).status_code == 200
@@ -446,6 +502,7 @@ def test_a_non_loopback_address_without_a_token_is_refused_at_start() -> None:
     """`serve --http 0.0.0.0:0` without --http-token exits 2 before binding anything, saying why;
     a token file others can read, or a short token, is refused too."""
     home = daemonkit.short_dir()
+
     def refused(*args: str) -> str:
         served = daemonkit.start(*FAST, *args, home=home, check_ready=False)
         try:
@@ -474,8 +531,15 @@ async def test_loopback_listener_refuses_foreign_host_and_cross_origin_writes() 
     with serving(*FAST, *HTTP) as d:
         async with client(d) as http:
             error_of(await http.get("/v1/status", headers={"host": "evil.example"}), 403, "forbidden")
-            error_of(await http.post("/v1/turns", json={"agent": "examples.agents:echo"},
-                                     headers={"origin": "http://evil.example"}), 403, "forbidden")
+            error_of(
+                await http.post(
+                    "/v1/turns",
+                    json={"agent": "examples.agents:echo"},
+                    headers={"origin": "http://evil.example"},
+                ),
+                403,
+                "forbidden",
+            )
             own = d.http_url.rstrip("/")
             r = await http.post("/v1/turns", json={"agent": "examples.agents:echo"}, headers={"origin": own})
             assert r.status_code == 201
@@ -503,8 +567,14 @@ def test_port_in_use_and_missing_extra_are_one_line_errors(tmp_path: Path) -> No
     (blocker / "starlette" / "__init__.py").write_text("raise ImportError(\"No module named 'starlette'\")\n")
     env = daemonkit.env_for(tmp_path, f"ipc://{tmp_path}/s.sock")
     env["PYTHONPATH"] = os.pathsep.join([str(blocker), env["PYTHONPATH"]])
-    proc = subprocess.run(daemonkit.turnpool_argv("serve", *FAST, "--http", "0"), env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        daemonkit.turnpool_argv("serve", *FAST, "--http", "0"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'turnpool[http]'" in lines[0], proc.stderr

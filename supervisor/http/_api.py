@@ -80,7 +80,9 @@ def _number(request: Request, name: str, default: float, low: float, high: float
 async def _body(request: Request) -> bytes:
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind != "application/json" and not kind.endswith("+json"):
-        raise ApiError(415, "unsupported_media_type", f"send the body as application/json, not {kind or 'nothing'}")
+        raise ApiError(
+            415, "unsupported_media_type", f"send the body as application/json, not {kind or 'nothing'}"
+        )
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY:
         raise ApiError(413, "too_large", f"the body is {length} bytes; the limit is {MAX_BODY}")
@@ -125,12 +127,23 @@ async def submit(request: Request) -> Response:
     if req.turn_id is not None:
         differs = _conflict(front, req)
         if differs:
-            raise ApiError(409, "turn_id_conflict", f"turn {req.turn_id!r} exists with another "
-                           f"{' and '.join(differs)}: a turn_id names one request")
+            raise ApiError(
+                409,
+                "turn_id_conflict",
+                f"turn {req.turn_id!r} exists with another "
+                f"{' and '.join(differs)}: a turn_id names one request",
+            )
     try:
         turn_id, existed = await front.daemon.submit(
-            req.agent, req.input, session=req.session, timeout=req.timeout, grace=req.grace,
-            kill_after=req.kill_after, turn_id=req.turn_id, retry=req.retry)
+            req.agent,
+            req.input,
+            session=req.session,
+            timeout=req.timeout,
+            grace=req.grace,
+            kill_after=req.kill_after,
+            turn_id=req.turn_id,
+            retry=req.retry,
+        )
     except InvalidAgent as exc:
         raise ApiError(400, "invalid_agent", str(exc)) from None
     except QueueFull as exc:
@@ -148,8 +161,9 @@ async def submit(request: Request) -> Response:
     if not existed:
         front.inputs.put(turn_id, req.input, len(body))
     location = f"/v1/turns/{turn_id}"
-    return _respond(_schema.Submitted(turn_id=turn_id, existing=existed), 200 if existed else 201,
-                    {"location": location})
+    return _respond(
+        _schema.Submitted(turn_id=turn_id, existing=existed), 200 if existed else 201, {"location": location}
+    )
 
 
 # ---- read ----------------------------------------------------------------------------
@@ -204,11 +218,15 @@ async def list_turns(request: Request) -> Response:
 async def events(request: Request) -> Any:
     front = _front(request)
     turn_id = request.path_params["turn_id"]
-    text = request.headers.get("last-event-id", request.query_params.get("last_event_id", "-1")).strip() or "-1"
+    text = (
+        request.headers.get("last-event-id", request.query_params.get("last_event_id", "-1")).strip() or "-1"
+    )
     try:
         after = int(text)
     except ValueError:
-        raise ApiError(400, "bad_value", f"Last-Event-ID must be an event's sequence number, got {text!r}") from None
+        raise ApiError(
+            400, "bad_value", f"Last-Event-ID must be an event's sequence number, got {text!r}"
+        ) from None
     if after < -1:
         raise ApiError(400, "bad_value", f"Last-Event-ID must be >= -1, got {after}")
     try:
@@ -262,15 +280,21 @@ def _static(name: str) -> bytes:
     return resources.files("supervisor.http").joinpath("static", name).read_bytes()
 
 
-_STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8",
-                 "dashboard.css": "text/css; charset=utf-8"}
+_STATIC_TYPES = {
+    "index.html": "text/html; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
 
 
 def _static_route(path: str, name: str) -> Route:
     body = _static(name)
-    headers = {"cache-control": "no-cache", "x-content-type-options": "nosniff",
-               "content-security-policy": "default-src 'self'; style-src 'self'; script-src 'self'; "
-                                          "img-src 'self' data:; frame-ancestors 'none'"}
+    headers = {
+        "cache-control": "no-cache",
+        "x-content-type-options": "nosniff",
+        "content-security-policy": "default-src 'self'; style-src 'self'; script-src 'self'; "
+        "img-src 'self' data:; frame-ancestors 'none'",
+    }
 
     async def serve(request: Request) -> Response:
         return Response(body, media_type=_STATIC_TYPES[name], headers=headers)
@@ -292,8 +316,9 @@ def build_app(front: HttpFrontEnd) -> tuple[Any, Guard]:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "malformed")
-        return _respond({"error": {"code": code, "message": str(exc.detail)}}, exc.status_code,
-                        dict(exc.headers or {}))
+        return _respond(
+            {"error": {"code": code, "message": str(exc.detail)}}, exc.status_code, dict(exc.headers or {})
+        )
 
     async def internal(request: Request, exc: Exception) -> Response:
         return _respond({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}}, 500)
@@ -313,8 +338,10 @@ def build_app(front: HttpFrontEnd) -> tuple[Any, Guard]:
         _static_route("/static/dashboard.js", "dashboard.js"),
         _static_route("/static/dashboard.css", "dashboard.css"),
     ]
-    app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
-                                                       Exception: internal})
+    app = Starlette(
+        routes=routes,
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal},
+    )
     app.state.front = front
     guard = Guard(app, token=front.token, loopback=front.loopback)
     return guard, guard

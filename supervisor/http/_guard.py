@@ -40,12 +40,21 @@ def _loopback_name(name: str) -> bool:
         return False
 
 
-async def reply_error(send: Any, status: int, code: str, message: str,
-                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def reply_error(
+    send: Any, status: int, code: str, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = msgspec.json.encode({"error": {"code": code, "message": message}})
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -75,15 +84,21 @@ class Guard:
             parts = urlsplit(origin.decode("latin-1"))
             if parts.netloc != host:
                 self.refused += 1
-                await reply_error(send, 403, "forbidden", f"cross-origin request from {parts.netloc or 'null'} "
-                                                          "refused")
+                await reply_error(
+                    send, 403, "forbidden", f"cross-origin request from {parts.netloc or 'null'} refused"
+                )
                 return
         if self.token is not None and scope["path"].startswith("/v1"):
             given = headers.get(b"authorization", b"")
             scheme, _, value = given.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.token):
                 self.refused += 1
-                await reply_error(send, 401, "unauthorized", "this API needs Authorization: Bearer <token>",
-                                  [(b"www-authenticate", b'Bearer realm="turnpool"')])
+                await reply_error(
+                    send,
+                    401,
+                    "unauthorized",
+                    "this API needs Authorization: Bearer <token>",
+                    [(b"www-authenticate", b'Bearer realm="turnpool"')],
+                )
                 return
         await self.app(scope, receive, send)

@@ -65,8 +65,9 @@ def read_token(path: str | os.PathLike[str]) -> str:
     file = Path(path)
     mode = file.stat().st_mode  # OSError when missing: the caller reports it
     if stat.S_IMODE(mode) & 0o077:
-        raise ValueError(f"--http-token {file}: the file is readable by others (mode {stat.S_IMODE(mode):o}); "
-                         "chmod 600 it")
+        raise ValueError(
+            f"--http-token {file}: the file is readable by others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
+        )
     token = file.read_text(encoding="utf-8").strip()
     if len(token) < MIN_TOKEN:
         raise ValueError(f"--http-token {file}: the token must be at least {MIN_TOKEN} characters")

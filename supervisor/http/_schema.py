@@ -96,9 +96,21 @@ class OutcomeSeries(msgspec.Struct, kw_only=True):
 
 
 ErrorCode = Literal[
-    "malformed", "bad_type", "bad_value", "invalid_agent", "unknown_turn", "not_found", "method_not_allowed",
-    "turn_id_conflict", "too_large", "unsupported_media_type", "queue_full", "shutting_down", "unauthorized",
-    "forbidden", "internal",
+    "malformed",
+    "bad_type",
+    "bad_value",
+    "invalid_agent",
+    "unknown_turn",
+    "not_found",
+    "method_not_allowed",
+    "turn_id_conflict",
+    "too_large",
+    "unsupported_media_type",
+    "queue_full",
+    "shutting_down",
+    "unauthorized",
+    "forbidden",
+    "internal",
 ]
 
 
@@ -113,8 +125,18 @@ class ErrorReply(msgspec.Struct, kw_only=True):
     error: ErrorDetail
 
 
-_TYPES: tuple[Any, ...] = (SubmitRequest, Submitted, TurnResult, TurnState, TurnList, CancelReply,
-                           SessionCancelReply, OutcomeSeries, ErrorReply, Cause)
+_TYPES: tuple[Any, ...] = (
+    SubmitRequest,
+    Submitted,
+    TurnResult,
+    TurnState,
+    TurnList,
+    CancelReply,
+    SessionCancelReply,
+    OutcomeSeries,
+    ErrorReply,
+    Cause,
+)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -126,8 +148,16 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    what = {400: "bad input", 401: "no or wrong bearer token", 404: "unknown turn", 409: "turn_id conflict",
-            413: "body too large", 415: "not JSON", 429: "queue full", 503: "shutting down"}
+    what = {
+        400: "bad input",
+        401: "no or wrong bearer token",
+        404: "unknown turn",
+        409: "turn_id conflict",
+        413: "body too large",
+        415: "not JSON",
+        429: "queue full",
+        503: "shutting down",
+    }
     return {str(c): _json(_ref("ErrorReply"), what[c]) for c in codes}
 
 
@@ -135,68 +165,125 @@ def openapi() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the HTTP API."""
     (_, components) = msgspec.json.schema_components(_TYPES, ref_template="#/components/schemas/{name}")
     turn_id = {"name": "turn_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    sse = {"description": "text/event-stream: `event: event` (id = sequence number, data = the event), "
-                          "`event: gap` (data {from, to}: events no longer retained), then `event: end` "
-                          "(data = TurnResult)", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+    sse = {
+        "description": "text/event-stream: `event: event` (id = sequence number, data = the event), "
+        "`event: gap` (data {from, to}: events no longer retained), then `event: end` "
+        "(data = TurnResult)",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
     paths: dict[str, Any] = {
         "/v1/turns": {
-            "post": {"summary": "Submit a turn (idempotent by turn_id)",
-                     "requestBody": {"required": True, "content": {"application/json": {
-                         "schema": _ref("SubmitRequest")}}},
-                     "responses": {"201": _json(_ref("Submitted"), "accepted"),
-                                   "200": _json(_ref("Submitted"), "the same request under a known turn_id"),
-                                   **_errors(400, 401, 409, 413, 415, 429, 503)}},
-            "get": {"summary": "List turns by state",
-                    "parameters": [
-                        {"name": "state", "in": "query", "schema": {"type": "string",
-                                                                    "enum": ["queued", "running", "ended"]}},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0,
-                                                                    "maximum": 1000}}],
-                    "responses": {"200": _json(_ref("TurnList"), "the turns"), **_errors(400, 401)}},
+            "post": {
+                "summary": "Submit a turn (idempotent by turn_id)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("SubmitRequest")}},
+                },
+                "responses": {
+                    "201": _json(_ref("Submitted"), "accepted"),
+                    "200": _json(_ref("Submitted"), "the same request under a known turn_id"),
+                    **_errors(400, 401, 409, 413, 415, 429, 503),
+                },
+            },
+            "get": {
+                "summary": "List turns by state",
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {"type": "string", "enum": ["queued", "running", "ended"]},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": 1000},
+                    },
+                ],
+                "responses": {"200": _json(_ref("TurnList"), "the turns"), **_errors(400, 401)},
+            },
         },
         "/v1/turns/{turn_id}": {
-            "get": {"summary": "The result (200) or the turn's state while it runs (202)",
-                    "parameters": [turn_id, {"name": "wait", "in": "query", "description":
-                                             "long-poll up to this many seconds (at most 60)",
-                                             "schema": {"type": "number", "minimum": 0}}],
-                    "responses": {"200": _json(_ref("TurnResult"), "the turn ended"),
-                                  "202": _json(_ref("TurnState"), "the turn has not ended"),
-                                  **_errors(400, 401, 404)}},
+            "get": {
+                "summary": "The result (200) or the turn's state while it runs (202)",
+                "parameters": [
+                    turn_id,
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "description": "long-poll up to this many seconds (at most 60)",
+                        "schema": {"type": "number", "minimum": 0},
+                    },
+                ],
+                "responses": {
+                    "200": _json(_ref("TurnResult"), "the turn ended"),
+                    "202": _json(_ref("TurnState"), "the turn has not ended"),
+                    **_errors(400, 401, 404),
+                },
+            },
         },
         "/v1/turns/{turn_id}/events": {
-            "get": {"summary": "Server-Sent Events of the turn from its start; Last-Event-ID resumes",
-                    "parameters": [turn_id, {"name": "Last-Event-ID", "in": "header",
-                                             "schema": {"type": "integer", "minimum": -1}}],
-                    "responses": {"200": sse, **_errors(400, 401, 404)}},
+            "get": {
+                "summary": "Server-Sent Events of the turn from its start; Last-Event-ID resumes",
+                "parameters": [
+                    turn_id,
+                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer", "minimum": -1}},
+                ],
+                "responses": {"200": sse, **_errors(400, 401, 404)},
+            },
         },
         "/v1/turns/{turn_id}/cancel": {
-            "post": {"summary": "Cancel the turn (cause user); returns the winning cause",
-                     "parameters": [turn_id],
-                     "responses": {"200": _json(_ref("CancelReply"), "cancelled"), **_errors(401, 404)}},
+            "post": {
+                "summary": "Cancel the turn (cause user); returns the winning cause",
+                "parameters": [turn_id],
+                "responses": {"200": _json(_ref("CancelReply"), "cancelled"), **_errors(401, 404)},
+            },
         },
         "/v1/sessions/{session}/cancel": {
-            "post": {"summary": "Cancel the session's running turn and its turns queued now",
-                     "parameters": [{"name": "session", "in": "path", "required": True,
-                                     "schema": {"type": "string"}}],
-                     "responses": {"200": _json(_ref("SessionCancelReply"), "cancelled"), **_errors(400, 401)}},
+            "post": {
+                "summary": "Cancel the session's running turn and its turns queued now",
+                "parameters": [
+                    {"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {"200": _json(_ref("SessionCancelReply"), "cancelled"), **_errors(400, 401)},
+            },
         },
-        "/v1/status": {"get": {"summary": "What `turnpool status --json` prints",
-                               "responses": {"200": _json({"type": "object"}, "workers, queue, counts"),
-                                             **_errors(401)}}},
-        "/v1/outcomes": {"get": {"summary": "Turns ended per second by outcome, the last minutes",
-                                 "parameters": [{"name": "seconds", "in": "query",
-                                                 "schema": {"type": "integer", "minimum": 1, "maximum": 600}}],
-                                 "responses": {"200": _json(_ref("OutcomeSeries"), "the series"),
-                                               **_errors(400, 401)}}},
-        "/v1/openapi.json": {"get": {"summary": "This document",
-                                     "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")}}},
+        "/v1/status": {
+            "get": {
+                "summary": "What `turnpool status --json` prints",
+                "responses": {"200": _json({"type": "object"}, "workers, queue, counts"), **_errors(401)},
+            }
+        },
+        "/v1/outcomes": {
+            "get": {
+                "summary": "Turns ended per second by outcome, the last minutes",
+                "parameters": [
+                    {
+                        "name": "seconds",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 600},
+                    }
+                ],
+                "responses": {"200": _json(_ref("OutcomeSeries"), "the series"), **_errors(400, 401)},
+            }
+        },
+        "/v1/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+            }
+        },
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "turnpool", "version": "1",
-                 "description": "Submit, follow and cancel agent turns on a turnpool daemon."},
+        "info": {
+            "title": "turnpool",
+            "version": "1",
+            "description": "Submit, follow and cancel agent turns on a turnpool daemon.",
+        },
         "paths": paths,
-        "components": {"schemas": components,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
         "security": [{}, {"bearer": []}],
     }

@@ -77,7 +77,9 @@ class OutcomeHistory:
         self._advance(sec)
         seconds = max(1, min(seconds, self.size))
         first = sec - seconds + 1
-        return {name: [ring[s % self.size] for s in range(first, sec + 1)] for name, ring in self.counts.items()}
+        return {
+            name: [ring[s % self.size] for s in range(first, sec + 1)] for name, ring in self.counts.items()
+        }
 
 
 class InputCache:
@@ -165,8 +167,16 @@ class _StallMixin:
 class HttpFrontEnd:
     """The HTTP/SSE API and dashboard of one daemon (see the module docstring)."""
 
-    def __init__(self, daemon: Daemon, host: str, port: int, *, token: str | None = None,
-                 stall: float = DEFAULT_STALL, sse_buffer: int = 256) -> None:
+    def __init__(
+        self,
+        daemon: Daemon,
+        host: str,
+        port: int,
+        *,
+        token: str | None = None,
+        stall: float = DEFAULT_STALL,
+        sse_buffer: int = 256,
+    ) -> None:
         if stall <= 0 or stall != stall:
             raise ValueError(f"--http-stall must be > 0 seconds, got {stall}")
         self.daemon = daemon
@@ -175,8 +185,10 @@ class HttpFrontEnd:
         self.token = token
         self.loopback = is_loopback(host)
         if not self.loopback and token is None:
-            raise ValueError(f"--http {host}:{port} is not a loopback address: it needs --http-token FILE "
-                             "(every request then carries Authorization: Bearer <token>)")
+            raise ValueError(
+                f"--http {host}:{port} is not a loopback address: it needs --http-token FILE "
+                "(every request then carries Authorization: Bearer <token>)"
+            )
         self.stall = stall
         self.sse_buffer = sse_buffer
         self.stats: collections.Counter[str] = collections.Counter()
@@ -216,7 +228,9 @@ class HttpFrontEnd:
             family, kind, proto, _, addr = infos[0]
             sock = socket.socket(family, kind, proto)
         except OSError as exc:
-            raise OSError(f"cannot listen for HTTP on {self.host}:{self.port}: {exc.strerror or exc}") from None
+            raise OSError(
+                f"cannot listen for HTTP on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(addr)
@@ -224,7 +238,9 @@ class HttpFrontEnd:
             sock.setblocking(False)
         except OSError as exc:
             sock.close()
-            raise OSError(f"cannot listen for HTTP on {self.host}:{self.port}: {exc.strerror or exc}") from None
+            raise OSError(
+                f"cannot listen for HTTP on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
         return sock
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -233,12 +249,22 @@ class HttpFrontEnd:
         self.bound_port = sock.getsockname()[1]
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.bound_port}/"
-        protocol = type("TurnpoolHTTPProtocol", (_StallMixin, AutoHTTPProtocol),
-                        {"stall": self.stall, "front": self})
+        protocol = type(
+            "TurnpoolHTTPProtocol", (_StallMixin, AutoHTTPProtocol), {"stall": self.stall, "front": self}
+        )
         config = uvicorn.Config(
-            self.app, lifespan="off", log_config=None, access_log=False, http=protocol, ws="none",
-            proxy_headers=False, server_header=False, timeout_keep_alive=5, timeout_graceful_shutdown=2,
-            h11_max_incomplete_event_size=64 * 1024, limit_concurrency=4096,
+            self.app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            http=protocol,
+            ws="none",
+            proxy_headers=False,
+            server_header=False,
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=2,
+            h11_max_incomplete_event_size=64 * 1024,
+            limit_concurrency=4096,
         )
         server = _Server(config)
         self.server = server
@@ -272,12 +298,19 @@ class HttpFrontEnd:
                     serving.cancel()
 
 
-def attach_http(daemon: Daemon, listen: str, *, token_file: str | os.PathLike[str] | None = None,
-                stall: float | None = None) -> HttpFrontEnd:
+def attach_http(
+    daemon: Daemon,
+    listen: str,
+    *,
+    token_file: str | os.PathLike[str] | None = None,
+    stall: float | None = None,
+) -> HttpFrontEnd:
     """Serve the HTTP API and dashboard of ``daemon`` on ``listen`` (``PORT`` or ``HOST:PORT``).
 
     Raises ``ValueError`` (bad address, non-loopback without a token, bad token file) and
     ``OSError`` (token file unreadable) before anything is bound."""
     host, port = parse_listen(listen)
     token = read_token(token_file) if token_file is not None else None
-    return HttpFrontEnd(daemon, host, port, token=token, stall=DEFAULT_STALL if stall is None else float(stall))
+    return HttpFrontEnd(
+        daemon, host, port, token=token, stall=DEFAULT_STALL if stall is None else float(stall)
+    )

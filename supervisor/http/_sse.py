@@ -61,8 +61,13 @@ def end_chunk(result: Any) -> bytes:
     try:
         body = _json.encode(result)
     except (TypeError, ValueError) as exc:
-        body = _json.encode({"turn_id": getattr(result, "turn_id", None), "outcome": getattr(result, "outcome", None),
-                             "unencodable": str(exc)})
+        body = _json.encode(
+            {
+                "turn_id": getattr(result, "turn_id", None),
+                "outcome": getattr(result, "outcome", None),
+                "unencodable": str(exc),
+            }
+        )
     return b"event: end\ndata: %s\n\n" % body
 
 
@@ -80,9 +85,17 @@ class EventStream:
         stats["sse_streams"] += 1
         stats["sse_total"] += 1
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
-                (b"x-accel-buffering", b"no")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-store"),
+                        (b"x-accel-buffering", b"no"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": b"retry: 2000\n\n", "more_body": True})
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
