@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
     """The page shows a running turn without reloading; its turn page streams the events as they
     come; the cancel button asks for confirmation, and once accepted the result shown is
     `aborted` or `killed`. Screenshots of both pages are saved as test artifacts."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -37,14 +39,21 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
             )
             assert r.status_code == 201, r.text
             turn_id = r.json()["turn_id"]
-        # The running turn appears on the live page (no reload).
-        row = wait.until(
-            ec.presence_of_element_located((By.CSS_SELECTOR, f'#running tr[data-turn="{turn_id}"]'))
-        )
-        assert "tests.http_agents:ticker" in row.text and "demo" in row.text
+        # The running turn appears on the live page (no reload). The table is redrawn every second,
+        # so each look-up finds the row afresh (a row found earlier may be gone: stale).
+        stale = (StaleElementReferenceException, NoSuchElementException)
+        wait = WebDriverWait(browser, 60, ignored_exceptions=stale)
+        row_css = f'#running tr[data-turn="{turn_id}"]'
+        text = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, row_css).text)
+        assert "tests.http_agents:ticker" in text and "demo" in text
         browser.save_screenshot(str(tmp_path / "dashboard-overview.png"))
+
+        def open_turn(b: Any) -> bool:
+            b.find_element(By.CSS_SELECTOR, row_css).find_element(By.LINK_TEXT, turn_id).click()
+            return True
+
+        wait.until(open_turn)
         # Its page: the events stream in.
-        row.find_element(By.LINK_TEXT, turn_id).click()
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#turn-events .event")) >= 5)
         first = browser.find_element(By.CSS_SELECTOR, "#turn-events .event").text
         assert first.startswith("0") and '"tick":0' in first
