@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(browserkit.missing() is not None, reason=browser
 def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_path: Path) -> None:
     """The page shows a running turn without reloading; its turn page streams the events as they
     come; the cancel button asks for confirmation, and once accepted the result shown is
-    `aborted` or `killed`. Screenshots of both pages are saved as test artifacts."""
+    `aborted` or `killed`; while the tab is hidden it sends no request. Screenshots of both pages
+    are saved as test artifacts."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -73,3 +74,20 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
         # Back on the overview, the ended turn is among the recent outcomes.
         browser.get(d.http_url)
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#recent tr[data-turn="{turn_id}"]')))
+        # Hidden, the page sends nothing: across a 2.5 s turn (the clock here), the daemon counts only
+        # this test's own three requests; shown again, the page polls again.
+        set_hidden = (
+            "Object.defineProperty(document, 'hidden', {configurable: true, get: () => arguments[0]});"
+            "document.dispatchEvent(new Event('visibilitychange'));"
+        )
+        browser.execute_script(set_hidden, True)
+        with httpx.Client(base_url=d.http_url, timeout=60) as http:
+            before = http.get("/v1/status").json()["http"]["requests"]
+            clock = http.post("/v1/turns", json={"agent": "examples.agents:slow", "input": {"seconds": 2.5}})
+            assert http.get(f"/v1/turns/{clock.json()['turn_id']}", params={"wait": 60}).status_code == 200
+            after = http.get("/v1/status").json()["http"]["requests"]
+            assert after - before == 3, (before, after)
+            browser.execute_script(set_hidden, False)
+            WebDriverWait(browser, 60).until(
+                lambda b: http.get("/v1/status").json()["http"]["requests"] > after + 3
+            )
