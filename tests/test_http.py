@@ -104,7 +104,9 @@ async def test_submit_then_result_with_202_while_running_and_long_poll() -> None
             assert res.outcome == "completed" and res.output == {"slept": 1.5} and res.session == "s1"
             done = await submit(http, "examples.agents:echo", {"text": "hi"})
             assert (await result(http, done))["output"] == {"text": "hi"}
-            state = msgspec.json.decode((await http.get(f"/v1/turns/{turn_id}/state")).content, type=TurnState)
+            state = msgspec.json.decode(
+                (await http.get(f"/v1/turns/{turn_id}/state")).content, type=TurnState
+            )
             assert state.state == "ended" and state.outcome == "completed" and state.input == {"seconds": 1.5}
             assert state.started_at is not None and state.ended_at is not None and state.now is not None
             r = await http.post("/v1/turns", json={"agent": "examples.agents:echo", "input": 1})
