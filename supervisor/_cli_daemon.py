@@ -205,7 +205,7 @@ def _attach_http(daemon: Any, options: dict[str, Any]) -> int | None:
     except ImportError as exc:
         return _fail(f"serve: --http needs the http extra (pip install 'turnpool[http]'): {exc}")
     try:
-        attach_http(daemon, options["http"], token_file=options.get("http_token"),
+        attach_http(daemon, str(options["http"]), token_file=options.get("http_token"),
                     stall=options.get("http_stall"))
     except (OSError, ValueError) as exc:
         return _fail(f"serve: {exc}", EXIT_USAGE)
