@@ -6,7 +6,9 @@ signal, reap worker process trees), ``_core`` (``Supervisor``: the engine), ``_h
 (``TurnHandle``), ``_sync`` (blocking twins); around it the serve daemon: ``_daemon`` (a ROUTER
 in front of a ``Supervisor``), ``_endpoint`` (claiming and binding its address), ``_metrics``
 (Prometheus), ``_daemon_journal`` (the journal on the daemon's hooks), ``_client`` (``Client``,
-``SyncClient``), ``_cli_daemon`` (serve, submit, cancel, status). Never imports agent code.
+``SyncClient``), ``_cli_daemon`` (serve, submit, cancel, status); ``http/`` (``serve --http``: the
+HTTP/SSE API and the dashboard, on public methods only; ``_turninfo`` gives it read-only turn
+views). Never imports agent code.
 """
 
 from wire import Cause, TurnError, TurnResult

@@ -63,6 +63,12 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
                      "state dir; see `turnpool history`)"),
     ("keep_days", float, "delete ended turns older than this many days from the journal"),
     ("log_level", str, "DEBUG, INFO, WARNING (default), ERROR"),
+    ("http", str, "serve the HTTP/SSE API and the dashboard on HOST:PORT (a bare PORT: 127.0.0.1; "
+                  "0: any free port); needs the http extra"),
+    ("http_token", str, "file holding the bearer token every /v1 request must then carry "
+                        "(required off loopback)"),
+    ("http_stall", float, "seconds an HTTP client may leave a response unread before it is dropped "
+                          "(default 30)"),
 )
 DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_level": "WARNING"}
 
@@ -208,12 +214,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     keep_days = opts.pop("keep_days", None)
     journal_events = bool(opts.pop("journal_events", False))
     no_journal = bool(opts.pop("no_journal", False))
+    http_options = {name: opts.pop(name) for name in ("http", "http_token", "http_stall") if name in opts}
     if no_journal and (journal_path is not None or keep_days is not None or journal_events):
         return _fail("serve: --no-journal cannot go with --journal, --keep-days or --journal-events", EXIT_USAGE)
     try:
         daemon = Daemon(opts.pop("endpoint", None), supervisor=sup, **opts)
     except (TypeError, ValueError) as exc:
         return _fail(f"serve: {exc}", EXIT_USAGE)
+    if http_options:
+        code = _attach_http(daemon, http_options)
+        if code is not None:
+            return code
     if no_journal:
         return run_daemon(daemon)
     from ._daemon_journal import attach_journal
@@ -239,6 +250,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return run_daemon(daemon)
     finally:
         journal.close()
+
+
+def _attach_http(daemon: Any, options: dict[str, Any]) -> int | None:
+    """Put the HTTP front end on ``daemon``; an exit code when it cannot be (missing extra, bad flags)."""
+    if "http" not in options:
+        return _fail("serve: --http-token and --http-stall go with --http HOST:PORT", EXIT_USAGE)
+    try:
+        from .http import attach_http
+    except ImportError as exc:
+        return _fail(f"serve: --http needs the http extra (pip install 'turnpool[http]'): {exc}")
+    try:
+        attach_http(daemon, str(options["http"]), token_file=options.get("http_token"),
+                    stall=options.get("http_stall"))
+    except (OSError, ValueError) as exc:
+        return _fail(f"serve: {exc}", EXIT_USAGE)
+    return None
 
 
 # ---- client commands -----------------------------------------------------------------

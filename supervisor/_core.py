@@ -35,7 +35,7 @@ import wire
 from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
 from worker import _cgroup, _marker, _tree
 
-from . import _output, _procs
+from . import _output, _procs, _turninfo
 from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
 from ._handle import TurnHandle
 from ._paths import private_dir
@@ -502,6 +502,16 @@ class Supervisor:
     def describe_output(self) -> str:
         """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
         return "discarded" if self.worker_output is None else str(self.worker_output)
+
+    def turn_info(self, turn_id: str) -> dict[str, Any]:
+        """One turn's live facts for front ends (state, agent, session, cause, escalation step and
+        when the next signal is due, event count; its input while retained). Raises ``UnknownTurn``."""
+        return _turninfo.info(self, self._get(turn_id), with_input=True)
+
+    def turns(self, state: str | tuple[str, ...] = "running", *, limit: int = 100) -> list[dict[str, Any]]:
+        """Turns in ``state`` (``queued``, ``running``, ``ended`` newest first; or a tuple of them) as
+        ``turn_info`` dicts without input, at most ``limit``. Raises ``ValueError`` for another state."""
+        return _turninfo.listing(self, (state,) if isinstance(state, str) else state, limit)
 
     # ---- handle backend ----------------------------------------------------------------
 

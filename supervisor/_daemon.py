@@ -60,7 +60,14 @@ from ._daemon_clients import (
     Peer,
 )
 from ._endpoint import ClientEndpoint
-from ._errors import DaemonAlreadyRunning, InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
+from ._errors import (
+    DaemonAlreadyRunning,
+    DaemonShuttingDown,
+    InvalidAgent,
+    QueueFull,
+    SupervisorClosed,
+    UnknownTurn,
+)
 from ._metrics import Metrics
 from ._paths import default_endpoint
 from ._turns import TurnRecord
@@ -111,6 +118,10 @@ class Daemon:
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
         # Run once the pool is up, before clients can connect (a journal's restart recovery).
         self.startup_hooks: list[Callable[[Supervisor], Any]] = []
+        # Other front ends (the HTTP API): each is started with ``tg.start`` in the daemon's task
+        # group once clients can connect, reports what to add to the ready line (or None), and
+        # is cancelled after the supervisor has closed.
+        self.front_ends: list[Callable[..., Awaitable[Any]]] = []
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -208,6 +219,10 @@ class Daemon:
                     self.accepting = True
                     line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
                     line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
+                    for front_end in self.front_ends:
+                        announced = await tg.start(front_end)
+                        if announced:
+                            line += f" {announced}"
                     if self.metrics_bound is not None:
                         line += f" metrics http://{self.metrics_host}:{self.metrics_bound}/metrics"
                     log.info("%s", line)
@@ -519,25 +534,45 @@ class Daemon:
             case wire.WhenIdle(req=req):
                 self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
 
-    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
+    async def submit(self, agent: str, input: Any = None, *, session: str | None = None,
+                     timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+                     grace: float | None = None, kill_after: float | None = None, turn_id: str | None = None,
+                     retry: bool = False) -> tuple[str, bool]:
+        """Accept a turn for a front end other than the client link (the HTTP API), exactly as a
+        client's ``Submit`` is: returns ``(turn_id, existed)``; idempotent by ``turn_id`` (a known
+        id returns ``(id, True)``, even while draining); returns only once every accept hook is
+        done (the journal's commit). Raises ``DaemonShuttingDown`` while draining, and what
+        ``Supervisor.submit`` raises (``InvalidAgent``, ``TypeError``, ``ValueError``, ``QueueFull``)."""
+        raw = wire.encode_payload(input, what="turn input")
+        accepted, existed, gates = self._admit(agent, raw, session=session, timeout=timeout, grace=grace,
+                                               kill_after=kill_after, turn_id=turn_id, retry=retry)
+        for gate in gates:
+            await gate
+        return accepted, existed
+
+    def _admit(self, agent: str, raw: msgspec.Raw, **options: Any) -> tuple[str, bool, list[Awaitable[Any]]]:
+        """The one acceptance path of every front end: ``(turn_id, existed, accept-hook gates)``."""
         sup = self.sup
         assert sup is not None
-        req = msg.req
-        existing = msg.turn_id is not None and msg.turn_id in sup._turns
-        if existing and msg.turn_id is not None:
+        turn_id = options["turn_id"]
+        if turn_id is not None and turn_id in sup._turns:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
-            self._send(ident, wire.Accepted(req, msg.turn_id, True))
-            if msg.wait:
-                self._task(self._result, ident, req, msg.turn_id, key=(ident, req, "result"))
-            return
+            return turn_id, True, []
         if not self.accepting:
             why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
-            self._send(ident, wire.Error(req, "shutting_down", why))
-            return
+            raise DaemonShuttingDown(why)
+        turn = sup._accept(agent, raw, parent=None, **options)
+        if self.metrics is not None:
+            self.metrics.accepted += 1
+        gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
+        return turn.id, False, gates
+
+    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
+        req = msg.req
         try:
-            turn = sup._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout,
-                               grace=msg.grace, kill_after=msg.kill_after, turn_id=msg.turn_id, parent=None,
-                               retry=msg.retry)
+            turn_id, existed, gates = self._admit(
+                msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
+                kill_after=msg.kill_after, turn_id=msg.turn_id, retry=msg.retry)
         except InvalidAgent as exc:
             self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
             return
@@ -553,15 +588,12 @@ class Daemon:
         except ValueError as exc:
             self._send(ident, wire.Error(req, "bad_value", str(exc)))
             return
-        if self.metrics is not None:
-            self.metrics.accepted += 1
-        gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
         if gates:
-            self._task(self._ack_after, ident, req, turn.id, gates, msg.wait, key=(ident, req, "result"))
+            self._task(self._ack_after, ident, req, turn_id, gates, msg.wait, key=(ident, req, "result"))
         else:
-            self._send(ident, wire.Accepted(req, turn.id, False))
+            self._send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
-                self._task(self._result, ident, req, turn.id, key=(ident, req, "result"))
+                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
 
     async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
                          wait: bool) -> None:

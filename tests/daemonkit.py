@@ -56,7 +56,12 @@ class Served:
 
     @property
     def metrics_url(self) -> str:
-        return self.ready.split(" metrics ", 1)[1].strip()
+        return self.ready.split(" metrics ", 1)[1].split()[0]
+
+    @property
+    def http_url(self) -> str:
+        """The HTTP front end's base URL (``serve --http``), ending in ``/``."""
+        return self.ready.split(" http ", 1)[1].split()[0]
 
     def stderr(self) -> str:
         return (self.home / "stderr.log").read_text(errors="replace")
@@ -158,4 +163,6 @@ def serving(*args: str, **kwargs: object) -> Iterator[Served]:
         shutil.rmtree(served.home, ignore_errors=True)
 
 
+# ``serve --http`` on a free loopback port (read the URL from ``Served.http_url``).
+HTTP = ("--http", "127.0.0.1:0")
 FAST = ("--workers", "2", "--spares", "0", "--grace", "0.5", "--kill-after", "0.5", "--drain", "0")

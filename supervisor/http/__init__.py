@@ -1,0 +1,18 @@
+"""The HTTP/SSE front end of ``turnpool serve --http HOST:PORT``: a JSON API, Server-Sent Events
+and a live dashboard, on the daemon's own event loop (Starlette routes served by uvicorn).
+
+Layers: ``_listen`` (where to listen, loopback or token, the token file), ``_guard`` (bearer
+token, Host and Origin checks), ``_schema`` (request and reply types; the OpenAPI document is
+generated from them), ``_sse`` (a turn's events as an event stream), ``_api`` (the routes),
+``_server`` (``HttpFrontEnd``: uvicorn inside the daemon's task group; ``attach_http``),
+``static/`` (the dashboard: one HTML page, one script, one stylesheet; no build step, no CDN).
+
+It is one more front end against public methods of the engine (``Daemon.submit``,
+``Daemon.status``, ``Supervisor.handle/cancel/cancel_session/follow_raw/turn_info/turns``).
+Needs the ``http`` extra (``pip install 'turnpool[http]'``). See ``docs/http.md``.
+"""
+
+from ._listen import is_loopback, parse_listen, read_token
+from ._server import HttpFrontEnd, attach_http
+
+__all__ = ["HttpFrontEnd", "attach_http", "is_loopback", "parse_listen", "read_token"]

@@ -1,0 +1,76 @@
+"""Where the HTTP front end listens, and whether it may listen there without a token.
+
+A listener on a loopback address is reachable only from this machine; any other address needs a
+bearer token (``--http-token FILE``), checked at start so a daemon never comes up open to the
+network by mistake.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import stat
+from pathlib import Path
+
+MIN_TOKEN = 16
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"PORT"``, ``"HOST:PORT"`` or ``"[V6]:PORT"`` → ``(host, port)``; a bare port means 127.0.0.1.
+
+    Raises ``ValueError`` with the accepted forms."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("--http must be PORT, HOST:PORT or [IPV6]:PORT")
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"--http {value!r}: write an IPv6 address as [ADDR]:PORT")
+    elif ":" in text:
+        host, _, port_text = text.rpartition(":")
+    else:
+        host, port_text = "127.0.0.1", text
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"--http {value!r}: the port must be a number, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--http {value!r}: the port must be 0..65535, got {port}")
+    if not host:
+        raise ValueError(f"--http {value!r}: the host is empty (write PORT alone for 127.0.0.1)")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def read_token(path: str | os.PathLike[str]) -> str:
+    """The bearer token in ``path`` (surrounding whitespace removed).
+
+    Refused with ``ValueError``: a file others may read (like an ssh key), an empty token, or one
+    shorter than 16 characters (a token that short is guessable)."""
+    file = Path(path)
+    mode = file.stat().st_mode  # OSError when missing: the caller reports it
+    if stat.S_IMODE(mode) & 0o077:
+        raise ValueError(
+            f"--http-token {file}: the file is readable by others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
+        )
+    token = file.read_text(encoding="utf-8").strip()
+    if len(token) < MIN_TOKEN:
+        raise ValueError(f"--http-token {file}: the token must be at least {MIN_TOKEN} characters")
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise ValueError(f"--http-token {file}: the token must be one line of printable characters")
+    return token
