@@ -19,6 +19,7 @@ from ._errors import (
     DaemonShuttingDown,
     DaemonUnavailable,
     InvalidAgent,
+    JournalUnavailable,
     ProtocolError,
     QueueFull,
     SupervisorClosed,
@@ -31,7 +32,7 @@ from ._sync import SyncSupervisor, SyncTurnHandle
 
 __all__ = [
     "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown", "DaemonUnavailable",
-    "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient",
-    "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError",
+    "InvalidAgent", "JournalUnavailable", "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed",
+    "SyncClient", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError",
     "UnknownTurn", "WorkerStartError",
 ]

@@ -48,9 +48,15 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("journal", str, "the SQLite journal of every accepted turn (default: one per endpoint in the per-user "
                      "state dir; see `turnpool history`)"),
     ("keep_days", float, "delete ended turns older than this many days from the journal"),
+    ("durability", str, "journal commits: 'normal' (default; survives a daemon crash, not a power loss) or "
+                        "'full' (fsync at each commit: survives a power loss too; slower)"),
     ("log_level", str, "DEBUG, INFO, WARNING (default), ERROR"),
 )
 DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_level": "WARNING"}
+
+
+JOURNAL_CLOSE_TIMEOUT = 5.0
+"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (R-J7)."""
 
 
 def _flag(name: str) -> str:
@@ -152,8 +158,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     keep_days = opts.pop("keep_days", None)
     journal_events = bool(opts.pop("journal_events", False))
     no_journal = bool(opts.pop("no_journal", False))
-    if no_journal and (journal_path is not None or keep_days is not None or journal_events):
-        return _fail("serve: --no-journal cannot go with --journal, --keep-days or --journal-events", EXIT_USAGE)
+    durability = opts.pop("durability", None)
+    if no_journal and (journal_path is not None or keep_days is not None or journal_events
+                       or durability is not None):
+        return _fail("serve: --no-journal cannot go with --journal, --keep-days, --journal-events or "
+                     "--durability", EXIT_USAGE)
+    if durability is not None and durability not in ("normal", "full"):
+        return _fail(f"serve: --durability must be 'normal' or 'full', got {durability!r}", EXIT_USAGE)
     try:
         daemon = Daemon(opts.pop("endpoint", None), supervisor=sup, **opts)
     except (TypeError, ValueError) as exc:
@@ -174,15 +185,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"turnpool serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     try:
-        journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events)
+        journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events,
+                               durability=durability or "normal")
     except (JournalError, OSError) as exc:
         daemon._endpoint.release()
         return _fail(f"serve: {exc}")
+    code = EXIT_FAILED
     try:
         attach_journal(daemon, journal)
-        return run_daemon(daemon)
+        code = run_daemon(daemon)
     finally:
-        journal.close()
+        # R-J7: bounded even when the disk stalls or fails; what could not be written is said.
+        if not journal.close(timeout=JOURNAL_CLOSE_TIMEOUT):
+            print(f"turnpool serve: journal {journal.path} could not be written at shutdown "
+                  f"({journal.error or 'the disk did not answer'}): the last turns' ends are not recorded; "
+                  "after a restart they end crashed", file=sys.stderr, flush=True)
+            code = code or EXIT_FAILED
+    return code
 
 
 # ---- client commands -----------------------------------------------------------------

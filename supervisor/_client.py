@@ -42,6 +42,7 @@ from ._errors import (
     DaemonShuttingDown,
     DaemonUnavailable,
     InvalidAgent,
+    JournalUnavailable,
     ProtocolError,
     QueueFull,
     SupervisorClosed,
@@ -537,6 +538,8 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
         return QueueFull(message)
     if code == "shutting_down":
         return DaemonShuttingDown(message)
+    if code == "journal_unavailable":
+        return JournalUnavailable(message)
     if code in ("protocol", "malformed"):
         return ProtocolError(f"{message} (daemon at {endpoint})")
     return TurnpoolError(f"the daemon at {endpoint} failed: {message}")

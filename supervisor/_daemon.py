@@ -44,7 +44,14 @@ from wire import Cause, TurnResult
 
 from ._core import Supervisor
 from ._endpoint import ClientEndpoint
-from ._errors import DaemonAlreadyRunning, InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
+from ._errors import (
+    DaemonAlreadyRunning,
+    InvalidAgent,
+    JournalUnavailable,
+    QueueFull,
+    SupervisorClosed,
+    UnknownTurn,
+)
 from ._metrics import Metrics
 from ._paths import default_endpoint
 from ._turns import TurnRecord
@@ -95,6 +102,12 @@ class Daemon:
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
         # Run once the pool is up, before clients can connect (a journal's restart recovery).
         self.startup_hooks: list[Callable[[Supervisor], Any]] = []
+        # R-J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
+        # returns its agent, input and result (None until it ended), or None if never recorded.
+        self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
+        # R-J7: why submits cannot be made durable now (a journal write failure); None when they can.
+        self.unavailable: str | None = None
+        self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see R-J7)
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -323,7 +336,7 @@ class Daemon:
                 if unfollowed is not None:
                     unfollowed.scope.cancel()
             case wire.Lookup(req=req, turn_id=turn_id):
-                if turn_id in sup._turns:
+                if turn_id in sup._turns or (self.lookup is not None and self.lookup(turn_id) is not None):
                     self._send(ident, wire.Ok(req))
                 else:
                     self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
@@ -346,6 +359,11 @@ class Daemon:
         if not self.accepting:
             why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
             self._send(ident, wire.Error(req, "shutting_down", why))
+            return
+        if self.unavailable is not None:
+            self._send(ident, wire.Error(req, "journal_unavailable", self.unavailable))
+            return
+        if msg.turn_id is not None and self.lookup is not None and self._recorded(ident, msg):
             return
         try:
             turn = sup._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout,
@@ -376,12 +394,35 @@ class Daemon:
             if msg.wait:
                 self._task(self._result, ident, req, turn.id)
 
+    def _recorded(self, ident: bytes, msg: wire.Submit) -> bool:
+        """R-J8: a turn id known only to the journal (result evicted, or a lost ack across a
+        restart) is the existing turn: answered from the record, never run again."""
+        assert self.lookup is not None and msg.turn_id is not None
+        found = self.lookup(msg.turn_id)
+        if found is None:
+            return False
+        agent, raw, _ = found
+        if agent != msg.agent or raw != bytes(msg.input):
+            why = f"turn id {msg.turn_id!r} was already used with another agent or input"
+            self._send(ident, wire.Error(msg.req, "bad_value", why))
+            return True
+        self._send(ident, wire.Accepted(msg.req, msg.turn_id, True))
+        if msg.wait:
+            self._task(self._result, ident, msg.req, msg.turn_id)
+        return True
+
     async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
                          wait: bool) -> None:
         """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
         for gate in gates:
             try:
                 await gate
+            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (R-J7)
+                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                return
+            except ValueError as exc:  # the id was recorded meanwhile by another submit (R-J8)
+                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                return
             except Exception as exc:
                 log.exception("accept hook failed for turn %s", turn_id)
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
@@ -428,8 +469,11 @@ class Daemon:
         try:
             result = await self.sup._result(turn_id)
         except UnknownTurn as exc:
-            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
-            return
+            found = self.lookup(turn_id) if self.lookup is not None else None
+            if found is None or found[2] is None:
+                self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                return
+            result = found[2]  # evicted from memory, kept in the journal
         self._send(ident, wire.Result(req, result))
 
     async def _follow(self, ident: bytes, req: int, turn_id: str, stream: _Stream) -> None:
@@ -489,7 +533,8 @@ class Daemon:
         st["daemon"] = {
             "pid": os.getpid(),
             "endpoint": self.endpoint,
-            "accepting": self.accepting,
+            "accepting": self.accepting and self.unavailable is None,
+            "journal_error": self.unavailable,
             "malformed_frames": self.malformed,
             "streams": len(self._streams),
             "turns_kept": len(self.sup._turns),
@@ -541,7 +586,7 @@ def run_daemon(daemon: Daemon) -> int:
             print(f"turnpool serve: {inner}", file=sys.stderr, flush=True)
             return 1
         raise
-    return 0
+    return daemon.exit_code
 
 
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]

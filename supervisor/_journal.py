@@ -9,17 +9,29 @@ Writes are batched: one writer thread owns the connection, drains everything que
 it in one transaction and only then resolves the waiters. A submit is acknowledged once its
 row is committed; a thousand concurrent submits cost one commit, not a thousand.
 
-One live daemon per journal: an exclusive ``flock`` on ``PATH.lock`` is held for the
-daemon's lifetime. A corrupt file, a file from a newer schema, or a locked journal is refused
-at open with a clear error, and the file is left untouched.
+One live daemon per journal: a Linux abstract-namespace unix socket named from the journal's
+real path is bound for the daemon's lifetime (nothing on disk, so deleting files cannot free it).
+A corrupt file, a file from a newer schema, or a locked journal is refused at open with a clear
+error, and the file is left untouched.
+
+Write failures (R-J7): when a batch cannot be committed (disk full, read-only, I/O error) the
+writer rolls it back, fails the accept rows of that batch (their submits get
+``JournalUnavailable``; their turns never ran, the dispatch gate held them), keeps every other
+row and retries every ``retry_interval`` seconds until the disk takes them; ``error`` says what
+is wrong meanwhile. A journal file deleted or replaced under the daemon (its inode no longer at
+the path) is permanent: nothing more is written and ``error`` stays set.
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
+import hashlib
+import logging
 import os
 import queue
+import socket
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,6 +75,10 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_state ON turns(state);
 CREATE INDEX IF NOT EXISTS turns_session ON turns(session);
 CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
+CREATE TABLE IF NOT EXISTS health (   -- one row the writer rewrites to learn that a failed disk is back
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     turn_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -74,7 +90,46 @@ CREATE TABLE IF NOT EXISTS events (
 
 class JournalError(TurnpoolError):
     """Raised by ``Journal.open`` (and ``turnpool serve --journal``) when the journal file is corrupt,
-    from a newer version, not a turnpool journal, or locked by another live daemon."""
+    from a newer version, not a turnpool journal, locked by another live daemon, or in a directory
+    other users can read or write."""
+
+
+DURABILITY = {"normal": "NORMAL", "full": "FULL"}
+"""``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
+
+
+def lock_name(path: Path) -> bytes:
+    """The abstract unix socket that stands for "a daemon owns this journal" (R-J7): named from
+    the journal's real path, so it cannot be deleted from under the daemon like a lock file."""
+    real = os.path.realpath(path)
+    return b"\0turnpool-journal-" + hashlib.sha256(real.encode()).hexdigest()[:32].encode()
+
+
+def _holder(path: Path) -> str:
+    """The pid of the daemon holding ``path``'s lock (its socket's peer credentials), or ``?``."""
+    import struct
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(lock_name(path))
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return str(struct.unpack("3i", creds)[0])
+    except OSError:
+        return "?"
+    finally:
+        probe.close()
+
+
+def _check_private_dir(directory: Path) -> None:
+    """Refuse a journal directory that other users can read or write: the journal holds every
+    turn's input and output."""
+    st = directory.stat()
+    if st.st_mode & 0o077:
+        raise JournalError(
+            f"journal directory {directory} is readable or writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): use a private directory (chmod 700 {directory})"
+        )
 
 
 def state_dir() -> Path:
@@ -113,8 +168,17 @@ class RecoveredTurn:
     state: str
 
 
+log = logging.getLogger("turnpool.journal")
+
 _encode = msgspec.msgpack.Encoder().encode
 _decode_result = msgspec.msgpack.Decoder(TurnResult).decode
+
+
+_PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
+
+
+def _ignore_failure(why: str, conflict: bool) -> None:
+    """An accept row nobody waits on (a child turn's): the supervisor's hook handles it."""
 
 
 def _check_existing(path: Path) -> None:
@@ -147,52 +211,74 @@ def _check_existing(path: Path) -> None:
 class Journal:
     """The durable record of every turn a daemon accepted. Thread-safe; writes are batched."""
 
-    def __init__(self, path: Path, *, keep_days: float | None = None, events: bool = False) -> None:
+    def __init__(self, path: Path, *, keep_days: float | None = None, events: bool = False,
+                 durability: str = "normal", retry_interval: float = 0.5) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
         self.path = Path(path)
         self.keep_days = keep_days
         self.journal_events = events
+        self.durability = durability
+        self.retry_interval = retry_interval
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._lock_fd = -1
+        self._lock: socket.socket | None = None
         self._con: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] = (0, 0)
+        self._stopping = threading.Event()
         self.commits = 0
         self.rows_written = 0
+        self.failures = 0  # batches that could not be committed
+        self.error: str | None = None  # what is wrong now (None: writing fine)
+        self.broken = False  # the file was deleted or replaced: nothing more will be written
+        # Called (in the writer thread) with the new ``error`` each time it changes.
+        self.on_error_change: Callable[[str | None], None] | None = None
 
     # ---- opening -----------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path | str, *, keep_days: float | None = None, events: bool = False) -> Journal:
-        journal = cls(Path(path), keep_days=keep_days, events=events)
+    def open(cls, path: Path | str, *, keep_days: float | None = None, events: bool = False,
+             durability: str = "normal", retry_interval: float = 0.5) -> Journal:
+        journal = cls(Path(path), keep_days=keep_days, events=events, durability=durability,
+                      retry_interval=retry_interval)
         journal._open()
         return journal
 
     def _open(self) -> None:
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock_path = path.with_name(path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        _check_private_dir(path.parent)
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            finally:
-                os.close(fd)
+            lock.bind(lock_name(path))
+        except OSError as exc:
+            lock.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            holder = _holder(path)
             raise JournalError(f"journal {path} is locked by another live daemon (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
+        lock.listen(8)
+        self._lock = lock
         try:
             if path.exists() and path.stat().st_size > 0:
                 _check_existing(path)
-            con = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
-            con.execute("PRAGMA busy_timeout=5000")
-            con.executescript(_SCHEMA)
-            con.execute(f"PRAGMA application_id={_APP_ID}")
-            con.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            os.chmod(path, 0o600)
+            # SQLite creates -wal and -shm with the process umask: make all three private from the start.
+            old_umask = os.umask(0o077)
+            try:
+                con = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
+                con.execute("PRAGMA busy_timeout=5000")
+                con.executescript(_SCHEMA)
+                con.execute(f"PRAGMA application_id={_APP_ID}")
+                con.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            finally:
+                os.umask(old_umask)
+            for side in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                if side.exists():
+                    os.chmod(side, 0o600)
+            st = path.stat()
+            self._identity = (st.st_dev, st.st_ino)
         except BaseException:
             self._release_lock()
             raise
@@ -201,37 +287,57 @@ class Journal:
         self._thread.start()
 
     def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
-    def close(self) -> None:
-        """Flush what is queued, stop the writer, close the file and release the lock."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush what is queued, stop the writer, close the file and release the lock.
+
+        With ``timeout``, waits at most that long for the writer (a stalled or failing disk):
+        returns ``False`` if rows were left unwritten, and then leaves the connection to the
+        writer thread (a thread stuck in a syscall cannot be stopped from outside)."""
         if self._thread is not None:
             done = threading.Event()
             self._queue.put(("stop", done.set))
-            self._thread.join()
+            self._stopping.set()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False  # the lock stays held until this process is gone: no second writer
             self._thread = None
         if self._con is not None:
             self._con.close()
             self._con = None
         self._release_lock()
+        return self.error is None
 
     # ---- writing -----------------------------------------------------------------------
 
-    def write(self, sql: str, params: tuple[Any, ...], on_commit: Callable[[], None] | None = None) -> None:
-        """Queue one statement; ``on_commit`` runs (in the writer thread) once it is committed."""
-        self._queue.put((sql, params, on_commit))
+    def write(self, sql: str, params: Any, on_commit: Callable[[], None] | None = None,
+              on_fail: Callable[[str, bool], None] | None = None) -> None:
+        """Queue one statement (``params`` a list of tuples: one statement per tuple); ``on_commit``
+        runs (in the writer thread) once it is committed. A row with ``on_fail`` is an accept row:
+        it is never retried; ``on_fail(why, conflict)`` runs instead of ``on_commit`` when its batch
+        failed (``conflict``: the row was not inserted because the id was already there)."""
+        self._queue.put(("row", sql, params, on_commit, on_fail))
 
-    def accepted(self, turn: Any, on_commit: Callable[[], None] | None = None) -> None:
-        """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes)."""
+    def accepted(self, turn: Any, on_commit: Callable[[], None] | None = None,
+                 on_fail: Callable[[str, bool], None] | None = None) -> None:
+        """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
+        An id already in the journal is never silently kept (R-J8): ``on_fail(why, True)``."""
         self.write(
-            "INSERT OR IGNORE INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
-            " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)",
+            "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
+            " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
+            " ON CONFLICT(turn_id) DO NOTHING",
             (turn.id, turn.agent, bytes(turn.input), turn.session, turn.parent, turn.timeout, turn.grace,
              turn.kill_after, int(turn.retry), turn.attempts, time.time()),
-            on_commit,
+            on_commit, on_fail or _ignore_failure,
         )
+
+    def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
+        """R-J6: record that these turns may now run (committed before any worker gets them)."""
+        self.write("UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'",
+                   [(t,) for t in turn_ids], on_commit)
 
     def started(self, turn_id: str, worker_pid: int) -> None:
         self.write("UPDATE turns SET state='running', started_at=?, worker_pid=? WHERE turn_id=?",
@@ -260,47 +366,129 @@ class Journal:
         self._queue.put(("sync", done.set))
         done.wait()
 
+    def _set_error(self, error: str | None) -> None:
+        if error != self.error:
+            self.error = error
+            if error is not None:
+                log.error("journal %s: %s", self.path, error)
+            else:
+                log.warning("journal %s: writing again", self.path)
+            if self.on_error_change is not None:
+                self.on_error_change(error)
+
+    def _identity_lost(self) -> str | None:
+        """Is the file we write still the one at the path? (R-J7: deleted or replaced is noticed.)"""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"the journal file {self.path} was deleted while the daemon was using it"
+        except OSError as exc:
+            return f"the journal file {self.path} cannot be checked: {exc}"
+        if (st.st_dev, st.st_ino) != self._identity:
+            return f"the journal file {self.path} was replaced while the daemon was using it"
+        return None
+
+    def _connect(self) -> sqlite3.Connection:
+        old_umask = os.umask(0o077)
+        try:
+            con = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            con.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
+            con.execute("PRAGMA busy_timeout=5000")
+        finally:
+            os.umask(old_umask)
+        return con
+
+    def _commit(self, rows: list[Any]) -> str | None:
+        """Run ``rows`` in one transaction; the error as text when it failed (rolled back)."""
+        try:
+            if self._con is None:
+                self._con = self._connect()
+            con = self._con
+            conflicts = []
+            con.execute("BEGIN")
+            for row in rows:
+                _, sql, params, _, on_fail = row
+                if isinstance(params, list):
+                    con.executemany(sql, params)
+                else:
+                    cur = con.execute(sql, params)
+                    if on_fail is not None and cur.rowcount == 0:
+                        conflicts.append(row)
+            con.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            con = self._con
+            self._con = None  # reconnect on the next attempt: a failed connection may stay failed
+            if con is not None:
+                try:
+                    con.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                con.close()
+            return f"cannot write the journal {self.path}: {type(exc).__name__}: {exc}"
+        self.commits += 1
+        self.rows_written += len(rows)
+        for row in rows:
+            if row in conflicts:
+                row[4](f"turn id {row[2][0]!r} is already in the journal", True)
+            elif row[3] is not None:
+                row[3]()
+        return None
+
     def _writer(self) -> None:
-        con = self._con
-        assert con is not None
+        try:
+            self._write_loop()
+        except BaseException as exc:  # a bug must not leave submits waiting forever unanswered
+            self.broken = True
+            self._set_error(f"the journal writer failed: {type(exc).__name__}: {exc}")
+            raise
+
+    def _write_loop(self) -> None:
         last_compaction = time.monotonic()  # first periodic pass one interval after start
+        held: list[Any] = []  # rows (and flush waiters) of a failed batch, retried in order
         while True:
-            batch = [self._queue.get()]
+            batch, held = held, []
+            if not batch:
+                batch.append(self._queue.get())
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            callbacks: list[Callable[[], None]] = []
-            stop = False
-            con.execute("BEGIN")
-            try:
-                for item in batch:
-                    if item[0] == "stop":
-                        stop = True
-                        callbacks.append(item[1])
-                        continue
-                    if item[0] == "sync":
-                        callbacks.append(item[1])
-                        continue
-                    sql, params, on_commit = item
-                    con.execute(sql, params)
-                    self.rows_written += 1
-                    if on_commit is not None:
-                        callbacks.append(on_commit)
-                con.execute("COMMIT")
-                self.commits += 1
-            except sqlite3.Error:
-                con.execute("ROLLBACK")
-                raise
-            for cb in callbacks:
-                cb()
-            if stop:
-                return
-            now = time.monotonic()
-            if self.keep_days is not None and now - last_compaction > 60:
-                last_compaction = now
-                self._compact(con)
+            rows = [item for item in batch if item[0] == "row"]
+            waiters = [item for item in batch if item[0] != "row"]
+            stop = any(item[0] == "stop" for item in waiters)
+            why = self.error if self.broken else self._identity_lost()
+            if why is not None:
+                self.broken = True
+            elif rows:
+                why = self._commit(rows)
+            if why is None:
+                self._set_error(None)
+                for item in waiters:
+                    item[1]()
+                if stop:
+                    return
+                now = time.monotonic()
+                if self.keep_days is not None and now - last_compaction > 60 and self._con is not None:
+                    last_compaction = now
+                    self._compact(self._con)
+                continue
+            self.failures += 1
+            self._set_error(why)
+            for row in rows:
+                if row[4] is not None:
+                    row[4](why, False)  # never acknowledged, never run: the submit is refused
+                elif not self.broken:
+                    held.append(row)
+            if self.broken:
+                for item in waiters:
+                    item[1]()
+                if stop:
+                    return
+                continue
+            held.extend(waiters)
+            held.append(("row", _PROBE, (time.time(),), None, None))  # tells when the disk is back
+            time.sleep(self.retry_interval)  # the disk is failing: try again later, not in a spin
 
     def _compact(self, con: sqlite3.Connection) -> int:
         """Delete ended turns older than ``keep_days``, in small chunks (runs in the writer thread,
@@ -366,6 +554,19 @@ def _unfinished(path: Path) -> Iterator[RecoveredTurn]:
                                 r["grace"], r["kill_after"], bool(r["retry"]), r["attempts"], r["state"])
     finally:
         con.close()
+
+
+def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+    """A turn id's agent, input and result (``None`` until it ended), or ``None`` if the journal
+    has never recorded it: the daemon asks before accepting an id it no longer holds (R-J8)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        return None
+    return row[0], bytes(row[1]), _decode_result(row[2]) if row[2] is not None else None
 
 
 def read_result(path: Path | str, turn_id: str) -> TurnResult | None:

@@ -72,6 +72,9 @@ class Metrics:
         yield malformed
         yield CounterMetricFamily("turnpool_turns_accepted", "New turns accepted from clients",
                                   value=self.accepted)
+        yield GaugeMetricFamily("turnpool_journal_available",
+                                "1 while the journal can be written (submits are acknowledged), 0 when not",
+                                value=0 if self.daemon.unavailable is not None else 1)
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup._queue))
