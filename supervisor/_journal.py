@@ -32,6 +32,8 @@ import queue
 import socket
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +45,7 @@ import msgspec
 
 from wire import TurnResult
 
+from . import _journal_writer
 from ._errors import TurnpoolError
 
 SCHEMA_VERSION = 1
@@ -174,6 +177,8 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode_result = msgspec.msgpack.Decoder(TurnResult).decode
 
 
+_START_TIMEOUT = 30.0  # seconds the writer process has to open the database
+
 _PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
 
 
@@ -223,9 +228,9 @@ class Journal:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock: socket.socket | None = None
-        self._con: sqlite3.Connection | None = None
+        self._sock: socket.socket | None = None  # to the writer process
+        self._child: subprocess.Popen[bytes] | None = None
         self._identity: tuple[int, int] = (0, 0)
-        self._stopping = threading.Event()
         self.commits = 0
         self.rows_written = 0
         self.failures = 0  # batches that could not be committed
@@ -262,29 +267,58 @@ class Journal:
         try:
             if path.exists() and path.stat().st_size > 0:
                 _check_existing(path)
-            # SQLite creates -wal and -shm with the process umask: make all three private from the start.
-            old_umask = os.umask(0o077)
-            try:
-                con = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-                con.execute("PRAGMA journal_mode=WAL")
-                con.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
-                con.execute("PRAGMA busy_timeout=5000")
-                con.executescript(_SCHEMA)
-                con.execute(f"PRAGMA application_id={_APP_ID}")
-                con.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            finally:
-                os.umask(old_umask)
+            self._spawn()
             for side in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 if side.exists():
-                    os.chmod(side, 0o600)
+                    os.chmod(side, 0o600)  # made private by the writer's umask; files of old versions too
             st = path.stat()
             self._identity = (st.st_dev, st.st_ino)
         except BaseException:
+            self._stop_child(0)
             self._release_lock()
             raise
-        self._con = con
         self._thread = threading.Thread(target=self._writer, name="turnpool-journal", daemon=True)
         self._thread.start()
+
+    def _spawn(self) -> None:
+        """Start the writer process (R-J7: see ``_journal_writer``) and open the database in it."""
+        assert self._lock is not None
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-I", _journal_writer.__file__, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(), self._lock.fileno()), stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self._sock, self._child = mine, child
+        init = {"path": str(self.path), "synchronous": DURABILITY[self.durability], "keep_days": self.keep_days,
+                "schema": _SCHEMA, "app_id": _APP_ID, "version": SCHEMA_VERSION}  # the schema is idempotent
+        mine.settimeout(_START_TIMEOUT)
+        try:
+            _journal_writer.send(mine, init)
+            reply = _journal_writer.recv(mine)
+        except OSError as exc:
+            reply = (f"the journal writer did not start: {exc}", None)
+        mine.settimeout(None)
+        if reply is None or reply[0] is not None:
+            self._stop_child(5)
+            why = reply[0] if reply is not None else "the journal writer exited at start"
+            raise JournalError(f"journal {self.path} cannot be opened: {why}")
+
+    def _stop_child(self, timeout: float | None) -> bool:
+        """End the writer process: the end of its socket, then (bounded) its exit."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        child, self._child = self._child, None
+        if child is None:
+            return True
+        try:
+            child.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False  # stuck on the disk: it dies with its parent-death signal once it wakes
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -294,22 +328,23 @@ class Journal:
     def close(self, timeout: float | None = None) -> bool:
         """Flush what is queued, stop the writer, close the file and release the lock.
 
-        With ``timeout``, waits at most that long for the writer (a stalled or failing disk):
-        returns ``False`` if rows were left unwritten, and then leaves the connection to the
-        writer thread (a thread stuck in a syscall cannot be stopped from outside)."""
+        With ``timeout``, waits at most that long (a stalled or failing disk): returns ``False``
+        if rows were left unwritten. A writer process stuck on the disk is left to die on its own
+        (it cannot be stopped from outside while it is in the kernel); it keeps the lock until then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = True
         if self._thread is not None:
-            done = threading.Event()
-            self._queue.put(("stop", done.set))
-            self._stopping.set()
+            self._queue.put(("stop", lambda: None))
             self._thread.join(timeout)
             if self._thread.is_alive():
-                return False  # the lock stays held until this process is gone: no second writer
-            self._thread = None
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+                ok = False
+            else:
+                self._thread = None
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._stop_child(left):
+            ok = False
         self._release_lock()
-        return self.error is None
+        return ok and self.error is None
 
     # ---- writing -----------------------------------------------------------------------
 
@@ -388,47 +423,29 @@ class Journal:
             return f"the journal file {self.path} was replaced while the daemon was using it"
         return None
 
-    def _connect(self) -> sqlite3.Connection:
-        old_umask = os.umask(0o077)
-        try:
-            con = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            con.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
-            con.execute("PRAGMA busy_timeout=5000")
-        finally:
-            os.umask(old_umask)
-        return con
-
     def _commit(self, rows: list[Any]) -> str | None:
-        """Run ``rows`` in one transaction; the error as text when it failed (rolled back)."""
+        """Run ``rows`` in one transaction in the writer process; the error as text when it failed
+        (then nothing of the batch was written)."""
         try:
-            if self._con is None:
-                self._con = self._connect()
-            con = self._con
-            conflicts = []
-            con.execute("BEGIN")
-            for row in rows:
-                _, sql, params, _, on_fail = row
-                if isinstance(params, list):
-                    con.executemany(sql, params)
-                else:
-                    cur = con.execute(sql, params)
-                    if on_fail is not None and cur.rowcount == 0:
-                        conflicts.append(row)
-            con.execute("COMMIT")
-        except (sqlite3.Error, OSError) as exc:
-            con = self._con
-            self._con = None  # reconnect on the next attempt: a failed connection may stay failed
-            if con is not None:
-                try:
-                    con.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                con.close()
-            return f"cannot write the journal {self.path}: {type(exc).__name__}: {exc}"
+            if self._child is None or self._child.poll() is not None:
+                self._stop_child(0)
+                self._spawn()
+            assert self._sock is not None
+            _journal_writer.send(self._sock, [(r[1], r[2], isinstance(r[2], list), r[4] is not None)
+                                              for r in rows])
+            reply = _journal_writer.recv(self._sock)
+        except (OSError, JournalError) as exc:
+            reply = (str(exc), [])
+        if reply is None:
+            self._stop_child(0)
+            reply = ("the journal writer process died", [])
+        error, conflicts = reply
+        if error is not None:
+            return f"cannot write the journal {self.path}: {error}"
         self.commits += 1
         self.rows_written += len(rows)
-        for row in rows:
-            if row in conflicts:
+        for i, row in enumerate(rows):
+            if i in conflicts:
                 row[4](f"turn id {row[2][0]!r} is already in the journal", True)
             elif row[3] is not None:
                 row[3]()
@@ -443,7 +460,6 @@ class Journal:
             raise
 
     def _write_loop(self) -> None:
-        last_compaction = time.monotonic()  # first periodic pass one interval after start
         held: list[Any] = []  # rows (and flush waiters) of a failed batch, retried in order
         while True:
             batch, held = held, []
@@ -468,10 +484,6 @@ class Journal:
                     item[1]()
                 if stop:
                     return
-                now = time.monotonic()
-                if self.keep_days is not None and now - last_compaction > 60 and self._con is not None:
-                    last_compaction = now
-                    self._compact(self._con)
                 continue
             self.failures += 1
             self._set_error(why)
@@ -490,23 +502,6 @@ class Journal:
             held.append(("row", _PROBE, (time.time(),), None, None))  # tells when the disk is back
             time.sleep(self.retry_interval)  # the disk is failing: try again later, not in a spin
 
-    def _compact(self, con: sqlite3.Connection) -> int:
-        """Delete ended turns older than ``keep_days``, in small chunks (runs in the writer thread,
-        so serving never waits on it beyond one chunk)."""
-        assert self.keep_days is not None
-        cutoff = time.time() - self.keep_days * 86400
-        removed = 0
-        while True:
-            cur = con.execute(
-                "DELETE FROM turns WHERE seq IN (SELECT seq FROM turns WHERE state='ended' AND ended_at < ? LIMIT 500)",
-                (cutoff,),
-            )
-            removed += cur.rowcount
-            if cur.rowcount < 500:
-                break
-        con.execute("DELETE FROM events WHERE turn_id NOT IN (SELECT turn_id FROM turns)")
-        return removed
-
     def compact(self) -> int:
         """Apply retention now on a connection of its own (chunked: the writer waits at most one
         chunk). Returns the number of turns removed."""
@@ -514,7 +509,7 @@ class Journal:
             return 0
         other = sqlite3.connect(self.path, isolation_level=None, timeout=5)
         try:
-            return self._compact(other)
+            return _journal_writer.compact(other, self.keep_days)
         finally:
             other.close()
 
