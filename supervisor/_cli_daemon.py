@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_lev
 
 
 JOURNAL_CLOSE_TIMEOUT = 5.0
-"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (R-J7)."""
+"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (J7)."""
 
 
 def _flag(name: str) -> str:
@@ -195,7 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         attach_journal(daemon, journal)
         code = run_daemon(daemon)
     finally:
-        # R-J7: bounded even when the disk stalls or fails; what could not be written is said.
+        # J7: bounded even when the disk stalls or fails; what could not be written is said.
         if not journal.close(timeout=JOURNAL_CLOSE_TIMEOUT):
             print(f"turnpool serve: journal {journal.path} could not be written at shutdown "
                   f"({journal.error or 'the disk did not answer'}): the last turns' ends are not recorded; "

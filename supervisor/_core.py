@@ -205,7 +205,7 @@ class Supervisor:
         self._event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []
         self._start_hooks: list[Callable[[TurnRecord, int], None]] = []
         self._accept_hooks: list[Callable[[TurnRecord], None]] = []
-        # R-J6, the dispatch gate. When set (a journal sets it), a new turn is handed to a worker only
+        # J6, the dispatch gate. When set (a journal sets it), a new turn is handed to a worker only
         # once (1) ``_recorded(turn)`` says its accept row is committed and (2) the gate, called with
         # a batch of recorded turns from the head of the queue, has answered ``_dispatch_cleared``:
         # a row saying they may run is committed. Intent before effect, in batches (group commit).
@@ -528,7 +528,7 @@ class Supervisor:
         return turn
 
     def _readmit(self, agent: str, raw: msgspec.Raw, **kwargs: Any) -> TurnRecord:
-        """Accept again a turn the journal already acknowledged (restart recovery, R-J3): the
+        """Accept again a turn the journal already acknowledged (restart recovery, J3): the
         ``max_queue`` limit does not apply, since refusing would lose a turn a client was promised.
         For recovery only; new submits go through ``_accept``."""
         return self._accept(agent, raw, readmit=True, **kwargs)
@@ -555,7 +555,7 @@ class Supervisor:
             self._turns.pop(turn.id, None)
 
     def _request_dispatch(self) -> None:
-        """R-J6: ask the gate to clear the recorded turns at the head of the queue, as many as
+        """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
         the workers could take now (running + handed ahead + cleared ≤ capacity × depth)."""
         gate = self._dispatch_gate
         assert gate is not None

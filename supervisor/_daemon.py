@@ -102,12 +102,12 @@ class Daemon:
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
         # Run once the pool is up, before clients can connect (a journal's restart recovery).
         self.startup_hooks: list[Callable[[Supervisor], Any]] = []
-        # R-J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
+        # J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
         # returns its agent, input and result (None until it ended), or None if never recorded.
         self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
-        # R-J7: why submits cannot be made durable now (a journal write failure); None when they can.
+        # J7: why submits cannot be made durable now (a journal write failure); None when they can.
         self.unavailable: str | None = None
-        self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see R-J7)
+        self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see J7)
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -395,7 +395,7 @@ class Daemon:
                 self._task(self._result, ident, req, turn.id)
 
     def _recorded(self, ident: bytes, msg: wire.Submit) -> bool:
-        """R-J8: a turn id known only to the journal (result evicted, or a lost ack across a
+        """J8: a turn id known only to the journal (result evicted, or a lost ack across a
         restart) is the existing turn: answered from the record, never run again."""
         assert self.lookup is not None and msg.turn_id is not None
         found = self.lookup(msg.turn_id)
@@ -417,10 +417,10 @@ class Daemon:
         for gate in gates:
             try:
                 await gate
-            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (R-J7)
+            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
                 self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
                 return
-            except ValueError as exc:  # the id was recorded meanwhile by another submit (R-J8)
+            except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
                 self._send(ident, wire.Error(req, "bad_value", str(exc)))
                 return
             except Exception as exc:

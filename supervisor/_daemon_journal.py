@@ -7,7 +7,7 @@ Recovery, before clients can connect:
 
 * turns that ended are registered again, so their results can be fetched by id;
 * turns that were queued run again, in their original order (sessions keep their order);
-* turns that may have run (their "dispatched" row, R-J6, or "running" row is committed) end
+* turns that may have run (their "dispatched" row, J6, or "running" row is committed) end
   ``crashed`` (the supervisor was lost), unless they were submitted with ``retry=True``: those
   are queued again, ``attempts`` + 1; a turn still ``queued`` provably never reached a worker;
 * all of them are readmitted whatever ``--max-queue`` says: they were acknowledged;
@@ -45,9 +45,9 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     """Record every turn the daemon accepts in ``journal`` and recover unfinished ones at start.
     Call before ``daemon.serve()``.
 
-    It also installs the supervisor's dispatch gate (R-J6: a turn reaches a worker only after its
+    It also installs the supervisor's dispatch gate (J6: a turn reaches a worker only after its
     accept row and then its "dispatched" row are committed), the lookup of ids the supervisor no
-    longer holds (R-J8), and the write-failure state (R-J7: ``daemon.unavailable``)."""
+    longer holds (J8), and the write-failure state (J7: ``daemon.unavailable``)."""
     loop_box: list[asyncio.AbstractEventLoop] = []
 
     def on_loop(fn: Any, *args: Any) -> None:
@@ -142,7 +142,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
         sup._restore_result(result)
         counts["results"] += 1
     for turn in journal.recover():
-        may_have_run = turn.state in ("dispatched", "running")  # R-J6: cleared to run, so maybe it did
+        may_have_run = turn.state in ("dispatched", "running")  # J6: cleared to run, so maybe it did
         if turn.parent is not None:
             if may_have_run:
                 result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
@@ -165,7 +165,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             counts["retried"] += 1
         else:
             counts["requeued"] += 1
-        # Everything here was acknowledged once: readmitted whatever --max-queue says (R-J3).
+        # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
         sup._readmit(turn.agent, msgspec.Raw(turn.input), session=turn.session, timeout=turn.timeout,
                      grace=turn.grace, kill_after=turn.kill_after, turn_id=turn.turn_id, parent=None,
                      retry=turn.retry, attempts=attempts)

@@ -5,16 +5,19 @@ session, limits, parent), its start (worker pid) and its end (outcome, output or
 and message, cause as the closed enum). No stack, no signal, no runtime object, no free text
 about the cancel.
 
-Writes are batched: one writer thread owns the connection, drains everything queued, runs
-it in one transaction and only then resolves the waiters. A submit is acknowledged once its
-row is committed; a thousand concurrent submits cost one commit, not a thousand.
+Writes are batched: one writer thread drains everything queued and hands it, as one
+transaction, to the writer process (``_journal_writer``: the only owner of a writing
+connection, so a stalled disk can hold that process but never the daemon's exit), and only
+then resolves the waiters. A submit is acknowledged once its row is committed; a thousand
+concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (J6) is
+committed before any worker gets the turn.
 
 One live daemon per journal: a Linux abstract-namespace unix socket named from the journal's
 real path is bound for the daemon's lifetime (nothing on disk, so deleting files cannot free it).
 A corrupt file, a file from a newer schema, or a locked journal is refused at open with a clear
 error, and the file is left untouched.
 
-Write failures (R-J7): when a batch cannot be committed (disk full, read-only, I/O error) the
+Write failures (J7): when a batch cannot be committed (disk full, read-only, I/O error) the
 writer rolls it back, fails the accept rows of that batch (their submits get
 ``JournalUnavailable``; their turns never ran, the dispatch gate held them), keeps every other
 row and retries every ``retry_interval`` seconds until the disk takes them; ``error`` says what
@@ -102,7 +105,7 @@ DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 
 
 def lock_name(path: Path) -> bytes:
-    """The abstract unix socket that stands for "a daemon owns this journal" (R-J7): named from
+    """The abstract unix socket that stands for "a daemon owns this journal" (J7): named from
     the journal's real path, so it cannot be deleted from under the daemon like a lock file."""
     real = os.path.realpath(path)
     return b"\0turnpool-journal-" + hashlib.sha256(real.encode()).hexdigest()[:32].encode()
@@ -281,7 +284,7 @@ class Journal:
         self._thread.start()
 
     def _spawn(self) -> None:
-        """Start the writer process (R-J7: see ``_journal_writer``) and open the database in it."""
+        """Start the writer process (J7: see ``_journal_writer``) and open the database in it."""
         assert self._lock is not None
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -292,8 +295,9 @@ class Journal:
         finally:
             theirs.close()
         self._sock, self._child = mine, child
-        init = {"path": str(self.path), "synchronous": DURABILITY[self.durability], "keep_days": self.keep_days,
-                "schema": _SCHEMA, "app_id": _APP_ID, "version": SCHEMA_VERSION}  # the schema is idempotent
+        init = {"path": str(self.path), "synchronous": DURABILITY[self.durability],
+                "keep_days": self.keep_days, "schema": _SCHEMA,  # idempotent: IF NOT EXISTS
+                "app_id": _APP_ID, "version": SCHEMA_VERSION}
         mine.settimeout(_START_TIMEOUT)
         try:
             _journal_writer.send(mine, init)
@@ -359,7 +363,7 @@ class Journal:
     def accepted(self, turn: Any, on_commit: Callable[[], None] | None = None,
                  on_fail: Callable[[str, bool], None] | None = None) -> None:
         """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
-        An id already in the journal is never silently kept (R-J8): ``on_fail(why, True)``."""
+        An id already in the journal is never silently kept (J8): ``on_fail(why, True)``."""
         self.write(
             "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
             " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
@@ -370,7 +374,7 @@ class Journal:
         )
 
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
-        """R-J6: record that these turns may now run (committed before any worker gets them)."""
+        """J6: record that these turns may now run (committed before any worker gets them)."""
         self.write("UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'",
                    [(t,) for t in turn_ids], on_commit)
 
@@ -412,7 +416,7 @@ class Journal:
                 self.on_error_change(error)
 
     def _identity_lost(self) -> str | None:
-        """Is the file we write still the one at the path? (R-J7: deleted or replaced is noticed.)"""
+        """Is the file we write still the one at the path? (J7: deleted or replaced is noticed.)"""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -553,7 +557,7 @@ def _unfinished(path: Path) -> Iterator[RecoveredTurn]:
 
 def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
     """A turn id's agent, input and result (``None`` until it ended), or ``None`` if the journal
-    has never recorded it: the daemon asks before accepting an id it no longer holds (R-J8)."""
+    has never recorded it: the daemon asks before accepting an id it no longer holds (J8)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()

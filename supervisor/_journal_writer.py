@@ -1,6 +1,6 @@
 """The journal's writer process: the only thing that writes the daemon's SQLite journal.
 
-Why a process and not a thread (R-J7): a write to a stalled filesystem (frozen, a hung network
+Why a process and not a thread (J7): a write to a stalled filesystem (frozen, a hung network
 disk) puts the writing thread in uninterruptible sleep, and the kernel cannot end a process while
 one of its threads is in that state: a writer *thread* would keep ``turnpool serve`` from exiting
 after SIGTERM for as long as the disk stalls. A stuck writer *process* only keeps itself; the

@@ -71,7 +71,7 @@ class TurnRecord:
         self.attempts = 1
         self.retry = False
         self.revoking = False  # a Revoke for this handed turn is on its way to the worker
-        # The dispatch gate (R-J6, ``Supervisor._dispatch_gate``): with a journal a turn is handed
+        # The dispatch gate (J6, ``Supervisor._dispatch_gate``): with a journal a turn is handed
         # to a worker only once its accept row is committed (``recorded``) and then a row saying
         # it may run is committed (``dispatchable``). Without a gate both are true from the start.
         self.recorded = True

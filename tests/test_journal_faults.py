@@ -213,7 +213,7 @@ async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: boo
 
 
 async def test_sigkill_under_load_never_runs_an_acknowledged_turn_twice() -> None:
-    """R-J6 (issue 13 item 2): SIGKILL the daemon at random points under load, six times,
+    """J6 (issue 13 item 2): SIGKILL the daemon at random points under load, six times,
     restarting each time; lost acks are retried with the same turn_id. Every acknowledged id ends
     exactly once, no turn without ``retry=True`` runs twice (the agents count their own runs), a
     completed turn ran at most ``attempts`` times."""
@@ -225,7 +225,7 @@ async def test_sigkill_under_load_never_runs_an_acknowledged_turn_twice() -> Non
 
 
 async def test_sigkill_with_a_frozen_journal_disk_never_runs_a_turn_twice() -> None:
-    """R-J6: the journal's filesystem is frozen (``fsfreeze``) just before each SIGKILL, so journal
+    """J6: the journal's filesystem is frozen (``fsfreeze``) just before each SIGKILL, so journal
     commits stall: a turn must not reach a worker before its rows are committed, so nothing runs
     twice after the restart (before the fix nearly every kill produced a duplicate)."""
     with ext4_image() as where:
@@ -244,7 +244,7 @@ def _metric(served: Served, name: str) -> float:
 
 
 async def test_full_disk_refuses_submits_then_recovers() -> None:
-    """R-J7 (item 3): the journal's tmpfs fills up. Submits get ``JournalUnavailable`` (never an
+    """J7 (item 3): the journal's tmpfs fills up. Submits get ``JournalUnavailable`` (never an
     ack for what is not durable), status says ``accepting`` false with the journal's error, the
     metric ``turnpool_journal_available`` is 0; a refused turn never runs. When space is freed
     the daemon writes and acknowledges again, and everything acknowledged survives a SIGKILL."""
@@ -289,7 +289,7 @@ async def test_full_disk_refuses_submits_then_recovers() -> None:
 
 
 async def test_read_only_remount_refuses_submits_and_loses_no_acknowledged_turn() -> None:
-    """R-J7: the journal's ext4 filesystem remounts itself read-only after an error (as with
+    """J7: the journal's ext4 filesystem remounts itself read-only after an error (as with
     ``errors=remount-ro``; ``trigger_fs_error`` raises a real one). Submits get
     ``JournalUnavailable`` and status shows the error; SIGTERM still ends the daemon (bounded),
     non-zero, saying the journal could not be written. After a repair (fsck) and a restart every
@@ -348,7 +348,7 @@ async def _ended_in_journal(journal: Path, turn_id: str) -> None:
 
 
 async def test_deleted_journal_is_noticed_and_its_path_stays_locked() -> None:
-    """R-J7: the journal file is deleted under a live daemon. A second daemon on the same path is
+    """J7: the journal file is deleted under a live daemon. A second daemon on the same path is
     still refused (the lock is not a file); the first daemon's next write notices the deletion:
     the submit gets ``JournalUnavailable`` and the daemon stops with exit code 3 and a message."""
     home = short_dir()
@@ -373,7 +373,7 @@ async def test_deleted_journal_is_noticed_and_its_path_stays_locked() -> None:
 
 
 async def test_sigterm_ends_the_daemon_in_bounded_time_with_a_frozen_journal_disk() -> None:
-    """R-J7: the journal's filesystem is frozen (``fsfreeze``) with turns in flight. SIGTERM ends
+    """J7: the journal's filesystem is frozen (``fsfreeze``) with turns in flight. SIGTERM ends
     the daemon within a bound (drain 0 + worker stop + the 5 s journal close bound + margin), and it
     says that the journal could not be written."""
     with ext4_image() as where:
@@ -404,7 +404,7 @@ async def test_sigterm_ends_the_daemon_in_bounded_time_with_a_frozen_journal_dis
 
 
 def test_journal_lock_is_an_abstract_socket_not_a_file(tmp_path: Path) -> None:
-    """R-J7: the single-daemon lock is an abstract unix socket named from the journal's real
+    """J7: the single-daemon lock is an abstract unix socket named from the journal's real
     path: nothing on disk to delete."""
     name = lock_name(tmp_path / "j.sqlite3")
     assert name.startswith(b"\0")
@@ -419,7 +419,7 @@ def test_journal_lock_is_an_abstract_socket_not_a_file(tmp_path: Path) -> None:
 
 
 async def test_restart_readmits_more_queued_turns_than_max_queue() -> None:
-    """R-J3 (item 4): the journal holds more queued turns than the restarted daemon's
+    """J3 (item 4): the journal holds more queued turns than the restarted daemon's
     ``--max-queue``: it starts anyway and runs every one of them (they were acknowledged)."""
     home = short_dir()
     journal, log = home / "journal.sqlite3", home / "runs.log"
@@ -452,7 +452,7 @@ async def test_restart_readmits_more_queued_turns_than_max_queue() -> None:
 
 
 async def test_reused_evicted_turn_id_is_the_existing_turn_across_a_restart() -> None:
-    """R-J8 (item 12): with ``--keep-results 1`` a finished turn's id is evicted from memory. The
+    """J8 (item 12): with ``--keep-results 1`` a finished turn's id is evicted from memory. The
     same id submitted again (same agent and input) is the existing turn, answered from the journal
     and never run again; with another input it is refused, never acknowledged and lost. After a
     SIGKILL and restart the id still gives its one result."""
@@ -487,7 +487,7 @@ async def test_reused_evicted_turn_id_is_the_existing_turn_across_a_restart() ->
 
 
 async def test_journal_files_are_private_and_open_directories_are_refused() -> None:
-    """R-J9: the journal and its ``-wal``/``-shm`` side files are 0600 whatever the umask; a
+    """J9: the journal and its ``-wal``/``-shm`` side files are 0600 whatever the umask; a
     journal directory that other users can read or write is refused with a clear message."""
     home = short_dir()
     journal = home / "journal.sqlite3"
@@ -513,7 +513,7 @@ async def test_journal_files_are_private_and_open_directories_are_refused() -> N
 
 
 def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
-    """R-J7: ``JournalUnavailable`` is exported from ``supervisor`` and the client turns the
+    """J7: ``JournalUnavailable`` is exported from ``supervisor`` and the client turns the
     daemon's ``journal_unavailable`` error code into it."""
     import supervisor
     import wire
