@@ -31,7 +31,6 @@ from ._core import Supervisor
 from ._daemon import Daemon
 from ._errors import JournalUnavailable
 from ._journal import Journal, RecoveredTurn
-from ._journal import lookup as lookup_turn
 from ._turns import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
@@ -107,9 +106,6 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         assert sup is not None
         journal.dispatched([t.id for t in turns], lambda: on_loop(sup._dispatch_cleared, turns))
 
-    def lookup(turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
-        return lookup_turn(journal.path, turn_id)
-
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())
         journal.on_error_change = lambda error: on_loop(error_changed, error)
@@ -123,7 +119,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     daemon.accept_hooks.append(accepted)
     daemon.start_hooks.append(started)
     daemon.end_hooks.append(ended)
-    daemon.lookup = lookup
+    daemon.lookup = journal.lookup
     if journal.journal_events:
         daemon.event_hooks.append(event)
 

@@ -233,6 +233,7 @@ class Journal:
         self._lock: socket.socket | None = None
         self._sock: socket.socket | None = None  # to the writer process
         self._child: subprocess.Popen[bytes] | None = None
+        self._reader: sqlite3.Connection | None = None  # for ``lookup``
         self._identity: tuple[int, int] = (0, 0)
         self.commits = 0
         self.rows_written = 0
@@ -347,6 +348,9 @@ class Journal:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not self._stop_child(left):
             ok = False
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self._release_lock()
         return ok and self.error is None
 
@@ -519,6 +523,13 @@ class Journal:
 
     # ---- reading (any thread, own connection) ------------------------------------------
 
+    def lookup(self, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+        """``lookup`` on one read connection kept open (the daemon asks on its event loop, once per
+        submit of an id it does not hold: opening a connection each time would cost more than the query)."""
+        if self._reader is None:
+            self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        return _lookup(self._reader, turn_id)
+
     def recover(self) -> list[RecoveredTurn]:
         """Unfinished turns (queued or running when the daemon died), in acceptance order."""
         return list(_unfinished(self.path))
@@ -560,9 +571,13 @@ def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | Non
     has never recorded it: the daemon asks before accepting an id it no longer holds (J8)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+        return _lookup(con, turn_id)
     finally:
         con.close()
+
+
+def _lookup(con: sqlite3.Connection, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+    row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
     if row is None:
         return None
     return row[0], bytes(row[1]), _decode_result(row[2]) if row[2] is not None else None
