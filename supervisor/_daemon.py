@@ -108,6 +108,9 @@ class Daemon:
         # J7: why submits cannot be made durable now (a journal write failure); None when they can.
         self.unavailable: str | None = None
         self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see J7)
+        # J1: turns accepted whose row is not committed yet -> the awaitable of that commit. A repeat
+        # of such an id is acknowledged only once the first one's row is committed.
+        self.unrecorded: dict[str, Awaitable[Any]] = {}
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -352,6 +355,10 @@ class Daemon:
         existing = msg.turn_id is not None and msg.turn_id in sup._turns
         if existing and msg.turn_id is not None:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
+            pending = self.unrecorded.get(msg.turn_id)
+            if pending is not None:  # not durable yet: acknowledged when (and if) its row commits
+                self._task(self._ack_after, ident, req, msg.turn_id, [pending], msg.wait, True)
+                return
             self._send(ident, wire.Accepted(req, msg.turn_id, True))
             if msg.wait:
                 self._task(self._result, ident, req, msg.turn_id)
@@ -412,7 +419,7 @@ class Daemon:
         return True
 
     async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
-                         wait: bool) -> None:
+                         wait: bool, existing: bool = False) -> None:
         """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
         for gate in gates:
             try:
@@ -428,7 +435,7 @@ class Daemon:
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
                 self._send(ident, wire.Error(req, "internal", why))
                 return
-        self._send(ident, wire.Accepted(req, turn_id, False))
+        self._send(ident, wire.Accepted(req, turn_id, existing))
         if wait:
             await self._result(ident, req, turn_id)
 

@@ -74,6 +74,8 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
     def accepted(turn: TurnRecord) -> Any:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        daemon.unrecorded[turn.id] = fut
+        fut.add_done_callback(lambda _: daemon.unrecorded.pop(turn.id, None))
         record(turn, fut)
         return fut  # the submit is acknowledged once the row is committed
 

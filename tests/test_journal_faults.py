@@ -522,3 +522,52 @@ def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
     assert "JournalUnavailable" in supervisor.__all__ and "journal_unavailable" in wire.ERROR_CODES
     err = _error(wire.Error(1, "journal_unavailable", "cannot write the journal: disk full"), None, "ipc://x")
     assert isinstance(err, JournalUnavailable) and "disk full" in str(err)
+
+
+async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
+    """J1/J6/J8: a submit whose commit stalls (the journal's filesystem frozen) is not
+    acknowledged, nor is a repeat of its id meanwhile, and the turn does not run. The daemon is
+    SIGKILLed; the client, never having seen an ack, submits the same turn_id after the restart: it
+    runs exactly once (before the fix it had already run unacknowledged, and ran again)."""
+    with ext4_image() as where:
+        journal = where / "journal.sqlite3"
+        logdir = short_dir()
+        log = logdir / "runs.log"
+        home = short_dir()
+        served = start(*FAST, "--journal", str(journal), home=home)
+        acks: list[str] = []
+        try:
+            async with Client.connect(served.endpoint, request_timeout=60) as client:
+                with anyio.fail_after(60):
+                    await client.run(AGENT, {"log": str(log)}, turn_id="warm")
+                _run("fsfreeze", "-f", str(where))
+
+                async def submit() -> None:
+                    h = await client.submit(AGENT, {"log": str(log)}, turn_id="lost")
+                    acks.append(h.turn_id)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(submit)
+                    tg.start_soon(submit)  # the same id again while the first is not durable
+                    with anyio.move_on_after(1.0):  # unacknowledged, it must not run: give it the chance
+                        while "lost" not in runs(log):
+                            await anyio.sleep(0.01)  # allowed: polling the agent's own log, bounded
+                    served.proc.kill()
+                    _run("fsfreeze", "-u", str(where))
+                    served.proc.wait(timeout=60)
+                    tg.cancel_scope.cancel()
+        finally:
+            subprocess.run(["fsfreeze", "-u", str(where)], capture_output=True, timeout=60)
+            stop_process(served.proc)
+        assert acks == []
+        again = start(*FAST, "--journal", str(journal), home=home)
+        try:
+            async with Client.connect(again.endpoint) as client:
+                with anyio.fail_after(60):
+                    h = await client.submit(AGENT, {"log": str(log)}, turn_id="lost")
+                    assert (await h.result()).outcome == "completed"
+        finally:
+            stop_process(again.proc)
+            shutil.rmtree(home, ignore_errors=True)
+        assert runs(log) == collections.Counter({"warm": 1, "lost": 1})
+        shutil.rmtree(logdir, ignore_errors=True)
