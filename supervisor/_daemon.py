@@ -339,7 +339,8 @@ class Daemon:
                 if unfollowed is not None:
                     unfollowed.scope.cancel()
             case wire.Lookup(req=req, turn_id=turn_id):
-                if turn_id in sup._turns or (self.lookup is not None and self.lookup(turn_id) is not None):
+                lookup = self.lookup
+                if turn_id in sup._turns or (lookup is not None and lookup(turn_id) is not None):
                     self._send(ident, wire.Ok(req))
                 else:
                     self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
@@ -476,7 +477,11 @@ class Daemon:
         try:
             result = await self.sup._result(turn_id)
         except UnknownTurn as exc:
-            found = self.lookup(turn_id) if self.lookup is not None else None
+            try:
+                found = self.lookup(turn_id) if self.lookup is not None else None
+            except Exception:  # an unreadable journal: the id is as unknown as it was
+                log.warning("journal lookup of turn %s failed", turn_id, exc_info=True)
+                found = None
             if found is None or found[2] is None:
                 self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
                 return
