@@ -293,6 +293,8 @@ def render_status(st: dict[str, Any]) -> None:
     daemon = st.get("daemon", {})
     console.print(f"turnpool daemon pid {daemon.get('pid', st.get('pid'))} at {daemon.get('endpoint', '?')} "
                   f"({st.get('state')}{'' if daemon.get('accepting', True) else ', not accepting'})")
+    if daemon.get("journal_error"):  # J7: why submits are refused
+        console.print(f"journal unavailable: {daemon['journal_error']}", markup=False)
     table = Table(title="workers")
     for col in ("id", "pid", "state", "turn", "turns run", "RSS MiB"):
         table.add_column(col, justify="right" if col in ("pid", "turns run", "RSS MiB") else "left")
