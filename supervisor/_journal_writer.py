@@ -58,6 +58,8 @@ def _exactly(sock: socket.socket, n: int) -> bytes | None:
 
 
 def _die_with_parent() -> None:
+    """SIGKILL when the thread that started us ends: the daemon's main thread at open (a respawn
+    after a writer death comes from the journal's writer thread, which lives as long as we are needed)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG

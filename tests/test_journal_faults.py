@@ -591,3 +591,31 @@ async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
             shutil.rmtree(home, ignore_errors=True)
         assert runs(log) == collections.Counter({"warm": 1, "lost": 1})
         shutil.rmtree(logdir, ignore_errors=True)
+
+
+def test_an_id_already_in_the_journal_is_reported_never_silently_kept(tmp_path: Path) -> None:
+    """J8 (item 12): recording a turn whose id the journal already holds does not report a commit
+    (which would acknowledge a turn that will not run): the accept row reports a conflict."""
+    import threading
+    from types import SimpleNamespace
+
+    from supervisor._journal import Journal
+
+    journal = Journal.open(tmp_path / "j.sqlite3")
+    try:
+        outcomes: list[tuple[str, object]] = []
+        done = threading.Event()
+
+        def turn(input: bytes) -> SimpleNamespace:
+            return SimpleNamespace(id="same", agent="a:b", input=input, session=None, parent=None,
+                                   timeout=None, grace=1.0, kill_after=1.0, retry=False, attempts=1)
+
+        journal.accepted(turn(b"\x01"), lambda: outcomes.append(("committed", None)),
+                         lambda why, conflict: outcomes.append(("failed", conflict)))
+        journal.accepted(turn(b"\x02"), lambda: outcomes.append(("committed", None)),
+                         lambda why, conflict: (outcomes.append(("failed", conflict)), done.set()))
+        assert done.wait(30)
+        assert outcomes == [("committed", None), ("failed", True)]
+        assert read_history(tmp_path / "j.sqlite3")[0]["state"] == "queued"
+    finally:
+        journal.close()
