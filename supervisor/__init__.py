@@ -23,6 +23,7 @@ from ._errors import (
     DaemonUnavailable,
     FollowerDropped,
     InvalidAgent,
+    JournalUnavailable,
     ProtocolError,
     QueueFull,
     SupervisorClosed,
@@ -35,7 +36,7 @@ from ._sync import SyncSupervisor, SyncTurnHandle
 
 __all__ = [
     "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
-    "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "ProtocolError", "QueueFull", "Supervisor",
-    "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle",
+    "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError", "QueueFull",
+    "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle",
     "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
 ]

@@ -62,6 +62,8 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("journal", str, "the SQLite journal of every accepted turn (default: one per endpoint in the per-user "
                      "state dir; see `turnpool history`)"),
     ("keep_days", float, "delete ended turns older than this many days from the journal"),
+    ("durability", str, "journal commits: 'normal' (default; survives a daemon crash, not a power loss) or "
+                        "'full' (fsync at each commit: survives a power loss too; slower)"),
     ("log_level", str, "DEBUG, INFO, WARNING (default), ERROR"),
     ("http", str, "serve the HTTP/SSE API and the dashboard on HOST:PORT (a bare PORT: 127.0.0.1; "
                   "0: any free port); needs the http extra"),
@@ -71,6 +73,10 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
                           "(default 30)"),
 )
 DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_level": "WARNING"}
+
+
+JOURNAL_CLOSE_TIMEOUT = 5.0
+"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (J7)."""
 
 
 def _flag(name: str) -> str:
@@ -215,8 +221,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     journal_events = bool(opts.pop("journal_events", False))
     no_journal = bool(opts.pop("no_journal", False))
     http_options = {name: opts.pop(name) for name in ("http", "http_token", "http_stall") if name in opts}
-    if no_journal and (journal_path is not None or keep_days is not None or journal_events):
-        return _fail("serve: --no-journal cannot go with --journal, --keep-days or --journal-events", EXIT_USAGE)
+    durability = opts.pop("durability", None)
+    if no_journal and (journal_path is not None or keep_days is not None or journal_events
+                       or durability is not None):
+        return _fail("serve: --no-journal cannot go with --journal, --keep-days, --journal-events or "
+                     "--durability", EXIT_USAGE)
+    if durability is not None and durability not in ("normal", "full"):
+        return _fail(f"serve: --durability must be 'normal' or 'full', got {durability!r}", EXIT_USAGE)
     try:
         daemon = Daemon(opts.pop("endpoint", None), supervisor=sup, **opts)
     except (TypeError, ValueError) as exc:
@@ -241,15 +252,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"turnpool serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     try:
-        journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events)
+        journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events,
+                               durability=durability or "normal")
     except (JournalError, OSError) as exc:
         daemon._endpoint.release()
         return _fail(f"serve: {exc}")
+    code = EXIT_FAILED
     try:
         attach_journal(daemon, journal)
-        return run_daemon(daemon)
+        code = run_daemon(daemon)
     finally:
-        journal.close()
+        # J7: bounded even when the disk stalls or fails; what could not be written is said.
+        if not journal.close(timeout=JOURNAL_CLOSE_TIMEOUT):
+            print(f"turnpool serve: journal {journal.path} could not be written at shutdown "
+                  f"({journal.error or 'the disk did not answer'}): the last turns' ends are not recorded; "
+                  "after a restart they end crashed", file=sys.stderr, flush=True)
+            code = code or EXIT_FAILED
+    return code
 
 
 def _attach_http(daemon: Any, options: dict[str, Any]) -> int | None:
@@ -357,6 +376,8 @@ def render_status(st: dict[str, Any]) -> None:
     daemon = st.get("daemon", {})
     console.print(f"turnpool daemon pid {daemon.get('pid', st.get('pid'))} at {daemon.get('endpoint', '?')} "
                   f"({st.get('state')}{'' if daemon.get('accepting', True) else ', not accepting'})")
+    if daemon.get("journal_error"):  # J7: why submits are refused
+        console.print(f"journal unavailable: {daemon['journal_error']}", markup=False)
     table = Table(title="workers")
     for col in ("id", "pid", "state", "turn", "turns run", "RSS MiB"):
         table.add_column(col, justify="right" if col in ("pid", "turns run", "RSS MiB") else "left")

@@ -44,6 +44,7 @@ from ._errors import (
     DaemonUnavailable,
     FollowerDropped,
     InvalidAgent,
+    JournalUnavailable,
     ProtocolError,
     QueueFull,
     SupervisorClosed,
@@ -578,6 +579,8 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
         return QueueFull(message)
     if code == "shutting_down":
         return DaemonShuttingDown(message)
+    if code == "journal_unavailable":
+        return JournalUnavailable(message)
     if code in ("protocol", "malformed"):
         return ProtocolError(f"{message} (daemon at {endpoint})")
     if code == "lagged":

@@ -244,6 +244,11 @@ class Supervisor:
         self._event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []
         self._start_hooks: list[Callable[[TurnRecord, int], None]] = []
         self._accept_hooks: list[Callable[[TurnRecord], None]] = []
+        # J6, the dispatch gate. When set (a journal sets it), a new turn is handed to a worker only
+        # once (1) ``_recorded(turn)`` says its accept row is committed and (2) the gate, called with
+        # a batch of recorded turns from the head of the queue, has answered ``_dispatch_cleared``:
+        # a row saying they may run is committed. Intent before effect, in batches (group commit).
+        self._dispatch_gate: Callable[[list[TurnRecord]], None] | None = None
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
@@ -571,6 +576,7 @@ class Supervisor:
         parent: str | None,
         retry: bool = False,
         attempts: int = 1,
+        readmit: bool = False,
     ) -> TurnRecord:
         if not isinstance(retry, bool):
             raise TypeError(f"retry must be True or False, got {retry!r}")
@@ -585,7 +591,7 @@ class Supervisor:
                                    else "the supervisor is not running")
         if turn_id is not None and turn_id in self._turns:
             return self._turns[turn_id]
-        if len(self._queue) + self._handed >= self.max_queue:
+        if not readmit and len(self._queue) + self._handed >= self.max_queue:
             raise QueueFull(f"the queue already holds {self.max_queue} turns")
         if turn_id is None:
             turn_id = f"{self._prefix}-{next(self._ids)}"
@@ -598,6 +604,9 @@ class Supervisor:
         )
         turn.retry = retry
         turn.attempts = attempts
+        if self._dispatch_gate is not None:
+            turn.recorded = readmit  # a readmitted turn's row is already in the journal
+            turn.dispatchable = False
         self._turns[turn_id] = turn
         self._active += 1
         for accept_hook in self._accept_hooks:
@@ -605,6 +614,56 @@ class Supervisor:
         self._queue.push(turn)
         self._pump()
         return turn
+
+    def _readmit(self, agent: str, raw: msgspec.Raw, **kwargs: Any) -> TurnRecord:
+        """Accept again a turn the journal already acknowledged (restart recovery, J3): the
+        ``max_queue`` limit does not apply, since refusing would lose a turn a client was promised.
+        For recovery only; new submits go through ``_accept``."""
+        return self._accept(agent, raw, readmit=True, **kwargs)
+
+    def _recorded(self, turn: TurnRecord) -> None:
+        """The journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
+        turn.recorded = True
+        self._pump()
+
+    def _dispatch_cleared(self, turns: list[TurnRecord]) -> None:
+        """The gate committed the "may run" row of ``turns``: hand them to workers."""
+        for turn in turns:
+            turn.clearing = False
+            turn.dispatchable = True
+        self._pump()
+
+    def _withdraw(self, turn: TurnRecord, why: str) -> None:
+        """A turn whose accept row could not be committed: it was never acknowledged and never
+        ran (the gate held it); it ends ``failed`` (``JournalUnavailable``) and its id is forgotten."""
+        if turn.state == "queued" and not turn.dispatchable:
+            self._queue.discard(turn)
+            self._finish(turn, "failed", error=TurnError("JournalUnavailable", why))
+        if turn.parent is None and turn.state == "ended":
+            self._turns.pop(turn.id, None)
+
+    def _request_dispatch(self) -> None:
+        """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
+        the workers could take now (running + handed ahead + cleared ≤ capacity × depth)."""
+        gate = self._dispatch_gate
+        assert gate is not None
+        want = (self.workers + self._lent) * self._depth - self._running - self._handed
+        batch: list[TurnRecord] = []
+        for turn in self._queue.ready:
+            if want <= 0:
+                break
+            if turn.state != "queued":
+                continue
+            if turn.dispatchable or turn.clearing:
+                want -= 1  # already cleared (or on its way): counts against what workers can take
+                continue
+            if not turn.recorded:
+                break  # in order: no turn is cleared ahead of an earlier one
+            turn.clearing = True
+            batch.append(turn)
+            want -= 1
+        if batch:
+            gate(batch)
 
     def _cancel(self, turn: TurnRecord, cause: Cause) -> Cause | None:
         state = turn.state
@@ -773,6 +832,8 @@ class Supervisor:
         if self._defer_pump:
             self._pump_wanted = True
             return
+        if self._dispatch_gate is not None:
+            self._request_dispatch()
         queue = self._queue
         if not queue.has_ready():
             if self._handed and self._idle:

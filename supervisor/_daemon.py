@@ -64,6 +64,7 @@ from ._errors import (
     DaemonAlreadyRunning,
     DaemonShuttingDown,
     InvalidAgent,
+    JournalUnavailable,
     QueueFull,
     SupervisorClosed,
     UnknownTurn,
@@ -122,6 +123,15 @@ class Daemon:
         # group once clients can connect, reports what to add to the ready line (or None), and
         # is cancelled after the supervisor has closed.
         self.front_ends: list[Callable[..., Awaitable[Any]]] = []
+        # J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
+        # returns its agent, input and result (None until it ended), or None if never recorded.
+        self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
+        # J7: why submits cannot be made durable now (a journal write failure); None when they can.
+        self.unavailable: str | None = None
+        self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see J7)
+        # J1: turns accepted whose row is not committed yet -> the awaitable of that commit. A repeat
+        # of such an id is acknowledged only once the first one's row is committed.
+        self.unrecorded: dict[str, Awaitable[Any]] = {}
 
         self.sup: Supervisor | None = None
         self.malformed = 0
@@ -525,7 +535,8 @@ class Daemon:
             case wire.Unfollow(req=req) | wire.Abandon(req=req):
                 self._abandon(ident, req)
             case wire.Lookup(req=req, turn_id=turn_id):
-                if turn_id in sup._turns:
+                lookup = self.lookup
+                if turn_id in sup._turns or (lookup is not None and lookup(turn_id) is not None):
                     self._send(ident, wire.Ok(req))
                 else:
                     self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
@@ -551,16 +562,33 @@ class Daemon:
         return accepted, existed
 
     def _admit(self, agent: str, raw: msgspec.Raw, **options: Any) -> tuple[str, bool, list[Awaitable[Any]]]:
-        """The one acceptance path of every front end: ``(turn_id, existed, accept-hook gates)``."""
+        """The one acceptance path of every front end: ``(turn_id, existed, gates)``. The submit may be
+        acknowledged once every gate is done (J1: the journal's commit of its row).
+
+        Raises ``DaemonShuttingDown`` while draining, ``JournalUnavailable`` while the journal cannot
+        be written (J7), ``ValueError`` for an id the journal holds with another agent or input (J8),
+        and what ``Supervisor.submit`` raises."""
         sup = self.sup
         assert sup is not None
         turn_id = options["turn_id"]
         if turn_id is not None and turn_id in sup._turns:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
-            return turn_id, True, []
+            # Not durable yet: acknowledged when (and if) the first submit's row commits.
+            pending = self.unrecorded.get(turn_id)
+            return turn_id, True, [pending] if pending is not None else []
         if not self.accepting:
-            why = f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
-            raise DaemonShuttingDown(why)
+            raise DaemonShuttingDown(f"the daemon at {self.endpoint} is shutting down: it accepts no new turn")
+        if self.unavailable is not None:
+            raise JournalUnavailable(self.unavailable)
+        if turn_id is not None and self.lookup is not None:
+            # J8: an id known only to the journal (result evicted, or a lost ack across a restart) is
+            # the existing turn: answered from the record, never run again.
+            found = self.lookup(turn_id)
+            if found is not None:
+                known_agent, known_raw, _ = found
+                if known_agent != agent or known_raw != bytes(raw):
+                    raise ValueError(f"turn id {turn_id!r} was already used with another agent or input")
+                return turn_id, True, []
         turn = sup._accept(agent, raw, parent=None, **options)
         if self.metrics is not None:
             self.metrics.accepted += 1
@@ -582,6 +610,9 @@ class Daemon:
         except SupervisorClosed as exc:
             self._send(ident, wire.Error(req, "shutting_down", str(exc)))
             return
+        except JournalUnavailable as exc:
+            self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+            return
         except TypeError as exc:
             self._send(ident, wire.Error(req, "bad_type", str(exc)))
             return
@@ -589,24 +620,30 @@ class Daemon:
             self._send(ident, wire.Error(req, "bad_value", str(exc)))
             return
         if gates:
-            self._task(self._ack_after, ident, req, turn_id, gates, msg.wait, key=(ident, req, "result"))
+            self._task(self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result"))
         else:
             self._send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
                 self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
 
     async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
-                         wait: bool) -> None:
+                         wait: bool, existing: bool = False) -> None:
         """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
         for gate in gates:
             try:
                 await gate
+            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
+                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                return
+            except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
+                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                return
             except Exception as exc:
                 log.exception("accept hook failed for turn %s", turn_id)
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
                 self._send(ident, wire.Error(req, "internal", why))
                 return
-        self._send(ident, wire.Accepted(req, turn_id, False))
+        self._send(ident, wire.Accepted(req, turn_id, existing))
         if wait:
             await self._result(ident, req, turn_id)
 
@@ -665,8 +702,15 @@ class Daemon:
         try:
             result = await self.sup._result(turn_id)
         except UnknownTurn as exc:
-            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
-            return
+            try:
+                found = self.lookup(turn_id) if self.lookup is not None else None
+            except Exception:  # an unreadable journal: the id is as unknown as it was
+                log.warning("journal lookup of turn %s failed", turn_id, exc_info=True)
+                found = None
+            if found is None or found[2] is None:
+                self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                return
+            result = found[2]  # evicted from memory, kept in the journal
         self._send(ident, wire.Result(req, result))
 
     async def _follow(self, ident: bytes, req: int, turn: TurnRecord, stream: FollowStream) -> None:
@@ -792,7 +836,8 @@ class Daemon:
         st["daemon"] = {
             "pid": os.getpid(),
             "endpoint": self.endpoint,
-            "accepting": self.accepting,
+            "accepting": self.accepting and self.unavailable is None,
+            "journal_error": self.unavailable,
             "malformed_frames": self.malformed,
             **self.client_facts(),
             "turns_kept": len(self.sup._turns),
@@ -819,7 +864,7 @@ def run_daemon(daemon: Daemon) -> int:
             print(f"turnpool serve: {inner}", file=sys.stderr, flush=True)
             return 1
         raise
-    return 0
+    return daemon.exit_code
 
 
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]

@@ -7,8 +7,10 @@ Recovery, before clients can connect:
 
 * turns that ended are registered again, so their results can be fetched by id;
 * turns that were queued run again, in their original order (sessions keep their order);
-* turns that were running when the daemon died end ``crashed`` (the supervisor was lost),
-  unless they were submitted with ``retry=True``: those are queued again, ``attempts`` + 1;
+* turns that may have run (their "dispatched" row, J6, or "running" row is committed) end
+  ``crashed`` (the supervisor was lost), unless they were submitted with ``retry=True``: those
+  are queued again, ``attempts`` + 1; a turn still ``queued`` provably never reached a worker;
+* all of them are readmitted whatever ``--max-queue`` says: they were acknowledged;
 * unfinished child turns end with their parent gone: ``aborted`` (cause ``parent``) if they
   never started, ``crashed`` if they were running — a child never outlives its parent.
 """
@@ -20,7 +22,6 @@ import logging
 import time
 from typing import Any
 
-import anyio
 import msgspec
 
 import wire
@@ -28,27 +29,59 @@ from wire import TurnError, TurnResult
 
 from ._core import Supervisor
 from ._daemon import Daemon
+from ._errors import JournalUnavailable
 from ._journal import Journal, RecoveredTurn
 from ._turns import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
+
+EXIT_JOURNAL_LOST = 3  # ``turnpool serve`` exits with it when its journal file was deleted or replaced
 
 SUPERVISOR_LOST = TurnError("SupervisorLost", "the daemon stopped while this turn was running")
 
 
 def attach_journal(daemon: Daemon, journal: Journal) -> None:
     """Record every turn the daemon accepts in ``journal`` and recover unfinished ones at start.
-    Call before ``daemon.serve()``."""
+    Call before ``daemon.serve()``.
+
+    It also installs the supervisor's dispatch gate (J6: a turn reaches a worker only after its
+    accept row and then its "dispatched" row are committed), the lookup of ids the supervisor no
+    longer holds (J8), and the write-failure state (J7: ``daemon.unavailable``)."""
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
+    def on_loop(fn: Any, *args: Any) -> None:
+        try:
+            loop_box[0].call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the daemon is gone, nobody waits any more
+
+    def record(turn: TurnRecord, fut: asyncio.Future[None] | None) -> None:
+        sup = daemon.sup
+        assert sup is not None
+
+        def committed() -> None:
+            sup._recorded(turn)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+        def failed(why: str, conflict: bool) -> None:
+            sup._withdraw(turn, why)
+            if fut is not None and not fut.done():
+                fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
+
+        journal.accepted(turn, lambda: on_loop(committed),
+                         lambda why, conflict: on_loop(failed, why, conflict))
 
     def accepted(turn: TurnRecord) -> Any:
-        loop = asyncio.get_running_loop()
-        committed = anyio.Event()
-        journal.accepted(turn, lambda: loop.call_soon_threadsafe(committed.set))
-        return committed.wait()  # the submit is acknowledged once the row is committed
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        daemon.unrecorded[turn.id] = fut
+        fut.add_done_callback(lambda _: daemon.unrecorded.pop(turn.id, None))
+        record(turn, fut)
+        return fut  # the submit is acknowledged once the row is committed
 
     def child_accepted(turn: TurnRecord) -> None:
         if turn.parent is not None:  # clients' turns are recorded (and gated) by ``accepted``
-            journal.accepted(turn)
+            record(turn, None)
 
     def started(turn: TurnRecord, pid: int) -> None:
         journal.started(turn.id, pid)
@@ -59,7 +92,28 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     def event(turn: TurnRecord, data: msgspec.Raw) -> None:
         journal.event(turn.id, turn.events_base + len(turn.events) - 1, bytes(data))
 
+    def error_changed(error: str | None) -> None:
+        daemon.unavailable = error
+        if error is not None and journal.broken and daemon.exit_code == 0:
+            # Deleted or replaced: it cannot come back. Stop (as SIGTERM does) and exit non-zero.
+            log.error("journal %s is gone: stopping; nothing more can be made durable", journal.path)
+            daemon.exit_code = EXIT_JOURNAL_LOST
+            try:
+                daemon.stop()
+            except RuntimeError:
+                pass
+
+    def gate(turns: list[TurnRecord]) -> None:
+        sup = daemon.sup
+        assert sup is not None
+        journal.dispatched([t.id for t in turns], lambda: on_loop(sup._dispatch_cleared, turns))
+
     def startup(sup: Supervisor) -> None:
+        loop_box.append(asyncio.get_running_loop())
+        journal.on_error_change = lambda error: on_loop(error_changed, error)
+        if journal.error is not None:
+            error_changed(journal.error)
+        sup._dispatch_gate = gate
         recover(sup, journal)
         sup._accept_hooks.append(child_accepted)
 
@@ -67,6 +121,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     daemon.accept_hooks.append(accepted)
     daemon.start_hooks.append(started)
     daemon.end_hooks.append(ended)
+    daemon.lookup = journal.lookup
     if journal.journal_events:
         daemon.event_hooks.append(event)
 
@@ -85,8 +140,9 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
         sup._restore_result(result)
         counts["results"] += 1
     for turn in journal.recover():
+        may_have_run = turn.state in ("dispatched", "running")  # J6: cleared to run, so maybe it did
         if turn.parent is not None:
-            if turn.state == "running":
+            if may_have_run:
                 result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
             else:
                 result = _lost(turn, "aborted", wire.PARENT, None)
@@ -95,7 +151,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             counts["orphaned"] += 1
             continue
         attempts = turn.attempts
-        if turn.state == "running":
+        if may_have_run:
             if not turn.retry:
                 result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
                 journal.ended(result)
@@ -107,9 +163,10 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             counts["retried"] += 1
         else:
             counts["requeued"] += 1
-        sup._accept(turn.agent, msgspec.Raw(turn.input), session=turn.session, timeout=turn.timeout,
-                    grace=turn.grace, kill_after=turn.kill_after, turn_id=turn.turn_id, parent=None,
-                    retry=turn.retry, attempts=attempts)
+        # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
+        sup._readmit(turn.agent, msgspec.Raw(turn.input), session=turn.session, timeout=turn.timeout,
+                     grace=turn.grace, kill_after=turn.kill_after, turn_id=turn.turn_id, parent=None,
+                     retry=turn.retry, attempts=attempts)
     journal.flush()
     if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned")):
         log.warning("journal %s: recovered after a restart: %s", journal.path, counts)

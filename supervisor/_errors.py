@@ -61,3 +61,9 @@ class DaemonShuttingDown(SupervisorClosed):
 
 class DaemonAlreadyRunning(TurnpoolError):
     """Raised by ``Daemon.serve`` (``turnpool serve``) when a live daemon already holds the endpoint."""
+
+
+class JournalUnavailable(TurnpoolError):
+    """Raised by ``Client.submit``/``run`` (and ``SyncClient``'s) when the serve daemon cannot write its
+    journal (disk full, read-only, file deleted or replaced): it acknowledges nothing it cannot make
+    durable, so the turn was not accepted. The message names the journal's error."""

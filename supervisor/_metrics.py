@@ -87,6 +87,9 @@ class Metrics:
         yield dropped
         yield CounterMetricFamily("turnpool_lagged_followers", "Followers dropped and told (lagged)",
                                   value=facts["lagged_followers"])
+        yield GaugeMetricFamily("turnpool_journal_available",
+                                "1 while the journal can be written (submits are acknowledged), 0 when not",
+                                value=0 if self.daemon.unavailable is not None else 1)
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup._queue))

@@ -27,7 +27,7 @@ class TurnRecord:
         "id", "agent", "input", "session", "parent", "timeout", "grace", "kill_after",
         "state", "cause", "started", "worker", "escalation", "submitted_at", "started_at", "ended_at",
         "events", "events_base", "waiters", "result", "done", "children", "spawn_origin", "pending_result",
-        "timer", "esc_timer", "attempts", "retry", "revoking",
+        "timer", "esc_timer", "attempts", "retry", "revoking", "recorded", "dispatchable", "clearing",
     )
 
     def __init__(
@@ -71,6 +71,12 @@ class TurnRecord:
         self.attempts = 1
         self.retry = False
         self.revoking = False  # a Revoke for this handed turn is on its way to the worker
+        # The dispatch gate (J6, ``Supervisor._dispatch_gate``): with a journal a turn is handed
+        # to a worker only once its accept row is committed (``recorded``) and then a row saying
+        # it may run is committed (``dispatchable``). Without a gate both are true from the start.
+        self.recorded = True
+        self.dispatchable = True
+        self.clearing = False  # its "may run" row is being written
 
     def wake_followers(self) -> None:
         if self.waiters:
@@ -110,19 +116,26 @@ class TurnQueue:
             self.ready.append(turn)
 
     def pop(self) -> TurnRecord | None:
+        """The next turn that may be handed to a worker now; ``None`` when the head of the queue
+        still waits for the dispatch gate (turns pass it in order, so none overtakes another)."""
         ready = self.ready
         while ready:
-            turn = ready.popleft()
-            if turn.state == "queued":
-                self.count -= 1
-                return turn
+            turn = ready[0]
+            if turn.state != "queued":
+                ready.popleft()
+                continue
+            if not turn.dispatchable:
+                return None
+            ready.popleft()
+            self.count -= 1
+            return turn
         return None
 
     def has_ready(self) -> bool:
         ready = self.ready
         while ready and ready[0].state != "queued":
             ready.popleft()
-        return bool(ready)
+        return bool(ready) and ready[0].dispatchable
 
     def discard(self, turn: TurnRecord) -> None:
         """The turn left the queue by cancellation; the caller sets its state."""

@@ -47,6 +47,7 @@ ErrorCode = Literal[
     "bad_value",      # an argument with a value out of range
     "queue_full",     # the daemon's queue already holds max_queue turns
     "shutting_down",  # the daemon is draining or disposing: it accepts no new turn
+    "journal_unavailable",  # the daemon cannot write its journal: the turn was not accepted
     "internal",       # a bug in the daemon: reported, never fatal
     # version 2:
     "lagged",         # a follower fell behind what the daemon keeps (or stopped reading): its stream ends
@@ -55,7 +56,7 @@ ErrorCode = Literal[
 ]
 V1_ERROR_CODES: tuple[str, ...] = (
     "malformed", "protocol", "unknown_turn", "invalid_agent", "bad_type", "bad_value", "queue_full",
-    "shutting_down", "internal",
+    "shutting_down", "journal_unavailable", "internal",
 )
 ERROR_CODES: tuple[str, ...] = (*V1_ERROR_CODES, "lagged", "dropped", "too_large")
 
