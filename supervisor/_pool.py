@@ -16,7 +16,7 @@ class WorkerSlot:
     __slots__ = (
         "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
         "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure", "ahead", "out",
-        "deferred_ready",
+        "deferred_ready", "passed",
     )
 
     def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
@@ -42,6 +42,9 @@ class WorkerSlot:
         self.exit_code: int | None = None
         self.deferred_ready: Any = None  # a Ready that came before the zygote's report of the pid
         self.failure: str | None = None  # why it was killed before it was ready, if we know
+        # Handed turns the worker went past (its start marker names a later one, rule S1): their
+        # Started and End may still come, and are then taken as theirs.
+        self.passed: set[str] = set()
 
     @property
     def inflight(self) -> int:
