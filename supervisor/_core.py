@@ -22,7 +22,7 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -336,17 +336,23 @@ class Supervisor:
             self._state = "closed"
             self._notify_change()
 
-    def kill_now(self) -> None:
+    def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
         """Skip the rest of every ladder: each live turn already being cancelled gets SIGKILL to
         its worker's tree now (it ends ``killed``), and from now on every cancel (disposal's
         included) does so at once, without grace or kill_after. Turns not cancelled run on.
 
-        For a second SIGTERM/SIGINT (``turnpool serve``, a batch's second Ctrl-C): shutdown then
-        waits for no client-chosen grace. Synchronous; call it on the supervisor's event loop.
+        With ``turn_ids``, only those turns get SIGKILL now, cancelled or not, and later cancels
+        keep their ladder. For a second SIGTERM/SIGINT (``turnpool serve``; a batch's second
+        Ctrl-C): shutdown then waits for no client-chosen grace. Synchronous; call it on the
+        supervisor's event loop. Unknown or ended ids are skipped.
         """
-        self._kill_at_once = True
-        for turn in list(self._turns.values()):
-            if turn.cause is None or turn.state not in ("handed", "running") or turn.worker is None:
+        if turn_ids is None:
+            self._kill_at_once = True
+            targets = [t for t in self._turns.values() if t.cause is not None]
+        else:
+            targets = [t for t in map(self._turns.get, turn_ids) if t is not None]
+        for turn in targets:
+            if turn.state not in ("handed", "running") or turn.worker is None:
                 continue
             slot = turn.worker
             if turn.state == "handed":

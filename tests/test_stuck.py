@@ -202,6 +202,21 @@ async def test_kill_now_moves_every_live_turn_to_sigkill() -> None:
     assert rb.outcome == "killed" and rb.cause == {"kind": "disposed"}
 
 
+async def test_kill_now_of_named_turns_reaches_a_stuck_turn(tmp_path: Path) -> None:
+    """``kill_now(turn_ids=...)`` (a batch's second Ctrl-C) SIGKILLs the named turn at once even
+    when it is stuck before its first await and was never cancelled; other turns are untouched."""
+    mark = tmp_path / "mark"
+    async with Supervisor(workers=2, spares=0, grace=250, kill_after=250) as sup:
+        stuck = await sup.submit("tests.stuck_agents:spin", {"mark": str(mark)})
+        other = await sup.submit("examples.agents:slow", {"seconds": 0.5})
+        await wait_file(mark)
+        sup.kill_now(turn_ids=[stuck.turn_id, "no-such-turn"])
+        with anyio.fail_after(30):
+            result = await stuck.result()
+            assert (await other.result()).outcome == "completed"
+    assert (result.outcome, result.started) == ("killed", True), result
+
+
 def _serve_args(*extra: str) -> tuple[str, ...]:
     return ("--workers", "1", "--spares", "0", "--no-journal", *extra)
 

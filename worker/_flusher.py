@@ -9,9 +9,9 @@ whole tick and sends it itself (ZeroMQ's own I/O thread then writes it without t
 
 It costs nothing per turn while turns keep the loop turning (one check per tick, 5 ms), and it
 sleeps for good once the worker has been idle for a second (the next turn then wakes it: a
-thread woken per turn cost ≈ 20 µs of latency per turn, measured). A turn that holds the GIL in one C call from its first line, or that
-stops its worker with SIGSTOP, starves this thread too: the supervisor then reads the start marker
-instead (``worker/_marker.py``).
+thread woken per turn cost ≈ 20 µs of latency per turn, measured). A turn that holds the GIL in
+one C call from its first line, or that stops its worker with SIGSTOP, starves this thread too:
+the supervisor then reads the start marker instead (``worker/_marker.py``).
 """
 
 from __future__ import annotations
