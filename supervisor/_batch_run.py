@@ -240,22 +240,17 @@ async def backend_workers(backend: Any) -> int | None:
 
 def _kill_now(backend: Any, turn_ids: Iterable[str]) -> None:
     """Second Ctrl-C on an embedded pool: SIGKILL the trees of these turns now instead of
-    waiting out their grace, through the supervisor's own ladder step (keyed by turn: it acts
-    only if that worker still runs that turn; the turn ends ``killed`` and its worker is
-    replaced as usual). A daemon client has no such step: its daemon escalates the turns we
-    already cancelled. Best effort by design: if the supervisor's internals differ, the
-    normal disposal (grace, then kill) still ends every turn."""
-    turns = getattr(backend, "_turns", None)
-    escalate = getattr(backend, "_escalate", None)
-    if not isinstance(turns, dict) or escalate is None:
+    waiting out their grace, through ``Supervisor.kill_now`` (keyed by turn: it acts only if
+    that worker still runs that turn - a turn stuck before its first await included; the turn
+    ends ``killed`` and its worker is replaced as usual). A daemon client has no such step: its
+    daemon escalates the turns we already cancelled."""
+    kill_now = getattr(backend, "kill_now", None)
+    if kill_now is None or not hasattr(backend, "_turns"):  # a Client: the daemon's ladder applies
         return
-    for turn_id in turn_ids:
-        try:
-            turn = turns.get(turn_id)
-            if turn is not None and turn.state == "running" and turn.worker is not None:
-                escalate(turn, turn.worker, 2)
-        except Exception as exc:  # noqa: BLE001
-            log.debug("could not hurry %s: %s", turn_id, exc)
+    try:
+        kill_now(turn_ids=list(turn_ids))
+    except Exception as exc:  # noqa: BLE001 - best effort: disposal (grace, then kill) still ends every turn
+        log.debug("could not hurry %s: %s", turn_ids, exc)
 
 
 class BatchRun:

@@ -36,6 +36,8 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("workers", int, "worker processes running turns (default 4)"),
     ("grace", float, "seconds a cancelled turn has to stop before SIGTERM (default 5)"),
     ("kill_after", float, "seconds after SIGTERM before SIGKILL (default 2)"),
+    ("max_grace", float, "cap on the grace and kill-after a client may ask for; a submit above it is "
+                         "refused (default 300)"),
     ("spares", int, "warm spare workers (default 1)"),
     ("max_turns_per_worker", int, "replace a worker after this many turns (default: never)"),
     ("max_rss_mb", float, "cancel a turn (cause memory) whose worker tree passes this many MiB (PSS: shared "
@@ -87,7 +89,8 @@ def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="run the daemon", description=(
         "Run the turnpool daemon: a pool of workers behind a client endpoint. SIGTERM/SIGINT drains "
         "(--drain seconds), then disposes every turn (cause disposed) and exits 0; a second signal skips "
-        "the drain. Prints a 'ready' line on stdout once clients can connect."))
+        "the drain and SIGKILLs every turn at once. Prints a 'ready' line on stdout once clients can "
+        "connect."))
     serve.add_argument("--config", metavar="FILE",
                        help="TOML file with any of these options (flags override)")
     for name, kind, text in DAEMON_OPTIONS + SUPERVISOR_OPTIONS:

@@ -22,7 +22,7 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -51,6 +51,9 @@ MAX_TURN_ID = 256
 # A turn handed to workers that all died before reporting it started is re-queued at most this
 # many times in all, then ends ``crashed`` (no poison turn loops through the pool forever).
 MAX_HANDOVERS = 3
+# Default cap on a turn's grace and kill_after (``max_grace``): a client-chosen grace can never
+# hold shutdown for longer than this (issue 13, item 11).
+MAX_GRACE = 300.0
 
 
 _CHECKED_AGENTS: set[str] = set()
@@ -150,6 +153,7 @@ class Supervisor:
         agent_path: Any = None,
         worker_output: Any = _output.STDERR,
         worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
+        max_grace: float = MAX_GRACE,
     ) -> None:
         if not isinstance(cgroups, bool):
             raise TypeError(f"cgroups must be True or False, got {cgroups!r}")
@@ -165,8 +169,14 @@ class Supervisor:
         ):
             raise ValueError(f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}")
         self.workers = workers
-        self.grace = _check_seconds("grace", grace, allow_none=False)
-        self.kill_after = _check_seconds("kill_after", kill_after, allow_none=False)
+        # The cap on every turn's grace and kill_after (a submit above it is refused): a turn's
+        # ladder, and so a disposal, is bounded whatever a client asks for.
+        cap = _check_seconds("max_grace", max_grace, allow_none=False, positive=True)
+        assert cap is not None
+        self.max_grace = cap
+        self.grace = self._check_grace("grace", _check_seconds("grace", grace, allow_none=False))
+        self.kill_after = self._check_grace("kill_after",
+                                            _check_seconds("kill_after", kill_after, allow_none=False))
         self.spares = spares
         self.max_turns_per_worker = max_turns_per_worker
         self.max_rss_mb = _check_seconds("max_rss_mb", max_rss_mb, positive=True)
@@ -252,6 +262,7 @@ class Supervisor:
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
+        self._kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
         self._tg: anyio.abc.TaskGroup | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -395,6 +406,38 @@ class Supervisor:
                     await anyio.to_thread.run_sync(self._output.close)
             self._state = "closed"
             self._notify_change()
+
+    def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
+        """Skip the rest of every ladder: each live turn already being cancelled gets SIGKILL to
+        its worker's tree now (it ends ``killed``), and from now on every cancel (disposal's
+        included) does so at once, without grace or kill_after. Turns not cancelled run on.
+
+        With ``turn_ids``, only those turns get SIGKILL now, cancelled or not, and later cancels
+        keep their ladder. For a second SIGTERM/SIGINT (``turnpool serve``; a batch's second
+        Ctrl-C): shutdown then waits for no client-chosen grace. Synchronous; call it on the
+        supervisor's event loop. Unknown or ended ids are skipped.
+        """
+        if turn_ids is None:
+            self._kill_at_once = True
+            targets = [t for t in self._turns.values() if t.cause is not None]
+        else:
+            targets = [t for t in map(self._turns.get, turn_ids) if t is not None]
+        for turn in targets:
+            if turn.state not in ("handed", "running") or turn.worker is None:
+                continue
+            slot = turn.worker
+            if turn.state == "handed":
+                self._note_marked_start(slot)
+            if turn.state == "running" and slot.turn is turn and turn.escalation < 2:
+                if turn.esc_timer is not None:
+                    turn.esc_timer.cancel()
+                self._escalate(turn, slot, 2)
+
+    def _check_grace(self, name: str, value: float | None) -> float | None:
+        if value is not None and value > self.max_grace:
+            raise ValueError(f"{name} must be at most this supervisor's max_grace ({self.max_grace:g} s), "
+                             f"got {value:g}")
+        return value
 
     async def _wait_change(self) -> None:
         await self._slots_changed.wait()
@@ -584,8 +627,8 @@ class Supervisor:
         session = _check_optional_str("session", session)
         turn_id = _check_optional_str("turn_id", turn_id)
         timeout = _check_seconds("timeout", timeout, positive=True)
-        grace = _check_seconds("grace", grace)
-        kill_after = _check_seconds("kill_after", kill_after)
+        grace = self._check_grace("grace", _check_seconds("grace", grace))
+        kill_after = self._check_grace("kill_after", _check_seconds("kill_after", kill_after))
         if self._state != "running":
             raise SupervisorClosed("the supervisor is shutting down" if self._state == "closing"
                                    else "the supervisor is not running")
@@ -681,15 +724,26 @@ class Supervisor:
             self._finish(turn, "aborted")
         elif state == "handed" and first:
             # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
-            # started meanwhile, honours the Abort; Started then arms the escalation.
-            assert turn.worker is not None
-            self._send(turn.worker, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            # started meanwhile, honours the Abort. Its start marker tells whether it started (S1):
+            # the ladder is armed now either way, and looks again if it had not.
+            slot = turn.worker
+            assert slot is not None
+            self._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            self._note_marked_start(slot)
+            if turn.esc_timer is None:  # (armed already if the marker showed it running)
+                self._arm_escalation(turn, slot)
         elif state == "running" and first:
             slot = turn.worker
             assert slot is not None
             self._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
-            turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
+            self._arm_escalation(turn, slot)
         return turn.cause
+
+    def _arm_escalation(self, turn: TurnRecord, slot: WorkerSlot) -> None:
+        if self._kill_at_once:
+            turn.esc_timer = self._timers.call_later(0, self._escalate, turn, slot, 2)
+        else:
+            turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
 
     def _cancel_session(self, session: str, cause: Cause) -> list[str]:
         cancelled = []
@@ -711,6 +765,13 @@ class Supervisor:
         self._cancel(turn, wire.DEADLINE)
 
     def _escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
+        if turn.state == "handed" and turn.worker is slot and slot.state != "dead":
+            # Cancelled while handed ahead and no Started yet: the start marker may say it runs (S1).
+            self._note_marked_start(slot)
+            if turn.state == "handed":  # not reached yet: look again later (its Started re-arms too)
+                again = max(turn.grace, 0.05)
+                turn.esc_timer = self._timers.call_later(again, self._escalate, turn, slot, step)
+                return
         # Keyed by turn: act only if this worker is still on this very turn.
         if slot.turn is not turn or slot.state == "dead":
             return
@@ -891,7 +952,69 @@ class Supervisor:
         turn.worker = slot
         slot.ahead.append(turn)
         self._handed += 1
+        if turn.timeout is not None:
+            # S1: the deadline is armed at handoff; it counts from the start the worker reports
+            # or notes in its start marker, whichever the supervisor learns first.
+            turn.timer = self._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
         self._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+
+    def _handed_deadline(self, turn: TurnRecord, slot: WorkerSlot) -> None:
+        """A handed turn's timeout has passed since handoff and no Started came: if the worker
+        noted it started, the deadline counts from then; if not, look again one timeout later
+        (it cannot have started before now, so its deadline is at least that far)."""
+        if turn.state != "handed" or turn.worker is not slot:
+            return
+        self._note_marked_start(slot)  # arms the deadline from the noted start
+        if turn.state == "handed" and turn.timeout is not None:
+            turn.timer = self._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
+
+    def _note_marked_start(self, slot: WorkerSlot) -> TurnRecord | None:
+        """S1: the worker notes each turn in its start marker before any of the turn's code runs.
+        If it names a turn handed to this worker whose Started has not arrived (a turn stuck
+        before it could send it), that turn is running from the noted time: started, deadline
+        counted from then, escalatable. Turns handed before it were passed by the worker: their
+        Started and End are still theirs when they come. Returns the turn so found."""
+        if slot.turn is not None or not slot.ahead or slot.state == "dead":
+            return None
+        path = _marker.path_for(self._endpoint, slot.id)
+        noted = _marker.read_noted(path) if path is not None else None
+        if noted is None:
+            return None
+        turn_id, at = noted
+        ahead = slot.ahead
+        index = next((i for i, t in enumerate(ahead) if t.id == turn_id), -1)
+        if index < 0:
+            return None
+        turn = ahead[index]
+        for before in list(ahead)[:index]:
+            slot.passed.add(before.id)
+        now = self._clock()
+        log.info("turn %s: started per worker %s's start marker (no Started yet)", turn.id, slot.id)
+        self._start_turn(slot, turn, min(max(at, turn.submitted_at), now))
+        return turn
+
+    def _start_turn(self, slot: WorkerSlot, turn: TurnRecord, started_at: float) -> None:
+        """The turn handed to ``slot`` runs from ``started_at``: arm its deadline (and its
+        escalation, if it was cancelled while handed)."""
+        slot.ahead.remove(turn)
+        self._handed -= 1
+        turn.revoking = False
+        slot.turn = turn
+        turn.state = "running"
+        self._running += 1
+        if turn.timer is not None:  # the handoff deadline (S1)
+            turn.timer.cancel()
+            turn.timer = None
+        if not turn.started:
+            turn.started = True
+            turn.started_at = started_at
+            if turn.timeout is not None:
+                turn.timer = self._timers.call_at(started_at + turn.timeout, self._deadline, turn)
+            for start_hook in self._start_hooks:
+                start_hook(turn, slot.pid)
+        if turn.cause is not None and turn.esc_timer is None:
+            # Cancelled while handed ahead, started before the Abort arrived.
+            self._arm_escalation(turn, slot)
 
     def _unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
         """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
@@ -903,6 +1026,13 @@ class Supervisor:
         turn.state = "queued"
         turn.worker = None
         turn.revoking = False
+        slot.passed.discard(turn.id)
+        if turn.timer is not None:  # the handoff deadline: armed again at the next handoff
+            turn.timer.cancel()
+            turn.timer = None
+        if turn.esc_timer is not None:
+            turn.esc_timer.cancel()
+            turn.esc_timer = None
 
     def _rebalance(self) -> None:
         """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a
@@ -1210,10 +1340,12 @@ class Supervisor:
             started_id = _marker.read(marker)
             with contextlib.suppress(OSError):
                 os.unlink(marker)
-            if turn is None and handed_turns and handed_turns[0].id == started_id:
+            index = next((i for i, t in enumerate(handed_turns) if t.id == started_id), -1)
+            if turn is None and index >= 0:
                 # The worker noted it started this turn, but its Started died with it: the turn
-                # ran (and crashed), it must not be handed to another worker.
-                first = handed_turns.pop(0)
+                # ran (and crashed), it must not be handed to another worker. (Turns before it
+                # ran in the same unreported burst: per P2 they count as never started.)
+                first = handed_turns.pop(index)
                 slot.ahead.remove(first)
                 self._handed -= 1
                 first.revoking = False
@@ -1225,7 +1357,10 @@ class Supervisor:
         for index in reversed(range(len(handed_turns))):
             handed = handed_turns[index]
             self._unhand(slot, handed)
-            if handed.cause is not None:
+            if handed.started:
+                # A turn the worker went past (S1) whose Started came but whose End died with it.
+                self._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
+            elif handed.cause is not None:
                 self._finish(handed, "aborted")
             elif index == 0 and turn is None and was != "starting":
                 # The worker was about to start this one, and may have: its Started can die with
@@ -1351,6 +1486,13 @@ class Supervisor:
                 ahead = slot.ahead
                 if slot.turn is not None:
                     if slot.turn.id != turn_id:
+                        if turn_id in slot.passed:
+                            # S1: a turn the worker went past before the one its marker named.
+                            passed = next((t for t in ahead if t.id == turn_id), None)
+                            if passed is not None and not passed.started:
+                                passed.started = True
+                                passed.started_at = self._clock()
+                            return
                         self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
                     return  # (a repeat of the running turn's Started is harmless)
                 if not ahead:
@@ -1362,29 +1504,28 @@ class Supervisor:
                     if turn is None:
                         self.bad_frames += 1
                         return
-                ahead.remove(turn)
-                self._handed -= 1
-                turn.revoking = False
-                slot.turn = turn
-                turn.state = "running"
-                self._running += 1
-                if not turn.started:
-                    turn.started = True
-                    turn.started_at = now = self._clock()
-                    if turn.timeout is not None:
-                        turn.timer = self._timers.call_at(now + turn.timeout, self._deadline, turn)
-                    for start_hook in self._start_hooks:
-                        start_hook(turn, slot.pid)
-                    if turn.cause is not None and turn.esc_timer is None:
-                        # Cancelled while handed ahead, started before the Abort arrived.
-                        turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
+                self._start_turn(slot, turn, self._clock())
             case wire.End(turn_id=turn_id):
                 if msg.ack:
                     # The worker holds back its next handed turn until this End is known here.
                     self._send(slot, wire.EndAck(turn_id))
                 if turn is None or turn.id != turn_id:
                     handed = next((t for t in slot.ahead if t.id == turn_id), None)
-                    if handed is None:
+                    if handed is not None and handed.id in slot.passed and handed.started:
+                        # S1: the end of a turn the worker went past; its own outcome stands.
+                        self._unhand(slot, handed)
+                        try:
+                            output = wire.decode_payload(msg.output)
+                        except msgspec.DecodeError:
+                            output = None
+                        self._finish(handed, msg.outcome, output=output, error=msg.error, worker_pid=slot.pid)
+                        slot.turns_run += 1
+                        self._after_turn(slot)
+                        return
+                    if handed is None or handed.cause is None:
+                        # S3: an End for a turn this worker does not run is taken only as the answer
+                        # to an Abort the supervisor sent for a handed turn. Anything else (an agent
+                        # forging another turn's end over its worker's connection) changes nothing.
                         self.bad_frames += 1
                         return
                     # A handed turn the worker dropped unstarted on Abort.
@@ -1529,6 +1670,8 @@ class Supervisor:
             await anyio.sleep(self.rss_interval)
             for slot in list(self._slots.values()):
                 turn = slot.turn
+                if turn is None and slot.state == "busy":
+                    turn = self._note_marked_start(slot)  # S1: running, though its Started is stuck
                 if slot.state == "busy" and turn is not None and turn.state == "running" and turn.cause is None:
                     # PSS, not summed RSS: N forked children of a worker share its pages. Read in a
                     # thread: smaps_rollup walks page tables (≈ 0.1 ms per process, more when large).

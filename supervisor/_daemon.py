@@ -19,7 +19,8 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
   and is counted; it changes no turn. ``MAXMSGSIZE`` refuses oversized frames at the socket.
 * **Shutdown.** The first SIGTERM/SIGINT stops accepting (submits get ``shutting_down``), lets
   accepted turns finish for ``drain`` seconds, then disposes the supervisor (cause
-  ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain.
+  ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain and
+  SIGKILLs every turn being cancelled at once (``Supervisor.kill_now``).
 * **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted; an awaitable it
   returns holds the submit's acknowledgement until it is done, e.g. committed), ``start_hooks``
   (a worker started it), ``end_hooks`` (its one result) — all called on the event loop.
@@ -193,7 +194,11 @@ class Daemon:
         async for signum in signals:
             name = signal.Signals(signum).name
             if self._stop_asked is not None and self._stop_asked.is_set():
-                log.info("received %s again: skipping the drain", name)
+                # SPEC disposal rule: a second signal moves every turn to its kill step at once,
+                # whatever grace its client chose (bounded anyway by --max-grace).
+                log.info("received %s again: skipping the drain, killing every cancelled turn now", name)
+                if self.sup is not None:
+                    self.sup.kill_now()
             else:
                 log.info("received %s: draining for up to %ss", name, self.drain)
             self.stop()

@@ -16,7 +16,7 @@ class WorkerSlot:
     __slots__ = (
         "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
         "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure", "ahead", "out",
-        "deferred_ready", "cgroup",
+        "deferred_ready", "cgroup", "passed",
     )
 
     def __init__(self, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
@@ -43,6 +43,9 @@ class WorkerSlot:
         self.deferred_ready: Any = None  # a Ready that came before the zygote's report of the pid
         self.failure: str | None = None  # why it was killed before it was ready, if we know
         self.cgroup: str | None = None  # its own cgroup v2 directory, where the pool has one
+        # Handed turns the worker went past (its start marker names a later one, rule S1): their
+        # Started and End may still come, and are then taken as theirs.
+        self.passed: set[str] = set()
 
     @property
     def inflight(self) -> int:

@@ -32,6 +32,7 @@ from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnErro
 
 from . import _cgroup, _guardian, _marker, _sweep, _tree
 from ._errors import SpawnError, TurnCancelled
+from ._flusher import StaleFlusher
 from ._turn import Turn
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
@@ -245,7 +246,11 @@ def _error(exc: BaseException) -> TurnError:
 
 class Connection:
     """The worker's side of the link. Outgoing messages are batched per loop iteration:
-    a turn that ends without suspending sends ``Started`` and ``End`` in one frame."""
+    a turn that ends without suspending sends ``Started`` and ``End`` in one frame.
+
+    A batch that waits a whole tick because a turn never gives the loop back is sent by the
+    stale flusher's thread (``worker/_flusher.py``, rule S1): every use of the socket holds
+    ``lock``, since a ZeroMQ socket must not be used by two threads at once."""
 
     def __init__(self, sock: zmq.Socket[bytes], asock: zmq.asyncio.Socket, loop: asyncio.AbstractEventLoop) -> None:
         self._sock = sock
@@ -256,21 +261,50 @@ class Connection:
         self._next_req = 0
         self.on_readable: Any = None  # the reader callback, re-run when a send hid a readable edge
         self.frames = 0  # frames sent so far: tells whether a Started already left
+        self.batches = 0  # batches begun: the stale flusher tells a batch that waits by it
+        self.lock = threading.RLock()
+        self.flusher: StaleFlusher | None = None
 
     def post(self, msg: Any) -> None:
         if not self._out:
+            self.batches += 1
             self._loop.call_soon(self.flush)
         self._out.append(msg)
 
     def flush(self) -> None:
         if self._out:
-            out, self._out = self._out, []
+            with self.lock:
+                out, self._out = self._out, []
+                if not out:  # the stale flusher sent it meanwhile
+                    return
+                self.frames += 1
+                self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
+                # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
+                # EVENTS so a message that arrived meanwhile is not stranded.
+                if self.on_readable is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    self._loop.call_soon(self.on_readable)
+
+    def flush_stale(self, batch: int) -> None:
+        """Called by the stale flusher's thread: send batch ``batch`` if the event loop has not
+        (a turn holds the main thread). In place, without swapping the list: the main thread may
+        be appending to it between two bytecodes; what it adds stays for the next flush."""
+        if not self.lock.acquire(blocking=False):
+            return  # the main thread is using the socket: it is not stuck
+        try:
+            out = self._out
+            n = len(out)
+            if self.batches != batch or not n:
+                return
+            frame = wire.encode_frame(out[:n])
+            del out[:n]
             self.frames += 1
-            self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
-            # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
-            # EVENTS so a message that arrived meanwhile is not stranded.
+            self._sock.send(frame, zmq.NOBLOCK)
             if self.on_readable is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._loop.call_soon(self.on_readable)
+                self._loop.call_soon_threadsafe(self.on_readable)
+        except zmq.ZMQError:
+            pass  # the link is going: the worker's own watchers deal with it
+        finally:
+            self.lock.release()
 
     def send_now(self, msg: Any) -> None:
         self._out.append(msg)
@@ -388,14 +422,23 @@ class WorkerLoop:
 
     async def run_turn(self, msg: Run) -> None:
         conn = self.conn
+        flusher = conn.flusher
+        if flusher is not None:  # S1: from here on, a batch this turn holds up still leaves
+            flusher.busy = True
+            if flusher.idle:
+                flusher.poke()
         if self.marker is not None:
             self.marker.mark(msg.turn_id)  # survives the process, unlike a queued frame
-        conn.post(wire.Started(msg.turn_id))
+        # Before the post: a Started that the stale flusher sends in an earlier frame than the
+        # End must make that End ask for an EndAck (P2).
         frames_at_start = conn.frames
+        conn.post(wire.Started(msg.turn_id))
         try:
             value = wire.decode_payload(msg.input)
         except msgspec.DecodeError as exc:
             conn.post(End(msg.turn_id, "failed", error=_error(exc)))
+            if flusher is not None:
+                flusher.busy = False
             return
         turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)
         self.current = turn
@@ -404,10 +447,18 @@ class WorkerLoop:
         error = None
         try:
             try:
+                imported = msg.agent in _IMPORT_CACHE
                 fn = load_agent(msg.agent)
                 is_async = _ASYNC_CACHE.get(msg.agent)
                 if is_async is None:
                     is_async = _ASYNC_CACHE[msg.agent] = _is_async(fn)
+                if not imported and conn.on_readable is not None:
+                    # The import may have taken long: an Abort that came meanwhile is honoured
+                    # before the agent runs (S2), not after it returned.
+                    conn.on_readable()
+                    turn.signal.raise_if_cancelled()
+            except TurnCancelled:
+                outcome = "aborted"
             except BaseException as exc:  # noqa: BLE001 - an import failure ends the turn, not the worker
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
@@ -443,6 +494,8 @@ class WorkerLoop:
         finally:
             self.current = None
             self.current_scope = None
+            if flusher is not None:
+                flusher.busy = False
         sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
         # Started already left in an earlier frame: the supervisor sees this turn running, so its End
         # must be confirmed before a handed turn (which might crash the process) starts.
@@ -490,6 +543,11 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
         # Called by the event loop when the socket's FD is readable (and after a send, see
         # Connection.flush): drain every frame, dispatch each message. No task switch per frame.
         # Polling EVENTS (≈1 µs) instead of recv until zmq.Again: that exception costs ≈12 µs.
+        # Under the connection's lock: the stale flusher's thread must not send meanwhile.
+        with conn.lock:
+            read_all()
+
+    def read_all() -> None:
         while True:
             try:
                 if not sync_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
@@ -521,6 +579,8 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
                         if not stop.done():
                             stop.set_result(None)
 
+    conn.flusher = StaleFlusher(conn, {signal.SIGTERM, PARENT_DEATH_SIGNAL})
+    conn.flusher.start()
     fd = sync_sock.getsockopt(zmq.FD)
     try:
         async with anyio.create_task_group() as tg:

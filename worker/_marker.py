@@ -6,8 +6,15 @@ memory-mapped file, written before any agent code runs (a memory write, no sysca
 kernel keeps it whatever happens to the process next. When a worker dies, the supervisor
 reads it to tell a turn that started (and crashed) from one that never did.
 
-Layout: a 4-byte little-endian length, then the turn id in UTF-8. The length is zeroed
-first and written last, so a torn write reads as "nothing started".
+The supervisor also reads it while the worker lives (rule S1 in ``docs/design.md``): a turn
+whose ``Started`` frame cannot leave (an agent that stopped its own worker with SIGSTOP, or that
+holds the GIL in one C call from its first line) is still known to have started, and when: the
+marker carries the ``CLOCK_MONOTONIC`` time of the start, which is the same clock in every
+process of the machine (the supervisor's event loop runs on it).
+
+Layout: a 4-byte little-endian length, the start time (8-byte little-endian double, seconds of
+``time.monotonic()``), then the turn id in UTF-8. The length is zeroed first and written last, so
+a torn write reads as "nothing started".
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
 
-SIZE = 4 + 1024  # turn ids are at most 256 characters
+HEAD = 4 + 8  # length, start time
+SIZE = HEAD + 1024  # turn ids are at most 256 characters
 
 
 def path_for(endpoint: str, worker_id: str) -> str | None:
@@ -38,23 +47,32 @@ class StartMarker:
             os.close(fd)
 
     def mark(self, turn_id: str) -> None:
-        data = turn_id.encode()[: SIZE - 4]
+        data = turn_id.encode()[: SIZE - HEAD]
         m = self._map
         m[0:4] = b"\0\0\0\0"
-        m[4 : 4 + len(data)] = data
+        m[4:HEAD] = struct.pack("<d", time.monotonic())
+        m[HEAD : HEAD + len(data)] = data
         m[0:4] = struct.pack("<I", len(data))
 
 
-def read(path: str) -> str | None:
-    """The supervisor's side: the last turn the (dead) worker noted as starting, if any."""
+def read_noted(path: str) -> tuple[str, float] | None:
+    """The supervisor's side: the last turn the worker noted as starting and when
+    (``time.monotonic()`` seconds), if any."""
     try:
         with open(path, "rb") as f:
             head = f.read(SIZE)
     except OSError:
         return None
-    if len(head) < 4:
+    if len(head) < HEAD:
         return None
     (n,) = struct.unpack("<I", head[:4])
-    if n == 0 or n > SIZE - 4 or len(head) < 4 + n:
+    if n == 0 or n > SIZE - HEAD or len(head) < HEAD + n:
         return None
-    return head[4 : 4 + n].decode(errors="replace")
+    (at,) = struct.unpack("<d", head[4:HEAD])
+    return head[HEAD : HEAD + n].decode(errors="replace"), at
+
+
+def read(path: str) -> str | None:
+    """The last turn the worker noted as starting, if any."""
+    noted = read_noted(path)
+    return noted[0] if noted is not None else None
