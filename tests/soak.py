@@ -255,7 +255,17 @@ def main() -> int:
     parser.add_argument("--kill-rounds", type=int, default=10, help="supervisor SIGKILL measurements")
     parser.add_argument("--fuzz-examples", type=int, default=1000)
     parser.add_argument("--report", default="benchmarks/SOAK.md")
+    parser.add_argument("--daemon-turns", type=int, default=30_000, help="turns through the SIGKILLed daemon")
+    parser.add_argument("--daemon-kills", type=int, default=20)
     args = parser.parse_args()
+
+    from worker import _tree
+
+    _tree.set_child_subreaper()  # orphans of killed daemons come to us, where the soak can see them
+    from tests.soak_daemon import daemon_soak, markdown
+
+    print(f"daemon soak: {args.daemon_turns} turns, {args.daemon_kills} SIGKILLs ...", file=sys.stderr)
+    dreport = anyio.run(lambda: daemon_soak(args.daemon_turns, kills=args.daemon_kills, progress=True))
 
     print(f"soak: {args.turns} turns ...", file=sys.stderr)
     report = anyio.run(
@@ -270,7 +280,7 @@ def main() -> int:
 
     first, last = report.samples[0], report.samples[-1]
     quarter = report.samples[len(report.samples) // 4]
-    ok = not report.wrong and report.deliveries_max == 1
+    ok = not report.wrong and report.deliveries_max == 1 and dreport.ok
     text = f"""# Soak and reliability figures
 
 Machine: {os.cpu_count()} cores (shared), Python {sys.version.split()[0]}.
@@ -307,6 +317,8 @@ spare), SIGKILLed {args.kill_rounds} times; time until every worker, guardian an
 (pidfd events): median {sorted(kills)[len(kills) // 2] * 1000:.1f} ms, worst {max(kills) * 1000:.1f} ms.
 (`tests/test_supervisor_death.py` does one round in CI with a 10 s bound.)
 
+{markdown(dreport, f"make soak (python -m tests.soak --daemon-turns {args.daemon_turns} "
+                   f"--daemon-kills {args.daemon_kills})")}
 ## Hostile input (fuzz frames tried)
 
 {fuzz}

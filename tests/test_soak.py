@@ -29,3 +29,18 @@ async def test_soak_every_turn_one_outcome_nothing_accumulates() -> None:
         f"soak: {TURNS} turns in {report.seconds:.1f}s, outcomes {dict(report.outcomes)}, "
         f"fds {[s.fds for s in report.samples]}, rss {[round(s.rss_mb) for s in report.samples]}"
     )
+
+
+@pytest.mark.slow
+async def test_daemon_soak_sigkill_every_acked_turn_ends_once_and_runs_at_most_once() -> None:
+    """``turnpool serve`` with its journal, SIGKILLed at random points under load and restarted:
+    every acknowledged turn ends exactly once, none runs twice (the agents count their own
+    executions), lost acknowledgements resubmitted with the same id do not run again, async
+    agents that never await are still killed, and nothing the daemon or an agent started (a
+    fork-without-exec background process included) is left alive."""
+    from tests.soak_daemon import daemon_soak, markdown
+
+    report = await daemon_soak(500, kills=3, submitters=4, vanish_per_round=50)
+    assert report.kills == 3
+    assert report.ok, markdown(report, "tests/test_soak.py")
+    assert report.acked == 500 and sum(report.outcomes.values()) == 500
