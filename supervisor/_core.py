@@ -231,7 +231,9 @@ class Supervisor:
         self._recheck_scheduled = False
         self._pump_wanted = False  # a pump was asked for during a receive batch
         self._defer_pump = False
-        self._timers = Timers()
+        # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
+        self._clock: Callable[[], float] = time.monotonic
+        self._timers = Timers(self._clock)
         self._ids = itertools.count(1)
         self._worker_ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
@@ -313,6 +315,7 @@ class Supervisor:
         # The loop's clock (what anyio.current_time() returns on asyncio) without anyio's
         # per-call backend lookup: it is read several times per turn.
         self._clock = asyncio.get_running_loop().time
+        self._timers.clock = self._clock
         self._wall_offset = time.time() - self._clock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -866,7 +869,7 @@ class Supervisor:
                 ):
                     # Delivered now, after its last child: that is when it became quiescent.
                     held = msgspec.structs.replace(
-                        parent.pending_result, ended_at=anyio.current_time() + self._wall_offset
+                        parent.pending_result, ended_at=self._clock() + self._wall_offset
                     )
                     self._deliver(parent, held)
         self._ended.append(turn.id)
@@ -1091,7 +1094,7 @@ class Supervisor:
             return
         target = self.workers + self.spares + self._lent
         live = sum(1 for s in self._slots.values() if s.live and not s.doomed)
-        now = anyio.current_time()
+        now = self._clock()
         if live < target and now < self._backoff_until:
             if self._refill_timer is None:
                 self._refill_timer = self._timers.call_at(self._backoff_until, self._refill)
@@ -1147,7 +1150,7 @@ class Supervisor:
             return
         if self._output is not None:
             self._output.name(worker_id, pid)
-        slot = WorkerSlot(worker_id, pid, _procs.pidfd(pid), token, marker, anyio.current_time())
+        slot = WorkerSlot(worker_id, pid, _procs.pidfd(pid), token, marker, self._clock())
         slot.cgroup = cgroup
         if cgroup is not None:
             _procs.CGROUPS[pid] = cgroup
@@ -1251,7 +1254,7 @@ class Supervisor:
         self._start_failures += 1
         self._last_start_error = reason
         delay = min(0.05 * 2 ** min(self._start_failures, 8), 5.0)
-        self._backoff_until = anyio.current_time() + delay
+        self._backoff_until = self._clock() + delay
         log.error("worker start failed (%d in a row, retrying in %.2fs): %s", self._start_failures, delay, reason)
         if self._ready_event is not None and not self._ready_event.is_set() and self._start_failures >= 3 \
                 and self._ready_count() == 0:
@@ -1568,7 +1571,7 @@ class Supervisor:
                 if slot.timer is not None:
                     slot.timer.cancel()
                 slot.state = "idle"
-                slot.ready_at = anyio.current_time()
+                slot.ready_at = self._clock()
                 self._start_failures = 0
                 self._idle.append(slot)
                 if self._ready_event is not None and self._ready_count() >= self.workers:
@@ -1650,7 +1653,7 @@ class Supervisor:
         if result.turn_id in self._turns:
             return
         turn = TurnRecord(result.turn_id, result.agent, wire.NIL, result.session, result.parent, None, 0.0, 0.0,
-                          anyio.current_time())
+                          self._clock())
         turn.state = "ended"
         turn.result = result
         turn.cause = result.cause

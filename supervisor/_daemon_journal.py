@@ -18,6 +18,7 @@ Recovery, before clients can connect:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from typing import Any
@@ -48,10 +49,13 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     accept row and then its "dispatched" row are committed), the lookup of ids the supervisor no
     longer holds (J8), and the write-failure state (J7: ``daemon.unavailable``)."""
     loop_box: list[asyncio.AbstractEventLoop] = []
+    # The daemon's own context, so that callbacks handed over from the journal's thread run as
+    # the loop's own code does (anyio knows its event loop there; a thread's context does not).
+    context_box: list[contextvars.Context] = []
 
     def on_loop(fn: Any, *args: Any) -> None:
         try:
-            loop_box[0].call_soon_threadsafe(fn, *args)
+            loop_box[0].call_soon_threadsafe(fn, *args, context=context_box[0])
         except RuntimeError:
             pass  # the loop is closed: the daemon is gone, nobody waits any more
 
@@ -110,6 +114,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())
+        context_box.append(contextvars.copy_context())
         journal.on_error_change = lambda error: on_loop(error_changed, error)
         if journal.error is not None:
             error_changed(journal.error)

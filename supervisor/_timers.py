@@ -32,7 +32,13 @@ class Timer:
 
 
 class Timers:
-    def __init__(self) -> None:
+    """``clock`` is the owner's event-loop clock. Timers are armed from loop callbacks too (a
+    reader callback, a journal commit handed over from its thread), where anyio cannot tell which
+    event loop runs (``anyio.current_time()`` raises there): the supervisor sets its loop's
+    ``time`` once it runs."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock: Callable[[], float] = clock or anyio.current_time
         self._heap: list[Timer] = []
         self._seq = itertools.count()
         self._wake = anyio.Event()
@@ -45,7 +51,7 @@ class Timers:
         return timer
 
     def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> Timer:
-        return self.call_at(anyio.current_time() + delay, fn, *args)
+        return self.call_at(self.clock() + delay, fn, *args)
 
     async def run(self) -> None:
         heap = self._heap
@@ -56,7 +62,7 @@ class Timers:
                 await self._wake.wait()
                 self._wake = anyio.Event()
                 continue
-            delay = heap[0].when - anyio.current_time()
+            delay = heap[0].when - self.clock()
             if delay > 0:
                 with anyio.move_on_after(delay):
                     await self._wake.wait()
