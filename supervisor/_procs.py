@@ -183,8 +183,13 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
 
 def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | None = None) -> list[int]:
     """Our own children that descend from the worker: its session, its cgroup (zombies keep
-    theirs), or its tree marker (environment or memfd, for ones that called setsid). Nothing
-    else of the host is ever touched."""
+    theirs, even once it is removed), or its tree marker (environment or memfd, for ones that
+    called setsid). Nothing else of the host is ever touched.
+
+    A setsid descendant that died before this scan is a zombie with no marker left (no
+    environment, no fds): its cgroup is its only mark. The worker's guardian kills and removes
+    that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
+    must still count (``removed=True``), or the zombie is never reaped."""
     found: list[int] = []
     for pid in _tree.children(os.getpid()):
         if pid in exclude:
@@ -192,7 +197,7 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | No
         if _tree.session_of(pid) == worker_pid:
             found.append(pid)
             continue
-        if cgroup is not None and _cgroup.cgroup_of(pid) == cgroup:
+        if cgroup is not None and _cgroup.cgroup_of(pid, removed=True) == cgroup:
             found.append(pid)
             continue
         if _tree.has_marker(pid, marker):

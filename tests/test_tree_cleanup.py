@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import Supervisor
+from supervisor import Supervisor, _procs
 from worker import _cgroup
 
 pytestmark = pytest.mark.anyio
@@ -87,6 +88,35 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, z
             result = await sup.run("tests.tree_agents:daemonize_then_crash", {"pid_file": str(pid_file)})
             assert result.outcome == "crashed", result
             assert _alive(_pids(pid_file)) == []
+
+
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
+    """The crashed-turn race, made deterministic: the guardian kills and removes its dead
+    worker's cgroup before the supervisor scans for orphans, so a setsid daemon is by then a
+    zombie of ours with no marker and a cgroup shown as "(deleted)". The scan must still name
+    it (by its cgroup), or it is never reaped and the result arrives before quiescence."""
+    own = _cgroup.cgroup_of()
+    assert own is not None
+    path = os.path.join(own, f"{_cgroup.POOL_PREFIX}{os.getpid()}-test-removed")
+    os.mkdir(path)
+    daemon = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"],
+                              start_new_session=True)
+    fd = os.pidfd_open(daemon.pid)
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(daemon.pid))
+        assert _cgroup.kill_and_remove(path)  # what the guardian does: kill, wait until empty, rmdir
+        select.select([fd], [], [], BOUND)  # exited (a zombie: nobody reaped it)
+        assert psutil.Process(daemon.pid).status() == psutil.STATUS_ZOMBIE
+        assert _cgroup.cgroup_of(daemon.pid) is None  # removed: not a live cgroup any more
+        gone_worker = daemon.pid + 1_000_000  # no process leads its session: only the cgroup can match
+        assert daemon.pid in _procs.orphans_of(gone_worker, "no-marker", set(), path)
+    finally:
+        os.close(fd)
+        daemon.kill()
+        daemon.wait()
+        _cgroup.remove(path)
 
 
 @pytest.mark.parametrize("cgroups", MODES)

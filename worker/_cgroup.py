@@ -46,8 +46,14 @@ def unified_mount() -> str | None:
     return _mount  # type: ignore[return-value]
 
 
-def cgroup_of(pid: int | str = "self") -> str | None:
-    """The filesystem path of ``pid``'s cgroup v2 (zombies included), or None."""
+def cgroup_of(pid: int | str = "self", *, removed: bool = False) -> str | None:
+    """The filesystem path of ``pid``'s cgroup v2 (zombies included), or None.
+
+    A zombie keeps the cgroup it died in even after that cgroup is removed; the kernel then
+    lists it with a " (deleted)" suffix. ``removed=True`` still returns that path, which is how
+    the supervisor recognises, by its worker's cgroup, a zombie whose cgroup the guardian
+    already emptied and removed (a path is never reused while its pool lives: the pool name
+    has a random tail and worker ids are never reused)."""
     mount = unified_mount()
     if mount is None:
         return None
@@ -57,7 +63,9 @@ def cgroup_of(pid: int | str = "self") -> str | None:
                 if line.startswith("0::"):
                     rel = line[3:].strip()
                     if rel.endswith(" (deleted)"):
-                        return None
+                        if not removed:
+                            return None
+                        rel = rel[: -len(" (deleted)")]
                     return os.path.normpath(mount + rel)
     except OSError:
         pass
