@@ -55,7 +55,7 @@ class DaemonReport:
     acked: int = 0
     resubmitted: int = 0
     lost: list[str] = field(default_factory=list)
-    ran_twice: dict[str, int] = field(default_factory=dict)
+    ran_twice: dict[str, str] = field(default_factory=dict)
     ran_unseen: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     survivors: list[str] = field(default_factory=list)
@@ -240,7 +240,8 @@ async def daemon_soak(
                 kind == "slow" and result.outcome == "aborted"):
             report.wrong.append(f"{tid} {kind}: {result.outcome} {result.error} cause={result.cause}")
         if runs[tid] > 1:
-            report.ran_twice[tid] = runs[tid]
+            report.ran_twice[tid] = (f"{kind} ran {runs[tid]} times; result {result.outcome} "
+                                     f"attempts={result.attempts} error={result.error}")
         if runs[tid] and not result.started:
             report.ran_unseen.append(f"{tid} {kind}: ran but its result says it never started")
     if pids_log.exists():
