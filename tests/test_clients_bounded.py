@@ -188,7 +188,9 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
           f"RSS +{(rss_peak - rss_before) >> 20} MiB, after they left +{(rss_after - rss_before) >> 20} MiB; "
           f"{facts}")
     assert crowd_s < 2 * alone_s + 5
-    assert crowd_done / crowd_s > 0.15 * alone_done / alone_s
+    # Generous: on a shared 2-core box the crowded window is short and noisy. Before the fix the
+    # other client got ~3 % of its rate alone (36/s against 1 052/s), after it 90-100 %.
+    assert crowd_done / crowd_s > 0.08 * alone_done / alone_s
     # The windowed ones fell behind the kept events and were told; the window-less ones were
     # either sent everything within the socket's bound or dropped when their queue filled.
     assert facts["lagged_followers"] >= 10
