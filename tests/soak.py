@@ -16,8 +16,11 @@ import argparse
 import collections
 import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,11 @@ KINDS: dict[str, tuple[int, frozenset[str]]] = {
     "deadline": (30, frozenset({"aborted"})),
     "stubborn": (8, frozenset({"killed", "aborted"})),  # aborted only if cancelled before it started
     "session": (27, frozenset({"completed"})),
+    # Attacks on the promises (issue 13): an async agent that never awaits (only the ladder stops
+    # it), a fork-without-exec daemon left behind by a turn that completes, an output flood.
+    "spin": (6, frozenset({"killed"})),
+    "forker": (12, frozenset({"completed"})),
+    "flood": (6, frozenset({"completed"})),
 }
 
 
@@ -67,6 +75,16 @@ class Report:
     deliveries_max: int = 0
     restarts: int = 0
     escalations: dict[str, int] = field(default_factory=dict)
+
+
+def _alive_with_start(pid: int, start: str) -> bool:
+    """``pid`` is still the process that noted ``start`` (its start time), not a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == start and fields[0] != "Z"
 
 
 def _fds() -> int:
@@ -105,8 +123,14 @@ async def soak(
     every = max(1, turns // samples)
     t0 = time.monotonic()
 
+    scratch = tempfile.mkdtemp(prefix="tpsoak")
+    runs_log, pids_log = os.path.join(scratch, "runs"), os.path.join(scratch, "pids")
+
+    def counted(kind: str) -> dict[str, str]:
+        return {"kind": kind, "log": runs_log, "pids": pids_log}
+
     async with Supervisor(
-        workers=workers, spares=1, grace=0.05, kill_after=0.3, keep_results=keep_results
+        workers=workers, spares=1, grace=0.05, kill_after=0.3, keep_results=keep_results, worker_output=None
     ) as sup:
         sup._result_hooks.append(lambda turn, result: deliveries.update([turn.id]))
 
@@ -163,6 +187,10 @@ async def soak(
                 async for _ in h.events():
                     break
                 await h.cancel()
+            elif kind == "spin":
+                h = await sup.submit("tests.soak_agents:counted", counted("spin"), timeout=0.05)
+            elif kind in ("forker", "flood"):
+                h = await sup.submit("tests.soak_agents:counted", counted(kind))
             else:  # a session's turns run one at a time, in order
                 h = await sup.submit("examples.agents:echo", kind, session=session)
             with anyio.fail_after(120):
@@ -199,6 +227,15 @@ async def soak(
             report.deliveries_max = max(report.deliveries_max, 2)
         status = sup.status()
         report.restarts = status["worker_restarts"]
+        runs = collections.Counter(Path(runs_log).read_text().split()) if os.path.exists(runs_log) else {}
+        report.wrong += [f"{tid} ran {n} times" for tid, n in runs.items() if n > 1]
+        if os.path.exists(pids_log):
+            for line in Path(pids_log).read_text().splitlines():
+                pid, start = line.split()
+                if _alive_with_start(int(pid), start):
+                    report.wrong.append(f"pid {pid}: a forker's background process outlived its turn")
+                    os.kill(int(pid), signal.SIGKILL)
+        shutil.rmtree(scratch, ignore_errors=True)
         report.escalations = dict(status["escalations"])
         sample()
     return report

@@ -29,6 +29,7 @@ import zmq
 import wire
 from supervisor import Client, TurnpoolError
 from tests import daemonkit
+from tests.soak import _alive_with_start
 
 AGENT = "tests.soak_agents:counted"
 
@@ -83,15 +84,6 @@ def _sample(report: DaemonReport, rnd: int, pid: int) -> None:
         report.samples.append((rnd, report.acked, p.num_fds(), p.memory_info().rss / 2**20))
     except psutil.Error:
         pass
-
-
-def _alive_with_start(pid: int, start: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[19] == start and fields[0] != "Z"
 
 
 async def _vanishing_clients(endpoint: str, ids: list[str], n: int) -> int:
