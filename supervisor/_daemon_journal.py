@@ -38,7 +38,7 @@ log = logging.getLogger("turnpool.daemon")
 
 EXIT_JOURNAL_LOST = 3  # ``turnpool serve`` exits with it when its journal file was deleted or replaced
 
-SUPERVISOR_LOST = TurnError("SupervisorLost", "the daemon stopped while this turn was running")
+SUPERVISOR_LOST = TurnError("SupervisorLost", "the daemon stopped while this turn was running, or cleared to run")
 
 
 def attach_journal(daemon: Daemon, journal: Journal) -> None:
@@ -134,7 +134,10 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: TurnError | None) -> TurnResult:
     now = time.time()
     return TurnResult(turn_id=turn.turn_id, outcome=outcome, cause=cause, error=error,  # type: ignore[arg-type]
-                      started=turn.state == "running", session=turn.session, parent=turn.parent,
+                      # J6: a turn cleared to run may have started: a result must never say a turn
+                      # that ran did not (a caller would run its side effects again), so "may have"
+                      # reads as started.
+                      started=turn.state in ("dispatched", "running"), session=turn.session, parent=turn.parent,
                       agent=turn.agent, attempts=turn.attempts, ended_at=now)
 
 
