@@ -138,8 +138,8 @@ def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: Tu
     result saying it never started would invite a resubmission that runs it twice."""
     now = time.time()
     return TurnResult(turn_id=turn.turn_id, outcome=outcome, cause=cause, error=error,  # type: ignore[arg-type]
-                      started=turn.state in ("dispatched", "running"), session=turn.session, parent=turn.parent,
-                      agent=turn.agent, attempts=turn.attempts, ended_at=now)
+                      started=turn.state in ("dispatched", "running"), session=turn.session,
+                      parent=turn.parent, agent=turn.agent, attempts=turn.attempts, ended_at=now)
 
 
 def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:

@@ -13,12 +13,12 @@ worker dies, the supervisor reads the log and applies each logged ``End`` of a t
 believes handed to or running on that worker, as if the frame had arrived (rule E1 in
 ``docs/design.md``).
 
-Layout: a 16-byte header - ``used`` (4-byte little-endian: bytes of records after the header),
-the worker's pid (4 bytes), 8 bytes reserved - then records, each a 4-byte length ``n``, the
-turn's start time (8-byte double, the same ``time.monotonic()`` value its start marker got),
-then ``n`` bytes of the msgpack-encoded ``End``. A record is written in full before ``used`` is
-moved past it (one aligned 4-byte store, done while this thread holds the GIL), so a death at
-any instant leaves either the old log or the new one visible, never a torn record.
+Layout: a 16-byte header - ``used`` (4 bytes, native order: bytes of records after the header),
+the worker's pid (4 bytes, native), 8 bytes reserved - then records, each a 4-byte little-endian
+length ``n``, the turn's start time (8-byte double, the same ``time.monotonic()`` value its start
+marker got), then ``n`` bytes of the msgpack-encoded ``End``. A record is written in full before
+``used`` is moved past it (one aligned 4-byte store), so a death at any instant leaves either the
+old log or the new one visible, never a torn record.
 
 The log is bounded (``SIZE``). An ``End`` that does not fit is not logged: it asks for an
 ``EndAck`` instead (the mechanism of rule P2), the worker starts nothing before that ack is in,
@@ -39,7 +39,11 @@ from wire import End
 HEAD = 16  # used, pid, reserved
 REC = 4 + 8  # length, start time
 SIZE = 1 << 20  # 1 MiB: tens of thousands of small ends between two acks; bigger ends take the ack
-_head = struct.Struct("<II")
+# The header is in native byte order (the file never leaves the machine): a native ``I`` is packed
+# with one memcpy, so ``used`` changes in one aligned 4-byte store that no death can tear (the
+# standard-size formats write it byte by byte).
+_head = struct.Struct("@II")
+_u32 = struct.Struct("@I")
 _rec = struct.Struct("<Id")
 _decoder = msgspec.msgpack.Decoder(End)
 
@@ -72,17 +76,17 @@ class EndLog:
         if stop > SIZE:
             return False
         m = self._map
-        m[start : start + REC] = _rec.pack(len(data), started_at)
+        _rec.pack_into(m, start, len(data), started_at)
         m[start + REC : stop] = data
-        self._used = stop - HEAD
-        m[0:4] = self._used.to_bytes(4, "little")  # last: the record is visible only now
+        self._used = used = stop - HEAD
+        _u32.pack_into(m, 0, used)  # last: the record is visible only now
         return True
 
     def clear(self) -> None:
         """The supervisor confirmed an ``End``, so it holds every ``End`` logged before it."""
         if self._used:
             self._used = 0
-            self._map[0:4] = b"\0\0\0\0"
+            _u32.pack_into(self._map, 0, 0)
 
 
 def read(path: str, pid: int) -> list[tuple[float, End]]:

@@ -350,7 +350,8 @@ class Connection:
 
 class WorkerLoop:
     def __init__(
-        self, conn: Connection, marker: _marker.StartMarker | None = None, endlog: _endlog.EndLog | None = None
+        self, conn: Connection, marker: _marker.StartMarker | None = None,
+        endlog: _endlog.EndLog | None = None,
     ) -> None:
         self.conn = conn
         self.marker = marker
