@@ -33,7 +33,7 @@ import zmq.asyncio
 
 import wire
 from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
-from worker import _cgroup, _marker, _tree
+from worker import _cgroup, _endlog, _marker, _tree
 
 from . import _output, _procs, _turninfo
 from ._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn, WorkerStartError
@@ -1337,17 +1337,24 @@ class Supervisor:
         # (or aborted, never started, if they were cancelled meanwhile).
         turn = slot.turn
         slot.turn = None
-        handed_turns = list(slot.ahead)
         marker = _marker.path_for(self._endpoint, slot.id)
+        noted = None
         if marker is not None:
-            started_id = _marker.read(marker)
+            noted = _marker.read_noted(marker)
             with contextlib.suppress(OSError):
                 os.unlink(marker)
+            # E1: first the ends the worker logged but whose frames died with it: those turns ran,
+            # and end with their own outcome.
+            turn = self._apply_end_log(slot, turn, noted)
+        handed_turns = list(slot.ahead)
+        if noted is not None:
+            started_id = noted[0]
             index = next((i for i, t in enumerate(handed_turns) if t.id == started_id), -1)
             if turn is None and index >= 0:
                 # The worker noted it started this turn, but its Started died with it: the turn
                 # ran (and crashed), it must not be handed to another worker. (Turns before it
-                # ran in the same unreported burst: per P2 they count as never started.)
+                # that ran in the same unreported burst ended per the End log, above; one still
+                # here was revoked or dropped unstarted.)
                 first = handed_turns.pop(index)
                 slot.ahead.remove(first)
                 self._handed -= 1
@@ -1365,9 +1372,10 @@ class Supervisor:
                 self._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
             elif handed.cause is not None:
                 self._finish(handed, "aborted")
-            elif index == 0 and turn is None and was != "starting":
+            elif index == 0 and turn is None and was != "starting" and noted is None:
                 # The worker was about to start this one, and may have: its Started can die with
-                # it (an agent that kills its worker at once). Re-queue it, but not forever.
+                # it (an agent that kills its worker at once), and no start marker says otherwise
+                # (one naming another turn proves this one never started). Re-queue it, but not forever.
                 if handed.attempts >= MAX_HANDOVERS:
                     log.warning("turn %s: %d workers died before it was seen to start; crashed",
                                 handed.id, handed.attempts)
@@ -1391,6 +1399,57 @@ class Supervisor:
         self._notify_change()
         self._fill_pool()
         self._pump()
+
+    def _apply_end_log(
+        self, slot: WorkerSlot, turn: TurnRecord | None, noted: tuple[str, float] | None
+    ) -> TurnRecord | None:
+        """E1: apply the ends a dead worker logged (``worker/_endlog.py``) whose frames never came.
+
+        Only turns the worker provably reached are considered: the turn it reported running and
+        the handed turns up to the one its start marker names (it runs them in the order handed),
+        so a record naming a turn handed behind that - which the worker never started - changes
+        nothing (S3). A turn already ended is not there to match (the log keeps stale records). A
+        record for the marked turn counts only if it carries the marker's start time (a record
+        left by an earlier turn under the same id does not). A turn whose escalation began ends
+        ``killed`` whatever the worker logged (R7). Returns the running turn, or None if it ended."""
+        path = _endlog.path_for(self._endpoint, slot.id)
+        if path is None:
+            return turn
+        records = _endlog.read(path, slot.pid) if slot.pid else []
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if not records:
+            return turn
+        ends = {end.turn_id: (at, end) for at, end in records}  # a turn's last record is its latest
+        marked_id, marked_at = noted if noted is not None else (None, None)
+        reached: list[TurnRecord] = [turn] if turn is not None else []
+        ahead = list(slot.ahead)
+        index = next((i for i, t in enumerate(ahead) if t.id == marked_id), -1)
+        reached += ahead[: index + 1]
+        now = self._clock()
+        for t in reached:
+            logged = ends.get(t.id)
+            if logged is None:
+                continue
+            at, end = logged
+            if (t.id == marked_id and at != marked_at) or t.escalation:
+                continue
+            if t is turn:
+                turn = None
+                if t.state != "running":
+                    continue
+            else:
+                self._start_turn(slot, t, min(max(at, t.submitted_at), now))
+                slot.turn = None
+            try:
+                output = wire.decode_payload(end.output)
+            except msgspec.DecodeError:
+                output = None
+            log.info("turn %s: ended %s per worker %s's End log (its frame died with the worker)",
+                     t.id, end.outcome, slot.id)
+            self._finish(t, end.outcome, output=output, error=end.error, worker_pid=slot.pid)
+            slot.turns_run += 1
+        return turn
 
     # ---- the worker link ---------------------------------------------------------------
 

@@ -132,6 +132,10 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
 
 def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: TurnError | None) -> TurnResult:
+    """The result of a turn the daemon lost. ``started`` is true for every turn that may have run
+    (``dispatched`` or ``running``, J6): a turn's ``running`` row is committed after its worker
+    started it, so a turn that ran just before a SIGKILL is often still ``dispatched``, and a
+    result saying it never started would invite a resubmission that runs it twice."""
     now = time.time()
     return TurnResult(turn_id=turn.turn_id, outcome=outcome, cause=cause, error=error,  # type: ignore[arg-type]
                       # J6: a turn cleared to run may have started: a result must never say a turn

@@ -30,7 +30,7 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _cgroup, _guardian, _marker, _sweep, _tree
+from . import _cgroup, _endlog, _guardian, _marker, _sweep, _tree
 from ._errors import SpawnError, TurnCancelled
 from ._flusher import StaleFlusher
 from ._turn import Turn
@@ -349,9 +349,15 @@ class Connection:
 
 
 class WorkerLoop:
-    def __init__(self, conn: Connection, marker: _marker.StartMarker | None = None) -> None:
+    def __init__(
+        self, conn: Connection, marker: _marker.StartMarker | None = None,
+        endlog: _endlog.EndLog | None = None,
+    ) -> None:
         self.conn = conn
         self.marker = marker
+        # E1: the End of each finished turn is logged here (shared memory) before the next turn
+        # starts, so a crash in that next turn cannot take it along.
+        self.endlog = endlog
         self.pending: collections.deque[Run] = collections.deque()
         # The idle runner waits on a bare asyncio future (the worker runs on asyncio): a few µs
         # cheaper per turn than an anyio.Event made and awaited each time.
@@ -389,6 +395,9 @@ class WorkerLoop:
     def on_end_ack(self, msg: EndAck) -> None:
         if msg.turn_id == self.unacked:
             self.unacked = None
+            if self.endlog is not None:
+                # Frames arrive in order: the supervisor holds every End logged before this one.
+                self.endlog.clear()
             if self.acked is not None and not self.acked.done():
                 self.acked.set_result(None)
 
@@ -427,8 +436,7 @@ class WorkerLoop:
             flusher.busy = True
             if flusher.idle:
                 flusher.poke()
-        if self.marker is not None:
-            self.marker.mark(msg.turn_id)  # survives the process, unlike a queued frame
+        started_at = self.marker.mark(msg.turn_id) if self.marker is not None else 0.0  # survives the process
         # Before the post: a Started that the stale flusher sends in an earlier frame than the
         # End must make that End ask for an EndAck (P2).
         frames_at_start = conn.frames
@@ -436,7 +444,7 @@ class WorkerLoop:
         try:
             value = wire.decode_payload(msg.input)
         except msgspec.DecodeError as exc:
-            conn.post(End(msg.turn_id, "failed", error=_error(exc)))
+            self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
             if flusher is not None:
                 flusher.busy = False
             return
@@ -500,9 +508,25 @@ class WorkerLoop:
         # Started already left in an earlier frame: the supervisor sees this turn running, so its End
         # must be confirmed before a handed turn (which might crash the process) starts.
         ack = conn.frames != frames_at_start
-        if ack:
-            self.unacked = msg.turn_id
-        conn.post(End(msg.turn_id, outcome, output, error, ack))  # type: ignore[arg-type]
+        self.post_end(End(msg.turn_id, outcome, output, error, ack), started_at)  # type: ignore[arg-type]
+
+    def post_end(self, end: End, started_at: float) -> None:
+        """Log the End (E1), then post it; an End the log cannot take asks for an EndAck (P2),
+        which also empties the log. Encoded once: the frame carries the logged bytes."""
+        endlog = self.endlog
+        if endlog is None:
+            if end.ack:
+                self.unacked = end.turn_id
+            self.conn.post(end)
+            return
+        data = wire.encode(end)
+        if not endlog.append(data, started_at):
+            if not end.ack:
+                data = wire.encode(msgspec.structs.replace(end, ack=True))
+            self.unacked = end.turn_id
+        elif end.ack:
+            self.unacked = end.turn_id
+        self.conn.post(msgspec.Raw(data))
 
 
 def _is_cancellation(exc: BaseException, turn: Turn) -> bool:
@@ -530,7 +554,9 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
     conn = Connection(sync_sock, sock, asyncio.get_running_loop())
     marker_path = _marker.path_for(endpoint, worker_id)
-    loop = WorkerLoop(conn, _marker.StartMarker(marker_path) if marker_path else None)
+    endlog_path = _endlog.path_for(endpoint, worker_id)
+    loop = WorkerLoop(conn, _marker.StartMarker(marker_path) if marker_path else None,
+                      _endlog.EndLog(endlog_path) if endlog_path else None)
     # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
     # protocol) and does not reconnect it: a worker left like that could never report a turn's
     # end again, so it must not stay up deaf. Watch for the disconnection and exit.

@@ -46,13 +46,17 @@ class StartMarker:
         finally:
             os.close(fd)
 
-    def mark(self, turn_id: str) -> None:
+    def mark(self, turn_id: str) -> float:
+        """Note ``turn_id`` as starting now; returns the start time noted (the End log records the
+        same value with the turn's end: rule E1 tells a current end from a stale one by it)."""
         data = turn_id.encode()[: SIZE - HEAD]
         m = self._map
+        now = time.monotonic()
         m[0:4] = b"\0\0\0\0"
-        m[4:HEAD] = struct.pack("<d", time.monotonic())
+        m[4:HEAD] = struct.pack("<d", now)
         m[HEAD : HEAD + len(data)] = data
         m[0:4] = struct.pack("<I", len(data))
+        return now
 
 
 def read_noted(path: str) -> tuple[str, float] | None:
