@@ -138,11 +138,8 @@ def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: Tu
     result saying it never started would invite a resubmission that runs it twice."""
     now = time.time()
     return TurnResult(turn_id=turn.turn_id, outcome=outcome, cause=cause, error=error,  # type: ignore[arg-type]
-                      # J6: a turn cleared to run may have started: a result must never say a turn
-                      # that ran did not (a caller would run its side effects again), so "may have"
-                      # reads as started.
-                      started=turn.state in ("dispatched", "running"), session=turn.session, parent=turn.parent,
-                      agent=turn.agent, attempts=turn.attempts, ended_at=now)
+                      started=turn.state in ("dispatched", "running"), session=turn.session,
+                      parent=turn.parent, agent=turn.agent, attempts=turn.attempts, ended_at=now)
 
 
 def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
