@@ -1,4 +1,4 @@
-"""The guardian's body (forked by ``_main.start_guardian``; see its docstring for the why).
+"""The guardian's body (forked by ``_guards.start_guardian``; see its docstring for the why).
 
 Runs in a process forked from the worker before any thread exists; uses only os-level calls.
 It never kills anything that does not descend from its worker: a process counts as such when

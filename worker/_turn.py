@@ -13,7 +13,7 @@ from wire import Cause, TurnResult
 from ._errors import TurnCancelled
 
 if TYPE_CHECKING:
-    from ._main import Connection
+    from ._loop import Connection
 
 
 class CancelSignal:

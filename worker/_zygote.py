@@ -58,7 +58,7 @@ def _preload(modules: list[str]) -> None:
 
     import wire  # noqa: F401
 
-    from . import _main  # noqa: F401
+    from . import _main  # noqa: F401 - the entry point pulls in the guards and the turn loop
 
     # Warm the lazy parts a worker's first loop would pay (anyio's backend setup, asyncio's
     # loop machinery); this starts no thread, so the zygote stays safe to fork.
@@ -92,7 +92,7 @@ def _become_worker(
     out_fd: int, reparented: bool = False,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
-    from . import _main, _tree
+    from . import _guards, _loop, _tree
 
     _take_output(out_fd)
     if not reparented:
@@ -108,10 +108,10 @@ def _become_worker(
         time.sleep(0.0001)
     try:
         cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
-        _main.install_process_guards(parent_pid, life_fd, cgroup)
+        _guards.install_process_guards(parent_pid, life_fd, cgroup)
         import anyio
 
-        anyio.run(_main.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
+        anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
         sys.stdout.flush()
