@@ -41,7 +41,7 @@ bench-quick: $(BENCH_STAMP)
 # The full soak (tens of thousands of turns, supervisor SIGKILL rounds, longer fuzzing):
 # writes benchmarks/SOAK.md. The CI version is tests/test_soak.py.
 soak: $(STAMP)
-	$(BIN)/python -m tests.soak --turns 30000
+	$(BIN)/python -m tests.support.soak --turns 30000
 
 clean:
 	rm -rf $(VENV) build *.egg-info

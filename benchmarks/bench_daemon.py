@@ -98,7 +98,7 @@ async def _no_daemon() -> dict[str, float]:
 
 async def _main(quick: bool) -> str:
     from supervisor import Client, Supervisor
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     n, repeats, cancels = (200, 3, 5) if quick else (1000, 5, 15)
     via_client: list[float] = []

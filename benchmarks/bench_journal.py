@@ -49,7 +49,7 @@ async def _submits(endpoint: str, per: int) -> tuple[float, float]:
 
 
 async def _main(quick: bool) -> str:
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     per, repeats = (100, 3) if quick else (500, 5)
     opts = ("--workers", "2", "--spares", "0", "--drain", "0")

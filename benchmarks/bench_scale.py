@@ -98,7 +98,7 @@ async def _clients_run(endpoint: str, clients: int, total: int) -> float:
 
 
 def _clients(total: int) -> list[list[str]]:
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     rows = []
     with daemonkit.serving("--workers", "2", "--spares", "0", "--drain", "0") as served:

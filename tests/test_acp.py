@@ -146,7 +146,7 @@ async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path
     its worker killed and reaped, its tool call reported ended; a new worker (new pid) serves the
     session's next prompt."""
     grace = 0.5
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE,
                          "--grace", str(grace), "--kill-after", "1") as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
@@ -203,7 +203,7 @@ async def test_cancel_right_after_prompt_still_cancels(tmp_path: Path) -> None:
 async def test_editor_gone_mid_turn_stops_everything(tmp_path: Path) -> None:
     """The editor closes stdin while a stubborn turn runs: the agent kills the turn's worker
     tree after the grace and exits 0 with nothing left behind."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE,
                          "--grace", "0.3", "--kill-after", "1") as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
 
@@ -221,7 +221,7 @@ async def test_editor_gone_mid_turn_stops_everything(tmp_path: Path) -> None:
 async def test_sigterm_disposes_and_exits_zero(tmp_path: Path) -> None:
     """SIGTERM while a stubborn turn runs: the agent stops the turn (escalating), reaps every
     worker and exits 0."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE,
                          "--grace", "0.3", "--kill-after", "1", ends_by_eof=False) as (conn, rec, sid, proc):
         async with anyio.create_task_group() as tg:
 
@@ -263,7 +263,7 @@ async def test_one_mebibyte_prompt_round_trips(tmp_path: Path) -> None:
 async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
     """A turn whose worker dies answers a JSON-RPC error saying it crashed; one whose agent
     raises, an error saying it failed (type and message); the session still serves."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE) as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE) as (conn, rec, sid, _):
         with anyio.fail_after(60):
             with pytest.raises(acp.RequestError) as crashed:
                 await conn.prompt(session_id=sid, prompt=[acp.text_block("crash")])
@@ -279,7 +279,7 @@ async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
 async def test_cancelled_turn_that_then_fails_still_answers_cancelled(tmp_path: Path) -> None:
     """A cancelled turn whose agent raises on the way out ends ``failed``, yet the prompt answers
     ``cancelled`` and no error: the editor asked to stop, and it stopped."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE,
                          "--grace", "20") as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
@@ -355,7 +355,7 @@ async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
                 seen += chunk
                 if b"ready on" in seen:
                     break
-        async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--connect", endpoint,
+        async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", "--connect", endpoint,
                              "--grace", "0.5", "--kill-after", "1") as (conn, rec, sid, _):
             with anyio.fail_after(60):
                 hello = await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])

@@ -273,7 +273,7 @@ async def test_retries_recorded_in_attempts(tmp_path: Path) -> None:
     failing job is not retried."""
     jobs = [
         {"id": "always", "agent": E + "crasher", "input": {"code": 5}},
-        {"id": "once", "agent": "tests.batch_agents:fail_once", "input": {"marker": str(tmp_path / "m")}},
+        {"id": "once", "agent": "tests.agents.batch:fail_once", "input": {"marker": str(tmp_path / "m")}},
     ]
     out, out2 = tmp_path / "out.jsonl", tmp_path / "out2.jsonl"
     with anyio.fail_after(120):

@@ -8,8 +8,8 @@ import time
 import msgspec
 
 from supervisor import SyncClient
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 
 def test_submit_prints_the_turn_id_and_wait_prints_the_result() -> None:

@@ -30,8 +30,8 @@ from supervisor import (
     TurnResult,
     UnknownTurn,
 )
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 

@@ -22,12 +22,12 @@ import zmq.auth
 
 import wire
 from supervisor import AuthenticationFailed, Client, DaemonUnavailable, FollowerDropped, InvalidAgent
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 
-LONG = "tests.client_agents:wait_for_cancel"
+LONG = "tests.agents.client:wait_for_cancel"
 
 
 async def _daemon_facts(client: Client) -> dict[str, Any]:
@@ -135,7 +135,7 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
     socks = []
     try:
         async with Client.connect(endpoint, timeout=30) as client:
-            handle = await client.submit("tests.client_agents:flood", {"count": count})
+            handle = await client.submit("tests.agents.client:flood", {"count": count})
             for i in range(stopped):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
@@ -204,7 +204,7 @@ async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None
     ``FollowerDropped``. Following again resumes from the oldest kept event; the turn completes."""
     with serving(*FAST, "--no-journal", "--max-events", "20") as d:
         async with Client.connect(d.endpoint, timeout=30, follow_window=4) as client:
-            handle = await client.submit("tests.fault_agents:stream_when_told", {"count": 200})
+            handle = await client.submit("tests.agents.faults:stream_when_told", {"count": 200})
             got: list[int] = []
             with anyio.fail_after(60):
                 async with aclosing(handle.events()) as events:
@@ -227,16 +227,16 @@ async def test_a_result_at_the_size_limit_is_fetchable() -> None:
     with serving(*FAST, "--no-journal") as d:
         async with Client.connect(d.endpoint, timeout=30) as client:
             with anyio.fail_after(120):
-                big = await client.run("tests.client_agents:near_limit_output", {"slack": 16},
+                big = await client.run("tests.agents.client:near_limit_output", {"slack": 16},
                                        turn_id="t" * 256, session="s" * 256)
                 assert big.outcome == "completed" and len(big.output) == wire.MAX_PAYLOAD_SIZE - 21
-                loud = await client.submit("tests.client_agents:near_limit_error", turn_id="u" * 256,
+                loud = await client.submit("tests.agents.client:near_limit_error", turn_id="u" * 256,
                                            session="s" * 256)
                 first = await loud.result()
-                huge = await client.run("tests.client_agents:near_limit_error",
+                huge = await client.run("tests.agents.client:near_limit_error",
                                         {"size": wire.MAX_MESSAGE_SIZE})
                 with pytest.raises(InvalidAgent, match="at most"):
-                    await client.submit("tests.client_agents:" + "a" * 2000)
+                    await client.submit("tests.agents.client:" + "a" * 2000)
         async with Client.connect(d.endpoint, timeout=30) as other:
             with anyio.fail_after(60):
                 again = await other.handle("u" * 256).result()

@@ -22,8 +22,8 @@ import zmq.asyncio
 
 import wire
 from supervisor import Client, Daemon, DaemonShuttingDown
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import wire
 from supervisor import Client, DaemonUnavailable
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 

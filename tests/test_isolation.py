@@ -29,10 +29,10 @@ import anyio
 import pytest
 
 from supervisor import Supervisor
-from tests import daemonkit
+from tests.support import daemonkit
 
 ROOT = daemonkit.ROOT
-FLOOD = "tests.isolation_agents:flood"
+FLOOD = "tests.agents.isolation:flood"
 BOUND = 90.0  # generous: a shared 2-core machine
 pytestmark = pytest.mark.anyio
 
@@ -106,7 +106,7 @@ HOST = textwrap.dedent("""
 
     async def main():
         async with Supervisor(workers=1, spares=0, grace=0.5, kill_after=0.5) as sup:
-            r = await sup.run("tests.isolation_agents:flood", {"mib": 64, "marker": sys.argv[1]}, timeout=3)
+            r = await sup.run("tests.agents.isolation:flood", {"mib": 64, "marker": sys.argv[1]}, timeout=3)
             print(json.dumps({"outcome": r.outcome, "cause": r.cause and r.cause.kind,
                               "dropped": sup.status().get("worker_output_dropped")}), flush=True)
 
@@ -147,7 +147,7 @@ async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=0, grace=0.2, kill_after=0.2, zygote=zygote,
                               worker_output=log, worker_output_max_mb=0.25) as sup:
-            r = await sup.run("tests.isolation_agents:hello", "hi")
+            r = await sup.run("tests.agents.isolation:hello", "hi")
             assert r.outcome == "completed", r
             assert r.output == str(sup._dir) != os.getcwd()
             assert stat.S_IMODE(os.stat(r.output).st_mode) == 0o700

@@ -1,8 +1,8 @@
 """The journal under attack: daemon SIGKILLs under load, a full disk, a read-only remount, a
 deleted journal, a frozen filesystem, a small ``--max-queue`` at restart, reused turn ids.
 
-Every test runs a real ``turnpool serve`` (``tests/daemonkit.py``) and real agents that count
-their own executions (``tests/journal_agents.py``: one line per run in a log file), so "ran
+Every test runs a real ``turnpool serve`` (``tests/support/daemonkit.py``) and real agents that count
+their own executions (``tests/agents/journal.py``: one line per run in a log file), so "ran
 twice" is counted by the agents themselves, not inferred from the daemon's word. Disks are real:
 tmpfs and a loop-mounted ext4 image, mounted here (root) and unmounted in teardown.
 """
@@ -28,11 +28,11 @@ import pytest
 
 from supervisor import Client, JournalUnavailable
 from supervisor._journal import lock_name, read_history
-from tests.daemonkit import FAST, Served, serving, short_dir, start, stop_process
+from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio
 
-AGENT = "tests.journal_agents:count"
+AGENT = "tests.agents.journal:count"
 
 
 # ---- real disks ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ AGENTS = [
     ("examples.agents:forker", {"children": 2, "ignore_sigterm": True}),
     ("examples.agents:stubborn", {}),
     ("examples.agents:sigterm_ignorer", {}),
-    ("tests.fault_agents:gil_holder", {}),
+    ("tests.agents.faults:gil_holder", {}),
 ]
 
 async def main():

@@ -65,11 +65,11 @@ async def test_a_finished_turn_leaves_no_process(
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
-            result = await sup.run(f"tests.tree_agents:{agent}", {"pid_file": str(pid_file)})
+            result = await sup.run(f"tests.agents.tree:{agent}", {"pid_file": str(pid_file)})
             assert result.outcome == outcome, result
             left = _pids(pid_file)
             assert _alive(left) == [], f"still alive when the result arrived: {left}"
-            nxt = await sup.run("tests.tree_agents:next_turn_children")
+            nxt = await sup.run("tests.agents.tree:next_turn_children")
             assert nxt.outcome == "completed"
             assert nxt.output["worker"] == result.worker_pid
             assert not set(nxt.output["children"]) & set(left)
@@ -85,7 +85,7 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, z
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0, cgroups=cgroups, zygote=zygote) as sup:
-            result = await sup.run("tests.tree_agents:daemonize_then_crash", {"pid_file": str(pid_file)})
+            result = await sup.run("tests.agents.tree:daemonize_then_crash", {"pid_file": str(pid_file)})
             assert result.outcome == "crashed", result
             assert _alive(_pids(pid_file)) == []
 
@@ -126,7 +126,7 @@ async def test_a_killed_turn_leaves_no_process(tmp_path: Path, cgroups: bool) ->
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0, grace=0.1, kill_after=0.1, cgroups=cgroups) as sup:
-            handle = await sup.submit("tests.tree_agents:daemonize_then_hang", {"pid_file": str(pid_file)})
+            handle = await sup.submit("tests.agents.tree:daemonize_then_hang", {"pid_file": str(pid_file)})
             async for _ in handle.events():
                 break
             await handle.cancel()
@@ -142,7 +142,7 @@ from supervisor import Supervisor
 
 async def main():
     async with Supervisor(workers=2, spares=0, grace=60, kill_after=60, cgroups=sys.argv[1] == "1") as sup:
-        handles = [await sup.submit("tests.tree_agents:daemonize_then_hang", {"pid_file": f})
+        handles = [await sup.submit("tests.agents.tree:daemonize_then_hang", {"pid_file": f})
                    for f in sys.argv[2:]]
         for h in handles:
             async for _ in h.events():
@@ -211,7 +211,7 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
     with anyio.fail_after(90):
         async with Supervisor(workers=1, spares=0, max_rss_mb=250, rss_interval=0.05, grace=0.2,
                               kill_after=0.2, cgroups=cgroups) as sup:
-            handle = await sup.submit("tests.tree_agents:fork_many", {"n": 100, "hold": 1.0})
+            handle = await sup.submit("tests.agents.tree:fork_many", {"n": 100, "hold": 1.0})
             async for event in handle.events():
                 assert len(event["pids"]) == 100
                 break
@@ -220,7 +220,7 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
             result = await handle.result()
             assert result.outcome == "completed", result
             assert _alive(result.output["pids"]) == []
-            hog = await sup.run("tests.fault_agents:stubborn_hog", {"mb": 400})
+            hog = await sup.run("tests.agents.faults:stubborn_hog", {"mb": 400})
             assert (hog.outcome, hog.cause) == ("killed", {"kind": "memory"}), hog
 
 

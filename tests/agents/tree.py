@@ -1,4 +1,4 @@
-"""Agents that leave processes behind (``tests.tree_agents:NAME``), for tests/test_tree_cleanup.py.
+"""Agents that leave processes behind (``tests.agents.tree:NAME``), for tests/test_tree_cleanup.py.
 
 They fork *without exec*: a forked child keeps the worker's memory image as it was (its
 environment block included), so a marker set with ``putenv`` in the worker never shows in the

@@ -27,7 +27,7 @@ from supervisor._daemon import READY_PREFIX
 
 ENTRY = "from supervisor._cli import entry; entry()"
 READY_TIMEOUT = 60.0
-ROOT = str(Path(__file__).resolve().parent.parent)  # the repo root: ``tests.*`` agents live under it
+ROOT = str(Path(__file__).resolve().parents[2])  # the repo root: ``tests.*`` agents live under it
 
 
 def turnpool_argv(*args: str) -> list[str]:

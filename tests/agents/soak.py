@@ -1,4 +1,4 @@
-"""Agents for the daemon soak (``tests/soak_daemon.py``): each counts its own executions.
+"""Agents for the daemon soak (``tests/support/soak_daemon.py``): each counts its own executions.
 
 Every agent first appends its turn id to the run log named in its input (one ``O_APPEND`` write
 of a short line is atomic), so the harness can count how often each acknowledged turn really

@@ -1,4 +1,4 @@
-"""Agents that misbehave in the ways the fault matrix needs (``tests.fault_agents:NAME``).
+"""Agents that misbehave in the ways the fault matrix needs (``tests.agents.faults:NAME``).
 
 Each one emits a first event (``{"type": "started", "pid": ...}``) before it misbehaves, so a
 test can wait for the turn to be seen running instead of sleeping. The ones in

@@ -1,6 +1,6 @@
 """The daemon soak: ``turnpool serve`` with its journal, SIGKILLed again and again under load.
 
-Clients submit turns with ids chosen here; every agent (``tests/soak_agents.py``) appends its
+Clients submit turns with ids chosen here; every agent (``tests/agents/soak.py``) appends its
 turn id to a run log before doing anything else, so the agents themselves count how often each
 turn ran. Between submits the daemon is SIGKILLed at random points and restarted on the same
 journal; a submit whose acknowledgement was lost is sent again with the same ``turn_id`` (as a
@@ -28,10 +28,10 @@ import zmq
 
 import wire
 from supervisor import Client, TurnpoolError
-from tests import daemonkit
-from tests.soak import _alive_with_start
+from tests.support import daemonkit
+from tests.support.soak import _alive_with_start
 
-AGENT = "tests.soak_agents:counted"
+AGENT = "tests.agents.soak:counted"
 
 # kind -> (weight, outcomes allowed when no daemon kill interrupted the turn)
 KINDS: dict[str, tuple[int, frozenset[str]]] = {
