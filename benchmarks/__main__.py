@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="reduced sizes, well under a minute")
     parser.add_argument("--only", nargs="*", default=None, help="run only these bench names")
     args = parser.parse_args()
-    found = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    found = sorted(p.stem[len("bench_") :] for p in HERE.glob("bench_*.py"))
     names = [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
     if args.only:
         names = [n for n in names if n in args.only]

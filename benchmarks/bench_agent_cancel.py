@@ -18,7 +18,17 @@ from typing import Any
 
 import anyio
 
-from worker.agent import AgentLoop, Cancelled, Delayed, Finish, Response, ScriptedModel, TextDelta, ToolCall, tool
+from worker.agent import (
+    AgentLoop,
+    Cancelled,
+    Delayed,
+    Finish,
+    Response,
+    ScriptedModel,
+    TextDelta,
+    ToolCall,
+    tool,
+)
 
 FOREVER = 3600.0
 

@@ -61,7 +61,10 @@ async def _main(quick: bool) -> str:
             with daemonkit.serving(*opts, *extra) as served:
                 results[mode].append(await _submits(served.endpoint, per))
             shutil.rmtree(home, ignore_errors=True)
-    med = {m: (statistics.median(a for a, _ in r), statistics.median(t for _, t in r)) for m, r in results.items()}
+    med = {
+        m: (statistics.median(a for a, _ in r), statistics.median(t for _, t in r))
+        for m, r in results.items()
+    }
     n = CLIENTS * per
     return (
         "## journal: submit throughput with the journal on vs off\n\n"

@@ -70,14 +70,22 @@ def run(quick: bool) -> str:
     skipped: dict[str, str] = {}
     over: dict[str, tuple[str, list[float]]] = {}
     recov: dict[str, tuple[str, list[float], list[float]]] = {}
-    over["turnpool"] = (f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
-                        anyio.run(_overshoot, n))
+    over["turnpool"] = (
+        f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
+        anyio.run(_overshoot, n),
+    )
     log(f"turnpool overshoot p50 {ms(med(over['turnpool'][1]))}")
-    recov["turnpool, spare"] = ("killed (tree reaped) → next queued turn running on the warm spare",
-                                *anyio.run(_recovery, nr, 1))
-    recov["turnpool, no spare"] = ("killed (tree reaped) → worker forked from the zygote → next turn running",
-                                   *anyio.run(_recovery, nr, 0))
-    log(f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / {ms(med(recov['turnpool, no spare'][1]))}")
+    recov["turnpool, spare"] = (
+        "killed (tree reaped) → next queued turn running on the warm spare",
+        *anyio.run(_recovery, nr, 1),
+    )
+    recov["turnpool, no spare"] = (
+        "killed (tree reaped) → worker forked from the zygote → next turn running",
+        *anyio.run(_recovery, nr, 0),
+    )
+    log(
+        f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / {ms(med(recov['turnpool, no spare'][1]))}"
+    )
     npeb = 5 if quick else 20
     r = run_peer("pebble", lambda: _peers.pebble_kill(npeb, GRACE), skipped)
     if r:
@@ -101,15 +109,37 @@ def run(quick: bool) -> str:
         r = run_peer("Celery", lambda: _peers.celery_kill_and_recovery(10, GRACE), skipped)
         if r:
             over["Celery"] = (f"hard `time_limit={GRACE}` → worker process gone, past start + limit", r[0])
-            recov["Celery"] = ("`revoke(terminate=True, SIGKILL)`, process gone → next queued task running", *r[1])
+            recov["Celery"] = (
+                "`revoke(terminate=True, SIGKILL)`, process gone → next queued task running",
+                *r[1],
+            )
     tp = over["turnpool"][1]
-    rows = [[f"**{k}**" if k == "turnpool" else k, what, len(xs), ms(med(xs)), ms(pct(xs, 90)), ms(pct(xs, 99)),
-             "1.0×" if k == "turnpool" else ratio(med(xs) / med(tp))] for k, (what, xs) in over.items()]
+    rows = [
+        [
+            f"**{k}**" if k == "turnpool" else k,
+            what,
+            len(xs),
+            ms(med(xs)),
+            ms(pct(xs, 90)),
+            ms(pct(xs, 99)),
+            "1.0×" if k == "turnpool" else ratio(med(xs) / med(tp)),
+        ]
+        for k, (what, xs) in over.items()
+    ]
     ts, tn = recov["turnpool, spare"][1], recov["turnpool, no spare"][1]
     tnc = recov["turnpool, no spare"][2]
-    rrows = [[f"**{k}**" if k.startswith("turnpool") else k, what, len(xs), ms(med(xs)), ms(pct(xs, 99)),
-              ms(med(cs)), "—" if k.startswith("turnpool") else ratio(med(cs) / med(tnc))]
-             for k, (what, xs, cs) in recov.items()]
+    rrows = [
+        [
+            f"**{k}**" if k.startswith("turnpool") else k,
+            what,
+            len(xs),
+            ms(med(xs)),
+            ms(pct(xs, 99)),
+            ms(med(cs)),
+            "—" if k.startswith("turnpool") else ratio(med(cs) / med(tnc)),
+        ]
+        for k, (what, xs, cs) in recov.items()
+    ]
     return (
         "## Kill overshoot\n\n"
         "A turn that never awaits (a CPU loop) is cancelled; timed past the grace until the result says "
@@ -124,9 +154,20 @@ def run(quick: bool) -> str:
         "The last columns time from `cancel()` instead, which adds the kill itself; the ratio uses them, since "
         "peers differ in when they kill (pebble notices a cancel on a ~100 ms loop, then replaces the worker "
         "at once).\n\n"
-        + table(["system", "what is timed", "samples", "p50", "p99", "p50 from cancel",
-                 "peer ÷ turnpool without spare (p50 from cancel)"], rrows)
+        + table(
+            [
+                "system",
+                "what is timed",
+                "samples",
+                "p50",
+                "p99",
+                "p50 from cancel",
+                "peer ÷ turnpool without spare (p50 from cancel)",
+            ],
+            rrows,
+        )
         + f"\n\nTargets: with a spare p50 ≤ 2 ms — {ms(med(ts))} {'met' if med(ts) <= 2e-3 else 'MISSED'}; "
         f"without p50 ≤ 20 ms — {ms(med(tn))} {'met' if med(tn) <= 20e-3 else 'MISSED'}."
-        + skipped_lines(skipped) + f"\n\nCommand: {command('kill', quick)}"
+        + skipped_lines(skipped)
+        + f"\n\nCommand: {command('kill', quick)}"
     )

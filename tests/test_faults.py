@@ -125,7 +125,9 @@ FAULTS: dict[str, Fault] = {
         "crashed",
         exit_codes=frozenset(range(1, 256)) | SIGTERM_OR_KILL,
     ),
-    "garbage_on_stdout_stderr": Fault("tests.agents.faults:garbage_writer", None, "completed", output="wrote"),
+    "garbage_on_stdout_stderr": Fault(
+        "tests.agents.faults:garbage_writer", None, "completed", output="wrote"
+    ),
 }
 
 
@@ -315,8 +317,10 @@ async def test_a_turn_that_crashed_its_worker_is_never_run_again(tmp_path: Path)
     """Turns handed ahead in bursts whose agent emits and kills its worker at once: each ends
     ``crashed`` (started), none is silently run a second time on another worker."""
     async with Supervisor(workers=2, spares=1) as sup:
-        handles = [await sup.submit("tests.agents.faults:exit_first_run_only", str(tmp_path / f"m{i}"))
-                   for i in range(12)]
+        handles = [
+            await sup.submit("tests.agents.faults:exit_first_run_only", str(tmp_path / f"m{i}"))
+            for i in range(12)
+        ]
         with anyio.fail_after(120):
             results = [await h.result() for h in handles]
     assert {(r.outcome, r.started, r.output) for r in results} == {("crashed", True, None)}

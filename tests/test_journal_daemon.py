@@ -43,8 +43,9 @@ async def test_sigkill_mid_batch_then_restart_ends_every_turn_once() -> None:
             retried = await client.submit("tests.agents:hang_first_time", {"marker": str(marker)}, retry=True)
             await first_event(plain)
             await first_event(retried)
-            queued = [await client.submit("examples.agents:slow", {"seconds": 0.05}, session="s")
-                      for _ in range(4)]
+            queued = [
+                await client.submit("examples.agents:slow", {"seconds": 0.05}, session="s") for _ in range(4)
+            ]
             assert (await client.status())["queue"] == 4
     finally:
         first.proc.kill()
@@ -88,8 +89,9 @@ def test_corrupt_and_locked_journals_are_refused() -> None:
         holder = start(*FAST, "--journal", str(journal), home=other_home)
         try:
             before = hashlib.sha256(journal.read_bytes()).hexdigest()
-            refused = live.cli("serve", *FAST, "--journal", str(journal), "--endpoint",
-                               f"ipc://{live.home}/other.sock")
+            refused = live.cli(
+                "serve", *FAST, "--journal", str(journal), "--endpoint", f"ipc://{live.home}/other.sock"
+            )
             assert refused.returncode == 1 and "locked by another live daemon" in refused.stderr
             assert hashlib.sha256(journal.read_bytes()).hexdigest() == before
         finally:
@@ -97,7 +99,9 @@ def test_corrupt_and_locked_journals_are_refused() -> None:
             shutil.rmtree(other_home, ignore_errors=True)
         corrupt = live.home / "corrupt.sqlite3"
         corrupt.write_bytes(b"definitely not sqlite" * 64)
-        refused = live.cli("serve", *FAST, "--journal", str(corrupt), "--endpoint", f"ipc://{live.home}/c.sock")
+        refused = live.cli(
+            "serve", *FAST, "--journal", str(corrupt), "--endpoint", f"ipc://{live.home}/c.sock"
+        )
         assert refused.returncode == 1 and "corrupt" in refused.stderr
         assert corrupt.read_bytes() == b"definitely not sqlite" * 64
         usage = live.cli("serve", "--no-journal", "--journal", str(corrupt))

@@ -144,8 +144,9 @@ async def test_parent_cancel_cancels_the_child_first() -> None:
     ``parent`` before the parent's result is delivered."""
     async with Supervisor(workers=2, spares=0, grace=20) as sup:
         seen = start_watch(sup)
-        parent = await sup.submit("examples.agents:parent", {"child": "examples.agents:slow",
-                                                             "child_input": {"seconds": 60}})
+        parent = await sup.submit(
+            "examples.agents:parent", {"child": "examples.agents:slow", "child_input": {"seconds": 60}}
+        )
         await wait_started(seen, f"child-of:{parent.turn_id}")
         child_id = next(t.id for t in sup._turns.values() if t.parent == parent.turn_id)
         await parent.cancel()
@@ -189,8 +190,9 @@ async def test_spawn_in_a_full_pool_lends_the_parents_slot() -> None:
         assert result.output["outcome"] == "completed" and result.output["output"] == {"x": 1}
         assert result.output["parent"] == result.turn_id
         with anyio.fail_after(60):
-            results = [await h.result() for h in
-                       [await sup.submit("tests.agents:spawn_echo", i) for i in range(3)]]
+            results = [
+                await h.result() for h in [await sup.submit("tests.agents:spawn_echo", i) for i in range(3)]
+            ]
     assert all(r.outcome == "completed" for r in results)
 
 
@@ -244,8 +246,11 @@ async def test_when_idle_waits_for_the_kill_and_reap() -> None:
 
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("submit"), st.sampled_from(["a", "b", None]),
-                  st.sampled_from(["echo", "slow", "stubborn"])),
+        st.tuples(
+            st.just("submit"),
+            st.sampled_from(["a", "b", None]),
+            st.sampled_from(["echo", "slow", "stubborn"]),
+        ),
         st.tuples(st.just("cancel"), st.integers(0, 40), st.sampled_from(["user", "parent"])),
         st.tuples(st.just("cancel_session"), st.sampled_from(["a", "b"])),
         st.tuples(st.just("yield"), st.integers(0, 3)),

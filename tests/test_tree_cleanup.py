@@ -34,8 +34,13 @@ pytestmark = pytest.mark.anyio
 
 HAVE_CGROUP = _cgroup.usable()
 MODES = [
-    pytest.param(True, id="cgroup", marks=pytest.mark.skipif(
-        not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine (the fallback is tested)")),
+    pytest.param(
+        True,
+        id="cgroup",
+        marks=pytest.mark.skipif(
+            not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine (the fallback is tested)"
+        ),
+    ),
     pytest.param(False, id="fallback"),
 ]
 BOUND = 10.0  # seconds: generous on a busy 2-core box
@@ -100,8 +105,9 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     assert own is not None
     path = os.path.join(own, f"{_cgroup.POOL_PREFIX}{os.getpid()}-test-removed")
     os.mkdir(path)
-    daemon = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"],
-                              start_new_session=True)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", "import signal\nwhile True: signal.pause()"], start_new_session=True
+    )
     fd = os.pidfd_open(daemon.pid)
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
@@ -184,8 +190,10 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
         rest = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
         t0 = time.monotonic()
         _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(rest, timeout=BOUND))
-        print(f"host SIGKILL ({'cgroup' if cgroups else 'fallback'}) -> {len(rest)} left processes gone "
-              f"in {(time.monotonic() - t0) * 1000:.0f} ms")
+        print(
+            f"host SIGKILL ({'cgroup' if cgroups else 'fallback'}) -> {len(rest)} left processes gone "
+            f"in {(time.monotonic() - t0) * 1000:.0f} ms"
+        )
         assert [p.pid for p in alive if p.pid in left] == [], "the agents' processes survived the host"
         assert alive == [], f"left behind: {[p.pid for p in alive]}"
         assert _alive(left) == []
@@ -209,8 +217,9 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
     worker's, so a limit of 250 MiB does not kill the turn (summed RSS reads several GB); a real
     400 MiB allocation under the same limit still ends ``killed`` with cause ``memory``."""
     with anyio.fail_after(90):
-        async with Supervisor(workers=1, spares=0, max_rss_mb=250, rss_interval=0.05, grace=0.2,
-                              kill_after=0.2, cgroups=cgroups) as sup:
+        async with Supervisor(
+            workers=1, spares=0, max_rss_mb=250, rss_interval=0.05, grace=0.2, kill_after=0.2, cgroups=cgroups
+        ) as sup:
             handle = await sup.submit("tests.agents.tree:fork_many", {"n": 100, "hold": 1.0})
             async for event in handle.events():
                 assert len(event["pids"]) == 100
@@ -306,7 +315,6 @@ def test_cgroup_option_is_validated() -> None:
     """``cgroups`` is a keyword-only bool, refused otherwise with a clear message."""
     with pytest.raises(TypeError, match="cgroups"):
         Supervisor(cgroups="yes")  # type: ignore[arg-type]
-
 
 
 def test_serve_takes_cgroups_on_or_off() -> None:

@@ -242,7 +242,7 @@ def sweep_stale(own: str) -> list[str]:
     for name in entries:
         if not name.startswith(POOL_PREFIX):
             continue
-        pid_s, _, rest = name[len(POOL_PREFIX):].partition("-")
+        pid_s, _, rest = name[len(POOL_PREFIX) :].partition("-")
         start = rest.partition("-")[0]
         try:
             pid = int(pid_s)

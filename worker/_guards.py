@@ -184,5 +184,8 @@ def sweep_leftovers() -> None:
     if _SWEEP is not None:
         killed = _SWEEP.sweep()
         if killed:
-            print(f"turnpool worker: killed {len(killed)} process(es) left by the turn", file=sys.stderr,
-                  flush=True)
+            print(
+                f"turnpool worker: killed {len(killed)} process(es) left by the turn",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -51,7 +51,8 @@ def load_agent(spec: str) -> Any:
             # The agent's own module (or package) is not on the worker's path: say where workers look.
             raise ModuleNotFoundError(
                 f"{exc} (workers import agents from the supervisor's agent_path / `--path` directories, "
-                "PYTHONPATH and installed packages; never from the working directory)", name=exc.name,
+                "PYTHONPATH and installed packages; never from the working directory)",
+                name=exc.name,
             ) from None
         for part in attr.split("."):
             obj = getattr(obj, part)
@@ -67,8 +68,10 @@ def _is_async(fn: Any) -> bool:
 
 def _error(exc: BaseException) -> TurnError:
     """The turn's error, cut at the source so its result always fits in one message (R23)."""
-    return TurnError(type=wire.cut_error_text(type(exc).__name__, wire.MAX_ERROR_TYPE_CHARS),
-                     message=wire.cut_error_text(str(exc), wire.MAX_ERROR_CHARS))
+    return TurnError(
+        type=wire.cut_error_text(type(exc).__name__, wire.MAX_ERROR_TYPE_CHARS),
+        message=wire.cut_error_text(str(exc), wire.MAX_ERROR_CHARS),
+    )
 
 
 # ---- the connection ------------------------------------------------------------------
@@ -82,7 +85,9 @@ class Connection:
     stale flusher's thread (``worker/_flusher.py``, rule S1): every use of the socket holds
     ``lock``, since a ZeroMQ socket must not be used by two threads at once."""
 
-    def __init__(self, sock: zmq.Socket[bytes], asock: zmq.asyncio.Socket, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, sock: zmq.Socket[bytes], asock: zmq.asyncio.Socket, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._sock = sock
         self._asock = asock
         self._loop = loop

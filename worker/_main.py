@@ -19,7 +19,9 @@ from ._loop import serve
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m worker", description="turnpool worker (started by the supervisor)")
+    parser = argparse.ArgumentParser(
+        prog="python -m worker", description="turnpool worker (started by the supervisor)"
+    )
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--id", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)

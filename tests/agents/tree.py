@@ -106,4 +106,3 @@ async def next_turn_children(turn: worker.Turn) -> dict[str, Any]:
 
     me = psutil.Process()
     return {"worker": os.getpid(), "children": [p.pid for p in me.children(recursive=True)]}
-

@@ -354,8 +354,13 @@ spare), SIGKILLed {args.kill_rounds} times; time until every worker, guardian an
 (pidfd events): median {sorted(kills)[len(kills) // 2] * 1000:.1f} ms, worst {max(kills) * 1000:.1f} ms.
 (`tests/test_supervisor_death.py` does one round in CI with a 10 s bound.)
 
-{markdown(dreport, f"make soak (python -m tests.support.soak --daemon-turns {args.daemon_turns} "
-                   f"--daemon-kills {args.daemon_kills})")}
+{
+        markdown(
+            dreport,
+            f"make soak (python -m tests.support.soak --daemon-turns {args.daemon_turns} "
+            f"--daemon-kills {args.daemon_kills})",
+        )
+    }
 ## Hostile input (fuzz frames tried)
 
 {fuzz}

@@ -96,8 +96,11 @@ async def _vanishing_clients(endpoint: str, ids: list[str], n: int) -> int:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(endpoint)
             tid = ids[i % len(ids)] if ids else "none"
-            for msg in (wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION), wire.Follow(2, tid),
-                        wire.GetResult(3, tid)):
+            for msg in (
+                wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION),
+                wire.Follow(2, tid),
+                wire.GetResult(3, tid),
+            ):
                 sock.send(wire.encode(msg), zmq.NOBLOCK)
             sock.close(linger=100)
             done += 1
@@ -126,8 +129,20 @@ async def daemon_soak(
     home = daemonkit.short_dir()
     journal = home / "journal.db"
     runs_log, pids_log = home / "runs.log", home / "pids.log"
-    args = ("--workers", str(workers), "--spares", "1", "--grace", "0.3", "--kill-after", "0.3",
-            "--drain", "0", "--journal", str(journal))
+    args = (
+        "--workers",
+        str(workers),
+        "--spares",
+        "1",
+        "--grace",
+        "0.3",
+        "--kill-after",
+        "0.3",
+        "--drain",
+        "0",
+        "--journal",
+        str(journal),
+    )
     report = DaemonReport(turns=turns)
     pending: collections.deque[tuple[str, str]] = collections.deque((f"t{i}", plan[i]) for i in range(turns))
     acked: dict[str, str] = {}
@@ -175,7 +190,8 @@ async def daemon_soak(
                         tg.start_soon(submitter, index)
                     if vanish_per_round:
                         report.vanished_clients += await _vanishing_clients(
-                            served.endpoint, list(acked)[-200:], vanish_per_round)
+                            served.endpoint, list(acked)[-200:], vanish_per_round
+                        )
                 if target is not None:
                     _sample(report, rnd, served.pid)
                     tree = _descendants(served.pid)
@@ -191,7 +207,9 @@ async def daemon_soak(
                         except ChildProcessError:
                             pass
                     for p in alive:
-                        report.survivors.append(f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL")
+                        report.survivors.append(
+                            f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL"
+                        )
                         try:
                             p.kill()
                         except psutil.Error:
@@ -219,7 +237,11 @@ async def daemon_soak(
 
     from supervisor._journal import read_result
 
-    runs = collections.Counter(Path(runs_log).read_text().split()) if runs_log.exists() else collections.Counter()
+    runs = (
+        collections.Counter(Path(runs_log).read_text().split())
+        if runs_log.exists()
+        else collections.Counter()
+    )
     for tid, kind in acked.items():
         result = read_result(journal, tid)
         if result is None:
@@ -227,13 +249,20 @@ async def daemon_soak(
             continue
         report.outcomes[result.outcome] += 1
         report.by_kind.setdefault(kind, collections.Counter())[result.outcome] += 1
-        interrupted = result.outcome == "crashed" and result.error is not None and result.error.type == INTERRUPTED
-        if result.outcome not in KINDS[kind][1] and not interrupted and not (
-                kind == "slow" and result.outcome == "aborted"):
+        interrupted = (
+            result.outcome == "crashed" and result.error is not None and result.error.type == INTERRUPTED
+        )
+        if (
+            result.outcome not in KINDS[kind][1]
+            and not interrupted
+            and not (kind == "slow" and result.outcome == "aborted")
+        ):
             report.wrong.append(f"{tid} {kind}: {result.outcome} {result.error} cause={result.cause}")
         if runs[tid] > 1:
-            report.ran_twice[tid] = (f"{kind} ran {runs[tid]} times; result {result.outcome} "
-                                     f"attempts={result.attempts} error={result.error}")
+            report.ran_twice[tid] = (
+                f"{kind} ran {runs[tid]} times; result {result.outcome} "
+                f"attempts={result.attempts} error={result.error}"
+            )
         if runs[tid] and not result.started:
             report.ran_unseen.append(f"{tid} {kind}: ran but its result says it never started")
     if pids_log.exists():
@@ -259,14 +288,23 @@ def markdown(report: DaemonReport, command: str) -> str:
         rows.append(f"| {k} | {sum(c.values())} | " + " | ".join(str(c.get(o, 0)) for o in cols) + " |")
     t = report.outcomes
     rows.append(f"| **all** | {sum(t.values())} | " + " | ".join(str(t.get(o, 0)) for o in cols) + " |")
-    curve = ["| daemon life | acked so far | daemon fds | daemon RSS (MiB) |", "| ---: | ---: | ---: | ---: |"]
+    curve = [
+        "| daemon life | acked so far | daemon fds | daemon RSS (MiB) |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     curve += [f"| {r} | {a} | {f} | {m:.1f} |" for r, a, f, m in report.samples]
     gone = sorted(report.kill_to_gone)
-    gone_line = (f"median {gone[len(gone) // 2] * 1000:.0f} ms, worst {gone[-1] * 1000:.0f} ms"
-                 if gone else "no kill")
-    verdict = "All checks passed." if report.ok else (
-        f"FAILURES: lost {report.lost[:5]}, ran twice {dict(list(report.ran_twice.items())[:5])}, "
-        f"ran unseen {report.ran_unseen[:3]}, wrong {report.wrong[:5]}, survivors {report.survivors[:5]}")
+    gone_line = (
+        f"median {gone[len(gone) // 2] * 1000:.0f} ms, worst {gone[-1] * 1000:.0f} ms" if gone else "no kill"
+    )
+    verdict = (
+        "All checks passed."
+        if report.ok
+        else (
+            f"FAILURES: lost {report.lost[:5]}, ran twice {dict(list(report.ran_twice.items())[:5])}, "
+            f"ran unseen {report.ran_unseen[:3]}, wrong {report.wrong[:5]}, survivors {report.survivors[:5]}"
+        )
+    )
     return f"""## Daemon soak: SIGKILL under load, exactly once
 
 Command: `{command}`. {report.turns} turns with ids chosen by the clients, through `turnpool serve`
