@@ -45,7 +45,8 @@ def run(quick: bool) -> str:
     for peer in ("ProcessPoolExecutor", "loky"):
         skipped[peer] = "cannot stop a running task (`cancel()` returns False once it runs)"
     skipped["Celery"] = (
-        "`revoke()` without terminate does not stop a running task (with terminate it kills: see kill overshoot)"
+        "`revoke()` without terminate does not stop a running task (with terminate it kills: see kill "
+        "overshoot)"
     )
     heavy = heavy_peers_reason(quick)
     if heavy:

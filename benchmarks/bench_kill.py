@@ -84,7 +84,8 @@ def run(quick: bool) -> str:
         *anyio.run(_recovery, nr, 0),
     )
     log(
-        f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / {ms(med(recov['turnpool, no spare'][1]))}"
+        f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / "
+        f"{ms(med(recov['turnpool, no spare'][1]))}"
     )
     npeb = 5 if quick else 20
     r = run_peer("pebble", lambda: _peers.pebble_kill(npeb, GRACE), skipped)
@@ -146,14 +147,15 @@ def run(quick: bool) -> str:
         "`killed` with the worker and its tree reaped (peers: until the worker process is gone).\n\n"
         + table(["system", "what is timed", "kills", "p50", "p90", "p99", "peer ÷ turnpool (p50)"], rows)
         + f"\n\nTargets: p50 ≤ 5 ms — {ms(med(tp))} {'met' if med(tp) <= 5e-3 else 'MISSED'}; "
-        f"p90 ≤ 20 ms — {ms(pct(tp, 90))} {'met' if pct(tp, 90) <= 20e-3 else 'MISSED'} (over {len(tp)} kills).\n\n"
+        f"p90 ≤ 20 ms — {ms(pct(tp, 90))} {'met' if pct(tp, 90) <= 20e-3 else 'MISSED'} (over {len(tp)} "
+        "kills).\n\n"
         "## Capacity recovery\n\n"
         "One worker runs a CPU loop, the next turn is queued behind it; the loop is killed (grace 0) and "
         "timed from the kill (turnpool: the `killed` result, tree reaped; peers: the worker process gone, "
         "polled every 0.5 ms) until the next turn is running (it returns `time.monotonic()` at its start). "
-        "The last columns time from `cancel()` instead, which adds the kill itself; the ratio uses them, since "
-        "peers differ in when they kill (pebble notices a cancel on a ~100 ms loop, then replaces the worker "
-        "at once).\n\n"
+        "The last columns time from `cancel()` instead, which adds the kill itself; the ratio uses them, "
+        "since peers differ in when they kill (pebble notices a cancel on a ~100 ms loop, then replaces the "
+        "worker at once).\n\n"
         + table(
             [
                 "system",

@@ -60,7 +60,8 @@ def run(quick: bool) -> str:
     p50, p99 = med(tp), pct(tp, 99)
     return (
         "## Submit → result latency\n\n"
-        "One no-op turn at a time, 2 workers, after a warm-up: `await sup.run(...)` (peers: `submit(...).result()`).\n\n"
+        "One no-op turn at a time, 2 workers, after a warm-up: `await sup.run(...)` (peers: "
+        "`submit(...).result()`).\n\n"
         + table(["system", "samples", "p50", "p99", "peer ÷ turnpool (p50)"], rows)
         + "\n\nThe floor row is a bare round trip on turnpool's stack (ROUTER/DEALER over ipc, an asyncio "
         "FD reader on each side, no turn logic), measured in the same run: what is left above it is "

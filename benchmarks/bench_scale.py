@@ -160,9 +160,10 @@ def run(quick: bool) -> str:
             clients = f"1 / 10 / 50 daemon clients: **not measured** — the daemon failed here: {exc!r}"[:400]
         else:
             clients = (
-                "Daemon clients: a `turnpool serve` daemon (2 workers) and 1, 10 or 50 `Client`s connected at "
-                "once, each submitting its share of the turns concurrently, then awaiting them; the daemon's "
-                "RSS afterwards:\n\n" + table(["clients", "turns", "throughput", "daemon RSS"], crows)
+                "Daemon clients: a `turnpool serve` daemon (2 workers) and 1, 10 or 50 `Client`s connected "
+                "at once, each submitting its share of the turns concurrently, then awaiting them; the "
+                "daemon's RSS afterwards:\n\n"
+                + table(["clients", "turns", "throughput", "daemon RSS"], crows)
             )
     else:
         clients = (
@@ -173,13 +174,15 @@ def run(quick: bool) -> str:
     return (
         "## Scale\n\n"
         f"Throughput by pool size ({n:,} no-op turns submitted at once; start = until every worker is ready; "
-        "RSS of the supervisor process afterwards: the bench process itself, which by then also holds the imports of the peers (Ray, Celery and others); memory per turn is measured below in fresh interpreters):\n\n"
+        "RSS of the supervisor process afterwards: the bench process itself, which by then also holds the "
+        "imports of the peers (Ray, Celery and others); memory per turn is measured below in fresh "
+        "interpreters):\n\n"
         + table(["workers", "turns", "median throughput", "start", "supervisor RSS"], rows)
         + "\n\nQueue depth (each size in a fresh interpreter): one worker held busy, N turns submitted "
-        "(`queued` counts turns handed ahead as queued, as the SPEC says), then released. Submit cost per turn, "
-        "drain rate, and the supervisor's memory growth per queued turn (turn record, handle, encoded input): "
-        "RSS, and what Python allocated while submitting (tracemalloc, a second pass; it slows the submits, "
-        "so the timing columns come from the first):\n\n"
+        "(`queued` counts turns handed ahead as queued, as the SPEC says), then released. Submit cost per "
+        "turn, drain rate, and the supervisor's memory growth per queued turn (turn record, handle, "
+        "encoded input): RSS, and what Python allocated while submitting (tracemalloc, a second pass; it "
+        "slows the submits, so the timing columns come from the first):\n\n"
         + table(
             [
                 "queued",
@@ -191,7 +194,9 @@ def run(quick: bool) -> str:
             ],
             qrows,
         )
-        + f"\n\nTargets: per-turn cost flat as the queue grows (compare the submit and drain columns across rows: draining stays flat; submitting grows about 2x from 10k to 100k queued, mostly the cyclic GC walking every live turn record, and larger tables); "
+        + "\n\nTargets: per-turn cost flat as the queue grows (compare the submit and drain columns across "
+        "rows: draining stays flat; submitting grows about 2x from 10k to 100k queued, mostly the cyclic "
+        "GC walking every live turn record, and larger tables); "
         f"≤ 3 KB per queued turn — worst {worst / 1024:.2f} KB at ≥ 10k "
         f"{'met' if worst <= 3072 else 'MISSED'}.\n\n{clients}"
         f"\n\nCommand: {command('scale', quick)}"

@@ -77,12 +77,14 @@ def run(quick: bool) -> str:
             verdicts.append(f"{name}: {ratio(got)} (target ≥ {need}×) — {'met' if got >= need else 'MISSED'}")
     return (
         "## Trivial-turn throughput\n\n"
-        f"{n:,} no-op turns submitted at once (fewer for Celery and Ray, which are slower by orders of magnitude), "
+        f"{n:,} no-op turns submitted at once (fewer for Celery and Ray, which are slower by orders of "
+        "magnitude), "
         "2 worker processes, timed until every result is in. Rates per repetition; median and slowest "
         "(the p99 of a handful of repetitions is its slowest).\n\n"
         + table(["system", "turns", "reps", "median", "slowest", "turnpool ÷ peer (median)"], rows)
         + f"\n\nSame run, turnpool with prefetching off (`prefetch=1`, one round trip per turn): "
-        f"{rate(med(floor_note))}. The issue's reference figures (pebble ≈ 19k/s, ProcessPoolExecutor ≈ 10k/s "
+        f"{rate(med(floor_note))}. The issue's reference figures (pebble ≈ 19k/s, ProcessPoolExecutor ≈ "
+        "10k/s "
         f"on a quiet machine) put 2× at ≈ 38k/s: turnpool's median here is {rate(tp)} "
         f"({'at or above' if tp >= 38_000 else 'below'} it, on a machine shared with other jobs)."
         f"\n\nTargets: "

@@ -6,6 +6,7 @@ import hashlib
 import json
 import shutil
 from contextlib import aclosing
+from itertools import pairwise
 
 import anyio
 import pytest
@@ -68,7 +69,7 @@ async def test_sigkill_mid_batch_then_restart_ends_every_turn_once() -> None:
                 assert r.outcome == ("completed" if at_kill[r.turn_id] == "queued" else "crashed"), r
             assert sum(at_kill[h.turn_id] == "queued" for h in queued) >= 3  # a session: one at a time
             r_queued = [r for r in r_queued if r.outcome == "completed"]
-            for prev, nxt in zip(r_queued, r_queued[1:]):
+            for prev, nxt in pairwise(r_queued):
                 assert nxt.started_at >= prev.ended_at
             resubmit = await client.submit("examples.agents:echo", "dup", turn_id=done[0].turn_id)
             assert await resubmit.result() == done[0]  # idempotent across the restart: never run twice

@@ -3,6 +3,8 @@ strict causes, first-wins, disposal-wins and truthful quiescence, under the RFC'
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,7 +41,7 @@ async def test_session_turns_run_one_at_a_time_in_order() -> None:
         with anyio.fail_after(60):
             ra = [await h.result() for h in a]
             rb = [await h.result() for h in b]
-    for prev, nxt in zip(ra, ra[1:]):
+    for prev, nxt in pairwise(ra):
         assert nxt.started_at >= prev.ended_at
     # Session B did not wait for session A.
     assert rb[0].started_at < ra[-1].started_at
@@ -305,7 +307,7 @@ def test_random_interleavings_keep_the_invariants(ops: list[tuple], dispose_at: 
                 assert not r.started and r.outcome == "aborted"
         for session in ("a", "b"):
             ran = [r for r in results if r.session == session and r.started]
-            for prev, nxt in zip(ran, ran[1:]):
+            for prev, nxt in pairwise(ran):
                 assert nxt.started_at >= prev.ended_at
         with pytest.raises(SupervisorClosed):
             await sup.submit("examples.agents:echo", 1)

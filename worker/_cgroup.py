@@ -234,7 +234,7 @@ class Pool:
 def sweep_stale(own: str) -> list[str]:
     """Kill and remove pool cgroups (under our own cgroup) whose owner is gone: a supervisor
     killed with SIGKILL leaves its pool behind. The owner is matched by pid and start time."""
-    swept = []
+    swept: list[str] = []
     try:
         entries = os.listdir(own)
     except OSError:

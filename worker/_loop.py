@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -63,7 +63,9 @@ def load_agent(spec: str) -> Any:
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    # An instance whose __call__ is ``async def`` is an async agent too; not a callable() check (B004).
+    call = getattr(fn, "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 def _error(exc: BaseException) -> TurnError:
@@ -116,7 +118,7 @@ class Connection:
                 self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
                 # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
                 # EVENTS so a message that arrived meanwhile is not stranded.
-                if self.on_readable is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if self.on_readable is not None and cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     self._loop.call_soon(self.on_readable)
 
     def flush_stale(self, batch: int) -> None:
@@ -134,7 +136,7 @@ class Connection:
             del out[:n]
             self.frames += 1
             self._sock.send(frame, zmq.NOBLOCK)
-            if self.on_readable is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if self.on_readable is not None and cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 self._loop.call_soon_threadsafe(self.on_readable)
         except zmq.ZMQError:
             pass  # the link is going: the worker's own watchers deal with it
@@ -154,7 +156,7 @@ class Connection:
         agent: str,
         input: Any,
         session: str | None,
-        timeout: float | None,
+        timeout: float | None,  # noqa: ASYNC109 - the child turn's deadline, carried to the supervisor
         grace: float | None,
         kill_after: float | None,
     ) -> wire.TurnResult:
@@ -385,7 +387,7 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     def read_all() -> None:
         while True:
             try:
-                if not sync_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not cast(int, sync_sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     return
                 frame = sync_sock.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -416,7 +418,7 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
 
     conn.flusher = StaleFlusher(conn, {signal.SIGTERM, PARENT_DEATH_SIGNAL})
     conn.flusher.start()
-    fd = sync_sock.getsockopt(zmq.FD)
+    fd = cast(int, sync_sock.getsockopt(zmq.FD))  # pyzmq types every option int | bytes
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_link, monitor)

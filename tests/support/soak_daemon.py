@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import psutil
 import zmq
 
@@ -105,7 +106,7 @@ async def _vanishing_clients(endpoint: str, ids: list[str], n: int) -> int:
             sock.close(linger=100)
             done += 1
             if i % 20 == 0:
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
     except zmq.ZMQError:
         pass
     finally:
@@ -203,7 +204,7 @@ async def daemon_soak(
                     report.kill_to_gone.append(time.monotonic() - killed_at)
                     for p in gone:
                         try:
-                            os.waitpid(p.pid, os.WNOHANG)  # our own orphans (we are a subreaper)
+                            os.waitpid(p.pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: our own orphans (we are a subreaper)
                         except ChildProcessError:
                             pass
                     for p in alive:
@@ -238,7 +239,7 @@ async def daemon_soak(
     from supervisor._journal import read_result
 
     runs = (
-        collections.Counter(Path(runs_log).read_text().split())
+        collections.Counter(Path(runs_log).read_text().split())  # noqa: ASYNC240 - after the run
         if runs_log.exists()
         else collections.Counter()
     )
@@ -287,6 +288,7 @@ def markdown(report: DaemonReport, command: str) -> str:
         c = report.by_kind[k]
         rows.append(f"| {k} | {sum(c.values())} | " + " | ".join(str(c.get(o, 0)) for o in cols) + " |")
     t = report.outcomes
+    twice = len(report.ran_twice)
     rows.append(f"| **all** | {sum(t.values())} | " + " | ".join(str(t.get(o, 0)) for o in cols) + " |")
     curve = [
         "| daemon life | acked so far | daemon fds | daemon RSS (MiB) |",
@@ -312,7 +314,7 @@ with its journal, SIGKILLed {report.kills} times at random points and restarted 
 {report.resubmitted} submits whose acknowledgement was lost were sent again with the same `turn_id`;
 {report.vanished_clients} clients sent Follow + GetResult and vanished. {report.seconds:.1f} s in all.
 
-- acknowledged: {report.acked}; lost: {len(report.lost)}; ran twice (counted by the agents): {len(report.ran_twice)};
+- acknowledged: {report.acked}; lost: {len(report.lost)}; ran twice (counted by the agents): {twice};
   ran although recorded as never started: {len(report.ran_unseen)}; outcome not allowed: {len(report.wrong)}
 - survivors (daemon trees after each SIGKILL, and every forker's background process): {len(report.survivors)}
 - daemon SIGKILL → every process of its tree gone: {gone_line}
