@@ -101,6 +101,8 @@ def _cli(jobs: Path, out: Path) -> int:
             "examples.agents:echo",
             "--workers",
             str(WORKERS),
+            "--path",  # the examples live in the checkout, not in the installed package
+            str(ROOT),
         ],
         cwd=ROOT,
         capture_output=True,

@@ -36,6 +36,13 @@ CLI = [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batc
 E = "examples.agents:"
 
 
+def checkout_env() -> dict[str, str]:
+    """The examples live in the checkout, not in the installed package: the CLI's workers (which
+    never import from the working directory) find them through PYTHONPATH."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def write_jobs(path: Path, jobs: list[Any]) -> Path:
     with open(path, "w") as f:
         for job in jobs:
@@ -69,12 +76,16 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*CLI, *map(str, args)], cwd=ROOT, env=checkout_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start_cli(*args: str | Path, stderr: Path) -> subprocess.Popen[bytes]:
     with open(stderr, "wb") as err:
-        return subprocess.Popen([*CLI, *map(str, args)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        return subprocess.Popen(
+            [*CLI, *map(str, args)], cwd=ROOT, env=checkout_env(), stdout=subprocess.DEVNULL, stderr=err
+        )
 
 
 def finals(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -545,6 +556,7 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
             "0.5",
         ],
         cwd=ROOT,
+        env=checkout_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
