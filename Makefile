@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench bench-quick soak venv clean
+.PHONY: demo test lint bench bench-quick soak venv clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,14 @@ demo: $(STAMP)
 	$(BIN)/turnpool batch examples/jobs.jsonl -o $$out --workers 2 --path . --grace 1 --kill-after 1; rc=$$?; \
 	echo "one JSON line per job in $$out (exit $$rc), e.g.:"; head -n 1 $$out; test $$rc -le 1
 
-test: $(STAMP)
+# The house habits, enforced rather than configured: ruff (lint and format, pyproject's
+# [tool.ruff]) over everything, mypy over the three packages (strict on wire, [tool.mypy]).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy wire worker supervisor
+
+test: lint
 	$(BIN)/python -m pytest -n auto -q
 
 BENCH_STAMP := $(VENV)/.bench-stamp
@@ -41,7 +48,7 @@ bench-quick: $(BENCH_STAMP)
 # The full soak (tens of thousands of turns, supervisor SIGKILL rounds, longer fuzzing):
 # writes benchmarks/SOAK.md. The CI version is tests/test_soak.py.
 soak: $(STAMP)
-	$(BIN)/python -m tests.soak --turns 30000
+	$(BIN)/python -m tests.support.soak --turns 30000
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="reduced sizes, well under a minute")
     parser.add_argument("--only", nargs="*", default=None, help="run only these bench names")
     args = parser.parse_args()
-    found = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    found = sorted(p.stem[len("bench_") :] for p in HERE.glob("bench_*.py"))
     names = [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
     if args.only:
         names = [n for n in names if n in args.only]
@@ -51,7 +51,8 @@ def main() -> int:
         "# Benchmark results\n\n"
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}.\n"
         f"Command: `make bench` (or `.venv/bin/python -m benchmarks{' --quick' if args.quick else ''}`)"
-        f"{' — quick mode' if args.quick else ''}; run at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+        f"{' — quick mode' if args.quick else ''}; run at "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
         f"Load average when it ended: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min) — the "
         "machine is shared, so compare rows of one run (ratios), not runs.\n\n"
     )

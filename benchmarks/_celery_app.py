@@ -11,8 +11,13 @@ from benchmarks import _tasks
 
 _port = os.environ.get("TP_BENCH_REDIS_PORT", "6379")
 app = Celery("tp_bench", broker=f"redis://127.0.0.1:{_port}/0", backend=f"redis://127.0.0.1:{_port}/1")
-app.conf.update(task_acks_late=False, worker_prefetch_multiplier=4, result_expires=600,
-                broker_connection_retry_on_startup=True, task_track_started=False)
+app.conf.update(
+    task_acks_late=False,
+    worker_prefetch_multiplier=4,
+    result_expires=600,
+    broker_connection_retry_on_startup=True,
+    task_track_started=False,
+)
 
 
 @app.task(name="tp.noop")

@@ -78,6 +78,7 @@ def have(module: str) -> bool:
 
 # ---- peers ------------------------------------------------------------------------------
 
+
 class Skip(Exception):
     """A peer that cannot run here; the message is printed and written to RESULTS.md."""
 
@@ -99,9 +100,23 @@ def redis_server() -> Iterator[int]:
         port = s.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="tp-bench-redis-")
     proc = subprocess.Popen(
-        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--protected-mode", "yes"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            exe,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 10
@@ -135,11 +150,33 @@ def celery_worker(concurrency: int) -> Iterator[Any]:
         import importlib
 
         from benchmarks import _celery_app
+
         importlib.reload(_celery_app)
         proc = subprocess.Popen(
-            [PY, "-m", "celery", "-A", "benchmarks._celery_app", "worker", "-P", "prefork", "-c", str(concurrency),
-             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "ERROR", "--prefetch-multiplier", "4"],
-            cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "benchmarks._celery_app",
+                "worker",
+                "-P",
+                "prefork",
+                "-c",
+                str(concurrency),
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "ERROR",
+                "--prefetch-multiplier",
+                "4",
+            ],
+            cwd=str(ROOT),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             ok = False
@@ -177,8 +214,14 @@ def ray_runtime(num_cpus: int = 2) -> Iterator[Any]:
     import ray
 
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 configure_logging=True, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            configure_logging=True,
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        )
     except Exception as exc:  # noqa: BLE001 - a peer that cannot start is skipped, with the reason
         raise Skip(f"ray.init failed: {type(exc).__name__}: {exc}") from None
     try:

@@ -16,8 +16,10 @@ from supervisor import Supervisor
 
 async def main(workers: int) -> None:
     async with Supervisor(workers=workers, spares=1, grace=30) as sup:
-        handles = [await sup.submit("examples.agents:forker", {"children": 2, "cooperative": True})
-                   for _ in range(workers)]
+        handles = [
+            await sup.submit("examples.agents:forker", {"children": 2, "cooperative": True})
+            for _ in range(workers)
+        ]
         pids: list[int] = []
         for h in handles:
             async with aclosing(h.events()) as events:

@@ -121,6 +121,7 @@ def ray_latency(n: int) -> list[float]:
 
 # ---- stopping a running task -------------------------------------------------------------
 
+
 def _wait_file(path: str, timeout: float = 60.0) -> tuple[int, float]:
     import os
 

@@ -18,7 +18,17 @@ from typing import Any
 
 import anyio
 
-from worker.agent import AgentLoop, Cancelled, Delayed, Finish, Response, ScriptedModel, TextDelta, ToolCall, tool
+from worker.agent import (
+    AgentLoop,
+    Cancelled,
+    Delayed,
+    Finish,
+    Response,
+    ScriptedModel,
+    TextDelta,
+    ToolCall,
+    tool,
+)
 
 FOREVER = 3600.0
 
@@ -43,7 +53,7 @@ async def _in_process(point: str, n: int) -> list[float]:
 
         @tool
         async def slow() -> None:
-            started.set()
+            started.set()  # noqa: B023 - used within this iteration only
             await anyio.sleep(FOREVER)
 
         if point == "opening":
@@ -58,14 +68,15 @@ async def _in_process(point: str, n: int) -> list[float]:
 
             async def cancel() -> None:
                 nonlocal t0
+                # B023: the task group ends within this iteration, so the loop variables are this one's.
                 if point == "opening":
-                    await model.reached("open")
+                    await model.reached("open")  # noqa: B023
                 elif point == "mid-stream":
-                    await model.reached("event")
+                    await model.reached("event")  # noqa: B023
                 else:
-                    await started.wait()
+                    await started.wait()  # noqa: B023
                 t0 = time.perf_counter()
-                loop.cancel()
+                loop.cancel()  # noqa: B023
 
             tg.start_soon(cancel)
             try:

@@ -89,9 +89,25 @@ def _supervisor_floor(jobs: Path, out: Path) -> int:
 
 def _cli(jobs: Path, out: Path) -> int:
     proc = subprocess.run(
-        [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch", str(jobs),
-         "-o", str(out), "--agent", "examples.agents:echo", "--workers", str(WORKERS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-c",
+            "from supervisor._cli import entry; entry()",
+            "batch",
+            str(jobs),
+            "-o",
+            str(out),
+            "--agent",
+            "examples.agents:echo",
+            "--workers",
+            str(WORKERS),
+            "--path",  # the examples live in the checkout, not in the installed package
+            str(ROOT),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"turnpool batch exited {proc.returncode}: {proc.stderr[-500:]}")

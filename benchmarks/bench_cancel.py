@@ -33,7 +33,10 @@ def run(quick: bool) -> str:
     n = 100 if quick else 500
     skipped: dict[str, str] = {}
     results: dict[str, tuple[str, list[float]]] = {}
-    results["turnpool"] = ("Abort → agent's scope cancelled → `aborted`, same worker", anyio.run(_turnpool, n))
+    results["turnpool"] = (
+        "Abort → agent's scope cancelled → `aborted`, same worker",
+        anyio.run(_turnpool, n),
+    )
     log(f"turnpool: p50 {ms(med(results['turnpool'][1]))}")
     npeb = 5 if quick else 20
     r = run_peer("pebble", lambda: _peers.pebble_kill(npeb, 0.05)[1], skipped)
@@ -41,19 +44,33 @@ def run(quick: bool) -> str:
         results["pebble"] = ("`future.cancel()` → worker process gone (pebble kills; no cooperative stop)", r)
     for peer in ("ProcessPoolExecutor", "loky"):
         skipped[peer] = "cannot stop a running task (`cancel()` returns False once it runs)"
-    skipped["Celery"] = "`revoke()` without terminate does not stop a running task (with terminate it kills: see kill overshoot)"
+    skipped["Celery"] = (
+        "`revoke()` without terminate does not stop a running task (with terminate it kills: see kill "
+        "overshoot)"
+    )
     heavy = heavy_peers_reason(quick)
     if heavy:
         skipped["Ray"] = heavy
     else:
         r = run_peer("Ray", lambda: _peers.ray_cancel(30, force=False), skipped)
         if r:
-            results["Ray"] = ("`ray.cancel(force=False)` (KeyboardInterrupt in the task) → `ray.get` raises", r)
+            results["Ray"] = (
+                "`ray.cancel(force=False)` (KeyboardInterrupt in the task) → `ray.get` raises",
+                r,
+            )
     tp = results["turnpool"][1]
     rows = []
     for name, (what, xs) in results.items():
-        rows.append([f"**{name}**" if name == "turnpool" else name, what, len(xs), ms(med(xs)), ms(pct(xs, 99)),
-                     "1.0×" if name == "turnpool" else ratio(med(xs) / med(tp))])
+        rows.append(
+            [
+                f"**{name}**" if name == "turnpool" else name,
+                what,
+                len(xs),
+                ms(med(xs)),
+                ms(pct(xs, 99)),
+                "1.0×" if name == "turnpool" else ratio(med(xs) / med(tp)),
+            ]
+        )
     p50, p99 = med(tp), pct(tp, 99)
     return (
         "## Cooperative cancel latency\n\n"
@@ -62,5 +79,6 @@ def run(quick: bool) -> str:
         + table(["system", "what is timed", "samples", "p50", "p99", "peer ÷ turnpool (p50)"], rows)
         + f"\n\nTargets: p50 ≤ 0.3 ms — {ms(p50)} {'met' if p50 <= 0.3e-3 else 'MISSED'}; "
         f"p99 ≤ 1 ms — {ms(p99)} {'met' if p99 <= 1e-3 else 'MISSED'}."
-        + skipped_lines(skipped) + f"\n\nCommand: {command('cancel', quick)}"
+        + skipped_lines(skipped)
+        + f"\n\nCommand: {command('cancel', quick)}"
     )

@@ -81,8 +81,11 @@ async def _no_daemon() -> dict[str, float]:
     port = port_sock.getsockname()[1]
     port_sock.close()
     out = {}
-    for name, ep in (("no socket file", f"ipc://{home}/none.sock"), ("stale socket file", f"ipc://{home}/stale.sock"),
-                     ("closed tcp port", f"tcp://127.0.0.1:{port}")):
+    for name, ep in (
+        ("no socket file", f"ipc://{home}/none.sock"),
+        ("stale socket file", f"ipc://{home}/stale.sock"),
+        ("closed tcp port", f"tcp://127.0.0.1:{port}"),
+    ):
         ts = []
         for _ in range(10):
             t0 = time.perf_counter()
@@ -98,7 +101,7 @@ async def _no_daemon() -> dict[str, float]:
 
 async def _main(quick: bool) -> str:
     from supervisor import Client, Supervisor
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     n, repeats, cancels = (200, 3, 5) if quick else (1000, 5, 15)
     via_client: list[float] = []
@@ -118,7 +121,7 @@ async def _main(quick: bool) -> str:
     ms = ", ".join
     return (
         "## daemon: a turn through `Client` + `turnpool serve` vs the embedded `Supervisor`\n\n"
-        f"`run(\"examples.agents:noop\")` {n:,} times in a row after 20 warm-ups, {WORKERS} workers, median "
+        f'`run("examples.agents:noop")` {n:,} times in a row after 20 warm-ups, {WORKERS} workers, median '
         f"latency; median of {repeats} repeats, the two interleaved.\n\n"
         "| path | median run() | repeats (ms) |\n| --- | ---: | --- |\n"
         f"| `Client` → daemon (ipc) | {c * 1e3:.2f} ms | {ms(f'{t * 1e3:.2f}' for t in via_client)} |\n"

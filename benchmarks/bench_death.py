@@ -20,7 +20,7 @@ def _gone(pid: int) -> bool:
             data = f.read()
     except OSError:
         return True
-    return data[data.rfind(b")") + 2: data.rfind(b")") + 3] == b"Z"
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] == b"Z"
 
 
 def _reap_any() -> None:
@@ -34,8 +34,12 @@ def _reap_any() -> None:
 
 
 def one(workers: int) -> tuple[float, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks._death_child", str(workers)], cwd=str(ROOT),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks._death_child", str(workers)],
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     info = json.loads(proc.stdout.readline())
     pids = [p for p in info["pids"] if p != proc.pid]

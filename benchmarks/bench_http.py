@@ -166,7 +166,7 @@ async def _events_client(client: object, events: int) -> float:
 
 async def _main(quick: bool) -> str:
     from supervisor import Client
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     n, per, events, repeats = (200, 10, 10_000, 3) if quick else (1000, 40, 50_000, 5)
     rtt = {"http": [], "client": []}  # type: dict[str, list[float]]

@@ -49,7 +49,7 @@ async def _submits(endpoint: str, per: int) -> tuple[float, float]:
 
 
 async def _main(quick: bool) -> str:
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     per, repeats = (100, 3) if quick else (500, 5)
     opts = ("--workers", "2", "--spares", "0", "--drain", "0")
@@ -61,17 +61,21 @@ async def _main(quick: bool) -> str:
             with daemonkit.serving(*opts, *extra) as served:
                 results[mode].append(await _submits(served.endpoint, per))
             shutil.rmtree(home, ignore_errors=True)
-    med = {m: (statistics.median(a for a, _ in r), statistics.median(t for _, t in r)) for m, r in results.items()}
+    med = {
+        m: (statistics.median(a for a, _ in r), statistics.median(t for _, t in r))
+        for m, r in results.items()
+    }
     n = CLIENTS * per
     return (
         "## journal: submit throughput with the journal on vs off\n\n"
-        f"{CLIENTS} clients × {per} noop submits at once ({n:,} turns), 2 workers; median of {repeats} repeats, "
-        "off/on interleaved. *acks/s*: until every `submit` is acknowledged (with the journal: after its row is "
-        "committed); *turns/s*: until every result is in.\n\n"
+        f"{CLIENTS} clients × {per} noop submits at once ({n:,} turns), 2 workers; median of {repeats} "
+        "repeats, off/on interleaved. *acks/s*: until every `submit` is acknowledged (with the journal: "
+        "after its row is committed); *turns/s*: until every result is in.\n\n"
         "| journal | acks/s | turns/s |\n| --- | ---: | ---: |\n"
         f"| off (`--no-journal`) | {med['off'][0]:,.0f} | {med['off'][1]:,.0f} |\n"
         f"| on (SQLite WAL, group commit) | {med['on'][0]:,.0f} | {med['on'][1]:,.0f} |\n\n"
-        f"Ratio on ÷ off: acks **{med['on'][0] / med['off'][0]:.2f}×**, turns **{med['on'][1] / med['off'][1]:.2f}×**.\n\n"
+        f"Ratio on ÷ off: acks **{med['on'][0] / med['off'][0]:.2f}×**, turns "
+        f"**{med['on'][1] / med['off'][1]:.2f}×**.\n\n"
         "Rerun: `.venv/bin/python -m benchmarks --only journal`."
     )
 

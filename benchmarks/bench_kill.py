@@ -70,14 +70,23 @@ def run(quick: bool) -> str:
     skipped: dict[str, str] = {}
     over: dict[str, tuple[str, list[float]]] = {}
     recov: dict[str, tuple[str, list[float], list[float]]] = {}
-    over["turnpool"] = (f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
-                        anyio.run(_overshoot, n))
+    over["turnpool"] = (
+        f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
+        anyio.run(_overshoot, n),
+    )
     log(f"turnpool overshoot p50 {ms(med(over['turnpool'][1]))}")
-    recov["turnpool, spare"] = ("killed (tree reaped) → next queued turn running on the warm spare",
-                                *anyio.run(_recovery, nr, 1))
-    recov["turnpool, no spare"] = ("killed (tree reaped) → worker forked from the zygote → next turn running",
-                                   *anyio.run(_recovery, nr, 0))
-    log(f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / {ms(med(recov['turnpool, no spare'][1]))}")
+    recov["turnpool, spare"] = (
+        "killed (tree reaped) → next queued turn running on the warm spare",
+        *anyio.run(_recovery, nr, 1),
+    )
+    recov["turnpool, no spare"] = (
+        "killed (tree reaped) → worker forked from the zygote → next turn running",
+        *anyio.run(_recovery, nr, 0),
+    )
+    log(
+        f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / "
+        f"{ms(med(recov['turnpool, no spare'][1]))}"
+    )
     npeb = 5 if quick else 20
     r = run_peer("pebble", lambda: _peers.pebble_kill(npeb, GRACE), skipped)
     if r:
@@ -101,32 +110,66 @@ def run(quick: bool) -> str:
         r = run_peer("Celery", lambda: _peers.celery_kill_and_recovery(10, GRACE), skipped)
         if r:
             over["Celery"] = (f"hard `time_limit={GRACE}` → worker process gone, past start + limit", r[0])
-            recov["Celery"] = ("`revoke(terminate=True, SIGKILL)`, process gone → next queued task running", *r[1])
+            recov["Celery"] = (
+                "`revoke(terminate=True, SIGKILL)`, process gone → next queued task running",
+                *r[1],
+            )
     tp = over["turnpool"][1]
-    rows = [[f"**{k}**" if k == "turnpool" else k, what, len(xs), ms(med(xs)), ms(pct(xs, 90)), ms(pct(xs, 99)),
-             "1.0×" if k == "turnpool" else ratio(med(xs) / med(tp))] for k, (what, xs) in over.items()]
+    rows = [
+        [
+            f"**{k}**" if k == "turnpool" else k,
+            what,
+            len(xs),
+            ms(med(xs)),
+            ms(pct(xs, 90)),
+            ms(pct(xs, 99)),
+            "1.0×" if k == "turnpool" else ratio(med(xs) / med(tp)),
+        ]
+        for k, (what, xs) in over.items()
+    ]
     ts, tn = recov["turnpool, spare"][1], recov["turnpool, no spare"][1]
     tnc = recov["turnpool, no spare"][2]
-    rrows = [[f"**{k}**" if k.startswith("turnpool") else k, what, len(xs), ms(med(xs)), ms(pct(xs, 99)),
-              ms(med(cs)), "—" if k.startswith("turnpool") else ratio(med(cs) / med(tnc))]
-             for k, (what, xs, cs) in recov.items()]
+    rrows = [
+        [
+            f"**{k}**" if k.startswith("turnpool") else k,
+            what,
+            len(xs),
+            ms(med(xs)),
+            ms(pct(xs, 99)),
+            ms(med(cs)),
+            "—" if k.startswith("turnpool") else ratio(med(cs) / med(tnc)),
+        ]
+        for k, (what, xs, cs) in recov.items()
+    ]
     return (
         "## Kill overshoot\n\n"
         "A turn that never awaits (a CPU loop) is cancelled; timed past the grace until the result says "
         "`killed` with the worker and its tree reaped (peers: until the worker process is gone).\n\n"
         + table(["system", "what is timed", "kills", "p50", "p90", "p99", "peer ÷ turnpool (p50)"], rows)
         + f"\n\nTargets: p50 ≤ 5 ms — {ms(med(tp))} {'met' if med(tp) <= 5e-3 else 'MISSED'}; "
-        f"p90 ≤ 20 ms — {ms(pct(tp, 90))} {'met' if pct(tp, 90) <= 20e-3 else 'MISSED'} (over {len(tp)} kills).\n\n"
+        f"p90 ≤ 20 ms — {ms(pct(tp, 90))} {'met' if pct(tp, 90) <= 20e-3 else 'MISSED'} (over {len(tp)} "
+        "kills).\n\n"
         "## Capacity recovery\n\n"
         "One worker runs a CPU loop, the next turn is queued behind it; the loop is killed (grace 0) and "
         "timed from the kill (turnpool: the `killed` result, tree reaped; peers: the worker process gone, "
         "polled every 0.5 ms) until the next turn is running (it returns `time.monotonic()` at its start). "
-        "The last columns time from `cancel()` instead, which adds the kill itself; the ratio uses them, since "
-        "peers differ in when they kill (pebble notices a cancel on a ~100 ms loop, then replaces the worker "
-        "at once).\n\n"
-        + table(["system", "what is timed", "samples", "p50", "p99", "p50 from cancel",
-                 "peer ÷ turnpool without spare (p50 from cancel)"], rrows)
+        "The last columns time from `cancel()` instead, which adds the kill itself; the ratio uses them, "
+        "since peers differ in when they kill (pebble notices a cancel on a ~100 ms loop, then replaces the "
+        "worker at once).\n\n"
+        + table(
+            [
+                "system",
+                "what is timed",
+                "samples",
+                "p50",
+                "p99",
+                "p50 from cancel",
+                "peer ÷ turnpool without spare (p50 from cancel)",
+            ],
+            rrows,
+        )
         + f"\n\nTargets: with a spare p50 ≤ 2 ms — {ms(med(ts))} {'met' if med(ts) <= 2e-3 else 'MISSED'}; "
         f"without p50 ≤ 20 ms — {ms(med(tn))} {'met' if med(tn) <= 20e-3 else 'MISSED'}."
-        + skipped_lines(skipped) + f"\n\nCommand: {command('kill', quick)}"
+        + skipped_lines(skipped)
+        + f"\n\nCommand: {command('kill', quick)}"
     )

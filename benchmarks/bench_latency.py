@@ -48,17 +48,26 @@ def run(quick: bool) -> str:
     tp = results["turnpool"]
     rows = []
     for name, xs in results.items():
-        rows.append([f"**{name}**" if name == "turnpool" else name, len(xs), ms(med(xs)), ms(pct(xs, 99)),
-                     "1.0×" if name == "turnpool" else ratio(med(xs) / med(tp))])
+        rows.append(
+            [
+                f"**{name}**" if name == "turnpool" else name,
+                len(xs),
+                ms(med(xs)),
+                ms(pct(xs, 99)),
+                "1.0×" if name == "turnpool" else ratio(med(xs) / med(tp)),
+            ]
+        )
     p50, p99 = med(tp), pct(tp, 99)
     return (
         "## Submit → result latency\n\n"
-        "One no-op turn at a time, 2 workers, after a warm-up: `await sup.run(...)` (peers: `submit(...).result()`).\n\n"
+        "One no-op turn at a time, 2 workers, after a warm-up: `await sup.run(...)` (peers: "
+        "`submit(...).result()`).\n\n"
         + table(["system", "samples", "p50", "p99", "peer ÷ turnpool (p50)"], rows)
         + "\n\nThe floor row is a bare round trip on turnpool's stack (ROUTER/DEALER over ipc, an asyncio "
         "FD reader on each side, no turn logic), measured in the same run: what is left above it is "
         "turnpool's own work per turn (submit, dispatch, run, end, result) on both sides."
         + f"\n\nTargets: p50 ≤ 200 µs — {ms(p50)} {'met' if p50 <= 200e-6 else 'MISSED'}; "
         f"p99 ≤ 1 ms — {ms(p99)} {'met' if p99 <= 1e-3 else 'MISSED'}."
-        + skipped_lines(skipped) + f"\n\nCommand: {command('latency', quick)}"
+        + skipped_lines(skipped)
+        + f"\n\nCommand: {command('latency', quick)}"
     )

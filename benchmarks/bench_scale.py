@@ -62,8 +62,14 @@ async def _queued(n: int, traced: bool) -> dict[str, float]:
         for h in handles:
             await h.result()
         drain_s = time.perf_counter() - t0
-    return {"n": n, "queued": queued, "submit_us": submit_s / n * 1e6, "drain_rate": n / drain_s,
-            "rss_per_turn": (rss1 - rss0) / n, "traced_per_turn": traced_bytes / n}
+    return {
+        "n": n,
+        "queued": queued,
+        "submit_us": submit_s / n * 1e6,
+        "drain_rate": n / drain_s,
+        "rss_per_turn": (rss1 - rss0) / n,
+        "traced_per_turn": traced_bytes / n,
+    }
 
 
 def _queued_fresh(n: int) -> dict[str, float]:
@@ -74,8 +80,13 @@ def _queued_fresh(n: int) -> dict[str, float]:
 
     from ._common import ROOT
 
-    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", str(n)], cwd=str(ROOT),
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_scale", str(n)],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -98,15 +109,19 @@ async def _clients_run(endpoint: str, clients: int, total: int) -> float:
 
 
 def _clients(total: int) -> list[list[str]]:
-    from tests import daemonkit
+    from tests.support import daemonkit
 
     rows = []
     with daemonkit.serving("--workers", "2", "--spares", "0", "--drain", "0") as served:
         for clients in (1, 10, 50):
-            rates = [anyio.run(_clients_run, served.endpoint, clients, total, backend="asyncio") for _ in range(2)]
+            rates = [
+                anyio.run(_clients_run, served.endpoint, clients, total, backend="asyncio") for _ in range(2)
+            ]
             rss = psutil.Process(served.pid).memory_info().rss
             log(f"{clients} clients: {med(rates):,.0f}/s")
-            rows.append([clients, f"{total // clients * clients:,}", rate(med(rates)), f"{rss / 2**20:.0f} MiB"])
+            rows.append(
+                [clients, f"{total // clients * clients:,}", rate(med(rates)), f"{rss / 2**20:.0f} MiB"]
+            )
     return rows
 
 
@@ -124,10 +139,20 @@ def run(quick: bool) -> str:
     for size in sizes:
         r = _queued_fresh(size)
         worst = max(worst, r["rss_per_turn"], r["traced_per_turn"]) if size >= 10_000 else worst
-        log(f"{size} queued: RSS {r['rss_per_turn']:.0f} B/turn, traced {r['traced_per_turn']:.0f} B/turn, "
-            f"submit {r['submit_us']:.1f} us")
-        qrows.append([f"{size:,}", f"{int(r['queued']):,}", f"{r['submit_us']:.1f} µs", rate(r["drain_rate"]),
-                      f"{r['rss_per_turn'] / 1024:.2f} KB", f"{r['traced_per_turn'] / 1024:.2f} KB"])
+        log(
+            f"{size} queued: RSS {r['rss_per_turn']:.0f} B/turn, traced {r['traced_per_turn']:.0f} B/turn, "
+            f"submit {r['submit_us']:.1f} us"
+        )
+        qrows.append(
+            [
+                f"{size:,}",
+                f"{int(r['queued']):,}",
+                f"{r['submit_us']:.1f} µs",
+                rate(r["drain_rate"]),
+                f"{r['rss_per_turn'] / 1024:.2f} KB",
+                f"{r['traced_per_turn'] / 1024:.2f} KB",
+            ]
+        )
     if hasattr(supervisor, "Client"):
         try:
             crows = _clients(2_000 if quick else 10_000)
@@ -135,28 +160,43 @@ def run(quick: bool) -> str:
             clients = f"1 / 10 / 50 daemon clients: **not measured** — the daemon failed here: {exc!r}"[:400]
         else:
             clients = (
-                "Daemon clients: a `turnpool serve` daemon (2 workers) and 1, 10 or 50 `Client`s connected at "
-                "once, each submitting its share of the turns concurrently, then awaiting them; the daemon's "
-                "RSS afterwards:\n\n"
+                "Daemon clients: a `turnpool serve` daemon (2 workers) and 1, 10 or 50 `Client`s connected "
+                "at once, each submitting its share of the turns concurrently, then awaiting them; the "
+                "daemon's RSS afterwards:\n\n"
                 + table(["clients", "turns", "throughput", "daemon RSS"], crows)
             )
     else:
-        clients = ("1 / 10 / 50 daemon clients: **skipped** — `supervisor.Client` (the serve daemon's client) "
-                   "does not exist on this branch yet.")
+        clients = (
+            "1 / 10 / 50 daemon clients: **skipped** — `supervisor.Client` (the serve daemon's client) "
+            "does not exist on this branch yet."
+        )
     print(f"   daemon clients: {clients[:200]}", flush=True)
     return (
         "## Scale\n\n"
         f"Throughput by pool size ({n:,} no-op turns submitted at once; start = until every worker is ready; "
-        "RSS of the supervisor process afterwards: the bench process itself, which by then also holds the imports of the peers (Ray, Celery and others); memory per turn is measured below in fresh interpreters):\n\n"
+        "RSS of the supervisor process afterwards: the bench process itself, which by then also holds the "
+        "imports of the peers (Ray, Celery and others); memory per turn is measured below in fresh "
+        "interpreters):\n\n"
         + table(["workers", "turns", "median throughput", "start", "supervisor RSS"], rows)
         + "\n\nQueue depth (each size in a fresh interpreter): one worker held busy, N turns submitted "
-        "(`queued` counts turns handed ahead as queued, as the SPEC says), then released. Submit cost per turn, "
-        "drain rate, and the supervisor's memory growth per queued turn (turn record, handle, encoded input): "
-        "RSS, and what Python allocated while submitting (tracemalloc, a second pass; it slows the submits, "
-        "so the timing columns come from the first):\n\n"
-        + table(["queued", "reported queued", "submit per turn", "drain rate", "RSS per queued turn",
-                 "allocated per queued turn"], qrows)
-        + f"\n\nTargets: per-turn cost flat as the queue grows (compare the submit and drain columns across rows: draining stays flat; submitting grows about 2x from 10k to 100k queued, mostly the cyclic GC walking every live turn record, and larger tables); "
+        "(`queued` counts turns handed ahead as queued, as the SPEC says), then released. Submit cost per "
+        "turn, drain rate, and the supervisor's memory growth per queued turn (turn record, handle, "
+        "encoded input): RSS, and what Python allocated while submitting (tracemalloc, a second pass; it "
+        "slows the submits, so the timing columns come from the first):\n\n"
+        + table(
+            [
+                "queued",
+                "reported queued",
+                "submit per turn",
+                "drain rate",
+                "RSS per queued turn",
+                "allocated per queued turn",
+            ],
+            qrows,
+        )
+        + "\n\nTargets: per-turn cost flat as the queue grows (compare the submit and drain columns across "
+        "rows: draining stays flat; submitting grows about 2x from 10k to 100k queued, mostly the cyclic "
+        "GC walking every live turn record, and larger tables); "
         f"≤ 3 KB per queued turn — worst {worst / 1024:.2f} KB at ≥ 10k "
         f"{'met' if worst <= 3072 else 'MISSED'}.\n\n{clients}"
         f"\n\nCommand: {command('scale', quick)}"

@@ -15,7 +15,9 @@ from ._common import command, heavy_peers_reason, log, med, rate, ratio, run_pee
 async def _turnpool(n: int, reps: int, workers: int = 2, prefetch: int | None = None) -> list[float]:
     out = []
     kw = {} if prefetch is None else {"prefetch": prefetch}
-    async with Supervisor(workers=workers, spares=0, max_queue=max(n, 100_000), keep_results=n + 10, **kw) as sup:
+    async with Supervisor(
+        workers=workers, spares=0, max_queue=max(n, 100_000), keep_results=n + 10, **kw
+    ) as sup:
         await sup.run("examples.agents:noop")
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -57,8 +59,16 @@ def run(quick: bool) -> str:
     tp = med(results["turnpool"][1])
     rows = []
     for name, (count, rates) in results.items():
-        rows.append([f"**{name}**" if name == "turnpool" else name, f"{count:,}", len(rates), rate(med(rates)),
-                     rate(min(rates)), "1.0×" if name == "turnpool" else ratio(tp / med(rates))])
+        rows.append(
+            [
+                f"**{name}**" if name == "turnpool" else name,
+                f"{count:,}",
+                len(rates),
+                rate(med(rates)),
+                rate(min(rates)),
+                "1.0×" if name == "turnpool" else ratio(tp / med(rates)),
+            ]
+        )
     targets = {"pebble": 2, "ProcessPoolExecutor": 2, "Ray": 10, "Celery": 10}
     verdicts = []
     for name, need in targets.items():
@@ -67,14 +77,19 @@ def run(quick: bool) -> str:
             verdicts.append(f"{name}: {ratio(got)} (target ≥ {need}×) — {'met' if got >= need else 'MISSED'}")
     return (
         "## Trivial-turn throughput\n\n"
-        f"{n:,} no-op turns submitted at once (fewer for Celery and Ray, which are slower by orders of magnitude), "
+        f"{n:,} no-op turns submitted at once (fewer for Celery and Ray, which are slower by orders of "
+        "magnitude), "
         "2 worker processes, timed until every result is in. Rates per repetition; median and slowest "
         "(the p99 of a handful of repetitions is its slowest).\n\n"
         + table(["system", "turns", "reps", "median", "slowest", "turnpool ÷ peer (median)"], rows)
         + f"\n\nSame run, turnpool with prefetching off (`prefetch=1`, one round trip per turn): "
-        f"{rate(med(floor_note))}. The issue's reference figures (pebble ≈ 19k/s, ProcessPoolExecutor ≈ 10k/s "
+        f"{rate(med(floor_note))}. The issue's reference figures (pebble ≈ 19k/s, ProcessPoolExecutor ≈ "
+        "10k/s "
         f"on a quiet machine) put 2× at ≈ 38k/s: turnpool's median here is {rate(tp)} "
         f"({'at or above' if tp >= 38_000 else 'below'} it, on a machine shared with other jobs)."
-        f"\n\nTargets: " + "; ".join(verdicts) + "."
-        + skipped_lines(skipped) + f"\n\nCommand: {command('throughput', quick)}"
+        f"\n\nTargets: "
+        + "; ".join(verdicts)
+        + "."
+        + skipped_lines(skipped)
+        + f"\n\nCommand: {command('throughput', quick)}"
     )

@@ -3,7 +3,8 @@
 Each gets the prompt as its input ``{"text", "prompt", "session_id", "cwd"}`` and speaks to the
 editor through the event shapes of ``supervisor._acp_events``: ``{"type": "delta", "text"}``
 for reply chunks, ``{"type": "tool_call", ...}`` / ``{"type": "tool_call_update", ...}`` for
-tool calls. Try one in an editor with ``turnpool acp --agent examples.acp_agents:chat``.
+tool calls. Try one in an editor with ``turnpool acp --agent examples.acp_agents:chat --path .``
+(from the checkout's root: ``examples`` is not installed).
 """
 
 from __future__ import annotations
@@ -27,12 +28,27 @@ async def chat(turn: worker.Turn) -> dict[str, Any]:
     """Streams a reply word by word around one tool call (``count_words``) that runs and completes."""
     text = _text(turn)
     await turn.emit({"type": "delta", "text": "Counting your words. "})
-    await turn.emit({"type": "tool_call", "id": "count-1", "title": "count_words", "kind": "think",
-                     "status": "in_progress", "input": {"chars": len(text)}})
+    await turn.emit(
+        {
+            "type": "tool_call",
+            "id": "count-1",
+            "title": "count_words",
+            "kind": "think",
+            "status": "in_progress",
+            "input": {"chars": len(text)},
+        }
+    )
     words = text.split()
     await turn.checkpoint()
-    await turn.emit({"type": "tool_call_update", "id": "count-1", "status": "completed",
-                     "output": {"words": len(words)}, "text": f"{len(words)} words"})
+    await turn.emit(
+        {
+            "type": "tool_call_update",
+            "id": "count-1",
+            "status": "completed",
+            "output": {"words": len(words)},
+            "text": f"{len(words)} words",
+        }
+    )
     for word in ["You", "wrote", f"{len(words)}", "words."]:
         await turn.emit({"type": "delta", "text": word + " "})
     return {"words": len(words)}
@@ -51,8 +67,16 @@ async def slow(turn: worker.Turn) -> dict[str, Any]:
     except ValueError:
         seconds = 60.0
     await turn.emit({"type": "delta", "text": f"Sleeping {seconds:g}s. "})
-    await turn.emit({"type": "tool_call", "id": "sleep-1", "title": f"sleep {seconds:g}s", "kind": "execute",
-                     "status": "in_progress", "input": {"seconds": seconds}})
+    await turn.emit(
+        {
+            "type": "tool_call",
+            "id": "sleep-1",
+            "title": f"sleep {seconds:g}s",
+            "kind": "execute",
+            "status": "in_progress",
+            "input": {"seconds": seconds},
+        }
+    )
     await anyio.sleep(seconds)
     await turn.emit({"type": "tool_call_update", "id": "sleep-1", "status": "completed"})
     return {"slept": seconds}
@@ -62,8 +86,9 @@ async def stubborn(turn: worker.Turn) -> None:
     """Ignores cancellation: starts a tool call, then spins without ever awaiting. Only the
     supervisor's escalation (SIGTERM after the grace) stops it."""
     await turn.emit({"type": "delta", "text": "Working, and not listening. "})
-    await turn.emit({"type": "tool_call", "id": "spin-1", "title": "spin", "kind": "execute",
-                     "status": "in_progress"})
+    await turn.emit(
+        {"type": "tool_call", "id": "spin-1", "title": "spin", "kind": "execute", "status": "in_progress"}
+    )
     x = 0
     while True:
         x += 1

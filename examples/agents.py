@@ -51,7 +51,7 @@ async def slow(turn: worker.Turn) -> dict[str, Any]:
     seconds = float(inp.get("seconds", 30))
     await turn.emit({"type": "started", "pid": os.getpid()})
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # noqa: ASYNC110 - small awaits, each one a cancellation point
         await anyio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     return {"slept": seconds}
 
@@ -106,9 +106,9 @@ async def forker(turn: worker.Turn) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pids = []
     for _ in range(int(inp.get("children", 2))):
-        p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+        p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])  # noqa: ASYNC220 - a misbehaving agent: blocks on purpose
         pids.append(p.pid)
-    d = subprocess.Popen([sys.executable, "-c", _DAEMON], stdout=subprocess.PIPE)
+    d = subprocess.Popen([sys.executable, "-c", _DAEMON], stdout=subprocess.PIPE)  # noqa: ASYNC220 - a misbehaving agent: blocks on purpose
     assert d.stdout is not None
     daemon_pid = int(d.stdout.readline())
     d.wait()
@@ -116,7 +116,7 @@ async def forker(turn: worker.Turn) -> None:
     if inp.get("cooperative"):
         await anyio.sleep_forever()
     while True:
-        time.sleep(0.01)
+        time.sleep(0.01)  # noqa: ASYNC251 - hangs without awaiting: only the kill stops it
 
 
 async def crasher(turn: worker.Turn) -> None:

@@ -29,8 +29,10 @@ async def main() -> None:
     rows: list[tuple[str, str, TurnResult, float]] = []
     t0 = time.monotonic()
     async with Supervisor(workers=2, spares=1, grace=1.0, kill_after=1.0) as sup:
-        console.print(f"[bold]turnpool demo[/] — supervisor pid {sup.status()['pid']}, "
-                      f"workers {[w['pid'] for w in sup.status()['workers']]}")
+        console.print(
+            f"[bold]turnpool demo[/] — supervisor pid {sup.status()['pid']}, "
+            f"workers {[w['pid'] for w in sup.status()['workers']]}"
+        )
 
         async def timed(label: str, what: str, coro) -> None:  # type: ignore[no-untyped-def]
             start = time.monotonic()
@@ -50,29 +52,50 @@ async def main() -> None:
         await _wait_started(stubborn)
         start = time.monotonic()
         await stubborn.cancel()
-        rows.append(("stubborn", "never awaits, cancelled (grace 1 s)", await stubborn.result(),
-                     time.monotonic() - start))
+        rows.append(
+            (
+                "stubborn",
+                "never awaits, cancelled (grace 1 s)",
+                await stubborn.result(),
+                time.monotonic() - start,
+            )
+        )
 
         await timed("crasher", "worker calls os._exit(3)", sup.run("examples.agents:crasher"))
         await timed("crasher", "worker segfaults", sup.run("examples.agents:crasher", {"how": "segv"}))
-        await timed("timeout", "slow with timeout=0.3 s", sup.run("examples.agents:slow", {"seconds": 30},
-                                                                     timeout=0.3))
+        await timed(
+            "timeout",
+            "slow with timeout=0.3 s",
+            sup.run("examples.agents:slow", {"seconds": 30}, timeout=0.3),
+        )
         await timed("echo", "the pool kept serving", sup.run("examples.agents:echo", {"text": "still here"}))
 
         table = Table(title="one outcome per turn")
         for col in ("agent", "what happened", "outcome", "cause", "worker pid", "exit", "took"):
             table.add_column(col)
-        colours = {"completed": "green", "failed": "red", "aborted": "yellow", "killed": "magenta",
-                   "crashed": "bright_red"}
+        colours = {
+            "completed": "green",
+            "failed": "red",
+            "aborted": "yellow",
+            "killed": "magenta",
+            "crashed": "bright_red",
+        }
         for label, what, r, took in rows:
             table.add_row(
-                label, what, f"[{colours[r.outcome]}]{r.outcome}[/]", r.cause.kind if r.cause else "",
-                str(r.worker_pid or ""), "" if r.exit_code is None else str(r.exit_code), f"{took * 1000:.0f} ms",
+                label,
+                what,
+                f"[{colours[r.outcome]}]{r.outcome}[/]",
+                r.cause.kind if r.cause else "",
+                str(r.worker_pid or ""),
+                "" if r.exit_code is None else str(r.exit_code),
+                f"{took * 1000:.0f} ms",
             )
         console.print(table)
         status = sup.status()
-        console.print(f"workers now: {[(w['id'], w['pid'], w['state']) for w in status['workers']]}; "
-                      f"restarts: {status['worker_restarts']}")
+        console.print(
+            f"workers now: {[(w['id'], w['pid'], w['state']) for w in status['workers']]}; "
+            f"restarts: {status['worker_restarts']}"
+        )
     console.print(f"disposed: every worker reaped. total {time.monotonic() - t0:.1f} s")
 
 

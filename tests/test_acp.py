@@ -73,7 +73,14 @@ async def acp_agent(
     env = {"PYTHONPATH": str(ROOT)}
     try:
         async with acp.spawn_agent_process(
-            recorder, str(TURNPOOL), "acp", "--agent", agent, *extra, env=env, cwd=ROOT,
+            recorder,
+            str(TURNPOOL),
+            "acp",
+            "--agent",
+            agent,
+            *extra,
+            env=env,
+            cwd=ROOT,
             transport_kwargs={"stderr": stderr, "limit": LIMIT, "shutdown_timeout": 30.0},
         ) as (conn, proc):
             with anyio.fail_after(60):
@@ -101,9 +108,11 @@ async def test_prompt_streams_updates_and_ends_turn(tmp_path: Path) -> None:
     starts = [u for u in rec.updates if isinstance(u, ToolCallStart)]
     progress = [u for u in rec.updates if isinstance(u, ToolCallProgress)]
     assert [(s.tool_call_id, s.title, s.status) for s in starts] == [
-        ("count-1", "count_words", "in_progress")]
+        ("count-1", "count_words", "in_progress")
+    ]
     assert [(p.tool_call_id, p.status, p.raw_output) for p in progress] == [
-        ("count-1", "completed", {"words": 3})]
+        ("count-1", "completed", {"words": 3})
+    ]
     # Updates arrive in the order the agent emitted them, all before the answer.
     kinds = [type(u).__name__ for u in rec.updates]
     assert kinds == ["AgentMessageChunk", "ToolCallStart", "ToolCallProgress"] + ["AgentMessageChunk"] * 4
@@ -113,8 +122,12 @@ async def test_cancel_cooperative_turn_answers_cancelled_quickly(tmp_path: Path)
     """``session/cancel`` of a cooperative turn: ``cancelled`` well before the grace, the open
     tool call reported ended and marked cancelled, no error; the next prompt works normally."""
     grace = 20.0
-    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE,
-                         "--grace", str(grace)) as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE, "--grace", str(grace)) as (
+        conn,
+        rec,
+        sid,
+        _,
+    ):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
 
@@ -134,7 +147,8 @@ async def test_cancel_cooperative_turn_answers_cancelled_quickly(tmp_path: Path)
         assert elapsed < grace / 2
         closing = [u for u in rec.updates if isinstance(u, ToolCallProgress)]
         assert [(u.tool_call_id, u.status, u.field_meta) for u in closing] == [
-            ("sleep-1", "failed", {"turnpool": {"cancelled": True}})]
+            ("sleep-1", "failed", {"turnpool": {"cancelled": True}})
+        ]
         with anyio.fail_after(60):
             again = await conn.prompt(session_id=sid, prompt=[acp.text_block("0")])
         assert again.stop_reason == "end_turn"
@@ -146,8 +160,9 @@ async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path
     its worker killed and reaped, its tool call reported ended; a new worker (new pid) serves the
     session's next prompt."""
     grace = 0.5
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
-                         "--grace", str(grace), "--kill-after", "1") as (conn, rec, sid, _):
+    async with acp_agent(
+        tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", str(grace), "--kill-after", "1"
+    ) as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
 
@@ -180,8 +195,7 @@ async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path
 async def test_cancel_right_after_prompt_still_cancels(tmp_path: Path) -> None:
     """A cancel sent right behind its prompt (before the turn can have started) is not lost:
     the prompt answers ``cancelled``, and the session serves the next one."""
-    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE,
-                         "--grace", "20") as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE, "--grace", "20") as (conn, rec, sid, _):
         answers: list[Any] = []
         async with anyio.create_task_group() as tg:
 
@@ -203,8 +217,9 @@ async def test_cancel_right_after_prompt_still_cancels(tmp_path: Path) -> None:
 async def test_editor_gone_mid_turn_stops_everything(tmp_path: Path) -> None:
     """The editor closes stdin while a stubborn turn runs: the agent kills the turn's worker
     tree after the grace and exits 0 with nothing left behind."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
-                         "--grace", "0.3", "--kill-after", "1") as (conn, rec, sid, _):
+    async with acp_agent(
+        tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "0.3", "--kill-after", "1"
+    ) as (conn, rec, sid, _):
         async with anyio.create_task_group() as tg:
 
             async def ask() -> None:
@@ -221,8 +236,9 @@ async def test_editor_gone_mid_turn_stops_everything(tmp_path: Path) -> None:
 async def test_sigterm_disposes_and_exits_zero(tmp_path: Path) -> None:
     """SIGTERM while a stubborn turn runs: the agent stops the turn (escalating), reaps every
     worker and exits 0."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
-                         "--grace", "0.3", "--kill-after", "1", ends_by_eof=False) as (conn, rec, sid, proc):
+    async with acp_agent(
+        tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "0.3", "--kill-after", "1", ends_by_eof=False
+    ) as (conn, rec, sid, proc):
         async with anyio.create_task_group() as tg:
 
             async def ask() -> None:
@@ -263,7 +279,7 @@ async def test_one_mebibyte_prompt_round_trips(tmp_path: Path) -> None:
 async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
     """A turn whose worker dies answers a JSON-RPC error saying it crashed; one whose agent
     raises, an error saying it failed (type and message); the session still serves."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE) as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE) as (conn, rec, sid, _):
         with anyio.fail_after(60):
             with pytest.raises(acp.RequestError) as crashed:
                 await conn.prompt(session_id=sid, prompt=[acp.text_block("crash")])
@@ -279,8 +295,12 @@ async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
 async def test_cancelled_turn_that_then_fails_still_answers_cancelled(tmp_path: Path) -> None:
     """A cancelled turn whose agent raises on the way out ends ``failed``, yet the prompt answers
     ``cancelled`` and no error: the editor asked to stop, and it stopped."""
-    async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", *ONE,
-                         "--grace", "20") as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "20") as (
+        conn,
+        rec,
+        sid,
+        _,
+    ):
         async with anyio.create_task_group() as tg:
             answers: list[Any] = []
 
@@ -324,15 +344,18 @@ async def test_command_line_errors_are_clear() -> None:
     import supervisor
 
     with anyio.fail_after(60):
-        bad = await anyio.run_process([str(TURNPOOL), "acp", "--agent", "no-colon"], check=False,
-                                      stdin=subprocess.DEVNULL)
+        bad = await anyio.run_process(
+            [str(TURNPOOL), "acp", "--agent", "no-colon"], check=False, stdin=subprocess.DEVNULL
+        )
     assert bad.returncode == 2 and b"package.module:attr" in bad.stderr and bad.stdout == b""
     if hasattr(supervisor, "Client"):
         return
     with anyio.fail_after(60):
         lone = await anyio.run_process(
             [str(TURNPOOL), "acp", "--agent", "examples.acp_agents:echo", "--connect", "ipc:///nonexistent"],
-            check=False, stdin=subprocess.DEVNULL)
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     assert lone.returncode == 1 and b"supervisor.Client" in lone.stderr and lone.stdout == b""
 
 
@@ -345,7 +368,10 @@ async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     daemon = await anyio.open_process(
         [str(TURNPOOL), "serve", "--endpoint", endpoint, "--workers", "1", "--spares", "0"],
-        stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        cwd=ROOT,
+        env=env,
     )
     try:
         assert daemon.stdout is not None
@@ -355,8 +381,16 @@ async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
                 seen += chunk
                 if b"ready on" in seen:
                     break
-        async with acp_agent(tmp_path, "tests.agents_acp:by_prompt", "--connect", endpoint,
-                             "--grace", "0.5", "--kill-after", "1") as (conn, rec, sid, _):
+        async with acp_agent(
+            tmp_path,
+            "tests.agents.acp:by_prompt",
+            "--connect",
+            endpoint,
+            "--grace",
+            "0.5",
+            "--kill-after",
+            "1",
+        ) as (conn, rec, sid, _):
             with anyio.fail_after(60):
                 hello = await conn.prompt(session_id=sid, prompt=[acp.text_block("hello")])
             async with anyio.create_task_group() as tg:
@@ -472,4 +506,5 @@ async def test_turn_stopped_by_its_deadline_answers_an_error() -> None:
                 await client.prompt(session_id=sid, prompt=[acp.text_block("60")])
     assert "cause deadline" in str(stopped.value) and "aborted" in str(stopped.value)
     assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
-        ("sleep-1", "failed")]
+        ("sleep-1", "failed")
+    ]

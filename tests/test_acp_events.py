@@ -25,9 +25,17 @@ def test_deltas_thoughts_and_bare_strings_become_chunks() -> None:
 def test_other_and_malformed_events_are_skipped() -> None:
     """Events ACP has no use for, or that are malformed, are skipped rather than breaking the prompt."""
     ev = TurnEvents()
-    for event in [None, 3, ["delta"], {"type": "started", "pid": 1}, {"type": "delta", "text": 5},
-                  {"type": "tool_call", "title": "no id"}, {"type": "tool_call", "id": "x", "title": 3},
-                  {"type": "tool_call_update"}, {"type": "plan", "entries": "nope"}]:
+    for event in [
+        None,
+        3,
+        ["delta"],
+        {"type": "started", "pid": 1},
+        {"type": "delta", "text": 5},
+        {"type": "tool_call", "title": "no id"},
+        {"type": "tool_call", "id": "x", "title": 3},
+        {"type": "tool_call_update"},
+        {"type": "plan", "entries": "nope"},
+    ]:
         assert ev.update(event) is None, event
     assert ev.open_tools == {}
 
@@ -36,8 +44,16 @@ def test_tool_calls_are_tracked_until_they_finish() -> None:
     """A started tool call stays open until an update says ``completed`` or ``failed``; unknown
     kinds and statuses fall back (kind unset, status ``pending``)."""
     ev = TurnEvents()
-    start = ev.update({"type": "tool_call", "id": "a", "title": "read", "kind": "read", "input": {"p": 1},
-                       "text": "reading"})
+    start = ev.update(
+        {
+            "type": "tool_call",
+            "id": "a",
+            "title": "read",
+            "kind": "read",
+            "input": {"p": 1},
+            "text": "reading",
+        }
+    )
     assert isinstance(start, ToolCallStart)
     assert (start.tool_call_id, start.kind, start.status) == ("a", "read", "pending")
     assert start.raw_input == {"p": 1}
@@ -68,11 +84,21 @@ def test_closing_open_tools_marks_them_cancelled() -> None:
 
 def test_plan_entries_are_normalised() -> None:
     """A ``plan`` event becomes a plan update; entries without content are dropped."""
-    plan = TurnEvents().update({"type": "plan", "entries": [
-        {"content": "read", "priority": "high", "status": "completed"}, {"content": "write"}, {"nope": 1}]})
+    plan = TurnEvents().update(
+        {
+            "type": "plan",
+            "entries": [
+                {"content": "read", "priority": "high", "status": "completed"},
+                {"content": "write"},
+                {"nope": 1},
+            ],
+        }
+    )
     assert isinstance(plan, AgentPlanUpdate)
     assert [(e.content, e.priority, e.status) for e in plan.entries] == [
-        ("read", "high", "completed"), ("write", "medium", "pending")]
+        ("read", "high", "completed"),
+        ("write", "medium", "pending"),
+    ]
 
 
 def test_stop_reason_of_output() -> None:

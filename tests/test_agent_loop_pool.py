@@ -72,7 +72,7 @@ async def test_supervisor_cancel_at_each_detection_point_is_aborted(
     turn's cause), the turn ends ``aborted`` far inside the grace, the on_abort hook reported
     "Cancelled", and the same worker serves the next turn (no kill)."""
     async with Supervisor(workers=1, spares=0, grace=GRACE) as sup:
-        handle = await sup.submit("tests.loop_agents:research_probe", inp)
+        handle = await sup.submit("tests.agents.loop:research_probe", inp)
         before = await wait_for(handle, marker)
         if where == "tools":
             assert {e.get("name") for e in before if e["type"] == "tool_start"} >= {"fetch"}
@@ -106,7 +106,7 @@ async def test_supervisor_cancel_of_an_openai_turn_closes_the_http_stream() -> N
     """A worker runs ``examples.loop_agent:openai_chat`` against a loopback server the test
     started; cancelled mid-stream through the Supervisor, the turn ends ``aborted`` inside the
     grace and the server sees the worker's HTTP connection close."""
-    from tests.openai_server import FakeOpenAIServer, Plan, chunk
+    from tests.support.openai_server import FakeOpenAIServer, Plan, chunk
 
     server = FakeOpenAIServer([Plan([chunk({"role": "assistant", "content": "Once upon"})], stall=True)])
     async with anyio.create_task_group() as tg:

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.openai_server import FakeOpenAIServer, Plan, chunk
+from tests.support.openai_server import FakeOpenAIServer, Plan, chunk
 from worker.agent import (
     AgentLoop,
     Cancelled,

@@ -36,6 +36,13 @@ CLI = [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batc
 E = "examples.agents:"
 
 
+def checkout_env() -> dict[str, str]:
+    """The examples live in the checkout, not in the installed package: the CLI's workers (which
+    never import from the working directory) find them through PYTHONPATH."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def write_jobs(path: Path, jobs: list[Any]) -> Path:
     with open(path, "w") as f:
         for job in jobs:
@@ -69,12 +76,16 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*CLI, *map(str, args)], cwd=ROOT, env=checkout_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start_cli(*args: str | Path, stderr: Path) -> subprocess.Popen[bytes]:
     with open(stderr, "wb") as err:
-        return subprocess.Popen([*CLI, *map(str, args)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        return subprocess.Popen(
+            [*CLI, *map(str, args)], cwd=ROOT, env=checkout_env(), stdout=subprocess.DEVNULL, stderr=err
+        )
 
 
 def finals(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -93,15 +104,46 @@ def test_batch_public_names_and_command() -> None:
     import supervisor.batch as batch
     from supervisor import _cli
 
-    assert {"run_batch", "prepare_batch", "BatchRun", "BatchProgress", "BatchSummary", "BatchInputError",
-            "OutputNotEmpty", "open_backend", "register", "turn_id_for"} <= set(batch.__all__)
+    assert {
+        "run_batch",
+        "prepare_batch",
+        "BatchRun",
+        "BatchProgress",
+        "BatchSummary",
+        "BatchInputError",
+        "OutputNotEmpty",
+        "open_backend",
+        "register",
+        "turn_id_for",
+    } <= set(batch.__all__)
     assert (batch.EXIT_OK, batch.EXIT_FAILED, batch.EXIT_USAGE, batch.EXIT_INTERRUPTED) == (0, 1, 2, 130)
     args = _cli.build_parser().parse_args(
-        ["batch", "j.jsonl", "--agent", "a.b:c", "-o", "o.jsonl", "--workers", "3", "--timeout", "2",
-         "--retries", "2", "--retry-on", "crashed,failed", "--resume", "--fail-fast", "--skip-invalid"])
+        [
+            "batch",
+            "j.jsonl",
+            "--agent",
+            "a.b:c",
+            "-o",
+            "o.jsonl",
+            "--workers",
+            "3",
+            "--timeout",
+            "2",
+            "--retries",
+            "2",
+            "--retry-on",
+            "crashed,failed",
+            "--resume",
+            "--fail-fast",
+            "--skip-invalid",
+        ]
+    )
     assert (args.workers, args.timeout, args.retries, args.retry_on) == (3, 2.0, 2, {"crashed", "failed"})
     assert args.resume and args.fail_fast and args.skip_invalid and args.connect is None
-    assert _cli.build_parser().parse_args(["batch", "j", "-o", "o", "--connect", "ipc:///x"]).connect == "ipc:///x"
+    assert (
+        _cli.build_parser().parse_args(["batch", "j", "-o", "o", "--connect", "ipc:///x"]).connect
+        == "ipc:///x"
+    )
 
 
 # ---- the 2,000-job batch ---------------------------------------------------------------------
@@ -158,11 +200,11 @@ def test_sigint_then_resume_completes_without_duplicates(tmp_path: Path) -> None
     exactly the jobs without a final line, so every id ends with one final line, none twice,
     and the interrupted ones count their second attempt."""
     ids = [f"s{i}" for i in range(40)]
-    jobs = write_jobs(tmp_path / "jobs.jsonl",
-                      [{"id": jid, "input": {"seconds": 0.2}} for jid in ids])
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [{"id": jid, "input": {"seconds": 0.2}} for jid in ids])
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
-    runner = start_cli(jobs, "-o", out, "--agent", E + "slow", "--workers", "2", "--concurrency", "4",
-                       stderr=err)
+    runner = start_cli(
+        jobs, "-o", out, "--agent", E + "slow", "--workers", "2", "--concurrency", "4", stderr=err
+    )
     try:
         wait_until(lambda: count_lines(out) >= 4, 120, "the first result lines")
         runner.send_signal(signal.SIGINT)
@@ -186,7 +228,7 @@ def test_sigint_then_resume_completes_without_duplicates(tmp_path: Path) -> None
     final = finals(lines)
     assert sorted(final) == sorted(ids)  # no lost id, none final twice
     assert all(rec["outcome"] == "completed" for rec in final.values())
-    second = lines[len(first):]
+    second = lines[len(first) :]
     assert not {rec["id"] for rec in second} & set(done_before), "a finished job ran again"
     assert len(second) == len(ids) - len(done_before)
     for rec in interrupted:
@@ -201,11 +243,24 @@ def test_sigint_then_resume_completes_without_duplicates(tmp_path: Path) -> None
 def test_second_sigint_stops_at_once(tmp_path: Path) -> None:
     """Stubborn turns with a 60 s grace: the first SIGINT waits on them, the second records them
     (not final) and kills their trees at once — well before the grace — and nothing is left."""
-    jobs = write_jobs(tmp_path / "jobs.jsonl",
-                      [{"id": f"st{i}", "input": {"seconds": 600}} for i in range(2)])
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl", [{"id": f"st{i}", "input": {"seconds": 600}} for i in range(2)]
+    )
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
-    runner = start_cli(jobs, "-o", out, "--agent", E + "stubborn", "--workers", "2", "--grace", "60",
-                       "--progress-interval", "0.1", stderr=err)
+    runner = start_cli(
+        jobs,
+        "-o",
+        out,
+        "--agent",
+        E + "stubborn",
+        "--workers",
+        "2",
+        "--grace",
+        "60",
+        "--progress-interval",
+        "0.1",
+        stderr=err,
+    )
     try:
         wait_until(lambda: "running 2" in err.read_text(), 60, "both jobs running")
         runner.send_signal(signal.SIGINT)
@@ -273,7 +328,7 @@ async def test_retries_recorded_in_attempts(tmp_path: Path) -> None:
     failing job is not retried."""
     jobs = [
         {"id": "always", "agent": E + "crasher", "input": {"code": 5}},
-        {"id": "once", "agent": "tests.batch_agents:fail_once", "input": {"marker": str(tmp_path / "m")}},
+        {"id": "once", "agent": "tests.agents.batch:fail_once", "input": {"marker": str(tmp_path / "m")}},
     ]
     out, out2 = tmp_path / "out.jsonl", tmp_path / "out2.jsonl"
     with anyio.fail_after(120):
@@ -302,16 +357,19 @@ def test_invalid_lines_reported_by_number(tmp_path: Path) -> None:
     """Not JSON, no id, a repeated id, a bad agent, an unknown key: each reported with its line
     number, exit 2, nothing ran; with --skip-invalid the valid jobs run and the rest are
     recorded ``invalid`` with their line numbers (exit 1)."""
-    jobs = write_jobs(tmp_path / "jobs.jsonl", [
-        {"id": "ok", "input": 1},                       # 1
-        "{not json",                                    # 2
-        "",                                             # 3 (blank: skipped)
-        {"input": 2},                                   # 4
-        {"id": "ok", "input": 3},                       # 5
-        {"id": "bad-agent", "agent": "no colon"},       # 6
-        {"id": "typo", "input": 4, "timout": 3},        # 7
-        {"id": "ok2", "input": 5},                      # 8
-    ])
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl",
+        [
+            {"id": "ok", "input": 1},  # 1
+            "{not json",  # 2
+            "",  # 3 (blank: skipped)
+            {"input": 2},  # 4
+            {"id": "ok", "input": 3},  # 5
+            {"id": "bad-agent", "agent": "no colon"},  # 6
+            {"id": "typo", "input": 4, "timout": 3},  # 7
+            {"id": "ok2", "input": 5},  # 8
+        ],
+    )
     out = tmp_path / "out.jsonl"
     proc = cli(jobs, "-o", out, "--agent", E + "echo", "--workers", "1")
     assert proc.returncode == 2
@@ -483,17 +541,33 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
     sock_dir.mkdir(mode=0o700, exist_ok=True)
     endpoint = f"ipc://{sock_dir}/d.sock"
     daemon = subprocess.Popen(
-        [sys.executable, "-c", "from supervisor._cli import entry; entry()", "serve", "--endpoint", endpoint,
-         "--workers", "2", "--grace", "0.2", "--kill-after", "0.5"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-c",
+            "from supervisor._cli import entry; entry()",
+            "serve",
+            "--endpoint",
+            endpoint,
+            "--workers",
+            "2",
+            "--grace",
+            "0.2",
+            "--kill-after",
+            "0.5",
+        ],
+        cwd=ROOT,
+        env=checkout_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_until(lambda: (sock_dir / "d.sock").exists(), 60, "the daemon's socket")
         pairs = [mixed_job(i) for i in range(300)]
         jobs = write_jobs(tmp_path / "jobs.jsonl", [job for job, _ in pairs])
         out = tmp_path / "out.jsonl"
-        proc = cli(jobs, "-o", out, "--connect", endpoint, "--grace", "0.2", "--kill-after", "0.5",
-                   timeout=300)
+        proc = cli(
+            jobs, "-o", out, "--connect", endpoint, "--grace", "0.2", "--kill-after", "0.5", timeout=300
+        )
         assert proc.returncode == 1, proc.stderr
         lines = read_lines(out)
         assert Counter(rec["id"] for rec in lines) == Counter(job["id"] for job, _ in pairs)

@@ -8,8 +8,8 @@ import time
 import msgspec
 
 from supervisor import SyncClient
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 
 def test_submit_prints_the_turn_id_and_wait_prints_the_result() -> None:
@@ -18,8 +18,9 @@ def test_submit_prints_the_turn_id_and_wait_prints_the_result() -> None:
         plain = d.cli("submit", "examples.agents:echo", "--input", '{"text": "hi"}', "--turn-id", "cli-1")
         assert plain.returncode == 0, plain.stderr
         assert plain.stdout.strip() == "cli-1"
-        waited = d.cli("submit", "examples.agents:echo", "--input", '{"text": "yo"}', "--session", "s",
-                       "--wait")
+        waited = d.cli(
+            "submit", "examples.agents:echo", "--input", '{"text": "yo"}', "--session", "s", "--wait"
+        )
         assert waited.returncode == 0, waited.stderr
         result = msgspec.json.decode(waited.stdout)
         assert result["outcome"] == "completed" and result["output"] == {"text": "yo"}
@@ -27,8 +28,9 @@ def test_submit_prints_the_turn_id_and_wait_prints_the_result() -> None:
         failed = d.cli("submit", "examples.agents:failing", "--wait")
         assert failed.returncode == 1
         assert msgspec.json.decode(failed.stdout)["error"]["type"] == "ValueError"
-        timed = d.cli("submit", "examples.agents:slow", "--input", '{"seconds": 60}', "--timeout", "0.2",
-                      "--wait")
+        timed = d.cli(
+            "submit", "examples.agents:slow", "--input", '{"seconds": 60}', "--timeout", "0.2", "--wait"
+        )
         assert timed.returncode == 1
         assert msgspec.json.decode(timed.stdout)["cause"] == {"kind": "deadline"}
         with SyncClient.connect(d.endpoint) as client:
@@ -109,13 +111,19 @@ def test_commands_without_a_daemon_fail_fast_naming_the_endpoint() -> None:
     env = daemonkit.env_for(home, f"ipc://{home}/nobody.sock")
     for args in (("status",), ("submit", "examples.agents:echo"), ("cancel", "x")):
         t0 = time.monotonic()
-        out = subprocess.run(daemonkit.turnpool_argv(*args), env=env, capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            daemonkit.turnpool_argv(*args), env=env, capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 1, out
         assert f"ipc://{home}/nobody.sock" in out.stderr
         assert time.monotonic() - t0 < 30
-    out = subprocess.run(daemonkit.turnpool_argv("status", "--endpoint", f"ipc://{home}/other.sock"), env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        daemonkit.turnpool_argv("status", "--endpoint", f"ipc://{home}/other.sock"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and "other.sock" in out.stderr
 
 

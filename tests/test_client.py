@@ -30,8 +30,8 @@ from supervisor import (
     TurnResult,
     UnknownTurn,
 )
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -114,11 +114,18 @@ def test_sync_client_blocks() -> None:
 async def test_errors_are_typed_and_validated_before_sending() -> None:
     """Bad causes, agents and inputs raise at the call (nothing sent); the daemon's refusals come
     back typed: unknown turn, queue full, protocol mismatch."""
-    with serving("--workers", "1", "--spares", "0", "--max-queue", "1", "--grace", "0.3",
-                 "--drain", "0") as d:
+    with serving(
+        "--workers", "1", "--spares", "0", "--max-queue", "1", "--grace", "0.3", "--drain", "0"
+    ) as d:
         async with Client.connect(d.endpoint) as client:
-            for cause in ("user", {"kind": "user", "x": 1}, {"kind": "nope"}, ["user"], ValueError("user"),
-                          {"kind": 1}):
+            for cause in (
+                "user",
+                {"kind": "user", "x": 1},
+                {"kind": "nope"},
+                ["user"],
+                ValueError("user"),
+                {"kind": 1},
+            ):
                 with pytest.raises((TypeError, ValueError)):
                     await client.cancel("anything", cause)
             with pytest.raises(InvalidAgent):
@@ -147,7 +154,6 @@ async def test_errors_are_typed_and_validated_before_sending() -> None:
         with pytest.raises(supervisor.SupervisorClosed, match="closed"):
             await awaited.status()
         async with Client.connect(d.endpoint) as client:
-
             running = await client.submit("examples.agents:slow", {"seconds": 60})
             await first_event(running)
             queued = await client.submit("examples.agents:echo", 1)
@@ -262,7 +268,9 @@ async def test_fifty_clients_twenty_turns_each() -> None:
     counts = status["outcomes"]
     assert sum(counts.values()) == clients * per_client
     assert counts == {
-        "completed": clients * 14, "failed": clients * 4, "aborted": clients * 2,
+        "completed": clients * 14,
+        "failed": clients * 4,
+        "aborted": clients * 2,
     }
 
 
@@ -285,8 +293,9 @@ async def test_client_killed_mid_turn_and_a_new_client_fetches_the_result() -> N
     """A client process killed (SIGKILL) while following its turn cancels nothing: the turn
     completes and a new client fetches its result by id."""
     with serving(*FAST) as d:
-        async with await anyio.open_process([sys.executable, "-c", _KILLED_CLIENT, d.endpoint, "orphan-1"],
-                                            env=d.env, stderr=None) as proc:
+        async with await anyio.open_process(
+            [sys.executable, "-c", _KILLED_CLIENT, d.endpoint, "orphan-1"], env=d.env, stderr=None
+        ) as proc:
             try:
                 assert proc.stdout is not None
                 line = b""
@@ -369,8 +378,15 @@ async def test_curve_over_tcp() -> None:
     server_pub, server_sec = zmq.auth.create_certificates(str(keys), "server")
     client_pub, client_sec = zmq.auth.create_certificates(str(keys), "client")
     os.rename(client_pub, allowed / "client.key")
-    with serving(*FAST, "--curve-secret-key", server_sec, "--curve-clients", str(allowed), home=home,
-                 endpoint="tcp://127.0.0.1:0") as d:
+    with serving(
+        *FAST,
+        "--curve-secret-key",
+        server_sec,
+        "--curve-clients",
+        str(allowed),
+        home=home,
+        endpoint="tcp://127.0.0.1:0",
+    ) as d:
         assert d.endpoint.startswith("tcp://127.0.0.1:")
         keys = {"curve_server_key": server_pub, "curve_secret_key": client_sec}
         async with Client.connect(d.endpoint, **keys) as client:

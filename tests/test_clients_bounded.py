@@ -22,12 +22,12 @@ import zmq.auth
 
 import wire
 from supervisor import AuthenticationFailed, Client, DaemonUnavailable, FollowerDropped, InvalidAgent
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 
-LONG = "tests.client_agents:wait_for_cancel"
+LONG = "tests.agents.client:wait_for_cancel"
 
 
 async def _daemon_facts(client: Client) -> dict[str, Any]:
@@ -75,12 +75,16 @@ async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
                         await sock.send(wire.encode(wire.GetResult(2, handle.turn_id)))
                         socks.append(sock)
                     # Every request arrived (the daemon holds them) before the clients vanish.
-                    await _until(client, "requests held",
-                                 lambda f: f["streams"] >= per_batch and f["waits"] >= 2 * per_batch)
+                    await _until(
+                        client,
+                        "requests held",
+                        lambda f: f["streams"] >= per_batch and f["waits"] >= 2 * per_batch,
+                    )
                     for sock in socks:
                         sock.close(linger=0)
-                    facts = await _until(client, "freed", lambda f: (f["streams"], f["waits"], f["clients"])
-                                         == (0, 0, 1))
+                    facts = await _until(
+                        client, "freed", lambda f: (f["streams"], f["waits"], f["clients"]) == (0, 0, 1)
+                    )
                     print(f"batch {batch}: freed; {facts['clients_gone']} clients seen gone")
             finally:
                 ctx.term()
@@ -135,7 +139,7 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
     socks = []
     try:
         async with Client.connect(endpoint, timeout=30) as client:
-            handle = await client.submit("tests.client_agents:flood", {"count": count})
+            handle = await client.submit("tests.agents.client:flood", {"count": count})
             for i in range(stopped):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 0)
@@ -180,13 +184,14 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
         crowd_s, crowd_done, facts = await _flood_while(d.endpoint, count, 20)
         rss_peak = daemon.memory_info().rss
         async with Client.connect(d.endpoint, timeout=30) as client:
-            after = await _until(client, "followers freed",
-                                 lambda f: f["streams"] == 0 and f["clients"] <= 1)
+            after = await _until(client, "followers freed", lambda f: f["streams"] == 0 and f["clients"] <= 1)
         rss_after = daemon.memory_info().rss
-    print(f"flood of {count}: alone {alone_s:.1f}s with {alone_done / alone_s:.0f} echo/s; with 20 stopped "
-          f"followers {crowd_s:.1f}s with {crowd_done / crowd_s:.0f} echo/s; "
-          f"RSS +{(rss_peak - rss_before) >> 20} MiB, after they left +{(rss_after - rss_before) >> 20} MiB; "
-          f"{facts}")
+    print(
+        f"flood of {count}: alone {alone_s:.1f}s with {alone_done / alone_s:.0f} echo/s; with 20 stopped "
+        f"followers {crowd_s:.1f}s with {crowd_done / crowd_s:.0f} echo/s; "
+        f"RSS +{(rss_peak - rss_before) >> 20} MiB, after they left +{(rss_after - rss_before) >> 20} MiB; "
+        f"{facts}"
+    )
     assert crowd_s < 2 * alone_s + 5
     # Generous: on a shared 2-core box the crowded window is short and noisy. Before the fix the
     # other client got ~3 % of its rate alone (36/s against 1 052/s), after it 90-100 %.
@@ -204,7 +209,7 @@ async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None
     ``FollowerDropped``. Following again resumes from the oldest kept event; the turn completes."""
     with serving(*FAST, "--no-journal", "--max-events", "20") as d:
         async with Client.connect(d.endpoint, timeout=30, follow_window=4) as client:
-            handle = await client.submit("tests.fault_agents:stream_when_told", {"count": 200})
+            handle = await client.submit("tests.agents.faults:stream_when_told", {"count": 200})
             got: list[int] = []
             with anyio.fail_after(60):
                 async with aclosing(handle.events()) as events:
@@ -227,16 +232,22 @@ async def test_a_result_at_the_size_limit_is_fetchable() -> None:
     with serving(*FAST, "--no-journal") as d:
         async with Client.connect(d.endpoint, timeout=30) as client:
             with anyio.fail_after(120):
-                big = await client.run("tests.client_agents:near_limit_output", {"slack": 16},
-                                       turn_id="t" * 256, session="s" * 256)
+                big = await client.run(
+                    "tests.agents.client:near_limit_output",
+                    {"slack": 16},
+                    turn_id="t" * 256,
+                    session="s" * 256,
+                )
                 assert big.outcome == "completed" and len(big.output) == wire.MAX_PAYLOAD_SIZE - 21
-                loud = await client.submit("tests.client_agents:near_limit_error", turn_id="u" * 256,
-                                           session="s" * 256)
+                loud = await client.submit(
+                    "tests.agents.client:near_limit_error", turn_id="u" * 256, session="s" * 256
+                )
                 first = await loud.result()
-                huge = await client.run("tests.client_agents:near_limit_error",
-                                        {"size": wire.MAX_MESSAGE_SIZE})
+                huge = await client.run(
+                    "tests.agents.client:near_limit_error", {"size": wire.MAX_MESSAGE_SIZE}
+                )
                 with pytest.raises(InvalidAgent, match="at most"):
-                    await client.submit("tests.client_agents:" + "a" * 2000)
+                    await client.submit("tests.agents.client:" + "a" * 2000)
         async with Client.connect(d.endpoint, timeout=30) as other:
             with anyio.fail_after(60):
                 again = await other.handle("u" * 256).result()
@@ -260,12 +271,21 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
     _, stranger_sec = zmq.auth.create_certificates(str(keys), "stranger")
     friend_pub, friend_sec = zmq.auth.create_certificates(str(keys), "friend")
     os.rename(friend_pub, allowed / "friend.key")
-    with serving(*FAST, "--no-journal", "--curve-secret-key", server_sec, "--curve-clients", str(allowed),
-                 home=home, endpoint="tcp://127.0.0.1:0") as d:
+    with serving(
+        *FAST,
+        "--no-journal",
+        "--curve-secret-key",
+        server_sec,
+        "--curve-clients",
+        str(allowed),
+        home=home,
+        endpoint="tcp://127.0.0.1:0",
+    ) as d:
         t0 = time.monotonic()
         with pytest.raises(AuthenticationFailed, match="refused this client") as caught:
-            async with Client.connect(d.endpoint, timeout=10, curve_server_key=server_pub,
-                                      curve_secret_key=stranger_sec):
+            async with Client.connect(
+                d.endpoint, timeout=10, curve_server_key=server_pub, curve_secret_key=stranger_sec
+            ):
                 pass
         assert isinstance(caught.value, DaemonUnavailable)
         assert "no turnpool daemon is running" not in str(caught.value)
@@ -273,8 +293,9 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
         with pytest.raises(AuthenticationFailed, match="requires CURVE"):
             async with Client.connect(d.endpoint, timeout=10):
                 pass
-        async with Client.connect(d.endpoint, timeout=30, curve_server_key=server_pub,
-                                  curve_secret_key=friend_sec) as friend:
+        async with Client.connect(
+            d.endpoint, timeout=30, curve_server_key=server_pub, curve_secret_key=friend_sec
+        ) as friend:
             with anyio.fail_after(60):
                 assert (await friend.run("examples.agents:echo", 1)).output == 1
 

@@ -22,8 +22,8 @@ import zmq.asyncio
 
 import wire
 from supervisor import Client, Daemon, DaemonShuttingDown
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -113,8 +113,9 @@ async def test_sigterm_drains_then_disposes_a_stubborn_turn() -> None:
     """SIGTERM: new submits get ``shutting down``; a turn that ignores Abort runs through the drain,
     is then disposed (ends ``killed`` with cause ``disposed``); the daemon exits 0 and its worker
     tree is gone."""
-    with serving("--workers", "1", "--spares", "0", "--grace", "0.3", "--kill-after", "1",
-                 "--drain", "0.5") as d:
+    with serving(
+        "--workers", "1", "--spares", "0", "--grace", "0.3", "--kill-after", "1", "--drain", "0.5"
+    ) as d:
         async with Client.connect(d.endpoint) as client:
             handle = await client.submit("examples.agents:stubborn")
             info = await first_event(handle)
@@ -158,8 +159,9 @@ async def test_drain_lets_a_running_turn_finish() -> None:
 
 async def test_second_signal_skips_the_drain() -> None:
     """With a long drain, a second SIGTERM ends the drain at once: the stubborn turn is disposed."""
-    with serving("--workers", "1", "--spares", "0", "--grace", "0.2", "--kill-after", "0.5",
-                 "--drain", "600") as d:
+    with serving(
+        "--workers", "1", "--spares", "0", "--grace", "0.2", "--kill-after", "0.5", "--drain", "600"
+    ) as d:
         async with Client.connect(d.endpoint) as client:
             handle = await client.submit("examples.agents:stubborn")
             await first_event(handle)
@@ -291,8 +293,12 @@ async def test_hook_sites_and_programmatic_stop() -> None:
                 assert acked == ["gated"] and result.outcome == "completed"
             daemon.stop()
     assert calls == [
-        ("accept", "plain"), ("start", "plain"), ("end", "plain:completed"),
-        ("accept", "gated"), ("start", "gated"), ("end", "gated:completed"),
+        ("accept", "plain"),
+        ("start", "plain"),
+        ("end", "plain:completed"),
+        ("accept", "gated"),
+        ("start", "gated"),
+        ("end", "gated:completed"),
     ]
     assert not (home / "hooks.sock").exists()
     shutil.rmtree(home, ignore_errors=True)
@@ -328,8 +334,14 @@ def test_bad_serve_options_exit_2() -> None:
         (("--log-level", "LOUD"), "--log-level"),
         (("--endpoint", "inproc://x"), "endpoint must be"),
     ):
-        out = subprocess.run(daemonkit.turnpool_argv("serve", *args), env=daemonkit.env_for(home, None),
-                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            daemonkit.turnpool_argv("serve", *args),
+            env=daemonkit.env_for(home, None),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert out.returncode == 2, (args, out)
         assert needle in out.stderr, (args, out.stderr)
     assert not (home / "turnpool" / "supervisor.sock").exists()
@@ -356,8 +368,11 @@ async def test_follow_flow_control_holds_events_until_credit() -> None:
             with anyio.fail_after(60):
                 await ask(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION))
                 assert isinstance(await reply(), wire.Welcome)
-                await ask(wire.Submit(2, "examples.agents:streamer",
-                                      msgspec.Raw(wire.encode({"count": 50})), wait=True))
+                await ask(
+                    wire.Submit(
+                        2, "examples.agents:streamer", msgspec.Raw(wire.encode({"count": 50})), wait=True
+                    )
+                )
                 accepted = await reply()
                 assert isinstance(accepted, wire.Accepted)
                 assert isinstance(await reply(), wire.Result)  # the turn has ended: all 50 retained
@@ -395,8 +410,14 @@ def test_workers_that_cannot_start_make_serve_exit_1() -> None:
     the reason, leaving no socket file and no process."""
     home = daemonkit.short_dir()
     argv = daemonkit.turnpool_argv("serve", "--python", "/bin/false", "--workers", "1", "--spares", "0")
-    out = subprocess.run(argv, env=daemonkit.env_for(home, f"ipc://{home}/s.sock"), capture_output=True,
-                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        argv,
+        env=daemonkit.env_for(home, f"ipc://{home}/s.sock"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 1, out
     assert "workers could not be started" in out.stderr
     assert not (home / "s.sock").exists()
@@ -414,8 +435,9 @@ async def test_journal_records_what_clients_saw() -> None:
             with anyio.fail_after(60):
                 done = await client.run("examples.agents:streamer", {"count": 2}, turn_id="j-1")
                 failed = await client.run("examples.agents:failing", turn_id="j-2")
-        other = daemonkit.start(*FAST, "--journal", str(journal), home=daemonkit.short_dir(),
-                                check_ready=False)
+        other = daemonkit.start(
+            *FAST, "--journal", str(journal), home=daemonkit.short_dir(), check_ready=False
+        )
         assert other.wait() == 1 and "locked" in other.stderr()
         assert other.proc.stdout is not None
         other.proc.stdout.close()
@@ -430,8 +452,10 @@ async def test_journal_records_what_clients_saw() -> None:
         rows = [msgspec.json.decode(line) for line in history.stdout.splitlines()]
         con = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
         try:
-            events = [msgspec.msgpack.decode(row[0]) for row in
-                      con.execute("SELECT data FROM events WHERE turn_id='j-1' ORDER BY seq")]
+            events = [
+                msgspec.msgpack.decode(row[0])
+                for row in con.execute("SELECT data FROM events WHERE turn_id='j-1' ORDER BY seq")
+            ]
         finally:
             con.close()
     assert [e["i"] for e in events] == [0, 1]

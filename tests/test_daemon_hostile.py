@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import wire
 from supervisor import Client, DaemonUnavailable
-from tests import daemonkit
-from tests.daemonkit import FAST, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -65,15 +65,27 @@ async def test_sigkill_of_the_daemon_leaves_no_process_behind() -> None:
 
 FRAMES = st.one_of(
     st.binary(max_size=256),
-    st.builds(msgspec.msgpack.encode, st.recursive(
-        st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=20) | st.binary(max_size=20),
-        lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-        max_leaves=12,
-    )),
-    st.builds(lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),
-              st.sampled_from(["hello", "submit", "cancel", "cancel_session", "result", "follow", "status",
-                               "when_idle", "nope"]),
-              st.lists(st.integers(-(2**63), 2**64 - 1) | st.text(max_size=10) | st.none(), max_size=6)),
+    st.builds(
+        msgspec.msgpack.encode,
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**63), 2**64 - 1)
+            | st.text(max_size=20)
+            | st.binary(max_size=20),
+            lambda inner: (
+                st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+            ),
+            max_leaves=12,
+        ),
+    ),
+    st.builds(
+        lambda tag, rest: msgspec.msgpack.encode([tag, *rest]),
+        st.sampled_from(
+            ["hello", "submit", "cancel", "cancel_session", "result", "follow", "status", "when_idle", "nope"]
+        ),
+        st.lists(st.integers(-(2**63), 2**64 - 1) | st.text(max_size=10) | st.none(), max_size=6),
+    ),
 )
 
 
@@ -129,7 +141,7 @@ def test_another_user_cannot_connect() -> None:
     """The daemon's ipc socket is 0600 in a 0700 directory: a process of another uid cannot even
     connect to it."""
     with serving(*FAST, "--no-journal") as d:
-        path = d.endpoint[len("ipc://"):]
+        path = d.endpoint[len("ipc://") :]
         assert os.stat(path).st_mode & 0o777 == 0o600
         pid = os.fork()
         if pid == 0:  # the child: become nobody, try to connect
@@ -173,9 +185,18 @@ async def test_curve_client_with_an_unknown_key_cannot_submit() -> None:
     _, stranger_sec = zmq.auth.create_certificates(str(keys), "stranger")
     friend_pub, _ = zmq.auth.create_certificates(str(keys), "friend")
     os.rename(friend_pub, allowed / "friend.key")
-    with serving(*FAST, "--no-journal", "--curve-secret-key", server_sec, "--curve-clients", str(allowed),
-                 home=home, endpoint="tcp://127.0.0.1:0") as d:
+    with serving(
+        *FAST,
+        "--no-journal",
+        "--curve-secret-key",
+        server_sec,
+        "--curve-clients",
+        str(allowed),
+        home=home,
+        endpoint="tcp://127.0.0.1:0",
+    ) as d:
         with pytest.raises(DaemonUnavailable):
-            async with Client.connect(d.endpoint, timeout=3, curve_server_key=server_pub,
-                                      curve_secret_key=stranger_sec) as client:
+            async with Client.connect(
+                d.endpoint, timeout=3, curve_server_key=server_pub, curve_secret_key=stranger_sec
+            ) as client:
                 await client.submit("examples.agents:echo", 1)

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import browserkit
-from tests.daemonkit import HTTP, serving
+from tests.support import browserkit
+from tests.support.daemonkit import HTTP, serving
 
 pytestmark = pytest.mark.skipif(browserkit.missing() is not None, reason=browserkit.missing() or "")
 
@@ -36,7 +36,7 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
         with httpx.Client(base_url=d.http_url, timeout=60) as http:
             r = http.post(
                 "/v1/turns",
-                json={"agent": "tests.http_agents:ticker", "input": {"every": 0.1}, "session": "demo"},
+                json={"agent": "tests.agents.http:ticker", "input": {"every": 0.1}, "session": "demo"},
             )
             assert r.status_code == 201, r.text
             turn_id = r.json()["turn_id"]
@@ -46,7 +46,7 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
         wait = WebDriverWait(browser, 60, ignored_exceptions=stale)
         row_css = f'#running tr[data-turn="{turn_id}"]'
         text = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, row_css).text)
-        assert "tests.http_agents:ticker" in text and "demo" in text
+        assert "tests.agents.http:ticker" in text and "demo" in text
         browser.save_screenshot(str(tmp_path / "dashboard-overview.png"))
 
         def open_turn(b: Any) -> bool:

@@ -24,7 +24,7 @@ from worker import _endlog
 
 pytestmark = pytest.mark.anyio
 
-AGENT = "tests.exactly_once_agents:counted"
+AGENT = "tests.agents.exactly_once:counted"
 EAGER = {"prefetch_window": 3600.0}  # hand quick turns ahead as deep as prefetch allows
 
 

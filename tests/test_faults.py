@@ -53,14 +53,14 @@ FAULTS: dict[str, Fault] = {
     "returns": Fault("examples.agents:echo", {"x": 1}, "completed", output={"x": 1}),
     "raises": Fault("examples.agents:failing", {"message": "boom"}, "failed", error_type="ValueError"),
     "os_exit": Fault(
-        "tests.fault_agents:crash_when_told",
+        "tests.agents.faults:crash_when_told",
         {"how": "exit", "code": 7},
         "crashed",
         trigger="usr1",
         exit_codes=frozenset({7}),
     ),
     "sigsegv": Fault(
-        "tests.fault_agents:crash_when_told",
+        "tests.agents.faults:crash_when_told",
         {"how": "segv"},
         "crashed",
         trigger="usr1",
@@ -74,7 +74,7 @@ FAULTS: dict[str, Fault] = {
         exit_codes=frozenset({-signal.SIGKILL}),
     ),
     "memory_limit": Fault(
-        "tests.fault_agents:stubborn_hog",
+        "tests.agents.faults:stubborn_hog",
         {"mb": 300},
         "killed",
         exit_codes=SIGTERM_OR_KILL,
@@ -82,7 +82,7 @@ FAULTS: dict[str, Fault] = {
         options={"max_rss_mb": 150, "rss_interval": 0.05},
     ),
     "gil_holding_c_call": Fault(
-        "tests.fault_agents:gil_holder",
+        "tests.agents.faults:gil_holder",
         None,
         "killed",
         trigger="cancel",
@@ -106,7 +106,7 @@ FAULTS: dict[str, Fault] = {
         cause="user",
     ),
     "grandchildren": Fault(
-        "tests.fault_agents:forker_only_children",
+        "tests.agents.faults:forker_only_children",
         {"children": 3},
         "killed",
         trigger="cancel",
@@ -124,9 +124,11 @@ FAULTS: dict[str, Fault] = {
     # The agent returns after closing the socket: the worker logged its End before it died of the
     # lost link, so the turn ends with its own outcome (rule E1); the worker is replaced.
     "closes_its_zmq_socket": Fault(
-        "tests.fault_agents:socket_closer", None, "completed", output="closed", replaced=True
+        "tests.agents.faults:socket_closer", None, "completed", output="closed", replaced=True
     ),
-    "garbage_on_stdout_stderr": Fault("tests.fault_agents:garbage_writer", None, "completed", output="wrote"),
+    "garbage_on_stdout_stderr": Fault(
+        "tests.agents.faults:garbage_writer", None, "completed", output="wrote"
+    ),
 }
 
 
@@ -304,7 +306,7 @@ async def test_turn_that_kills_its_worker_at_once_runs_once() -> None:
     re-queued at most ``MAX_HANDOVERS`` times, then end ``crashed``.)"""
     async with Supervisor(workers=1, spares=0) as sup:
         with anyio.fail_after(60):
-            result = await sup.run("tests.fault_agents:exit_at_once")
+            result = await sup.run("tests.agents.faults:exit_at_once")
             after = await sup.run("examples.agents:echo", "next")
         restarts = sup.status()["worker_restarts"]
     assert result.outcome == "crashed" and result.exit_code == 9 and result.started is True
@@ -317,8 +319,10 @@ async def test_a_turn_that_crashed_its_worker_is_never_run_again(tmp_path: Path)
     """Turns handed ahead in bursts whose agent emits and kills its worker at once: each ends
     ``crashed`` (started), none is silently run a second time on another worker."""
     async with Supervisor(workers=2, spares=1) as sup:
-        handles = [await sup.submit("tests.fault_agents:exit_first_run_only", str(tmp_path / f"m{i}"))
-                   for i in range(12)]
+        handles = [
+            await sup.submit("tests.agents.faults:exit_first_run_only", str(tmp_path / f"m{i}"))
+            for i in range(12)
+        ]
         with anyio.fail_after(120):
             results = [await h.result() for h in handles]
     assert {(r.outcome, r.started, r.output) for r in results} == {("crashed", True, None)}

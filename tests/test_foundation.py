@@ -451,8 +451,8 @@ def test_sync_supervisor() -> None:
 
 def test_public_exports_are_pinned() -> None:
     """The names SPEC.md makes public stay importable."""
-    from supervisor import Supervisor, SyncSupervisor, TurnResult  # noqa: F401
     import worker
+    from supervisor import Supervisor, SyncSupervisor, TurnResult  # noqa: F401
 
     assert {"Turn", "CancelSignal", "TurnCancelled"} <= set(worker.__all__)
     assert {"Supervisor", "SyncSupervisor", "TurnResult", "TurnHandle", "QueueFull", "UnknownTurn"} <= set(

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 import supervisor._core as core
 import wire
 from supervisor import Supervisor
-from worker._main import EXIT_LINK_LOST
+from worker._guards import EXIT_LINK_LOST
 
 EXAMPLES = int(os.environ.get("TURNPOOL_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)

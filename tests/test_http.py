@@ -22,8 +22,8 @@ import msgspec
 import pytest
 
 from supervisor.http._schema import ErrorReply, Submitted, TurnList, TurnState
-from tests import daemonkit
-from tests.daemonkit import FAST, HTTP, serving
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, HTTP, serving
 from wire import TurnResult
 
 pytestmark = pytest.mark.anyio
@@ -194,7 +194,7 @@ async def test_full_queue_is_429_and_draining_is_503() -> None:
     status, results and events still answer; the daemon then exits 0."""
     with serving("--workers", "1", "--spares", "0", "--max-queue", "1", "--drain", "30", *HTTP) as d:
         async with client(d) as http:
-            running = await submit(http, "tests.http_agents:emit_then_wait", {"count": 1})
+            running = await submit(http, "tests.agents.http:emit_then_wait", {"count": 1})
             async with http.stream("GET", f"/v1/turns/{running}/events") as r:
                 async for kind, _, _ in sse(r):
                     assert kind == "event"  # it started (so the queue is empty again)
@@ -284,7 +284,7 @@ async def test_cancel_session_cancels_its_running_and_queued_turns() -> None:
     the queued one aborted without starting; another session is untouched."""
     with serving(*FAST, *HTTP) as d:
         async with client(d) as http:
-            first = await submit(http, "tests.http_agents:emit_then_wait", session="s")
+            first = await submit(http, "tests.agents.http:emit_then_wait", session="s")
             second = await submit(http, "examples.agents:echo", 2, session="s")
             other = await submit(http, "examples.agents:echo", 3, session="t")
             async with http.stream("GET", f"/v1/turns/{first}/events") as r:
@@ -309,7 +309,7 @@ async def test_sse_from_the_start_from_a_last_event_id_and_to_a_late_follower() 
     Last-Event-ID resumes after that event; a follower arriving after the end gets them all."""
     with serving(*FAST, *HTTP) as d:
         async with client(d) as http:
-            turn_id = await submit(http, "tests.fault_agents:stream_when_told", {"count": 6})
+            turn_id = await submit(http, "tests.agents.faults:stream_when_told", {"count": 6})
             live: list[Any] = []
             async with http.stream("GET", f"/v1/turns/{turn_id}/events") as r:
                 async for item in sse(r):
@@ -368,7 +368,7 @@ async def test_fifty_followers_with_one_that_never_reads() -> None:
     with serving(*FAST, *HTTP, "--http-stall", "5", "--max-events", "100000") as d:
         host, port = d.http_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
         async with client(d, limits=httpx.Limits(max_connections=100)) as http:
-            turn_id = await submit(http, "tests.http_agents:blobs_when_told", {"count": 2000, "size": 512})
+            turn_id = await submit(http, "tests.agents.http:blobs_when_told", {"count": 2000, "size": 512})
             # The stalled reader: a tiny receive buffer, a request, and never a read.
             stalled = socket.socket()
             try:

@@ -29,10 +29,10 @@ import anyio
 import pytest
 
 from supervisor import Supervisor
-from tests import daemonkit
+from tests.support import daemonkit
 
 ROOT = daemonkit.ROOT
-FLOOD = "tests.isolation_agents:flood"
+FLOOD = "tests.agents.isolation:flood"
 BOUND = 90.0  # generous: a shared 2-core machine
 pytestmark = pytest.mark.anyio
 
@@ -67,8 +67,17 @@ def test_serve_flood_with_unread_stderr_never_blocks_daemon(home: Path) -> None:
     blocks the daemon: status answers, the turn's deadline fires, SIGTERM ends it; the output is in
     the ``--worker-log`` file, prefixed with the worker, and bounded (4 files × the max size)."""
     log = home / "logs" / "workers.log"
-    served = daemonkit.start(*daemonkit.FAST, "--worker-log", str(log), "--worker-log-max-mb", "1",
-                             "--log-level", "INFO", home=home, stderr_pipe=True)
+    served = daemonkit.start(
+        *daemonkit.FAST,
+        "--worker-log",
+        str(log),
+        "--worker-log-max-mb",
+        "1",
+        "--log-level",
+        "INFO",
+        home=home,
+        stderr_pipe=True,
+    )
     try:
         assert f"workers' output: {log}" in served.ready
         marker = home / "flood.marker"
@@ -106,7 +115,7 @@ HOST = textwrap.dedent("""
 
     async def main():
         async with Supervisor(workers=1, spares=0, grace=0.5, kill_after=0.5) as sup:
-            r = await sup.run("tests.isolation_agents:flood", {"mib": 64, "marker": sys.argv[1]}, timeout=3)
+            r = await sup.run("tests.agents.isolation:flood", {"mib": 64, "marker": sys.argv[1]}, timeout=3)
             print(json.dumps({"outcome": r.outcome, "cause": r.cause and r.cause.kind,
                               "dropped": sup.status().get("worker_output_dropped")}), flush=True)
 
@@ -119,8 +128,13 @@ def test_embedded_flood_with_unread_stderr_never_blocks_supervisor(tmp_path: Pat
     default ``worker_output`` ("stderr": forwarded, never filling that pipe) still ends a flooding
     turn at its deadline, logs its own escalation, and closes."""
     marker = tmp_path / "marker"
-    proc = subprocess.Popen([sys.executable, "-c", HOST, str(marker)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOST, str(marker)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], BOUND)
@@ -145,9 +159,16 @@ async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None
     most) and the host's stderr gets none of it; workers run in the private runtime dir."""
     log = tmp_path / "w.log"
     with anyio.fail_after(BOUND):
-        async with Supervisor(workers=1, spares=0, grace=0.2, kill_after=0.2, zygote=zygote,
-                              worker_output=log, worker_output_max_mb=0.25) as sup:
-            r = await sup.run("tests.isolation_agents:hello", "hi")
+        async with Supervisor(
+            workers=1,
+            spares=0,
+            grace=0.2,
+            kill_after=0.2,
+            zygote=zygote,
+            worker_output=log,
+            worker_output_max_mb=0.25,
+        ) as sup:
+            r = await sup.run("tests.agents.isolation:hello", "hi")
             assert r.outcome == "completed", r
             assert r.output == str(sup._dir) != os.getcwd()
             assert stat.S_IMODE(os.stat(r.output).st_mode) == 0o700
@@ -185,7 +206,8 @@ def _plant(directory: Path) -> Path:
     """Modules that would write ``pwned-<name>`` in ``directory`` if any process imported them."""
     for name in PLANTED:
         (directory / f"{name}.py").write_text(
-            f"open({str(directory / ('pwned-' + name))!r}, 'w').close()\nraise SystemExit(99)\n")
+            f"open({str(directory / ('pwned-' + name))!r}, 'w').close()\nraise SystemExit(99)\n"
+        )
     return directory
 
 
@@ -307,8 +329,13 @@ def test_squatted_runtime_dir_falls_back(home: Path, squat: str) -> None:
             os.symlink(theirs, squatted)
 
     _as_nobody(create)
-    env = {"TMPDIR": str(tmp), "XDG_RUNTIME_DIR": None, "TURNPOOL_ENDPOINT": None, "HOME": str(home),
-           "XDG_CACHE_HOME": None}
+    env = {
+        "TMPDIR": str(tmp),
+        "XDG_RUNTIME_DIR": None,
+        "TURNPOOL_ENDPOINT": None,
+        "HOME": str(home),
+        "XDG_CACHE_HOME": None,
+    }
     served = daemonkit.start(*daemonkit.FAST, home=home, endpoint=None, env_extra=env)
     try:
         fallback = home / ".cache" / "turnpool-run"
@@ -327,8 +354,9 @@ def test_squatted_runtime_dir_falls_back(home: Path, squat: str) -> None:
 def test_serve_refuses_a_worker_log_it_cannot_write(home: Path) -> None:
     """Promise: a ``--worker-log`` that cannot be written stops ``serve`` at start with exit 1 and a
     message naming the file, before any worker exists (output is never silently lost)."""
-    served = daemonkit.start(*daemonkit.FAST, "--worker-log", "/proc/no/such/workers.log", home=home,
-                             check_ready=False)
+    served = daemonkit.start(
+        *daemonkit.FAST, "--worker-log", "/proc/no/such/workers.log", home=home, check_ready=False
+    )
     try:
         assert served.wait(BOUND) == 1
     finally:

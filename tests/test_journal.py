@@ -19,8 +19,17 @@ from supervisor._turns import TurnRecord
 
 
 def record(turn_id: str, session: str | None = None, retry: bool = False) -> TurnRecord:
-    t = TurnRecord(turn_id, "examples.agents:echo", wire.encode_payload({"id": turn_id}), session, None,
-                   None, 5.0, 2.0, 0.0)
+    t = TurnRecord(
+        turn_id,
+        "examples.agents:echo",
+        wire.encode_payload({"id": turn_id}),
+        session,
+        None,
+        None,
+        5.0,
+        2.0,
+        0.0,
+    )
     t.retry = retry
     return t
 
@@ -41,8 +50,16 @@ def test_accept_is_acknowledged_after_commit_and_round_trips(tmp_path: Path) -> 
     assert [t.turn_id for t in journal.recover()] == ["a"]
     journal.accepted(record("b", "s", retry=True))
     journal.started("a", 1234)
-    result = wire.TurnResult(turn_id="a", outcome="aborted", cause=wire.USER, started=True, worker_pid=1234,
-                             output={"partial": [1, 2]}, session="s", ended_at=time.time())
+    result = wire.TurnResult(
+        turn_id="a",
+        outcome="aborted",
+        cause=wire.USER,
+        started=True,
+        worker_pid=1234,
+        output={"partial": [1, 2]},
+        session="s",
+        ended_at=time.time(),
+    )
     journal.ended(result)
     journal.flush()
     assert read_result(path, "a") == result
@@ -75,10 +92,16 @@ def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     Journal.open(path).close()
     with subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from supervisor._journal import Journal; j = Journal.open(sys.argv[1]); "
-         "print('ready', flush=True); sys.stdin.read()", str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from supervisor._journal import Journal; j = Journal.open(sys.argv[1]); "
+            "print('ready', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     ) as holder:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
         before = digest(path)
@@ -103,8 +126,11 @@ def test_corrupt_newer_and_foreign_files_are_refused_untouched(tmp_path: Path) -
     foreign = tmp_path / "foreign.sqlite3"
     with sqlite3.connect(foreign) as con:
         con.execute("CREATE TABLE things (x)")
-    for path, message in ((garbage, "corrupt or not an SQLite file"), (newer, "newer than"),
-                          (foreign, "not a turnpool journal")):
+    for path, message in (
+        (garbage, "corrupt or not an SQLite file"),
+        (newer, "newer than"),
+        (foreign, "not a turnpool journal"),
+    ):
         before = digest(path)
         with pytest.raises(JournalError, match=message):
             Journal.open(path)
@@ -135,21 +161,33 @@ def test_history_and_result_commands(tmp_path: Path) -> None:
     journal.ended(wire.TurnResult(turn_id="x1", outcome="killed", cause=wire.DEADLINE, ended_at=time.time()))
     journal.close()
     turnpool = [sys.executable, "-m", "supervisor._cli_main"]
-    out = subprocess.run([*turnpool, "history", "--journal", str(path), "--json", "--session", "s1"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [*turnpool, "history", "--journal", str(path), "--json", "--session", "s1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = [json.loads(line) for line in out.splitlines()]
     assert [(r["turn_id"], r["outcome"], r["cause"]) for r in rows] == [("x1", "killed", "deadline")]
-    table = subprocess.run([*turnpool, "history", "--journal", str(path)], capture_output=True, text=True,
-                           check=True).stdout
+    table = subprocess.run(
+        [*turnpool, "history", "--journal", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert "x1" in table and "x2" in table
-    res = subprocess.run([*turnpool, "result", "x1", "--journal", str(path)], capture_output=True, text=True,
-                         check=True).stdout
+    res = subprocess.run(
+        [*turnpool, "result", "x1", "--journal", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert json.loads(res)["outcome"] == "killed" and json.loads(res)["cause"] == {"kind": "deadline"}
-    missing = subprocess.run([*turnpool, "result", "nope", "--journal", str(path)], capture_output=True, text=True)
+    missing = subprocess.run(
+        [*turnpool, "result", "nope", "--journal", str(path)], capture_output=True, text=True
+    )
     assert missing.returncode == 1 and "unknown turn id 'nope'" in missing.stderr
-    absent = subprocess.run([*turnpool, "history", "--journal", str(tmp_path / "none.sqlite3")],
-                            capture_output=True, text=True)
+    absent = subprocess.run(
+        [*turnpool, "history", "--journal", str(tmp_path / "none.sqlite3")], capture_output=True, text=True
+    )
     assert absent.returncode == 2 and "no journal at" in absent.stderr
-    bad_since = subprocess.run([*turnpool, "history", "--journal", str(path), "--since", "yesterday-ish"],
-                               capture_output=True, text=True)
+    bad_since = subprocess.run(
+        [*turnpool, "history", "--journal", str(path), "--since", "yesterday-ish"],
+        capture_output=True,
+        text=True,
+    )
     assert bad_since.returncode == 2 and "--since" in bad_since.stderr

@@ -6,13 +6,14 @@ import hashlib
 import json
 import shutil
 from contextlib import aclosing
+from itertools import pairwise
 
 import anyio
 import pytest
 
 from supervisor import Client
 from supervisor._journal import read_history
-from tests.daemonkit import FAST, serving, short_dir, start, stop_process
+from tests.support.daemonkit import FAST, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio
 
@@ -43,8 +44,9 @@ async def test_sigkill_mid_batch_then_restart_ends_every_turn_once() -> None:
             retried = await client.submit("tests.agents:hang_first_time", {"marker": str(marker)}, retry=True)
             await first_event(plain)
             await first_event(retried)
-            queued = [await client.submit("examples.agents:slow", {"seconds": 0.05}, session="s")
-                      for _ in range(4)]
+            queued = [
+                await client.submit("examples.agents:slow", {"seconds": 0.05}, session="s") for _ in range(4)
+            ]
             assert (await client.status())["queue"] == 4
     finally:
         first.proc.kill()
@@ -67,7 +69,7 @@ async def test_sigkill_mid_batch_then_restart_ends_every_turn_once() -> None:
                 assert r.outcome == ("completed" if at_kill[r.turn_id] == "queued" else "crashed"), r
             assert sum(at_kill[h.turn_id] == "queued" for h in queued) >= 3  # a session: one at a time
             r_queued = [r for r in r_queued if r.outcome == "completed"]
-            for prev, nxt in zip(r_queued, r_queued[1:]):
+            for prev, nxt in pairwise(r_queued):
                 assert nxt.started_at >= prev.ended_at
             resubmit = await client.submit("examples.agents:echo", "dup", turn_id=done[0].turn_id)
             assert await resubmit.result() == done[0]  # idempotent across the restart: never run twice
@@ -88,8 +90,9 @@ def test_corrupt_and_locked_journals_are_refused() -> None:
         holder = start(*FAST, "--journal", str(journal), home=other_home)
         try:
             before = hashlib.sha256(journal.read_bytes()).hexdigest()
-            refused = live.cli("serve", *FAST, "--journal", str(journal), "--endpoint",
-                               f"ipc://{live.home}/other.sock")
+            refused = live.cli(
+                "serve", *FAST, "--journal", str(journal), "--endpoint", f"ipc://{live.home}/other.sock"
+            )
             assert refused.returncode == 1 and "locked by another live daemon" in refused.stderr
             assert hashlib.sha256(journal.read_bytes()).hexdigest() == before
         finally:
@@ -97,7 +100,9 @@ def test_corrupt_and_locked_journals_are_refused() -> None:
             shutil.rmtree(other_home, ignore_errors=True)
         corrupt = live.home / "corrupt.sqlite3"
         corrupt.write_bytes(b"definitely not sqlite" * 64)
-        refused = live.cli("serve", *FAST, "--journal", str(corrupt), "--endpoint", f"ipc://{live.home}/c.sock")
+        refused = live.cli(
+            "serve", *FAST, "--journal", str(corrupt), "--endpoint", f"ipc://{live.home}/c.sock"
+        )
         assert refused.returncode == 1 and "corrupt" in refused.stderr
         assert corrupt.read_bytes() == b"definitely not sqlite" * 64
         usage = live.cli("serve", "--no-journal", "--journal", str(corrupt))

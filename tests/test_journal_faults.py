@@ -1,8 +1,8 @@
 """The journal under attack: daemon SIGKILLs under load, a full disk, a read-only remount, a
 deleted journal, a frozen filesystem, a small ``--max-queue`` at restart, reused turn ids.
 
-Every test runs a real ``turnpool serve`` (``tests/daemonkit.py``) and real agents that count
-their own executions (``tests/journal_agents.py``: one line per run in a log file), so "ran
+Every test runs a real ``turnpool serve`` (``tests/support/daemonkit.py``) and real agents that count
+their own executions (``tests/agents/journal.py``: one line per run in a log file), so "ran
 twice" is counted by the agents themselves, not inferred from the daemon's word. Disks are real:
 tmpfs and a loop-mounted ext4 image, mounted here (root) and unmounted in teardown.
 """
@@ -28,11 +28,11 @@ import pytest
 
 from supervisor import Client, JournalUnavailable
 from supervisor._journal import lock_name, read_history
-from tests.daemonkit import FAST, Served, serving, short_dir, start, stop_process
+from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio
 
-AGENT = "tests.journal_agents:count"
+AGENT = "tests.agents.journal:count"
 
 
 # ---- real disks ----------------------------------------------------------------------------
@@ -88,8 +88,9 @@ def thaw(where: Path) -> None:
 
 def trigger_fs_error(where: Path) -> None:
     """A real ext4 error on the filesystem at ``where`` (its sysfs test hook)."""
-    source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(where)], capture_output=True, text=True,
-                            check=True, timeout=60).stdout.strip()
+    source = subprocess.run(
+        ["findmnt", "-n", "-o", "SOURCE", str(where)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
     Path(f"/sys/fs/ext4/{Path(source).name}/trigger_fs_error").write_text("turnpool test\n")
 
 
@@ -138,8 +139,15 @@ async def wait_status(served: Served, check) -> dict:  # type: ignore[no-untyped
 # ---- item 2: SIGKILL under load --------------------------------------------------------------
 
 
-async def _round(served: Served, ids: list[str], log: Path, retry_ids: set[str], acked: set[str],
-                 kill_after: int, freeze: Path | None) -> None:
+async def _round(
+    served: Served,
+    ids: list[str],
+    log: Path,
+    retry_ids: set[str],
+    acked: set[str],
+    kill_after: int,
+    freeze: Path | None,
+) -> None:
     """Submit ``ids`` concurrently; once ``kill_after`` of them are acknowledged, SIGKILL the
     daemon (with ``freeze``: freeze that filesystem first, so journal writes stall)."""
     reached = anyio.Event()
@@ -194,8 +202,15 @@ async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: boo
             # Lost acks are retried with the same turn_id (and input); some acked ids are re-sent too.
             again = [t for t in all_ids[:-per_round] if t not in acked or rng.random() < 0.05]
             served = start(*FAST, "--journal", str(journal), home=home)
-            await _round(served, new + again, log, retry_ids, acked, rng.randint(20, per_round // 2),
-                         where if freeze else None)
+            await _round(
+                served,
+                new + again,
+                log,
+                retry_ids,
+                acked,
+                rng.randint(20, per_round // 2),
+                where if freeze else None,
+            )
         served = start(*FAST, "--journal", str(journal), home=home)
         try:
             async with Client.connect(served.endpoint, request_timeout=60) as client:
@@ -205,8 +220,9 @@ async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: boo
                         results[tid] = await client.handle(tid).result()
                     for tid in all_ids:
                         if tid not in acked:
-                            h = await client.submit(AGENT, {"log": str(log), "ms": 2}, turn_id=tid,
-                                                    retry=tid in retry_ids)
+                            h = await client.submit(
+                                AGENT, {"log": str(log), "ms": 2}, turn_id=tid, retry=tid in retry_ids
+                            )
                             results[tid] = await h.result()
         finally:
             stop_process(served.proc)
@@ -362,7 +378,8 @@ async def test_read_only_remount_refuses_submits_and_loses_no_acknowledged_turn(
 async def _in_journal(journal: Path, turn_id: str, state: str) -> None:
     with anyio.fail_after(30):
         while not any(  # noqa: ASYNC110 — a file, not an event
-                r["turn_id"] == turn_id and r["state"] == state for r in read_history(journal)):
+            r["turn_id"] == turn_id and r["state"] == state for r in read_history(journal)
+        ):
             await anyio.sleep(0.02)  # allowed: polling the journal file for the end row, bounded
 
 
@@ -380,7 +397,9 @@ async def test_deleted_journal_is_noticed_and_its_path_stays_locked() -> None:
             await _in_journal(journal, done.turn_id, "ended")  # no write is pending when the file goes
             for side in (journal, Path(f"{journal}-wal"), Path(f"{journal}-shm"), Path(f"{journal}.lock")):
                 side.unlink(missing_ok=True)
-            second = served.cli("serve", *FAST, "--journal", str(journal), "--endpoint", f"ipc://{home}/2.sock")
+            second = served.cli(
+                "serve", *FAST, "--journal", str(journal), "--endpoint", f"ipc://{home}/2.sock"
+            )
             assert second.returncode == 1
             assert f"locked by another live daemon (pid {served.pid})" in second.stderr
             with anyio.fail_after(60), pytest.raises(JournalUnavailable, match="deleted"):
@@ -523,8 +542,14 @@ async def test_journal_files_are_private_and_open_directories_are_refused() -> N
             shared = served.home / "shared"
             shared.mkdir(mode=0o755)
             os.chmod(shared, 0o755)
-            refused = served.cli("serve", *FAST, "--journal", str(shared / "j.sqlite3"), "--endpoint",
-                                 f"ipc://{served.home}/x.sock")
+            refused = served.cli(
+                "serve",
+                *FAST,
+                "--journal",
+                str(shared / "j.sqlite3"),
+                "--endpoint",
+                f"ipc://{served.home}/x.sock",
+            )
             assert refused.returncode == 1 and "readable or writable by other users" in refused.stderr
             assert not (shared / "j.sqlite3").exists()
     finally:
@@ -607,13 +632,29 @@ def test_an_id_already_in_the_journal_is_reported_never_silently_kept(tmp_path: 
         done = threading.Event()
 
         def turn(input: bytes) -> SimpleNamespace:
-            return SimpleNamespace(id="same", agent="a:b", input=input, session=None, parent=None,
-                                   timeout=None, grace=1.0, kill_after=1.0, retry=False, attempts=1)
+            return SimpleNamespace(
+                id="same",
+                agent="a:b",
+                input=input,
+                session=None,
+                parent=None,
+                timeout=None,
+                grace=1.0,
+                kill_after=1.0,
+                retry=False,
+                attempts=1,
+            )
 
-        journal.accepted(turn(b"\x01"), lambda: outcomes.append(("committed", None)),
-                         lambda why, conflict: outcomes.append(("failed", conflict)))
-        journal.accepted(turn(b"\x02"), lambda: outcomes.append(("committed", None)),
-                         lambda why, conflict: (outcomes.append(("failed", conflict)), done.set()))
+        journal.accepted(
+            turn(b"\x01"),
+            lambda: outcomes.append(("committed", None)),
+            lambda why, conflict: outcomes.append(("failed", conflict)),
+        )
+        journal.accepted(
+            turn(b"\x02"),
+            lambda: outcomes.append(("committed", None)),
+            lambda why, conflict: (outcomes.append(("failed", conflict)), done.set()),
+        )
         assert done.wait(30)
         assert outcomes == [("committed", None), ("failed", True)]
         assert read_history(tmp_path / "j.sqlite3")[0]["state"] == "queued"

@@ -126,7 +126,9 @@ async def test_long_turns_get_nothing_handed_behind_them() -> None:
             assert (await blocker.result()).outcome == "aborted"
             assert (await waiting.result()).outcome == "completed"
             # Trivial turns bring the mean down: a burst is handed ahead several at a time again.
-            results = [await h.result() for h in [await sup.submit("examples.agents:noop") for _ in range(200)]]
+            results = [
+                await h.result() for h in [await sup.submit("examples.agents:noop") for _ in range(200)]
+            ]
         assert all(r.outcome == "completed" for r in results)
         assert sup._depth > 1
 
@@ -188,8 +190,12 @@ anyio.run(main)
 def test_supervisor_sigkill_leaves_no_zygote_forked_process() -> None:
     """SIGKILL of a supervisor whose workers came from the zygote: every worker, their descendants
     (including a double-forked setsid daemon) and the zygote itself go away."""
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert proc.stdout is not None
     try:
         pids = json.loads(proc.stdout.readline())

@@ -113,7 +113,7 @@ async def test_spawn_tokens_are_per_spawn_and_hidden_from_agents() -> None:
             with open(f"/proc/{s.pid}/cmdline", "rb") as f:  # noqa: ASYNC230 - /proc, instant
                 assert s.token.encode() not in f.read()
         with anyio.fail_after(30):
-            probe = await sup.run("tests.fault_agents:env_probe")
+            probe = await sup.run("tests.agents.faults:env_probe")
     assert probe.output == {"in_environ": False, "in_child": False}
 
 
@@ -122,7 +122,7 @@ async def test_every_socket_carries_maxmsgsize() -> None:
     async with Supervisor(workers=1, spares=0) as sup:
         assert sup._sock.getsockopt(zmq.MAXMSGSIZE) == wire.MAX_MESSAGE_SIZE  # type: ignore[union-attr]
         with anyio.fail_after(30):
-            result = await sup.run("tests.fault_agents:socket_options")
+            result = await sup.run("tests.agents.faults:socket_options")
     assert result.output["maxmsgsize"] == wire.MAX_MESSAGE_SIZE
 
 
@@ -135,8 +135,8 @@ async def test_oversized_payloads_are_refused_where_they_are_made() -> None:
             await sup.submit("examples.agents:echo", big)
         assert sup.status()["queue"] == 0 and sup.status()["outcomes"] == {}
         with anyio.fail_after(60):
-            out = await sup.run("tests.fault_agents:big_output")
-            ev = await sup.run("tests.fault_agents:big_event")
+            out = await sup.run("tests.agents.faults:big_output")
+            ev = await sup.run("tests.agents.faults:big_event")
             after = await sup.run("examples.agents:echo", "fine")
     assert out.outcome == "failed" and out.error and out.error.type == "PayloadTooLarge"
     assert ev.outcome == "failed" and ev.error and ev.error.type == "PayloadTooLarge"
@@ -166,7 +166,7 @@ async def test_event_buffer_is_bounded_and_a_slow_follower_skips() -> None:
     late) skips the dropped ones — the sequence numbers show the gap — and still sees the newest
     events in order and the end of the turn; the turn itself is unaffected."""
     async with Supervisor(workers=1, spares=0, max_events=10) as sup:
-        handle = await sup.submit("tests.fault_agents:stream_when_told", {"count": 100})
+        handle = await sup.submit("tests.agents.faults:stream_when_told", {"count": 100})
         follower = sup.follow_raw(handle.turn_id)
         with anyio.fail_after(30):
             first = await follower.__anext__()  # a follower that reads one event, then stalls

@@ -3,6 +3,8 @@ strict causes, first-wins, disposal-wins and truthful quiescence, under the RFC'
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,7 +41,7 @@ async def test_session_turns_run_one_at_a_time_in_order() -> None:
         with anyio.fail_after(60):
             ra = [await h.result() for h in a]
             rb = [await h.result() for h in b]
-    for prev, nxt in zip(ra, ra[1:]):
+    for prev, nxt in pairwise(ra):
         assert nxt.started_at >= prev.ended_at
     # Session B did not wait for session A.
     assert rb[0].started_at < ra[-1].started_at
@@ -144,8 +146,9 @@ async def test_parent_cancel_cancels_the_child_first() -> None:
     ``parent`` before the parent's result is delivered."""
     async with Supervisor(workers=2, spares=0, grace=20) as sup:
         seen = start_watch(sup)
-        parent = await sup.submit("examples.agents:parent", {"child": "examples.agents:slow",
-                                                             "child_input": {"seconds": 60}})
+        parent = await sup.submit(
+            "examples.agents:parent", {"child": "examples.agents:slow", "child_input": {"seconds": 60}}
+        )
         await wait_started(seen, f"child-of:{parent.turn_id}")
         child_id = next(t.id for t in sup._turns.values() if t.parent == parent.turn_id)
         await parent.cancel()
@@ -189,8 +192,9 @@ async def test_spawn_in_a_full_pool_lends_the_parents_slot() -> None:
         assert result.output["outcome"] == "completed" and result.output["output"] == {"x": 1}
         assert result.output["parent"] == result.turn_id
         with anyio.fail_after(60):
-            results = [await h.result() for h in
-                       [await sup.submit("tests.agents:spawn_echo", i) for i in range(3)]]
+            results = [
+                await h.result() for h in [await sup.submit("tests.agents:spawn_echo", i) for i in range(3)]
+            ]
     assert all(r.outcome == "completed" for r in results)
 
 
@@ -244,8 +248,11 @@ async def test_when_idle_waits_for_the_kill_and_reap() -> None:
 
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("submit"), st.sampled_from(["a", "b", None]),
-                  st.sampled_from(["echo", "slow", "stubborn"])),
+        st.tuples(
+            st.just("submit"),
+            st.sampled_from(["a", "b", None]),
+            st.sampled_from(["echo", "slow", "stubborn"]),
+        ),
         st.tuples(st.just("cancel"), st.integers(0, 40), st.sampled_from(["user", "parent"])),
         st.tuples(st.just("cancel_session"), st.sampled_from(["a", "b"])),
         st.tuples(st.just("yield"), st.integers(0, 3)),
@@ -300,7 +307,7 @@ def test_random_interleavings_keep_the_invariants(ops: list[tuple], dispose_at: 
                 assert not r.started and r.outcome == "aborted"
         for session in ("a", "b"):
             ran = [r for r in results if r.session == session and r.started]
-            for prev, nxt in zip(ran, ran[1:]):
+            for prev, nxt in pairwise(ran):
                 assert nxt.started_at >= prev.ended_at
         with pytest.raises(SupervisorClosed):
             await sup.submit("examples.agents:echo", 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.soak import soak
+from tests.support.soak import soak
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +38,7 @@ async def test_daemon_soak_sigkill_every_acked_turn_ends_once_and_runs_at_most_o
     executions), lost acknowledgements resubmitted with the same id do not run again, async
     agents that never await are still killed, and nothing the daemon or an agent started (a
     fork-without-exec background process included) is left alive."""
-    from tests.soak_daemon import daemon_soak, markdown
+    from tests.support.soak_daemon import daemon_soak, markdown
 
     report = await daemon_soak(500, kills=3, submitters=4, vanish_per_round=50)
     assert report.kills == 3

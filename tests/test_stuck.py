@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from supervisor import Client, Supervisor
-from tests.daemonkit import serving
+from tests.support.daemonkit import serving
 from tests.test_prefetch_zygote import EAGER, first_event, handed_to, seed
 
 pytestmark = pytest.mark.anyio
@@ -43,10 +43,10 @@ def gone(pid: int) -> bool:
         return True
 
 
-STUCK = ["tests.stuck_agents:spin", "tests.stuck_agents:sleeper"]
+STUCK = ["tests.agents.stuck:spin", "tests.agents.stuck:sleeper"]
 
 
-@pytest.mark.parametrize("agent", [*STUCK, "tests.stuck_agents:self_stopper"])
+@pytest.mark.parametrize("agent", [*STUCK, "tests.agents.stuck:self_stopper"])
 async def test_timeout_reaches_a_turn_that_never_awaits(agent: str, tmp_path: Path) -> None:
     """The deadline fires for an async agent stuck before its first await (busy loop,
     ``time.sleep``, SIGSTOP of its own worker): ``killed``, cause deadline, started."""
@@ -59,7 +59,7 @@ async def test_timeout_reaches_a_turn_that_never_awaits(agent: str, tmp_path: Pa
     assert gone(int(mark.read_text()))
 
 
-@pytest.mark.parametrize("agent", [*STUCK, "tests.stuck_agents:self_stopper"])
+@pytest.mark.parametrize("agent", [*STUCK, "tests.agents.stuck:self_stopper"])
 async def test_cancel_reaches_a_turn_that_never_awaits(agent: str, tmp_path: Path) -> None:
     """``cancel()`` of a turn stuck before its first await is followed by the ladder:
     ``killed``, cause user, started true; the next turn runs on a new worker."""
@@ -81,11 +81,11 @@ async def test_memory_limit_reaches_a_turn_that_never_awaits(tmp_path: Path) -> 
     mark = tmp_path / "mark"
     async with Supervisor(**FAST, max_rss_mb=150, rss_interval=0.05) as sup:
         with anyio.fail_after(60):
-            result = await sup.run("tests.stuck_agents:hog_spin", {"mark": str(mark), "mb": 300})
+            result = await sup.run("tests.agents.stuck:hog_spin", {"mark": str(mark), "mb": 300})
     assert (result.outcome, result.cause, result.started) == ("killed", {"kind": "memory"}, True), result
 
 
-@pytest.mark.parametrize("agent", [*STUCK, "tests.stuck_agents:self_stopper"])
+@pytest.mark.parametrize("agent", [*STUCK, "tests.agents.stuck:self_stopper"])
 async def test_disposal_reaches_a_turn_that_never_awaits(agent: str, tmp_path: Path) -> None:
     """Leaving ``async with Supervisor`` returns, bounded, with a turn stuck before its first
     await: the turn ends ``killed``, cause disposed, and its worker is reaped."""
@@ -104,7 +104,7 @@ async def test_blocking_import_is_cancelled(tmp_path: Path, monkeypatch: pytest.
     (the import is the agent's code), never ``completed``."""
     monkeypatch.setenv("TURNPOOL_TEST_STUCK_DIR", str(tmp_path))
     async with Supervisor(**FAST) as sup:
-        handle = await sup.submit("tests.stuck_import_block:agent")
+        handle = await sup.submit("tests.agents.stuck_import_block:agent")
         pid = int(await wait_file(tmp_path / "import-block"))
         await handle.cancel()
         with anyio.fail_after(60):
@@ -122,7 +122,7 @@ async def test_slow_import_that_returns_after_a_cancel_is_not_completed(
     monkeypatch.setenv("TURNPOOL_TEST_STUCK_DIR", str(tmp_path))
     monkeypatch.setenv("TURNPOOL_TEST_SLOW_IMPORT_S", "1.5")
     async with Supervisor(workers=1, spares=0, grace=60, kill_after=1) as sup:
-        handle = await sup.submit("tests.stuck_import_slow:agent")
+        handle = await sup.submit("tests.agents.stuck_import_slow:agent")
         await wait_file(tmp_path / "import-slow")
         await handle.cancel()
         with anyio.fail_after(60):
@@ -138,8 +138,8 @@ async def test_quick_turns_before_a_stuck_one_report_truthfully(tmp_path: Path) 
     mark = tmp_path / "mark"
     async with Supervisor(**FAST, **EAGER) as sup:
         await seed(sup)
-        quick = [await sup.submit("tests.stuck_agents:count", {"log": str(log), "i": i}) for i in range(5)]
-        stuck = await sup.submit("tests.stuck_agents:spin", {"mark": str(mark)})
+        quick = [await sup.submit("tests.agents.stuck:count", {"log": str(log), "i": i}) for i in range(5)]
+        stuck = await sup.submit("tests.agents.stuck:spin", {"mark": str(mark)})
         await wait_file(mark)
         await stuck.cancel()
         with anyio.fail_after(60):
@@ -156,7 +156,7 @@ async def test_forged_end_for_a_handed_turn_has_no_effect() -> None:
     async with Supervisor(workers=1, spares=0, **EAGER) as sup:
         await seed(sup)
         bad = sup.bad_frames
-        forger = await sup.submit("tests.stuck_agents:forger", {"victim": "victim-1"})
+        forger = await sup.submit("tests.agents.stuck:forger", {"victim": "victim-1"})
         victim = await sup.submit("examples.agents:echo", {"real": True}, turn_id="victim-1")
         assert handed_to(sup, victim.turn_id) is not None
         with anyio.fail_after(60):
@@ -207,7 +207,7 @@ async def test_kill_now_of_named_turns_reaches_a_stuck_turn(tmp_path: Path) -> N
     when it is stuck before its first await and was never cancelled; other turns are untouched."""
     mark = tmp_path / "mark"
     async with Supervisor(workers=2, spares=0, grace=250, kill_after=250) as sup:
-        stuck = await sup.submit("tests.stuck_agents:spin", {"mark": str(mark)})
+        stuck = await sup.submit("tests.agents.stuck:spin", {"mark": str(mark)})
         other = await sup.submit("examples.agents:slow", {"seconds": 0.5})
         await wait_file(mark)
         sup.kill_now(turn_ids=[stuck.turn_id, "no-such-turn"])
@@ -227,7 +227,7 @@ async def test_daemon_with_a_stuck_turn_exits_on_sigterm(tmp_path: Path) -> None
     mark = tmp_path / "mark"
     with serving(*_serve_args("--grace", "0.2", "--kill-after", "0.3", "--drain", "0.2")) as d:
         async with Client.connect(d.endpoint) as client:
-            handle = await client.submit("tests.stuck_agents:spin", {"mark": str(mark)})
+            handle = await client.submit("tests.agents.stuck:spin", {"mark": str(mark)})
             await wait_file(mark)
             d.signal(signal.SIGTERM)
             with anyio.fail_after(60):

@@ -33,7 +33,7 @@ AGENTS = [
     ("examples.agents:forker", {"children": 2, "ignore_sigterm": True}),
     ("examples.agents:stubborn", {}),
     ("examples.agents:sigterm_ignorer", {}),
-    ("tests.fault_agents:gil_holder", {}),
+    ("tests.agents.faults:gil_holder", {}),
 ]
 
 async def main():
@@ -139,7 +139,7 @@ async def test_sigkill_of_the_supervisor_leaves_nothing_behind() -> None:
 # "supervisor") holds, as a real worker does; the test closes it to play the supervisor's death.
 GUARDIAN_STANDS_DOWN = r"""
 import os, sys
-import worker._main as m
+import worker._guards as m
 guardian = m.start_guardian(int(sys.argv[1]))
 assert m._take_baton()  # this process is killing its tree already
 print("ready", flush=True)
@@ -149,7 +149,7 @@ print(os.waitstatus_to_exitcode(status), flush=True)
 
 GUARDIAN_ACTS = r"""
 import os, subprocess, sys, time
-import worker._main as m
+import worker._guards as m
 guardian = m.start_guardian(int(sys.argv[1]))
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # allowed: a child that lives
 print(child.pid, guardian, flush=True)

@@ -34,8 +34,13 @@ pytestmark = pytest.mark.anyio
 
 HAVE_CGROUP = _cgroup.usable()
 MODES = [
-    pytest.param(True, id="cgroup", marks=pytest.mark.skipif(
-        not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine (the fallback is tested)")),
+    pytest.param(
+        True,
+        id="cgroup",
+        marks=pytest.mark.skipif(
+            not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine (the fallback is tested)"
+        ),
+    ),
     pytest.param(False, id="fallback"),
 ]
 BOUND = 10.0  # seconds: generous on a busy 2-core box
@@ -65,11 +70,11 @@ async def test_a_finished_turn_leaves_no_process(
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
-            result = await sup.run(f"tests.tree_agents:{agent}", {"pid_file": str(pid_file)})
+            result = await sup.run(f"tests.agents.tree:{agent}", {"pid_file": str(pid_file)})
             assert result.outcome == outcome, result
             left = _pids(pid_file)
             assert _alive(left) == [], f"still alive when the result arrived: {left}"
-            nxt = await sup.run("tests.tree_agents:next_turn_children")
+            nxt = await sup.run("tests.agents.tree:next_turn_children")
             assert nxt.outcome == "completed"
             assert nxt.output["worker"] == result.worker_pid
             assert not set(nxt.output["children"]) & set(left)
@@ -85,7 +90,7 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, z
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0, cgroups=cgroups, zygote=zygote) as sup:
-            result = await sup.run("tests.tree_agents:daemonize_then_crash", {"pid_file": str(pid_file)})
+            result = await sup.run("tests.agents.tree:daemonize_then_crash", {"pid_file": str(pid_file)})
             assert result.outcome == "crashed", result
             assert _alive(_pids(pid_file)) == []
 
@@ -100,8 +105,9 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     assert own is not None
     path = os.path.join(own, f"{_cgroup.POOL_PREFIX}{os.getpid()}-test-removed")
     os.mkdir(path)
-    daemon = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"],
-                              start_new_session=True)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", "import signal\nwhile True: signal.pause()"], start_new_session=True
+    )
     fd = os.pidfd_open(daemon.pid)
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
@@ -126,7 +132,7 @@ async def test_a_killed_turn_leaves_no_process(tmp_path: Path, cgroups: bool) ->
     pid_file = tmp_path / "pids"
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0, grace=0.1, kill_after=0.1, cgroups=cgroups) as sup:
-            handle = await sup.submit("tests.tree_agents:daemonize_then_hang", {"pid_file": str(pid_file)})
+            handle = await sup.submit("tests.agents.tree:daemonize_then_hang", {"pid_file": str(pid_file)})
             async for _ in handle.events():
                 break
             await handle.cancel()
@@ -142,7 +148,7 @@ from supervisor import Supervisor
 
 async def main():
     async with Supervisor(workers=2, spares=0, grace=60, kill_after=60, cgroups=sys.argv[1] == "1") as sup:
-        handles = [await sup.submit("tests.tree_agents:daemonize_then_hang", {"pid_file": f})
+        handles = [await sup.submit("tests.agents.tree:daemonize_then_hang", {"pid_file": f})
                    for f in sys.argv[2:]]
         for h in handles:
             async for _ in h.events():
@@ -184,8 +190,10 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
         rest = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
         t0 = time.monotonic()
         _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(rest, timeout=BOUND))
-        print(f"host SIGKILL ({'cgroup' if cgroups else 'fallback'}) -> {len(rest)} left processes gone "
-              f"in {(time.monotonic() - t0) * 1000:.0f} ms")
+        print(
+            f"host SIGKILL ({'cgroup' if cgroups else 'fallback'}) -> {len(rest)} left processes gone "
+            f"in {(time.monotonic() - t0) * 1000:.0f} ms"
+        )
         assert [p.pid for p in alive if p.pid in left] == [], "the agents' processes survived the host"
         assert alive == [], f"left behind: {[p.pid for p in alive]}"
         assert _alive(left) == []
@@ -209,9 +217,10 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
     worker's, so a limit of 250 MiB does not kill the turn (summed RSS reads several GB); a real
     400 MiB allocation under the same limit still ends ``killed`` with cause ``memory``."""
     with anyio.fail_after(90):
-        async with Supervisor(workers=1, spares=0, max_rss_mb=250, rss_interval=0.05, grace=0.2,
-                              kill_after=0.2, cgroups=cgroups) as sup:
-            handle = await sup.submit("tests.tree_agents:fork_many", {"n": 100, "hold": 1.0})
+        async with Supervisor(
+            workers=1, spares=0, max_rss_mb=250, rss_interval=0.05, grace=0.2, kill_after=0.2, cgroups=cgroups
+        ) as sup:
+            handle = await sup.submit("tests.agents.tree:fork_many", {"n": 100, "hold": 1.0})
             async for event in handle.events():
                 assert len(event["pids"]) == 100
                 break
@@ -220,7 +229,7 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
             result = await handle.result()
             assert result.outcome == "completed", result
             assert _alive(result.output["pids"]) == []
-            hog = await sup.run("tests.fault_agents:stubborn_hog", {"mb": 400})
+            hog = await sup.run("tests.agents.faults:stubborn_hog", {"mb": 400})
             assert (hog.outcome, hog.cause) == ("killed", {"kind": "memory"}), hog
 
 
@@ -306,7 +315,6 @@ def test_cgroup_option_is_validated() -> None:
     """``cgroups`` is a keyword-only bool, refused otherwise with a clear message."""
     with pytest.raises(TypeError, match="cgroups"):
         Supervisor(cgroups="yes")  # type: ignore[arg-type]
-
 
 
 def test_serve_takes_cgroups_on_or_off() -> None:

@@ -59,16 +59,29 @@ def test_bad_causes_are_rejected(value: object, error: type[Exception]) -> None:
 def test_messages_round_trip_and_are_frozen() -> None:
     """Every message survives encode → decode; messages are immutable."""
     raw = wire.encode_payload({"a": [1, 2]})
-    to_worker = [wire.Run("t1", "m:f", raw, "s", None), wire.Abort("t1", wire.USER),
-                 wire.SpawnReply(3, error=wire.TurnError("X", "y")), wire.Shutdown()]
+    to_worker = [
+        wire.Run("t1", "m:f", raw, "s", None),
+        wire.Abort("t1", wire.USER),
+        wire.SpawnReply(3, error=wire.TurnError("X", "y")),
+        wire.Shutdown(),
+    ]
     decoded = wire.decode_to_worker(wire.encode_frame(to_worker))
     assert [type(m) for m in decoded] == [type(m) for m in to_worker]
     assert decoded[1] == wire.Abort("t1", Cause("user"))
     assert wire.decode_payload(decoded[0].input) == {"a": [1, 2]}
-    from_worker = [wire.Ready(1, "tok", wire.PROTOCOL_VERSION), wire.Started("t1"), wire.Event("t1", raw),
-                   wire.End("t1", "completed", raw), wire.Spawn(1, "t1", "m:f", raw), wire.SpawnCancel(1),
-                   wire.Heartbeat(1), wire.BadFrame("x")]
-    assert [type(m) for m in wire.decode_from_worker(wire.encode_frame(from_worker))] == [type(m) for m in from_worker]
+    from_worker = [
+        wire.Ready(1, "tok", wire.PROTOCOL_VERSION),
+        wire.Started("t1"),
+        wire.Event("t1", raw),
+        wire.End("t1", "completed", raw),
+        wire.Spawn(1, "t1", "m:f", raw),
+        wire.SpawnCancel(1),
+        wire.Heartbeat(1),
+        wire.BadFrame("x"),
+    ]
+    assert [type(m) for m in wire.decode_from_worker(wire.encode_frame(from_worker))] == [
+        type(m) for m in from_worker
+    ]
     with pytest.raises(AttributeError):
         decoded[1].turn_id = "other"  # type: ignore[misc]
 

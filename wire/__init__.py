@@ -1,13 +1,14 @@
 """turnpool's wire protocol.
 
-Layers: ``_cause`` (the closed cancellation vocabulary and its validation), ``_messages``
-(one tagged union per direction, plus ``TurnResult``), ``_codec`` (reused encoders and
-decoders), ``_client`` (the client↔daemon protocol: one tagged union per direction).
+Layers, one module per link: ``_cause`` (the closed cancellation vocabulary and its validation),
+``_worker_protocol`` (the supervisor↔worker link: one tagged union per direction, plus
+``TurnResult``), ``_codec`` (reused encoders and decoders), ``_client_protocol`` (the
+client↔daemon link: one tagged union per direction).
 This package knows nothing of who owns the sockets.
 """
 
 from ._cause import CAUSE_KINDS, DEADLINE, DISPOSED, MEMORY, PARENT, USER, Cause, CauseKind, validate_cause
-from ._client import (
+from ._client_protocol import (
     CLIENT_PROTOCOL_VERSION,
     ERROR_CODES,
     MIN_CLIENT_PROTOCOL_VERSION,
@@ -55,7 +56,7 @@ from ._codec import (
     encode_frame,
     encode_payload,
 )
-from ._messages import (
+from ._worker_protocol import (
     NIL,
     OUTCOMES,
     PROTOCOL_VERSION,
@@ -83,19 +84,82 @@ from ._messages import (
 )
 
 __all__ = [
-    "CAUSE_KINDS", "DEADLINE", "DISPOSED", "MEMORY", "PARENT", "USER", "Cause", "CauseKind", "validate_cause",
-    "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "PayloadTooLarge", "decode_from_worker", "decode_payload",
-    "decode_to_worker", "encode", "encode_frame", "encode_payload",
-    "MAX_AGENT_CHARS", "MAX_ERROR_CHARS", "MAX_ERROR_TYPE_CHARS", "cut_error_text",
-    "NIL", "OUTCOMES", "PROTOCOL_VERSION", "Abort", "BadFrame", "End", "EndAck", "Event", "FromWorker", "Heartbeat",
-    "Outcome", "Ready", "Revoke", "Revoked", "Run", "Shutdown", "Spawn", "SpawnCancel", "SpawnReply", "Started",
-    "ToWorker", "TurnError",
-    "TurnResult", "WorkerOutcome",
+    "CAUSE_KINDS",
+    "DEADLINE",
+    "DISPOSED",
+    "MEMORY",
+    "PARENT",
+    "USER",
+    "Cause",
+    "CauseKind",
+    "validate_cause",
+    "MAX_MESSAGE_SIZE",
+    "MAX_PAYLOAD_SIZE",
+    "PayloadTooLarge",
+    "decode_from_worker",
+    "decode_payload",
+    "decode_to_worker",
+    "encode",
+    "encode_frame",
+    "encode_payload",
+    "MAX_AGENT_CHARS",
+    "MAX_ERROR_CHARS",
+    "MAX_ERROR_TYPE_CHARS",
+    "cut_error_text",
+    "NIL",
+    "OUTCOMES",
+    "PROTOCOL_VERSION",
+    "Abort",
+    "BadFrame",
+    "End",
+    "EndAck",
+    "Event",
+    "FromWorker",
+    "Heartbeat",
+    "Outcome",
+    "Ready",
+    "Revoke",
+    "Revoked",
+    "Run",
+    "Shutdown",
+    "Spawn",
+    "SpawnCancel",
+    "SpawnReply",
+    "Started",
+    "ToWorker",
+    "TurnError",
+    "TurnResult",
+    "WorkerOutcome",
     # client <-> daemon
-    "CLIENT_PROTOCOL_VERSION", "ERROR_CODES", "Accepted", "Cancel", "CancelSession", "Cancelled", "Credit",
-    "Error", "ErrorCode", "Events", "Follow", "FollowEnd", "FromDaemon", "GetResult", "GetStatus", "Hello",
-    "Lookup", "Ok", "Result", "SessionCancelled", "Status", "Submit", "ToDaemon", "Unfollow", "Welcome",
+    "CLIENT_PROTOCOL_VERSION",
+    "ERROR_CODES",
+    "Accepted",
+    "Cancel",
+    "CancelSession",
+    "Cancelled",
+    "Credit",
+    "Error",
+    "ErrorCode",
+    "Events",
+    "Follow",
+    "FollowEnd",
+    "FromDaemon",
+    "GetResult",
+    "GetStatus",
+    "Hello",
+    "Lookup",
+    "Ok",
+    "Result",
+    "SessionCancelled",
+    "Status",
+    "Submit",
+    "ToDaemon",
+    "Unfollow",
+    "Welcome",
     "WhenIdle",
-    "MIN_CLIENT_PROTOCOL_VERSION", "V1_ERROR_CODES", "Abandon",
-    "decode_from_daemon", "decode_to_daemon",
+    "MIN_CLIENT_PROTOCOL_VERSION",
+    "V1_ERROR_CODES",
+    "Abandon",
+    "decode_from_daemon",
+    "decode_to_daemon",
 ]

@@ -96,6 +96,4 @@ def validate_cause(value: Any, *, default: Cause | None = USER) -> Cause:
     try:
         return _BY_KIND[kind]
     except KeyError:
-        raise ValueError(
-            f"unknown cause kind {kind!r}: expected one of {sorted(CAUSE_KINDS)}"
-        ) from None
+        raise ValueError(f"unknown cause kind {kind!r}: expected one of {sorted(CAUSE_KINDS)}") from None

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from ._messages import FromWorker, ToWorker
+from ._worker_protocol import FromWorker, ToWorker
 
 # 32 MiB: far above any sensible prompt or event, small enough to refuse abuse.
 MAX_MESSAGE_SIZE = 32 * 1024 * 1024
@@ -36,6 +36,7 @@ def cut_error_text(text: str, limit: int) -> str:
 class PayloadTooLarge(ValueError):
     """Raised by ``encode_payload`` (so by ``submit``, ``Turn.emit``, ``Turn.spawn``, and for an
     agent's output) when the encoded value exceeds ``MAX_PAYLOAD_SIZE``."""
+
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(list[ToWorker])

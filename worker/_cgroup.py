@@ -234,7 +234,7 @@ class Pool:
 def sweep_stale(own: str) -> list[str]:
     """Kill and remove pool cgroups (under our own cgroup) whose owner is gone: a supervisor
     killed with SIGKILL leaves its pool behind. The owner is matched by pid and start time."""
-    swept = []
+    swept: list[str] = []
     try:
         entries = os.listdir(own)
     except OSError:
@@ -242,7 +242,7 @@ def sweep_stale(own: str) -> list[str]:
     for name in entries:
         if not name.startswith(POOL_PREFIX):
             continue
-        pid_s, _, rest = name[len(POOL_PREFIX):].partition("-")
+        pid_s, _, rest = name[len(POOL_PREFIX) :].partition("-")
         start = rest.partition("-")[0]
         try:
             pid = int(pid_s)

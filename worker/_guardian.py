@@ -1,4 +1,4 @@
-"""The guardian's body (forked by ``_main.start_guardian``; see its docstring for the why).
+"""The guardian's body (forked by ``_guards.start_guardian``; see its docstring for the why).
 
 Runs in a process forked from the worker before any thread exists; uses only os-level calls.
 It never kills anything that does not descend from its worker: a process counts as such when
@@ -17,8 +17,13 @@ from . import _cgroup, _tree
 
 
 def run(
-    worker_pid: int, worker_start: int | None, worker_fd: int | None, life_fd: int,
-    cgroup: str | None, marker: str | None, take_baton: Callable[[], bool],
+    worker_pid: int,
+    worker_start: int | None,
+    worker_fd: int | None,
+    life_fd: int,
+    cgroup: str | None,
+    marker: str | None,
+    take_baton: Callable[[], bool],
 ) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -99,8 +104,11 @@ def sweep(worker_pid: int, worker_start: int | None, cgroup: str | None, marker:
     me = os.getpid()
     stopped: set[int] = {me}
     for _ in range(16):  # bounded: each round only adds what was forked meanwhile
-        found = [pid for pid in _tree.all_pids()
-                 if pid not in stopped and _ours(pid, worker_pid, worker_start, marker)]
+        found = [
+            pid
+            for pid in _tree.all_pids()
+            if pid not in stopped and _ours(pid, worker_pid, worker_start, marker)
+        ]
         if not found:
             break
         for pid in found:

@@ -32,7 +32,7 @@ def path_for(endpoint: str, worker_id: str) -> str | None:
     """Beside the private worker endpoint (``ipc://DIR/workers.sock``), or None (not ipc)."""
     if not endpoint.startswith("ipc://"):
         return None
-    return os.path.join(os.path.dirname(endpoint[len("ipc://"):]), f"{worker_id}.started")
+    return os.path.join(os.path.dirname(endpoint[len("ipc://") :]), f"{worker_id}.started")
 
 
 class StartMarker:

@@ -13,7 +13,7 @@ from wire import Cause, TurnResult
 from ._errors import TurnCancelled
 
 if TYPE_CHECKING:
-    from ._main import Connection
+    from ._loop import Connection
 
 
 class CancelSignal:
@@ -128,7 +128,7 @@ class Turn:
         input: Any = None,
         *,
         session: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - public API (SPEC): the child turn's deadline
         grace: float | None = None,
         kill_after: float | None = None,
     ) -> TurnResult:

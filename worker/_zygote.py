@@ -58,7 +58,7 @@ def _preload(modules: list[str]) -> None:
 
     import wire  # noqa: F401
 
-    from . import _main  # noqa: F401
+    from . import _main  # noqa: F401 - the entry point pulls in the guards and the turn loop
 
     # Warm the lazy parts a worker's first loop would pay (anyio's backend setup, asyncio's
     # loop machinery); this starts no thread, so the zygote stays safe to fork.
@@ -73,8 +73,9 @@ def _preload(modules: list[str]) -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the pool; the turn reports it
-            print(f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            print(
+                f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}", file=sys.stderr
+            )
 
 
 def _take_output(out_fd: int) -> None:
@@ -88,11 +89,18 @@ def _take_output(out_fd: int) -> None:
 
 
 def _become_worker(
-    parent_pid: int, life_fd: int, endpoint: str, worker_id: str, token: str, marker: str, heartbeat: float,
-    out_fd: int, reparented: bool = False,
+    parent_pid: int,
+    life_fd: int,
+    endpoint: str,
+    worker_id: str,
+    token: str,
+    marker: str,
+    heartbeat: float,
+    out_fd: int,
+    reparented: bool = False,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
-    from . import _main, _tree
+    from . import _guards, _loop, _tree
 
     _take_output(out_fd)
     if not reparented:
@@ -108,10 +116,10 @@ def _become_worker(
         time.sleep(0.0001)
     try:
         cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
-        _main.install_process_guards(parent_pid, life_fd, cgroup)
+        _guards.install_process_guards(parent_pid, life_fd, cgroup)
         import anyio
 
-        anyio.run(_main.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
+        anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
         sys.stdout.flush()
@@ -151,8 +159,9 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket)
     assign.close()
     worker_id, token, marker, heartbeat = data.decode().strip().split(" ")
     _tree.set_parent_death_signal(0)
-    _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), fds[0],
-                   reparented=True)
+    _become_worker(
+        parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), fds[0], reparented=True
+    )
 
 
 def _prepare_embryo(
@@ -248,8 +257,16 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
 
 
 def _fork_worker(
-    parent_pid: int, life_fd: int, endpoint: str, resp_fd: int, worker_id: str, token: str, marker: str,
-    heartbeat: float, req_fd: int, out_fd: int,
+    parent_pid: int,
+    life_fd: int,
+    endpoint: str,
+    resp_fd: int,
+    worker_id: str,
+    token: str,
+    marker: str,
+    heartbeat: float,
+    req_fd: int,
+    out_fd: int,
 ) -> None:
     try:
         mid = os.fork()
@@ -282,16 +299,18 @@ def _fork_worker(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m worker._zygote",
-                                     description="turnpool zygote (started by the supervisor)")
+    parser = argparse.ArgumentParser(
+        prog="python -m worker._zygote", description="turnpool zygote (started by the supervisor)"
+    )
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--life-fd", type=int, required=True)
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--req-fd", type=int, required=True)
     parser.add_argument("--resp-fd", type=int, required=True)
     parser.add_argument("--preload", default="")
-    parser.add_argument("--cgroup-pool", default="",
-                        help="cgroup v2 pool directory; each worker joins <pool>/<worker id>")
+    parser.add_argument(
+        "--cgroup-pool", default="", help="cgroup v2 pool directory; each worker joins <pool>/<worker id>"
+    )
     parser.add_argument("--cwd", default=None, help="directory to run in (the supervisor's private one)")
     args = parser.parse_args(argv)
     global _CGROUP_POOL

@@ -1,7 +1,7 @@
 """The soak: many turns with random cancels, deadlines, crashes and stubborn agents.
 
 Used two ways: ``tests/test_soak.py`` runs a reduced version in CI, and ``make soak``
-(``python -m tests.soak``) runs the full one and writes ``benchmarks/SOAK.md`` with the
+(``python -m tests.support.soak``) runs the full one and writes ``benchmarks/SOAK.md`` with the
 supervisor's file-descriptor and RSS curve, the outcomes by kind, the worst time from
 supervisor SIGKILL to last descendant gone, and the fuzz frames tried.
 
@@ -188,9 +188,9 @@ async def soak(
                     break
                 await h.cancel()
             elif kind == "spin":
-                h = await sup.submit("tests.soak_agents:counted", counted("spin"), timeout=0.05)
+                h = await sup.submit("tests.agents.soak:counted", counted("spin"), timeout=0.05)
             elif kind in ("forker", "flood"):
-                h = await sup.submit("tests.soak_agents:counted", counted(kind))
+                h = await sup.submit("tests.agents.soak:counted", counted(kind))
             else:  # a session's turns run one at a time, in order
                 h = await sup.submit("examples.agents:echo", kind, session=session)
             with anyio.fail_after(120):
@@ -227,10 +227,12 @@ async def soak(
             report.deliveries_max = max(report.deliveries_max, 2)
         status = sup.status()
         report.restarts = status["worker_restarts"]
-        runs = collections.Counter(Path(runs_log).read_text().split()) if os.path.exists(runs_log) else {}
+        # After the run, the harness's own small logs: blocking reads hold nothing up (ASYNC240).
+        runs_text = Path(runs_log).read_text() if os.path.exists(runs_log) else ""  # noqa: ASYNC240
+        runs = collections.Counter(runs_text.split())
         report.wrong += [f"{tid} ran {n} times" for tid, n in runs.items() if n > 1]
-        if os.path.exists(pids_log):
-            for line in Path(pids_log).read_text().splitlines():
+        if os.path.exists(pids_log):  # noqa: ASYNC240
+            for line in Path(pids_log).read_text().splitlines():  # noqa: ASYNC240
                 pid, start = line.split()
                 if _alive_with_start(int(pid), start):
                     report.wrong.append(f"pid {pid}: a forker's background process outlived its turn")
@@ -285,7 +287,7 @@ def _fuzz_counts(examples: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.soak")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.soak")
     parser.add_argument("--turns", type=int, default=30_000)
     parser.add_argument("--submitters", type=int, default=8)
     parser.add_argument("--workers", type=int, default=4)
@@ -299,7 +301,7 @@ def main() -> int:
     from worker import _tree
 
     _tree.set_child_subreaper()  # orphans of killed daemons come to us, where the soak can see them
-    from tests.soak_daemon import daemon_soak, markdown
+    from tests.support.soak_daemon import daemon_soak, markdown
 
     print(f"daemon soak: {args.daemon_turns} turns, {args.daemon_kills} SIGKILLs ...", file=sys.stderr)
     dreport = anyio.run(lambda: daemon_soak(args.daemon_turns, kills=args.daemon_kills, progress=True))
@@ -321,7 +323,7 @@ def main() -> int:
     text = f"""# Soak and reliability figures
 
 Machine: {os.cpu_count()} cores (shared), Python {sys.version.split()[0]}.
-Command: `make soak` (`.venv/bin/python -m tests.soak --turns {args.turns}`), run at
+Command: `make soak` (`.venv/bin/python -m tests.support.soak --turns {args.turns}`), run at
 {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}. The CI version is `tests/test_soak.py` (2 500 turns).
 
 ## Soak
@@ -354,8 +356,13 @@ spare), SIGKILLed {args.kill_rounds} times; time until every worker, guardian an
 (pidfd events): median {sorted(kills)[len(kills) // 2] * 1000:.1f} ms, worst {max(kills) * 1000:.1f} ms.
 (`tests/test_supervisor_death.py` does one round in CI with a 10 s bound.)
 
-{markdown(dreport, f"make soak (python -m tests.soak --daemon-turns {args.daemon_turns} "
-                   f"--daemon-kills {args.daemon_kills})")}
+{
+        markdown(
+            dreport,
+            f"make soak (python -m tests.support.soak --daemon-turns {args.daemon_turns} "
+            f"--daemon-kills {args.daemon_kills})",
+        )
+    }
 ## Hostile input (fuzz frames tried)
 
 {fuzz}

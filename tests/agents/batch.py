@@ -1,4 +1,4 @@
-"""Agents used only by the batch tests (importable by workers as ``tests.batch_agents:NAME``)."""
+"""Agents used only by the batch tests (importable by workers as ``tests.agents.batch:NAME``)."""
 
 from __future__ import annotations
 

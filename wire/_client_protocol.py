@@ -33,30 +33,38 @@ from typing import Any, Literal
 import msgspec
 
 from ._cause import Cause
-from ._messages import TurnResult
+from ._worker_protocol import TurnResult
 
 CLIENT_PROTOCOL_VERSION = 2
 MIN_CLIENT_PROTOCOL_VERSION = 1
 
 ErrorCode = Literal[
-    "malformed",      # the frame did not decode (or was not a single frame)
-    "protocol",       # the client speaks another protocol version
-    "unknown_turn",   # no such turn id (never accepted, or its result was evicted)
+    "malformed",  # the frame did not decode (or was not a single frame)
+    "protocol",  # the client speaks another protocol version
+    "unknown_turn",  # no such turn id (never accepted, or its result was evicted)
     "invalid_agent",  # the agent is not written "package.module:attr"
-    "bad_type",       # an argument of the wrong type
-    "bad_value",      # an argument with a value out of range
-    "queue_full",     # the daemon's queue already holds max_queue turns
+    "bad_type",  # an argument of the wrong type
+    "bad_value",  # an argument with a value out of range
+    "queue_full",  # the daemon's queue already holds max_queue turns
     "shutting_down",  # the daemon is draining or disposing: it accepts no new turn
     "journal_unavailable",  # the daemon cannot write its journal: the turn was not accepted
-    "internal",       # a bug in the daemon: reported, never fatal
+    "internal",  # a bug in the daemon: reported, never fatal
     # version 2:
-    "lagged",         # a follower fell behind what the daemon keeps (or stopped reading): its stream ends
-    "dropped",        # this client stopped reading until its send queue filled: the request was dropped
-    "too_large",      # the reply would not fit in one message (the turn is unharmed)
+    "lagged",  # a follower fell behind what the daemon keeps (or stopped reading): its stream ends
+    "dropped",  # this client stopped reading until its send queue filled: the request was dropped
+    "too_large",  # the reply would not fit in one message (the turn is unharmed)
 ]
 V1_ERROR_CODES: tuple[str, ...] = (
-    "malformed", "protocol", "unknown_turn", "invalid_agent", "bad_type", "bad_value", "queue_full",
-    "shutting_down", "journal_unavailable", "internal",
+    "malformed",
+    "protocol",
+    "unknown_turn",
+    "invalid_agent",
+    "bad_type",
+    "bad_value",
+    "queue_full",
+    "shutting_down",
+    "journal_unavailable",
+    "internal",
 )
 ERROR_CODES: tuple[str, ...] = (*V1_ERROR_CODES, "lagged", "dropped", "too_large")
 
@@ -68,14 +76,14 @@ class _CMsg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=
 # ---- client → daemon -----------------------------------------------------------------
 
 
-class Hello(_CMsg, tag="hello"):
+class Hello(_CMsg, tag="hello", frozen=True):
     """First request of a connection: the client's protocol version."""
 
     req: int
     version: int
 
 
-class Submit(_CMsg, tag="submit"):
+class Submit(_CMsg, tag="submit", frozen=True):
     """Accept a turn (idempotent by ``turn_id``). With ``wait`` the ``Accepted`` reply is followed
     by the turn's ``Result`` under the same ``req`` (``run`` in one round trip)."""
 
@@ -91,26 +99,26 @@ class Submit(_CMsg, tag="submit"):
     retry: bool = False  # with a journal: run again if a daemon restart interrupted it
 
 
-class Cancel(_CMsg, tag="cancel"):
+class Cancel(_CMsg, tag="cancel", frozen=True):
     req: int
     turn_id: str
     cause: Cause
 
 
-class CancelSession(_CMsg, tag="cancel_session"):
+class CancelSession(_CMsg, tag="cancel_session", frozen=True):
     req: int
     session: str
     cause: Cause
 
 
-class GetResult(_CMsg, tag="result"):
+class GetResult(_CMsg, tag="result", frozen=True):
     """Wait for the turn's result (answered when the turn is quiescent)."""
 
     req: int
     turn_id: str
 
 
-class Follow(_CMsg, tag="follow"):
+class Follow(_CMsg, tag="follow", frozen=True):
     """Stream the turn's events from the oldest retained one; ends with ``FollowEnd``.
 
     ``window`` > 0 is flow control: the daemon sends at most that many events beyond those the
@@ -121,20 +129,20 @@ class Follow(_CMsg, tag="follow"):
     window: int = 0
 
 
-class Credit(_CMsg, tag="credit"):
+class Credit(_CMsg, tag="credit", frozen=True):
     """The client consumed ``n`` more events of the follow ``req``: the daemon may send ``n`` more."""
 
     req: int
     n: int
 
 
-class Unfollow(_CMsg, tag="unfollow"):
+class Unfollow(_CMsg, tag="unfollow", frozen=True):
     """Stop the event stream opened by the ``Follow`` whose id is ``req``."""
 
     req: int
 
 
-class Abandon(_CMsg, tag="abandon"):
+class Abandon(_CMsg, tag="abandon", frozen=True):
     """(Version 2.) The client no longer waits for request ``req`` (a ``GetResult``, ``Follow``,
     ``WhenIdle`` or ``Submit`` with ``wait``): the daemon frees it and sends nothing more for it.
     Never a cancel: the turn goes on. No reply."""
@@ -142,40 +150,50 @@ class Abandon(_CMsg, tag="abandon"):
     req: int
 
 
-class Lookup(_CMsg, tag="lookup"):
+class Lookup(_CMsg, tag="lookup", frozen=True):
     """Does the daemon know this turn? Answered ``Ok`` or ``Error(unknown_turn)``."""
 
     req: int
     turn_id: str
 
 
-class GetStatus(_CMsg, tag="status"):
+class GetStatus(_CMsg, tag="status", frozen=True):
     req: int
 
 
-class WhenIdle(_CMsg, tag="when_idle"):
+class WhenIdle(_CMsg, tag="when_idle", frozen=True):
     """Answered ``Ok`` once no turn is queued or running."""
 
     req: int
 
 
 ToDaemon = (
-    Hello | Submit | Cancel | CancelSession | GetResult | Follow | Credit | Unfollow | Lookup | GetStatus
-    | WhenIdle | Abandon
+    Hello
+    | Submit
+    | Cancel
+    | CancelSession
+    | GetResult
+    | Follow
+    | Credit
+    | Unfollow
+    | Lookup
+    | GetStatus
+    | WhenIdle
+    | Abandon
 )
 
 
 # ---- daemon → client -----------------------------------------------------------------
 
 
-class Welcome(_CMsg, tag="welcome"):
+class Welcome(_CMsg, tag="welcome", frozen=True):
     req: int
     version: int
     max_message_size: int
     pid: int
 
 
-class Accepted(_CMsg, tag="accepted"):
+class Accepted(_CMsg, tag="accepted", frozen=True):
     """The turn is accepted; ``existing`` when the ``turn_id`` was already known (not run again)."""
 
     req: int
@@ -183,24 +201,24 @@ class Accepted(_CMsg, tag="accepted"):
     existing: bool = False
 
 
-class Cancelled(_CMsg, tag="cancelled"):
+class Cancelled(_CMsg, tag="cancelled", frozen=True):
     """The winning cause (``None``: the turn had ended without being cancelled)."""
 
     req: int
     cause: Cause | None
 
 
-class SessionCancelled(_CMsg, tag="session_cancelled"):
+class SessionCancelled(_CMsg, tag="session_cancelled", frozen=True):
     req: int
     turn_ids: list[str]
 
 
-class Result(_CMsg, tag="result"):
+class Result(_CMsg, tag="result", frozen=True):
     req: int
     result: TurnResult
 
 
-class Events(_CMsg, tag="events"):
+class Events(_CMsg, tag="events", frozen=True):
     """Events of a followed turn; ``seq`` numbers the first one (a gap: older events were dropped)."""
 
     req: int
@@ -208,20 +226,20 @@ class Events(_CMsg, tag="events"):
     data: list[msgspec.Raw]
 
 
-class FollowEnd(_CMsg, tag="follow_end"):
+class FollowEnd(_CMsg, tag="follow_end", frozen=True):
     req: int
 
 
-class Status(_CMsg, tag="status"):
+class Status(_CMsg, tag="status", frozen=True):
     req: int
     status: dict[str, Any]
 
 
-class Ok(_CMsg, tag="ok"):
+class Ok(_CMsg, tag="ok", frozen=True):
     req: int
 
 
-class Error(_CMsg, tag="error"):
+class Error(_CMsg, tag="error", frozen=True):
     """Why a request failed; ``req`` is 0 when the request could not even be read."""
 
     req: int

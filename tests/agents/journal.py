@@ -1,4 +1,4 @@
-"""Agents for the journal fault tests (``tests.journal_agents:NAME``): they count their own runs."""
+"""Agents for the journal fault tests (``tests.agents.journal:NAME``): they count their own runs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The daemon soak: ``turnpool serve`` with its journal, SIGKILLed again and again under load.
 
-Clients submit turns with ids chosen here; every agent (``tests/soak_agents.py``) appends its
+Clients submit turns with ids chosen here; every agent (``tests/agents/soak.py``) appends its
 turn id to a run log before doing anything else, so the agents themselves count how often each
 turn ran. Between submits the daemon is SIGKILLed at random points and restarted on the same
 journal; a submit whose acknowledgement was lost is sent again with the same ``turn_id`` (as a
@@ -23,15 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import psutil
 import zmq
 
 import wire
 from supervisor import Client, TurnpoolError
-from tests import daemonkit
-from tests.soak import _alive_with_start
+from tests.support import daemonkit
+from tests.support.soak import _alive_with_start
 
-AGENT = "tests.soak_agents:counted"
+AGENT = "tests.agents.soak:counted"
 
 # kind -> (weight, outcomes allowed when no daemon kill interrupted the turn)
 KINDS: dict[str, tuple[int, frozenset[str]]] = {
@@ -96,13 +97,16 @@ async def _vanishing_clients(endpoint: str, ids: list[str], n: int) -> int:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(endpoint)
             tid = ids[i % len(ids)] if ids else "none"
-            for msg in (wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION), wire.Follow(2, tid),
-                        wire.GetResult(3, tid)):
+            for msg in (
+                wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION),
+                wire.Follow(2, tid),
+                wire.GetResult(3, tid),
+            ):
                 sock.send(wire.encode(msg), zmq.NOBLOCK)
             sock.close(linger=100)
             done += 1
             if i % 20 == 0:
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
     except zmq.ZMQError:
         pass
     finally:
@@ -126,8 +130,20 @@ async def daemon_soak(
     home = daemonkit.short_dir()
     journal = home / "journal.db"
     runs_log, pids_log = home / "runs.log", home / "pids.log"
-    args = ("--workers", str(workers), "--spares", "1", "--grace", "0.3", "--kill-after", "0.3",
-            "--drain", "0", "--journal", str(journal))
+    args = (
+        "--workers",
+        str(workers),
+        "--spares",
+        "1",
+        "--grace",
+        "0.3",
+        "--kill-after",
+        "0.3",
+        "--drain",
+        "0",
+        "--journal",
+        str(journal),
+    )
     report = DaemonReport(turns=turns)
     pending: collections.deque[tuple[str, str]] = collections.deque((f"t{i}", plan[i]) for i in range(turns))
     acked: dict[str, str] = {}
@@ -175,7 +191,8 @@ async def daemon_soak(
                         tg.start_soon(submitter, index)
                     if vanish_per_round:
                         report.vanished_clients += await _vanishing_clients(
-                            served.endpoint, list(acked)[-200:], vanish_per_round)
+                            served.endpoint, list(acked)[-200:], vanish_per_round
+                        )
                 if target is not None:
                     _sample(report, rnd, served.pid)
                     tree = _descendants(served.pid)
@@ -187,11 +204,13 @@ async def daemon_soak(
                     report.kill_to_gone.append(time.monotonic() - killed_at)
                     for p in gone:
                         try:
-                            os.waitpid(p.pid, os.WNOHANG)  # our own orphans (we are a subreaper)
+                            os.waitpid(p.pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: our own orphans (we are a subreaper)
                         except ChildProcessError:
                             pass
                     for p in alive:
-                        report.survivors.append(f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL")
+                        report.survivors.append(
+                            f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL"
+                        )
                         try:
                             p.kill()
                         except psutil.Error:
@@ -219,7 +238,11 @@ async def daemon_soak(
 
     from supervisor._journal import read_result
 
-    runs = collections.Counter(Path(runs_log).read_text().split()) if runs_log.exists() else collections.Counter()
+    runs = (
+        collections.Counter(Path(runs_log).read_text().split())  # noqa: ASYNC240 - after the run
+        if runs_log.exists()
+        else collections.Counter()
+    )
     for tid, kind in acked.items():
         result = read_result(journal, tid)
         if result is None:
@@ -227,13 +250,20 @@ async def daemon_soak(
             continue
         report.outcomes[result.outcome] += 1
         report.by_kind.setdefault(kind, collections.Counter())[result.outcome] += 1
-        interrupted = result.outcome == "crashed" and result.error is not None and result.error.type == INTERRUPTED
-        if result.outcome not in KINDS[kind][1] and not interrupted and not (
-                kind == "slow" and result.outcome == "aborted"):
+        interrupted = (
+            result.outcome == "crashed" and result.error is not None and result.error.type == INTERRUPTED
+        )
+        if (
+            result.outcome not in KINDS[kind][1]
+            and not interrupted
+            and not (kind == "slow" and result.outcome == "aborted")
+        ):
             report.wrong.append(f"{tid} {kind}: {result.outcome} {result.error} cause={result.cause}")
         if runs[tid] > 1:
-            report.ran_twice[tid] = (f"{kind} ran {runs[tid]} times; result {result.outcome} "
-                                     f"attempts={result.attempts} error={result.error}")
+            report.ran_twice[tid] = (
+                f"{kind} ran {runs[tid]} times; result {result.outcome} "
+                f"attempts={result.attempts} error={result.error}"
+            )
         if runs[tid] and not result.started:
             report.ran_unseen.append(f"{tid} {kind}: ran but its result says it never started")
     if pids_log.exists():
@@ -258,15 +288,25 @@ def markdown(report: DaemonReport, command: str) -> str:
         c = report.by_kind[k]
         rows.append(f"| {k} | {sum(c.values())} | " + " | ".join(str(c.get(o, 0)) for o in cols) + " |")
     t = report.outcomes
+    twice = len(report.ran_twice)
     rows.append(f"| **all** | {sum(t.values())} | " + " | ".join(str(t.get(o, 0)) for o in cols) + " |")
-    curve = ["| daemon life | acked so far | daemon fds | daemon RSS (MiB) |", "| ---: | ---: | ---: | ---: |"]
+    curve = [
+        "| daemon life | acked so far | daemon fds | daemon RSS (MiB) |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     curve += [f"| {r} | {a} | {f} | {m:.1f} |" for r, a, f, m in report.samples]
     gone = sorted(report.kill_to_gone)
-    gone_line = (f"median {gone[len(gone) // 2] * 1000:.0f} ms, worst {gone[-1] * 1000:.0f} ms"
-                 if gone else "no kill")
-    verdict = "All checks passed." if report.ok else (
-        f"FAILURES: lost {report.lost[:5]}, ran twice {dict(list(report.ran_twice.items())[:5])}, "
-        f"ran unseen {report.ran_unseen[:3]}, wrong {report.wrong[:5]}, survivors {report.survivors[:5]}")
+    gone_line = (
+        f"median {gone[len(gone) // 2] * 1000:.0f} ms, worst {gone[-1] * 1000:.0f} ms" if gone else "no kill"
+    )
+    verdict = (
+        "All checks passed."
+        if report.ok
+        else (
+            f"FAILURES: lost {report.lost[:5]}, ran twice {dict(list(report.ran_twice.items())[:5])}, "
+            f"ran unseen {report.ran_unseen[:3]}, wrong {report.wrong[:5]}, survivors {report.survivors[:5]}"
+        )
+    )
     return f"""## Daemon soak: SIGKILL under load, exactly once
 
 Command: `{command}`. {report.turns} turns with ids chosen by the clients, through `turnpool serve`
@@ -274,7 +314,7 @@ with its journal, SIGKILLed {report.kills} times at random points and restarted 
 {report.resubmitted} submits whose acknowledgement was lost were sent again with the same `turn_id`;
 {report.vanished_clients} clients sent Follow + GetResult and vanished. {report.seconds:.1f} s in all.
 
-- acknowledged: {report.acked}; lost: {len(report.lost)}; ran twice (counted by the agents): {len(report.ran_twice)};
+- acknowledged: {report.acked}; lost: {len(report.lost)}; ran twice (counted by the agents): {twice};
   ran although recorded as never started: {len(report.ran_unseen)}; outcome not allowed: {len(report.wrong)}
 - survivors (daemon trees after each SIGKILL, and every forker's background process): {len(report.survivors)}
 - daemon SIGKILL → every process of its tree gone: {gone_line}

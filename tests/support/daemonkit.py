@@ -27,7 +27,7 @@ from supervisor._daemon import READY_PREFIX
 
 ENTRY = "from supervisor._cli import entry; entry()"
 READY_TIMEOUT = 60.0
-ROOT = str(Path(__file__).resolve().parent.parent)  # the repo root: ``tests.*`` agents live under it
+ROOT = str(Path(__file__).resolve().parents[2])  # the repo root: ``tests.*`` agents live under it
 
 
 def turnpool_argv(*args: str) -> list[str]:
@@ -42,8 +42,9 @@ def short_dir() -> Path:
 class Served:
     """A running ``turnpool serve``: its process, endpoint, env, ready line and stderr file."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], endpoint: str, env: dict[str, str], home: Path,
-                 ready: str) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], endpoint: str, env: dict[str, str], home: Path, ready: str
+    ) -> None:
         self.proc = proc
         self.endpoint = endpoint
         self.env = env
@@ -68,8 +69,14 @@ class Served:
 
     def cli(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run a ``turnpool`` command against this daemon (through the environment)."""
-        return subprocess.run(turnpool_argv(*args), env=self.env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            turnpool_argv(*args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
@@ -89,9 +96,16 @@ def env_for(home: Path, endpoint: str | None) -> dict[str, str]:
     return env
 
 
-def start(*args: str, home: Path | None = None, endpoint: str | None = "default",
-          check_ready: bool = True, paths: tuple[str, ...] = (ROOT,), cwd: str | Path | None = None,
-          stderr_pipe: bool = False, env_extra: dict[str, str | None] | None = None) -> Served:
+def start(
+    *args: str,
+    home: Path | None = None,
+    endpoint: str | None = "default",
+    check_ready: bool = True,
+    paths: tuple[str, ...] = (ROOT,),
+    cwd: str | Path | None = None,
+    stderr_pipe: bool = False,
+    env_extra: dict[str, str | None] | None = None,
+) -> Served:
     """Start ``turnpool serve`` and wait (bounded) for its ready line.
 
     ``paths`` become ``--path`` flags; ``cwd`` is the daemon's working directory; with
@@ -109,8 +123,14 @@ def start(*args: str, home: Path | None = None, endpoint: str | None = "default"
     flags = [flag for p in paths for flag in ("--path", p)]
     err = subprocess.PIPE if stderr_pipe else open(home / "stderr.log", "ab")  # noqa: SIM115
     try:
-        proc = subprocess.Popen(turnpool_argv("serve", *flags, *args), env=env, stdout=subprocess.PIPE,
-                                stderr=err, stdin=subprocess.DEVNULL, cwd=cwd)
+        proc = subprocess.Popen(
+            turnpool_argv("serve", *flags, *args),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+        )
     finally:
         if not isinstance(err, int):
             err.close()
@@ -121,7 +141,7 @@ def start(*args: str, home: Path | None = None, endpoint: str | None = "default"
         stop_process(proc)
         log = home / "stderr.log"
         raise AssertionError(f"serve did not get ready: {line!r}\n{log.read_text() if log.exists() else ''}")
-    actual = line[len(READY_PREFIX):].split(" ", 1)[0]
+    actual = line[len(READY_PREFIX) :].split(" ", 1)[0]
     return Served(proc, actual, env, home, line)
 
 

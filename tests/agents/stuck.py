@@ -1,9 +1,9 @@
-"""Agents stuck before their first ``await`` (``tests.stuck_agents:NAME``), for ``tests/test_stuck.py``.
+"""Agents stuck before their first ``await`` (``tests.agents.stuck:NAME``), for ``tests/test_stuck.py``.
 
 None of them can emit an event (``emit`` is awaited), so each one writes its pid to the file named
 by ``turn.input["mark"]`` before it gets stuck: the test waits for that file, never for a sleep.
-The blocking-import agents live in ``tests/stuck_import_block.py`` and ``tests/stuck_import_slow.py``
-(their import itself is what blocks).
+The blocking-import agents live in ``tests/agents/stuck_import_block.py`` and
+``tests/agents/stuck_import_slow.py`` (their import itself is what blocks).
 """
 
 from __future__ import annotations

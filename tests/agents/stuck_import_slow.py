@@ -1,5 +1,5 @@
 """An agent module whose import takes ``$TURNPOOL_TEST_SLOW_IMPORT_S`` seconds, then returns
-(``tests.stuck_import_slow:agent``): a slow import that finishes after a cancel.
+(``tests.agents.stuck_import_slow:agent``): a slow import that finishes after a cancel.
 
 On import it writes its pid into ``$TURNPOOL_TEST_STUCK_DIR/import-slow`` first, so a test can wait
 for the import to be under way.

@@ -67,7 +67,7 @@ class _Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=T
 # ---- supervisor → worker -------------------------------------------------------------
 
 
-class Run(_Msg, tag="run"):
+class Run(_Msg, tag="run", frozen=True):
     """Start a turn. The worker answers ``Started`` then exactly one ``End``."""
 
     turn_id: str
@@ -77,14 +77,14 @@ class Run(_Msg, tag="run"):
     parent: str | None = None
 
 
-class Abort(_Msg, tag="abort"):
+class Abort(_Msg, tag="abort", frozen=True):
     """Cooperative stop for ``turn_id``; a worker not running that turn drops it."""
 
     turn_id: str
     cause: Cause
 
 
-class SpawnReply(_Msg, tag="spawned"):
+class SpawnReply(_Msg, tag="spawned", frozen=True):
     """Answer to a worker's ``Spawn``: the child's result, or why it could not run."""
 
     req: int
@@ -92,18 +92,18 @@ class SpawnReply(_Msg, tag="spawned"):
     error: TurnError | None = None
 
 
-class Shutdown(_Msg, tag="shutdown"):
+class Shutdown(_Msg, tag="shutdown", frozen=True):
     """Idle worker: exit cleanly."""
 
 
-class Revoke(_Msg, tag="revoke"):
+class Revoke(_Msg, tag="revoke", frozen=True):
     """Give back ``turn_id`` if it was handed ahead and has not started (answered by ``Revoked``);
     a worker that already started it, or never had it, ignores this."""
 
     turn_id: str
 
 
-class EndAck(_Msg, tag="end_ack"):
+class EndAck(_Msg, tag="end_ack", frozen=True):
     """The supervisor has this turn's ``End`` (sent when the ``End`` asked for it, see ``End.ack``)."""
 
     turn_id: str
@@ -115,7 +115,7 @@ ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke | EndAck
 # ---- worker → supervisor -------------------------------------------------------------
 
 
-class Ready(_Msg, tag="ready"):
+class Ready(_Msg, tag="ready", frozen=True):
     """First message of a worker: proves with the per-spawn token that the supervisor started it."""
 
     pid: int
@@ -123,20 +123,20 @@ class Ready(_Msg, tag="ready"):
     version: int
 
 
-class Heartbeat(_Msg, tag="hb"):
+class Heartbeat(_Msg, tag="hb", frozen=True):
     pid: int
 
 
-class Started(_Msg, tag="started"):
+class Started(_Msg, tag="started", frozen=True):
     turn_id: str
 
 
-class Event(_Msg, tag="event"):
+class Event(_Msg, tag="event", frozen=True):
     turn_id: str
     data: msgspec.Raw
 
 
-class End(_Msg, tag="end"):
+class End(_Msg, tag="end", frozen=True):
     """The one end of a turn as the worker saw it."""
 
     turn_id: str
@@ -149,7 +149,7 @@ class End(_Msg, tag="end"):
     ack: bool = False
 
 
-class Spawn(_Msg, tag="spawn"):
+class Spawn(_Msg, tag="spawn", frozen=True):
     """A running turn asks for a child turn (``turn.spawn``)."""
 
     req: int
@@ -162,19 +162,19 @@ class Spawn(_Msg, tag="spawn"):
     kill_after: float | None = None
 
 
-class SpawnCancel(_Msg, tag="spawn_cancel"):
+class SpawnCancel(_Msg, tag="spawn_cancel", frozen=True):
     """The parent stopped awaiting its child: cancel the child (cause ``parent``)."""
 
     req: int
 
 
-class Revoked(_Msg, tag="revoked"):
+class Revoked(_Msg, tag="revoked", frozen=True):
     """Answer to ``Revoke``: the turn was dropped unstarted; the supervisor queues it again."""
 
     turn_id: str
 
 
-class BadFrame(_Msg, tag="bad_frame"):
+class BadFrame(_Msg, tag="bad_frame", frozen=True):
     """The worker could not decode a frame from the supervisor."""
 
     reason: str

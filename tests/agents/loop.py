@@ -1,4 +1,4 @@
-"""Agents used only by the agent-loop tests (``tests.loop_agents:NAME``)."""
+"""Agents used only by the agent-loop tests (``tests.agents.loop:NAME``)."""
 
 from __future__ import annotations
 

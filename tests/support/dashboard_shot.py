@@ -1,4 +1,4 @@
-"""Take the README's dashboard screenshot: ``python -m tests.dashboard_shot docs/dashboard.png``.
+"""Take the README's dashboard screenshot: ``python -m tests.support.dashboard_shot docs/dashboard.png``.
 
 Starts a daemon with ``--http``, runs a minute of mixed turns through the HTTP API (every outcome),
 leaves a few running, one of them cancelled and ignoring it (so its escalation countdown shows),
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from tests import browserkit
-from tests.daemonkit import serving
+from tests.support import browserkit
+from tests.support.daemonkit import serving
 
 MIX = [("examples.agents:echo", {"text": "hi"})] * 12 + [
     ("examples.agents:streamer", {"count": 20}),
@@ -64,7 +64,7 @@ def main() -> None:
                 ).json()
                 http.post(f"/v1/turns/{t['turn_id']}/cancel")
             time.sleep(0.25)  # allowed: paces the demo load, nothing waits on it
-        http.post("/v1/turns", json={"agent": "tests.http_agents:ticker", "session": "chat-42"})
+        http.post("/v1/turns", json={"agent": "tests.agents.http:ticker", "session": "chat-42"})
         http.post(
             "/v1/turns",
             json={"agent": "examples.agents:slow", "input": {"seconds": 600}, "session": "research-7"},

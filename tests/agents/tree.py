@@ -1,4 +1,4 @@
-"""Agents that leave processes behind (``tests.tree_agents:NAME``), for tests/test_tree_cleanup.py.
+"""Agents that leave processes behind (``tests.agents.tree:NAME``), for tests/test_tree_cleanup.py.
 
 They fork *without exec*: a forked child keeps the worker's memory image as it was (its
 environment block included), so a marker set with ``putenv`` in the worker never shows in the
@@ -106,4 +106,3 @@ async def next_turn_children(turn: worker.Turn) -> dict[str, Any]:
 
     me = psutil.Process()
     return {"worker": os.getpid(), "children": [p.pid for p in me.children(recursive=True)]}
-

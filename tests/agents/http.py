@@ -1,4 +1,4 @@
-"""Agents for the HTTP front end's tests (``"tests.http_agents:NAME"``)."""
+"""Agents for the HTTP front end's tests (``"tests.agents.http:NAME"``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An agent module whose import never returns (``tests.stuck_import_block:agent``).
+"""An agent module whose import never returns (``tests.agents.stuck_import_block:agent``).
 
 On import it writes its pid into ``$TURNPOOL_TEST_STUCK_DIR/import-block`` (so a test can wait for
 the import to be under way), then spins without ever returning to the worker's event loop.

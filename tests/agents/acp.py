@@ -1,4 +1,4 @@
-"""Agents used only by the ACP tests (``tests.agents_acp:NAME``)."""
+"""Agents used only by the ACP tests (``tests.agents.acp:NAME``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Agents for the daemon soak (``tests/soak_daemon.py``): each counts its own executions.
+"""Agents for the daemon soak (``tests/support/soak_daemon.py``): each counts its own executions.
 
 Every agent first appends its turn id to the run log named in its input (one ``O_APPEND`` write
 of a short line is atomic), so the harness can count how often each acknowledged turn really
@@ -58,7 +58,7 @@ async def counted(turn: worker.Turn) -> Any:
         while True:
             pass
     if kind == "sleep_sync":  # a blocking call inside an async agent
-        time.sleep(3600)
+        time.sleep(3600)  # noqa: ASYNC251 - the point: a blocking call in an async agent
     if kind == "forker":  # returns, leaving a double-forked daemon behind
         _background(inp["pids"])
         return {"forked": True}

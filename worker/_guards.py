@@ -1,0 +1,191 @@
+"""The worker's process-level guards: whatever happens to the turn loop, nothing outlives it.
+
+Kept apart from the turn loop (``_loop``) because these run in signal handlers, a watcher
+thread and a forked guardian, where the loop's state must not be touched:
+
+* the worker is the child subreaper of its own descendants, so a grandchild that double-forks
+  stays in this worker's tree where a kill finds it;
+* on SIGTERM it freezes and kills its whole tree, reaps it, then dies of SIGTERM;
+* when the supervisor dies (parent-death signal, or EOF on the inherited life pipe) it does
+  the same, so killing the supervisor with SIGKILL leaves no process behind;
+* the guardian (``start_guardian``) does it for the worker when the worker cannot, and sweeps
+  what the worker left when it exits;
+* after each turn, ``sweep_leftovers`` kills what the turn left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from . import _cgroup, _guardian, _sweep, _tree
+
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
+_BATON_FD = -1  # set by start_guardian: see _take_baton
+_SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
+_KILLING = False  # this process has begun killing its tree
+
+EXIT_LINK_LOST = 75  # the connection to the supervisor dropped: this worker can never report again
+
+
+def _take_baton() -> bool:
+    """Exactly one of the worker and its guardian may kill the tree: two processes freezing each
+    other's trees could stop each other for good. The baton is one byte in a pipe they share;
+    whoever reads it acts, the other stands by. Without a guardian the worker always acts."""
+    if _BATON_FD < 0:
+        return True
+    try:
+        return os.read(_BATON_FD, 1) == b"x"
+    except OSError:  # already taken (the pipe is empty and non-blocking)
+        return False
+
+
+def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = None) -> None:
+    """Freeze, kill and reap every descendant, then die of ``sig`` (default action), or exit
+    with ``exit_code`` when one is given. If the guardian holds the baton, it is killing this
+    tree already (this worker included): wait for it."""
+    global _KILLING
+    if _KILLING:
+        # This process is at it already: a second signal (the parent-death signal can come more
+        # than once) interrupted the first handler, or another watcher thread got here too.
+        # Return, so that the first one can finish.
+        return
+    _KILLING = True
+    if not _take_baton():
+        while True:
+            time.sleep(3600)
+    main = threading.current_thread() is threading.main_thread()
+    try:
+        pids = _tree.freeze_tree(os.getpid(), include_root=False)
+        _tree.signal_all(pids, signal.SIGKILL)
+        if main:  # signal.* works in the main thread only
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+    finally:
+        if exit_code is not None:
+            os._exit(exit_code)
+        try:
+            if main:
+                signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            os.kill(os.getpid(), sig)
+        finally:
+            os._exit(128 + int(sig))
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    kill_own_tree_and_exit(signal.SIGTERM)
+
+
+def _on_supervisor_death() -> None:
+    kill_own_tree_and_exit(signal.SIGKILL)
+
+
+def _on_parent_death(signum: int, frame: Any) -> None:
+    _on_supervisor_death()
+
+
+def _watch_life_pipe(fd: int) -> None:
+    """Runs in a daemon thread: EOF on the pipe means the supervisor is gone."""
+    # Leave SIGTERM and the parent-death signal to the main thread, where Python runs the handler.
+    # Delivered here, the read's EINTR retry needs the GIL that a busy agent holds: the handler
+    # then started one switch interval (5 ms) late - half of all kills measured so.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, PARENT_DEATH_SIGNAL})
+    while True:
+        try:
+            data = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not data:
+            break
+    _on_supervisor_death()
+
+
+def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | None = None) -> int:
+    """Fork the guardian: a tiny process that outlives this worker and cleans up after it.
+
+    It watches two things: the life pipe (EOF: the supervisor died) and this worker's pidfd
+    (the worker exited, however: a crash, a host's SIGKILL, a clean Shutdown).
+
+    * Supervisor gone: it takes the baton (``_take_baton``) and freezes and SIGKILLs this
+      worker's whole tree, itself excepted, the worker last. The worker's own watchers (the
+      life-pipe thread, the SIGUSR2 handler) need the worker's GIL; an agent blocked in a C call
+      that holds it would keep them from ever running, and the guardian needs nothing from the
+      worker. If the worker took the baton first, it is killing its tree itself: stand down.
+    * Worker gone: what it left (now re-parented away from it) is swept: the worker's cgroup is
+      killed, emptied and removed; without one, every process in the worker's session or
+      carrying its tree marker is frozen and SIGKILLed. Nothing else is ever touched.
+
+    It has no parent-death signal (it must outlive the worker: a host that SIGKILLs its direct
+    children, as Ray does, kills the worker but not this grandchild), is forked before any
+    thread, ZeroMQ context or cgroup move (so it is outside the worker's cgroup and survives
+    its kill), sits in the worker's session (so the supervisor's tree kill and orphan scan find
+    and reap it), and costs one fork at start-up.
+    """
+    global _BATON_FD
+    worker_pid = os.getpid()
+    worker_start = _tree.start_time(worker_pid)
+    baton, w = os.pipe()  # not inheritable: agents' children never see it
+    os.write(w, b"x")
+    os.close(w)
+    os.set_blocking(baton, False)
+    _BATON_FD = baton
+    try:
+        worker_fd: int | None = os.pidfd_open(worker_pid)
+    except (OSError, AttributeError):
+        worker_fd = None
+    pid = os.fork()
+    if pid:
+        if worker_fd is not None:
+            os.close(worker_fd)
+        return pid
+    try:  # the guardian: never returns
+        _guardian.run(worker_pid, worker_start, worker_fd, life_fd, cgroup, marker, _take_baton)
+    finally:
+        os._exit(0)
+
+
+def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | None = None) -> None:
+    """Subreaper, guardian, then the worker's own cgroup (if any), before anything else forks."""
+    global _SWEEP
+    _tree.set_child_subreaper()
+    guardian = -1
+    if life_fd is not None:
+        # First: no thread and no ZeroMQ context exist yet, and it stays outside the cgroup.
+        guardian = start_guardian(life_fd, cgroup=cgroup, marker=os.environ.get(_tree.TREE_ENV))
+    if cgroup is not None and not _cgroup.join(cgroup):
+        print(f"turnpool worker: could not join cgroup {cgroup}; the tree markers stand in", file=sys.stderr)
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
+    _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
+    if os.getppid() != parent_pid:  # the supervisor died before the prctl took effect
+        _on_supervisor_death()
+    if life_fd is not None:
+        os.set_inheritable(life_fd, False)
+        threading.Thread(target=_watch_life_pipe, args=(life_fd,), name="life-pipe", daemon=True).start()
+    _SWEEP = _sweep.TurnSweep(guardian)
+
+
+def sweep_leftovers() -> None:
+    """Kill and reap what the turn that just ended left running (R-sweep: before its End)."""
+    if _SWEEP is not None:
+        killed = _SWEEP.sweep()
+        if killed:
+            print(
+                f"turnpool worker: killed {len(killed)} process(es) left by the turn",
+                file=sys.stderr,
+                flush=True,
+            )

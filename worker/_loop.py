@@ -1,0 +1,485 @@
+"""The worker's turn loop: the connection to the supervisor, one turn at a time, ``Abort`` honoured.
+
+``serve`` connects the DEALER socket, reads frames in an FD reader callback and hands each
+message to ``WorkerLoop``, which runs the turns one after the other. The process-level guards
+(parent death, the guardian, tree kill) live in ``_guards``; this module only calls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib
+import inspect
+import os
+import signal
+import sys
+import threading
+from typing import Any, cast
+
+import anyio
+import msgspec
+import zmq
+import zmq.asyncio
+
+import wire
+from wire import Abort, End, EndAck, Revoke, Run, Shutdown, SpawnReply, TurnError
+
+from . import _endlog, _marker
+from ._errors import SpawnError, TurnCancelled
+from ._flusher import StaleFlusher
+from ._guards import EXIT_LINK_LOST, PARENT_DEATH_SIGNAL, kill_own_tree_and_exit, sweep_leftovers
+from ._turn import Turn
+
+_IMPORT_CACHE: dict[str, Any] = {}
+_ASYNC_CACHE: dict[str, bool] = {}
+
+
+# ---- agents --------------------------------------------------------------------------
+
+
+def load_agent(spec: str) -> Any:
+    """Import ``"package.module:attr"`` once per process."""
+    fn = _IMPORT_CACHE.get(spec)
+    if fn is None:
+        module_name, _, attr = spec.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not (exc.name == module_name or module_name.startswith(exc.name + ".")):
+                raise  # a dependency of the agent is missing: its own message says which
+            # The agent's own module (or package) is not on the worker's path: say where workers look.
+            raise ModuleNotFoundError(
+                f"{exc} (workers import agents from the supervisor's agent_path / `--path` directories, "
+                "PYTHONPATH and installed packages; never from the working directory)",
+                name=exc.name,
+            ) from None
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise TypeError(f"agent {spec!r} is not callable")
+        fn = _IMPORT_CACHE[spec] = obj
+    return fn
+
+
+def _is_async(fn: Any) -> bool:
+    # An instance whose __call__ is ``async def`` is an async agent too; not a callable() check (B004).
+    call = getattr(fn, "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _error(exc: BaseException) -> TurnError:
+    """The turn's error, cut at the source so its result always fits in one message (R23)."""
+    return TurnError(
+        type=wire.cut_error_text(type(exc).__name__, wire.MAX_ERROR_TYPE_CHARS),
+        message=wire.cut_error_text(str(exc), wire.MAX_ERROR_CHARS),
+    )
+
+
+# ---- the connection ------------------------------------------------------------------
+
+
+class Connection:
+    """The worker's side of the link. Outgoing messages are batched per loop iteration:
+    a turn that ends without suspending sends ``Started`` and ``End`` in one frame.
+
+    A batch that waits a whole tick because a turn never gives the loop back is sent by the
+    stale flusher's thread (``worker/_flusher.py``, rule S1): every use of the socket holds
+    ``lock``, since a ZeroMQ socket must not be used by two threads at once."""
+
+    def __init__(
+        self, sock: zmq.Socket[bytes], asock: zmq.asyncio.Socket, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._sock = sock
+        self._asock = asock
+        self._loop = loop
+        self._out: list[Any] = []
+        self._spawns: dict[int, asyncio.Future[Any]] = {}
+        self._next_req = 0
+        self.on_readable: Any = None  # the reader callback, re-run when a send hid a readable edge
+        self.frames = 0  # frames sent so far: tells whether a Started already left
+        self.batches = 0  # batches begun: the stale flusher tells a batch that waits by it
+        self.lock = threading.RLock()
+        self.flusher: StaleFlusher | None = None
+
+    def post(self, msg: Any) -> None:
+        if not self._out:
+            self.batches += 1
+            self._loop.call_soon(self.flush)
+        self._out.append(msg)
+
+    def flush(self) -> None:
+        if self._out:
+            with self.lock:
+                out, self._out = self._out, []
+                if not out:  # the stale flusher sent it meanwhile
+                    return
+                self.frames += 1
+                self._sock.send(wire.encode_frame(out), zmq.NOBLOCK)
+                # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
+                # EVENTS so a message that arrived meanwhile is not stranded.
+                if self.on_readable is not None and cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    self._loop.call_soon(self.on_readable)
+
+    def flush_stale(self, batch: int) -> None:
+        """Called by the stale flusher's thread: send batch ``batch`` if the event loop has not
+        (a turn holds the main thread). In place, without swapping the list: the main thread may
+        be appending to it between two bytecodes; what it adds stays for the next flush."""
+        if not self.lock.acquire(blocking=False):
+            return  # the main thread is using the socket: it is not stuck
+        try:
+            out = self._out
+            n = len(out)
+            if self.batches != batch or not n:
+                return
+            frame = wire.encode_frame(out[:n])
+            del out[:n]
+            self.frames += 1
+            self._sock.send(frame, zmq.NOBLOCK)
+            if self.on_readable is not None and cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                self._loop.call_soon_threadsafe(self.on_readable)
+        except zmq.ZMQError:
+            pass  # the link is going: the worker's own watchers deal with it
+        finally:
+            self.lock.release()
+
+    def send_now(self, msg: Any) -> None:
+        self._out.append(msg)
+        self.flush()
+
+    def emit(self, turn_id: str, event: Any) -> None:
+        self.send_now(wire.Event(turn_id, wire.encode_payload(event, what="event")))
+
+    async def spawn(
+        self,
+        parent: str,
+        agent: str,
+        input: Any,
+        session: str | None,
+        timeout: float | None,  # noqa: ASYNC109 - the child turn's deadline, carried to the supervisor
+        grace: float | None,
+        kill_after: float | None,
+    ) -> wire.TurnResult:
+        raw = wire.encode_payload(input, what="input")
+        self._next_req += 1
+        req = self._next_req
+        fut = self._loop.create_future()
+        self._spawns[req] = fut
+        self.send_now(wire.Spawn(req, parent, agent, raw, session, timeout, grace, kill_after))
+        try:
+            reply: SpawnReply = await fut
+        except BaseException:
+            if not fut.done():
+                self.send_now(wire.SpawnCancel(req))
+            raise
+        finally:
+            self._spawns.pop(req, None)
+        if reply.error is not None:
+            raise SpawnError(f"{reply.error.type}: {reply.error.message}")
+        assert reply.result is not None
+        return reply.result
+
+    def spawn_reply(self, msg: SpawnReply) -> None:
+        fut = self._spawns.get(msg.req)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+
+class WorkerLoop:
+    def __init__(
+        self,
+        conn: Connection,
+        marker: _marker.StartMarker | None = None,
+        endlog: _endlog.EndLog | None = None,
+    ) -> None:
+        self.conn = conn
+        self.marker = marker
+        # E1: the End of each finished turn is logged here (shared memory) before the next turn
+        # starts, so a crash in that next turn cannot take it along.
+        self.endlog = endlog
+        self.pending: collections.deque[Run] = collections.deque()
+        # The idle runner waits on a bare asyncio future (the worker runs on asyncio): a few µs
+        # cheaper per turn than an anyio.Event made and awaited each time.
+        self.wakeup: asyncio.Future[None] | None = None
+        self.current: Turn | None = None
+        self.current_scope: anyio.CancelScope | None = None
+        self.current_async = False
+        # An End that asked for an EndAck: no handed turn starts before that ack is in. A frame
+        # still inside ZeroMQ dies with the process, so without this a turn that crashes the
+        # worker could take the End of the turn before it along (reported crashed, not completed).
+        self.unacked: str | None = None
+        self.acked: asyncio.Future[None] | None = None
+
+    def on_abort(self, msg: Abort) -> None:
+        turn = self.current
+        if turn is None or turn.id != msg.turn_id:
+            # Not running it: it may be waiting here (handed ahead); otherwise stale, dropped.
+            for run in self.pending:
+                if run.turn_id == msg.turn_id:
+                    self.pending.remove(run)
+                    self.conn.post(End(msg.turn_id, "aborted"))
+                    break
+            return
+        if turn.signal._set(msg.cause) and self.current_async and self.current_scope is not None:
+            self.current_scope.cancel()
+
+    def on_revoke(self, msg: Revoke) -> None:
+        """Give back a turn handed ahead that has not started; ignore it otherwise."""
+        for run in self.pending:
+            if run.turn_id == msg.turn_id:
+                self.pending.remove(run)
+                self.conn.post(wire.Revoked(msg.turn_id))
+                return
+
+    def on_end_ack(self, msg: EndAck) -> None:
+        if msg.turn_id == self.unacked:
+            self.unacked = None
+            if self.endlog is not None:
+                # Frames arrive in order: the supervisor holds every End logged before this one.
+                self.endlog.clear()
+            if self.acked is not None and not self.acked.done():
+                self.acked.set_result(None)
+
+    def on_run(self, msg: Run) -> None:
+        self.pending.append(msg)
+        wakeup = self.wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
+    async def runner(self) -> None:
+        while True:
+            if not self.pending:
+                # Going idle: send what the finished turns posted now rather than one loop
+                # iteration later (the call_soon'd flush then finds nothing to do).
+                self.conn.flush()
+                self.wakeup = self.conn._loop.create_future()
+                try:
+                    await self.wakeup
+                finally:
+                    self.wakeup = None
+                continue
+            if self.unacked is not None:
+                self.conn.flush()
+                self.acked = self.conn._loop.create_future()
+                try:
+                    await self.acked
+                finally:
+                    self.acked = None
+                continue  # the queue may have changed meanwhile (Abort, Revoke)
+            await self.run_turn(self.pending.popleft())
+
+    async def run_turn(self, msg: Run) -> None:
+        conn = self.conn
+        flusher = conn.flusher
+        if flusher is not None:  # S1: from here on, a batch this turn holds up still leaves
+            flusher.busy = True
+            if flusher.idle:
+                flusher.poke()
+        started_at = self.marker.mark(msg.turn_id) if self.marker is not None else 0.0  # survives the process
+        # Before the post: a Started that the stale flusher sends in an earlier frame than the
+        # End must make that End ask for an EndAck (P2).
+        frames_at_start = conn.frames
+        conn.post(wire.Started(msg.turn_id))
+        try:
+            value = wire.decode_payload(msg.input)
+        except msgspec.DecodeError as exc:
+            self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
+            if flusher is not None:
+                flusher.busy = False
+            return
+        turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)
+        self.current = turn
+        outcome: str
+        output = wire.NIL
+        error = None
+        try:
+            try:
+                imported = msg.agent in _IMPORT_CACHE
+                fn = load_agent(msg.agent)
+                is_async = _ASYNC_CACHE.get(msg.agent)
+                if is_async is None:
+                    is_async = _ASYNC_CACHE[msg.agent] = _is_async(fn)
+                if not imported and conn.on_readable is not None:
+                    # The import may have taken long: an Abort that came meanwhile is honoured
+                    # before the agent runs (S2), not after it returned.
+                    conn.on_readable()
+                    turn.signal.raise_if_cancelled()
+            except TurnCancelled:
+                outcome = "aborted"
+            except BaseException as exc:  # noqa: BLE001 - an import failure ends the turn, not the worker
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                outcome, error = "failed", _error(exc)
+            else:
+                self.current_async = is_async
+                with anyio.CancelScope() as scope:
+                    self.current_scope = scope
+                    try:
+                        if is_async:
+                            result = await fn(turn)
+                        else:
+                            result = await anyio.to_thread.run_sync(fn, turn)
+                    except TurnCancelled:
+                        outcome = "aborted"
+                    except anyio.get_cancelled_exc_class():
+                        if not turn.signal.cancelled:
+                            raise
+                        outcome = "aborted"
+                        raise
+                    except Exception as exc:  # noqa: BLE001
+                        outcome = "aborted" if _is_cancellation(exc, turn) else "failed"
+                        if outcome == "failed":
+                            error = _error(exc)
+                    else:
+                        try:
+                            output = wire.encode_payload(result, what="agent output")
+                            outcome = "completed"
+                        except (TypeError, ValueError) as exc:  # not encodable, or too large
+                            outcome, error = "failed", _error(exc)
+                if scope.cancelled_caught:
+                    outcome = "aborted"
+        finally:
+            self.current = None
+            self.current_scope = None
+            if flusher is not None:
+                flusher.busy = False
+        sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
+        # Started already left in an earlier frame: the supervisor sees this turn running, so its End
+        # must be confirmed before a handed turn (which might crash the process) starts.
+        ack = conn.frames != frames_at_start
+        self.post_end(End(msg.turn_id, outcome, output, error, ack), started_at)  # type: ignore[arg-type]
+
+    def post_end(self, end: End, started_at: float) -> None:
+        """Log the End (E1), then post it; an End the log cannot take asks for an EndAck (P2),
+        which also empties the log. Encoded once: the frame carries the logged bytes."""
+        endlog = self.endlog
+        if endlog is None:
+            if end.ack:
+                self.unacked = end.turn_id
+            self.conn.post(end)
+            return
+        data = wire.encode(end)
+        if not endlog.append(data, started_at):
+            if not end.ack:
+                data = wire.encode(msgspec.structs.replace(end, ack=True))
+            self.unacked = end.turn_id
+        elif end.ack:
+            self.unacked = end.turn_id
+        self.conn.post(msgspec.Raw(data))
+
+
+def _is_cancellation(exc: BaseException, turn: Turn) -> bool:
+    """An exception counts as the turn honouring its cancel only when a cancel was requested
+    and the exception says it is a cancellation (``TurnCancelled`` or a subclass, or an
+    exception group made only of them). Anything else is an unrelated failure."""
+    if not turn.signal.cancelled:
+        return False
+    if isinstance(exc, TurnCancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancellation(e, turn) for e in exc.exceptions)
+    return False
+
+
+async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> None:
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+    sock.connect(endpoint)
+    sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+    conn = Connection(sync_sock, sock, asyncio.get_running_loop())
+    marker_path = _marker.path_for(endpoint, worker_id)
+    endlog_path = _endlog.path_for(endpoint, worker_id)
+    loop = WorkerLoop(
+        conn,
+        _marker.StartMarker(marker_path) if marker_path else None,
+        _endlog.EndLog(endlog_path) if endlog_path else None,
+    )
+    # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
+    # protocol) and does not reconnect it: a worker left like that could never report a turn's
+    # end again, so it must not stay up deaf. Watch for the disconnection and exit.
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
+    aloop = asyncio.get_running_loop()
+    stop = aloop.create_future()
+
+    def on_readable() -> None:
+        # Called by the event loop when the socket's FD is readable (and after a send, see
+        # Connection.flush): drain every frame, dispatch each message. No task switch per frame.
+        # Polling EVENTS (≈1 µs) instead of recv until zmq.Again: that exception costs ≈12 µs.
+        # Under the connection's lock: the stale flusher's thread must not send meanwhile.
+        with conn.lock:
+            read_all()
+
+    def read_all() -> None:
+        while True:
+            try:
+                if not cast(int, sync_sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
+                frame = sync_sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                return
+            try:
+                messages = wire.decode_to_worker(frame)
+            except msgspec.DecodeError as exc:
+                conn.post(wire.BadFrame(str(exc)[:200]))
+                continue
+            for msg in messages:
+                match msg:
+                    case Run():
+                        loop.on_run(msg)
+                    case Abort():
+                        loop.on_abort(msg)
+                    case Revoke():
+                        loop.on_revoke(msg)
+                    case EndAck():
+                        loop.on_end_ack(msg)
+                    case SpawnReply():
+                        conn.spawn_reply(msg)
+                    case Shutdown():
+                        conn.flush()
+                        if not stop.done():
+                            stop.set_result(None)
+
+    conn.flusher = StaleFlusher(conn, {signal.SIGTERM, PARENT_DEATH_SIGNAL})
+    conn.flusher.start()
+    fd = cast(int, sync_sock.getsockopt(zmq.FD))  # pyzmq types every option int | bytes
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_link, monitor)
+            tg.start_soon(loop.runner)
+            if heartbeat > 0:
+                tg.start_soon(_heartbeats, conn, heartbeat)
+            conn.on_readable = on_readable
+            aloop.add_reader(fd, on_readable)
+            on_readable()
+            try:
+                await stop
+            finally:
+                aloop.remove_reader(fd)
+                conn.on_readable = None
+            tg.cancel_scope.cancel()
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+        ctx.term()
+
+
+async def _watch_link(monitor: zmq.asyncio.Socket) -> None:
+    await monitor.recv_multipart()
+    print("turnpool worker: the connection to the supervisor dropped; exiting", file=sys.stderr, flush=True)
+    kill_own_tree_and_exit(exit_code=EXIT_LINK_LOST)
+
+
+async def _heartbeats(conn: Connection, interval: float) -> None:
+    pid = os.getpid()
+    while True:
+        await anyio.sleep(interval)
+        conn.post(wire.Heartbeat(pid))
