@@ -236,15 +236,18 @@ async def daemon_soak(
         await run_round(kills, None)
     report.seconds = time.monotonic() - t0
 
-    from supervisor._journal import read_result
+    from supervisor._journal import _lookup, _reader
 
     runs = (
         collections.Counter(Path(runs_log).read_text().split())  # noqa: ASYNC240 - after the run
         if runs_log.exists()
         else collections.Counter()
     )
+    # One read connection for every lookup (each one-off read checks the whole file first).
+    record = _reader(journal)
     for tid, kind in acked.items():
-        result = read_result(journal, tid)
+        found = _lookup(record, tid)
+        result = found[2] if found is not None else None
         if result is None:
             report.lost.append(tid)
             continue
@@ -266,6 +269,7 @@ async def daemon_soak(
             )
         if runs[tid] and not result.started:
             report.ran_unseen.append(f"{tid} {kind}: ran but its result says it never started")
+    record.close()
     if pids_log.exists():
         for line in pids_log.read_text().splitlines():
             pid, start = line.split()
