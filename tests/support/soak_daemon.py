@@ -208,8 +208,12 @@ async def daemon_soak(
                         except ChildProcessError:
                             pass
                     for p in alive:
+                        try:
+                            what = " ".join(p.cmdline())[:160]
+                        except psutil.Error:
+                            what = "?"
                         report.survivors.append(
-                            f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL"
+                            f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL: {what}"
                         )
                         try:
                             p.kill()
