@@ -14,7 +14,7 @@ views). Never imports agent code.
 from wire import Cause, TurnError, TurnResult
 
 from ._client import Client, SyncClient
-from ._core import Supervisor
+from ._engine import Supervisor
 from ._daemon import Daemon
 from ._errors import (
     AuthenticationFailed,

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import anyio
 
-from ._core import check_agent
+from ._backend import open_backend
+from ._engine import check_agent
 from ._errors import InvalidAgent, TurnpoolError
 
 log = logging.getLogger("turnpool.acp")
@@ -126,34 +125,15 @@ async def open_stdio(proto_in: int, proto_out: int) -> tuple[asyncio.StreamReade
     return reader, asyncio.StreamWriter(transport, protocol, None, loop)
 
 
-@contextlib.asynccontextmanager
-async def open_backend(args: argparse.Namespace) -> AsyncIterator[Any]:
-    """The embedded ``Supervisor``, or ``Client.connect(E)`` with ``--connect E``: same methods."""
-    if args.connect is not None:
-        try:
-            from supervisor import Client  # type: ignore[attr-defined]
-        except ImportError:
-            raise TurnpoolError(
-                "--connect needs supervisor.Client (the serve daemon's client), which this build lacks"
-            ) from None
-        async with Client.connect(args.connect) as client:
-            yield client
-    else:
-        from ._core import Supervisor
-
-        times = {k: v for k, v in (("grace", args.grace), ("kill_after", args.kill_after)) if v is not None}
-        # Workers' output goes to our stderr through the pump (never onto the protocol's stdout).
-        async with Supervisor(workers=args.workers, spares=args.spares, agent_path=tuple(args.path or ()),
-                              **times) as sup:
-            yield sup
-
-
 async def _serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
     import acp
 
     from ._acp_agent import TurnpoolAgent
 
-    async with open_backend(args) as backend:
+    # Workers' output goes to our stderr through the pump (never onto the protocol's stdout).
+    async with open_backend(workers=args.workers, connect=args.connect, spares=args.spares,
+                            agent_path=tuple(args.path or ()), grace=args.grace,
+                            kill_after=args.kill_after) as backend:
         # Given explicitly, the times go with every turn: they then hold on a daemon too.
         agent = TurnpoolAgent(backend, args.agent, grace=args.grace, kill_after=args.kill_after)
         reader, writer = await open_stdio(proto_in, proto_out)

@@ -36,7 +36,7 @@ from zmq.utils.monitor import parse_monitor_message
 import wire
 from wire import Cause, TurnResult, validate_cause
 
-from ._core import _check_optional_str, _check_seconds, check_agent
+from ._engine import check_agent, check_optional_str, check_seconds
 from ._endpoint import ipc_path, socket_options
 from ._errors import (
     AuthenticationFailed,
@@ -108,8 +108,8 @@ class Client:
         follow_window: int = 1024,
     ) -> None:
         self.endpoint = endpoint or default_endpoint()
-        self.timeout = _check_seconds("timeout", timeout, allow_none=False, positive=True)
-        self.request_timeout = _check_seconds("request_timeout", request_timeout, allow_none=False,
+        self.timeout = check_seconds("timeout", timeout, allow_none=False, positive=True)
+        self.request_timeout = check_seconds("request_timeout", request_timeout, allow_none=False,
                                               positive=True)
         if isinstance(follow_window, bool) or not isinstance(follow_window, int) or follow_window < 2:
             raise ValueError(f"follow_window must be an int >= 2, got {follow_window!r}")
@@ -497,14 +497,16 @@ class Client:
         """Return once the daemon has no turn queued or running."""
         await self._call(lambda req: wire.WhenIdle(req), bounded=False)
 
-    # ---- TurnHandle backend ------------------------------------------------------------
+    # ---- the rest of the Backend contract (what TurnHandle uses) ------------------------
 
-    async def _result(self, turn_id: str) -> TurnResult:
+    async def result(self, turn_id: str) -> TurnResult:
+        """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         _check_turn_id(turn_id)
         reply = await self._call(lambda req: wire.GetResult(req, turn_id), bounded=False, turn_id=turn_id)
         return reply.result  # type: ignore[no-any-return]
 
-    async def _events(self, turn_id: str) -> AsyncIterator[Any]:
+    async def events(self, turn_id: str) -> AsyncIterator[Any]:
+        """The turn's events as the daemon relays them (``TurnHandle.events``)."""
         _check_turn_id(turn_id)
         self._check_open()
         req = next(self._reqs)
@@ -547,11 +549,11 @@ def _submit_request(agent: str, input: Any, *, session: Any, timeout: Any, grace
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
     raw = wire.encode_payload(input, what="turn input")
-    session = _check_optional_str("session", session)
-    turn_id = _check_optional_str("turn_id", turn_id)
-    timeout = _check_seconds("timeout", timeout, positive=True)
-    grace = _check_seconds("grace", grace)
-    kill_after = _check_seconds("kill_after", kill_after)
+    session = check_optional_str("session", session)
+    turn_id = check_optional_str("turn_id", turn_id)
+    timeout = check_seconds("timeout", timeout, positive=True)
+    grace = check_seconds("grace", grace)
+    kill_after = check_seconds("kill_after", kill_after)
     if not isinstance(retry, bool):
         raise TypeError(f"retry must be True or False, got {retry!r}")
     return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)

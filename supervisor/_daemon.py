@@ -48,7 +48,7 @@ import zmq.asyncio
 import wire
 from wire import Cause, TurnResult
 
-from ._core import Supervisor
+from ._engine import Supervisor
 from ._daemon_clients import (
     COALESCE,
     EVENTS_BATCH_BYTES,
@@ -72,7 +72,7 @@ from ._errors import (
 )
 from ._metrics import Metrics
 from ._paths import default_endpoint
-from ._turns import TurnRecord
+from ._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -206,9 +206,9 @@ class Daemon:
     async def _serve(self, signals: Any, ready: Callable[[str], None] | None) -> None:
         sup = Supervisor(**self.sup_kwargs)
         self.sup = sup
-        sup._start_hooks.append(self._on_start)
-        sup._result_hooks.append(self._on_end)
-        sup._event_hooks.extend(self.event_hooks)
+        sup.add_hooks(on_start=self._on_start, on_result=self._on_end)
+        for hook in self.event_hooks:
+            sup.add_hooks(on_event=hook)
         self.metrics = Metrics(self)
         try:
             async with anyio.create_task_group() as tg:
@@ -274,7 +274,7 @@ class Daemon:
                 await sup.when_idle()
                 drain.cancel_scope.cancel()
         self.disposing_at = anyio.current_time()
-        log.info("disposing: %d turns still queued or running", sup._active)
+        log.info("disposing: %d turns still queued or running", sup.active)
         await sup.aclose()
         # Let the requests woken by disposal (results, follows, when_idle) answer before the socket goes.
         with anyio.move_on_after(5):
@@ -500,11 +500,11 @@ class Daemon:
                 self._submit(ident, msg)
             case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
                 try:
-                    turn = sup._get(turn_id)
+                    turn = sup.record(turn_id)
                 except UnknownTurn as exc:
                     self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
                     return
-                winner = self._cancel(lambda: sup._cancel(turn, cause), [turn_id])
+                winner = self._cancel(lambda: sup.cancel_record(turn, cause), [turn_id])
                 self._send(ident, wire.Cancelled(req, winner))
             case wire.CancelSession(req=req, session=session, cause=cause):
                 if not session:
@@ -513,7 +513,7 @@ class Daemon:
                 ids: list[str] = []
 
                 def cancel_session() -> None:
-                    ids.extend(sup._cancel_session(session, cause))
+                    ids.extend(sup.cancel_session_now(session, cause))
 
                 self._cancel(cancel_session, ids)
                 self._send(ident, wire.SessionCancelled(req, ids))
@@ -521,7 +521,7 @@ class Daemon:
                 self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
             case wire.Follow(req=req, turn_id=turn_id, window=window):
                 try:
-                    followed = sup._get(turn_id)
+                    followed = sup.record(turn_id)
                 except UnknownTurn as exc:
                     self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
                     return
@@ -541,7 +541,7 @@ class Daemon:
                 self._abandon(ident, req)
             case wire.Lookup(req=req, turn_id=turn_id):
                 lookup = self.lookup
-                if turn_id in sup._turns or (lookup is not None and lookup(turn_id) is not None):
+                if sup.find(turn_id) is not None or (lookup is not None and lookup(turn_id) is not None):
                     self._send(ident, wire.Ok(req))
                 else:
                     self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
@@ -576,7 +576,7 @@ class Daemon:
         sup = self.sup
         assert sup is not None
         turn_id = options["turn_id"]
-        if turn_id is not None and turn_id in sup._turns:
+        if turn_id is not None and sup.find(turn_id) is not None:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
             # Not durable yet: acknowledged when (and if) the first submit's row commits.
             pending = self.unrecorded.get(turn_id)
@@ -594,7 +594,7 @@ class Daemon:
                 if known_agent != agent or known_raw != bytes(raw):
                     raise ValueError(f"turn id {turn_id!r} was already used with another agent or input")
                 return turn_id, True, []
-        turn = sup._accept(agent, raw, parent=None, **options)
+        turn = sup.accept_encoded(agent, raw, **options)
         if self.metrics is not None:
             self.metrics.accepted += 1
         gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
@@ -662,7 +662,7 @@ class Daemon:
         finally:
             self._cancelling_at = None
         for turn_id in ids:
-            turn = self.sup._turns.get(turn_id)
+            turn = self.sup.find(turn_id)
             if turn is not None and turn.state != "ended":
                 self._cancel_times.setdefault(turn_id, now)
         return out
@@ -705,7 +705,7 @@ class Daemon:
     async def _result(self, ident: bytes, req: int, turn_id: str) -> None:
         assert self.sup is not None
         try:
-            result = await self.sup._result(turn_id)
+            result = await self.sup.result(turn_id)
         except UnknownTurn as exc:
             try:
                 found = self.lookup(turn_id) if self.lookup is not None else None
@@ -845,7 +845,7 @@ class Daemon:
             "journal_error": self.unavailable,
             "malformed_frames": self.malformed,
             **self.client_facts(),
-            "turns_kept": len(self.sup._turns),
+            "turns_kept": len(self.sup.table),
             "keep_results": self.sup.keep_results,
             "metrics_port": self.metrics_bound,
         }

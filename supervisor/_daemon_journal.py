@@ -28,11 +28,11 @@ import msgspec
 import wire
 from wire import TurnError, TurnResult
 
-from ._core import Supervisor
+from ._engine import Supervisor
 from ._daemon import Daemon
 from ._errors import JournalUnavailable
 from ._journal import Journal, RecoveredTurn
-from ._turns import TurnRecord
+from ._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -64,12 +64,12 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         assert sup is not None
 
         def committed() -> None:
-            sup._recorded(turn)
+            sup.mark_recorded(turn)
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
         def failed(why: str, conflict: bool) -> None:
-            sup._withdraw(turn, why)
+            sup.withdraw(turn, why)
             if fut is not None and not fut.done():
                 fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
 
@@ -110,7 +110,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     def gate(turns: list[TurnRecord]) -> None:
         sup = daemon.sup
         assert sup is not None
-        journal.dispatched([t.id for t in turns], lambda: on_loop(sup._dispatch_cleared, turns))
+        journal.dispatched([t.id for t in turns], lambda: on_loop(sup.clear_for_dispatch, turns))
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())
@@ -118,9 +118,9 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         journal.on_error_change = lambda error: on_loop(error_changed, error)
         if journal.error is not None:
             error_changed(journal.error)
-        sup._dispatch_gate = gate
+        sup.set_dispatch_gate(gate)
         recover(sup, journal)
-        sup._accept_hooks.append(child_accepted)
+        sup.add_hooks(on_accept=child_accepted)
 
     daemon.startup_hooks.append(startup)
     daemon.accept_hooks.append(accepted)
@@ -142,7 +142,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
     """Bring ``sup`` back to what the journal says; returns counts of what was done."""
     counts = {"results": 0, "requeued": 0, "retried": 0, "crashed": 0, "orphaned": 0}
     for result in journal.recent_results(sup.keep_results):
-        sup._restore_result(result)
+        sup.restore_result(result)
         counts["results"] += 1
     for turn in journal.recover():
         may_have_run = turn.state in ("dispatched", "running")  # J6: cleared to run, so maybe it did
@@ -152,7 +152,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             else:
                 result = _lost(turn, "aborted", wire.PARENT, None)
             journal.ended(result)
-            sup._restore_result(result)
+            sup.restore_result(result)
             counts["orphaned"] += 1
             continue
         attempts = turn.attempts
@@ -160,7 +160,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             if not turn.retry:
                 result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
                 journal.ended(result)
-                sup._restore_result(result)
+                sup.restore_result(result)
                 counts["crashed"] += 1
                 continue
             attempts += 1
@@ -169,9 +169,9 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
         else:
             counts["requeued"] += 1
         # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
-        sup._readmit(turn.agent, msgspec.Raw(turn.input), session=turn.session, timeout=turn.timeout,
-                     grace=turn.grace, kill_after=turn.kill_after, turn_id=turn.turn_id, parent=None,
-                     retry=turn.retry, attempts=attempts)
+        sup.readmit(turn.agent, msgspec.Raw(turn.input), session=turn.session, timeout=turn.timeout,
+                    grace=turn.grace, kill_after=turn.kill_after, turn_id=turn.turn_id,
+                    retry=turn.retry, attempts=attempts)
     journal.flush()
     if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned")):
         log.warning("journal %s: recovered after a restart: %s", journal.path, counts)

@@ -34,7 +34,7 @@ from wire import TurnResult
 
 if TYPE_CHECKING:
     from ._daemon import Daemon
-    from ._turns import TurnRecord
+    from ._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -92,12 +92,12 @@ class Metrics:
                                 value=0 if self.daemon.unavailable is not None else 1)
         if sup is None:
             return
-        yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup._queue))
+        yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup.queue))
         yield GaugeMetricFamily("turnpool_turns_running", "Turns handed to a worker and not ended",
-                                value=sup._running)
+                                value=sup.running)
         states: collections.Counter[str] = collections.Counter(
             {"busy": 0, "idle": 0, "starting": 0, "stopping": 0})
-        for slot in sup._slots.values():
+        for slot in sup.pool.slots.values():
             states[slot.state] += 1
         workers = GaugeMetricFamily("turnpool_workers", "Worker processes by state", labels=["state"])
         for state, n in sorted(states.items()):
@@ -105,7 +105,7 @@ class Metrics:
         yield workers
         esc = CounterMetricFamily("turnpool_escalations", "Escalation steps taken", labels=["step"])
         for step in ("sigterm", "sigkill"):
-            esc.add_metric([step], sup._escalations.get(step, 0))
+            esc.add_metric([step], sup.escalations.get(step, 0))
         yield esc
         yield CounterMetricFamily("turnpool_worker_restarts", "Workers replaced after dying or being killed",
                                   value=sup.worker_restarts)

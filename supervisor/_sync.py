@@ -134,7 +134,7 @@ class SyncSupervisor(SyncFront):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        from ._core import Supervisor
+        from ._engine import Supervisor
 
         self._args = args
         self._kwargs = kwargs

@@ -19,18 +19,17 @@ Exit codes of ``turnpool batch``:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from os import PathLike
 from typing import Any
 
 import anyio
 from rich.console import Console
 
+from ._backend import open_backend
 from ._batch_jobs import InvalidLine, Job, load_jobs, turn_id_for
 from ._batch_out import ResultLog, read_previous
 from ._batch_run import (
@@ -57,38 +56,6 @@ __all__ = [
     "OutputNotEmpty", "ResultLog", "load_jobs", "open_backend", "prepare_batch", "read_previous", "register",
     "run_batch", "turn_id_for",
 ]
-
-
-@contextlib.asynccontextmanager
-async def open_backend(
-    *, workers: int | None = None, connect: str | None = None, grace: float | None = None,
-    kill_after: float | None = None, agent_path: Any = None,
-) -> AsyncIterator[Any]:
-    """An embedded ``Supervisor`` (``workers``, default: one per core; ``agent_path`` as for
-    ``Supervisor``) or, with ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the
-    default endpoint)."""
-    if connect is not None:
-        try:
-            from . import Client  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise BatchError("--connect needs supervisor.Client (the daemon client): not in this build") \
-                from exc
-        if not connect:
-            from ._paths import default_endpoint
-
-            connect = default_endpoint()
-        async with Client.connect(connect) as client:
-            yield client
-        return
-    from ._core import Supervisor
-
-    kwargs: dict[str, Any] = {"agent_path": agent_path}
-    if grace is not None:
-        kwargs["grace"] = grace
-    if kill_after is not None:
-        kwargs["kill_after"] = kill_after
-    async with Supervisor(workers=workers or os.cpu_count() or 2, **kwargs) as sup:
-        yield sup
 
 
 async def default_concurrency(backend: Any) -> int:
@@ -250,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
               "decides where agents are imported from", file=sys.stderr)
         return EXIT_USAGE
     try:
-        from ._procs import check_agent_path
+        from ._engine import check_agent_path
 
         check_agent_path(args.path or ())
     except (TypeError, ValueError) as exc:

@@ -15,12 +15,12 @@ import pytest
 
 import wire
 from supervisor._journal import Journal, JournalError, read_history, read_result
-from supervisor._turns import TurnRecord
+from supervisor._engine import TurnRecord
 
 
 def record(turn_id: str, session: str | None = None, retry: bool = False) -> TurnRecord:
-    t = TurnRecord(turn_id, "examples.agents:echo", wire.encode_payload({"id": turn_id}), session, None,
-                   None, 5.0, 2.0, 0.0)
+    t = TurnRecord(turn_id=turn_id, agent="examples.agents:echo", input=wire.encode_payload({"id": turn_id}),
+                   session=session, parent=None, timeout=None, grace=5.0, kill_after=2.0, now=0.0)
     t.retry = retry
     return t
 

@@ -38,7 +38,7 @@ from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
     from .._daemon import Daemon
-    from .._turns import TurnRecord
+    from .._engine import TurnRecord
 
 log = logging.getLogger("turnpool.http")
 

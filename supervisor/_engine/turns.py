@@ -1,22 +1,30 @@
-"""The turn table's rows and the queue.
+"""The turn table: its rows, the table itself and the queue.
 
 ``TurnRecord`` is the one cancellation holder of a turn: created when the turn is accepted,
 the same through queueing, start, every event and the end; a new turn always gets a new one.
+``TurnTable`` holds the records (live ones and the last ``keep_results`` ended ones: the
+retention is written once, here), the events each turn retains and their replay to followers,
+and the restore of results journalled by an earlier daemon. ``TurnQueue`` is the FIFO of turns
+waiting for a worker.
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import msgspec
 
+import wire
 from wire import Cause, TurnResult
 
+from .._errors import UnknownTurn
+
 if TYPE_CHECKING:
-    from ._pool import WorkerSlot
-    from ._timers import Timer
+    from .pool import WorkerSlot
+    from .timers import Timer
 
 # "handed": given to a worker ahead of time, not started yet; still counts as queued.
 TurnState = Literal["queued", "handed", "running", "ending", "ended"]
@@ -32,6 +40,7 @@ class TurnRecord:
 
     def __init__(
         self,
+        *,
         turn_id: str,
         agent: str,
         input: msgspec.Raw,
@@ -71,7 +80,7 @@ class TurnRecord:
         self.attempts = 1
         self.retry = False
         self.revoking = False  # a Revoke for this handed turn is on its way to the worker
-        # The dispatch gate (J6, ``Supervisor._dispatch_gate``): with a journal a turn is handed
+        # The dispatch gate (J6, ``Supervisor.set_dispatch_gate``): with a journal a turn is handed
         # to a worker only once its accept row is committed (``recorded``) and then a row saying
         # it may run is committed (``dispatchable``). Without a gate both are true from the start.
         self.recorded = True
@@ -83,6 +92,90 @@ class TurnRecord:
             waiters, self.waiters = self.waiters, []
             for ev in waiters:
                 ev.set()
+
+
+class TurnTable:
+    """Every turn the supervisor answers for: the live ones and the last ``keep`` ended ones.
+
+    ``records`` maps turn id to record; ``ended`` lists ended ids oldest first, so the oldest
+    ended record is forgotten once more than ``keep`` have ended (results retention, one place
+    for turns that end here and for results restored from a journal).
+    """
+
+    __slots__ = ("records", "ended", "keep", "max_events")
+
+    def __init__(self, *, keep: int, max_events: int) -> None:
+        self.records: dict[str, TurnRecord] = {}
+        self.ended: collections.deque[str] = collections.deque()
+        self.keep = keep
+        self.max_events = max_events
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __contains__(self, turn_id: object) -> bool:
+        return turn_id in self.records
+
+    def get(self, turn_id: str) -> TurnRecord:
+        """The record of ``turn_id``; raises ``UnknownTurn``."""
+        try:
+            return self.records[turn_id]
+        except (KeyError, TypeError):
+            raise UnknownTurn(turn_id) from None
+
+    def note_ended(self, turn_id: str) -> None:
+        """``turn_id`` ended (or was restored ended): keep it, forgetting the oldest ended turn
+        beyond ``keep``."""
+        ended = self.ended
+        ended.append(turn_id)
+        if len(ended) > self.keep:
+            old = self.records.get(ended.popleft())
+            if old is not None and old.state == "ended":
+                del self.records[old.id]
+
+    def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
+        """Retain one event of ``turn`` (at most ``max_events``: the older half is dropped when
+        full, and followers skip the gap) and wake its followers."""
+        events = turn.events
+        events.append(data)
+        if len(events) > self.max_events:
+            drop = len(events) - self.max_events // 2
+            del events[:drop]
+            turn.events_base += drop
+        turn.wake_followers()
+
+    async def follow(self, turn_id: str) -> AsyncIterator[tuple[int, msgspec.Raw]]:
+        """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends."""
+        turn = self.get(turn_id)
+        seq = turn.events_base
+        while True:
+            if seq < turn.events_base:
+                seq = turn.events_base
+            while seq - turn.events_base < len(turn.events):
+                yield seq, turn.events[seq - turn.events_base]
+                seq += 1
+                if seq < turn.events_base:
+                    seq = turn.events_base
+            if turn.state == "ended" or turn.pending_result is not None:
+                return
+            ev = anyio.Event()
+            turn.waiters.append(ev)
+            await ev.wait()
+
+    def restore(self, result: TurnResult, now: float) -> None:
+        """Register a turn that ended before this supervisor started (a daemon's journal), so it
+        answers for it as for any ended turn. A known id is left alone."""
+        if result.turn_id in self.records:
+            return
+        turn = TurnRecord(turn_id=result.turn_id, agent=result.agent, input=wire.NIL, session=result.session,
+                          parent=result.parent, timeout=None, grace=0.0, kill_after=0.0, now=now)
+        turn.state = "ended"
+        turn.result = result
+        turn.cause = result.cause
+        turn.started = result.started
+        turn.attempts = result.attempts
+        self.records[turn.id] = turn
+        self.note_ended(turn.id)
 
 
 class TurnQueue:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import wire
 
 if TYPE_CHECKING:
-    from ._core import Supervisor
-    from ._turns import TurnRecord
+    from .supervisor import Supervisor
+    from .turns import TurnRecord
 
 TURN_STATES = ("queued", "running", "ended")
 _PUBLIC_STATE = {
@@ -36,7 +36,7 @@ _NEXT = {0: "sigterm", 1: "sigkill"}
 
 def info(sup: Supervisor, turn: TurnRecord, *, with_input: bool = False) -> dict[str, Any]:
     """One turn's live facts as a JSON-able dict (see the module docstring)."""
-    offset = sup._wall_offset
+    offset = sup.wall_offset
     cancelled = turn.cause is not None
     escalation = _STEP.get(turn.escalation) if cancelled or turn.escalation else None
     nxt = None
@@ -76,23 +76,23 @@ def info(sup: Supervisor, turn: TurnRecord, *, with_input: bool = False) -> dict
 
 
 def _running(sup: Supervisor) -> Iterator[TurnRecord]:
-    for slot in list(sup._slots.values()):
+    for slot in list(sup.pool.slots.values()):
         if slot.turn is not None and slot.turn.state in ("running", "ending"):
             yield slot.turn
 
 
 def _queued(sup: Supervisor) -> Iterator[TurnRecord]:
-    for slot in list(sup._slots.values()):
+    for slot in list(sup.pool.slots.values()):
         yield from (t for t in slot.ahead if t.state == "handed")
-    queue = sup._queue
+    queue = sup.queue
     yield from (t for t in queue.ready if t.state == "queued")
     for waiting in list(queue.waiting.values()):
         yield from (t for t in waiting if t.state == "queued")
 
 
 def _ended(sup: Supervisor) -> Iterator[TurnRecord]:
-    for turn_id in reversed(sup._ended):
-        turn = sup._turns.get(turn_id)
+    for turn_id in reversed(sup.table.ended):
+        turn = sup.table.records.get(turn_id)
         if turn is not None and turn.state == "ended":
             yield turn
 

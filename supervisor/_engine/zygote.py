@@ -12,7 +12,7 @@ import socket
 import sys
 from collections.abc import Iterable
 
-from . import _procs
+from . import procs as _procs
 
 
 class Zygote:

@@ -16,11 +16,11 @@ from typing import Any
 import anyio
 import psutil
 
-from worker import _cgroup, _tree
+from worker import lowlevel
 
 log = logging.getLogger("turnpool.supervisor")
 
-TREE_ENV = _tree.TREE_ENV
+TREE_ENV = lowlevel.TREE_ENV
 
 # Worker pid -> its cgroup v2 directory, for workers that run in one. Kept here (not passed by
 # every caller) so that each escalation step, retire and unreachable-worker kill gets the
@@ -135,12 +135,12 @@ async def wait_exit(pid: int, fd: int | None) -> None:
         return
     # No pidfd (old kernel): bounded back-off polling, the only fallback there is.
     delay = 0.001
-    while _alive(pid):
+    while alive(pid):
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.05)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -168,16 +168,16 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
         return []
     cgroup = CGROUPS.get(pid)
     if cgroup is not None and sig == signal.SIGKILL:
-        _cgroup.kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
-    pids = _tree.freeze_tree(pid)
+        lowlevel.cgroup_kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
+    pids = lowlevel.freeze_tree(pid)
     known.update(pids)
     try:
         os.killpg(pid, sig)  # the worker leads its own session and group
     except (ProcessLookupError, PermissionError):
         pass
-    _tree.signal_all(pids, sig)
+    lowlevel.signal_all(pids, sig)
     if sig != signal.SIGKILL:
-        _tree.thaw(pids)
+        lowlevel.thaw(pids)
     return pids
 
 
@@ -191,16 +191,16 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | No
     that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
     must still count (``removed=True``), or the zombie is never reaped."""
     found: list[int] = []
-    for pid in _tree.children(os.getpid()):
+    for pid in lowlevel.children(os.getpid()):
         if pid in exclude:
             continue
-        if _tree.session_of(pid) == worker_pid:
+        if lowlevel.session_of(pid) == worker_pid:
             found.append(pid)
             continue
-        if cgroup is not None and _cgroup.cgroup_of(pid, removed=True) == cgroup:
+        if cgroup is not None and lowlevel.cgroup_of(pid, removed=True) == cgroup:
             found.append(pid)
             continue
-        if _tree.has_marker(pid, marker):
+        if lowlevel.has_marker(pid, marker):
             found.append(pid)
     return found
 
@@ -210,9 +210,9 @@ async def kill_cgroup(path: str) -> list[int]:
     no polling) and reap those that became our children; returns the pids seen."""
     seen: list[int] = []
     for _ in range(8):
-        _cgroup.kill(path)
-        pids = [p for p in _cgroup.procs(path) if p not in seen]
-        if not pids and not _cgroup.populated(path):
+        lowlevel.cgroup_kill(path)
+        pids = [p for p in lowlevel.cgroup_procs(path) if p not in seen]
+        if not pids and not lowlevel.cgroup_populated(path):
             break
         seen.extend(pids)
         await kill_and_reap(pids)
@@ -225,7 +225,7 @@ async def kill_and_reap(pids: Iterable[int]) -> None:
     fds: list[tuple[int, int | None]] = []
     for pid in pids:
         fd = pidfd(pid)
-        if fd is None and not _alive(pid):
+        if fd is None and not alive(pid):
             reap(pid)
             continue
         try:
@@ -268,14 +268,14 @@ def tree_pids(pid: int) -> list[int]:
     escapes it), else its descendants (it is their child subreaper)."""
     cgroup = CGROUPS.get(pid)
     if cgroup is not None:
-        pids = _cgroup.procs(cgroup)
+        pids = lowlevel.cgroup_procs(cgroup)
         if pids:
             return pids
-    return [pid, *_tree.descendants(pid)]
+    return [pid, *lowlevel.descendants(pid)]
 
 
 def memory_of_tree(pid: int) -> int:
     """Proportional set size (PSS) of the worker's whole tree, in bytes: each shared page is
     split between the processes that map it, so 500 forked children of a 46 MiB worker count
     about 46 MiB, not 500 times that. What ``max_rss_mb`` is compared with."""
-    return _cgroup.pss_bytes(tree_pids(pid))
+    return lowlevel.cgroup_pss_bytes(tree_pids(pid))
