@@ -89,7 +89,7 @@ def _supervisor_floor(jobs: Path, out: Path) -> int:
 
 def _cli(jobs: Path, out: Path) -> int:
     proc = subprocess.run(
-        [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch", str(jobs),
+        [sys.executable, "-c", "from supervisor.cli.main import entry; entry()", "batch", str(jobs),
          "-o", str(out), "--agent", "examples.agents:echo", "--workers", str(WORKERS)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )

@@ -67,7 +67,7 @@ async def open_backend(
     ``grace`` and ``kill_after`` as for ``Supervisor``, its defaults when ``None``) or, with
     ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint)."""
     if connect is not None:
-        from ._client import Client
+        from .client.client import Client
         from ._paths import default_endpoint
 
         async with Client.connect(connect or default_endpoint()) as client:

@@ -217,7 +217,7 @@ async def daemon_soak(
         await run_round(kills, None)
     report.seconds = time.monotonic() - t0
 
-    from supervisor._journal import read_result
+    from supervisor.daemon.journal import read_result
 
     runs = collections.Counter(Path(runs_log).read_text().split()) if runs_log.exists() else collections.Counter()
     for tid, kind in acked.items():

@@ -31,7 +31,7 @@ from supervisor.batch import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch"]
+CLI = [sys.executable, "-c", "from supervisor.cli.main import entry; entry()", "batch"]
 
 E = "examples.agents:"
 
@@ -91,7 +91,7 @@ def test_batch_public_names_and_command() -> None:
     """The batch module's public names are pinned, and the console script has ``batch`` with the
     documented options and exit codes."""
     import supervisor.batch as batch
-    from supervisor import _cli
+    from supervisor.cli import main as _cli
 
     assert {"run_batch", "prepare_batch", "BatchRun", "BatchProgress", "BatchSummary", "BatchInputError",
             "OutputNotEmpty", "open_backend", "register", "turn_id_for"} <= set(batch.__all__)
@@ -483,7 +483,7 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
     sock_dir.mkdir(mode=0o700, exist_ok=True)
     endpoint = f"ipc://{sock_dir}/d.sock"
     daemon = subprocess.Popen(
-        [sys.executable, "-c", "from supervisor._cli import entry; entry()", "serve", "--endpoint", endpoint,
+        [sys.executable, "-c", "from supervisor.cli.main import entry; entry()", "serve", "--endpoint", endpoint,
          "--workers", "2", "--grace", "0.2", "--kill-after", "0.5"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import wire
-from supervisor._journal import Journal, JournalError, read_history, read_result
+from supervisor.daemon.journal import Journal, JournalError, read_history, read_result
 from supervisor._engine import TurnRecord
 
 
@@ -76,7 +76,7 @@ def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
     Journal.open(path).close()
     with subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from supervisor._journal import Journal; j = Journal.open(sys.argv[1]); "
+         "import sys; from supervisor.daemon.journal import Journal; j = Journal.open(sys.argv[1]); "
          "print('ready', flush=True); sys.stdin.read()", str(path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     ) as holder:
@@ -134,7 +134,7 @@ def test_history_and_result_commands(tmp_path: Path) -> None:
     journal.accepted(record("x2", "s2"))
     journal.ended(wire.TurnResult(turn_id="x1", outcome="killed", cause=wire.DEADLINE, ended_at=time.time()))
     journal.close()
-    turnpool = [sys.executable, "-m", "supervisor._cli_main"]
+    turnpool = [sys.executable, "-m", "supervisor.cli"]
     out = subprocess.run([*turnpool, "history", "--journal", str(path), "--json", "--session", "s1"],
                          capture_output=True, text=True, check=True).stdout
     rows = [json.loads(line) for line in out.splitlines()]

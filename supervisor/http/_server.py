@@ -37,7 +37,7 @@ from ._api import build_app
 from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
-    from .._daemon import Daemon
+    from ..daemon.server import Daemon
     from .._engine import TurnRecord
 
 log = logging.getLogger("turnpool.http")

@@ -17,8 +17,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from ._cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from ._errors import InvalidAgent, TurnpoolError
+from . import options
+from .exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .._errors import InvalidAgent, TurnpoolError
 
 
 def _on_off(value: str) -> bool:
@@ -31,7 +32,8 @@ def _on_off(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
 
 
-# Options of ``serve`` that go to ``Supervisor`` (name, type, help).
+# Options of ``serve`` that go to ``Supervisor`` (name, type, help). Parsed only as numbers here: the
+# same options come from a TOML config too, so ``Supervisor`` validates both the same way.
 SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("workers", int, "worker processes running turns (default 4)"),
     ("grace", float, "seconds a cancelled turn has to stop before SIGTERM (default 5)"),
@@ -101,8 +103,7 @@ def register(subparsers: Any) -> None:
                        help="allow tcp:// without CURVE (trusted networks only; refused otherwise)")
     serve.add_argument("--no-journal", dest="no_journal", action="store_const", const=True, default=None,
                        help="run without a journal: nothing survives a restart")
-    serve.add_argument("--path", dest="path", action="append", default=None, metavar="DIR",
-                       help="a directory workers import agents from (repeatable). Nothing else is searched "
+    options.add_path(serve, help="a directory workers import agents from (repeatable). Nothing else is searched "
                             "but PYTHONPATH's absolute entries and installed packages: never the daemon's "
                             "working directory (`--path .` says so explicitly)")
     serve.add_argument("--worker-log", dest="worker_log", default=None, metavar="FILE",
@@ -138,9 +139,7 @@ def register(subparsers: Any) -> None:
 
 
 def _endpoint(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", default=None, help="daemon endpoint (default: TURNPOOL_ENDPOINT or the "
-                        "per-user runtime dir)")
-    parser.add_argument("--connect-timeout", type=float, default=5.0, help=argparse.SUPPRESS)
+    options.add_endpoint(parser)
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> int:
@@ -184,7 +183,7 @@ def _isolation_options(opts: dict[str, Any]) -> dict[str, Any]:
     The daemon's workers import from the ``--path`` directories only (nothing implicit), and
     write their output to a rotated log file by default, never to the daemon's stderr.
     """
-    from ._paths import default_endpoint, default_worker_log
+    from .._paths import default_endpoint, default_worker_log
 
     paths = opts.pop("path", None) or []
     if isinstance(paths, str) or not isinstance(paths, list):
@@ -203,7 +202,7 @@ def _isolation_options(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ._daemon import Daemon, run_daemon
+    from ..daemon.server import Daemon, run_daemon
 
     try:
         opts = load_options(args)
@@ -241,10 +240,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return code
     if no_journal:
         return run_daemon(daemon)
-    from ._daemon_journal import attach_journal
-    from ._journal import Journal, JournalError, default_journal_path
+    from ..daemon.recovery import attach_journal
+    from ..daemon.journal import Journal, JournalError, default_journal_path
 
-    from ._errors import DaemonAlreadyRunning
+    from .._errors import DaemonAlreadyRunning
 
     if journal_path is None:
         journal_path = str(default_journal_path(daemon.endpoint))
@@ -279,7 +278,7 @@ def _attach_http(daemon: Any, options: dict[str, Any]) -> int | None:
     if "http" not in options:
         return _fail("serve: --http-token and --http-stall go with --http HOST:PORT", EXIT_USAGE)
     try:
-        from .http import attach_http
+        from ..http import attach_http
     except ImportError as exc:
         return _fail(f"serve: --http needs the http extra (pip install 'turnpool[http]'): {exc}")
     try:
@@ -294,7 +293,7 @@ def _attach_http(daemon: Any, options: dict[str, Any]) -> int | None:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from ._client import Client
+    from ..client.client import Client
 
     return Client.connect(args.endpoint, timeout=args.connect_timeout)
 

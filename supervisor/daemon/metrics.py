@@ -33,8 +33,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from wire import TurnResult
 
 if TYPE_CHECKING:
-    from ._daemon import Daemon
-    from ._engine import TurnRecord
+    from .server import Daemon
+    from .._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 

@@ -29,10 +29,10 @@ from typing import Any
 import anyio
 from rich.console import Console
 
-from ._backend import open_backend
-from ._batch_jobs import InvalidLine, Job, load_jobs, turn_id_for
-from ._batch_out import ResultLog, read_previous
-from ._batch_run import (
+from .._backend import open_backend
+from .jobs import InvalidLine, Job, load_jobs, turn_id_for
+from .out import ResultLog, read_previous
+from .run import (
     DEFAULT_RETRY_ON,
     RETRYABLE,
     BatchError,
@@ -46,9 +46,10 @@ from ._batch_run import (
     backend_workers,
     prepare_batch,
 )
-from ._batch_view import PlainProgress, RichProgress, print_summary
-from ._cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from ._errors import TurnpoolError
+from .view import PlainProgress, RichProgress, print_summary
+from ..cli import options
+from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .._errors import TurnpoolError
 
 __all__ = [
     "DEFAULT_RETRY_ON", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "BatchError",
@@ -121,40 +122,10 @@ exit codes: 0 every job completed · 1 some did not · 2 bad usage or input (not
 """
 
 
-def _int_at_least(low: int) -> Any:
-    """An argparse type: an integer >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_count = _int_at_least(0)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (value >= 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
+_positive_int = options.positive_int
+_count = options.count
+_seconds = options.seconds
+_positive_seconds = options.positive_seconds
 
 
 def _outcomes(text: str) -> frozenset[str]:
@@ -179,20 +150,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("jobs", metavar="JOBS.jsonl", help="one JSON job per line")
     p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="results, appended")
     p.add_argument("--agent", metavar="A", help="'package.module:attr' for jobs without an 'agent' key")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=_positive_int, metavar="N",
-                       help="embedded pool size (default: one per core)")
-    where.add_argument("--connect", "--endpoint", dest="connect", nargs="?", const="", metavar="E",
-                       help="run on the daemon at E (no value: the default endpoint)")
-    p.add_argument("--path", action="append", metavar="DIR",
-                   help="a directory the embedded pool's workers import agents from (repeatable; "
-                        "the working directory is not searched: `--path .` to use it)")
+    options.add_pool_or_daemon(p, workers_default=None, workers_help="embedded pool size (default: one per core)",
+                               connect_help="run on the daemon at E (no value: the default endpoint)",
+                               connect_default_endpoint=True)
+    options.add_path(p)
     p.add_argument("--concurrency", type=_positive_int, metavar="N",
                    help="turns submitted at a time (default: 4 per worker, at least 16)")
     p.add_argument("--timeout", type=_positive_seconds, metavar="S",
                    help="per-job timeout unless the job sets one")
-    p.add_argument("--grace", type=_seconds, metavar="S", help="seconds a cancelled turn has to stop")
-    p.add_argument("--kill-after", type=_seconds, metavar="S", help="seconds from SIGTERM to SIGKILL")
+    options.add_ladder(p, grace_help="seconds a cancelled turn has to stop",
+                       kill_after_help="seconds from SIGTERM to SIGKILL")
     p.add_argument("--retries", type=_count, default=0, metavar="K",
                    help="extra attempts per job (default 0)")
     p.add_argument("--retry-on", type=_outcomes, default=DEFAULT_RETRY_ON, metavar="OUTCOMES",
@@ -217,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
               "decides where agents are imported from", file=sys.stderr)
         return EXIT_USAGE
     try:
-        from ._engine import check_agent_path
+        from .._engine import check_agent_path
 
         check_agent_path(args.path or ())
     except (TypeError, ValueError) as exc:

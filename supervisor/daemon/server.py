@@ -48,8 +48,8 @@ import zmq.asyncio
 import wire
 from wire import Cause, TurnResult
 
-from ._engine import Supervisor
-from ._daemon_clients import (
+from .._engine import Supervisor
+from .clients import (
     COALESCE,
     EVENTS_BATCH_BYTES,
     OWED_RETRY,
@@ -60,8 +60,8 @@ from ._daemon_clients import (
     FollowStream,
     Peer,
 )
-from ._endpoint import ClientEndpoint
-from ._errors import (
+from .endpoint import ClientEndpoint
+from .._errors import (
     DaemonAlreadyRunning,
     DaemonShuttingDown,
     InvalidAgent,
@@ -70,9 +70,9 @@ from ._errors import (
     SupervisorClosed,
     UnknownTurn,
 )
-from ._metrics import Metrics
-from ._paths import default_endpoint
-from ._engine import TurnRecord
+from .metrics import Metrics
+from .._paths import default_endpoint
+from .._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -854,7 +854,7 @@ class Daemon:
 
 def run_daemon(daemon: Daemon) -> int:
     """Run ``daemon`` to completion (blocking); the exit code of ``turnpool serve``."""
-    from ._errors import WorkerStartError
+    from .._errors import WorkerStartError
 
     def ready(line: str) -> None:
         print(line, flush=True)

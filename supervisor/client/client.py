@@ -36,9 +36,9 @@ from zmq.utils.monitor import parse_monitor_message
 import wire
 from wire import Cause, TurnResult, validate_cause
 
-from ._engine import check_agent, check_optional_str, check_seconds
-from ._endpoint import ipc_path, socket_options
-from ._errors import (
+from .._engine import check_agent, check_optional_str, check_seconds
+from ..daemon.endpoint import ipc_path, socket_options
+from .._errors import (
     AuthenticationFailed,
     DaemonShuttingDown,
     DaemonUnavailable,
@@ -51,9 +51,9 @@ from ._errors import (
     TurnpoolError,
     UnknownTurn,
 )
-from ._handle import TurnHandle
-from ._paths import default_endpoint
-from ._sync import SyncFront
+from .._handle import TurnHandle
+from .._paths import default_endpoint
+from .._sync import SyncFront
 
 log = logging.getLogger("turnpool.client")
 

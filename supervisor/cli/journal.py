@@ -16,8 +16,9 @@ import msgspec
 
 from wire import OUTCOMES
 
-from ._errors import UnknownTurn
-from ._journal import JournalError, default_journal_path, read_history, read_result
+from .._errors import UnknownTurn
+from . import options
+from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
 
 
 def _since(value: str) -> float:
@@ -45,14 +46,14 @@ def register(sub: Any) -> None:
     h.add_argument("--since", type=_since, help="epoch seconds, ISO time, or an age like 2h")
     h.add_argument("--limit", type=int, default=100)
     h.add_argument("--json", action="store_true", help="one JSON object per line")
-    h.add_argument("--endpoint", help="the daemon whose journal to read (default: TURNPOOL_ENDPOINT or the "
-                                      "default endpoint)")
+    options.add_endpoint(h, help="the daemon whose journal to read (default: TURNPOOL_ENDPOINT or the "
+                                 "default endpoint)", timeout=False)
     h.set_defaults(func=history)
 
     r = sub.add_parser("result", help="print one past turn's result as JSON")
     r.add_argument("turn_id")
     r.add_argument("--journal", default=None, help="journal file (default: the daemon's at --endpoint)")
-    r.add_argument("--endpoint", help="the daemon whose journal to read")
+    options.add_endpoint(r, help="the daemon whose journal to read", timeout=False)
     r.set_defaults(func=result)
 
 

@@ -12,18 +12,16 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from .exits import EXIT_INTERRUPTED, EXIT_USAGE
+
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (
-    "supervisor._cli_daemon",   # serve, submit, cancel, status
-    "supervisor._cli_journal",  # history, result
-    "supervisor.batch",         # batch
-    "supervisor._acp",          # acp
+    "supervisor.cli.daemon",   # serve, submit, cancel, status
+    "supervisor.cli.journal",  # history, result
+    "supervisor.batch",        # batch
+    "supervisor.acp.acp",      # acp
 )
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,10 +36,10 @@ import anyio
 
 from wire import OUTCOMES, TurnResult
 
-from ._batch_jobs import InvalidLine, Job, load_jobs, turn_id_for
-from ._batch_out import Previous, ResultLog, read_previous
-from ._cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from ._errors import TurnpoolError
+from .jobs import InvalidLine, Job, load_jobs, turn_id_for
+from .out import Previous, ResultLog, read_previous
+from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from .._errors import TurnpoolError
 
 log = logging.getLogger("turnpool.batch")
 

@@ -24,15 +24,14 @@ from typing import Any, cast
 
 import anyio
 
-from ._backend import open_backend
-from ._engine import check_agent
-from ._errors import InvalidAgent, TurnpoolError
+from .._backend import open_backend
+from .._engine import check_agent
+from .._errors import InvalidAgent, TurnpoolError
+from ..cli import options
+from ..cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 log = logging.getLogger("turnpool.acp")
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 # One ACP message is one line: the reader must hold the largest one. Above the largest frame
 # the pool carries (wire.MAX_MESSAGE_SIZE, 32 MiB), far above asyncio's default of 64 KiB.
@@ -49,19 +48,16 @@ def register(subparsers: Any) -> None:
                     "stderr, each line prefixed w<n>[<pid>]; stdout carries the protocol alone.",
     )
     parser.add_argument("--agent", required=True, metavar="A", help="the agent, 'package.module:attr'")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, default=2, metavar="N", help="embedded pool size (default 2)")
-    where.add_argument("--connect", "--endpoint", dest="connect", metavar="E",
-                       help="run turns on the serve daemon at endpoint E instead of an embedded pool")
-    parser.add_argument("--grace", type=float, default=None, metavar="S",
-                        help="seconds a cancelled turn has to stop before its worker is killed "
-                             "(default: the pool's, 5 when embedded)")
-    parser.add_argument("--kill-after", type=float, default=None, metavar="S",
-                        help="seconds between SIGTERM and SIGKILL (default: the pool's, 2 when embedded)")
-    parser.add_argument("--spares", type=int, default=1, metavar="K", help="warm spare workers (default 1)")
-    parser.add_argument("--path", action="append", metavar="DIR",
-                        help="a directory the embedded pool's workers import agents from (repeatable; the "
-                             "working directory is not searched: `--path .` to use it)")
+    options.add_pool_or_daemon(parser, workers_default=2, workers_help="embedded pool size (default 2)",
+                               connect_help="run turns on the serve daemon at endpoint E instead of an "
+                                            "embedded pool")
+    options.add_ladder(parser, grace_help="seconds a cancelled turn has to stop before its worker is killed "
+                                          "(default: the pool's, 5 when embedded)",
+                       kill_after_help="seconds between SIGTERM and SIGKILL (default: the pool's, 2 when "
+                                       "embedded)")
+    parser.add_argument("--spares", type=options.count, default=1, metavar="K",
+                        help="warm spare workers (default 1)")
+    options.add_path(parser)
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log level of the messages written to stderr (default WARNING)")
     parser.set_defaults(func=run)
@@ -128,7 +124,7 @@ async def open_stdio(proto_in: int, proto_out: int) -> tuple[asyncio.StreamReade
 async def _serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
     import acp
 
-    from ._acp_agent import TurnpoolAgent
+    from .agent import TurnpoolAgent
 
     # Workers' output goes to our stderr through the pump (never onto the protocol's stdout).
     async with open_backend(workers=args.workers, connect=args.connect, spares=args.spares,

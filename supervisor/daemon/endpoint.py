@@ -29,7 +29,7 @@ import zmq.asyncio
 
 import wire
 
-from ._errors import DaemonAlreadyRunning
+from .._errors import DaemonAlreadyRunning
 
 log = logging.getLogger("turnpool.daemon")
 

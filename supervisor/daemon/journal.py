@@ -48,8 +48,8 @@ import msgspec
 
 from wire import TurnResult
 
-from . import _journal_writer
-from ._errors import TurnpoolError
+from . import journal_writer as _journal_writer
+from .._errors import TurnpoolError
 
 SCHEMA_VERSION = 1
 _APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
@@ -151,7 +151,7 @@ def default_journal_path(endpoint: str | None = None) -> Path:
     """
     import hashlib
 
-    from ._paths import default_endpoint
+    from .._paths import default_endpoint
 
     key = hashlib.sha256((endpoint or default_endpoint()).encode()).hexdigest()[:16]
     return state_dir() / f"journal-{key}.sqlite3"
@@ -591,7 +591,7 @@ def read_result(path: Path | str, turn_id: str) -> TurnResult | None:
     finally:
         con.close()
     if row is None:
-        from ._errors import UnknownTurn
+        from .._errors import UnknownTurn
 
         raise UnknownTurn(turn_id)
     return _decode_result(row["result"]) if row["result"] is not None else None

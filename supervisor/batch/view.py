@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from ._batch_run import BatchProgress, BatchSummary
+from .run import BatchProgress, BatchSummary
 
 COLOURS = {"completed": "green", "failed": "red", "aborted": "yellow", "killed": "magenta",
            "crashed": "bright_red", "interrupted": "cyan", "invalid": "red"}

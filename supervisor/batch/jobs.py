@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from os import PathLike
 from typing import Any
 
-from ._engine import AGENT_RE
+from .._engine import AGENT_RE
 
 JOB_KEYS = frozenset({"id", "input", "agent", "timeout", "session"})
 MAX_SESSION = 256

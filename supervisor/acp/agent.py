@@ -31,7 +31,7 @@ from acp.schema import AgentCapabilities, Implementation, PromptCapabilities
 
 from wire import TurnResult
 
-from ._acp_events import TurnEvents, stop_reason_of
+from .events import TurnEvents, stop_reason_of
 
 log = logging.getLogger("turnpool.acp")
 

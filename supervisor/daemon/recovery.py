@@ -28,11 +28,11 @@ import msgspec
 import wire
 from wire import TurnError, TurnResult
 
-from ._engine import Supervisor
-from ._daemon import Daemon
-from ._errors import JournalUnavailable
-from ._journal import Journal, RecoveredTurn
-from ._engine import TurnRecord
+from .._engine import Supervisor
+from .server import Daemon
+from .._errors import JournalUnavailable
+from .journal import Journal, RecoveredTurn
+from .._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
