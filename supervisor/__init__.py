@@ -15,9 +15,7 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
 
 from wire import Cause, TurnError, TurnResult
 
-from .client.client import Client, SyncClient
 from ._engine import Supervisor
-from .daemon.server import Daemon
 from ._errors import (
     AuthenticationFailed,
     DaemonAlreadyRunning,
@@ -35,10 +33,31 @@ from ._errors import (
 )
 from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
+from .client.client import Client, SyncClient
+from .daemon.server import Daemon
 
 __all__ = [
-    "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
-    "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError", "QueueFull",
-    "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle",
-    "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
+    "AuthenticationFailed",
+    "Cause",
+    "Client",
+    "Daemon",
+    "DaemonAlreadyRunning",
+    "DaemonShuttingDown",
+    "DaemonUnavailable",
+    "FollowerDropped",
+    "InvalidAgent",
+    "JournalUnavailable",
+    "ProtocolError",
+    "QueueFull",
+    "Supervisor",
+    "SupervisorClosed",
+    "SyncClient",
+    "SyncSupervisor",
+    "SyncTurnHandle",
+    "TurnError",
+    "TurnHandle",
+    "TurnResult",
+    "TurnpoolError",
+    "UnknownTurn",
+    "WorkerStartError",
 ]

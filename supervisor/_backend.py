@@ -29,14 +29,25 @@ class Backend(Protocol):
         input: Any = None,
         *,
         session: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
         grace: float | None = None,
         kill_after: float | None = None,
         turn_id: str | None = None,
         retry: bool = False,
     ) -> TurnHandle: ...
 
-    async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult: ...
+    async def run(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> TurnResult: ...
 
     def handle(self, turn_id: str) -> TurnHandle: ...
 
@@ -67,8 +78,8 @@ async def open_backend(
     ``grace`` and ``kill_after`` as for ``Supervisor``, its defaults when ``None``) or, with
     ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint)."""
     if connect is not None:
-        from .client.client import Client
         from ._paths import default_endpoint
+        from .client.client import Client
 
         async with Client.connect(connect or default_endpoint()) as client:
             yield client

@@ -37,7 +37,11 @@ class TurnHandle:
         return f"TurnHandle({self.turn_id!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TurnHandle) and other.turn_id == self.turn_id and other._backend is self._backend
+        return (
+            isinstance(other, TurnHandle)
+            and other.turn_id == self.turn_id
+            and other._backend is self._backend
+        )
 
     def __hash__(self) -> int:
         return hash(self.turn_id)

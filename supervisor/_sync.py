@@ -128,8 +128,8 @@ def _sync_to_async(fn: Any) -> Any:
 class SyncSupervisor(SyncFront):
     """``Supervisor`` with blocking methods, for scripts and batch jobs::
 
-        with SyncSupervisor(workers=2) as sup:
-            print(sup.run("examples.agents:echo", {"text": "hi"}).output)
+    with SyncSupervisor(workers=2) as sup:
+        print(sup.run("examples.agents:echo", {"text": "hi"}).output)
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -12,6 +12,12 @@ from .supervisor import Supervisor
 from .turns import TurnRecord
 
 __all__ = [
-    "AGENT_RE", "MAX_GRACE", "Supervisor", "TurnRecord", "check_agent", "check_agent_path",
-    "check_optional_str", "check_seconds",
+    "AGENT_RE",
+    "MAX_GRACE",
+    "Supervisor",
+    "TurnRecord",
+    "check_agent",
+    "check_agent_path",
+    "check_optional_str",
+    "check_seconds",
 ]

@@ -198,7 +198,9 @@ class Dispatcher:
     def _rebalance(self) -> None:
         """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a
         running one: revoke them so they come back to the queue and go to the free worker."""
-        if len(self.busy) >= self.sup.workers + self.sup._lent or not any(s.state == "idle" for s in self.idle):
+        if len(self.busy) >= self.sup.workers + self.sup._lent or not any(
+            s.state == "idle" for s in self.idle
+        ):
             return
         for slot in self.busy:
             ahead = slot.ahead
@@ -244,8 +246,14 @@ class Dispatcher:
         self.busy.pop(slot, None)
         target = self.sup.workers + self.sup.spares + self.sup._lent
         # len(self.sup.pool.slots) bounds the live count: skip the scan in the common case.
-        live = 0 if len(self.sup.pool.slots) <= target else sum(1 for s in self.sup.pool.slots.values() if s.live and not s.doomed)
-        if (self.sup.max_turns_per_worker is not None and slot.turns_run >= self.sup.max_turns_per_worker) or live > target:
+        live = (
+            0
+            if len(self.sup.pool.slots) <= target
+            else sum(1 for s in self.sup.pool.slots.values() if s.live and not s.doomed)
+        )
+        if (
+            self.sup.max_turns_per_worker is not None and slot.turns_run >= self.sup.max_turns_per_worker
+        ) or live > target:
             slot.state = "idle"
             self.sup.pool.retire(slot)
             self.sup._fill_pool()

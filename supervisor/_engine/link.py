@@ -3,7 +3,8 @@ worker's DEALER connects to.
 
 It owns the socket, the edge-triggered read of its FD and the batching of outgoing frames (each
 worker gets one frame per batch of messages). It knows nothing of turns: each decoded message
-goes to ``on_message(slot, msg)``, a refused frame to ``on_bad_frame()``; a batch of incoming frames is bracketed by ``on_batch_start()``
+goes to ``on_message(slot, msg)``, a refused frame to ``on_bad_frame()``; a batch of incoming frames
+is bracketed by ``on_batch_start()``
 and ``on_batch_end()`` so the owner can defer work (dispatch) to the end of the batch, whose
 sends then still go out as one frame per worker.
 """
@@ -61,8 +62,13 @@ class WorkerLink:
         self.endpoint = endpoint
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
-        for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.ROUTER_MANDATORY, 1),
-                         (zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)):
+        for opt, val in (
+            (zmq.LINGER, 0),
+            (zmq.SNDHWM, 0),
+            (zmq.RCVHWM, 0),
+            (zmq.ROUTER_MANDATORY, 1),
+            (zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE),
+        ):
             sock.setsockopt(opt, val)
         sock.bind(endpoint)
         self.socket = sock
@@ -172,13 +178,18 @@ class WorkerLink:
                 # (it cannot be reached, so it would hold its turns forever): make sure it is gone.
                 log.debug("send to worker %s failed: %s", slot.id, exc)
                 if slot.state in ("idle", "busy", "stopping"):
-                    log.warning("worker %s (pid %s) unreachable (%s): killing its tree", slot.id, slot.pid, exc)
+                    log.warning(
+                        "worker %s (pid %s) unreachable (%s): killing its tree", slot.id, slot.pid, exc
+                    )
                     slot.doomed = True
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
         if dirty and not self.batching:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: if something is waiting
             # to be read, read it soon (the reader callback itself re-checks after each batch).
-            if (sync.getsockopt(zmq.EVENTS) & zmq.POLLIN and not self._recheck_scheduled
-                    and self._loop is not None):
+            if (
+                sync.getsockopt(zmq.EVENTS) & zmq.POLLIN
+                and not self._recheck_scheduled
+                and self._loop is not None
+            ):
                 self._recheck_scheduled = True
                 self._loop.call_soon(self.on_readable)

@@ -11,7 +11,9 @@ import wire
 
 from .._errors import InvalidAgent
 
-AGENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+AGENT_RE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+)
 MAX_TURN_ID = 256
 # Default cap on a turn's grace and kill_after (``max_grace``): a client-chosen grace can never
 # hold shutdown for longer than this (issue 13, item 11).
@@ -59,7 +61,9 @@ def check_optional_str(name: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_TURN_ID:
-        raise TypeError(f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {value!r}")
+        raise TypeError(
+            f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {value!r}"
+        )
     return value
 
 
@@ -70,4 +74,3 @@ def check_count(name: str, value: Any, low: int) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
-

@@ -48,8 +48,10 @@ def check_worker_output(value: Any) -> str | Path | None:
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
         path = Path(value)
         if not str(value) or path.is_dir():
-            raise ValueError(f"worker_output must be a log file path (not a directory), 'stderr', 'inherit' "
-                             f"or None, got {value!r}")
+            raise ValueError(
+                f"worker_output must be a log file path (not a directory), 'stderr', 'inherit' "
+                f"or None, got {value!r}"
+            )
         return path.absolute()
     raise TypeError(f"worker_output must be a log file path, 'stderr', 'inherit' or None, got {value!r}")
 
@@ -92,8 +94,9 @@ class RotatingLog:
                     os.unlink(self.path)
         finally:
             # Reopened whatever happened, truncated if the rename failed: the bound holds either way.
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_TRUNC,
-                               0o600)
+            self._fd = os.open(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_TRUNC, 0o600
+            )
             self._size = 0
 
     def close(self) -> None:
@@ -141,7 +144,7 @@ class _StderrSink:
                     return
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
         except BlockingIOError:
             self.dropped += len(data)
         except OSError:
@@ -225,8 +228,9 @@ class WorkerOutput:
             try:
                 self._sink = RotatingLog(self.target, max_bytes=self._max_bytes, backups=self._backups)
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot write the workers' output log {self.target}: "
-                                         f"{exc.strerror}") from exc
+                raise OSError(
+                    exc.errno, f"cannot write the workers' output log {self.target}: {exc.strerror}"
+                ) from exc
         else:
             self._sink = _StderrSink()
         self._sel = selectors.DefaultSelector()

@@ -36,12 +36,33 @@ SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
 
 class WorkerSlot:
     __slots__ = (
-        "id", "ident", "pid", "fd", "token", "marker", "state", "turn", "turns_run", "known",
-        "spawns", "started_at", "ready_at", "timer", "doomed", "exit_code", "failure", "ahead", "out",
-        "deferred_ready", "cgroup", "passed",
+        "id",
+        "ident",
+        "pid",
+        "fd",
+        "token",
+        "marker",
+        "state",
+        "turn",
+        "turns_run",
+        "known",
+        "spawns",
+        "started_at",
+        "ready_at",
+        "timer",
+        "doomed",
+        "exit_code",
+        "failure",
+        "ahead",
+        "out",
+        "deferred_ready",
+        "cgroup",
+        "passed",
     )
 
-    def __init__(self, *, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float) -> None:
+    def __init__(
+        self, *, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float
+    ) -> None:
         self.id = worker_id
         self.ident = worker_id.encode()
         self.pid = pid
@@ -158,10 +179,17 @@ class WorkerPool:
             assert self.output is not None
             out_fd = self.output.open("zygote")
             try:
-                self.zygote = Zygote.start(endpoint=self.link.endpoint, life_fd=self.life_r, python=self.python,
-                                           extra_args=self.worker_args, preload=self.preload, out_fd=out_fd,
-                                           cwd=str(self.runtime_dir), pythonpath=self.pythonpath,
-                                           cgroup_pool=self.cgroups.path if self.cgroups else None)
+                self.zygote = Zygote.start(
+                    endpoint=self.link.endpoint,
+                    life_fd=self.life_r,
+                    python=self.python,
+                    extra_args=self.worker_args,
+                    preload=self.preload,
+                    out_fd=out_fd,
+                    cwd=str(self.runtime_dir),
+                    pythonpath=self.pythonpath,
+                    cgroup_pool=self.cgroups.path if self.cgroups else None,
+                )
             except OSError as exc:
                 log.warning("could not start the zygote, starting workers as fresh interpreters: %s", exc)
             else:
@@ -211,9 +239,15 @@ class WorkerPool:
         self.last_start_error = reason
         delay = min(0.05 * 2 ** min(self.start_failures, 8), 5.0)
         self._backoff_until = self.timers.clock() + delay
-        log.error("worker start failed (%d in a row, retrying in %.2fs): %s", self.start_failures, delay, reason)
-        if self.ready_event is not None and not self.ready_event.is_set() and self.start_failures >= 3 \
-                and self.ready_count() == 0:
+        log.error(
+            "worker start failed (%d in a row, retrying in %.2fs): %s", self.start_failures, delay, reason
+        )
+        if (
+            self.ready_event is not None
+            and not self.ready_event.is_set()
+            and self.start_failures >= 3
+            and self.ready_count() == 0
+        ):
             self.ready_event.set()  # start() reports the failure instead of waiting for the deadline
 
     # ---- spawning ----------------------------------------------------------------------
@@ -245,16 +279,26 @@ class WorkerPool:
         if zygote is not None and not zygote.lost:
             if zygote.request(worker_id, token, marker, self.heartbeat, out_fd):
                 # The pid comes back from the zygote (``_zygote_pids``); until then it is 0.
-                self._add(WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now),
-                          cgroup)
+                self._add(
+                    WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now),
+                    cgroup,
+                )
                 return
             self._zygote_lost(zygote)
         try:
             pid = _procs.spawn_worker(
-                endpoint=self.link.endpoint, worker_id=worker_id, token=token, marker=marker,
-                life_fd=self.life_r, heartbeat=self.heartbeat, python=self.python, extra_args=self.worker_args,
+                endpoint=self.link.endpoint,
+                worker_id=worker_id,
+                token=token,
+                marker=marker,
+                life_fd=self.life_r,
+                heartbeat=self.heartbeat,
+                python=self.python,
+                extra_args=self.worker_args,
                 cgroup=cgroup,
-                out_fd=out_fd, cwd=str(self.runtime_dir), pythonpath=self.pythonpath,
+                out_fd=out_fd,
+                cwd=str(self.runtime_dir),
+                pythonpath=self.pythonpath,
             )
         except OSError as exc:
             if cgroup is not None:
@@ -263,7 +307,9 @@ class WorkerPool:
             return
         if self.output is not None:
             self.output.name(worker_id, pid)
-        slot = WorkerSlot(worker_id=worker_id, pid=pid, fd=_procs.pidfd(pid), token=token, marker=marker, now=now)
+        slot = WorkerSlot(
+            worker_id=worker_id, pid=pid, fd=_procs.pidfd(pid), token=token, marker=marker, now=now
+        )
         if cgroup is not None:
             _procs.CGROUPS[pid] = cgroup
         self._add(slot, cgroup)
@@ -365,7 +411,9 @@ class WorkerPool:
 
     def _start_timed_out(self, slot: WorkerSlot) -> None:
         if slot.state == "starting" and not slot.pid:
-            self._drop_unborn(slot, f"the zygote reported no pid for worker {slot.id} within {self.start_timeout}s")
+            self._drop_unborn(
+                slot, f"the zygote reported no pid for worker {slot.id} within {self.start_timeout}s"
+            )
             return
         if slot.state == "starting":
             slot.failure = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"

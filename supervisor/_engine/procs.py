@@ -49,9 +49,23 @@ def spawn_worker(
     ``cwd`` (a directory only we can write) before it imports anything of an agent."""
     exe = python or sys.executable
     argv = [
-        exe, *SAFE_FLAGS, *extra_args, "-m", "worker",
-        "--endpoint", endpoint, "--id", worker_id, "--parent-pid", str(os.getpid()),
-        "--life-fd", str(life_fd), "--heartbeat", repr(heartbeat), "--cwd", cwd,
+        exe,
+        *SAFE_FLAGS,
+        *extra_args,
+        "-m",
+        "worker",
+        "--endpoint",
+        endpoint,
+        "--id",
+        worker_id,
+        "--parent-pid",
+        str(os.getpid()),
+        "--life-fd",
+        str(life_fd),
+        "--heartbeat",
+        repr(heartbeat),
+        "--cwd",
+        cwd,
         *(("--cgroup", cgroup) if cgroup else ()),
     ]
     env = worker_env(pythonpath)

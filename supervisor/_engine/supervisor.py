@@ -135,14 +135,23 @@ class Supervisor:
     ) -> None:
         if not isinstance(cgroups, bool):
             raise TypeError(f"cgroups must be True or False, got {cgroups!r}")
-        for name, value, low in (("workers", workers, 1), ("spares", spares, 0), ("max_queue", max_queue, 1),
-                                 ("max_events", max_events, 1), ("keep_results", keep_results, 1),
-                                 ("prefetch", prefetch, 1)):
+        for name, value, low in (
+            ("workers", workers, 1),
+            ("spares", spares, 0),
+            ("max_queue", max_queue, 1),
+            ("max_events", max_events, 1),
+            ("keep_results", keep_results, 1),
+            ("prefetch", prefetch, 1),
+        ):
             check_count(name, value, low)
         if max_turns_per_worker is not None and (
-            isinstance(max_turns_per_worker, bool) or not isinstance(max_turns_per_worker, int) or max_turns_per_worker < 1
+            isinstance(max_turns_per_worker, bool)
+            or not isinstance(max_turns_per_worker, int)
+            or max_turns_per_worker < 1
         ):
-            raise ValueError(f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}")
+            raise ValueError(
+                f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}"
+            )
         self.workers = workers
         # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
@@ -177,10 +186,14 @@ class Supervisor:
         self.cgroups = cgroups
         self.agent_path = _procs.check_agent_path(agent_path)
         self.worker_output = _output.check_worker_output(worker_output)
-        if isinstance(worker_output_max_mb, bool) or not isinstance(worker_output_max_mb, (int, float)) \
-                or not 0 < worker_output_max_mb < float("inf"):
-            raise ValueError(f"worker_output_max_mb must be a number of MiB > 0, "
-                             f"got {worker_output_max_mb!r}")
+        if (
+            isinstance(worker_output_max_mb, bool)
+            or not isinstance(worker_output_max_mb, (int, float))
+            or not 0 < worker_output_max_mb < float("inf")
+        ):
+            raise ValueError(
+                f"worker_output_max_mb must be a number of MiB > 0, got {worker_output_max_mb!r}"
+            )
         self.worker_output_max_mb = float(worker_output_max_mb)
 
         # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
@@ -192,22 +205,41 @@ class Supervisor:
         self._turns = self.table.records  # the same dict: read on every message
         self.queue = TurnQueue()
         self._queue = self.queue
-        self.link = WorkerLink(on_message=self._on_message, on_batch_start=self._batch_started,
-                               on_batch_end=self._batch_ended, on_bad_frame=self._bad_frame)
+        self.link = WorkerLink(
+            on_message=self._on_message,
+            on_batch_start=self._batch_started,
+            on_batch_end=self._batch_ended,
+            on_bad_frame=self._bad_frame,
+        )
         self._send = self.link.send
         self.pool = WorkerPool(
-            link=self.link, timers=self._timers, prefix=self._prefix, heartbeat=self.heartbeat,
-            start_timeout=self.start_timeout, stop_timeout=self.stop_timeout, python=python,
-            worker_args=self.worker_args, use_zygote=self.use_zygote, preload=self.preload,
-            on_message=self._on_message, on_exit=self._on_exit, changed=self._notify_change,
+            link=self.link,
+            timers=self._timers,
+            prefix=self._prefix,
+            heartbeat=self.heartbeat,
+            start_timeout=self.start_timeout,
+            stop_timeout=self.stop_timeout,
+            python=python,
+            worker_args=self.worker_args,
+            use_zygote=self.use_zygote,
+            preload=self.preload,
+            on_message=self._on_message,
+            on_exit=self._on_exit,
+            changed=self._notify_change,
             refill=self._fill_pool,
         )
         self._slots = self.pool.slots  # the same dict
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
-            wire.Event: self._on_event, wire.Started: self._on_started, wire.End: self._on_end,
-            wire.Ready: self._on_ready, wire.Spawn: self._on_spawn, wire.SpawnCancel: self._on_spawn_cancel,
-            wire.Revoked: self._on_revoked, wire.Heartbeat: self._on_heartbeat, wire.BadFrame: self._on_bad_frame,
+            wire.Event: self._on_event,
+            wire.Started: self._on_started,
+            wire.End: self._on_end,
+            wire.Ready: self._on_ready,
+            wire.Spawn: self._on_spawn,
+            wire.SpawnCancel: self._on_spawn_cancel,
+            wire.Revoked: self._on_revoked,
+            wire.Heartbeat: self._on_heartbeat,
+            wire.BadFrame: self._on_bad_frame,
         }
         # Dispatch: which worker gets which turn when (prefetch, the J6 gate, S1 start notes).
         self._dispatch = dispatch = Dispatcher(self)
@@ -259,8 +291,9 @@ class Supervisor:
         if self._state != "new":
             raise RuntimeError("a Supervisor can be started once")
         pool = self.pool
-        output = _output.WorkerOutput(self.worker_output,
-                                      max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096))
+        output = _output.WorkerOutput(
+            self.worker_output, max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096)
+        )
         output.start()  # a log that cannot be written fails here, before anything exists (R-OUT)
         pool.output = output
         try:
@@ -374,8 +407,9 @@ class Supervisor:
 
     def _check_grace(self, name: str, value: float | None) -> float | None:
         if value is not None and value > self.max_grace:
-            raise ValueError(f"{name} must be at most this supervisor's max_grace ({self.max_grace:g} s), "
-                             f"got {value:g}")
+            raise ValueError(
+                f"{name} must be at most this supervisor's max_grace ({self.max_grace:g} s), got {value:g}"
+            )
         return value
 
     async def _wait_change(self) -> None:
@@ -397,7 +431,7 @@ class Supervisor:
         input: Any = None,
         *,
         session: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
         grace: float | None = None,
         kill_after: float | None = None,
         turn_id: str | None = None,
@@ -412,8 +446,17 @@ class Supervisor:
         interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
         """
         raw = wire.encode_payload(input, what="turn input")  # TypeError, or PayloadTooLarge (ValueError)
-        turn = self._accept(agent, raw, session=session, timeout=timeout, grace=grace,
-                            kill_after=kill_after, turn_id=turn_id, parent=None, retry=retry)
+        turn = self._accept(
+            agent,
+            raw,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            parent=None,
+            retry=retry,
+        )
         return TurnHandle(self, turn.id)
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
@@ -464,12 +507,20 @@ class Supervisor:
             live = slot.state != "dead" and slot.pid
             rss = _procs.rss_of_tree(slot.pid) if live else 0
             pss = _procs.memory_of_tree(slot.pid) if live else 0
-            workers.append({
-                "id": slot.id, "pid": slot.pid, "state": slot.state,
-                "turn_id": slot.turn.id if slot.turn else None, "turns_run": slot.turns_run,
-                "rss": rss, "rss_mb": round(rss / 2**20, 1), "pss": pss, "pss_mb": round(pss / 2**20, 1),
-                "cgroup": slot.cgroup,
-            })
+            workers.append(
+                {
+                    "id": slot.id,
+                    "pid": slot.pid,
+                    "state": slot.state,
+                    "turn_id": slot.turn.id if slot.turn else None,
+                    "turns_run": slot.turns_run,
+                    "rss": rss,
+                    "rss_mb": round(rss / 2**20, 1),
+                    "pss": pss,
+                    "pss_mb": round(pss / 2**20, 1),
+                    "cgroup": slot.cgroup,
+                }
+            )
         return {
             "pid": os.getpid(),
             "state": self._state,
@@ -607,8 +658,17 @@ class Supervisor:
         """``submit`` for an input already encoded (a daemon passes its client's bytes through):
         validates like ``submit`` and returns the turn's record. A known ``turn_id`` returns the
         existing record (never runs twice)."""
-        return self._accept(agent, raw, session=session, timeout=timeout, grace=grace, kill_after=kill_after,
-                            turn_id=turn_id, parent=None, retry=retry)
+        return self._accept(
+            agent,
+            raw,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            parent=None,
+            retry=retry,
+        )
 
     def readmit(
         self,
@@ -626,8 +686,19 @@ class Supervisor:
         """Accept again a turn the journal already acknowledged (restart recovery, J3): the
         ``max_queue`` limit does not apply, since refusing would lose a turn a client was promised.
         For recovery only; new submits go through ``accept_encoded``."""
-        return self._accept(agent, raw, session=session, timeout=timeout, grace=grace, kill_after=kill_after,
-                            turn_id=turn_id, parent=None, retry=retry, attempts=attempts, readmit=True)
+        return self._accept(
+            agent,
+            raw,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            parent=None,
+            retry=retry,
+            attempts=attempts,
+            readmit=True,
+        )
 
     def restore_result(self, result: TurnResult) -> None:
         """Register a turn that ended before this supervisor started (a daemon's journal), so
@@ -695,8 +766,11 @@ class Supervisor:
         grace = self._check_grace("grace", check_seconds("grace", grace))
         kill_after = self._check_grace("kill_after", check_seconds("kill_after", kill_after))
         if self._state != "running":
-            raise SupervisorClosed("the supervisor is shutting down" if self._state == "closing"
-                                   else "the supervisor is not running")
+            raise SupervisorClosed(
+                "the supervisor is shutting down"
+                if self._state == "closing"
+                else "the supervisor is not running"
+            )
         if turn_id is not None and turn_id in self._turns:
             return self._turns[turn_id]
         if not readmit and len(self._queue) + self._dispatch.handed >= self.max_queue:
@@ -704,7 +778,11 @@ class Supervisor:
         if turn_id is None:
             turn_id = f"{self._prefix}-{next(self._ids)}"
         turn = TurnRecord(
-            turn_id=turn_id, agent=agent, input=raw, session=session, parent=parent,
+            turn_id=turn_id,
+            agent=agent,
+            input=raw,
+            session=session,
+            parent=parent,
             timeout=timeout if timeout is not None else self.timeout,
             grace=grace if grace is not None else self.grace,
             kill_after=kill_after if kill_after is not None else self.kill_after,
@@ -794,14 +872,20 @@ class Supervisor:
         if step == 1:
             turn.escalation = 1
             self._escalations["sigterm"] += 1
-            log.warning("escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace)
+            log.warning(
+                "escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace
+            )
             _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
             turn.esc_timer = self._timers.call_later(turn.kill_after, self._escalate, turn, slot, 2)
         else:
             turn.escalation = 2
             self._escalations["sigkill"] += 1
-            log.warning("escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs", turn.id, slot.pid,
-                        turn.kill_after)
+            log.warning(
+                "escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs",
+                turn.id,
+                slot.pid,
+                turn.kill_after,
+            )
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
 
     # ---- ending ------------------------------------------------------------------------
@@ -821,11 +905,20 @@ class Supervisor:
             cause = DISPOSED  # disposal wins over an earlier user or parent cause
         started_at = turn.started_at
         result = TurnResult(
-            turn_id=turn.id, outcome=outcome, output=output, error=error, cause=cause,  # type: ignore[arg-type]
-            started=turn.started, worker_pid=worker_pid, exit_code=exit_code,
+            turn_id=turn.id,
+            outcome=outcome,
+            output=output,
+            error=error,
+            cause=cause,  # type: ignore[arg-type]
+            started=turn.started,
+            worker_pid=worker_pid,
+            exit_code=exit_code,
             queued_s=(started_at if started_at is not None else now) - turn.submitted_at,
             run_s=(now - started_at) if started_at is not None else 0.0,
-            session=turn.session, parent=turn.parent, agent=turn.agent, attempts=turn.attempts,
+            session=turn.session,
+            parent=turn.parent,
+            agent=turn.agent,
+            attempts=turn.attempts,
             submitted_at=turn.submitted_at + self._wall_offset,
             started_at=started_at + self._wall_offset if started_at is not None else None,
             ended_at=now + self._wall_offset,
@@ -877,7 +970,8 @@ class Supervisor:
             if parent is not None:
                 parent.children.discard(turn.id)
                 if parent.pending_result is not None and not any(
-                    self._turns.get(c) is not None and self._turns[c].state != "ended" for c in parent.children
+                    self._turns.get(c) is not None and self._turns[c].state != "ended"
+                    for c in parent.children
                 ):
                     # Delivered now, after its last child: that is when it became quiescent.
                     held = msgspec.structs.replace(
@@ -944,8 +1038,11 @@ class Supervisor:
                 # The worker was about to start this one, and may have: its Started can die with
                 # it (an agent that kills its worker at once). Re-queue it, but not forever.
                 if handed.attempts >= MAX_HANDOVERS:
-                    log.warning("turn %s: %d workers died before it was seen to start; crashed",
-                                handed.id, handed.attempts)
+                    log.warning(
+                        "turn %s: %d workers died before it was seen to start; crashed",
+                        handed.id,
+                        handed.attempts,
+                    )
                     self._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
                 else:
                     handed.attempts += 1
@@ -954,14 +1051,18 @@ class Supervisor:
                 self._queue.push(handed, front=True)
         if was == "starting":
             # Keep the specific reason (no Ready in time, wrong protocol) over the bare exit code.
-            self.pool.start_failed(slot.failure or f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready")
+            self.pool.start_failed(
+                slot.failure or f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready"
+            )
         elif was != "stopping" or turn is not None:
             self.worker_restarts += 1
         if turn is not None and turn.state == "running":
             if turn.escalation:
                 self._finish(turn, "killed", exit_code=code, worker_pid=slot.pid)
             else:
-                log.warning("worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code)
+                log.warning(
+                    "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
+                )
                 self._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
         self._notify_change()
         self._fill_pool()
@@ -1031,7 +1132,9 @@ class Supervisor:
             if handed is not None and handed.id in slot.passed and handed.started:
                 # S1: the end of a turn the worker went past; its own outcome stands.
                 self._unhand(slot, handed)
-                self._finish(handed, msg.outcome, output=_output_of(msg), error=msg.error, worker_pid=slot.pid)
+                self._finish(
+                    handed, msg.outcome, output=_output_of(msg), error=msg.error, worker_pid=slot.pid
+                )
                 slot.turns_run += 1
                 self._after_turn(slot)
                 return
@@ -1071,8 +1174,10 @@ class Supervisor:
             return
         if msg.version != wire.PROTOCOL_VERSION:
             self.bad_frames += 1
-            slot.failure = (f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
-                            f"expected {wire.PROTOCOL_VERSION}")
+            slot.failure = (
+                f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
+                f"expected {wire.PROTOCOL_VERSION}"
+            )
             pool.last_start_error = slot.failure
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
             return
@@ -1113,14 +1218,27 @@ class Supervisor:
     def _on_spawn(self, slot: WorkerSlot, msg: wire.Spawn) -> None:
         parent = slot.turn
         if parent is None or parent.id != msg.parent or parent.state != "running":
-            self._send(slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")))
+            self._send(
+                slot,
+                wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")),
+            )
             return
         if parent.cause is not None:
-            self._send(slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled")))
+            self._send(
+                slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled"))
+            )
             return
         try:
-            child = self._accept(msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
-                                 kill_after=msg.kill_after, turn_id=None, parent=parent.id)
+            child = self._accept(
+                msg.agent,
+                msg.input,
+                session=msg.session,
+                timeout=msg.timeout,
+                grace=msg.grace,
+                kill_after=msg.kill_after,
+                turn_id=None,
+                parent=parent.id,
+            )
         except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
             self._send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
             return
@@ -1145,14 +1263,21 @@ class Supervisor:
                 turn = slot.turn
                 if turn is None and slot.state == "busy":
                     turn = self._note_marked_start(slot)  # S1: running, though its Started is stuck
-                if slot.state == "busy" and turn is not None and turn.state == "running" and turn.cause is None:
+                if (
+                    slot.state == "busy"
+                    and turn is not None
+                    and turn.state == "running"
+                    and turn.cause is None
+                ):
                     # PSS, not summed RSS: N forked children of a worker share its pages. Read in a
                     # thread: smaps_rollup walks page tables (≈ 0.1 ms per process, more when large).
                     used = await anyio.to_thread.run_sync(_procs.memory_of_tree, slot.pid)
                     if slot.turn is not turn or turn.cause is not None or turn.state != "running":
                         continue  # it moved on while we measured
                     if used > limit:
-                        log.warning("turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, self.max_rss_mb)
+                        log.warning(
+                            "turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, self.max_rss_mb
+                        )
                         self._cancel(turn, wire.MEMORY)
 
 

@@ -32,10 +32,38 @@ TurnState = Literal["queued", "handed", "running", "ending", "ended"]
 
 class TurnRecord:
     __slots__ = (
-        "id", "agent", "input", "session", "parent", "timeout", "grace", "kill_after",
-        "state", "cause", "started", "worker", "escalation", "submitted_at", "started_at", "ended_at",
-        "events", "events_base", "waiters", "result", "done", "children", "spawn_origin", "pending_result",
-        "timer", "esc_timer", "attempts", "retry", "revoking", "recorded", "dispatchable", "clearing",
+        "id",
+        "agent",
+        "input",
+        "session",
+        "parent",
+        "timeout",
+        "grace",
+        "kill_after",
+        "state",
+        "cause",
+        "started",
+        "worker",
+        "escalation",
+        "submitted_at",
+        "started_at",
+        "ended_at",
+        "events",
+        "events_base",
+        "waiters",
+        "result",
+        "done",
+        "children",
+        "spawn_origin",
+        "pending_result",
+        "timer",
+        "esc_timer",
+        "attempts",
+        "retry",
+        "revoking",
+        "recorded",
+        "dispatchable",
+        "clearing",
     )
 
     def __init__(
@@ -167,8 +195,17 @@ class TurnTable:
         answers for it as for any ended turn. A known id is left alone."""
         if result.turn_id in self.records:
             return
-        turn = TurnRecord(turn_id=result.turn_id, agent=result.agent, input=wire.NIL, session=result.session,
-                          parent=result.parent, timeout=None, grace=0.0, kill_after=0.0, now=now)
+        turn = TurnRecord(
+            turn_id=result.turn_id,
+            agent=result.agent,
+            input=wire.NIL,
+            session=result.session,
+            parent=result.parent,
+            timeout=None,
+            grace=0.0,
+            kill_after=0.0,
+            now=now,
+        )
         turn.state = "ended"
         turn.result = result
         turn.cause = result.cause

@@ -28,8 +28,17 @@ class Zygote:
 
     @classmethod
     def start(
-        cls, *, endpoint: str, life_fd: int, python: str | None, extra_args: Iterable[str],
-        preload: Iterable[str], out_fd: int, cwd: str, pythonpath: str, cgroup_pool: str | None = None,
+        cls,
+        *,
+        endpoint: str,
+        life_fd: int,
+        python: str | None,
+        extra_args: Iterable[str],
+        preload: Iterable[str],
+        out_fd: int,
+        cwd: str,
+        pythonpath: str,
+        cgroup_pool: str | None = None,
     ) -> Zygote:
         # Requests go over a unix seqpacket socket, not a pipe: each one carries the worker's
         # output fd (``socket.send_fds``), one message per request.
@@ -45,10 +54,25 @@ class Zygote:
         os.set_inheritable(resp_w, True)
         exe = python or sys.executable
         argv = [
-            exe, *_procs.SAFE_FLAGS, *extra_args, "-m", "worker._zygote", "--parent-pid", str(os.getpid()),
-            "--life-fd", str(life_fd),
-            "--endpoint", endpoint, "--req-fd", str(req_r), "--resp-fd", str(resp_w),
-            "--preload", ",".join(preload), "--cwd", cwd,
+            exe,
+            *_procs.SAFE_FLAGS,
+            *extra_args,
+            "-m",
+            "worker._zygote",
+            "--parent-pid",
+            str(os.getpid()),
+            "--life-fd",
+            str(life_fd),
+            "--endpoint",
+            endpoint,
+            "--req-fd",
+            str(req_r),
+            "--resp-fd",
+            str(resp_w),
+            "--preload",
+            ",".join(preload),
+            "--cwd",
+            cwd,
             *(("--cgroup-pool", cgroup_pool) if cgroup_pool else ()),
         ]
         env = _procs.worker_env(pythonpath)

@@ -53,8 +53,15 @@ class _Handle(Protocol):
 class Backend(Protocol):
     """What the ACP agent needs of a ``Supervisor`` or a ``Client``."""
 
-    async def submit(self, agent: str, input: Any = None, *, session: str | None = None,
-                     grace: float | None = None, kill_after: float | None = None) -> _Handle: ...
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        grace: float | None = None,
+        kill_after: float | None = None,
+    ) -> _Handle: ...
 
 
 class _Prompt:
@@ -95,24 +102,35 @@ def _describe(result: TurnResult) -> str:
         return f"turn {result.turn_id} failed: {what}"
     if result.outcome == "crashed":
         code = result.exit_code
-        how = (f"killed by signal {-code}" if code is not None and code < 0
-               else f"exit code {code}" if code is not None else "exit status unknown")
+        how = (
+            f"killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exit code {code}"
+            if code is not None
+            else "exit status unknown"
+        )
         return f"turn {result.turn_id} crashed: its worker (pid {result.worker_pid}) died on its own, {how}"
     return f"turn {result.turn_id} ended {result.outcome}"
 
 
 def _meta(result: TurnResult) -> dict[str, Any]:
-    return {"turnpool": {
-        "turn_id": result.turn_id, "outcome": result.outcome, "worker_pid": result.worker_pid,
-        "exit_code": result.exit_code, "cause": result.cause.kind if result.cause is not None else None,
-    }}
+    return {
+        "turnpool": {
+            "turn_id": result.turn_id,
+            "outcome": result.outcome,
+            "worker_pid": result.worker_pid,
+            "exit_code": result.exit_code,
+            "cause": result.cause.kind if result.cause is not None else None,
+        }
+    }
 
 
 class TurnpoolAgent:
     """An ACP ``Agent`` whose prompts are turnpool turns of ``agent`` run by ``backend``."""
 
-    def __init__(self, backend: Backend, agent: str, *, grace: float | None = None,
-                 kill_after: float | None = None) -> None:
+    def __init__(
+        self, backend: Backend, agent: str, *, grace: float | None = None, kill_after: float | None = None
+    ) -> None:
         self._backend = backend
         self._agent = agent
         # Per-turn escalation times, passed only when set (else the backend's own apply).
@@ -126,16 +144,18 @@ class TurnpoolAgent:
     def on_connect(self, conn: Any) -> None:
         self._conn = conn
 
-    async def initialize(self, protocol_version: int, client_capabilities: Any = None,
-                         client_info: Any = None, **kwargs: Any) -> acp.InitializeResponse:
+    async def initialize(
+        self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None, **kwargs: Any
+    ) -> acp.InitializeResponse:
         return acp.InitializeResponse(
             protocol_version=min(protocol_version, acp.PROTOCOL_VERSION),
             agent_capabilities=AgentCapabilities(
                 load_session=False,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=True),
             ),
-            agent_info=Implementation(name="turnpool", title=f"turnpool ({self._agent})",
-                                      version=TURNPOOL_VERSION),
+            agent_info=Implementation(
+                name="turnpool", title=f"turnpool ({self._agent})", version=TURNPOOL_VERSION
+            ),
         )
 
     async def authenticate(self, method_id: str, **kwargs: Any) -> None:
@@ -166,8 +186,9 @@ class TurnpoolAgent:
             session.prompts.remove(pending)
 
     async def _run_prompt(self, session: _Session, pending: _Prompt, blocks: list[Any]) -> acp.PromptResponse:
-        handle = await self._backend.submit(self._agent, turn_input(session, blocks), session=session.id,
-                                            **self._times)
+        handle = await self._backend.submit(
+            self._agent, turn_input(session, blocks), session=session.id, **self._times
+        )
         pending.handle = handle
         if pending.cancelled:  # session/cancel arrived while the turn was being submitted
             await handle.cancel()

@@ -92,8 +92,12 @@ class TurnEvents:
             status: ToolCallStatus = asked if asked in TOOL_STATUSES else "pending"
             tool_kind = event.get("kind")
             start = acp.start_tool_call(
-                tool_id, title, kind=tool_kind if tool_kind in TOOL_KINDS else None, status=status,
-                content=_content(_text(event.get("text"))), raw_input=event.get("input"),
+                tool_id,
+                title,
+                kind=tool_kind if tool_kind in TOOL_KINDS else None,
+                status=status,
+                content=_content(_text(event.get("text"))),
+                raw_input=event.get("input"),
             )
             self._track(tool_id, status)
             return start
@@ -105,8 +109,12 @@ class TurnEvents:
             new_status: ToolCallStatus | None = asked if asked in TOOL_STATUSES else None
             tool_kind = event.get("kind")
             progress = acp.update_tool_call(
-                tool_id, title=_text(event.get("title")), kind=tool_kind if tool_kind in TOOL_KINDS else None,
-                status=new_status, content=_content(_text(event.get("text"))), raw_output=event.get("output"),
+                tool_id,
+                title=_text(event.get("title")),
+                kind=tool_kind if tool_kind in TOOL_KINDS else None,
+                status=new_status,
+                content=_content(_text(event.get("text"))),
+                raw_output=event.get("output"),
             )
             if new_status is not None:
                 self._track(tool_id, new_status)
@@ -121,11 +129,13 @@ class TurnEvents:
                     continue
                 priority = entry.get("priority", "medium")
                 entry_status = entry.get("status", "pending")
-                plan.append(acp.plan_entry(
-                    entry["content"],
-                    priority=priority if priority in PLAN_PRIORITIES else "medium",
-                    status=entry_status if entry_status in PLAN_STATUSES else "pending",
-                ))
+                plan.append(
+                    acp.plan_entry(
+                        entry["content"],
+                        priority=priority if priority in PLAN_PRIORITIES else "medium",
+                        status=entry_status if entry_status in PLAN_STATUSES else "pending",
+                    )
+                )
             return acp.update_plan(plan)
         return None
 
@@ -139,10 +149,15 @@ class TurnEvents:
         """Updates that end every unfinished tool call: ``failed``, marked cancelled when it was."""
         updates = []
         for tool_id in list(self.open_tools):
-            updates.append(ToolCallProgress(
-                session_update="tool_call_update", tool_call_id=tool_id, status="failed",
-                content=_content(reason), field_meta={"turnpool": {"cancelled": True}} if cancelled else None,
-            ))
+            updates.append(
+                ToolCallProgress(
+                    session_update="tool_call_update",
+                    tool_call_id=tool_id,
+                    status="failed",
+                    content=_content(reason),
+                    field_meta={"turnpool": {"cancelled": True}} if cancelled else None,
+                )
+            )
         self.open_tools.clear()
         return updates
 

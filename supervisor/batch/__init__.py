@@ -30,6 +30,9 @@ import anyio
 from rich.console import Console
 
 from .._backend import open_backend
+from .._errors import TurnpoolError
+from ..cli import options
+from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import ResultLog, read_previous
 from .run import (
@@ -47,15 +50,30 @@ from .run import (
     prepare_batch,
 )
 from .view import PlainProgress, RichProgress, print_summary
-from ..cli import options
-from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from .._errors import TurnpoolError
 
 __all__ = [
-    "DEFAULT_RETRY_ON", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "BatchError",
-    "BatchInputError", "BatchPlan", "BatchProgress", "BatchRun", "BatchSummary", "InvalidLine", "Job",
-    "OutputNotEmpty", "ResultLog", "load_jobs", "open_backend", "prepare_batch", "read_previous", "register",
-    "run_batch", "turn_id_for",
+    "DEFAULT_RETRY_ON",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "BatchError",
+    "BatchInputError",
+    "BatchPlan",
+    "BatchProgress",
+    "BatchRun",
+    "BatchSummary",
+    "InvalidLine",
+    "Job",
+    "OutputNotEmpty",
+    "ResultLog",
+    "load_jobs",
+    "open_backend",
+    "prepare_batch",
+    "read_previous",
+    "register",
+    "run_batch",
+    "turn_id_for",
 ]
 
 
@@ -97,9 +115,19 @@ async def run_batch(
     plan = prepare_batch(jobs, output, agent=agent, resume=resume, skip_invalid=skip_invalid)
 
     async def go(be: Any) -> BatchSummary:
-        run = BatchRun(plan, be, concurrency=concurrency or await default_concurrency(be), timeout=timeout,
-                       grace=grace, kill_after=kill_after, retries=retries, retry_on=retry_on,
-                       fail_fast=fail_fast, progress=progress, fsync=fsync)
+        run = BatchRun(
+            plan,
+            be,
+            concurrency=concurrency or await default_concurrency(be),
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            retries=retries,
+            retry_on=retry_on,
+            fail_fast=fail_fast,
+            progress=progress,
+            fsync=fsync,
+        )
         return await run.run()
 
     if backend is not None:
@@ -133,46 +161,76 @@ def _outcomes(text: str) -> frozenset[str]:
     bad = names - RETRYABLE
     if bad or not names:
         raise argparse.ArgumentTypeError(
-            f"takes a comma list of {', '.join(sorted(RETRYABLE))}; got {text!r}")
+            f"takes a comma list of {', '.join(sorted(RETRYABLE))}; got {text!r}"
+        )
     return names
 
 
 def register(subparsers: Any) -> None:
     """Add ``turnpool batch`` to the console script."""
     p = subparsers.add_parser(
-        "batch", help="run every job of a JSONL file, one result line per job",
+        "batch",
+        help="run every job of a JSONL file, one result line per job",
         description="Run every job of JOBS.jsonl as a turn; "
-                    "append one JSON result line per job to OUT.jsonl. What the embedded pool's workers "
-                    "print goes to stderr, each line prefixed w<n>[<pid>] (forwarded by a thread: it never "
-                    "blocks the pool).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "append one JSON result line per job to OUT.jsonl. What the embedded pool's workers "
+        "print goes to stderr, each line prefixed w<n>[<pid>] (forwarded by a thread: it never "
+        "blocks the pool).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("jobs", metavar="JOBS.jsonl", help="one JSON job per line")
     p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="results, appended")
     p.add_argument("--agent", metavar="A", help="'package.module:attr' for jobs without an 'agent' key")
-    options.add_pool_or_daemon(p, workers_default=None, workers_help="embedded pool size (default: one per core)",
-                               connect_help="run on the daemon at E (no value: the default endpoint)",
-                               connect_default_endpoint=True)
+    options.add_pool_or_daemon(
+        p,
+        workers_default=None,
+        workers_help="embedded pool size (default: one per core)",
+        connect_help="run on the daemon at E (no value: the default endpoint)",
+        connect_default_endpoint=True,
+    )
     options.add_path(p)
-    p.add_argument("--concurrency", type=_positive_int, metavar="N",
-                   help="turns submitted at a time (default: 4 per worker, at least 16)")
-    p.add_argument("--timeout", type=_positive_seconds, metavar="S",
-                   help="per-job timeout unless the job sets one")
-    options.add_ladder(p, grace_help="seconds a cancelled turn has to stop",
-                       kill_after_help="seconds from SIGTERM to SIGKILL")
-    p.add_argument("--retries", type=_count, default=0, metavar="K",
-                   help="extra attempts per job (default 0)")
-    p.add_argument("--retry-on", type=_outcomes, default=DEFAULT_RETRY_ON, metavar="OUTCOMES",
-                   help="outcomes retried (default crashed,killed)")
+    p.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        metavar="N",
+        help="turns submitted at a time (default: 4 per worker, at least 16)",
+    )
+    p.add_argument(
+        "--timeout", type=_positive_seconds, metavar="S", help="per-job timeout unless the job sets one"
+    )
+    options.add_ladder(
+        p,
+        grace_help="seconds a cancelled turn has to stop",
+        kill_after_help="seconds from SIGTERM to SIGKILL",
+    )
+    p.add_argument(
+        "--retries", type=_count, default=0, metavar="K", help="extra attempts per job (default 0)"
+    )
+    p.add_argument(
+        "--retry-on",
+        type=_outcomes,
+        default=DEFAULT_RETRY_ON,
+        metavar="OUTCOMES",
+        help="outcomes retried (default crashed,killed)",
+    )
     p.add_argument("--resume", action="store_true", help="skip jobs with a final line in OUT; run the rest")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first job that does not complete")
-    p.add_argument("--skip-invalid", action="store_true",
-                   help="run the valid jobs and record invalid lines (outcome invalid)")
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="run the valid jobs and record invalid lines (outcome invalid)",
+    )
     p.add_argument("--fsync", action="store_true", help="fsync after each line (survives power loss)")
-    p.add_argument("--progress-interval", type=_positive_seconds, default=5.0, metavar="S",
-                   help="seconds between plain progress lines when stderr is not a terminal (default 5)")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="show the pool's warnings (escalations, crashes)")
+    p.add_argument(
+        "--progress-interval",
+        type=_positive_seconds,
+        default=5.0,
+        metavar="S",
+        help="seconds between plain progress lines when stderr is not a terminal (default 5)",
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="show the pool's warnings (escalations, crashes)"
+    )
     p.set_defaults(func=main)
 
 
@@ -180,8 +238,11 @@ def main(args: argparse.Namespace) -> int:
     """``turnpool batch``: validate, then run; returns the exit code."""
     err = Console(stderr=True, highlight=False)
     if args.path and args.connect is not None:
-        print("turnpool batch: --path is for the embedded pool; with --connect the daemon's own --path "
-              "decides where agents are imported from", file=sys.stderr)
+        print(
+            "turnpool batch: --path is for the embedded pool; with --connect the daemon's own --path "
+            "decides where agents are imported from",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         from .._engine import check_agent_path
@@ -191,15 +252,19 @@ def main(args: argparse.Namespace) -> int:
         print(f"turnpool batch: --path: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        plan = prepare_batch(args.jobs, args.output, agent=args.agent, resume=args.resume,
-                             skip_invalid=args.skip_invalid)
+        plan = prepare_batch(
+            args.jobs, args.output, agent=args.agent, resume=args.resume, skip_invalid=args.skip_invalid
+        )
     except BatchInputError as exc:
         for bad in exc.invalid[:50]:
             print(f"{args.jobs}:{bad.line}: {bad.message}", file=sys.stderr)
         if len(exc.invalid) > 50:
             print(f"... and {len(exc.invalid) - 50} more invalid line(s)", file=sys.stderr)
-        print(f"turnpool batch: {len(exc.invalid)} invalid line(s): nothing ran "
-              "(fix them, or pass --skip-invalid to run the others)", file=sys.stderr)
+        print(
+            f"turnpool batch: {len(exc.invalid)} invalid line(s): nothing ran "
+            "(fix them, or pass --skip-invalid to run the others)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except (OutputNotEmpty, OSError) as exc:
         print(f"turnpool batch: {exc}", file=sys.stderr)
@@ -217,8 +282,11 @@ def main(args: argparse.Namespace) -> int:
         broke = _turnpool_error(exc)
         if broke is None:
             raise
-        print(f"turnpool batch: {type(broke).__name__}: {broke} (finished jobs are recorded; "
-              "--resume continues)", file=sys.stderr)
+        print(
+            f"turnpool batch: {type(broke).__name__}: {broke} (finished jobs are recorded; "
+            "--resume continues)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
 
 
@@ -251,8 +319,11 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
     state: dict[str, Any] = {"run": None, "signals": 0}
     if args.resume and plan.previous.lines:
         done = len(plan.jobs) - len(plan.pending)
-        print(f"turnpool batch: resuming batch {plan.batch}: {done} job(s) done earlier, "
-              f"{len(plan.pending)} to run", file=sys.stderr)
+        print(
+            f"turnpool batch: resuming batch {plan.batch}: {done} job(s) done earlier, "
+            f"{len(plan.pending)} to run",
+            file=sys.stderr,
+        )
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
@@ -267,8 +338,12 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
                         opening.cancel()  # not running yet: stop starting the pool
                     elif state["signals"] == 1:
                         running = run.snapshot().running
-                        print(f"\nturnpool batch: {name}: stopping — cancelling {running} running job(s); "
-                              "again to stop at once", file=sys.stderr, flush=True)
+                        print(
+                            f"\nturnpool batch: {name}: stopping — cancelling {running} running job(s); "
+                            "again to stop at once",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         run.interrupt()
                     elif state["signals"] == 2:
                         print(f"turnpool batch: {name}: stopping at once", file=sys.stderr, flush=True)
@@ -286,14 +361,27 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
             summary: BatchSummary | None = None
             try:
                 with opening:
-                    async with open_backend(workers=args.workers, connect=args.connect, grace=args.grace,
-                                            kill_after=args.kill_after,
-                                            agent_path=tuple(args.path or ())) as backend:
+                    async with open_backend(
+                        workers=args.workers,
+                        connect=args.connect,
+                        grace=args.grace,
+                        kill_after=args.kill_after,
+                        agent_path=tuple(args.path or ()),
+                    ) as backend:
                         concurrency = args.concurrency or await default_concurrency(backend)
-                        run = BatchRun(plan, backend, concurrency=concurrency, timeout=args.timeout,
-                                       grace=args.grace, kill_after=args.kill_after, retries=args.retries,
-                                       retry_on=args.retry_on, fail_fast=args.fail_fast, progress=view.update,
-                                       fsync=args.fsync)
+                        run = BatchRun(
+                            plan,
+                            backend,
+                            concurrency=concurrency,
+                            timeout=args.timeout,
+                            grace=args.grace,
+                            kill_after=args.kill_after,
+                            retries=args.retries,
+                            retry_on=args.retry_on,
+                            fail_fast=args.fail_fast,
+                            progress=view.update,
+                            fsync=args.fsync,
+                        )
                         state["run"] = run
                         if state["signals"]:
                             run.interrupt()

@@ -77,8 +77,11 @@ def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidL
         return InvalidLine(line, f"'id' must be a non-empty string or an integer, got {raw_id!r}")
     unknown = sorted(set(obj) - JOB_KEYS)
     if unknown:
-        return InvalidLine(line, f"unknown key(s) {', '.join(map(repr, unknown))} "
-                                 f"(a job has {', '.join(sorted(JOB_KEYS))})", raw_id)
+        return InvalidLine(
+            line,
+            f"unknown key(s) {', '.join(map(repr, unknown))} (a job has {', '.join(sorted(JOB_KEYS))})",
+            raw_id,
+        )
     agent = obj.get("agent", default_agent)
     if agent is None:
         return InvalidLine(line, "no agent: give --agent or an 'agent' key", raw_id)
@@ -86,16 +89,28 @@ def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidL
         return InvalidLine(line, f"bad agent {agent!r}: write it 'package.module:attr'", raw_id)
     timeout = obj.get("timeout")
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
         or timeout <= 0
     ):
         return InvalidLine(line, f"'timeout' must be a number of seconds > 0, got {timeout!r}", raw_id)
     session = obj.get("session")
     if session is not None and (not isinstance(session, str) or not session or len(session) > MAX_SESSION):
-        return InvalidLine(line, f"'session' must be a non-empty string of at most {MAX_SESSION} characters, "
-                                 f"got {session!r}", raw_id)
-    return Job(line, raw_id, id_key(raw_id), obj.get("input"), agent,
-               float(timeout) if timeout is not None else None, session)
+        return InvalidLine(
+            line,
+            f"'session' must be a non-empty string of at most {MAX_SESSION} characters, got {session!r}",
+            raw_id,
+        )
+    return Job(
+        line,
+        raw_id,
+        id_key(raw_id),
+        obj.get("input"),
+        agent,
+        float(timeout) if timeout is not None else None,
+        session,
+    )
 
 
 def check_jobs(

@@ -36,10 +36,10 @@ import anyio
 
 from wire import OUTCOMES, TurnResult
 
+from .._errors import TurnpoolError
+from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import Previous, ResultLog, read_previous
-from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from .._errors import TurnpoolError
 
 log = logging.getLogger("turnpool.batch")
 
@@ -107,14 +107,17 @@ def prepare_batch(
     output = os.fspath(output)
     previous = read_previous(output, repair=False)
     if not resume and (previous.lines or previous.torn_bytes):
-        raise OutputNotEmpty(f"{output} already holds {previous.lines} result line(s): "
-                             "pass --resume (resume=True) to continue that batch, or choose another output")
+        raise OutputNotEmpty(
+            f"{output} already holds {previous.lines} result line(s): "
+            "pass --resume (resume=True) to continue that batch, or choose another output"
+        )
     if resume and previous.torn_bytes:
         previous = read_previous(output, repair=True)
     pending = [job for job in valid if job.key not in previous.final]
     record_invalid = [bad for bad in invalid if (bad.line, _key(bad.id)) not in previous.invalid]
-    return BatchPlan(output, valid, pending, invalid, record_invalid, previous,
-                     previous.batch or secrets.token_hex(4))
+    return BatchPlan(
+        output, valid, pending, invalid, record_invalid, previous, previous.batch or secrets.token_hex(4)
+    )
 
 
 def _key(value: str | int | None) -> str | None:
@@ -180,9 +183,14 @@ class BatchSummary:
     @property
     def all_completed(self) -> bool:
         """Every valid job has a final ``completed`` line and no line was invalid."""
-        return (not self.invalid and not self.interrupted and not self.not_run and self.stopped is None
-                and all(k == "completed" for k, v in self.counts.items() if v)
-                and all(k == "completed" for k, v in self.earlier.items() if v))
+        return (
+            not self.invalid
+            and not self.interrupted
+            and not self.not_run
+            and self.stopped is None
+            and all(k == "completed" for k, v in self.counts.items() if v)
+            and all(k == "completed" for k, v in self.earlier.items() if v)
+        )
 
     @property
     def exit_code(self) -> int:
@@ -218,8 +226,10 @@ def _error_of(result: TurnResult) -> dict[str, str] | None:
     if result.outcome == "killed":
         how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
         kind = result.cause.kind if result.cause else "?"
-        return {"type": "Killed",
-                "message": f"cancelled ({kind}), grace ran out: worker tree terminated ({how})"}
+        return {
+            "type": "Killed",
+            "message": f"cancelled ({kind}), grace ran out: worker tree terminated ({how})",
+        }
     return None
 
 
@@ -348,10 +358,15 @@ class BatchRun:
     def snapshot(self, last: Mapping[str, Any] | None = None) -> BatchProgress:
         """The progress now (what the callback gets)."""
         return BatchProgress(
-            total=len(self.plan.pending), done=self._done, running=len(self._running),
+            total=len(self.plan.pending),
+            done=self._done,
+            running=len(self._running),
             counts=dict(self._counts),
-            interrupted=self._interrupted, retries=self._retries, elapsed=anyio.current_time() - self._t0,
-            stopping=self._stopping, last=last,
+            interrupted=self._interrupted,
+            retries=self._retries,
+            elapsed=anyio.current_time() - self._t0,
+            stopping=self._stopping,
+            last=last,
         )
 
     def _notify(self, last: Mapping[str, Any] | None) -> None:
@@ -364,9 +379,17 @@ class BatchRun:
         plan = self.plan
         with self._log:
             for bad in plan.record_invalid:
-                self._log.write({"id": bad.id, "line": bad.line, "outcome": "invalid", "final": True,
-                                 "error": {"type": "InvalidJob", "message": bad.message}, "attempts": 0,
-                                 "batch": plan.batch})
+                self._log.write(
+                    {
+                        "id": bad.id,
+                        "line": bad.line,
+                        "outcome": "invalid",
+                        "final": True,
+                        "error": {"type": "InvalidJob", "message": bad.message},
+                        "attempts": 0,
+                        "batch": plan.batch,
+                    }
+                )
             self._notify(None)
             # ``concurrency`` lanes share one iterator: each job is taken by exactly one lane, in
             # file order, and at most ``concurrency`` turns are ever submitted and not ended.
@@ -398,9 +421,13 @@ class BatchRun:
         try:
             while True:
                 handle = await self.backend.submit(
-                    job.agent, job.input, session=job.session,
+                    job.agent,
+                    job.input,
+                    session=job.session,
                     timeout=job.timeout if job.timeout is not None else self.timeout,
-                    grace=self.grace, kill_after=self.kill_after, turn_id=turn_id,
+                    grace=self.grace,
+                    kill_after=self.kill_after,
+                    turn_id=turn_id,
                 )
                 self._running[turn_id] = handle
                 try:
@@ -411,20 +438,41 @@ class BatchRun:
                     self._running.pop(turn_id, None)
                 # Interrupted: we cancelled it and it did not finish first (a turn that completed
                 # while the abort was on its way keeps its result).
-                cancelled_by_us = (turn_id in self._ours and result.outcome != "completed"
-                                   and result.cause is not None and result.cause.kind == "user")
-                retryable = (result.outcome in self.retry_on and attempt - first < self.retries
-                             and not (result.cause is not None and result.cause.kind == "user"))
+                cancelled_by_us = (
+                    turn_id in self._ours
+                    and result.outcome != "completed"
+                    and result.cause is not None
+                    and result.cause.kind == "user"
+                )
+                retryable = (
+                    result.outcome in self.retry_on
+                    and attempt - first < self.retries
+                    and not (result.cause is not None and result.cause.kind == "user")
+                )
                 if retryable and self._stopping is None:
-                    earlier.append({"turn_id": turn_id, "outcome": result.outcome, "error": _error_of(result),
-                                    "cause": result.cause.to_dict() if result.cause else None,
-                                    "exit_code": result.exit_code})
+                    earlier.append(
+                        {
+                            "turn_id": turn_id,
+                            "outcome": result.outcome,
+                            "error": _error_of(result),
+                            "cause": result.cause.to_dict() if result.cause else None,
+                            "exit_code": result.exit_code,
+                        }
+                    )
                     attempt += 1
                     turn_id = turn_id_for(self.plan.batch, job.key, attempt)
                     self._retries += 1
                     continue
-                self._write(job, result, turn_id, attempt, earlier, submitted_wall, submitted,
-                            final=not cancelled_by_us and not retryable)
+                self._write(
+                    job,
+                    result,
+                    turn_id,
+                    attempt,
+                    earlier,
+                    submitted_wall,
+                    submitted,
+                    final=not cancelled_by_us and not retryable,
+                )
                 return
         except anyio.get_cancelled_exc_class():
             # Abandoned (or the caller cancelled us): the job is recorded, not final, at once.
@@ -489,9 +537,18 @@ class BatchRun:
             self._interrupted += 1
         # Slowest by the turn's own run time (queueing behind other jobs is not the job's slowness).
         ran = result.run_s if result is not None else None
-        entry = (ran if ran is not None else duration, next(self._seq),
-                 {"id": job.id, "outcome": outcome, "run_s": ran, "duration_s": round(duration, 3),
-                  "attempts": attempt, "turn_id": turn_id})
+        entry = (
+            ran if ran is not None else duration,
+            next(self._seq),
+            {
+                "id": job.id,
+                "outcome": outcome,
+                "run_s": ran,
+                "duration_s": round(duration, 3),
+                "attempts": attempt,
+                "turn_id": turn_id,
+            },
+        )
         if len(self._slowest) < self.keep_slowest:
             heapq.heappush(self._slowest, entry)
         elif self.keep_slowest:
@@ -505,12 +562,17 @@ class BatchRun:
         keys = {job.key for job in plan.jobs}
         earlier = Counter(rec.get("outcome") for key, rec in plan.previous.final.items() if key in keys)
         return BatchSummary(
-            batch=plan.batch, output=plan.output, jobs=len(plan.jobs),
+            batch=plan.batch,
+            output=plan.output,
+            jobs=len(plan.jobs),
             skipped=len(plan.jobs) - len(plan.pending),
             earlier={k: v for k, v in earlier.items() if isinstance(k, str)},
             counts={k: self._counts[k] for k in OUTCOMES if self._counts[k]},
-            by_cause=dict(self._by_cause), interrupted=self._interrupted,
-            not_run=len(plan.pending) - self._done, invalid=len(plan.invalid), retries=self._retries,
+            by_cause=dict(self._by_cause),
+            interrupted=self._interrupted,
+            not_run=len(plan.pending) - self._done,
+            invalid=len(plan.invalid),
+            retries=self._retries,
             elapsed=anyio.current_time() - self._t0,
             slowest=[e[2] for e in sorted(self._slowest, key=lambda e: (-e[0], e[1]))],
             stopped=self._stopping,

@@ -13,8 +13,15 @@ from rich.text import Text
 
 from .run import BatchProgress, BatchSummary
 
-COLOURS = {"completed": "green", "failed": "red", "aborted": "yellow", "killed": "magenta",
-           "crashed": "bright_red", "interrupted": "cyan", "invalid": "red"}
+COLOURS = {
+    "completed": "green",
+    "failed": "red",
+    "aborted": "yellow",
+    "killed": "magenta",
+    "crashed": "bright_red",
+    "interrupted": "cyan",
+    "invalid": "red",
+}
 
 
 def _duration(seconds: float | None) -> str:
@@ -43,8 +50,10 @@ def counts_text(p: BatchProgress, *, markup: bool) -> str:
 def plain_line(p: BatchProgress) -> str:
     pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
     stop = f" · stopping ({p.stopping})" if p.stopping else ""
-    return (f"batch: {p.done}/{p.total} done{pct} · {counts_text(p, markup=False)} · running {p.running} · "
-            f"{p.rate:.1f} jobs/s · ETA {_duration(p.eta) if p.done < p.total else '0s'}{stop}")
+    return (
+        f"batch: {p.done}/{p.total} done{pct} · {counts_text(p, markup=False)} · running {p.running} · "
+        f"{p.rate:.1f} jobs/s · ETA {_duration(p.eta) if p.done < p.total else '0s'}{stop}"
+    )
 
 
 class PlainProgress:
@@ -148,8 +157,13 @@ def slowest_table(s: BatchSummary) -> Table:
         table.add_column(col, justify="left" if col in ("id", "outcome") else "right", overflow="fold")
     for rec in s.slowest:
         ran = rec.get("run_s")
-        table.add_row(str(rec["id"]), Text(rec["outcome"], style=COLOURS.get(rec["outcome"], "")),
-                      str(rec["attempts"]), "" if ran is None else f"{ran:.3f}", f"{rec['duration_s']:.3f}")
+        table.add_row(
+            str(rec["id"]),
+            Text(rec["outcome"], style=COLOURS.get(rec["outcome"], "")),
+            str(rec["attempts"]),
+            "" if ran is None else f"{ran:.3f}",
+            f"{rec['duration_s']:.3f}",
+        )
     return table
 
 

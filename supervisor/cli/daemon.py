@@ -17,9 +17,9 @@ from typing import Any
 import anyio
 import msgspec
 
+from .._errors import InvalidAgent, TurnpoolError
 from . import options
 from .exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from .._errors import InvalidAgent, TurnpoolError
 
 
 def _on_off(value: str) -> bool:
@@ -38,12 +38,19 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("workers", int, "worker processes running turns (default 4)"),
     ("grace", float, "seconds a cancelled turn has to stop before SIGTERM (default 5)"),
     ("kill_after", float, "seconds after SIGTERM before SIGKILL (default 2)"),
-    ("max_grace", float, "cap on the grace and kill-after a client may ask for; a submit above it is "
-                         "refused (default 300)"),
+    (
+        "max_grace",
+        float,
+        "cap on the grace and kill-after a client may ask for; a submit above it is refused (default 300)",
+    ),
     ("spares", int, "warm spare workers (default 1)"),
     ("max_turns_per_worker", int, "replace a worker after this many turns (default: never)"),
-    ("max_rss_mb", float, "cancel a turn (cause memory) whose worker tree passes this many MiB (PSS: shared "
-                           "pages split between the processes mapping them)"),
+    (
+        "max_rss_mb",
+        float,
+        "cancel a turn (cause memory) whose worker tree passes this many MiB (PSS: shared "
+        "pages split between the processes mapping them)",
+    ),
     ("timeout", float, "default turn timeout in seconds (default: none)"),
     ("max_queue", int, "queued turns before submits get QueueFull (default 100000)"),
     ("max_events", int, "events kept per turn for late followers (default 10000)"),
@@ -53,8 +60,12 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("stop_timeout", float, "seconds an idle worker has to exit when retired (default 5)"),
     ("rss_interval", float, "seconds between memory checks when --max-rss-mb is set (default 0.25)"),
     ("python", str, "interpreter that runs the workers (default: this one)"),
-    ("cgroups", _on_off, "on (default): each worker in its own cgroup v2 where the hierarchy is writable, "
-                         "killed at once with cgroup.kill; off: subreaper and tree markers only"),
+    (
+        "cgroups",
+        _on_off,
+        "on (default): each worker in its own cgroup v2 where the hierarchy is writable, "
+        "killed at once with cgroup.kill; off: subreaper and tree markers only",
+    ),
 )
 DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("endpoint", str, "client endpoint (default: TURNPOOL_ENDPOINT or ipc:// in the runtime dir)"),
@@ -63,18 +74,36 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("metrics_host", str, "address for the metrics server (default 127.0.0.1)"),
     ("curve_secret_key", str, "CURVE: the daemon's certificate file with its secret key"),
     ("curve_clients", str, "CURVE: directory of the public certificates of allowed clients"),
-    ("journal", str, "the SQLite journal of every accepted turn (default: one per endpoint in the per-user "
-                     "state dir; see `turnpool history`)"),
+    (
+        "journal",
+        str,
+        "the SQLite journal of every accepted turn (default: one per endpoint in the per-user "
+        "state dir; see `turnpool history`)",
+    ),
     ("keep_days", float, "delete ended turns older than this many days from the journal"),
-    ("durability", str, "journal commits: 'normal' (default; survives a daemon crash, not a power loss) or "
-                        "'full' (fsync at each commit: survives a power loss too; slower)"),
+    (
+        "durability",
+        str,
+        "journal commits: 'normal' (default; survives a daemon crash, not a power loss) or "
+        "'full' (fsync at each commit: survives a power loss too; slower)",
+    ),
     ("log_level", str, "DEBUG, INFO, WARNING (default), ERROR"),
-    ("http", str, "serve the HTTP/SSE API and the dashboard on HOST:PORT (a bare PORT: 127.0.0.1; "
-                  "0: any free port); needs the http extra"),
-    ("http_token", str, "file holding the bearer token every /v1 request must then carry "
-                        "(required off loopback)"),
-    ("http_stall", float, "seconds an HTTP client may leave a response unread before it is dropped "
-                          "(default 30)"),
+    (
+        "http",
+        str,
+        "serve the HTTP/SSE API and the dashboard on HOST:PORT (a bare PORT: 127.0.0.1; "
+        "0: any free port); needs the http extra",
+    ),
+    (
+        "http_token",
+        str,
+        "file holding the bearer token every /v1 request must then carry (required off loopback)",
+    ),
+    (
+        "http_stall",
+        float,
+        "seconds an HTTP client may leave a response unread before it is dropped (default 30)",
+    ),
 )
 DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_level": "WARNING"}
 
@@ -88,31 +117,68 @@ def _flag(name: str) -> str:
 
 
 def register(subparsers: Any) -> None:
-    serve = subparsers.add_parser("serve", help="run the daemon", description=(
-        "Run the turnpool daemon: a pool of workers behind a client endpoint. SIGTERM/SIGINT drains "
-        "(--drain seconds), then disposes every turn (cause disposed) and exits 0; a second signal skips "
-        "the drain and SIGKILLs every turn at once. Prints a 'ready' line on stdout once clients can "
-        "connect."))
-    serve.add_argument("--config", metavar="FILE",
-                       help="TOML file with any of these options (flags override)")
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the daemon",
+        description=(
+            "Run the turnpool daemon: a pool of workers behind a client endpoint. SIGTERM/SIGINT drains "
+            "(--drain seconds), then disposes every turn (cause disposed) and exits 0; a second signal skips "
+            "the drain and SIGKILLs every turn at once. Prints a 'ready' line on stdout once clients can "
+            "connect."
+        ),
+    )
+    serve.add_argument(
+        "--config", metavar="FILE", help="TOML file with any of these options (flags override)"
+    )
     for name, kind, text in DAEMON_OPTIONS + SUPERVISOR_OPTIONS:
         serve.add_argument(_flag(name), dest=name, type=kind, default=None, help=text)
-    serve.add_argument("--journal-events", dest="journal_events", action="store_const", const=True,
-                       default=None, help="record the turns' events in the journal too")
-    serve.add_argument("--insecure-tcp", dest="insecure_tcp", action="store_const", const=True, default=None,
-                       help="allow tcp:// without CURVE (trusted networks only; refused otherwise)")
-    serve.add_argument("--no-journal", dest="no_journal", action="store_const", const=True, default=None,
-                       help="run without a journal: nothing survives a restart")
-    options.add_path(serve, help="a directory workers import agents from (repeatable). Nothing else is searched "
-                            "but PYTHONPATH's absolute entries and installed packages: never the daemon's "
-                            "working directory (`--path .` says so explicitly)")
-    serve.add_argument("--worker-log", dest="worker_log", default=None, metavar="FILE",
-                       help="where workers' stdout and stderr go: a log file rotated by size (default: "
-                            "workers-<key>.log in the per-user state dir, next to the journal), 'stderr' "
-                            "(forwarded, never blocking the daemon), or 'none'")
-    serve.add_argument("--worker-log-max-mb", dest="worker_log_max_mb", type=float, default=None,
-                       metavar="MB", help="size of the worker log before it is rotated; 4 files are kept "
-                                          "(default 16)")
+    serve.add_argument(
+        "--journal-events",
+        dest="journal_events",
+        action="store_const",
+        const=True,
+        default=None,
+        help="record the turns' events in the journal too",
+    )
+    serve.add_argument(
+        "--insecure-tcp",
+        dest="insecure_tcp",
+        action="store_const",
+        const=True,
+        default=None,
+        help="allow tcp:// without CURVE (trusted networks only; refused otherwise)",
+    )
+    serve.add_argument(
+        "--no-journal",
+        dest="no_journal",
+        action="store_const",
+        const=True,
+        default=None,
+        help="run without a journal: nothing survives a restart",
+    )
+    options.add_path(
+        serve,
+        help="a directory workers import agents from (repeatable). Nothing else is searched "
+        "but PYTHONPATH's absolute entries and installed packages: never the daemon's "
+        "working directory (`--path .` says so explicitly)",
+    )
+    serve.add_argument(
+        "--worker-log",
+        dest="worker_log",
+        default=None,
+        metavar="FILE",
+        help="where workers' stdout and stderr go: a log file rotated by size (default: "
+        "workers-<key>.log in the per-user state dir, next to the journal), 'stderr' "
+        "(forwarded, never blocking the daemon), or 'none'",
+    )
+    serve.add_argument(
+        "--worker-log-max-mb",
+        dest="worker_log_max_mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="size of the worker log before it is rotated; 4 files are kept (default 16)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     submit = subparsers.add_parser("submit", help="submit a turn to the daemon")
@@ -211,8 +277,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     level = str(opts.pop("log_level")).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         return _fail(f"serve: --log-level must be DEBUG, INFO, WARNING or ERROR, got {level!r}", EXIT_USAGE)
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
     try:
         sup.update(_isolation_options(opts))
@@ -224,10 +291,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     no_journal = bool(opts.pop("no_journal", False))
     http_options = {name: opts.pop(name) for name in ("http", "http_token", "http_stall") if name in opts}
     durability = opts.pop("durability", None)
-    if no_journal and (journal_path is not None or keep_days is not None or journal_events
-                       or durability is not None):
-        return _fail("serve: --no-journal cannot go with --journal, --keep-days, --journal-events or "
-                     "--durability", EXIT_USAGE)
+    if no_journal and (
+        journal_path is not None or keep_days is not None or journal_events or durability is not None
+    ):
+        return _fail(
+            "serve: --no-journal cannot go with --journal, --keep-days, --journal-events or --durability",
+            EXIT_USAGE,
+        )
     if durability is not None and durability not in ("normal", "full"):
         return _fail(f"serve: --durability must be 'normal' or 'full', got {durability!r}", EXIT_USAGE)
     try:
@@ -240,10 +310,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return code
     if no_journal:
         return run_daemon(daemon)
-    from ..daemon.recovery import attach_journal
-    from ..daemon.journal import Journal, JournalError, default_journal_path
-
     from .._errors import DaemonAlreadyRunning
+    from ..daemon.journal import Journal, JournalError, default_journal_path
+    from ..daemon.recovery import attach_journal
 
     if journal_path is None:
         journal_path = str(default_journal_path(daemon.endpoint))
@@ -254,8 +323,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"turnpool serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     try:
-        journal = Journal.open(journal_path, keep_days=keep_days, events=journal_events,
-                               durability=durability or "normal")
+        journal = Journal.open(
+            journal_path, keep_days=keep_days, events=journal_events, durability=durability or "normal"
+        )
     except (JournalError, OSError) as exc:
         daemon._endpoint.release()
         return _fail(f"serve: {exc}")
@@ -266,9 +336,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         # J7: bounded even when the disk stalls or fails; what could not be written is said.
         if not journal.close(timeout=JOURNAL_CLOSE_TIMEOUT):
-            print(f"turnpool serve: journal {journal.path} could not be written at shutdown "
-                  f"({journal.error or 'the disk did not answer'}): the last turns' ends are not recorded; "
-                  "after a restart they end crashed", file=sys.stderr, flush=True)
+            print(
+                f"turnpool serve: journal {journal.path} could not be written at shutdown "
+                f"({journal.error or 'the disk did not answer'}): the last turns' ends are not recorded; "
+                "after a restart they end crashed",
+                file=sys.stderr,
+                flush=True,
+            )
             code = code or EXIT_FAILED
     return code
 
@@ -282,8 +356,12 @@ def _attach_http(daemon: Any, options: dict[str, Any]) -> int | None:
     except ImportError as exc:
         return _fail(f"serve: --http needs the http extra (pip install 'turnpool[http]'): {exc}")
     try:
-        attach_http(daemon, str(options["http"]), token_file=options.get("http_token"),
-                    stall=options.get("http_stall"))
+        attach_http(
+            daemon,
+            str(options["http"]),
+            token_file=options.get("http_token"),
+            stall=options.get("http_stall"),
+        )
     except (OSError, ValueError) as exc:
         return _fail(f"serve: {exc}", EXIT_USAGE)
     return None
@@ -320,8 +398,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _client(args) as client:
-            handle = await client.submit(args.agent, data, session=args.session, timeout=args.timeout,
-                                         turn_id=args.turn_id)
+            handle = await client.submit(
+                args.agent, data, session=args.session, timeout=args.timeout, turn_id=args.turn_id
+            )
             if not (args.wait or args.follow):
                 print(handle.turn_id, flush=True)
                 return EXIT_OK
@@ -376,16 +455,24 @@ def render_status(st: dict[str, Any]) -> None:
 
     console = Console(file=sys.stdout, width=max(100, Console().width))
     daemon = st.get("daemon", {})
-    console.print(f"turnpool daemon pid {daemon.get('pid', st.get('pid'))} at {daemon.get('endpoint', '?')} "
-                  f"({st.get('state')}{'' if daemon.get('accepting', True) else ', not accepting'})")
+    console.print(
+        f"turnpool daemon pid {daemon.get('pid', st.get('pid'))} at {daemon.get('endpoint', '?')} "
+        f"({st.get('state')}{'' if daemon.get('accepting', True) else ', not accepting'})"
+    )
     if daemon.get("journal_error"):  # J7: why submits are refused
         console.print(f"journal unavailable: {daemon['journal_error']}", markup=False)
     table = Table(title="workers")
     for col in ("id", "pid", "state", "turn", "turns run", "RSS MiB"):
         table.add_column(col, justify="right" if col in ("pid", "turns run", "RSS MiB") else "left")
     for w in st.get("workers", []):
-        table.add_row(str(w["id"]), str(w["pid"]), str(w["state"]), w["turn_id"] or "-", str(w["turns_run"]),
-                      f"{w['rss_mb']:.1f}")
+        table.add_row(
+            str(w["id"]),
+            str(w["pid"]),
+            str(w["state"]),
+            w["turn_id"] or "-",
+            str(w["turns_run"]),
+            f"{w['rss_mb']:.1f}",
+        )
     console.print(table)
     console.print(f"queue depth: {st.get('queue', 0)}   running: {st.get('running', 0)}")
     if st.get("worker_output"):
@@ -398,6 +485,8 @@ def render_status(st: dict[str, Any]) -> None:
         counts.add_row(name, str(outcomes.get(name, 0)))
     console.print(counts)
     esc = st.get("escalations", {})
-    console.print(f"escalations: sigterm {esc.get('sigterm', 0)}, sigkill {esc.get('sigkill', 0)}   "
-                  f"worker restarts: {st.get('worker_restarts', 0)}   "
-                  f"malformed frames: {daemon.get('malformed_frames', 0)}")
+    console.print(
+        f"escalations: sigterm {esc.get('sigterm', 0)}, sigkill {esc.get('sigkill', 0)}   "
+        f"worker restarts: {st.get('worker_restarts', 0)}   "
+        f"malformed frames: {daemon.get('malformed_frames', 0)}"
+    )

@@ -17,8 +17,8 @@ import msgspec
 from wire import OUTCOMES
 
 from .._errors import UnknownTurn
-from . import options
 from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
+from . import options
 
 
 def _since(value: str) -> float:
@@ -34,7 +34,8 @@ def _since(value: str) -> float:
         return dt.datetime.fromisoformat(value).timestamp()
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--since takes epoch seconds, an ISO time (2026-11-30T08:00) or an age (30m, 2h, 7d), not {value!r}"
+            "--since takes epoch seconds, an ISO time (2026-11-30T08:00) or an age (30m, 2h, 7d), "
+            f"not {value!r}"
         ) from None
 
 
@@ -46,8 +47,11 @@ def register(sub: Any) -> None:
     h.add_argument("--since", type=_since, help="epoch seconds, ISO time, or an age like 2h")
     h.add_argument("--limit", type=int, default=100)
     h.add_argument("--json", action="store_true", help="one JSON object per line")
-    options.add_endpoint(h, help="the daemon whose journal to read (default: TURNPOOL_ENDPOINT or the "
-                                 "default endpoint)", timeout=False)
+    options.add_endpoint(
+        h,
+        help="the daemon whose journal to read (default: TURNPOOL_ENDPOINT or the default endpoint)",
+        timeout=False,
+    )
     h.set_defaults(func=history)
 
     r = sub.add_parser("result", help="print one past turn's result as JSON")
@@ -64,8 +68,9 @@ def _path(args: argparse.Namespace) -> str:
 
 def history(args: argparse.Namespace) -> int:
     try:
-        rows = read_history(_path(args), session=args.session, outcome=args.outcome, since=args.since,
-                            limit=args.limit)
+        rows = read_history(
+            _path(args), session=args.session, outcome=args.outcome, since=args.since, limit=args.limit
+        )
     except JournalError as exc:
         print(f"turnpool history: {exc}", file=sys.stderr)
         return 2
@@ -84,9 +89,15 @@ def history(args: argparse.Namespace) -> int:
         if row["ended_at"] and row["started_at"]:
             took = f"{(row['ended_at'] - row['started_at']) * 1000:.0f} ms"
         table.add_row(
-            row["turn_id"], row["agent"], row["session"] or "", row["state"], row["outcome"] or "",
-            row["cause"] or "", str(row["attempts"]),
-            dt.datetime.fromtimestamp(row["accepted_at"]).isoformat(timespec="seconds"), took,
+            row["turn_id"],
+            row["agent"],
+            row["session"] or "",
+            row["state"],
+            row["outcome"] or "",
+            row["cause"] or "",
+            str(row["attempts"]),
+            dt.datetime.fromtimestamp(row["accepted_at"]).isoformat(timespec="seconds"),
+            took,
         )
     Console().print(table)
     return 0

@@ -16,12 +16,11 @@ from .exits import EXIT_INTERRUPTED, EXIT_USAGE
 
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (
-    "supervisor.cli.daemon",   # serve, submit, cancel, status
+    "supervisor.cli.daemon",  # serve, submit, cancel, status
     "supervisor.cli.journal",  # history, result
-    "supervisor.batch",        # batch
-    "supervisor.acp.acp",      # acp
+    "supervisor.batch",  # batch
+    "supervisor.acp.acp",  # acp
 )
-
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,13 +59,19 @@ def add_endpoint(parser: argparse.ArgumentParser, *, help: str = ENDPOINT_HELP, 
 
 
 def add_pool_or_daemon(
-    parser: argparse.ArgumentParser, *, workers_default: int | None, workers_help: str, connect_help: str,
+    parser: argparse.ArgumentParser,
+    *,
+    workers_default: int | None,
+    workers_help: str,
+    connect_help: str,
     connect_default_endpoint: bool = False,
 ) -> None:
     """``--workers N`` (an embedded pool) or ``--connect E`` / ``--endpoint E`` (a daemon), not both.
     With ``connect_default_endpoint``, ``--connect`` without a value means the default endpoint."""
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=positive_int, default=workers_default, metavar="N", help=workers_help)
+    where.add_argument(
+        "--workers", type=positive_int, default=workers_default, metavar="N", help=workers_help
+    )
     extra: dict[str, Any] = {"nargs": "?", "const": ""} if connect_default_endpoint else {}
     where.add_argument("--connect", "--endpoint", dest="connect", metavar="E", help=connect_help, **extra)
 
@@ -76,8 +82,10 @@ def add_ladder(parser: argparse.ArgumentParser, *, grace_help: str, kill_after_h
     parser.add_argument("--kill-after", type=seconds, default=None, metavar="S", help=kill_after_help)
 
 
-PATH_HELP = ("a directory the embedded pool's workers import agents from (repeatable; the working "
-             "directory is not searched: `--path .` to use it)")
+PATH_HELP = (
+    "a directory the embedded pool's workers import agents from (repeatable; the working "
+    "directory is not searched: `--path .` to use it)"
+)
 
 
 def add_path(parser: argparse.ArgumentParser, *, help: str = PATH_HELP) -> None:

@@ -37,7 +37,6 @@ import wire
 from wire import Cause, TurnResult, validate_cause
 
 from .._engine import check_agent, check_optional_str, check_seconds
-from ..daemon.endpoint import ipc_path, socket_options
 from .._errors import (
     AuthenticationFailed,
     DaemonShuttingDown,
@@ -54,12 +53,19 @@ from .._errors import (
 from .._handle import TurnHandle
 from .._paths import default_endpoint
 from .._sync import SyncFront
+from ..daemon.endpoint import ipc_path, socket_options
 
 log = logging.getLogger("turnpool.client")
 
-_MONITORED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
-              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-              | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_MONITOR_STOPPED)
+_MONITORED = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_MONITOR_STOPPED
+)
 
 
 class _Lost:
@@ -109,8 +115,9 @@ class Client:
     ) -> None:
         self.endpoint = endpoint or default_endpoint()
         self.timeout = check_seconds("timeout", timeout, allow_none=False, positive=True)
-        self.request_timeout = check_seconds("request_timeout", request_timeout, allow_none=False,
-                                              positive=True)
+        self.request_timeout = check_seconds(
+            "request_timeout", request_timeout, allow_none=False, positive=True
+        )
         if isinstance(follow_window, bool) or not isinstance(follow_window, int) or follow_window < 2:
             raise ValueError(f"follow_window must be an int >= 2, got {follow_window!r}")
         self.follow_window = follow_window
@@ -148,9 +155,14 @@ class Client:
         The connection is made on entering; it raises ``DaemonUnavailable`` (naming the endpoint)
         within ``timeout`` when no daemon answers, ``ProtocolError`` on a version mismatch.
         """
-        return cls(endpoint, timeout=timeout, request_timeout=request_timeout,
-                   curve_server_key=curve_server_key, curve_secret_key=curve_secret_key,
-                   follow_window=follow_window)
+        return cls(
+            endpoint,
+            timeout=timeout,
+            request_timeout=request_timeout,
+            curve_server_key=curve_server_key,
+            curve_secret_key=curve_secret_key,
+            follow_window=follow_window,
+        )
 
     def __await__(self) -> Generator[Any, None, Client]:
         async def opened() -> Client:
@@ -177,7 +189,8 @@ class Client:
         if path is not None and not path.exists():
             self._state = "closed"
             raise DaemonUnavailable(
-                f"no turnpool daemon is running at {self.endpoint} (no socket file {path})")
+                f"no turnpool daemon is running at {self.endpoint} (no socket file {path})"
+            )
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.DEALER)
         socket_options(sock)
@@ -210,12 +223,14 @@ class Client:
             if self._auth_failed and self.curve_secret_key is None:
                 raise AuthenticationFailed(
                     f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
-                    "(pass curve_server_key and curve_secret_key)")
+                    "(pass curve_server_key and curve_secret_key)"
+                )
             if self._auth_failed:
                 raise AuthenticationFailed(
                     f"the turnpool daemon at {self.endpoint} refused this client: the CURVE handshake failed "
                     "(is this client's public key in the daemon's --curve-clients directory, and is "
-                    "curve_server_key the daemon's public key?)")
+                    "curve_server_key the daemon's public key?)"
+                )
             if welcome is None:
                 why = self._lost or f"no answer within {self.timeout}s"
                 raise DaemonUnavailable(f"no turnpool daemon is running at {self.endpoint} ({why})")
@@ -231,8 +246,9 @@ class Client:
         """Shake hands: this client speaks ``CLIENT_PROTOCOL_VERSION``; a daemon that does not
         (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
         older clients and says in ``Welcome`` which version it speaks to this one."""
-        return await self._call(lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False,
-                                handshake=True)
+        return await self._call(
+            lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False, handshake=True
+        )
 
     def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
         import zmq.auth
@@ -288,8 +304,11 @@ class Client:
             elif kind == zmq.EVENT_CONNECT_RETRIED:
                 self._lost = "connection refused"
                 self._fail_pending(self._lost)
-            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            elif kind in (
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+            ):
                 # The daemon is there but refused this client (or its key): an authentication
                 # failure, not a missing daemon.
                 self._auth_failed = True
@@ -337,20 +356,30 @@ class Client:
     async def _send(self, msg: Any) -> None:
         frame = wire.encode(msg)
         if len(frame) > self.max_message_size:
-            raise ValueError(f"request of {len(frame)} bytes is above the daemon's limit of "
-                             f"{self.max_message_size} bytes")
+            raise ValueError(
+                f"request of {len(frame)} bytes is above the daemon's limit of {self.max_message_size} bytes"
+            )
         assert self._sock is not None
         await self._sock.send(frame)
 
     def _check_open(self) -> None:
         if self._state != "open":
-            raise SupervisorClosed("the client is closed" if self._state == "closed"
-                                   else "the client is not connected: use `async with Client.connect(...)`")
+            raise SupervisorClosed(
+                "the client is closed"
+                if self._state == "closed"
+                else "the client is not connected: use `async with Client.connect(...)`"
+            )
         if self._lost is not None:
             raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {self._lost}")
 
-    async def _call(self, make: Callable[[int], Any], *, bounded: bool = True, turn_id: str | None = None,
-                    handshake: bool = False) -> Any:
+    async def _call(
+        self,
+        make: Callable[[int], Any],
+        *,
+        bounded: bool = True,
+        turn_id: str | None = None,
+        handshake: bool = False,
+    ) -> Any:
         """Send one request and wait for its one reply (at most ``request_timeout`` when
         ``bounded``); raise the reply's error, typed. An unbounded wait that is cancelled (or
         fails) before its reply tells the daemon to drop the request (``Abandon``)."""
@@ -408,8 +437,16 @@ class Client:
         bad types), ``ValueError`` (bad times, request above the size limit). From the daemon:
         ``QueueFull``, ``DaemonShuttingDown``. A known ``turn_id`` returns the existing turn.
         """
-        make = _submit_request(agent, input, session=session, timeout=timeout, grace=grace,
-                               kill_after=kill_after, turn_id=turn_id, retry=retry)
+        make = _submit_request(
+            agent,
+            input,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            retry=retry,
+        )
         reply = await self._call(make)
         return TurnHandle(self, reply.turn_id)
 
@@ -427,8 +464,17 @@ class Client:
     ) -> TurnResult:
         """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
         ``Result`` under the same request id. Raises as ``submit`` does."""
-        make = _submit_request(agent, input, session=session, timeout=timeout, grace=grace,
-                               kill_after=kill_after, turn_id=turn_id, retry=retry, wait=True)
+        make = _submit_request(
+            agent,
+            input,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            retry=retry,
+            wait=True,
+        )
         self._check_open()
         req = next(self._reqs)
         send, receive = anyio.create_memory_object_stream[Any](2)
@@ -544,8 +590,18 @@ class Client:
                     await self._send(wire.Unfollow(req))
 
 
-def _submit_request(agent: str, input: Any, *, session: Any, timeout: Any, grace: Any, kill_after: Any,
-                    turn_id: Any, wait: bool = False, retry: Any = False) -> Callable[[int], wire.Submit]:
+def _submit_request(
+    agent: str,
+    input: Any,
+    *,
+    session: Any,
+    timeout: Any,
+    grace: Any,
+    kill_after: Any,
+    turn_id: Any,
+    wait: bool = False,
+    retry: Any = False,
+) -> Callable[[int], wire.Submit]:
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
     raw = wire.encode_payload(input, what="turn input")
@@ -595,8 +651,8 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
 class SyncClient(SyncFront):
     """``Client`` with blocking methods, as a context manager::
 
-        with SyncClient.connect(ep) as client:
-            print(client.run("examples.agents:echo", {"text": "hi"}).output)
+    with SyncClient.connect(ep) as client:
+        print(client.run("examples.agents:echo", {"text": "hi"}).output)
     """
 
     def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:

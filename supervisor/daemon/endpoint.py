@@ -44,7 +44,7 @@ CLIENT_SNDHWM = 256
 def ipc_path(endpoint: str) -> Path | None:
     """The socket file of an ``ipc://`` endpoint (``None`` for other transports and abstract sockets)."""
     if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        return Path(endpoint[len("ipc://"):])
+        return Path(endpoint[len("ipc://") :])
     return None
 
 
@@ -125,8 +125,10 @@ class ClientEndpoint:
         if self.curve_secret_key is not None:
             self._setup_curve(sock)
         elif self.address.startswith("tcp://"):
-            log.warning("serving %s over tcp without CURVE: anyone who can reach the port can submit turns",
-                        self.address)
+            log.warning(
+                "serving %s over tcp without CURVE: anyone who can reach the port can submit turns",
+                self.address,
+            )
         path = ipc_path(self.address)
         old = os.umask(0o177)  # the socket file is born 0600
         try:

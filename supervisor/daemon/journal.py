@@ -48,8 +48,8 @@ import msgspec
 
 from wire import TurnResult
 
-from . import journal_writer as _journal_writer
 from .._errors import TurnpoolError
+from . import journal_writer as _journal_writer
 
 SCHEMA_VERSION = 1
 _APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
@@ -219,8 +219,15 @@ def _check_existing(path: Path) -> None:
 class Journal:
     """The durable record of every turn a daemon accepted. Thread-safe; writes are batched."""
 
-    def __init__(self, path: Path, *, keep_days: float | None = None, events: bool = False,
-                 durability: str = "normal", retry_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        keep_days: float | None = None,
+        events: bool = False,
+        durability: str = "normal",
+        retry_interval: float = 0.5,
+    ) -> None:
         if durability not in DURABILITY:
             raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
         self.path = Path(path)
@@ -246,10 +253,22 @@ class Journal:
     # ---- opening -----------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path | str, *, keep_days: float | None = None, events: bool = False,
-             durability: str = "normal", retry_interval: float = 0.5) -> Journal:
-        journal = cls(Path(path), keep_days=keep_days, events=events, durability=durability,
-                      retry_interval=retry_interval)
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        keep_days: float | None = None,
+        events: bool = False,
+        durability: str = "normal",
+        retry_interval: float = 0.5,
+    ) -> Journal:
+        journal = cls(
+            Path(path),
+            keep_days=keep_days,
+            events=events,
+            durability=durability,
+            retry_interval=retry_interval,
+        )
         journal._open()
         return journal
 
@@ -291,14 +310,20 @@ class Journal:
         try:
             child = subprocess.Popen(
                 [sys.executable, "-I", _journal_writer.__file__, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(), self._lock.fileno()), stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(), self._lock.fileno()),
+                stdin=subprocess.DEVNULL,
             )
         finally:
             theirs.close()
         self._sock, self._child = mine, child
-        init = {"path": str(self.path), "synchronous": DURABILITY[self.durability],
-                "keep_days": self.keep_days, "schema": _SCHEMA,  # idempotent: IF NOT EXISTS
-                "app_id": _APP_ID, "version": SCHEMA_VERSION}
+        init = {
+            "path": str(self.path),
+            "synchronous": DURABILITY[self.durability],
+            "keep_days": self.keep_days,
+            "schema": _SCHEMA,  # idempotent: IF NOT EXISTS
+            "app_id": _APP_ID,
+            "version": SCHEMA_VERSION,
+        }
         mine.settimeout(_START_TIMEOUT)
         try:
             _journal_writer.send(mine, init)
@@ -356,52 +381,88 @@ class Journal:
 
     # ---- writing -----------------------------------------------------------------------
 
-    def write(self, sql: str, params: Any, on_commit: Callable[[], None] | None = None,
-              on_fail: Callable[[str, bool], None] | None = None) -> None:
+    def write(
+        self,
+        sql: str,
+        params: Any,
+        on_commit: Callable[[], None] | None = None,
+        on_fail: Callable[[str, bool], None] | None = None,
+    ) -> None:
         """Queue one statement (``params`` a list of tuples: one statement per tuple); ``on_commit``
         runs (in the writer thread) once it is committed. A row with ``on_fail`` is an accept row:
         it is never retried; ``on_fail(why, conflict)`` runs instead of ``on_commit`` when its batch
         failed (``conflict``: the row was not inserted because the id was already there)."""
         self._queue.put(("row", sql, params, on_commit, on_fail))
 
-    def accepted(self, turn: Any, on_commit: Callable[[], None] | None = None,
-                 on_fail: Callable[[str, bool], None] | None = None) -> None:
+    def accepted(
+        self,
+        turn: Any,
+        on_commit: Callable[[], None] | None = None,
+        on_fail: Callable[[str, bool], None] | None = None,
+    ) -> None:
         """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
         An id already in the journal is never silently kept (J8): ``on_fail(why, True)``."""
         self.write(
             "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
             " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
             " ON CONFLICT(turn_id) DO NOTHING",
-            (turn.id, turn.agent, bytes(turn.input), turn.session, turn.parent, turn.timeout, turn.grace,
-             turn.kill_after, int(turn.retry), turn.attempts, time.time()),
-            on_commit, on_fail or _ignore_failure,
+            (
+                turn.id,
+                turn.agent,
+                bytes(turn.input),
+                turn.session,
+                turn.parent,
+                turn.timeout,
+                turn.grace,
+                turn.kill_after,
+                int(turn.retry),
+                turn.attempts,
+                time.time(),
+            ),
+            on_commit,
+            on_fail or _ignore_failure,
         )
 
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
         """J6: record that these turns may now run (committed before any worker gets them)."""
-        self.write("UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'",
-                   [(t,) for t in turn_ids], on_commit)
+        self.write(
+            "UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'",
+            [(t,) for t in turn_ids],
+            on_commit,
+        )
 
     def started(self, turn_id: str, worker_pid: int) -> None:
-        self.write("UPDATE turns SET state='running', started_at=?, worker_pid=? WHERE turn_id=?",
-                   (time.time(), worker_pid, turn_id))
+        self.write(
+            "UPDATE turns SET state='running', started_at=?, worker_pid=? WHERE turn_id=?",
+            (time.time(), worker_pid, turn_id),
+        )
 
     def requeued(self, turn_id: str, attempts: int) -> None:
-        self.write("UPDATE turns SET state='queued', attempts=?, started_at=NULL, worker_pid=NULL WHERE turn_id=?",
-                   (attempts, turn_id))
+        self.write(
+            "UPDATE turns SET state='queued', attempts=?, started_at=NULL, worker_pid=NULL WHERE turn_id=?",
+            (attempts, turn_id),
+        )
 
     def ended(self, result: TurnResult) -> None:
         self.write(
             "UPDATE turns SET state='ended', ended_at=?, outcome=?, cause=?, error_type=?, error_message=?,"
             " result=? WHERE turn_id=?",
-            (result.ended_at or time.time(), result.outcome, result.cause.kind if result.cause else None,
-             result.error.type if result.error else None, result.error.message if result.error else None,
-             _encode(result), result.turn_id),
+            (
+                result.ended_at or time.time(),
+                result.outcome,
+                result.cause.kind if result.cause else None,
+                result.error.type if result.error else None,
+                result.error.message if result.error else None,
+                _encode(result),
+                result.turn_id,
+            ),
         )
 
     def event(self, turn_id: str, seq: int, data: bytes) -> None:
         if self.journal_events:
-            self.write("INSERT OR IGNORE INTO events (turn_id, seq, data) VALUES (?,?,?)", (turn_id, seq, data))
+            self.write(
+                "INSERT OR IGNORE INTO events (turn_id, seq, data) VALUES (?,?,?)", (turn_id, seq, data)
+            )
 
     def flush(self) -> None:
         """Block until everything queued so far is committed."""
@@ -439,8 +500,9 @@ class Journal:
                 self._stop_child(0)
                 self._spawn()
             assert self._sock is not None
-            _journal_writer.send(self._sock, [(r[1], r[2], isinstance(r[2], list), r[4] is not None)
-                                              for r in rows])
+            _journal_writer.send(
+                self._sock, [(r[1], r[2], isinstance(r[2], list), r[4] is not None) for r in rows]
+            )
             reply = _journal_writer.recv(self._sock)
         except (OSError, JournalError) as exc:
             reply = (str(exc), [])
@@ -539,7 +601,8 @@ class Journal:
         con = _reader(self.path)
         try:
             rows = con.execute(
-                "SELECT result FROM turns WHERE state='ended' AND result IS NOT NULL ORDER BY seq DESC LIMIT ?",
+                "SELECT result FROM turns WHERE state='ended' AND result IS NOT NULL"
+                " ORDER BY seq DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         finally:
@@ -560,8 +623,19 @@ def _unfinished(path: Path) -> Iterator[RecoveredTurn]:
     con = _reader(path)
     try:
         for r in con.execute("SELECT * FROM turns WHERE state != 'ended' ORDER BY seq"):
-            yield RecoveredTurn(r["turn_id"], r["agent"], r["input"], r["session"], r["parent"], r["timeout"],
-                                r["grace"], r["kill_after"], bool(r["retry"]), r["attempts"], r["state"])
+            yield RecoveredTurn(
+                r["turn_id"],
+                r["agent"],
+                r["input"],
+                r["session"],
+                r["parent"],
+                r["timeout"],
+                r["grace"],
+                r["kill_after"],
+                bool(r["retry"]),
+                r["attempts"],
+                r["state"],
+            )
     finally:
         con.close()
 
@@ -621,7 +695,8 @@ def read_history(
     try:
         rows = con.execute(
             "SELECT turn_id, agent, session, parent, state, attempts, accepted_at, started_at, ended_at,"
-            f" worker_pid, outcome, cause, error_type, error_message FROM turns {where} ORDER BY seq DESC LIMIT ?",
+            " worker_pid, outcome, cause, error_type, error_message"
+            f" FROM turns {where} ORDER BY seq DESC LIMIT ?",
             (*params, limit),
         ).fetchall()
     finally:

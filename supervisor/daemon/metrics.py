@@ -33,8 +33,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from wire import TurnResult
 
 if TYPE_CHECKING:
-    from .server import Daemon
     from .._engine import TurnRecord
+    from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -50,8 +50,10 @@ class Metrics:
         self.accepted = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(
-            "turnpool_cancel_to_end_seconds", "Seconds from a cancel being asked to the turn's end",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "turnpool_cancel_to_end_seconds",
+            "Seconds from a cancel being asked to the turn's end",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.registry.register(self)
 
@@ -62,41 +64,54 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         sup = self.daemon.sup
-        turns = CounterMetricFamily("turnpool_turns", "Turns ended, by outcome and cause",
-                                    labels=["outcome", "cause"])
+        turns = CounterMetricFamily(
+            "turnpool_turns", "Turns ended, by outcome and cause", labels=["outcome", "cause"]
+        )
         for (outcome, cause), n in sorted(self.ended.items()):
             turns.add_metric([outcome, cause], n)
         yield turns
-        malformed = CounterMetricFamily("turnpool_malformed_frames", "Frames that did not decode",
-                                        labels=["link"])
+        malformed = CounterMetricFamily(
+            "turnpool_malformed_frames", "Frames that did not decode", labels=["link"]
+        )
         malformed.add_metric(["client"], self.daemon.malformed)
         malformed.add_metric(["worker"], sup.bad_frames if sup is not None else 0)
         yield malformed
-        yield CounterMetricFamily("turnpool_turns_accepted", "New turns accepted from clients",
-                                  value=self.accepted)
+        yield CounterMetricFamily(
+            "turnpool_turns_accepted", "New turns accepted from clients", value=self.accepted
+        )
         facts = self.daemon.client_facts()
-        yield GaugeMetricFamily("turnpool_clients", "Client connections the daemon holds state for",
-                                value=facts["clients"])
-        yield GaugeMetricFamily("turnpool_client_waits", "Pending result, follow and when_idle requests",
-                                value=facts["waits"])
+        yield GaugeMetricFamily(
+            "turnpool_clients", "Client connections the daemon holds state for", value=facts["clients"]
+        )
+        yield GaugeMetricFamily(
+            "turnpool_client_waits", "Pending result, follow and when_idle requests", value=facts["waits"]
+        )
         yield GaugeMetricFamily("turnpool_client_streams", "Open follows", value=facts["streams"])
-        dropped = CounterMetricFamily("turnpool_clients_dropped", "Clients whose state was freed, by why",
-                                      labels=["why"])
+        dropped = CounterMetricFamily(
+            "turnpool_clients_dropped", "Clients whose state was freed, by why", labels=["why"]
+        )
         dropped.add_metric(["gone"], facts["clients_gone"])
         dropped.add_metric(["stalled"], facts["clients_stalled"])
         yield dropped
-        yield CounterMetricFamily("turnpool_lagged_followers", "Followers dropped and told (lagged)",
-                                  value=facts["lagged_followers"])
-        yield GaugeMetricFamily("turnpool_journal_available",
-                                "1 while the journal can be written (submits are acknowledged), 0 when not",
-                                value=0 if self.daemon.unavailable is not None else 1)
+        yield CounterMetricFamily(
+            "turnpool_lagged_followers",
+            "Followers dropped and told (lagged)",
+            value=facts["lagged_followers"],
+        )
+        yield GaugeMetricFamily(
+            "turnpool_journal_available",
+            "1 while the journal can be written (submits are acknowledged), 0 when not",
+            value=0 if self.daemon.unavailable is not None else 1,
+        )
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup.queue))
-        yield GaugeMetricFamily("turnpool_turns_running", "Turns handed to a worker and not ended",
-                                value=sup.running)
+        yield GaugeMetricFamily(
+            "turnpool_turns_running", "Turns handed to a worker and not ended", value=sup.running
+        )
         states: collections.Counter[str] = collections.Counter(
-            {"busy": 0, "idle": 0, "starting": 0, "stopping": 0})
+            {"busy": 0, "idle": 0, "starting": 0, "stopping": 0}
+        )
         for slot in sup.pool.slots.values():
             states[slot.state] += 1
         workers = GaugeMetricFamily("turnpool_workers", "Worker processes by state", labels=["state"])
@@ -107,8 +122,11 @@ class Metrics:
         for step in ("sigterm", "sigkill"):
             esc.add_metric([step], sup.escalations.get(step, 0))
         yield esc
-        yield CounterMetricFamily("turnpool_worker_restarts", "Workers replaced after dying or being killed",
-                                  value=sup.worker_restarts)
+        yield CounterMetricFamily(
+            "turnpool_worker_restarts",
+            "Workers replaced after dying or being killed",
+            value=sup.worker_restarts,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -142,8 +160,8 @@ class Metrics:
 
 def _response(code: int, body: bytes, ctype: str) -> bytes:
     reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}[code]
-    head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
     return head.encode() + body
-
-

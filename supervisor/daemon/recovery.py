@@ -28,11 +28,10 @@ import msgspec
 import wire
 from wire import TurnError, TurnResult
 
-from .._engine import Supervisor
-from .server import Daemon
+from .._engine import Supervisor, TurnRecord
 from .._errors import JournalUnavailable
 from .journal import Journal, RecoveredTurn
-from .._engine import TurnRecord
+from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -73,8 +72,9 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             if fut is not None and not fut.done():
                 fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
 
-        journal.accepted(turn, lambda: on_loop(committed),
-                         lambda why, conflict: on_loop(failed, why, conflict))
+        journal.accepted(
+            turn, lambda: on_loop(committed), lambda why, conflict: on_loop(failed, why, conflict)
+        )
 
     def accepted(turn: TurnRecord) -> Any:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -133,9 +133,18 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
 def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: TurnError | None) -> TurnResult:
     now = time.time()
-    return TurnResult(turn_id=turn.turn_id, outcome=outcome, cause=cause, error=error,  # type: ignore[arg-type]
-                      started=turn.state == "running", session=turn.session, parent=turn.parent,
-                      agent=turn.agent, attempts=turn.attempts, ended_at=now)
+    return TurnResult(
+        turn_id=turn.turn_id,
+        outcome=outcome,
+        cause=cause,
+        error=error,  # type: ignore[arg-type]
+        started=turn.state == "running",
+        session=turn.session,
+        parent=turn.parent,
+        agent=turn.agent,
+        attempts=turn.attempts,
+        ended_at=now,
+    )
 
 
 def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
@@ -169,9 +178,17 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
         else:
             counts["requeued"] += 1
         # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
-        sup.readmit(turn.agent, msgspec.Raw(turn.input), session=turn.session, timeout=turn.timeout,
-                    grace=turn.grace, kill_after=turn.kill_after, turn_id=turn.turn_id,
-                    retry=turn.retry, attempts=attempts)
+        sup.readmit(
+            turn.agent,
+            msgspec.Raw(turn.input),
+            session=turn.session,
+            timeout=turn.timeout,
+            grace=turn.grace,
+            kill_after=turn.kill_after,
+            turn_id=turn.turn_id,
+            retry=turn.retry,
+            attempts=attempts,
+        )
     journal.flush()
     if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned")):
         log.warning("journal %s: recovered after a restart: %s", journal.path, counts)

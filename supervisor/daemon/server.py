@@ -48,7 +48,17 @@ import zmq.asyncio
 import wire
 from wire import Cause, TurnResult
 
-from .._engine import Supervisor
+from .._engine import Supervisor, TurnRecord
+from .._errors import (
+    DaemonAlreadyRunning,
+    DaemonShuttingDown,
+    InvalidAgent,
+    JournalUnavailable,
+    QueueFull,
+    SupervisorClosed,
+    UnknownTurn,
+)
+from .._paths import default_endpoint
 from .clients import (
     COALESCE,
     EVENTS_BATCH_BYTES,
@@ -61,18 +71,7 @@ from .clients import (
     Peer,
 )
 from .endpoint import ClientEndpoint
-from .._errors import (
-    DaemonAlreadyRunning,
-    DaemonShuttingDown,
-    InvalidAgent,
-    JournalUnavailable,
-    QueueFull,
-    SupervisorClosed,
-    UnknownTurn,
-)
 from .metrics import Metrics
-from .._paths import default_endpoint
-from .._engine import TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -101,8 +100,12 @@ class Daemon:
         curve_clients: str | os.PathLike[str] | None = None,
         insecure_tcp: bool = False,
     ) -> None:
-        self._endpoint = ClientEndpoint(endpoint or default_endpoint(), curve_secret_key=curve_secret_key,
-                                        curve_clients=curve_clients, insecure_tcp=insecure_tcp)
+        self._endpoint = ClientEndpoint(
+            endpoint or default_endpoint(),
+            curve_secret_key=curve_secret_key,
+            curve_clients=curve_clients,
+            insecure_tcp=insecure_tcp,
+        )
         if drain < 0:
             raise ValueError(f"drain must be >= 0 seconds, got {drain}")
         self.sup_kwargs = dict(supervisor or {})
@@ -229,8 +232,9 @@ class Daemon:
                     tg.start_soon(self._watch_disconnects, self._mon)
                     tg.start_soon(self._sweep)
                     if self.metrics_port is not None:
-                        self.metrics_bound = await tg.start(self.metrics.serve, self.metrics_host,
-                                                            self.metrics_port)
+                        self.metrics_bound = await tg.start(
+                            self.metrics.serve, self.metrics_host, self.metrics_port
+                        )
                     self.accepting = True
                     line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
                     line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
@@ -266,6 +270,7 @@ class Daemon:
         sup, skip = self.sup, self._skip_drain
         with anyio.move_on_after(self.drain):
             async with anyio.create_task_group() as drain:
+
                 async def skipped() -> None:
                     await skip.wait()
                     drain.cancel_scope.cancel()
@@ -350,8 +355,10 @@ class Daemon:
         frame = wire.encode(msg)
         if len(frame) > wire.MAX_MESSAGE_SIZE:
             self.too_large_replies += 1
-            why = (f"the {type(msg).__name__.lower()} reply is {len(frame)} bytes, above the "
-                   f"{wire.MAX_MESSAGE_SIZE}-byte message limit")
+            why = (
+                f"the {type(msg).__name__.lower()} reply is {len(frame)} bytes, above the "
+                f"{wire.MAX_MESSAGE_SIZE}-byte message limit"
+            )
             log.warning("%s (request %s)", why, msg.req)
             frame = wire.encode(self._for(peer, wire.Error(msg.req, "too_large", why)))
         elif isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
@@ -403,14 +410,19 @@ class Daemon:
         if not peer.tasks:
             return
         self._clients.stalled += 1
-        log.warning("a client stopped reading (its queue reached %d messages): dropping its %d pending "
-                    "requests", self._sock.getsockopt(zmq.SNDHWM) if self._sock else 0, len(peer.tasks))
+        log.warning(
+            "a client stopped reading (its queue reached %d messages): dropping its %d pending requests",
+            self._sock.getsockopt(zmq.SNDHWM) if self._sock else 0,
+            len(peer.tasks),
+        )
         for req, (scope, kind) in list(peer.tasks.items()):
             scope.cancel()
             if kind == "follow":
                 self.lagged_followers += 1
-                why = ("this follower was dropped: its client stopped reading until the daemon's send queue "
-                       "for it was full; follow again to resume from the oldest event kept")
+                why = (
+                    "this follower was dropped: its client stopped reading until the daemon's send queue "
+                    "for it was full; follow again to resume from the oldest event kept"
+                )
                 peer.owed.append(wire.Error(req, "lagged", why))
             else:
                 why = "this request was dropped: the client stopped reading until its send queue was full"
@@ -488,8 +500,10 @@ class Daemon:
         match msg:
             case wire.Hello(req=req, version=version):
                 if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
-                    why = (f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
-                           f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}")
+                    why = (
+                        f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
+                        f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}"
+                    )
                     self._send(ident, wire.Error(req, "protocol", why))
                 else:
                     peer = self._clients.peers.get(ident)
@@ -531,8 +545,9 @@ class Daemon:
                 stream = FollowStream(window, turn_id)
                 self._streams[(ident, req)] = stream
                 self._turn_streams.setdefault(turn_id, set()).add(stream)
-                self._task(self._follow, ident, req, followed, stream, key=(ident, req, "follow"),
-                           scope=stream.scope)
+                self._task(
+                    self._follow, ident, req, followed, stream, key=(ident, req, "follow"), scope=stream.scope
+                )
             case wire.Credit(req=req, n=n):
                 credited = self._streams.get((ident, req))
                 if credited is not None and n > 0:
@@ -550,18 +565,34 @@ class Daemon:
             case wire.WhenIdle(req=req):
                 self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
 
-    async def submit(self, agent: str, input: Any = None, *, session: str | None = None,
-                     timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
-                     grace: float | None = None, kill_after: float | None = None, turn_id: str | None = None,
-                     retry: bool = False) -> tuple[str, bool]:
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> tuple[str, bool]:
         """Accept a turn for a front end other than the client link (the HTTP API), exactly as a
         client's ``Submit`` is: returns ``(turn_id, existed)``; idempotent by ``turn_id`` (a known
         id returns ``(id, True)``, even while draining); returns only once every accept hook is
         done (the journal's commit). Raises ``DaemonShuttingDown`` while draining, and what
         ``Supervisor.submit`` raises (``InvalidAgent``, ``TypeError``, ``ValueError``, ``QueueFull``)."""
         raw = wire.encode_payload(input, what="turn input")
-        accepted, existed, gates = self._admit(agent, raw, session=session, timeout=timeout, grace=grace,
-                                               kill_after=kill_after, turn_id=turn_id, retry=retry)
+        accepted, existed, gates = self._admit(
+            agent,
+            raw,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            retry=retry,
+        )
         for gate in gates:
             await gate
         return accepted, existed
@@ -582,7 +613,9 @@ class Daemon:
             pending = self.unrecorded.get(turn_id)
             return turn_id, True, [pending] if pending is not None else []
         if not self.accepting:
-            raise DaemonShuttingDown(f"the daemon at {self.endpoint} is shutting down: it accepts no new turn")
+            raise DaemonShuttingDown(
+                f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
+            )
         if self.unavailable is not None:
             raise JournalUnavailable(self.unavailable)
         if turn_id is not None and self.lookup is not None:
@@ -604,8 +637,15 @@ class Daemon:
         req = msg.req
         try:
             turn_id, existed, gates = self._admit(
-                msg.agent, msg.input, session=msg.session, timeout=msg.timeout, grace=msg.grace,
-                kill_after=msg.kill_after, turn_id=msg.turn_id, retry=msg.retry)
+                msg.agent,
+                msg.input,
+                session=msg.session,
+                timeout=msg.timeout,
+                grace=msg.grace,
+                kill_after=msg.kill_after,
+                turn_id=msg.turn_id,
+                retry=msg.retry,
+            )
         except InvalidAgent as exc:
             self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
             return
@@ -625,14 +665,23 @@ class Daemon:
             self._send(ident, wire.Error(req, "bad_value", str(exc)))
             return
         if gates:
-            self._task(self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result"))
+            self._task(
+                self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
+            )
         else:
             self._send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
                 self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
 
-    async def _ack_after(self, ident: bytes, req: int, turn_id: str, gates: list[Awaitable[Any]],
-                         wait: bool, existing: bool = False) -> None:
+    async def _ack_after(
+        self,
+        ident: bytes,
+        req: int,
+        turn_id: str,
+        gates: list[Awaitable[Any]],
+        wait: bool,
+        existing: bool = False,
+    ) -> None:
         """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
         for gate in gates:
             try:
@@ -667,8 +716,13 @@ class Daemon:
                 self._cancel_times.setdefault(turn_id, now)
         return out
 
-    def _task(self, fn: Callable[..., Any], *args: Any, key: tuple[bytes, int, str] | None = None,
-              scope: anyio.CancelScope | None = None) -> None:
+    def _task(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        key: tuple[bytes, int, str] | None = None,
+        scope: anyio.CancelScope | None = None,
+    ) -> None:
         """Run a request that waits (result, follow, when_idle) as a task; with ``key`` it is
         registered under its client, so an ``Abandon``, a disconnect or a full queue cancels it."""
         assert self._tg is not None
@@ -686,8 +740,13 @@ class Daemon:
                 peer.tasks[req] = (scope, kind)
         self._tg.start_soon(self._run_task, fn, args, scope, key)
 
-    async def _run_task(self, fn: Callable[..., Any], args: tuple[Any, ...], scope: anyio.CancelScope,
-                        key: tuple[bytes, int, str] | None) -> None:
+    async def _run_task(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        scope: anyio.CancelScope,
+        key: tuple[bytes, int, str] | None,
+    ) -> None:
         try:
             with scope:
                 await fn(*args)
@@ -785,9 +844,11 @@ class Daemon:
     def _lagged(self, ident: bytes, req: int, turn: TurnRecord, missed: int) -> None:
         assert self.sup is not None
         self.lagged_followers += 1
-        why = (f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
-               f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
-               "the oldest one kept")
+        why = (
+            f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
+            f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
+            "the oldest one kept"
+        )
         self._send(ident, wire.Error(req, "lagged", why))
 
     async def _when_idle(self, ident: bytes, req: int) -> None:

@@ -37,8 +37,8 @@ from ._api import build_app
 from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
-    from ..daemon.server import Daemon
     from .._engine import TurnRecord
+    from ..daemon.server import Daemon
 
 log = logging.getLogger("turnpool.http")
 
