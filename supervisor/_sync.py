@@ -34,12 +34,14 @@ class SyncTurnHandle:
         try:
             while True:
                 try:
-                    yield self._portal.call(agen.__anext__)  # type: ignore[arg-type]
+                    yield self._portal.call(agen.__anext__)
                 except StopAsyncIteration:
                     return
         finally:
             with contextlib.suppress(Exception):
-                self._portal.call(agen.aclose)  # type: ignore[attr-defined]
+                aclose = getattr(agen, "aclose", None)  # an async generator's; a plain iterator has none
+                if aclose is not None:
+                    self._portal.call(aclose)
 
     def result(self) -> TurnResult:
         return self._portal.call(self._handle.result)

@@ -11,6 +11,7 @@ import os
 import secrets
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -149,7 +150,7 @@ class WorkerPool:
         self.zygote: Zygote | None = None
         self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
-        self.runtime_dir: str | None = None  # the private directory workers run from (R-PATH)
+        self.runtime_dir: Path | None = None  # the private directory workers run from (R-PATH)
         self.pythonpath = ""
         self.start_failures = 0
         self.last_start_error: str | None = None

@@ -156,8 +156,10 @@ class Supervisor:
         # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
         self.max_grace = require_seconds("max_grace", max_grace, positive=True)
-        self.grace = self._check_grace("grace", require_seconds("grace", grace))
-        self.kill_after = self._check_grace("kill_after", require_seconds("kill_after", kill_after))
+        self.grace = require_seconds("grace", grace)
+        self._check_grace("grace", self.grace)
+        self.kill_after = require_seconds("kill_after", kill_after)
+        self._check_grace("kill_after", self.kill_after)
         self.spares = spares
         self.max_turns_per_worker = max_turns_per_worker
         self.max_rss_mb = check_seconds("max_rss_mb", max_rss_mb, positive=True)
@@ -848,10 +850,10 @@ class Supervisor:
                 if turn.session == session and turn.state == "handed":
                     self._cancel(turn, cause)
                     cancelled.append(turn.id)
-            turn = slot.turn
-            if turn is not None and turn.session == session and turn.state == "running":
-                self._cancel(turn, cause)
-                cancelled.append(turn.id)
+            running = slot.turn
+            if running is not None and running.session == session and running.state == "running":
+                self._cancel(running, cause)
+                cancelled.append(running.id)
         return cancelled
 
     def _deadline(self, turn: TurnRecord) -> None:
@@ -906,10 +908,10 @@ class Supervisor:
         started_at = turn.started_at
         result = TurnResult(
             turn_id=turn.id,
-            outcome=outcome,
+            outcome=outcome,  # type: ignore[arg-type]  # one of wire's outcomes, checked by callers
             output=output,
             error=error,
-            cause=cause,  # type: ignore[arg-type]
+            cause=cause,
             started=turn.started,
             worker_pid=worker_pid,
             exit_code=exit_code,

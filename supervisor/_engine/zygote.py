@@ -118,8 +118,8 @@ class Zygote:
         while b"\n" in self._buf:
             line, self._buf = self._buf.split(b"\n", 1)
             try:
-                worker_id, pid = line.decode().split(" ")
-                out.append((worker_id, int(pid)))
+                worker_id, pid_text = line.decode().split(" ")
+                out.append((worker_id, int(pid_text)))
             except ValueError:
                 continue
         workers = []

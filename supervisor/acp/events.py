@@ -167,5 +167,5 @@ def stop_reason_of(output: Any) -> StopReason:
     if isinstance(output, dict):
         reason = output.get("stop_reason")
         if reason in AGENT_STOP_REASONS:
-            return reason  # type: ignore[no-any-return]
+            return reason
     return "end_turn"

@@ -289,7 +289,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     keep_days = opts.pop("keep_days", None)
     journal_events = bool(opts.pop("journal_events", False))
     no_journal = bool(opts.pop("no_journal", False))
-    http_options = {name: opts.pop(name) for name in ("http", "http_token", "http_stall") if name in opts}
+    http_options: dict[str, Any] = {
+        name: opts.pop(name) for name in ("http", "http_token", "http_stall") if name in opts
+    }
     durability = opts.pop("durability", None)
     if no_journal and (
         journal_path is not None or keep_days is not None or journal_events or durability is not None

@@ -524,7 +524,7 @@ class Client:
         accepted = validate_cause(cause)
         _check_turn_id(turn_id)
         reply = await self._call(lambda req: wire.Cancel(req, turn_id, accepted), turn_id=turn_id)
-        return reply.cause  # type: ignore[no-any-return]
+        return reply.cause
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
         """Cancel the running turn of ``session`` and clear its turns queued now; returns their ids."""
@@ -549,7 +549,7 @@ class Client:
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         _check_turn_id(turn_id)
         reply = await self._call(lambda req: wire.GetResult(req, turn_id), bounded=False, turn_id=turn_id)
-        return reply.result  # type: ignore[no-any-return]
+        return reply.result
 
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events as the daemon relays them (``TurnHandle.events``)."""
@@ -674,4 +674,4 @@ class SyncClient(SyncFront):
         return self
 
     def exists(self, turn_id: str) -> bool:
-        return self._call(self._target.exists, turn_id)  # type: ignore[no-any-return]
+        return self._call(self._target.exists, turn_id)

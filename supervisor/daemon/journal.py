@@ -680,7 +680,8 @@ def read_history(
     limit: int = 100,
 ) -> list[dict[str, Any]]:
     """Turns newest first, filtered; each a dict of the journal's columns (input left out)."""
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[Any] = []
     if session is not None:
         clauses.append("session = ?")
         params.append(session)

@@ -103,13 +103,13 @@ class Writer:
                         conflicts.append(i)
             con.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
-            con, self.con = self.con, None  # reconnect next time: a failed connection may stay failed
-            if con is not None:
+            failed, self.con = self.con, None  # reconnect next time: a failed connection may stay failed
+            if failed is not None:
                 try:
-                    con.execute("ROLLBACK")
+                    failed.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-                con.close()
+                failed.close()
             return f"{type(exc).__name__}: {exc}", []
         if self.keep_days is not None and time.monotonic() - self.last_compaction > 60:
             self.last_compaction = time.monotonic()

@@ -135,9 +135,9 @@ def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: Tu
     now = time.time()
     return TurnResult(
         turn_id=turn.turn_id,
-        outcome=outcome,
+        outcome=outcome,  # type: ignore[arg-type]  # "crashed" or "aborted", from this module
         cause=cause,
-        error=error,  # type: ignore[arg-type]
+        error=error,
         started=turn.state == "running",
         session=turn.session,
         parent=turn.parent,

@@ -36,7 +36,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -126,7 +126,7 @@ class Daemon:
         # Other front ends (the HTTP API): each is started with ``tg.start`` in the daemon's task
         # group once clients can connect, reports what to add to the ready line (or None), and
         # is cancelled after the supervisor has closed.
-        self.front_ends: list[Callable[..., Awaitable[Any]]] = []
+        self.front_ends: list[Callable[..., Coroutine[Any, Any, Any]]] = []
         # J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
         # returns its agent, input and result (None until it ended), or None if never recorded.
         self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
@@ -450,7 +450,7 @@ class Daemon:
         mon.setsockopt(zmq.RCVHWM, 0)
         mon.setsockopt(zmq.LINGER, 0)
         mon.connect(address)
-        return mon  # type: ignore[return-value]
+        return mon
 
     async def _watch_disconnects(self, mon: zmq.asyncio.Socket) -> None:
         from zmq.utils.monitor import parse_monitor_message
@@ -806,7 +806,9 @@ class Daemon:
                         # follower a few hundred sends a second, whatever the event rate (R21).
                         await anyio.sleep(early)
                         continue
-                    batch, sizes, size = [], [], 0
+                    batch: list[msgspec.Raw] = []
+                    sizes: list[int] = []
+                    size = 0
                     i, stop = seq - base, kept if count is None else min(kept, seq - base + count)
                     limit = EVENTS_BATCH_BYTES if room is None else min(EVENTS_BATCH_BYTES, room)
                     events = turn.events

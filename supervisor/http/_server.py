@@ -288,7 +288,7 @@ class HttpFrontEnd:
                 await anyio.sleep_forever()
             finally:
                 server.should_exit = True
-                with anyio.move_on_after(server.config.timeout_graceful_shutdown + 1, shield=True):
+                with anyio.move_on_after((server.config.timeout_graceful_shutdown or 0) + 1, shield=True):
                     await done.wait()
                 if not done.is_set():
                     for conn in list(server.server_state.connections):
