@@ -27,8 +27,8 @@ async def main(workers: int) -> None:
                     pids += [*ev["children"], ev["daemon"], ev["worker"]]
                     break
         pids += [w["pid"] for w in sup.status()["workers"] if w["pid"]]
-        if sup._zygote is not None:
-            pids.append(sup._zygote.pid)
+        if sup.pool.zygote is not None:
+            pids.append(sup.pool.zygote.pid)
         print(json.dumps({"supervisor": os.getpid(), "pids": sorted(set(pids))}), flush=True)
         await anyio.sleep_forever()
 

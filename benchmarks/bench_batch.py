@@ -92,7 +92,7 @@ def _cli(jobs: Path, out: Path) -> int:
         [
             sys.executable,
             "-c",
-            "from supervisor._cli import entry; entry()",
+            "from supervisor.cli.main import entry; entry()",
             "batch",
             str(jobs),
             "-o",
@@ -101,7 +101,7 @@ def _cli(jobs: Path, out: Path) -> int:
             "examples.agents:echo",
             "--workers",
             str(WORKERS),
-            "--path",  # the examples live in the checkout, not in the installed package
+            "--path",
             str(ROOT),
         ],
         cwd=ROOT,

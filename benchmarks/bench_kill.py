@@ -57,7 +57,7 @@ async def _recovery(n: int, spares: int) -> tuple[list[float], list[float]]:
             await handle.cancel()
             started = (await nxt.result()).output
             assert (await handle.result()).outcome == "killed"
-            killed_at = sup._get(handle.turn_id).ended_at  # the loop clock is time.monotonic on asyncio
+            killed_at = sup.record(handle.turn_id).ended_at  # the loop clock is time.monotonic on asyncio
             from_kill.append(started - killed_at)
             from_cancel.append(started - t0)
             await _ready(sup, 1 + spares)

@@ -1,7 +1,7 @@
 """Example agents for ``turnpool acp`` (``"examples.acp_agents:NAME"``).
 
 Each gets the prompt as its input ``{"text", "prompt", "session_id", "cwd"}`` and speaks to the
-editor through the event shapes of ``supervisor._acp_events``: ``{"type": "delta", "text"}``
+editor through the event shapes of ``supervisor.acp.events``: ``{"type": "delta", "text"}``
 for reply chunks, ``{"type": "tool_call", ...}`` / ``{"type": "tool_call_update", ...}`` for
 tool calls. Try one in an editor with ``turnpool acp --agent examples.acp_agents:chat --path .``
 (from the checkout's root: ``examples`` is not installed).

@@ -1,21 +1,21 @@
-"""turnpool's supervisor side: the pool, the turn table, cancellation and escalation.
+"""turnpool's supervisor side: the engine that runs turns in worker processes, and its front ends.
 
-Layers, bottom up: ``_timers`` (one task for every deadline), ``_turns`` (the turn record,
-the one cancellation holder, and the queue), ``_pool`` (a worker slot), ``_procs`` (start,
-signal, reap worker process trees), ``_core`` (``Supervisor``: the engine), ``_handle``
-(``TurnHandle``), ``_sync`` (blocking twins); around it the serve daemon: ``_daemon`` (a ROUTER
-in front of a ``Supervisor``), ``_endpoint`` (claiming and binding its address), ``_metrics``
-(Prometheus), ``_daemon_journal`` (the journal on the daemon's hooks), ``_client`` (``Client``,
-``SyncClient``), ``_cli_daemon`` (serve, submit, cancel, status); ``http/`` (``serve --http``: the
-HTTP/SSE API and the dashboard, on public methods only; ``_turninfo`` gives it read-only turn
-views). Never imports agent code.
+The map (each capability in a folder named for it; see docs/design.md, "Layout"):
+
+* ``_engine/`` — the engine (private): ``Supervisor`` keeps the policy (accept, cancel, escalate,
+  finish) and composes the worker link, the worker pool (and zygote), the dispatcher and the turn
+  table. Never imports agent code; reaches the worker side only through ``worker.lowlevel``.
+* ``_backend`` — the ``Backend`` contract every front end is written against (``Supervisor`` and
+  ``Client`` implement it) and ``open_backend``; ``_handle`` / ``_sync`` — ``TurnHandle`` and the
+  blocking twins.
+* front ends: ``daemon/`` (``turnpool serve``: server, endpoint, clients, metrics, journal,
+  recovery), ``client/`` (``Client``, ``SyncClient``), ``batch/`` (the batch runner), ``acp/`` (the
+  Agent Client Protocol front end), ``http/`` (``serve --http``), ``cli/`` (the ``turnpool`` command).
 """
 
 from wire import Cause, TurnError, TurnResult
 
-from ._client import Client, SyncClient
-from ._core import Supervisor
-from ._daemon import Daemon
+from ._engine import Supervisor
 from ._errors import (
     AuthenticationFailed,
     DaemonAlreadyRunning,
@@ -33,10 +33,31 @@ from ._errors import (
 )
 from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
+from .client.client import Client, SyncClient
+from .daemon.server import Daemon
 
 __all__ = [
-    "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
-    "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError", "QueueFull",
-    "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle",
-    "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
+    "AuthenticationFailed",
+    "Cause",
+    "Client",
+    "Daemon",
+    "DaemonAlreadyRunning",
+    "DaemonShuttingDown",
+    "DaemonUnavailable",
+    "FollowerDropped",
+    "InvalidAgent",
+    "JournalUnavailable",
+    "ProtocolError",
+    "QueueFull",
+    "Supervisor",
+    "SupervisorClosed",
+    "SyncClient",
+    "SyncSupervisor",
+    "SyncTurnHandle",
+    "TurnError",
+    "TurnHandle",
+    "TurnResult",
+    "TurnpoolError",
+    "UnknownTurn",
+    "WorkerStartError",
 ]

@@ -12,7 +12,8 @@ class QueueFull(TurnpoolError):
 
 
 class SupervisorClosed(TurnpoolError):
-    """Raised by ``submit``, ``run``, ``cancel`` and friends once the supervisor is shutting down or closed."""
+    """Raised by ``submit``, ``run``, ``cancel`` and friends once the supervisor is shutting down or
+    closed."""
 
 
 class UnknownTurn(TurnpoolError, LookupError):

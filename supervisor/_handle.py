@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from wire import Cause, TurnResult
 
-
-class _Backend(Protocol):
-    def _events(self, turn_id: str) -> AsyncIterator[Any]: ...
-    async def _result(self, turn_id: str) -> TurnResult: ...
-    async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None: ...
+if TYPE_CHECKING:
+    from ._backend import Backend
 
 
 class TurnHandle:
@@ -19,18 +16,18 @@ class TurnHandle:
 
     __slots__ = ("turn_id", "_backend")
 
-    def __init__(self, backend: _Backend, turn_id: str) -> None:
+    def __init__(self, backend: Backend, turn_id: str) -> None:
         self.turn_id = turn_id
         self._backend = backend
 
     def events(self) -> AsyncIterator[Any]:
         """The events the agent emitted, in order, from the turn's start (up to the retained
         bound); the iteration ends when the turn ends."""
-        return self._backend._events(self.turn_id)
+        return self._backend.events(self.turn_id)
 
     async def result(self) -> TurnResult:
         """Wait for the turn's one outcome. Returns only once the turn is quiescent."""
-        return await self._backend._result(self.turn_id)
+        return await self._backend.result(self.turn_id)
 
     async def cancel(self, cause: Any = None) -> Cause | None:
         """Cancel the turn (default cause ``{"kind": "user"}``); returns the winning cause."""
@@ -40,7 +37,11 @@ class TurnHandle:
         return f"TurnHandle({self.turn_id!r})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TurnHandle) and other.turn_id == self.turn_id and other._backend is self._backend
+        return (
+            isinstance(other, TurnHandle)
+            and other.turn_id == self.turn_id
+            and other._backend is self._backend
+        )
 
     def __hash__(self) -> int:
         return hash(self.turn_id)

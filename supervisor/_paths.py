@@ -33,7 +33,8 @@ def runtime_dir() -> Path:
         if len(str(fallback)) + IPC_SUFFIX_MAX > IPC_PATH_MAX:
             raise PermissionError(
                 f"{exc}; the fallback {fallback} is too long for an ipc:// socket path ({IPC_PATH_MAX} "
-                "bytes): set XDG_RUNTIME_DIR (or TURNPOOL_ENDPOINT)") from None
+                "bytes): set XDG_RUNTIME_DIR (or TURNPOOL_ENDPOINT)"
+            ) from None
         _warn_once(f"{exc}; using {fallback} instead")
         return _private(fallback)
 
@@ -67,11 +68,15 @@ def _private(path: Path) -> Path:
         pass
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"runtime directory {path} is not a directory owned by this user (a symlink or "
-                              f"a file, made by uid {st.st_uid})")
+        raise PermissionError(
+            f"runtime directory {path} is not a directory owned by this user (a symlink or "
+            f"a file, made by uid {st.st_uid})"
+        )
     if st.st_uid != os.getuid():
-        raise PermissionError(f"runtime directory {path} is not a directory owned by this user (uid "
-                              f"{os.getuid()}): uid {st.st_uid} created it")
+        raise PermissionError(
+            f"runtime directory {path} is not a directory owned by this user (uid "
+            f"{os.getuid()}): uid {st.st_uid} created it"
+        )
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700, follow_symlinks=False)  # ours: make it private again
     return path
@@ -81,7 +86,7 @@ def default_worker_log(endpoint: str) -> Path:
     """The worker log of the daemon serving ``endpoint``: next to its journal, in the state dir (R-OUT)."""
     import hashlib
 
-    from ._journal import state_dir
+    from .daemon.journal import state_dir
 
     key = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
     return state_dir() / f"workers-{key}.log"

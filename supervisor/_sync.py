@@ -34,12 +34,14 @@ class SyncTurnHandle:
         try:
             while True:
                 try:
-                    yield self._portal.call(agen.__anext__)  # type: ignore[arg-type]
+                    yield self._portal.call(agen.__anext__)
                 except StopAsyncIteration:
                     return
         finally:
             with contextlib.suppress(Exception):
-                self._portal.call(agen.aclose)  # type: ignore[attr-defined]
+                aclose = getattr(agen, "aclose", None)  # an async generator's; a plain iterator has none
+                if aclose is not None:
+                    self._portal.call(aclose)
 
     def result(self) -> TurnResult:
         return self._portal.call(self._handle.result)
@@ -128,13 +130,13 @@ def _sync_to_async(fn: Any) -> Any:
 class SyncSupervisor(SyncFront):
     """``Supervisor`` with blocking methods, for scripts and batch jobs::
 
-        with SyncSupervisor(workers=2) as sup:
-            print(sup.run("examples.agents:echo", {"text": "hi"}).output)
+    with SyncSupervisor(workers=2) as sup:
+        print(sup.run("examples.agents:echo", {"text": "hi"}).output)
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        from ._core import Supervisor
+        from ._engine import Supervisor
 
         self._args = args
         self._kwargs = kwargs

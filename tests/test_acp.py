@@ -464,7 +464,7 @@ async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
     """A ``session/cancel`` handled while the prompt's turn is still being submitted cancels
     that turn as soon as it exists: the prompt answers ``cancelled``, never ``end_turn``."""
     from supervisor import Supervisor
-    from supervisor._acp_agent import TurnpoolAgent
+    from supervisor.acp.agent import TurnpoolAgent
 
     cancel_handled = anyio.Event()
 
@@ -498,7 +498,7 @@ async def test_turn_stopped_by_its_deadline_answers_an_error() -> None:
     """A turn turnpool stopped on its own account (its deadline) was not cancelled by the editor:
     the prompt answers an error naming the cause, not ``cancelled``."""
     from supervisor import Supervisor
-    from supervisor._acp_agent import TurnpoolAgent
+    from supervisor.acp.agent import TurnpoolAgent
 
     async with Supervisor(workers=1, spares=0, grace=20, timeout=0.2) as sup:
         async with in_process(TurnpoolAgent(sup, "examples.acp_agents:slow")) as (client, rec, sid):

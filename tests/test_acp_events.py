@@ -1,4 +1,4 @@
-"""Turn events → ACP updates (``supervisor._acp_events``): pure translation, no processes."""
+"""Turn events → ACP updates (``supervisor.acp.events``): pure translation, no processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("acp")
 from acp.schema import AgentMessageChunk, AgentPlanUpdate, AgentThoughtChunk, ToolCallProgress, ToolCallStart  # noqa: E402
 
-from supervisor._acp_events import TurnEvents, stop_reason_of  # noqa: E402
+from supervisor.acp.events import TurnEvents, stop_reason_of  # noqa: E402
 
 
 def test_deltas_thoughts_and_bare_strings_become_chunks() -> None:

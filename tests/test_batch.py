@@ -31,7 +31,7 @@ from supervisor.batch import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-c", "from supervisor._cli import entry; entry()", "batch"]
+CLI = [sys.executable, "-c", "from supervisor.cli.main import entry; entry()", "batch"]
 
 E = "examples.agents:"
 
@@ -102,7 +102,7 @@ def test_batch_public_names_and_command() -> None:
     """The batch module's public names are pinned, and the console script has ``batch`` with the
     documented options and exit codes."""
     import supervisor.batch as batch
-    from supervisor import _cli
+    from supervisor.cli import main as _cli
 
     assert {
         "run_batch",
@@ -544,7 +544,7 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from supervisor._cli import entry; entry()",
+            "from supervisor.cli.main import entry; entry()",
             "serve",
             "--endpoint",
             endpoint,

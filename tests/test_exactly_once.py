@@ -37,7 +37,7 @@ async def _run_mix(tmp_path: Path, n: int, crash_share: float, pad: int, bound: 
     deliveries: collections.Counter[str] = collections.Counter()
     results: dict[str, Any] = {}
     async with Supervisor(workers=2, spares=1, worker_output=None, **EAGER) as sup:
-        sup._result_hooks.append(lambda turn, result: deliveries.update([turn.id]))
+        sup.add_hooks(on_result=lambda turn, result: deliveries.update([turn.id]))
         with anyio.fail_after(30):  # one quick turn: the mean turn time drops, prefetch deepens
             assert (await sup.run("examples.agents:echo", 0)).outcome == "completed"
 

@@ -23,7 +23,7 @@ import anyio
 import psutil
 import pytest
 
-import supervisor._core as core
+import supervisor._engine.supervisor as core
 from supervisor import Supervisor, TurnHandle, WorkerStartError
 
 pytestmark = pytest.mark.anyio
@@ -154,7 +154,7 @@ async def test_fault_matrix(name: str) -> None:
     ended: list[str] = []
     opts = {"grace": GRACE, "kill_after": KILL_AFTER, **fault.options}
     async with Supervisor(workers=1, spares=0, **opts) as sup:
-        sup._result_hooks.append(lambda turn, result: ended.append(turn.id))
+        sup.add_hooks(on_result=lambda turn, result: ended.append(turn.id))
         first_pid = sup.status()["workers"][0]["pid"]
         recorded = _tree_of(first_pid)  # the worker and its guardian
         handle = await sup.submit(fault.agent, fault.input)
@@ -334,7 +334,7 @@ async def test_an_end_after_a_failed_send_keeps_the_real_outcome() -> None:
     async with Supervisor(workers=1, spares=0, grace=20) as sup:
         handle = await sup.submit("tests.agents:wait_signal")
         info = await _first_event(handle)
-        slot = next(s for s in sup._slots.values() if s.turn is not None)
+        slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
         slot.doomed = True  # what a failed send does (before it SIGKILLs the worker)
         await handle.cancel({"kind": "deadline"})
         with anyio.fail_after(30):

@@ -311,8 +311,8 @@ async def test_stale_abort_is_dropped_by_the_worker() -> None:
     async with Supervisor(workers=1, spares=0) as sup:
         handle = await sup.submit("tests.agents:wait_signal")
         await first_event(handle)
-        slot = next(s for s in sup._slots.values() if s.turn is not None)
-        sup._send(slot, wire.Abort("some-earlier-turn", wire.USER))
+        slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
+        sup.link.send(slot, wire.Abort("some-earlier-turn", wire.USER))
         # The worker handled the stale abort before this round trip completes.
         with anyio.fail_after(30):
             probe = await sup.submit("examples.agents:echo", 1)
@@ -371,7 +371,7 @@ async def test_disposal_cancels_everything_with_cause_disposed() -> None:
         await first_event(coop)
         info = await first_event(stub)
         await coop.cancel()  # user first; disposal still wins in the result
-        pids = [s.pid for s in sup._slots.values()]
+        pids = [s.pid for s in sup.pool.slots.values()]
     results = {h: await h.result() for h in (coop, stub, queued)}
     assert results[queued].outcome == "aborted" and not results[queued].started
     assert results[stub].outcome == "killed"

@@ -1,6 +1,6 @@
 """Hostile input on the worker link, from both ends.
 
-Towards the supervisor (its private worker endpoint, ``sup._endpoint``): random bytes and
+Towards the supervisor (its private worker endpoint, ``sup.link.endpoint``): random bytes and
 random multipart frames from a stranger; valid messages from a stranger (including an
 ``End`` for a running turn); a peer spoofing a live worker's identity; a frame above
 ``MAXMSGSIZE``; and a *puppet worker* — the test itself holding a worker slot's identity —
@@ -34,7 +34,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import supervisor._core as core
+import supervisor._engine.supervisor as core
 import wire
 from supervisor import Supervisor
 from worker._guards import EXIT_LINK_LOST
@@ -164,8 +164,8 @@ def test_stranger_frames_are_counted_and_change_nothing(portal: BlockingPortal) 
         handle = portal.call(sup.submit, "tests.agents:wait_signal")
         portal.call(_first, handle)
         turn_id = handle.turn_id
-        slot = next(iter(sup._slots.values()))
-        stranger = _dealer(ctx, sup._endpoint)
+        slot = next(iter(sup.pool.slots.values()))
+        stranger = _dealer(ctx, sup.link.endpoint)
         sent = 0
 
         @FUZZ
@@ -192,12 +192,12 @@ def test_stranger_frames_are_counted_and_change_nothing(portal: BlockingPortal) 
         # A frame above MAXMSGSIZE: the socket drops it and the peer; the supervisor never sees it.
         stranger.send(b"\x91" + b"\x00" * (wire.MAX_MESSAGE_SIZE + 1))
         # A peer that takes a live worker's identity: ZeroMQ refuses the duplicate identity.
-        spoof = _dealer(ctx, sup._endpoint, identity=slot.ident)
+        spoof = _dealer(ctx, sup.link.endpoint, identity=slot.ident)
         spoof.send(wire.encode_frame([wire.End(turn_id, "completed", wire.encode_payload("spoofed"))]))
         FRAMES_TRIED["stranger"] = sent + 2
         print(f"stranger frames tried: {sent + 2}")
 
-        record = sup._turns[turn_id]
+        record = sup.record(turn_id)
         assert record.state == "running" and record.result is None and record.cause is None
         assert len(record.events) == 1  # only the worker's own event
         assert sup.status()["outcomes"] == {}
@@ -246,10 +246,10 @@ class _Puppet:
         self.sock: zmq.Socket[Any] | None = None
 
     def slot(self) -> Any:
-        return next(s for s in self.sup._slots.values() if s.state == "starting")
+        return next(s for s in self.sup.pool.slots.values() if s.state == "starting")
 
     def connect(self, slot: Any) -> zmq.Socket[Any]:
-        self.sock = _dealer(self.ctx, self.sup._endpoint, identity=slot.ident)
+        self.sock = _dealer(self.ctx, self.sup.link.endpoint, identity=slot.ident)
         return self.sock
 
     def send(self, *msgs: Any) -> None:
@@ -355,8 +355,8 @@ def test_puppet_out_of_order_messages_change_nothing(
         assert isinstance(run, wire.Run) and run.turn_id == handle.turn_id
         tid = run.turn_id
         puppet.send(wire.Started(tid))
-        record = sup._turns[tid]
-        n_turns = len(sup._turns)
+        record = sup.record(tid)
+        n_turns = len(sup.table)
         state = {"bad": sup.bad_frames, "seq": 0, "tried": 0}
         other_ids = st.text(min_size=0, max_size=12).filter(lambda s: s != tid)
         payload = st.builds(wire.encode_payload, st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20))
@@ -400,7 +400,7 @@ def test_puppet_out_of_order_messages_change_nothing(
             state["bad"] += expected
             assert sup.bad_frames == state["bad"]
             assert record.state == "running" and record.result is None and record.cause is None
-            assert len(sup._turns) == n_turns and sup.status()["outcomes"] == {}
+            assert len(sup.table) == n_turns and sup.status()["outcomes"] == {}
             while puppet.sock.poll(0):  # type: ignore[union-attr]
                 for reply in wire.decode_to_worker(puppet.sock.recv()):  # type: ignore[union-attr]
                     assert isinstance(reply, wire.SpawnReply) and reply.error is not None
@@ -558,10 +558,10 @@ def test_unreachable_worker_is_replaced_and_its_turn_requeued(
         puppet.connect(first)
         puppet.send(wire.Ready(first.pid, first.token, wire.PROTOCOL_VERSION))
         hosted.entered.result(timeout=30)
-        mon = portal.call(lambda: sup._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))  # type: ignore[union-attr]
+        mon = portal.call(lambda: sup.link.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))  # type: ignore[union-attr]
         puppet.sock.close()  # type: ignore[union-attr]
         portal.call(_next_monitor_event, mon)  # the supervisor's socket saw the peer go
-        portal.call(lambda: (sup._sock.disable_monitor(), mon.close()))  # type: ignore[union-attr]
+        portal.call(lambda: (sup.link.socket.disable_monitor(), mon.close()))  # type: ignore[union-attr]
         handle = portal.call(sup.submit, "examples.agents:echo", "again")
         portal.call(wait_spawn, 2)
         second = puppet.slot()

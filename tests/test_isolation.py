@@ -170,7 +170,7 @@ async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None
         ) as sup:
             r = await sup.run("tests.agents.isolation:hello", "hi")
             assert r.outcome == "completed", r
-            assert r.output == str(sup._dir) != os.getcwd()
+            assert r.output == str(sup.pool.runtime_dir) != os.getcwd()
             assert stat.S_IMODE(os.stat(r.output).st_mode) == 0o700
             for stream in ("stdout", "stderr"):  # the pump thread writes them soon after
                 line = re.compile(rf"^\S+ w1\[{r.worker_pid}\]: hello-{stream} hi$", re.M)

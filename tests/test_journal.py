@@ -14,21 +14,21 @@ from pathlib import Path
 import pytest
 
 import wire
-from supervisor._journal import Journal, JournalError, read_history, read_result
-from supervisor._turns import TurnRecord
+from supervisor._engine import TurnRecord
+from supervisor.daemon.journal import Journal, JournalError, read_history, read_result
 
 
 def record(turn_id: str, session: str | None = None, retry: bool = False) -> TurnRecord:
     t = TurnRecord(
-        turn_id,
-        "examples.agents:echo",
-        wire.encode_payload({"id": turn_id}),
-        session,
-        None,
-        None,
-        5.0,
-        2.0,
-        0.0,
+        turn_id=turn_id,
+        agent="examples.agents:echo",
+        input=wire.encode_payload({"id": turn_id}),
+        session=session,
+        parent=None,
+        timeout=None,
+        grace=5.0,
+        kill_after=2.0,
+        now=0.0,
     )
     t.retry = retry
     return t
@@ -95,7 +95,7 @@ def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from supervisor._journal import Journal; j = Journal.open(sys.argv[1]); "
+            "import sys; from supervisor.daemon.journal import Journal; j = Journal.open(sys.argv[1]); "
             "print('ready', flush=True); sys.stdin.read()",
             str(path),
         ],
@@ -160,7 +160,7 @@ def test_history_and_result_commands(tmp_path: Path) -> None:
     journal.accepted(record("x2", "s2"))
     journal.ended(wire.TurnResult(turn_id="x1", outcome="killed", cause=wire.DEADLINE, ended_at=time.time()))
     journal.close()
-    turnpool = [sys.executable, "-m", "supervisor._cli_main"]
+    turnpool = [sys.executable, "-m", "supervisor.cli"]
     out = subprocess.run(
         [*turnpool, "history", "--journal", str(path), "--json", "--session", "s1"],
         capture_output=True,

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from supervisor import Client, JournalUnavailable
-from supervisor._journal import lock_name, read_history
+from supervisor.daemon.journal import lock_name, read_history
 from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio
@@ -562,7 +562,7 @@ def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
     daemon's ``journal_unavailable`` error code into it."""
     import supervisor
     import wire
-    from supervisor._client import _error
+    from supervisor.client.client import _error
 
     assert "JournalUnavailable" in supervisor.__all__ and "journal_unavailable" in wire.ERROR_CODES
     err = _error(wire.Error(1, "journal_unavailable", "cannot write the journal: disk full"), None, "ipc://x")
@@ -624,7 +624,7 @@ def test_an_id_already_in_the_journal_is_reported_never_silently_kept(tmp_path: 
     import threading
     from types import SimpleNamespace
 
-    from supervisor._journal import Journal
+    from supervisor.daemon.journal import Journal
 
     journal = Journal.open(tmp_path / "j.sqlite3")
     try:

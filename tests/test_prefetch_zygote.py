@@ -35,7 +35,7 @@ async def first_event(handle: Any) -> Any:
 
 def handed_to(sup: Supervisor, turn_id: str) -> Any:
     """The worker slot a turn was handed ahead to, or None."""
-    return next((s for s in sup._slots.values() if any(t.id == turn_id for t in s.ahead)), None)
+    return next((s for s in sup.pool.slots.values() if any(t.id == turn_id for t in s.ahead)), None)
 
 
 # Hand turns ahead whatever the turn times: a window of an hour, seeded by one quick turn (the
@@ -106,7 +106,7 @@ async def test_handed_turn_is_revoked_to_an_idle_worker() -> None:
             result = await c.result()
         assert result.outcome == "completed" and result.output == "moved"
         assert result.worker_pid == info[other.turn_id]["pid"]
-        assert sup._get(stuck.turn_id).state == "running"  # it never waited for the busy worker
+        assert sup.record(stuck.turn_id).state == "running"  # it never waited for the busy worker
         await stuck.cancel()
         with anyio.fail_after(30):
             assert (await stuck.result()).outcome == "aborted"
@@ -130,15 +130,15 @@ async def test_long_turns_get_nothing_handed_behind_them() -> None:
                 await h.result() for h in [await sup.submit("examples.agents:noop") for _ in range(200)]
             ]
         assert all(r.outcome == "completed" for r in results)
-        assert sup._depth > 1
+        assert sup.prefetch_depth > 1
 
 
 async def test_zygote_workers_are_our_children_in_their_own_session() -> None:
     """Workers forked by the zygote are re-parented to the supervisor (a child subreaper) and lead
     their own session, like spawned ones; the zygote is gone after disposal."""
     async with Supervisor(workers=2, spares=0) as sup:
-        assert sup._zygote is not None
-        zygote_pid = sup._zygote.pid
+        assert sup.pool.zygote is not None
+        zygote_pid = sup.pool.zygote.pid
         with anyio.fail_after(30):
             results = [await sup.run("examples.agents:echo", i) for i in range(4)]
         pids = {w["pid"] for w in sup.status()["workers"]}
@@ -153,10 +153,10 @@ async def test_zygote_workers_are_our_children_in_their_own_session() -> None:
 async def test_pool_recovers_without_the_zygote() -> None:
     """If the zygote dies, replacement workers start as fresh interpreters and turns keep running."""
     async with Supervisor(workers=1, spares=0, max_turns_per_worker=1) as sup:
-        assert sup._zygote is not None
+        assert sup.pool.zygote is not None
         with anyio.fail_after(60):
             first = await sup.run("examples.agents:echo", 1)
-            os.kill(sup._zygote.pid, signal.SIGKILL)
+            os.kill(sup.pool.zygote.pid, signal.SIGKILL)
             rest = [await sup.run("examples.agents:echo", i) for i in range(2)]
     assert first.outcome == "completed" and all(r.outcome == "completed" for r in rest)
     assert len({first.worker_pid, *(r.worker_pid for r in rest)}) == 3
@@ -165,7 +165,7 @@ async def test_pool_recovers_without_the_zygote() -> None:
 async def test_zygote_can_be_switched_off() -> None:
     """``zygote=False`` starts every worker as a fresh interpreter."""
     async with Supervisor(workers=1, spares=0, zygote=False) as sup:
-        assert sup._zygote is None
+        assert sup.pool.zygote is None
         with anyio.fail_after(30):
             result = await sup.run("examples.agents:echo", "plain")
     assert result.outcome == "completed" and result.output == "plain"
@@ -179,7 +179,7 @@ async def main():
         h = await sup.submit("examples.agents:forker", {"children": 1, "cooperative": True})
         async for ev in h.events():
             break
-        pids = [*ev["children"], ev["daemon"], ev["worker"], sup._zygote.pid]
+        pids = [*ev["children"], ev["daemon"], ev["worker"], sup.pool.zygote.pid]
         pids += [w["pid"] for w in sup.status()["workers"]]
         print(json.dumps(sorted(set(pids))), flush=True)
         await anyio.sleep_forever()

@@ -56,7 +56,7 @@ async def test_worker_endpoint_directory_is_private() -> None:
     base = runtime_dir()
     assert _mode(base) == 0o700 and os.lstat(base).st_uid == os.getuid()
     async with Supervisor(workers=1, spares=0) as sup:
-        path = sup._endpoint.removeprefix("ipc://")
+        path = sup.link.endpoint.removeprefix("ipc://")
         directory = os.path.dirname(path)
         assert _mode(directory) == 0o700 and os.lstat(directory).st_uid == os.getuid()
         assert stat.S_ISSOCK(os.lstat(path).st_mode)
@@ -85,7 +85,7 @@ async def test_another_user_cannot_connect_to_the_worker_endpoint() -> None:
     """A process running as another uid (nobody) can neither list the private directory nor
     connect to the worker socket: the kernel refuses it, so it cannot send a single frame."""
     async with Supervisor(workers=1, spares=0) as sup:
-        path = sup._endpoint.removeprefix("ipc://")
+        path = sup.link.endpoint.removeprefix("ipc://")
         with anyio.fail_after(30):
             proc = await anyio.run_process(
                 [SYSTEM_PYTHON, "-c", CONNECT_AS_OTHER_USER, path],
@@ -106,7 +106,7 @@ async def test_spawn_tokens_are_per_spawn_and_hidden_from_agents() -> None:
     """Each worker gets its own token; it is not on any command line, and neither agent code nor
     the agent's child processes can read it from their environment."""
     async with Supervisor(workers=2, spares=1) as sup:
-        slots = list(sup._slots.values())
+        slots = list(sup.pool.slots.values())
         tokens = {s.token for s in slots}
         assert len(tokens) == len(slots) == 3 and all(len(t) == 32 for t in tokens)
         for s in slots:
@@ -120,7 +120,7 @@ async def test_spawn_tokens_are_per_spawn_and_hidden_from_agents() -> None:
 async def test_every_socket_carries_maxmsgsize() -> None:
     """The supervisor's ROUTER and the worker's DEALER both refuse frames above ``MAX_MESSAGE_SIZE``."""
     async with Supervisor(workers=1, spares=0) as sup:
-        assert sup._sock.getsockopt(zmq.MAXMSGSIZE) == wire.MAX_MESSAGE_SIZE  # type: ignore[union-attr]
+        assert sup.link.socket.getsockopt(zmq.MAXMSGSIZE) == wire.MAX_MESSAGE_SIZE  # type: ignore[union-attr]
         with anyio.fail_after(30):
             result = await sup.run("tests.agents.faults:socket_options")
     assert result.output["maxmsgsize"] == wire.MAX_MESSAGE_SIZE
@@ -191,4 +191,4 @@ async def test_result_store_is_bounded() -> None:
                 sup.handle(old)
         for kept in ids[3:]:
             assert (await sup.handle(kept).result()).outcome == "completed"
-        assert len(sup._turns) == 5
+        assert len(sup.table) == 5

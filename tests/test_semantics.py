@@ -24,7 +24,7 @@ def start_watch(sup: Supervisor) -> dict[str, anyio.Event]:
         for key in (turn.id, f"child-of:{turn.parent}"):
             seen.setdefault(key, anyio.Event()).set()
 
-    sup._start_hooks.append(hook)
+    sup.add_hooks(on_start=hook)
     return seen
 
 
@@ -132,8 +132,8 @@ async def test_stale_abort_after_a_new_turn_started_is_dropped() -> None:
             assert (await one.result()).outcome == "aborted"
         two = await sup.submit("tests.agents:wait_signal")
         await first_event(two)
-        slot = next(s for s in sup._slots.values() if s.turn is not None)
-        sup._send(slot, wire.Abort(one.turn_id, wire.USER))
+        slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
+        sup.link.send(slot, wire.Abort(one.turn_id, wire.USER))
         # Frames to one worker arrive in order: the stale Abort is handled before this one.
         with anyio.fail_after(30):
             await two.cancel({"kind": "deadline"})
@@ -150,7 +150,7 @@ async def test_parent_cancel_cancels_the_child_first() -> None:
             "examples.agents:parent", {"child": "examples.agents:slow", "child_input": {"seconds": 60}}
         )
         await wait_started(seen, f"child-of:{parent.turn_id}")
-        child_id = next(t.id for t in sup._turns.values() if t.parent == parent.turn_id)
+        child_id = next(t.id for t in sup.records() if t.parent == parent.turn_id)
         await parent.cancel()
         with anyio.fail_after(30):
             r_parent = await parent.result()
@@ -169,9 +169,9 @@ async def test_three_level_tree_cancelled_at_the_root() -> None:
         seen = start_watch(sup)
         root = await sup.submit("tests.agents:spawn_tree", {"depth": 2})
         await wait_started(seen, f"child-of:{root.turn_id}")
-        mid = next(t.id for t in sup._turns.values() if t.parent == root.turn_id)
+        mid = next(t.id for t in sup.records() if t.parent == root.turn_id)
         await wait_started(seen, f"child-of:{mid}")
-        leaf = next(t.id for t in sup._turns.values() if t.parent == mid)
+        leaf = next(t.id for t in sup.records() if t.parent == mid)
         await wait_started(seen, leaf)
         await root.cancel()
         with anyio.fail_after(30):
@@ -203,7 +203,7 @@ async def test_abandoned_spawn_await_cancels_the_child() -> None:
     async with Supervisor(workers=2, spares=0, grace=20) as sup:
         with anyio.fail_after(60):
             result = await sup.run("tests.agents:spawn_with_timeout", {"after": 0.3})
-        child = next(t for t in sup._turns.values() if t.parent == result.turn_id)
+        child = next(t for t in sup.records() if t.parent == result.turn_id)
         with anyio.fail_after(30):
             r_child = await sup.handle(child.id).result()
     assert result.outcome == "completed" and result.output == {"gave_up": True}
@@ -288,11 +288,11 @@ def test_random_interleavings_keep_the_invariants(ops: list[tuple], dispose_at: 
                         handles.append(await sup.submit(agent, inp, session=session))
                     case ("cancel", index, kind) if handles:
                         h = handles[index % len(handles)]
-                        if sup._turns[h.turn_id].state == "queued":
+                        if sup.record(h.turn_id).state == "queued":
                             never_start.add(h.turn_id)
                         await h.cancel({"kind": kind})
                     case ("cancel_session", session):
-                        never_start.update(t.id for t in sup._queue.queued_of_session(session))
+                        never_start.update(t.id for t in sup.queue.queued_of_session(session))
                         await sup.cancel_session(session)
                     case ("yield", n):
                         for _ in range(n):

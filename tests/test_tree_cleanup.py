@@ -27,7 +27,8 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import Supervisor, _procs
+from supervisor import Supervisor
+from supervisor._engine import procs as _procs
 from worker import _cgroup
 
 pytestmark = pytest.mark.anyio
@@ -154,7 +155,7 @@ async def main():
             async for _ in h.events():
                 break
         workers = [w["pid"] for w in sup.status()["workers"]]
-        pool = sup._cgroups.path if sup._cgroups else None
+        pool = sup.pool.cgroups.path if sup.pool.cgroups else None
         print(json.dumps({"workers": workers, "pool": pool}), flush=True)
         # Like a host that SIGKILLs its direct children on exit (Ray's actors), then dies.
         for child in psutil.Process().children():
@@ -240,7 +241,7 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
     for zygote in (True, False):
         with anyio.fail_after(60):
             async with Supervisor(workers=2, spares=0, zygote=zygote) as sup:
-                pool = sup._cgroups.path if sup._cgroups is not None else None
+                pool = sup.pool.cgroups.path if sup.pool.cgroups is not None else None
                 assert pool is not None and Path(pool).is_dir()  # noqa: ASYNC240 - one stat
                 paths = set()
                 for w in sup.status()["workers"]:
@@ -259,13 +260,13 @@ async def test_two_supervisors_in_one_process_keep_their_own_pools(tmp_path: Pat
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0) as outer:
             async with Supervisor(workers=1, spares=0) as inner:
-                assert outer._cgroups is not None and inner._cgroups is not None
-                assert outer._cgroups.path != inner._cgroups.path
-                inner_pool = inner._cgroups.path
+                assert outer.pool.cgroups is not None and inner.pool.cgroups is not None
+                assert outer.pool.cgroups.path != inner.pool.cgroups.path
+                inner_pool = inner.pool.cgroups.path
             assert not Path(inner_pool).exists()  # noqa: ASYNC240 - one stat
             assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
             async with Supervisor(workers=1, spares=0):
-                assert Path(outer._cgroups.path).is_dir()  # noqa: ASYNC240 - one stat
+                assert Path(outer.pool.cgroups.path).is_dir()  # noqa: ASYNC240 - one stat
             assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
 
 
@@ -321,7 +322,7 @@ def test_serve_takes_cgroups_on_or_off() -> None:
     """``turnpool serve --cgroups off`` forces the fallback; anything but on/off is refused."""
     import argparse
 
-    from supervisor import _cli_daemon
+    from supervisor.cli import daemon as _cli_daemon
 
     assert _cli_daemon._on_off("off") is False and _cli_daemon._on_off("on") is True
     with pytest.raises(argparse.ArgumentTypeError, match="on or off"):

@@ -58,7 +58,7 @@ def _result_json(result: Any) -> bytes:
 
 
 def _front(request: Request) -> HttpFrontEnd:
-    return request.app.state.front  # type: ignore[no-any-return]
+    return request.app.state.front
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:

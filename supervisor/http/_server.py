@@ -37,8 +37,8 @@ from ._api import build_app
 from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
-    from .._daemon import Daemon
-    from .._turns import TurnRecord
+    from .._engine import TurnRecord
+    from ..daemon.server import Daemon
 
 log = logging.getLogger("turnpool.http")
 
@@ -288,7 +288,7 @@ class HttpFrontEnd:
                 await anyio.sleep_forever()
             finally:
                 server.should_exit = True
-                with anyio.move_on_after(server.config.timeout_graceful_shutdown + 1, shield=True):
+                with anyio.move_on_after((server.config.timeout_graceful_shutdown or 0) + 1, shield=True):
                     await done.wait()
                 if not done.is_set():
                     for conn in list(server.server_state.connections):

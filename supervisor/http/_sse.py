@@ -127,7 +127,7 @@ class EventStream:
                     await self._put(out, event_chunk(seq, raw))
                     expected = seq + 1
             finally:
-                await events.aclose()  # type: ignore[attr-defined]
+                await events.aclose()
             try:
                 result = await sup.handle(self.turn_id).result()
             except UnknownTurn:

@@ -23,9 +23,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from supervisor._daemon import READY_PREFIX
+from supervisor.daemon.server import READY_PREFIX
 
-ENTRY = "from supervisor._cli import entry; entry()"
+ENTRY = "from supervisor.cli.main import entry; entry()"
 READY_TIMEOUT = 60.0
 ROOT = str(Path(__file__).resolve().parents[2])  # the repo root: ``tests.*`` agents live under it
 

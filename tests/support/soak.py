@@ -132,7 +132,7 @@ async def soak(
     async with Supervisor(
         workers=workers, spares=1, grace=0.05, kill_after=0.3, keep_results=keep_results, worker_output=None
     ) as sup:
-        sup._result_hooks.append(lambda turn, result: deliveries.update([turn.id]))
+        sup.add_hooks(on_result=lambda turn, result: deliveries.update([turn.id]))
 
         def sample() -> None:
             z = _zombies()

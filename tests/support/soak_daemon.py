@@ -240,7 +240,7 @@ async def daemon_soak(
         await run_round(kills, None)
     report.seconds = time.monotonic() - t0
 
-    from supervisor._journal import _lookup, _reader
+    from supervisor.daemon.journal import _lookup, _reader
 
     runs = (
         collections.Counter(Path(runs_log).read_text().split())  # noqa: ASYNC240 - after the run

@@ -1,0 +1,94 @@
+"""The backend contract: what every front end may ask of whatever runs turns.
+
+``Backend`` is the one small protocol that the embedded ``Supervisor`` and the daemon's ``Client``
+both implement (and a cluster backend will): public methods only. ``TurnHandle``, the batch
+runner and the ACP front end are written against it, so each runs the same on an embedded pool
+or through a daemon. ``open_backend`` picks one of the two, written once for every front end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from wire import Cause, TurnResult
+
+if TYPE_CHECKING:
+    from ._handle import TurnHandle
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Runs turns: accept, follow, await and cancel them, report status."""
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> TurnHandle: ...
+
+    async def run(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> TurnResult: ...
+
+    def handle(self, turn_id: str) -> TurnHandle: ...
+
+    async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None: ...
+
+    async def cancel_session(self, session: str, cause: Any = None) -> list[str]: ...
+
+    def events(self, turn_id: str) -> AsyncIterator[Any]: ...
+
+    async def result(self, turn_id: str) -> TurnResult: ...
+
+    def status(self) -> Any: ...
+
+    async def when_idle(self) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def open_backend(
+    *,
+    workers: int | None = None,
+    connect: str | None = None,
+    grace: float | None = None,
+    kill_after: float | None = None,
+    agent_path: Any = None,
+    spares: int | None = None,
+) -> AsyncIterator[Backend]:
+    """An embedded ``Supervisor`` (``workers``, default: one per core; ``spares``, ``agent_path``,
+    ``grace`` and ``kill_after`` as for ``Supervisor``, its defaults when ``None``) or, with
+    ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint)."""
+    if connect is not None:
+        from ._paths import default_endpoint
+        from .client.client import Client
+
+        async with Client.connect(connect or default_endpoint()) as client:
+            yield client
+        return
+    from ._engine import Supervisor
+
+    kwargs: dict[str, Any] = {"agent_path": agent_path}
+    for name, value in (("grace", grace), ("kill_after", kill_after), ("spares", spares)):
+        if value is not None:
+            kwargs[name] = value
+    async with Supervisor(workers=workers or os.cpu_count() or 2, **kwargs) as sup:
+        yield sup

@@ -1,0 +1,23 @@
+"""The engine: a private package. ``Supervisor`` (``supervisor.py``) keeps the policy and composes
+the parts, each owning its own state: the worker link (``link.py``: the socket), the worker pool
+(``pool.py``: processes, with the zygote in ``zygote.py`` and process-tree work in ``procs.py``),
+the turn table and queue (``turns.py``), the timers (``timers.py``), worker output (``output.py``),
+argument validation (``options.py``) and read-only turn views (``turninfo.py``). Front ends use
+only ``Supervisor``'s public methods.
+"""
+
+from .options import AGENT_RE, MAX_GRACE, check_agent, check_optional_str, check_seconds
+from .procs import check_agent_path
+from .supervisor import Supervisor
+from .turns import TurnRecord
+
+__all__ = [
+    "AGENT_RE",
+    "MAX_GRACE",
+    "Supervisor",
+    "TurnRecord",
+    "check_agent",
+    "check_agent_path",
+    "check_optional_str",
+    "check_seconds",
+]

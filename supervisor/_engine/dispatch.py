@@ -1,0 +1,263 @@
+"""Dispatch: which worker gets which queued turn, and when.
+
+``Dispatcher`` owns the dispatch state (idle workers, busy ones in order, the count of turns
+handed ahead, the adaptive prefetch depth) and the rules that use it: one turn to each idle
+worker first, then prefetching up to ``prefetch`` turns per worker while turns are short
+(``prefetch_window``), rebalancing when a handed-ahead turn would wait behind a busy worker while
+another is free, the journal's dispatch gate (J6), and the start marker (S1) that tells a turn
+started although its ``Started`` never came. The ``Supervisor`` keeps the rest of the policy
+(accept, cancel, escalate, finish) and calls in here; this object reads the supervisor's settings
+and queue through its back-reference.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import TYPE_CHECKING
+
+import wire
+
+if TYPE_CHECKING:
+    from .pool import WorkerSlot
+    from .supervisor import Supervisor
+    from .turns import TurnRecord
+
+log = logging.getLogger("turnpool.supervisor")
+
+
+class Dispatcher:
+    """Hands queued turns to workers; see the module docstring."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.idle: collections.deque[WorkerSlot] = collections.deque()
+        self.busy: dict[WorkerSlot, None] = {}  # slots holding a turn (running or handed), in order
+        self.handed = 0  # turns handed ahead to a worker, not started yet (they count as queued)
+        self.turn_time = sup.prefetch_window  # EWMA of run times; starts at "too long to prefetch"
+        self.depth = 1
+        self.pump_wanted = False  # a pump was asked for during a receive batch
+        self.defer = False  # inside a receive batch: pump once, at its end
+
+    def end_deferral(self) -> None:
+        """The receive batch is handled: run the pump it asked for, once."""
+        self.defer = False
+        if self.pump_wanted:
+            self.pump_wanted = False
+            self.pump()
+
+    def pump(self) -> None:
+        """Hand queued turns to workers: first one to each idle worker (up to ``workers``
+        busy at once), then top busy workers up to ``prefetch`` turns each. A turn handed
+        ahead must never wait behind a busy worker while another can take it: see ``_rebalance``.
+
+        Inside a receive batch it runs once, at the end of the batch (not once per message)."""
+        if self.defer:
+            self.pump_wanted = True
+            return
+        if self.sup._dispatch_gate is not None:
+            self._request_clearance()
+        queue = self.sup._queue
+        if not queue.has_ready():
+            if self.handed and self.idle:
+                self._rebalance()
+            return
+        idle = self.idle
+        busy = self.busy
+        cap = self.sup.workers + self.sup._lent
+        while idle and len(busy) < cap:
+            slot = idle[0]
+            if slot.state != "idle":
+                idle.popleft()
+                continue
+            turn = queue.pop()
+            if turn is None:
+                return
+            idle.popleft()
+            slot.state = "busy"
+            busy[slot] = None
+            self._hand(slot, turn)
+        if self.depth > 1 and queue.has_ready():
+            self._top_up()
+
+    def note_turn_time(self, run_s: float) -> None:
+        t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
+        window = self.sup.prefetch_window
+        self.depth = 1 + min(self.sup.prefetch - 1, int(window / t)) if t < window else 1
+
+    def _top_up(self) -> None:
+        depth = self.depth
+        limit = self.sup.max_turns_per_worker
+        queue = self.sup._queue
+        while True:
+            gave = False
+            for slot in self.busy:
+                n = len(slot.ahead) + (slot.turn is not None)
+                if n >= depth or slot.doomed:
+                    continue
+                current = slot.turn
+                # Never queue behind a turn being cancelled or waiting on a child it spawned.
+                if current is not None and (current.cause is not None or current.children):
+                    continue
+                if limit is not None and slot.turns_run + n >= limit:
+                    continue
+                turn = queue.pop()
+                if turn is None:
+                    return
+                self._hand(slot, turn)
+                gave = True
+            if not gave:
+                return
+
+    def _hand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+        turn.state = "handed"
+        turn.worker = slot
+        slot.ahead.append(turn)
+        self.handed += 1
+        if turn.timeout is not None:
+            # S1: the deadline is armed at handoff; it counts from the start the worker reports
+            # or notes in its start marker, whichever the supervisor learns first.
+            turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
+        self.sup._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+
+    def _handed_deadline(self, turn: TurnRecord, slot: WorkerSlot) -> None:
+        """A handed turn's timeout has passed since handoff and no Started came: if the worker
+        noted it started, the deadline counts from then; if not, look again one timeout later
+        (it cannot have started before now, so its deadline is at least that far)."""
+        if turn.state != "handed" or turn.worker is not slot:
+            return
+        self.note_marked_start(slot)  # arms the deadline from the noted start
+        if turn.state == "handed" and turn.timeout is not None:
+            turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
+
+    def note_marked_start(self, slot: WorkerSlot) -> TurnRecord | None:
+        """S1: the worker notes each turn in its start marker before any of the turn's code runs.
+        If it names a turn handed to this worker whose Started has not arrived (a turn stuck
+        before it could send it), that turn is running from the noted time: started, deadline
+        counted from then, escalatable. Turns handed before it were passed by the worker: their
+        Started and End are still theirs when they come. Returns the turn so found."""
+        if slot.turn is not None or not slot.ahead or slot.state == "dead":
+            return None
+        noted = self.sup.pool.read_noted(slot)
+        if noted is None:
+            return None
+        turn_id, at = noted
+        ahead = slot.ahead
+        index = next((i for i, t in enumerate(ahead) if t.id == turn_id), -1)
+        if index < 0:
+            return None
+        turn = ahead[index]
+        for before in list(ahead)[:index]:
+            slot.passed.add(before.id)
+        now = self.sup._clock()
+        log.info("turn %s: started per worker %s's start marker (no Started yet)", turn.id, slot.id)
+        self.start_turn(slot, turn, min(max(at, turn.submitted_at), now))
+        return turn
+
+    def start_turn(self, slot: WorkerSlot, turn: TurnRecord, started_at: float) -> None:
+        """The turn handed to ``slot`` runs from ``started_at``: arm its deadline (and its
+        escalation, if it was cancelled while handed)."""
+        slot.ahead.remove(turn)
+        self.handed -= 1
+        turn.revoking = False
+        slot.turn = turn
+        turn.state = "running"
+        self.sup._running += 1
+        if turn.timer is not None:  # the handoff deadline (S1)
+            turn.timer.cancel()
+            turn.timer = None
+        if not turn.started:
+            turn.started = True
+            turn.started_at = started_at
+            if turn.timeout is not None:
+                turn.timer = self.sup._timers.call_at(started_at + turn.timeout, self.sup._deadline, turn)
+            for start_hook in self.sup._start_hooks:
+                start_hook(turn, slot.pid)
+        if turn.cause is not None and turn.esc_timer is None:
+            # Cancelled while handed ahead, started before the Abort arrived.
+            self.sup._arm_escalation(turn, slot)
+
+    def unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+        """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
+        try:
+            slot.ahead.remove(turn)
+        except ValueError:
+            pass
+        self.handed -= 1
+        turn.state = "queued"
+        turn.worker = None
+        turn.revoking = False
+        slot.passed.discard(turn.id)
+        if turn.timer is not None:  # the handoff deadline: armed again at the next handoff
+            turn.timer.cancel()
+            turn.timer = None
+        if turn.esc_timer is not None:
+            turn.esc_timer.cancel()
+            turn.esc_timer = None
+
+    def _rebalance(self) -> None:
+        """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a
+        running one: revoke them so they come back to the queue and go to the free worker."""
+        if len(self.busy) >= self.sup.workers + self.sup._lent or not any(
+            s.state == "idle" for s in self.idle
+        ):
+            return
+        for slot in self.busy:
+            ahead = slot.ahead
+            if not ahead:
+                continue
+            waiting = ahead if slot.turn is not None else list(ahead)[1:]
+            for turn in waiting:
+                if not turn.revoking and turn.cause is None:
+                    turn.revoking = True
+                    self.sup._send(slot, wire.Revoke(turn.id))
+
+    def _request_clearance(self) -> None:
+        """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
+        the workers could take now (running + handed ahead + cleared ≤ capacity × depth)."""
+        gate = self.sup._dispatch_gate
+        assert gate is not None
+        want = (self.sup.workers + self.sup._lent) * self.depth - self.sup._running - self.handed
+        batch: list[TurnRecord] = []
+        for turn in self.sup._queue.ready:
+            if want <= 0:
+                break
+            if turn.state != "queued":
+                continue
+            if turn.dispatchable or turn.clearing:
+                want -= 1  # already cleared (or on its way): counts against what workers can take
+                continue
+            if not turn.recorded:
+                break  # in order: no turn is cleared ahead of an earlier one
+            turn.clearing = True
+            batch.append(turn)
+            want -= 1
+        if batch:
+            gate(batch)
+
+    def after_turn(self, slot: WorkerSlot) -> None:
+        if slot.state != "busy":
+            return
+        if slot.doomed:
+            return  # being killed (or unreachable): it gets no new turn; its exit settles the rest
+        if slot.turn is not None or slot.ahead:
+            self.pump()  # still busy: top it up
+            return
+        self.busy.pop(slot, None)
+        target = self.sup.workers + self.sup.spares + self.sup._lent
+        # len(self.sup.pool.slots) bounds the live count: skip the scan in the common case.
+        live = (
+            0
+            if len(self.sup.pool.slots) <= target
+            else sum(1 for s in self.sup.pool.slots.values() if s.live and not s.doomed)
+        )
+        if (
+            self.sup.max_turns_per_worker is not None and slot.turns_run >= self.sup.max_turns_per_worker
+        ) or live > target:
+            slot.state = "idle"
+            self.sup.pool.retire(slot)
+            self.sup._fill_pool()
+            return
+        slot.state = "idle"
+        self.idle.append(slot)
+        self.pump()

@@ -1,0 +1,76 @@
+"""Argument validation shared by the engine and the client: one place says what a valid agent,
+number of seconds or id is, so an embedded ``Supervisor`` and a daemon ``Client`` refuse the same
+things with the same message."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import wire
+
+from .._errors import InvalidAgent
+
+AGENT_RE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+)
+MAX_TURN_ID = 256
+# Default cap on a turn's grace and kill_after (``max_grace``): a client-chosen grace can never
+# hold shutdown for longer than this (issue 13, item 11).
+MAX_GRACE = 300.0
+
+_CHECKED_AGENTS: set[str] = set()
+
+
+def check_agent(agent: Any) -> str:
+    """``agent`` as ``package.module:attr``, or ``InvalidAgent``. Never imports it."""
+    if type(agent) is str and agent in _CHECKED_AGENTS:
+        return agent
+    if isinstance(agent, str) and len(agent) > wire.MAX_AGENT_CHARS:  # R23: a result always fits a message
+        raise InvalidAgent(f"agent must be at most {wire.MAX_AGENT_CHARS} characters, got {len(agent)}")
+    if not isinstance(agent, str) or not AGENT_RE.match(agent):
+        raise InvalidAgent(f"agent must be written 'package.module:attr', got {agent!r}")
+    if len(_CHECKED_AGENTS) < 4096:
+        _CHECKED_AGENTS.add(agent)
+    return agent
+
+
+def check_seconds(name: str, value: Any, *, allow_none: bool = True, positive: bool = False) -> float | None:
+    """A finite number of seconds (>= 0, or > 0 with ``positive``), or ``None`` if allowed."""
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value}")
+    return value
+
+
+def require_seconds(name: str, value: Any, *, positive: bool = False) -> float:
+    """``check_seconds`` for a value that may not be ``None``."""
+    checked = check_seconds(name, value, allow_none=False, positive=positive)
+    assert checked is not None
+    return checked
+
+
+def check_optional_str(name: str, value: Any) -> str | None:
+    """A non-empty id of at most ``MAX_TURN_ID`` characters, or ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_TURN_ID:
+        raise TypeError(
+            f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {value!r}"
+        )
+    return value
+
+
+def check_count(name: str, value: Any, low: int) -> int:
+    """An int >= ``low`` (``bool`` refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value

@@ -1,0 +1,515 @@
+"""The worker pool: ``WorkerSlot`` (one worker process as the supervisor tracks it) and
+``WorkerPool`` (starting, retiring and reaping them)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+import wire
+from worker import lowlevel
+
+from . import output as _output
+from . import procs as _procs
+from .zygote import Zygote
+
+if TYPE_CHECKING:
+    from .link import WorkerLink
+    from .timers import Timer, Timers
+    from .turns import TurnRecord
+
+log = logging.getLogger("turnpool.supervisor")
+
+SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
+
+
+class WorkerSlot:
+    __slots__ = (
+        "id",
+        "ident",
+        "pid",
+        "fd",
+        "token",
+        "marker",
+        "state",
+        "turn",
+        "turns_run",
+        "known",
+        "spawns",
+        "started_at",
+        "ready_at",
+        "timer",
+        "doomed",
+        "exit_code",
+        "failure",
+        "ahead",
+        "out",
+        "deferred_ready",
+        "cgroup",
+        "passed",
+    )
+
+    def __init__(
+        self, *, worker_id: str, pid: int, fd: int | None, token: str, marker: str, now: float
+    ) -> None:
+        self.id = worker_id
+        self.ident = worker_id.encode()
+        self.pid = pid
+        self.fd = fd
+        self.token = token
+        self.marker = marker
+        self.state: SlotState = "starting"
+        self.turn: TurnRecord | None = None  # the turn it reported Started for
+        # Turns handed ahead (prefetched), in the order the worker will start them. They still
+        # count as queued until the worker reports Started.
+        self.ahead: collections.deque[TurnRecord] = collections.deque()
+        self.out: list[Any] = []  # messages batched for one frame (flushed by the supervisor)
+        self.turns_run = 0
+        self.known: set[int] = set()  # descendants seen when the tree was frozen
+        self.spawns: dict[int, str] = {}  # spawn request id -> child turn id
+        self.started_at = now
+        self.ready_at: float | None = None
+        self.timer: Timer | None = None  # start-up deadline, or the stop deadline when retiring
+        self.doomed = False  # escalation began: never goes back to idle
+        self.exit_code: int | None = None
+        self.deferred_ready: Any = None  # a Ready that came before the zygote's report of the pid
+        self.failure: str | None = None  # why it was killed before it was ready, if we know
+        self.cgroup: str | None = None  # its own cgroup v2 directory, where the pool has one
+        # Handed turns the worker went past (its start marker names a later one, rule S1): their
+        # Started and End may still come, and are then taken as theirs.
+        self.passed: set[str] = set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self.ahead) + (self.turn is not None)
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("starting", "idle", "busy")
+
+    def __repr__(self) -> str:
+        return f"WorkerSlot({self.id}, pid={self.pid}, {self.state})"
+
+
+class WorkerPool:
+    """The worker processes: slots, starting them (forked by the zygote or as fresh interpreters),
+    back-off after failed starts, retiring, and reaping a worker's whole tree when it exits.
+
+    It keeps no turn state. The supervisor decides how many workers there should be (``fill``)
+    and settles the turns of a worker that is gone (``on_exit``, called once the worker's pid is
+    exited; ``reap_exit`` does the process side of it). ``on_message`` receives a Ready the
+    zygote's pid report held back; ``changed`` is called whenever a slot leaves the pool and
+    ``refill`` when the pool should be topped up again (after a back-off, or a lost worker).
+    """
+
+    def __init__(
+        self,
+        *,
+        link: WorkerLink,
+        timers: Timers,
+        prefix: str,
+        heartbeat: float,
+        start_timeout: float,
+        stop_timeout: float,
+        python: str | None,
+        worker_args: tuple[str, ...],
+        use_zygote: bool,
+        preload: tuple[str, ...],
+        on_message: Callable[[WorkerSlot, Any], None],
+        on_exit: Callable[[WorkerSlot], Awaitable[None]],
+        changed: Callable[[], None],
+        refill: Callable[[], None],
+    ) -> None:
+        self.link = link
+        self.timers = timers
+        self.prefix = prefix
+        self.heartbeat = heartbeat
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.python = python
+        self.worker_args = worker_args
+        self.use_zygote = use_zygote
+        self.preload = preload
+        self.on_message = on_message
+        self.on_exit = on_exit
+        self.changed = changed
+        self.refill = refill
+        self.slots: dict[str, WorkerSlot] = {}
+        self.zygote: Zygote | None = None
+        self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
+        self.output: _output.WorkerOutput | None = None
+        self.runtime_dir: Path | None = None  # the private directory workers run from (R-PATH)
+        self.pythonpath = ""
+        self.start_failures = 0
+        self.last_start_error: str | None = None
+        self.ready_event: anyio.Event | None = None
+        self.tg: anyio.abc.TaskGroup | None = None
+        self.closing = False  # the supervisor is shutting down: a lost zygote is expected
+        self.life_r = -1  # workers inherit the read end: its EOF tells them the supervisor is gone
+        self.life_w = -1
+        self._worker_ids = itertools.count(1)
+        self._backoff_until = 0.0
+        self._refill_timer: Timer | None = None
+
+    # ---- start and stop ----------------------------------------------------------------
+
+    async def start(self, *, tg: anyio.abc.TaskGroup, use_cgroups: bool) -> None:
+        """Open the life pipe, the pool cgroup (if usable) and the zygote (if asked for)."""
+        self.tg = tg
+        self.life_r, self.life_w = os.pipe()
+        os.set_inheritable(self.life_r, True)
+        self.ready_event = anyio.Event()
+        if use_cgroups:
+            # Also sweeps pools left by supervisors killed with SIGKILL (may wait for their exits).
+            self.cgroups = await anyio.to_thread.run_sync(lowlevel.CgroupPool.create)
+            if self.cgroups is None:
+                log.info("cgroup v2 not usable here: worker trees are tracked by subreaper and markers")
+        if self.use_zygote and lowlevel.set_child_subreaper():
+            assert self.output is not None
+            out_fd = self.output.open("zygote")
+            try:
+                self.zygote = Zygote.start(
+                    endpoint=self.link.endpoint,
+                    life_fd=self.life_r,
+                    python=self.python,
+                    extra_args=self.worker_args,
+                    preload=self.preload,
+                    out_fd=out_fd,
+                    cwd=str(self.runtime_dir),
+                    pythonpath=self.pythonpath,
+                    cgroup_pool=self.cgroups.path if self.cgroups else None,
+                )
+            except OSError as exc:
+                log.warning("could not start the zygote, starting workers as fresh interpreters: %s", exc)
+            else:
+                tg.start_soon(self._zygote_loop, self.zygote)
+            finally:
+                os.close(out_fd)
+
+    async def close(self) -> None:
+        """Every worker is gone: stop the zygote, remove the pool cgroup."""
+        await self.stop_zygote()
+        if self.cgroups is not None:
+            await anyio.to_thread.run_sync(self.cgroups.close)
+            self.cgroups = None
+
+    def close_pipe(self) -> None:
+        for fd in (self.life_r, self.life_w):
+            if fd >= 0:
+                os.close(fd)
+        self.life_r = self.life_w = -1
+
+    # ---- sizing ------------------------------------------------------------------------
+
+    def ready_count(self) -> int:
+        return sum(1 for s in self.slots.values() if s.state in ("idle", "busy"))
+
+    def live_count(self) -> int:
+        return sum(1 for s in self.slots.values() if s.live and not s.doomed)
+
+    def fill(self, target: int) -> None:
+        """Start workers until ``target`` are live, unless start failures put the pool in back-off."""
+        live = self.live_count()
+        if live < target and self.timers.clock() < self._backoff_until:
+            if self._refill_timer is None:
+                self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
+            return
+        while live < target:
+            self._spawn()
+            live += 1
+
+    def _after_backoff(self) -> None:
+        self._refill_timer = None
+        self.refill()
+
+    def start_failed(self, reason: str) -> None:
+        """A worker could not start: back off exponentially (50 ms … 5 s) before the next one."""
+        self.start_failures += 1
+        self.last_start_error = reason
+        delay = min(0.05 * 2 ** min(self.start_failures, 8), 5.0)
+        self._backoff_until = self.timers.clock() + delay
+        log.error(
+            "worker start failed (%d in a row, retrying in %.2fs): %s", self.start_failures, delay, reason
+        )
+        if (
+            self.ready_event is not None
+            and not self.ready_event.is_set()
+            and self.start_failures >= 3
+            and self.ready_count() == 0
+        ):
+            self.ready_event.set()  # start() reports the failure instead of waiting for the deadline
+
+    # ---- spawning ----------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        worker_id = f"w{next(self._worker_ids)}"
+        token = secrets.token_hex(16)
+        marker = f"{os.getpid()}-{self.prefix}-{worker_id}"
+        # Made before the worker exists: it joins it before it forks anything.
+        cgroup = self.cgroups.worker_dir(worker_id) if self.cgroups is not None else None
+        assert self.output is not None
+        out_fd = self.output.open(worker_id)
+        try:
+            self._spawn_with(worker_id, token, marker, self.zygote, out_fd, cgroup)
+        finally:
+            os.close(out_fd)  # the worker holds its own copy as fds 1 and 2
+
+    def _add(self, slot: WorkerSlot, cgroup: str | None) -> None:
+        slot.cgroup = cgroup
+        self.slots[slot.id] = slot
+        self.link.peers[slot.ident] = slot
+        slot.timer = self.timers.call_later(self.start_timeout, self._start_timed_out, slot)
+
+    def _spawn_with(
+        self, worker_id: str, token: str, marker: str, zygote: Zygote | None, out_fd: int, cgroup: str | None
+    ) -> None:
+        assert self.tg is not None
+        now = self.timers.clock()
+        if zygote is not None and not zygote.lost:
+            if zygote.request(worker_id, token, marker, self.heartbeat, out_fd):
+                # The pid comes back from the zygote (``_zygote_pids``); until then it is 0.
+                self._add(
+                    WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now),
+                    cgroup,
+                )
+                return
+            self._zygote_lost(zygote)
+        try:
+            pid = _procs.spawn_worker(
+                endpoint=self.link.endpoint,
+                worker_id=worker_id,
+                token=token,
+                marker=marker,
+                life_fd=self.life_r,
+                heartbeat=self.heartbeat,
+                python=self.python,
+                extra_args=self.worker_args,
+                cgroup=cgroup,
+                out_fd=out_fd,
+                cwd=str(self.runtime_dir),
+                pythonpath=self.pythonpath,
+            )
+        except OSError as exc:
+            if cgroup is not None:
+                lowlevel.cgroup_remove(cgroup)
+            self.start_failed(f"could not start a worker: {exc}")
+            return
+        if self.output is not None:
+            self.output.name(worker_id, pid)
+        slot = WorkerSlot(
+            worker_id=worker_id, pid=pid, fd=_procs.pidfd(pid), token=token, marker=marker, now=now
+        )
+        if cgroup is not None:
+            _procs.CGROUPS[pid] = cgroup
+        self._add(slot, cgroup)
+        self.tg.start_soon(self._watch, slot)
+
+    # ---- the zygote --------------------------------------------------------------------
+
+    async def _zygote_loop(self, zygote: Zygote) -> None:
+        while not zygote.lost:
+            await anyio.wait_readable(zygote.resp_fd)
+            if self.zygote is not zygote:
+                return
+            self.zygote_pids()
+        self._zygote_lost(zygote)
+
+    def zygote_pids(self) -> None:
+        """Read the pids the zygote reports for the workers it forked."""
+        zygote = self.zygote
+        if zygote is None:
+            return
+        for worker_id, pid in zygote.read():
+            slot = self.slots.get(worker_id)
+            if slot is None or slot.pid:
+                continue
+            if pid <= 0:
+                self._drop_unborn(slot, f"the zygote could not fork worker {worker_id} (errno {-pid})")
+                continue
+            slot.pid = pid
+            slot.fd = _procs.pidfd(pid)
+            if slot.cgroup is not None:
+                _procs.CGROUPS[pid] = slot.cgroup
+            if self.output is not None:
+                self.output.name(worker_id, pid)
+            assert self.tg is not None
+            self.tg.start_soon(self._watch, slot)
+            if slot.state == "stopping":  # retired before its pid was known
+                _procs.signal_tree(pid, signal.SIGKILL, known=slot.known)
+            ready, slot.deferred_ready = slot.deferred_ready, None
+            if ready is not None:
+                self.on_message(slot, ready)
+        if zygote.lost:
+            self._zygote_lost(zygote)
+
+    def _drop_unborn(self, slot: WorkerSlot, reason: str) -> None:
+        """A slot whose worker will never exist (the zygote failed or died before forking it)."""
+        if slot.timer is not None:
+            slot.timer.cancel()
+        if slot.cgroup is not None:
+            lowlevel.cgroup_remove(slot.cgroup)
+        slot.state = "dead"
+        self.slots.pop(slot.id, None)
+        self.link.peers.pop(slot.ident, None)
+        self.start_failed(reason)
+        self.changed()
+        self.refill()
+
+    def _zygote_lost(self, zygote: Zygote) -> None:
+        """The zygote exited: workers asked of it and not reported are never coming; start
+        the next ones as fresh interpreters."""
+        if self.zygote is not zygote:
+            return
+        self.zygote = None
+        if not self.closing:
+            log.warning("the zygote (pid %s) is gone: starting workers as fresh interpreters", zygote.pid)
+        assert self.tg is not None
+        self.tg.start_soon(self._reap_zygote, zygote)
+        for slot in [s for s in self.slots.values() if not s.pid]:
+            self._drop_unborn(slot, "the zygote exited before forking the worker")
+        self.refill()
+
+    async def _reap_zygote(self, zygote: Zygote) -> None:
+        with anyio.CancelScope(shield=True):
+            zygote.close_requests()
+            with anyio.move_on_after(self.stop_timeout):
+                await _procs.wait_exit(zygote.pid, zygote.fd)
+            if _procs.reap(zygote.pid) is None and _procs.alive(zygote.pid):
+                await _procs.kill_and_reap([zygote.pid])
+            zygote.read()  # embryos announced meanwhile
+            # Unassigned embryos see EOF on their pipe once the zygote is gone and exit; they are
+            # our children (re-parented), so reap them.
+            for pid in list(zygote.embryos):
+                fd = _procs.pidfd(pid)
+                with anyio.move_on_after(self.stop_timeout):
+                    await _procs.wait_exit(pid, fd)
+                if fd is not None:
+                    os.close(fd)
+                if _procs.reap(pid) is None and _procs.alive(pid):
+                    await _procs.kill_and_reap([pid])
+            zygote.close()
+
+    async def stop_zygote(self) -> None:
+        zygote = self.zygote
+        if zygote is None:
+            return
+        self.zygote = None
+        await self._reap_zygote(zygote)
+
+    # ---- retiring and exits ------------------------------------------------------------
+
+    def _start_timed_out(self, slot: WorkerSlot) -> None:
+        if slot.state == "starting" and not slot.pid:
+            self._drop_unborn(
+                slot, f"the zygote reported no pid for worker {slot.id} within {self.start_timeout}s"
+            )
+            return
+        if slot.state == "starting":
+            slot.failure = f"worker {slot.id} (pid {slot.pid}) sent no Ready within {self.start_timeout}s"
+            self.last_start_error = slot.failure
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    def retire(self, slot: WorkerSlot) -> None:
+        """Ask an idle worker to exit; kill its tree if it has not within ``stop_timeout``."""
+        if slot.state in ("stopping", "dead"):
+            return
+        was = slot.state
+        slot.state = "stopping"
+        if slot.timer is not None:
+            slot.timer.cancel()
+        if was == "idle":
+            self.link.send(slot, wire.Shutdown())
+            slot.timer = self.timers.call_later(self.stop_timeout, self._stop_timed_out, slot)
+        else:
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    def _stop_timed_out(self, slot: WorkerSlot) -> None:
+        if slot.state != "dead":
+            log.warning("worker %s (pid %s) did not exit after Shutdown: killing its tree", slot.id, slot.pid)
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    async def _watch(self, slot: WorkerSlot) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await _procs.wait_exit(slot.pid, slot.fd)
+            finally:
+                if slot.fd is not None:
+                    os.close(slot.fd)
+                    slot.fd = None
+            await self.on_exit(slot)
+
+    async def reap_exit(self, slot: WorkerSlot) -> int | None:
+        """The worker's pid exited: reap it, then kill and reap every descendant of it (R13:
+        quiescence, before any of its turns' results is out), and forget the slot. Returns its
+        exit code."""
+        code = _procs.reap(slot.pid)
+        slot.exit_code = code
+        if slot.timer is not None:
+            slot.timer.cancel()
+        self.link.peers.pop(slot.ident, None)
+        exclude = {s.pid for s in self.slots.values()}
+        if self.zygote is not None:
+            exclude.add(self.zygote.pid)
+            exclude |= self.zygote.embryos
+        pending = set(slot.known) - {slot.pid}
+        if slot.cgroup is not None:
+            # Atomic: everything in the worker's cgroup dies at once, whatever sessions it made.
+            # Not excluded below: one reaped too early (its parent still dying) is a zombie of
+            # ours later, and the scan finds it by its cgroup.
+            await _procs.kill_cgroup(slot.cgroup)
+        for _ in range(8):
+            found = set(_procs.orphans_of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
+            if not pending and not found:
+                break
+            await _procs.kill_and_reap(pending | found)
+            exclude |= pending | found
+            pending = set()
+        if slot.cgroup is not None:
+            _procs.CGROUPS.pop(slot.pid, None)
+            lowlevel.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
+        del self.slots[slot.id]
+        slot.out = []
+        return code
+
+    def marker_path(self, slot: WorkerSlot) -> str | None:
+        """Where ``slot``'s worker notes each turn it starts (S1), if it has a start marker."""
+        return lowlevel.marker_path_for(self.link.endpoint, slot.id)
+
+    def read_noted(self, slot: WorkerSlot) -> tuple[str, float] | None:
+        """S1: the turn ``slot``'s worker last noted it started, and when; ``None`` if none."""
+        path = self.marker_path(slot)
+        return lowlevel.marker_read_noted(path) if path is not None else None
+
+    def take_noted(self, slot: WorkerSlot) -> tuple[str, float] | None:
+        """After the worker exited: the turn its start marker names and when it started it (S1),
+        and remove the marker file."""
+        path = self.marker_path(slot)
+        if path is None:
+            return None
+        noted = lowlevel.marker_read_noted(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return noted
+
+    def take_end_log(self, slot: WorkerSlot) -> list[tuple[float, Any]]:
+        """After the worker exited: the ends it logged (E1) as ``(start time, End)``, oldest first,
+        checked against the worker's pid; the log file is removed."""
+        path = lowlevel.endlog_path_for(self.link.endpoint, slot.id)
+        if path is None:
+            return []
+        records = lowlevel.endlog_read(path, slot.pid) if slot.pid else []
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return records

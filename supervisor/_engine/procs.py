@@ -1,0 +1,295 @@
+"""Worker processes as the supervisor sees them: start, watch, signal the tree, reap.
+
+Exits become events through ``pidfd_open`` (no polling loop, no ``waitpid(-1)`` that would
+steal statuses from the host's own subprocess handling): each pid is reaped by number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import psutil
+
+from worker import lowlevel
+
+log = logging.getLogger("turnpool.supervisor")
+
+TREE_ENV = lowlevel.TREE_ENV
+
+# Worker pid -> its cgroup v2 directory, for workers that run in one. Kept here (not passed by
+# every caller) so that each escalation step, retire and unreachable-worker kill gets the
+# atomic ``cgroup.kill`` without knowing about cgroups.
+CGROUPS: dict[int, str] = {}
+TOKEN_ENV = "TURNPOOL_SPAWN_TOKEN"
+
+
+def spawn_worker(
+    *,
+    endpoint: str,
+    worker_id: str,
+    token: str,
+    marker: str,
+    life_fd: int,
+    heartbeat: float,
+    out_fd: int,
+    cwd: str,
+    pythonpath: str,
+    python: str | None = None,
+    extra_args: Iterable[str] = (),
+    cgroup: str | None = None,
+) -> int:
+    """Start ``python -P -m worker`` in its own session with ``out_fd`` as its stdout and stderr
+    (never our stderr: ``_output``), importing from ``pythonpath`` only (R-PATH), and moving to
+    ``cwd`` (a directory only we can write) before it imports anything of an agent."""
+    exe = python or sys.executable
+    argv = [
+        exe,
+        *SAFE_FLAGS,
+        *extra_args,
+        "-m",
+        "worker",
+        "--endpoint",
+        endpoint,
+        "--id",
+        worker_id,
+        "--parent-pid",
+        str(os.getpid()),
+        "--life-fd",
+        str(life_fd),
+        "--heartbeat",
+        repr(heartbeat),
+        "--cwd",
+        cwd,
+        *(("--cgroup", cgroup) if cgroup else ()),
+    ]
+    env = worker_env(pythonpath)
+    env[TOKEN_ENV] = token
+    env[TREE_ENV] = marker
+    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=output_actions(out_fd))
+
+
+# ``-P`` (Python ≥ 3.11 safe-path mode): ``-m`` no longer puts the current directory first on
+# ``sys.path``. A flag, not ``PYTHONSAFEPATH`` in the environment, so that it stays with the
+# worker: an agent's own ``python tool.py`` subprocesses keep Python's usual path rules.
+SAFE_FLAGS = ("-P",)
+
+
+def output_actions(out_fd: int) -> list[tuple[int, int, int]]:
+    """posix_spawn file actions making ``out_fd`` the child's fd 1 and fd 2."""
+    return [(os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, out_fd, 2)]
+
+
+def check_agent_path(value: Any) -> tuple[str, ...] | None:
+    """Validate ``Supervisor(agent_path=...)``: ``None`` or a sequence of directories, made
+    absolute now (a relative one means the current directory of the call, said explicitly)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Iterable):
+        raise TypeError(f"agent_path must be a list of directories (or None), got {value!r}")
+    out = []
+    for entry in value:
+        if not isinstance(entry, (str, os.PathLike)) or isinstance(entry, bytes) or not str(entry):
+            raise TypeError(f"agent_path entries must be directory paths, got {entry!r}")
+        path = os.path.abspath(os.fspath(entry))
+        if not os.path.isdir(path):
+            raise ValueError(f"agent_path entry {entry!r} is not a directory")
+        out.append(path)
+    return tuple(out)
+
+
+def import_path(agent_path: tuple[str, ...] | None) -> str:
+    """The ``PYTHONPATH`` of workers (R-PATH).
+
+    ``None`` (an embedded ``Supervisor``'s default): the host's own ``sys.path`` as it is now,
+    the embedding program's choice (its script's directory, pytest's rootdir); an empty entry,
+    which means "the current directory" in the host, is written out as the host's cwd, since the
+    worker runs elsewhere. Otherwise exactly ``agent_path`` (absolute directories), then the
+    absolute entries of an inherited ``PYTHONPATH``: relative and empty entries, which would
+    mean whatever directory the process started in, are left out. Either way the interpreter's
+    own path (standard library, site-packages, installed packages) follows.
+    """
+    if agent_path is None:
+        cwd = os.getcwd()
+        entries = [os.path.join(cwd, p) if not os.path.isabs(p) else p for p in sys.path]
+    else:
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+        entries = [*agent_path, *inherited]
+    return os.pathsep.join(dict.fromkeys(os.path.normpath(p) for p in entries))
+
+
+def worker_env(pythonpath: str) -> dict[str, str]:
+    """The environment a worker (or the zygote) starts with: ours, with ``pythonpath``."""
+    env = dict(os.environ)
+    env.pop(TOKEN_ENV, None)
+    env.pop(TREE_ENV, None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+async def wait_exit(pid: int, fd: int | None) -> None:
+    """Return once ``pid`` has exited (it may still need reaping)."""
+    if fd is not None:
+        await anyio.wait_readable(fd)
+        return
+    # No pidfd (old kernel): bounded back-off polling, the only fallback there is.
+    delay = 0.001
+    while alive(pid):
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] != b"Z"
+    except OSError:
+        return False
+
+
+def reap(pid: int) -> int | None:
+    """Collect ``pid``'s exit status if it is our child and has exited; the exit code
+    (negative: the signal), or None when it is not ours to reap or not dead yet."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
+    """Freeze the worker's tree, signal every process in it and its process group, thaw it
+    (unless the signal is SIGKILL). Adds what it found to ``known``; returns the pids."""
+    if pid <= 0:  # a worker whose pid is not known yet (zygote fork in flight): never signal 0 or -1
+        return []
+    cgroup = CGROUPS.get(pid)
+    if cgroup is not None and sig == signal.SIGKILL:
+        lowlevel.cgroup_kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
+    pids = lowlevel.freeze_tree(pid)
+    known.update(pids)
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session and group
+    except (ProcessLookupError, PermissionError):
+        pass
+    lowlevel.signal_all(pids, sig)
+    if sig != signal.SIGKILL:
+        lowlevel.thaw(pids)
+    return pids
+
+
+def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | None = None) -> list[int]:
+    """Our own children that descend from the worker: its session, its cgroup (zombies keep
+    theirs, even once it is removed), or its tree marker (environment or memfd, for ones that
+    called setsid). Nothing else of the host is ever touched.
+
+    A setsid descendant that died before this scan is a zombie with no marker left (no
+    environment, no fds): its cgroup is its only mark. The worker's guardian kills and removes
+    that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
+    must still count (``removed=True``), or the zombie is never reaped."""
+    found: list[int] = []
+    for pid in lowlevel.children(os.getpid()):
+        if pid in exclude:
+            continue
+        if lowlevel.session_of(pid) == worker_pid:
+            found.append(pid)
+            continue
+        if cgroup is not None and lowlevel.cgroup_of(pid, removed=True) == cgroup:
+            found.append(pid)
+            continue
+        if lowlevel.has_marker(pid, marker):
+            found.append(pid)
+    return found
+
+
+async def kill_cgroup(path: str) -> list[int]:
+    """Kill everything in a dead worker's cgroup at once, wait for each process to exit (pidfds,
+    no polling) and reap those that became our children; returns the pids seen."""
+    seen: list[int] = []
+    for _ in range(8):
+        lowlevel.cgroup_kill(path)
+        pids = [p for p in lowlevel.cgroup_procs(path) if p not in seen]
+        if not pids and not lowlevel.cgroup_populated(path):
+            break
+        seen.extend(pids)
+        await kill_and_reap(pids)
+    return seen
+
+
+async def kill_and_reap(pids: Iterable[int]) -> None:
+    """SIGKILL each pid (a descendant of a dead worker), wait for it to exit, reap it if it
+    became our child. Pids already gone are skipped."""
+    fds: list[tuple[int, int | None]] = []
+    for pid in pids:
+        fd = pidfd(pid)
+        if fd is None and not alive(pid):
+            reap(pid)
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            if fd is not None:
+                os.close(fd)
+            continue
+        fds.append((pid, fd))
+    for pid, fd in fds:
+        try:
+            with anyio.move_on_after(5):
+                await wait_exit(pid, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        reap(pid)
+
+
+def rss_of_tree(pid: int) -> int:
+    """Resident memory of the worker and all its descendants, in bytes (summed RSS: shared
+    pages count once per process that maps them)."""
+    try:
+        proc = psutil.Process(pid)
+        total = proc.memory_info().rss
+        for child in proc.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+    except psutil.Error:
+        return 0
+
+
+def tree_pids(pid: int) -> list[int]:
+    """The worker and every process of its tree: its cgroup's members where it has one (nothing
+    escapes it), else its descendants (it is their child subreaper)."""
+    cgroup = CGROUPS.get(pid)
+    if cgroup is not None:
+        pids = lowlevel.cgroup_procs(cgroup)
+        if pids:
+            return pids
+    return [pid, *lowlevel.descendants(pid)]
+
+
+def memory_of_tree(pid: int) -> int:
+    """Proportional set size (PSS) of the worker's whole tree, in bytes: each shared page is
+    split between the processes that map it, so 500 forked children of a 46 MiB worker count
+    about 46 MiB, not 500 times that. What ``max_rss_mb`` is compared with."""
+    return lowlevel.cgroup_pss_bytes(tree_pids(pid))

@@ -1,0 +1,108 @@
+"""Read-only views of turns for front ends (the HTTP API and its dashboard).
+
+``Supervisor.turn_info`` and ``Supervisor.turns`` call these; nothing here changes a turn. The
+views are plain dicts of JSON-able values with wall-clock times (epoch seconds, like
+``TurnResult.submitted_at``), so a front end never needs the private ``TurnRecord``.
+
+The escalation fields say where a cancelled turn stands on the ladder (SPEC, "Escalation
+ladder"): ``escalation`` is ``None`` (not cancelled), ``"abort"`` (``Abort`` sent, grace
+running), ``"sigterm"`` or ``"sigkill"`` (the last signal sent); ``next_signal`` and
+``next_signal_at`` name the step still to come and when it is due, so a dashboard can count down.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import wire
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+    from .turns import TurnRecord
+
+TURN_STATES = ("queued", "running", "ended")
+_PUBLIC_STATE = {
+    "queued": "queued",
+    "handed": "queued",
+    "running": "running",
+    "ending": "running",
+    "ended": "ended",
+}
+_STEP = {0: "abort", 1: "sigterm", 2: "sigkill"}
+_NEXT = {0: "sigterm", 1: "sigkill"}
+
+
+def info(sup: Supervisor, turn: TurnRecord, *, with_input: bool = False) -> dict[str, Any]:
+    """One turn's live facts as a JSON-able dict (see the module docstring)."""
+    offset = sup.wall_offset
+    cancelled = turn.cause is not None
+    escalation = _STEP.get(turn.escalation) if cancelled or turn.escalation else None
+    nxt = None
+    nxt_at = None
+    esc = turn.esc_timer
+    if esc is not None and esc.active and turn.state in ("running", "ending"):
+        nxt = _NEXT.get(turn.escalation)
+        nxt_at = esc.when + offset
+    deadline = turn.timer
+    slot = turn.worker
+    out: dict[str, Any] = {
+        "turn_id": turn.id,
+        "state": _PUBLIC_STATE[turn.state],
+        "agent": turn.agent,
+        "session": turn.session,
+        "parent": turn.parent,
+        "worker_pid": slot.pid if slot is not None and turn.state in ("running", "ending") else None,
+        "submitted_at": turn.submitted_at + offset,
+        "started_at": turn.started_at + offset if turn.started_at is not None else None,
+        "ended_at": turn.ended_at + offset if turn.ended_at is not None else None,
+        "events": turn.events_base + len(turn.events),
+        "cause": turn.cause.to_dict() if turn.cause is not None else None,
+        "escalation": escalation,
+        "next_signal": nxt,
+        "next_signal_at": nxt_at,
+        "deadline_at": deadline.when + offset if deadline is not None and deadline.active else None,
+        "timeout": turn.timeout,
+        "grace": turn.grace,
+        "kill_after": turn.kill_after,
+        "outcome": turn.result.outcome if turn.result is not None else None,
+    }
+    if with_input:
+        raw = turn.input
+        out["input"] = wire.decode_payload(raw) if raw is not None else None
+        out["input_retained"] = raw is not None
+    return out
+
+
+def _running(sup: Supervisor) -> Iterator[TurnRecord]:
+    for slot in list(sup.pool.slots.values()):
+        if slot.turn is not None and slot.turn.state in ("running", "ending"):
+            yield slot.turn
+
+
+def _queued(sup: Supervisor) -> Iterator[TurnRecord]:
+    for slot in list(sup.pool.slots.values()):
+        yield from (t for t in slot.ahead if t.state == "handed")
+    queue = sup.queue
+    yield from (t for t in queue.ready if t.state == "queued")
+    for waiting in list(queue.waiting.values()):
+        yield from (t for t in waiting if t.state == "queued")
+
+
+def _ended(sup: Supervisor) -> Iterator[TurnRecord]:
+    for turn_id in reversed(sup.table.ended):
+        turn = sup.table.records.get(turn_id)
+        if turn is not None and turn.state == "ended":
+            yield turn
+
+
+def listing(sup: Supervisor, states: Iterable[str], limit: int) -> list[dict[str, Any]]:
+    """Turns in ``states`` (``queued``, ``running``, ``ended``: newest first), at most ``limit``."""
+    sources = {"running": _running, "queued": _queued, "ended": _ended}
+    chosen = list(states)
+    for state in chosen:
+        if state not in sources:
+            raise ValueError(f"state must be one of {', '.join(TURN_STATES)}, got {state!r}")
+    found = itertools.chain.from_iterable(sources[s](sup) for s in chosen)
+    return [info(sup, turn) for turn in itertools.islice(found, max(0, limit))]

@@ -1,0 +1,296 @@
+"""The turn table: its rows, the table itself and the queue.
+
+``TurnRecord`` is the one cancellation holder of a turn: created when the turn is accepted,
+the same through queueing, start, every event and the end; a new turn always gets a new one.
+``TurnTable`` holds the records (live ones and the last ``keep_results`` ended ones: the
+retention is written once, here), the events each turn retains and their replay to followers,
+and the restore of results journalled by an earlier daemon. ``TurnQueue`` is the FIFO of turns
+waiting for a worker.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import msgspec
+
+import wire
+from wire import Cause, TurnResult
+
+from .._errors import UnknownTurn
+
+if TYPE_CHECKING:
+    from .pool import WorkerSlot
+    from .timers import Timer
+
+# "handed": given to a worker ahead of time, not started yet; still counts as queued.
+TurnState = Literal["queued", "handed", "running", "ending", "ended"]
+
+
+class TurnRecord:
+    __slots__ = (
+        "id",
+        "agent",
+        "input",
+        "session",
+        "parent",
+        "timeout",
+        "grace",
+        "kill_after",
+        "state",
+        "cause",
+        "started",
+        "worker",
+        "escalation",
+        "submitted_at",
+        "started_at",
+        "ended_at",
+        "events",
+        "events_base",
+        "waiters",
+        "result",
+        "done",
+        "children",
+        "spawn_origin",
+        "pending_result",
+        "timer",
+        "esc_timer",
+        "attempts",
+        "retry",
+        "revoking",
+        "recorded",
+        "dispatchable",
+        "clearing",
+    )
+
+    def __init__(
+        self,
+        *,
+        turn_id: str,
+        agent: str,
+        input: msgspec.Raw,
+        session: str | None,
+        parent: str | None,
+        timeout: float | None,
+        grace: float,
+        kill_after: float,
+        now: float,
+    ) -> None:
+        self.id = turn_id
+        self.agent = agent
+        self.input = input
+        self.session = session
+        self.parent = parent
+        self.timeout = timeout
+        self.grace = grace
+        self.kill_after = kill_after
+        self.state: TurnState = "queued"
+        self.cause: Cause | None = None  # first cause wins
+        self.started = False
+        self.worker: WorkerSlot | None = None
+        self.escalation = 0  # 0: none, 1: SIGTERM sent, 2: SIGKILL sent
+        self.submitted_at = now
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.events: list[msgspec.Raw] = []
+        self.events_base = 0  # sequence number of events[0] (older ones were dropped)
+        self.waiters: list[anyio.Event] = []
+        self.result: TurnResult | None = None
+        self.done: anyio.Event | None = None
+        self.children: set[str] = set()
+        self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
+        self.pending_result: TurnResult | None = None  # held until live children have ended
+        self.timer: Timer | None = None  # the deadline (timeout), armed when the turn starts
+        self.esc_timer: Timer | None = None  # the next escalation step
+        self.attempts = 1
+        self.retry = False
+        self.revoking = False  # a Revoke for this handed turn is on its way to the worker
+        # The dispatch gate (J6, ``Supervisor.set_dispatch_gate``): with a journal a turn is handed
+        # to a worker only once its accept row is committed (``recorded``) and then a row saying
+        # it may run is committed (``dispatchable``). Without a gate both are true from the start.
+        self.recorded = True
+        self.dispatchable = True
+        self.clearing = False  # its "may run" row is being written
+
+    def wake_followers(self) -> None:
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for ev in waiters:
+                ev.set()
+
+
+class TurnTable:
+    """Every turn the supervisor answers for: the live ones and the last ``keep`` ended ones.
+
+    ``records`` maps turn id to record; ``ended`` lists ended ids oldest first, so the oldest
+    ended record is forgotten once more than ``keep`` have ended (results retention, one place
+    for turns that end here and for results restored from a journal).
+    """
+
+    __slots__ = ("records", "ended", "keep", "max_events")
+
+    def __init__(self, *, keep: int, max_events: int) -> None:
+        self.records: dict[str, TurnRecord] = {}
+        self.ended: collections.deque[str] = collections.deque()
+        self.keep = keep
+        self.max_events = max_events
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __contains__(self, turn_id: object) -> bool:
+        return turn_id in self.records
+
+    def get(self, turn_id: str) -> TurnRecord:
+        """The record of ``turn_id``; raises ``UnknownTurn``."""
+        try:
+            return self.records[turn_id]
+        except (KeyError, TypeError):
+            raise UnknownTurn(turn_id) from None
+
+    def note_ended(self, turn_id: str) -> None:
+        """``turn_id`` ended (or was restored ended): keep it, forgetting the oldest ended turn
+        beyond ``keep``."""
+        ended = self.ended
+        ended.append(turn_id)
+        if len(ended) > self.keep:
+            old = self.records.get(ended.popleft())
+            if old is not None and old.state == "ended":
+                del self.records[old.id]
+
+    def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
+        """Retain one event of ``turn`` (at most ``max_events``: the older half is dropped when
+        full, and followers skip the gap) and wake its followers."""
+        events = turn.events
+        events.append(data)
+        if len(events) > self.max_events:
+            drop = len(events) - self.max_events // 2
+            del events[:drop]
+            turn.events_base += drop
+        turn.wake_followers()
+
+    async def follow(self, turn_id: str) -> AsyncIterator[tuple[int, msgspec.Raw]]:
+        """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends."""
+        turn = self.get(turn_id)
+        seq = turn.events_base
+        while True:
+            if seq < turn.events_base:
+                seq = turn.events_base
+            while seq - turn.events_base < len(turn.events):
+                yield seq, turn.events[seq - turn.events_base]
+                seq += 1
+                if seq < turn.events_base:
+                    seq = turn.events_base
+            if turn.state == "ended" or turn.pending_result is not None:
+                return
+            ev = anyio.Event()
+            turn.waiters.append(ev)
+            await ev.wait()
+
+    def restore(self, result: TurnResult, now: float) -> None:
+        """Register a turn that ended before this supervisor started (a daemon's journal), so it
+        answers for it as for any ended turn. A known id is left alone."""
+        if result.turn_id in self.records:
+            return
+        turn = TurnRecord(
+            turn_id=result.turn_id,
+            agent=result.agent,
+            input=wire.NIL,
+            session=result.session,
+            parent=result.parent,
+            timeout=None,
+            grace=0.0,
+            kill_after=0.0,
+            now=now,
+        )
+        turn.state = "ended"
+        turn.result = result
+        turn.cause = result.cause
+        turn.started = result.started
+        turn.attempts = result.attempts
+        self.records[turn.id] = turn
+        self.note_ended(turn.id)
+
+
+class TurnQueue:
+    """FIFO of turns waiting for a worker, with sessions run one turn at a time in order.
+
+    ``ready`` holds turns that may start now; ``waiting[session]`` holds a session's later
+    turns until its current one is quiescent. Removal is lazy (a cancelled turn's state is no
+    longer ``queued`` and it is skipped), so every operation is O(1) amortised.
+    """
+
+    def __init__(self) -> None:
+        self.ready: collections.deque[TurnRecord] = collections.deque()
+        self.waiting: dict[str, collections.deque[TurnRecord]] = {}
+        self.active: dict[str, str] = {}  # session -> id of its turn that is ready or running
+        self.count = 0  # turns in state "queued"
+
+    def __len__(self) -> int:
+        return self.count
+
+    def push(self, turn: TurnRecord, *, front: bool = False) -> None:
+        self.count += 1
+        session = turn.session
+        if session is not None and not front:
+            if session in self.active:
+                self.waiting.setdefault(session, collections.deque()).append(turn)
+                return
+            self.active[session] = turn.id
+        if front:
+            self.ready.appendleft(turn)
+        else:
+            self.ready.append(turn)
+
+    def pop(self) -> TurnRecord | None:
+        """The next turn that may be handed to a worker now; ``None`` when the head of the queue
+        still waits for the dispatch gate (turns pass it in order, so none overtakes another)."""
+        ready = self.ready
+        while ready:
+            turn = ready[0]
+            if turn.state != "queued":
+                ready.popleft()
+                continue
+            if not turn.dispatchable:
+                return None
+            ready.popleft()
+            self.count -= 1
+            return turn
+        return None
+
+    def has_ready(self) -> bool:
+        ready = self.ready
+        while ready and ready[0].state != "queued":
+            ready.popleft()
+        return bool(ready) and ready[0].dispatchable
+
+    def discard(self, turn: TurnRecord) -> None:
+        """The turn left the queue by cancellation; the caller sets its state."""
+        self.count -= 1
+
+    def session_quiescent(self, turn: TurnRecord) -> None:
+        """``turn`` ended: if it was its session's current turn, the session's next queued
+        turn (if any) becomes ready."""
+        session = turn.session
+        if session is None or self.active.get(session) != turn.id:
+            return
+        waiting = self.waiting.get(session)
+        while waiting:
+            nxt = waiting.popleft()
+            if nxt.state == "queued":
+                if not waiting:
+                    del self.waiting[session]
+                self.ready.append(nxt)
+                self.active[session] = nxt.id
+                return
+        self.waiting.pop(session, None)
+        del self.active[session]
+
+    def queued_of_session(self, session: str) -> list[TurnRecord]:
+        """The session's turns queued now (ready or waiting), in order."""
+        found = [t for t in self.ready if t.session == session and t.state == "queued"]
+        found.extend(t for t in self.waiting.get(session, ()) if t.state == "queued")
+        return found

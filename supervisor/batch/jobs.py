@@ -1,0 +1,165 @@
+"""Batch input: read a jobs file (or job mappings), validate every line before anything runs.
+
+A job line is a JSON object with ``id`` (a non-empty string or an integer, unique across the
+file) and ``input`` (any JSON, default ``null``), optionally ``agent``, ``timeout`` and
+``session``. Any other key is an error, so a typo such as ``"timout"`` is caught instead of
+silently ignored. Blank lines are skipped. Ids are compared by their text: ``1`` and ``"1"``
+are the same id (both would be written ``1`` in a turn id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any
+
+from .._engine import AGENT_RE
+
+JOB_KEYS = frozenset({"id", "input", "agent", "timeout", "session"})
+MAX_SESSION = 256
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One valid job: ``id`` as written in the file, ``key`` its text (for matching and turn ids)."""
+
+    line: int
+    id: str | int
+    key: str
+    input: Any
+    agent: str
+    timeout: float | None
+    session: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidLine:
+    """A line that cannot run, with its 1-based line number and why (``id`` when one was readable)."""
+
+    line: int
+    message: str
+    id: str | int | None = None
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+def id_key(value: str | int) -> str:
+    """The text an id is matched by (``1`` and ``"1"`` are the same id)."""
+    return value if isinstance(value, str) else str(value)
+
+
+def turn_id_for(batch: str, key: str, attempt: int) -> str:
+    """Deterministic turn id of ``attempt`` of job ``key`` in batch ``batch``.
+
+    The same batch, job and attempt always give the same id, so resubmitting (a resume after
+    the runner died between a turn's end and its line being written, or a reconnect to a
+    daemon) finds the existing turn instead of running the job again. Ids with characters
+    outside a safe set, or long ones, are replaced by a digest.
+    """
+    part = key if _SAFE_ID.match(key) else "h" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return f"batch-{batch}-{part}-a{attempt}"
+
+
+def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidLine:
+    if not isinstance(obj, dict):
+        return InvalidLine(line, f"a job must be a JSON object, got {type(obj).__name__}")
+    raw_id = obj.get("id")
+    if "id" not in obj:
+        return InvalidLine(line, "no 'id'")
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
+        return InvalidLine(line, f"'id' must be a non-empty string or an integer, got {raw_id!r}")
+    unknown = sorted(set(obj) - JOB_KEYS)
+    if unknown:
+        return InvalidLine(
+            line,
+            f"unknown key(s) {', '.join(map(repr, unknown))} (a job has {', '.join(sorted(JOB_KEYS))})",
+            raw_id,
+        )
+    agent = obj.get("agent", default_agent)
+    if agent is None:
+        return InvalidLine(line, "no agent: give --agent or an 'agent' key", raw_id)
+    if not isinstance(agent, str) or not AGENT_RE.match(agent):
+        return InvalidLine(line, f"bad agent {agent!r}: write it 'package.module:attr'", raw_id)
+    timeout = obj.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        return InvalidLine(line, f"'timeout' must be a number of seconds > 0, got {timeout!r}", raw_id)
+    session = obj.get("session")
+    if session is not None and (not isinstance(session, str) or not session or len(session) > MAX_SESSION):
+        return InvalidLine(
+            line,
+            f"'session' must be a non-empty string of at most {MAX_SESSION} characters, got {session!r}",
+            raw_id,
+        )
+    return Job(
+        line,
+        raw_id,
+        id_key(raw_id),
+        obj.get("input"),
+        agent,
+        float(timeout) if timeout is not None else None,
+        session,
+    )
+
+
+def check_jobs(
+    rows: Iterable[tuple[int, Any]], default_agent: str | None
+) -> tuple[list[Job], list[InvalidLine]]:
+    """Validate ``(line, parsed object or InvalidLine)`` rows; duplicates name the first line."""
+    jobs: list[Job] = []
+    invalid: list[InvalidLine] = []
+    seen: dict[str, int] = {}
+    for line, obj in rows:
+        if isinstance(obj, InvalidLine):
+            invalid.append(obj)
+            continue
+        checked = _check_job(obj, line, default_agent)
+        if isinstance(checked, InvalidLine):
+            invalid.append(checked)
+            continue
+        first = seen.get(checked.key)
+        if first is not None:
+            invalid.append(InvalidLine(line, f"id {checked.id!r} repeats line {first}", checked.id))
+            continue
+        seen[checked.key] = line
+        jobs.append(checked)
+    return jobs, invalid
+
+
+def _parse_lines(path: str | PathLike[str]) -> Iterable[tuple[int, Any]]:
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                yield number, json.loads(text)
+            except UnicodeDecodeError as exc:
+                yield number, InvalidLine(number, f"not UTF-8: {exc.reason} at byte {exc.start}")
+            except json.JSONDecodeError as exc:
+                yield number, InvalidLine(number, f"not JSON: {exc.msg} (column {exc.colno})")
+
+
+def load_jobs(
+    source: str | PathLike[str] | Iterable[Mapping[str, Any]], default_agent: str | None = None
+) -> tuple[list[Job], list[InvalidLine]]:
+    """Read and validate every job of a JSONL file (or an iterable of mappings, numbered from 1).
+
+    Raises ``OSError`` if the file cannot be read; everything wrong with a line is returned
+    as an ``InvalidLine``, all of them, so the user sees the whole list at once.
+    """
+    if isinstance(source, (str, PathLike)):
+        return check_jobs(_parse_lines(source), default_agent)
+    rows = ((i, dict(obj) if isinstance(obj, Mapping) else obj) for i, obj in enumerate(source, 1))
+    return check_jobs(rows, default_agent)

@@ -1,0 +1,5 @@
+"""``python -m supervisor.cli`` runs the ``turnpool`` command (same as the console script)."""
+
+from .main import entry
+
+entry()

@@ -1,0 +1,56 @@
+"""The ``turnpool`` console script.
+
+Each command lives in its own module and registers itself here: a module in
+``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its parser and sets
+``func=callable(args) -> int`` (the exit code) on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .exits import EXIT_INTERRUPTED, EXIT_USAGE
+
+# Modules that add commands; one job each.
+COMMAND_MODULES: tuple[str, ...] = (
+    "supervisor.cli.daemon",  # serve, submit, cancel, status
+    "supervisor.cli.journal",  # history, result
+    "supervisor.batch",  # batch
+    "supervisor.acp.acp",  # acp
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnpool",
+        description="Process-isolated worker pool for agent turns, with hard termination.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def entry() -> None:
+    sys.exit(main())

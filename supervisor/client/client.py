@@ -1,0 +1,677 @@
+"""``Client`` (async) and ``SyncClient`` (blocking): the serve daemon's API, with ``Supervisor``'s methods.
+
+One DEALER per client; every request carries an id, so any number of calls (and event
+streams) share the connection. Input is validated and encoded here, strictly, before anything
+is sent (the same checks as ``Supervisor``); the daemon's errors come back as the same typed
+exceptions.
+
+A client call never hangs on a daemon that is not there: ``connect`` fails fast when the
+``ipc://`` socket file is missing or the connection is refused, and otherwise after
+``timeout`` seconds without a ``Welcome``; once connected, a lost connection (seen by a
+ZeroMQ socket monitor, with heartbeats on the link) fails every pending call at once, and
+short requests are bounded by ``request_timeout``. Waiting for a result or following events is
+not bounded: a turn may run for as long as it likes.
+
+``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` runs it on
+its own asyncio loop in a portal thread, so it works from any synchronous code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+import wire
+from wire import Cause, TurnResult, validate_cause
+
+from .._engine import check_agent, check_optional_str, check_seconds
+from .._errors import (
+    AuthenticationFailed,
+    DaemonShuttingDown,
+    DaemonUnavailable,
+    FollowerDropped,
+    InvalidAgent,
+    JournalUnavailable,
+    ProtocolError,
+    QueueFull,
+    SupervisorClosed,
+    TurnpoolError,
+    UnknownTurn,
+)
+from .._handle import TurnHandle
+from .._paths import default_endpoint
+from .._sync import SyncFront
+from ..daemon.endpoint import ipc_path, socket_options
+
+log = logging.getLogger("turnpool.client")
+
+_MONITORED = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_MONITOR_STOPPED
+)
+
+
+class _Lost:
+    """Put in place of a reply when the connection to the daemon is gone."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class _Pending:
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.reply: Any = None
+
+
+class _Stream:
+    __slots__ = ("send",)
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+
+
+class Client:
+    """A connection to a ``turnpool serve`` daemon, with the methods of ``Supervisor``::
+
+        async with Client.connect("ipc:///run/user/1000/turnpool/supervisor.sock") as client:
+            result = await client.run("examples.agents:echo", {"text": "hi"})
+
+    ``endpoint`` defaults to ``TURNPOOL_ENDPOINT`` or the per-user default. ``timeout`` bounds
+    the handshake, ``request_timeout`` each short request (submit, cancel, status …). For a
+    CURVE daemon pass ``curve_server_key`` (the daemon's public key, or its certificate file) and
+    ``curve_secret_key`` (this client's ``.key_secret`` certificate file). ``follow_window`` bounds
+    how many events the daemon sends ahead of what ``events()`` has consumed (flow control).
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        timeout: float = 5.0,
+        request_timeout: float = 60.0,
+        curve_server_key: str | bytes | None = None,
+        curve_secret_key: str | os.PathLike[str] | None = None,
+        follow_window: int = 1024,
+    ) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        self.timeout = check_seconds("timeout", timeout, allow_none=False, positive=True)
+        self.request_timeout = check_seconds(
+            "request_timeout", request_timeout, allow_none=False, positive=True
+        )
+        if isinstance(follow_window, bool) or not isinstance(follow_window, int) or follow_window < 2:
+            raise ValueError(f"follow_window must be an int >= 2, got {follow_window!r}")
+        self.follow_window = follow_window
+        if (curve_server_key is None) != (curve_secret_key is None):
+            raise ValueError("CURVE needs both curve_server_key and curve_secret_key")
+        self.curve_server_key = curve_server_key
+        self.curve_secret_key = curve_secret_key
+        self.daemon_pid: int | None = None
+        self.max_message_size = wire.MAX_MESSAGE_SIZE
+        self.bad_frames = 0
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._mon: zmq.asyncio.Socket | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._reqs = itertools.count(1)
+        self._pending: dict[int, _Pending | _Stream] = {}
+        self._state = "new"  # new → open → closed
+        self._lost: str | None = None
+        self._auth_failed = False
+        self.protocol = wire.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
+
+    @classmethod
+    def connect(
+        cls,
+        endpoint: str | None = None,
+        *,
+        timeout: float = 5.0,
+        request_timeout: float = 60.0,
+        curve_server_key: str | bytes | None = None,
+        curve_secret_key: str | os.PathLike[str] | None = None,
+        follow_window: int = 1024,
+    ) -> Client:
+        """A client for ``endpoint``: use ``async with Client.connect(ep) as client`` (or ``await`` it).
+
+        The connection is made on entering; it raises ``DaemonUnavailable`` (naming the endpoint)
+        within ``timeout`` when no daemon answers, ``ProtocolError`` on a version mismatch.
+        """
+        return cls(
+            endpoint,
+            timeout=timeout,
+            request_timeout=request_timeout,
+            curve_server_key=curve_server_key,
+            curve_secret_key=curve_secret_key,
+            follow_window=follow_window,
+        )
+
+    def __await__(self) -> Generator[Any, None, Client]:
+        async def opened() -> Client:
+            await self.open()
+            return self
+
+        return opened().__await__()
+
+    async def __aenter__(self) -> Client:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    # ---- connection --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect and shake hands. Raises ``DaemonUnavailable`` (endpoint named) or ``ProtocolError``."""
+        if self._state != "new":
+            raise RuntimeError("a Client connects once")
+        self._state = "open"
+        path = ipc_path(self.endpoint)
+        if path is not None and not path.exists():
+            self._state = "closed"
+            raise DaemonUnavailable(
+                f"no turnpool daemon is running at {self.endpoint} (no socket file {path})"
+            )
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        socket_options(sock)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        try:
+            if self.curve_secret_key is not None:
+                self._setup_curve(sock)
+            self._mon = sock.get_monitor_socket(_MONITORED)
+            sock.connect(self.endpoint)
+        except (zmq.ZMQError, ValueError, OSError) as exc:
+            sock.close(linger=0)
+            self._ctx.term()
+            self._state = "closed"
+            raise DaemonUnavailable(f"cannot connect to {self.endpoint}: {exc}") from exc
+        self._sock = sock
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._receive)
+        self._tg.start_soon(self._monitor)
+        try:
+            welcome = None
+            with anyio.move_on_after(self.timeout):
+                try:
+                    # A refused connection (stale socket file, closed port) fails this at once:
+                    # the monitor sees every reconnect attempt being refused.
+                    welcome = await self._hello()
+                except DaemonUnavailable:
+                    pass
+            if self._auth_failed and self.curve_secret_key is None:
+                raise AuthenticationFailed(
+                    f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
+                    "(pass curve_server_key and curve_secret_key)"
+                )
+            if self._auth_failed:
+                raise AuthenticationFailed(
+                    f"the turnpool daemon at {self.endpoint} refused this client: the CURVE handshake failed "
+                    "(is this client's public key in the daemon's --curve-clients directory, and is "
+                    "curve_server_key the daemon's public key?)"
+                )
+            if welcome is None:
+                why = self._lost or f"no answer within {self.timeout}s"
+                raise DaemonUnavailable(f"no turnpool daemon is running at {self.endpoint} ({why})")
+        except BaseException:
+            await self.aclose()
+            raise
+        assert isinstance(welcome, wire.Welcome)
+        self.daemon_pid = welcome.pid
+        self.max_message_size = welcome.max_message_size
+        self.protocol = welcome.version
+
+    async def _hello(self) -> Any:
+        """Shake hands: this client speaks ``CLIENT_PROTOCOL_VERSION``; a daemon that does not
+        (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
+        older clients and says in ``Welcome`` which version it speaks to this one."""
+        return await self._call(
+            lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False, handshake=True
+        )
+
+    def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
+        import zmq.auth
+
+        server = self.curve_server_key
+        if isinstance(server, str) and os.path.exists(server):
+            server, _ = zmq.auth.load_certificate(server)
+        elif isinstance(server, str):
+            server = server.encode()
+        public, secret = zmq.auth.load_certificate(os.fspath(self.curve_secret_key))  # type: ignore[arg-type]
+        if not secret:
+            raise ValueError(f"{self.curve_secret_key} holds no secret key (use the .key_secret file)")
+        sock.curve_serverkey = server
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+
+    async def aclose(self) -> None:
+        """Close the connection. Turns this client submitted go on running in the daemon."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        self._fail_pending("the client was closed")
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            with contextlib.suppress(Exception):
+                await self._tg.__aexit__(None, None, None)
+            self._tg = None
+        if self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disable_monitor()
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._mon is not None:
+            self._mon.close(linger=0)
+            self._mon = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    async def _monitor(self) -> None:
+        assert self._mon is not None
+        while True:
+            try:
+                event = parse_monitor_message(await self._mon.recv_multipart())
+            except (zmq.ZMQError, RuntimeError):
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_CONNECTED:
+                self._lost = None
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._lost = "the connection to the daemon was lost"
+                self._fail_pending(self._lost)
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                self._lost = "connection refused"
+                self._fail_pending(self._lost)
+            elif kind in (
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+            ):
+                # The daemon is there but refused this client (or its key): an authentication
+                # failure, not a missing daemon.
+                self._auth_failed = True
+                self._lost = "the security handshake failed (CURVE keys?)"
+                self._fail_pending(self._lost)
+            elif kind == zmq.EVENT_MONITOR_STOPPED:
+                return
+
+    def _fail_pending(self, why: str) -> None:
+        lost = _Lost(why)
+        for pending in list(self._pending.values()):
+            if isinstance(pending, _Pending):
+                if not pending.event.is_set():
+                    pending.reply = lost
+                    pending.event.set()
+            else:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pending.send.send_nowait(lost)
+
+    async def _receive(self) -> None:
+        assert self._sock is not None
+        sock = self._sock
+        while True:
+            parts = await sock.recv_multipart()
+            try:
+                if len(parts) != 1:
+                    raise msgspec.DecodeError(f"expected one frame, got {len(parts)}")
+                msg = wire.decode_from_daemon(parts[0])
+            except msgspec.DecodeError as exc:
+                self.bad_frames += 1
+                log.warning("undecodable reply from the daemon at %s: %s", self.endpoint, exc)
+                continue
+            pending = self._pending.get(msg.req)
+            if pending is None:
+                if isinstance(msg, wire.Error):
+                    log.warning("the daemon at %s reported: %s: %s", self.endpoint, msg.code, msg.message)
+                continue
+            if isinstance(pending, _Pending):
+                pending.reply = msg
+                pending.event.set()
+            else:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pending.send.send_nowait(msg)
+
+    async def _send(self, msg: Any) -> None:
+        frame = wire.encode(msg)
+        if len(frame) > self.max_message_size:
+            raise ValueError(
+                f"request of {len(frame)} bytes is above the daemon's limit of {self.max_message_size} bytes"
+            )
+        assert self._sock is not None
+        await self._sock.send(frame)
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise SupervisorClosed(
+                "the client is closed"
+                if self._state == "closed"
+                else "the client is not connected: use `async with Client.connect(...)`"
+            )
+        if self._lost is not None:
+            raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {self._lost}")
+
+    async def _call(
+        self,
+        make: Callable[[int], Any],
+        *,
+        bounded: bool = True,
+        turn_id: str | None = None,
+        handshake: bool = False,
+    ) -> Any:
+        """Send one request and wait for its one reply (at most ``request_timeout`` when
+        ``bounded``); raise the reply's error, typed. An unbounded wait that is cancelled (or
+        fails) before its reply tells the daemon to drop the request (``Abandon``)."""
+        if not handshake:
+            self._check_open()
+        req = next(self._reqs)
+        pending = _Pending()
+        self._pending[req] = pending
+        limit = self.request_timeout if bounded else None
+        sent = False
+        try:
+            await self._send(make(req))
+            sent = True
+            with anyio.fail_after(limit):
+                await pending.event.wait()
+        except TimeoutError:
+            raise DaemonUnavailable(f"the daemon at {self.endpoint} did not answer within {limit}s") from None
+        finally:
+            self._pending.pop(req, None)
+            if sent and not bounded and not handshake and not pending.event.is_set():
+                await self._abandon(req)
+        return self._reply(pending.reply, turn_id)
+
+    async def _abandon(self, req: int) -> None:
+        """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
+        if self.protocol < 2 or self._state != "open" or self._lost is not None:
+            return
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await self._send(wire.Abandon(req))
+
+    def _reply(self, reply: Any, turn_id: str | None) -> Any:
+        if isinstance(reply, _Lost):
+            raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {reply.why}")
+        if isinstance(reply, wire.Error):
+            raise _error(reply, turn_id, self.endpoint)
+        return reply
+
+    # ---- the Supervisor methods --------------------------------------------------------
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 — the turn's timeout (Supervisor.submit's signature)
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> TurnHandle:
+        """Submit a turn to the daemon; returns its handle at once.
+
+        Raises at the call, before sending: ``InvalidAgent``, ``TypeError`` (input not encodable,
+        bad types), ``ValueError`` (bad times, request above the size limit). From the daemon:
+        ``QueueFull``, ``DaemonShuttingDown``. A known ``turn_id`` returns the existing turn.
+        """
+        make = _submit_request(
+            agent,
+            input,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            retry=retry,
+        )
+        reply = await self._call(make)
+        return TurnHandle(self, reply.turn_id)
+
+    async def run(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 — the turn's timeout (Supervisor.run's signature)
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> TurnResult:
+        """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
+        ``Result`` under the same request id. Raises as ``submit`` does."""
+        make = _submit_request(
+            agent,
+            input,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            retry=retry,
+            wait=True,
+        )
+        self._check_open()
+        req = next(self._reqs)
+        send, receive = anyio.create_memory_object_stream[Any](2)
+        self._pending[req] = _Stream(send)
+        answered = False
+        try:
+            await self._send(make(req))
+            async with receive:
+                try:
+                    with anyio.fail_after(self.request_timeout):
+                        accepted = self._reply(await receive.receive(), turn_id)
+                except TimeoutError:
+                    why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
+                    raise DaemonUnavailable(why) from None
+                reply = self._reply(await receive.receive(), accepted.turn_id)
+                answered = True
+        finally:
+            self._pending.pop(req, None)
+            send.close()
+            if not answered:
+                await self._abandon(req)
+        if not isinstance(reply, wire.Result):
+            raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
+        return reply.result
+
+    def handle(self, turn_id: str) -> TurnHandle:
+        """A handle on a turn the daemon knows (submitted by any client). An unknown id raises
+        ``UnknownTurn`` at the handle's first use (``result``, ``events``, ``cancel``)."""
+        _check_turn_id(turn_id)
+        return TurnHandle(self, turn_id)
+
+    async def exists(self, turn_id: str) -> bool:
+        """Whether the daemon knows ``turn_id`` (queued, running, or ended and still kept)."""
+        _check_turn_id(turn_id)
+        try:
+            await self._call(lambda req: wire.Lookup(req, turn_id), turn_id=turn_id)
+        except UnknownTurn:
+            return False
+        return True
+
+    async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
+        """Cancel a turn (default cause ``{"kind": "user"}``); returns the winning cause.
+
+        The cause is validated here, strictly, before anything is sent (``TypeError``/``ValueError``).
+        Raises ``UnknownTurn``.
+        """
+        accepted = validate_cause(cause)
+        _check_turn_id(turn_id)
+        reply = await self._call(lambda req: wire.Cancel(req, turn_id, accepted), turn_id=turn_id)
+        return reply.cause
+
+    async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
+        """Cancel the running turn of ``session`` and clear its turns queued now; returns their ids."""
+        accepted = validate_cause(cause)
+        if not isinstance(session, str) or not session:
+            raise TypeError(f"session must be a non-empty string, got {session!r}")
+        reply = await self._call(lambda req: wire.CancelSession(req, session, accepted))
+        return list(reply.turn_ids)
+
+    async def status(self) -> dict[str, Any]:
+        """The daemon's status: workers (id, pid, state, turn_id, turns_run, rss_mb), queue, counters."""
+        reply = await self._call(lambda req: wire.GetStatus(req))
+        return dict(reply.status)
+
+    async def when_idle(self) -> None:
+        """Return once the daemon has no turn queued or running."""
+        await self._call(lambda req: wire.WhenIdle(req), bounded=False)
+
+    # ---- the rest of the Backend contract (what TurnHandle uses) ------------------------
+
+    async def result(self, turn_id: str) -> TurnResult:
+        """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
+        _check_turn_id(turn_id)
+        reply = await self._call(lambda req: wire.GetResult(req, turn_id), bounded=False, turn_id=turn_id)
+        return reply.result
+
+    async def events(self, turn_id: str) -> AsyncIterator[Any]:
+        """The turn's events as the daemon relays them (``TurnHandle.events``)."""
+        _check_turn_id(turn_id)
+        self._check_open()
+        req = next(self._reqs)
+        send, receive = anyio.create_memory_object_stream[Any](math.inf)
+        self._pending[req] = _Stream(send)
+        ended = False
+        window = self.follow_window
+        consumed = 0
+        try:
+            await self._send(wire.Follow(req, turn_id, window))
+            async with receive:
+                async for item in receive:
+                    if isinstance(item, wire.Events):
+                        for raw in item.data:
+                            yield wire.decode_payload(raw)
+                            consumed += 1
+                            if consumed >= window // 2:
+                                # Flow control: the daemon sends at most `window` events ahead of us.
+                                await self._send(wire.Credit(req, consumed))
+                                consumed = 0
+                    elif isinstance(item, wire.FollowEnd):
+                        ended = True
+                        return
+                    else:
+                        ended = True
+                        if isinstance(item, wire.Error) and item.code == "lagged":
+                            raise FollowerDropped(f"{item.message} (daemon at {self.endpoint})")
+                        self._reply(item, turn_id)
+                        raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
+        finally:
+            self._pending.pop(req, None)
+            send.close()
+            if not ended and self._state == "open" and self._lost is None:
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await self._send(wire.Unfollow(req))
+
+
+def _submit_request(
+    agent: str,
+    input: Any,
+    *,
+    session: Any,
+    timeout: Any,
+    grace: Any,
+    kill_after: Any,
+    turn_id: Any,
+    wait: bool = False,
+    retry: Any = False,
+) -> Callable[[int], wire.Submit]:
+    """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
+    check_agent(agent)
+    raw = wire.encode_payload(input, what="turn input")
+    session = check_optional_str("session", session)
+    turn_id = check_optional_str("turn_id", turn_id)
+    timeout = check_seconds("timeout", timeout, positive=True)
+    grace = check_seconds("grace", grace)
+    kill_after = check_seconds("kill_after", kill_after)
+    if not isinstance(retry, bool):
+        raise TypeError(f"retry must be True or False, got {retry!r}")
+    return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+
+
+def _check_turn_id(turn_id: Any) -> None:
+    if not isinstance(turn_id, str) or not turn_id:
+        raise TypeError(f"turn_id must be a non-empty string, got {turn_id!r}")
+
+
+def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
+    """The typed exception for a daemon's ``Error`` reply."""
+    code, message = err.code, err.message
+    if code == "unknown_turn" and turn_id is not None:
+        return UnknownTurn(turn_id)
+    if code == "unknown_turn":
+        return TurnpoolError(message)
+    if code == "invalid_agent":
+        return InvalidAgent(message)
+    if code == "bad_type":
+        return TypeError(message)
+    if code == "bad_value":
+        return ValueError(message)
+    if code == "queue_full":
+        return QueueFull(message)
+    if code == "shutting_down":
+        return DaemonShuttingDown(message)
+    if code == "journal_unavailable":
+        return JournalUnavailable(message)
+    if code in ("protocol", "malformed"):
+        return ProtocolError(f"{message} (daemon at {endpoint})")
+    if code == "lagged":
+        return FollowerDropped(f"{message} (daemon at {endpoint})")
+    if code in ("dropped", "too_large"):
+        return TurnpoolError(f"{message} (daemon at {endpoint})")
+    return TurnpoolError(f"the daemon at {endpoint} failed: {message}")
+
+
+class SyncClient(SyncFront):
+    """``Client`` with blocking methods, as a context manager::
+
+    with SyncClient.connect(ep) as client:
+        print(client.run("examples.agents:echo", {"text": "hi"}).output)
+    """
+
+    def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        Client(endpoint, **kwargs)  # validate the arguments now, at the call
+        self._endpoint = endpoint
+        self._kwargs = kwargs
+
+    @classmethod
+    def connect(cls, endpoint: str | None = None, **kwargs: Any) -> SyncClient:
+        """A blocking client for ``endpoint``: use ``with SyncClient.connect(ep) as client``."""
+        return cls(endpoint, **kwargs)
+
+    def __enter__(self) -> SyncClient:
+        async def make() -> Any:
+            return Client.connect(self._endpoint, **self._kwargs)
+
+        self._open(make)
+        return self
+
+    def exists(self, turn_id: str) -> bool:
+        return self._call(self._target.exists, turn_id)

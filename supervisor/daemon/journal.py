@@ -1,0 +1,705 @@
+"""The daemon's durable journal: SQLite in WAL mode, through the standard library.
+
+What it records is the RFC's coarse durable record: each turn's acceptance (agent, input,
+session, limits, parent), its start (worker pid) and its end (outcome, output or error type
+and message, cause as the closed enum). No stack, no signal, no runtime object, no free text
+about the cancel.
+
+Writes are batched: one writer thread drains everything queued and hands it, as one
+transaction, to the writer process (``_journal_writer``: the only owner of a writing
+connection, so a stalled disk can hold that process but never the daemon's exit), and only
+then resolves the waiters. A submit is acknowledged once its row is committed; a thousand
+concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (J6) is
+committed before any worker gets the turn.
+
+One live daemon per journal: a Linux abstract-namespace unix socket named from the journal's
+real path is bound for the daemon's lifetime (nothing on disk, so deleting files cannot free it).
+A corrupt file, a file from a newer schema, or a locked journal is refused at open with a clear
+error, and the file is left untouched.
+
+Write failures (J7): when a batch cannot be committed (disk full, read-only, I/O error) the
+writer rolls it back, fails the accept rows of that batch (their submits get
+``JournalUnavailable``; their turns never ran, the dispatch gate held them), keeps every other
+row and retries every ``retry_interval`` seconds until the disk takes them; ``error`` says what
+is wrong meanwhile. A journal file deleted or replaced under the daemon (its inode no longer at
+the path) is permanent: nothing more is written and ``error`` stays set.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import queue
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from wire import TurnResult
+
+from .._errors import TurnpoolError
+from . import journal_writer as _journal_writer
+
+SCHEMA_VERSION = 1
+_APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS turns (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL UNIQUE,
+    agent TEXT NOT NULL,
+    input BLOB NOT NULL,
+    session TEXT,
+    parent TEXT,
+    timeout REAL,
+    grace REAL,
+    kill_after REAL,
+    retry INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    state TEXT NOT NULL,               -- queued | running | ended
+    accepted_at REAL NOT NULL,
+    started_at REAL,
+    worker_pid INTEGER,
+    ended_at REAL,
+    outcome TEXT,
+    cause TEXT,
+    error_type TEXT,
+    error_message TEXT,
+    result BLOB                        -- the TurnResult as the client saw it (msgpack)
+);
+CREATE INDEX IF NOT EXISTS turns_state ON turns(state);
+CREATE INDEX IF NOT EXISTS turns_session ON turns(session);
+CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
+CREATE TABLE IF NOT EXISTS health (   -- one row the writer rewrites to learn that a failed disk is back
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    turn_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (turn_id, seq)
+);
+"""
+
+
+class JournalError(TurnpoolError):
+    """Raised by ``Journal.open`` (and ``turnpool serve --journal``) when the journal file is corrupt,
+    from a newer version, not a turnpool journal, locked by another live daemon, or in a directory
+    other users can read or write."""
+
+
+DURABILITY = {"normal": "NORMAL", "full": "FULL"}
+"""``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
+
+
+def lock_name(path: Path) -> bytes:
+    """The abstract unix socket that stands for "a daemon owns this journal" (J7): named from
+    the journal's real path, so it cannot be deleted from under the daemon like a lock file."""
+    real = os.path.realpath(path)
+    return b"\0turnpool-journal-" + hashlib.sha256(real.encode()).hexdigest()[:32].encode()
+
+
+def _holder(path: Path) -> str:
+    """The pid of the daemon holding ``path``'s lock (its socket's peer credentials), or ``?``."""
+    import struct
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(lock_name(path))
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return str(struct.unpack("3i", creds)[0])
+    except OSError:
+        return "?"
+    finally:
+        probe.close()
+
+
+def _check_private_dir(directory: Path) -> None:
+    """Refuse a journal directory that other users can read or write: the journal holds every
+    turn's input and output."""
+    st = directory.stat()
+    if st.st_mode & 0o077:
+        raise JournalError(
+            f"journal directory {directory} is readable or writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): use a private directory (chmod 700 {directory})"
+        )
+
+
+def state_dir() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "turnpool"
+
+
+def default_journal_path(endpoint: str | None = None) -> Path:
+    """The journal of the daemon serving ``endpoint`` (default: the default endpoint).
+
+    One daemon serves one endpoint, so each endpoint has its own journal file in the per-user
+    state directory; a daemon restarted on the same endpoint finds its journal again.
+    """
+    import hashlib
+
+    from .._paths import default_endpoint
+
+    key = hashlib.sha256((endpoint or default_endpoint()).encode()).hexdigest()[:16]
+    return state_dir() / f"journal-{key}.sqlite3"
+
+
+@dataclass(frozen=True)
+class RecoveredTurn:
+    """A turn found unfinished at start-up."""
+
+    turn_id: str
+    agent: str
+    input: bytes
+    session: str | None
+    parent: str | None
+    timeout: float | None
+    grace: float | None
+    kill_after: float | None
+    retry: bool
+    attempts: int
+    state: str
+
+
+log = logging.getLogger("turnpool.journal")
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_result = msgspec.msgpack.Decoder(TurnResult).decode
+
+
+_START_TIMEOUT = 30.0  # seconds the writer process has to open the database
+
+_PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
+
+
+def _ignore_failure(why: str, conflict: bool) -> None:
+    """An accept row nobody waits on (a child turn's): the supervisor's hook handles it."""
+
+
+def _check_existing(path: Path) -> None:
+    """Validate an existing file read-only, so a bad file is refused without being touched."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise JournalError(f"journal {path} cannot be opened: {exc}") from None
+    try:
+        app_id = con.execute("PRAGMA application_id").fetchone()[0]
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if app_id != _APP_ID and tables:
+            raise JournalError(f"{path} is an SQLite file but not a turnpool journal")
+        if app_id == _APP_ID:
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise JournalError(
+                    f"journal {path} has schema version {version}, newer than this turnpool's "
+                    f"{SCHEMA_VERSION}: upgrade turnpool or use another journal"
+                )
+            check = con.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise JournalError(f"journal {path} is corrupt: {check}")
+    except sqlite3.DatabaseError as exc:
+        raise JournalError(f"journal {path} is corrupt or not an SQLite file: {exc}") from None
+    finally:
+        con.close()
+
+
+class Journal:
+    """The durable record of every turn a daemon accepted. Thread-safe; writes are batched."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        keep_days: float | None = None,
+        events: bool = False,
+        durability: str = "normal",
+        retry_interval: float = 0.5,
+    ) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
+        self.path = Path(path)
+        self.keep_days = keep_days
+        self.journal_events = events
+        self.durability = durability
+        self.retry_interval = retry_interval
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock: socket.socket | None = None
+        self._sock: socket.socket | None = None  # to the writer process
+        self._child: subprocess.Popen[bytes] | None = None
+        self._reader: sqlite3.Connection | None = None  # for ``lookup``
+        self._identity: tuple[int, int] = (0, 0)
+        self.commits = 0
+        self.rows_written = 0
+        self.failures = 0  # batches that could not be committed
+        self.error: str | None = None  # what is wrong now (None: writing fine)
+        self.broken = False  # the file was deleted or replaced: nothing more will be written
+        # Called (in the writer thread) with the new ``error`` each time it changes.
+        self.on_error_change: Callable[[str | None], None] | None = None
+
+    # ---- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        keep_days: float | None = None,
+        events: bool = False,
+        durability: str = "normal",
+        retry_interval: float = 0.5,
+    ) -> Journal:
+        journal = cls(
+            Path(path),
+            keep_days=keep_days,
+            events=events,
+            durability=durability,
+            retry_interval=retry_interval,
+        )
+        journal._open()
+        return journal
+
+    def _open(self) -> None:
+        path = self.path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _check_private_dir(path.parent)
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            lock.bind(lock_name(path))
+        except OSError as exc:
+            lock.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            holder = _holder(path)
+            raise JournalError(f"journal {path} is locked by another live daemon (pid {holder})") from None
+        lock.listen(8)
+        self._lock = lock
+        try:
+            if path.exists() and path.stat().st_size > 0:
+                _check_existing(path)
+            self._spawn()
+            for side in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                if side.exists():
+                    os.chmod(side, 0o600)  # made private by the writer's umask; files of old versions too
+            st = path.stat()
+            self._identity = (st.st_dev, st.st_ino)
+        except BaseException:
+            self._stop_child(0)
+            self._release_lock()
+            raise
+        self._thread = threading.Thread(target=self._writer, name="turnpool-journal", daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        """Start the writer process (J7: see ``_journal_writer``) and open the database in it."""
+        assert self._lock is not None
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-I", _journal_writer.__file__, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(), self._lock.fileno()),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self._sock, self._child = mine, child
+        init = {
+            "path": str(self.path),
+            "synchronous": DURABILITY[self.durability],
+            "keep_days": self.keep_days,
+            "schema": _SCHEMA,  # idempotent: IF NOT EXISTS
+            "app_id": _APP_ID,
+            "version": SCHEMA_VERSION,
+        }
+        mine.settimeout(_START_TIMEOUT)
+        try:
+            _journal_writer.send(mine, init)
+            reply = _journal_writer.recv(mine)
+        except OSError as exc:
+            reply = (f"the journal writer did not start: {exc}", None)
+        mine.settimeout(None)
+        if reply is None or reply[0] is not None:
+            self._stop_child(5)
+            why = reply[0] if reply is not None else "the journal writer exited at start"
+            raise JournalError(f"journal {self.path} cannot be opened: {why}")
+
+    def _stop_child(self, timeout: float | None) -> bool:
+        """End the writer process: the end of its socket, then (bounded) its exit."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        child, self._child = self._child, None
+        if child is None:
+            return True
+        try:
+            child.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False  # stuck on the disk: it dies with its parent-death signal once it wakes
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush what is queued, stop the writer, close the file and release the lock.
+
+        With ``timeout``, waits at most that long (a stalled or failing disk): returns ``False``
+        if rows were left unwritten. A writer process stuck on the disk is left to die on its own
+        (it cannot be stopped from outside while it is in the kernel); it keeps the lock until then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = True
+        if self._thread is not None:
+            self._queue.put(("stop", lambda: None))
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                ok = False
+            else:
+                self._thread = None
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._stop_child(left):
+            ok = False
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._release_lock()
+        return ok and self.error is None
+
+    # ---- writing -----------------------------------------------------------------------
+
+    def write(
+        self,
+        sql: str,
+        params: Any,
+        on_commit: Callable[[], None] | None = None,
+        on_fail: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        """Queue one statement (``params`` a list of tuples: one statement per tuple); ``on_commit``
+        runs (in the writer thread) once it is committed. A row with ``on_fail`` is an accept row:
+        it is never retried; ``on_fail(why, conflict)`` runs instead of ``on_commit`` when its batch
+        failed (``conflict``: the row was not inserted because the id was already there)."""
+        self._queue.put(("row", sql, params, on_commit, on_fail))
+
+    def accepted(
+        self,
+        turn: Any,
+        on_commit: Callable[[], None] | None = None,
+        on_fail: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
+        An id already in the journal is never silently kept (J8): ``on_fail(why, True)``."""
+        self.write(
+            "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
+            " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
+            " ON CONFLICT(turn_id) DO NOTHING",
+            (
+                turn.id,
+                turn.agent,
+                bytes(turn.input),
+                turn.session,
+                turn.parent,
+                turn.timeout,
+                turn.grace,
+                turn.kill_after,
+                int(turn.retry),
+                turn.attempts,
+                time.time(),
+            ),
+            on_commit,
+            on_fail or _ignore_failure,
+        )
+
+    def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
+        """J6: record that these turns may now run (committed before any worker gets them)."""
+        self.write(
+            "UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'",
+            [(t,) for t in turn_ids],
+            on_commit,
+        )
+
+    def started(self, turn_id: str, worker_pid: int) -> None:
+        self.write(
+            "UPDATE turns SET state='running', started_at=?, worker_pid=? WHERE turn_id=?",
+            (time.time(), worker_pid, turn_id),
+        )
+
+    def requeued(self, turn_id: str, attempts: int) -> None:
+        self.write(
+            "UPDATE turns SET state='queued', attempts=?, started_at=NULL, worker_pid=NULL WHERE turn_id=?",
+            (attempts, turn_id),
+        )
+
+    def ended(self, result: TurnResult) -> None:
+        self.write(
+            "UPDATE turns SET state='ended', ended_at=?, outcome=?, cause=?, error_type=?, error_message=?,"
+            " result=? WHERE turn_id=?",
+            (
+                result.ended_at or time.time(),
+                result.outcome,
+                result.cause.kind if result.cause else None,
+                result.error.type if result.error else None,
+                result.error.message if result.error else None,
+                _encode(result),
+                result.turn_id,
+            ),
+        )
+
+    def event(self, turn_id: str, seq: int, data: bytes) -> None:
+        if self.journal_events:
+            self.write(
+                "INSERT OR IGNORE INTO events (turn_id, seq, data) VALUES (?,?,?)", (turn_id, seq, data)
+            )
+
+    def flush(self) -> None:
+        """Block until everything queued so far is committed."""
+        done = threading.Event()
+        self._queue.put(("sync", done.set))
+        done.wait()
+
+    def _set_error(self, error: str | None) -> None:
+        if error != self.error:
+            self.error = error
+            if error is not None:
+                log.error("journal %s: %s", self.path, error)
+            else:
+                log.warning("journal %s: writing again", self.path)
+            if self.on_error_change is not None:
+                self.on_error_change(error)
+
+    def _identity_lost(self) -> str | None:
+        """Is the file we write still the one at the path? (J7: deleted or replaced is noticed.)"""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"the journal file {self.path} was deleted while the daemon was using it"
+        except OSError as exc:
+            return f"the journal file {self.path} cannot be checked: {exc}"
+        if (st.st_dev, st.st_ino) != self._identity:
+            return f"the journal file {self.path} was replaced while the daemon was using it"
+        return None
+
+    def _commit(self, rows: list[Any]) -> str | None:
+        """Run ``rows`` in one transaction in the writer process; the error as text when it failed
+        (then nothing of the batch was written)."""
+        try:
+            if self._child is None or self._child.poll() is not None:
+                self._stop_child(0)
+                self._spawn()
+            assert self._sock is not None
+            _journal_writer.send(
+                self._sock, [(r[1], r[2], isinstance(r[2], list), r[4] is not None) for r in rows]
+            )
+            reply = _journal_writer.recv(self._sock)
+        except (OSError, JournalError) as exc:
+            reply = (str(exc), [])
+        if reply is None:
+            self._stop_child(0)
+            reply = ("the journal writer process died", [])
+        error, conflicts = reply
+        if error is not None:
+            return f"cannot write the journal {self.path}: {error}"
+        self.commits += 1
+        self.rows_written += len(rows)
+        for i, row in enumerate(rows):
+            if i in conflicts:
+                row[4](f"turn id {row[2][0]!r} is already in the journal", True)
+            elif row[3] is not None:
+                row[3]()
+        return None
+
+    def _writer(self) -> None:
+        try:
+            self._write_loop()
+        except BaseException as exc:  # a bug must not leave submits waiting forever unanswered
+            self.broken = True
+            self._set_error(f"the journal writer failed: {type(exc).__name__}: {exc}")
+            raise
+
+    def _write_loop(self) -> None:
+        held: list[Any] = []  # rows (and flush waiters) of a failed batch, retried in order
+        while True:
+            batch, held = held, []
+            if not batch:
+                batch.append(self._queue.get())
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            rows = [item for item in batch if item[0] == "row"]
+            waiters = [item for item in batch if item[0] != "row"]
+            stop = any(item[0] == "stop" for item in waiters)
+            why = self.error if self.broken else self._identity_lost()
+            if why is not None:
+                self.broken = True
+            elif rows:
+                why = self._commit(rows)
+            if why is None:
+                self._set_error(None)
+                for item in waiters:
+                    item[1]()
+                if stop:
+                    return
+                continue
+            self.failures += 1
+            self._set_error(why)
+            for row in rows:
+                if row[4] is not None:
+                    row[4](why, False)  # never acknowledged, never run: the submit is refused
+                elif not self.broken:
+                    held.append(row)
+            if self.broken:
+                for item in waiters:
+                    item[1]()
+                if stop:
+                    return
+                continue
+            held.extend(waiters)
+            held.append(("row", _PROBE, (time.time(),), None, None))  # tells when the disk is back
+            time.sleep(self.retry_interval)  # the disk is failing: try again later, not in a spin
+
+    def compact(self) -> int:
+        """Apply retention now on a connection of its own (chunked: the writer waits at most one
+        chunk). Returns the number of turns removed."""
+        if self.keep_days is None:
+            return 0
+        other = sqlite3.connect(self.path, isolation_level=None, timeout=5)
+        try:
+            return _journal_writer.compact(other, self.keep_days)
+        finally:
+            other.close()
+
+    # ---- reading (any thread, own connection) ------------------------------------------
+
+    def lookup(self, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+        """``lookup`` on one read connection kept open (the daemon asks on its event loop, once per
+        submit of an id it does not hold: opening a connection each time would cost more than the query)."""
+        if self._reader is None:
+            self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        return _lookup(self._reader, turn_id)
+
+    def recover(self) -> list[RecoveredTurn]:
+        """Unfinished turns (queued or running when the daemon died), in acceptance order."""
+        return list(_unfinished(self.path))
+
+    def recent_results(self, limit: int) -> list[TurnResult]:
+        """The results of the ``limit`` most recently ended turns, oldest first."""
+        con = _reader(self.path)
+        try:
+            rows = con.execute(
+                "SELECT result FROM turns WHERE state='ended' AND result IS NOT NULL"
+                " ORDER BY seq DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        finally:
+            con.close()
+        return [_decode_result(r["result"]) for r in reversed(rows)]
+
+
+def _reader(path: Path) -> sqlite3.Connection:
+    if not path.exists():
+        raise JournalError(f"no journal at {path}")
+    _check_existing(path)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    con.row_factory = sqlite3.Row
+    return con
+
+
+def _unfinished(path: Path) -> Iterator[RecoveredTurn]:
+    con = _reader(path)
+    try:
+        for r in con.execute("SELECT * FROM turns WHERE state != 'ended' ORDER BY seq"):
+            yield RecoveredTurn(
+                r["turn_id"],
+                r["agent"],
+                r["input"],
+                r["session"],
+                r["parent"],
+                r["timeout"],
+                r["grace"],
+                r["kill_after"],
+                bool(r["retry"]),
+                r["attempts"],
+                r["state"],
+            )
+    finally:
+        con.close()
+
+
+def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+    """A turn id's agent, input and result (``None`` until it ended), or ``None`` if the journal
+    has never recorded it: the daemon asks before accepting an id it no longer holds (J8)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return _lookup(con, turn_id)
+    finally:
+        con.close()
+
+
+def _lookup(con: sqlite3.Connection, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+    row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+    if row is None:
+        return None
+    return row[0], bytes(row[1]), _decode_result(row[2]) if row[2] is not None else None
+
+
+def read_result(path: Path | str, turn_id: str) -> TurnResult | None:
+    """The recorded result of one turn (exactly what the client saw), or None if it has not ended."""
+    con = _reader(Path(path))
+    try:
+        row = con.execute("SELECT state, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        from .._errors import UnknownTurn
+
+        raise UnknownTurn(turn_id)
+    return _decode_result(row["result"]) if row["result"] is not None else None
+
+
+def read_history(
+    path: Path | str,
+    *,
+    session: str | None = None,
+    outcome: str | None = None,
+    since: float | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Turns newest first, filtered; each a dict of the journal's columns (input left out)."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if session is not None:
+        clauses.append("session = ?")
+        params.append(session)
+    if outcome is not None:
+        clauses.append("outcome = ?")
+        params.append(outcome)
+    if since is not None:
+        clauses.append("accepted_at >= ?")
+        params.append(since)
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    con = _reader(Path(path))
+    try:
+        rows = con.execute(
+            "SELECT turn_id, agent, session, parent, state, attempts, accepted_at, started_at, ended_at,"
+            " worker_pid, outcome, cause, error_type, error_message"
+            f" FROM turns {where} ORDER BY seq DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+    finally:
+        con.close()
+    return [dict(r) for r in rows]

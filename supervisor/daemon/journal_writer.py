@@ -1,0 +1,167 @@
+"""The journal's writer process: the only thing that writes the daemon's SQLite journal.
+
+Why a process and not a thread (J7): a write to a stalled filesystem (frozen, a hung network
+disk) puts the writing thread in uninterruptible sleep, and the kernel cannot end a process while
+one of its threads is in that state: a writer *thread* would keep ``turnpool serve`` from exiting
+after SIGTERM for as long as the disk stalls. A stuck writer *process* only keeps itself; the
+daemon stops on time. The process holds the journal's lock socket too (inherited), so no second
+daemon opens the journal while a stuck writer might still write to it; it dies with the daemon
+(parent-death signal) or at the end of its pipe.
+
+Run as a script (``python -I _journal_writer.py FD``) so it imports nothing but the standard
+library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
+answered ``(None, None)`` or ``(error, None)``; then one frame per batch, a list of
+``(sql, params, many, accept)``, answered ``(error or None, [indexes of accept rows that inserted
+nothing])``. A batch runs in one transaction: all or nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import marshal
+import os
+import signal
+import socket
+import sqlite3
+import struct
+import sys
+import time
+from typing import Any
+
+_LEN = struct.Struct("<I")
+
+
+def recv(sock: socket.socket) -> Any:
+    """One frame, or ``None`` at the end of the stream."""
+    head = _exactly(sock, _LEN.size)
+    if head is None:
+        return None
+    body = _exactly(sock, _LEN.unpack(head)[0])
+    return None if body is None else marshal.loads(body)
+
+
+def send(sock: socket.socket, obj: Any) -> None:
+    body = marshal.dumps(obj)
+    sock.sendall(_LEN.pack(len(body)) + body)
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return bytes(buf)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL when the thread that started us ends: the daemon's main thread at open (a respawn
+    after a writer death comes from the journal's writer thread, which lives as long as we are needed)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # the end of the pipe still stops it
+
+
+class Writer:
+    def __init__(self, init: dict[str, Any]) -> None:
+        self.path: str = init["path"]
+        self.synchronous: str = init["synchronous"]
+        self.keep_days: float | None = init["keep_days"]
+        self.con: sqlite3.Connection | None = None
+        self.last_compaction = time.monotonic()
+
+    def connect(self, init: dict[str, Any] | None = None) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, isolation_level=None)
+        if init is not None:
+            con.execute("PRAGMA journal_mode=WAL")
+        con.execute(f"PRAGMA synchronous={self.synchronous}")
+        con.execute("PRAGMA busy_timeout=5000")
+        if init is not None:
+            con.executescript(init["schema"])
+            con.execute(f"PRAGMA application_id={int(init['app_id'])}")
+            con.execute(f"PRAGMA user_version={int(init['version'])}")
+        return con
+
+    def commit(self, rows: list[tuple[str, Any, bool, bool]]) -> tuple[str | None, list[int]]:
+        conflicts: list[int] = []
+        try:
+            if self.con is None:
+                self.con = self.connect()
+            con = self.con
+            con.execute("BEGIN")
+            for i, (sql, params, many, accept) in enumerate(rows):
+                if many:
+                    con.executemany(sql, params)
+                else:
+                    cur = con.execute(sql, params)
+                    if accept and cur.rowcount == 0:
+                        conflicts.append(i)
+            con.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            failed, self.con = self.con, None  # reconnect next time: a failed connection may stay failed
+            if failed is not None:
+                try:
+                    failed.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                failed.close()
+            return f"{type(exc).__name__}: {exc}", []
+        if self.keep_days is not None and time.monotonic() - self.last_compaction > 60:
+            self.last_compaction = time.monotonic()
+            try:
+                compact(con, self.keep_days)
+            except sqlite3.Error:
+                pass  # retried at the next interval
+        return None, conflicts
+
+
+def compact(con: sqlite3.Connection, keep_days: float) -> int:
+    """Delete ended turns older than ``keep_days`` in chunks of 500 (each its own statement, so a
+    reader never waits long); returns how many."""
+    cutoff = time.time() - keep_days * 86400
+    removed = 0
+    while True:
+        cur = con.execute(
+            "DELETE FROM turns WHERE seq IN"
+            " (SELECT seq FROM turns WHERE state='ended' AND ended_at < ? LIMIT 500)",
+            (cutoff,),
+        )
+        removed += cur.rowcount
+        if cur.rowcount < 500:
+            break
+    con.execute("DELETE FROM events WHERE turn_id NOT IN (SELECT turn_id FROM turns)")
+    return removed
+
+
+def main() -> int:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the daemon, which closes us
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    init = recv(sock)
+    if init is None:
+        return 0
+    os.umask(0o077)  # SQLite makes -wal and -shm with the umask: private from the start
+    writer = Writer(init)
+    try:
+        writer.con = writer.connect(init)
+    except (sqlite3.Error, OSError) as exc:
+        send(sock, (f"{type(exc).__name__}: {exc}", None))
+        return 1
+    send(sock, (None, None))
+    while True:
+        rows = recv(sock)
+        if rows is None:
+            break
+        send(sock, writer.commit(rows))
+    if writer.con is not None:
+        writer.con.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

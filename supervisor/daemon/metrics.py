@@ -1,0 +1,167 @@
+"""The daemon's Prometheus metrics, served over HTTP from the daemon's own event loop.
+
+Metric values are read from the supervisor at scrape time, on the loop that owns them, so a
+scrape never races the engine (no lock, no copy kept up to date). ``prometheus-client``
+renders the text format; the HTTP side is a few lines of anyio (GET only, one response per
+connection).
+
+Exposed (all prefixed ``turnpool_``): ``turns_total{outcome,cause}`` (cause ``none`` when the turn
+was not cancelled), ``turns_accepted_total`` (submitted by clients; child turns are not
+counted), ``queue_depth``, ``turns_running``,
+``workers{state}`` (busy, idle, starting, stopping), ``escalations_total{step}`` (sigterm,
+sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, worker),
+``clients``, ``client_waits``, ``client_streams`` (gauges), ``clients_dropped_total{why}`` (gone,
+stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
+asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
+``memory`` are not timed).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from wire import TurnResult
+
+if TYPE_CHECKING:
+    from .._engine import TurnRecord
+    from .server import Daemon
+
+log = logging.getLogger("turnpool.daemon")
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """Counters the daemon keeps, and the collector that reads the rest from the supervisor."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.ended: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.accepted = 0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.latency = Histogram(
+            "turnpool_cancel_to_end_seconds",
+            "Seconds from a cancel being asked to the turn's end",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(self)
+
+    def turn_ended(self, turn: TurnRecord, result: TurnResult, asked_at: float | None) -> None:
+        self.ended[(result.outcome, result.cause.kind if result.cause is not None else "none")] += 1
+        if asked_at is not None and turn.ended_at is not None:
+            self.latency.observe(max(0.0, turn.ended_at - asked_at))
+
+    def collect(self) -> Iterator[Metric]:
+        sup = self.daemon.sup
+        turns = CounterMetricFamily(
+            "turnpool_turns", "Turns ended, by outcome and cause", labels=["outcome", "cause"]
+        )
+        for (outcome, cause), n in sorted(self.ended.items()):
+            turns.add_metric([outcome, cause], n)
+        yield turns
+        malformed = CounterMetricFamily(
+            "turnpool_malformed_frames", "Frames that did not decode", labels=["link"]
+        )
+        malformed.add_metric(["client"], self.daemon.malformed)
+        malformed.add_metric(["worker"], sup.bad_frames if sup is not None else 0)
+        yield malformed
+        yield CounterMetricFamily(
+            "turnpool_turns_accepted", "New turns accepted from clients", value=self.accepted
+        )
+        facts = self.daemon.client_facts()
+        yield GaugeMetricFamily(
+            "turnpool_clients", "Client connections the daemon holds state for", value=facts["clients"]
+        )
+        yield GaugeMetricFamily(
+            "turnpool_client_waits", "Pending result, follow and when_idle requests", value=facts["waits"]
+        )
+        yield GaugeMetricFamily("turnpool_client_streams", "Open follows", value=facts["streams"])
+        dropped = CounterMetricFamily(
+            "turnpool_clients_dropped", "Clients whose state was freed, by why", labels=["why"]
+        )
+        dropped.add_metric(["gone"], facts["clients_gone"])
+        dropped.add_metric(["stalled"], facts["clients_stalled"])
+        yield dropped
+        yield CounterMetricFamily(
+            "turnpool_lagged_followers",
+            "Followers dropped and told (lagged)",
+            value=facts["lagged_followers"],
+        )
+        yield GaugeMetricFamily(
+            "turnpool_journal_available",
+            "1 while the journal can be written (submits are acknowledged), 0 when not",
+            value=0 if self.daemon.unavailable is not None else 1,
+        )
+        if sup is None:
+            return
+        yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup.queue))
+        yield GaugeMetricFamily(
+            "turnpool_turns_running", "Turns handed to a worker and not ended", value=sup.running
+        )
+        states: collections.Counter[str] = collections.Counter(
+            {"busy": 0, "idle": 0, "starting": 0, "stopping": 0}
+        )
+        for slot in sup.pool.slots.values():
+            states[slot.state] += 1
+        workers = GaugeMetricFamily("turnpool_workers", "Worker processes by state", labels=["state"])
+        for state, n in sorted(states.items()):
+            workers.add_metric([state], n)
+        yield workers
+        esc = CounterMetricFamily("turnpool_escalations", "Escalation steps taken", labels=["step"])
+        for step in ("sigterm", "sigkill"):
+            esc.add_metric([step], sup.escalations.get(step, 0))
+        yield esc
+        yield CounterMetricFamily(
+            "turnpool_worker_restarts",
+            "Workers replaced after dying or being killed",
+            value=sup.worker_restarts,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve(self, host: str, port: int, *, task_status: anyio.abc.TaskStatus[int]) -> None:
+        """Serve ``GET /metrics`` on ``host:port`` (0: any free port); reports the bound port."""
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        async with listener:
+            bound = listener.extra(SocketAttribute.local_port)
+            log.info("metrics on http://%s:%s/metrics", host, bound)
+            task_status.started(bound)
+            await listener.serve(self._http)
+
+    async def _http(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            async with stream:
+                with anyio.fail_after(10):
+                    head = b""
+                    while b"\r\n\r\n" not in head and len(head) < 65536:
+                        head += await stream.receive(65536)
+                    line = head.split(b"\r\n", 1)[0].split()
+                    if len(line) < 2 or line[0] != b"GET":
+                        await stream.send(_response(405, b"only GET\n", "text/plain"))
+                    elif line[1].split(b"?")[0] not in (b"/", b"/metrics"):
+                        await stream.send(_response(404, b"try /metrics\n", "text/plain"))
+                    else:
+                        await stream.send(_response(200, self.render(), CONTENT_TYPE_PLAIN_0_0_4))
+        except Exception as exc:  # a bad scrape never hurts the daemon
+            log.debug("metrics request failed: %r", exc)
+
+
+def _response(code: int, body: bytes, ctype: str) -> bytes:
+    reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}[code]
+    head = (
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body

@@ -1,0 +1,201 @@
+"""Connects a ``Journal`` to a ``Daemon``: records every turn, and recovers after a restart.
+
+Recording: a client's submit is acknowledged only once its row is committed; child turns
+(``turn.spawn``) are recorded as they are accepted; starts and ends as they happen.
+
+Recovery, before clients can connect:
+
+* turns that ended are registered again, so their results can be fetched by id;
+* turns that were queued run again, in their original order (sessions keep their order);
+* turns that may have run (their "dispatched" row, J6, or "running" row is committed) end
+  ``crashed`` (the supervisor was lost), unless they were submitted with ``retry=True``: those
+  are queued again, ``attempts`` + 1; a turn still ``queued`` provably never reached a worker;
+* all of them are readmitted whatever ``--max-queue`` says: they were acknowledged;
+* unfinished child turns end with their parent gone: ``aborted`` (cause ``parent``) if they
+  never started, ``crashed`` if they were running — a child never outlives its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+import wire
+from wire import TurnError, TurnResult
+
+from .._engine import Supervisor, TurnRecord
+from .._errors import JournalUnavailable
+from .journal import Journal, RecoveredTurn
+from .server import Daemon
+
+log = logging.getLogger("turnpool.daemon")
+
+EXIT_JOURNAL_LOST = 3  # ``turnpool serve`` exits with it when its journal file was deleted or replaced
+
+SUPERVISOR_LOST = TurnError(
+    "SupervisorLost", "the daemon stopped while this turn was running, or cleared to run"
+)
+
+
+def attach_journal(daemon: Daemon, journal: Journal) -> None:
+    """Record every turn the daemon accepts in ``journal`` and recover unfinished ones at start.
+    Call before ``daemon.serve()``.
+
+    It also installs the supervisor's dispatch gate (J6: a turn reaches a worker only after its
+    accept row and then its "dispatched" row are committed), the lookup of ids the supervisor no
+    longer holds (J8), and the write-failure state (J7: ``daemon.unavailable``)."""
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    # The daemon's own context, so that callbacks handed over from the journal's thread run as
+    # the loop's own code does (anyio knows its event loop there; a thread's context does not).
+    context_box: list[contextvars.Context] = []
+
+    def on_loop(fn: Any, *args: Any) -> None:
+        try:
+            loop_box[0].call_soon_threadsafe(fn, *args, context=context_box[0])
+        except RuntimeError:
+            pass  # the loop is closed: the daemon is gone, nobody waits any more
+
+    def record(turn: TurnRecord, fut: asyncio.Future[None] | None) -> None:
+        sup = daemon.sup
+        assert sup is not None
+
+        def committed() -> None:
+            sup.mark_recorded(turn)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+        def failed(why: str, conflict: bool) -> None:
+            sup.withdraw(turn, why)
+            if fut is not None and not fut.done():
+                fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
+
+        journal.accepted(
+            turn, lambda: on_loop(committed), lambda why, conflict: on_loop(failed, why, conflict)
+        )
+
+    def accepted(turn: TurnRecord) -> Any:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        daemon.unrecorded[turn.id] = fut
+        fut.add_done_callback(lambda _: daemon.unrecorded.pop(turn.id, None))
+        record(turn, fut)
+        return fut  # the submit is acknowledged once the row is committed
+
+    def child_accepted(turn: TurnRecord) -> None:
+        if turn.parent is not None:  # clients' turns are recorded (and gated) by ``accepted``
+            record(turn, None)
+
+    def started(turn: TurnRecord, pid: int) -> None:
+        journal.started(turn.id, pid)
+
+    def ended(turn: TurnRecord, result: TurnResult) -> None:
+        journal.ended(result)
+
+    def event(turn: TurnRecord, data: msgspec.Raw) -> None:
+        journal.event(turn.id, turn.events_base + len(turn.events) - 1, bytes(data))
+
+    def error_changed(error: str | None) -> None:
+        daemon.unavailable = error
+        if error is not None and journal.broken and daemon.exit_code == 0:
+            # Deleted or replaced: it cannot come back. Stop (as SIGTERM does) and exit non-zero.
+            log.error("journal %s is gone: stopping; nothing more can be made durable", journal.path)
+            daemon.exit_code = EXIT_JOURNAL_LOST
+            try:
+                daemon.stop()
+            except RuntimeError:
+                pass
+
+    def gate(turns: list[TurnRecord]) -> None:
+        sup = daemon.sup
+        assert sup is not None
+        journal.dispatched([t.id for t in turns], lambda: on_loop(sup.clear_for_dispatch, turns))
+
+    def startup(sup: Supervisor) -> None:
+        loop_box.append(asyncio.get_running_loop())
+        context_box.append(contextvars.copy_context())
+        journal.on_error_change = lambda error: on_loop(error_changed, error)
+        if journal.error is not None:
+            error_changed(journal.error)
+        sup.set_dispatch_gate(gate)
+        recover(sup, journal)
+        sup.add_hooks(on_accept=child_accepted)
+
+    daemon.startup_hooks.append(startup)
+    daemon.accept_hooks.append(accepted)
+    daemon.start_hooks.append(started)
+    daemon.end_hooks.append(ended)
+    daemon.lookup = journal.lookup
+    if journal.journal_events:
+        daemon.event_hooks.append(event)
+
+
+def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: TurnError | None) -> TurnResult:
+    """The result of a turn the daemon lost. ``started`` is true for every turn that may have run
+    (``dispatched`` or ``running``, J6): a turn's ``running`` row is committed after its worker
+    started it, so a turn that ran just before a SIGKILL is often still ``dispatched``, and a
+    result saying it never started would invite a resubmission that runs it twice."""
+    now = time.time()
+    return TurnResult(
+        turn_id=turn.turn_id,
+        outcome=outcome,  # type: ignore[arg-type]  # "crashed" or "aborted", from this module
+        cause=cause,
+        error=error,
+        started=turn.state in ("dispatched", "running"),
+        session=turn.session,
+        parent=turn.parent,
+        agent=turn.agent,
+        attempts=turn.attempts,
+        ended_at=now,
+    )
+
+
+def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
+    """Bring ``sup`` back to what the journal says; returns counts of what was done."""
+    counts = {"results": 0, "requeued": 0, "retried": 0, "crashed": 0, "orphaned": 0}
+    for result in journal.recent_results(sup.keep_results):
+        sup.restore_result(result)
+        counts["results"] += 1
+    for turn in journal.recover():
+        may_have_run = turn.state in ("dispatched", "running")  # J6: cleared to run, so maybe it did
+        if turn.parent is not None:
+            if may_have_run:
+                result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
+            else:
+                result = _lost(turn, "aborted", wire.PARENT, None)
+            journal.ended(result)
+            sup.restore_result(result)
+            counts["orphaned"] += 1
+            continue
+        attempts = turn.attempts
+        if may_have_run:
+            if not turn.retry:
+                result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
+                journal.ended(result)
+                sup.restore_result(result)
+                counts["crashed"] += 1
+                continue
+            attempts += 1
+            journal.requeued(turn.turn_id, attempts)
+            counts["retried"] += 1
+        else:
+            counts["requeued"] += 1
+        # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
+        sup.readmit(
+            turn.agent,
+            msgspec.Raw(turn.input),
+            session=turn.session,
+            timeout=turn.timeout,
+            grace=turn.grace,
+            kill_after=turn.kill_after,
+            turn_id=turn.turn_id,
+            retry=turn.retry,
+            attempts=attempts,
+        )
+    journal.flush()
+    if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned")):
+        log.warning("journal %s: recovered after a restart: %s", journal.path, counts)
+    return counts

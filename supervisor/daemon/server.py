@@ -1,0 +1,938 @@
+"""The serve daemon: a ROUTER on the client endpoint in front of one embedded ``Supervisor``.
+
+Clients (``Client``, ``SyncClient``, the CLI) connect DEALERs and speak ``wire._client``. The
+daemon passes a client's encoded input bytes straight to its supervisor (never re-encoded).
+
+Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
+
+* **One daemon per endpoint** (``_endpoint``): for ``ipc://`` a ``flock`` on ``<path>.lock`` held
+  for the daemon's life refuses a second daemon with a clear message; a socket file left by a
+  dead daemon is replaced. ``tcp://`` relies on the bind, optionally with CURVE.
+* **A client never owns a turn.** A client that disconnects cancels nothing; results stay in
+  the supervisor's turn table, bounded by ``keep_results`` (default 10 000 ended turns, the
+  oldest evicted first), so a reconnecting client can fetch or follow them. A repeated
+  ``turn_id`` returns the existing turn and never runs it twice.
+* **A client's state is bounded and freed** (``_daemon_clients``): a client that disconnects,
+  abandons a request or stops reading loses its pending requests (the turns go on); follows are
+  windowed and batched; a reply that would not fit one message is answered with an error.
+* **Bad frames cost one reply.** A frame that does not decode gets ``Error(code="malformed")``
+  and is counted; it changes no turn. ``MAXMSGSIZE`` refuses oversized frames at the socket.
+* **Shutdown.** The first SIGTERM/SIGINT stops accepting (submits get ``shutting_down``), lets
+  accepted turns finish for ``drain`` seconds, then disposes the supervisor (cause
+  ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain and
+  SIGKILLs every turn being cancelled at once (``Supervisor.kill_now``).
+* **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted; an awaitable it
+  returns holds the submit's acknowledgement until it is done, e.g. committed), ``start_hooks``
+  (a worker started it), ``end_hooks`` (its one result) — all called on the event loop.
+  ``stop()`` is the programmatic SIGTERM (a second call skips the drain).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import zmq
+import zmq.asyncio
+
+import wire
+from wire import Cause, TurnResult
+
+from .._engine import Supervisor, TurnRecord
+from .._errors import (
+    DaemonAlreadyRunning,
+    DaemonShuttingDown,
+    InvalidAgent,
+    JournalUnavailable,
+    QueueFull,
+    SupervisorClosed,
+    UnknownTurn,
+)
+from .._paths import default_endpoint
+from .clients import (
+    COALESCE,
+    EVENTS_BATCH_BYTES,
+    OWED_RETRY,
+    PROBE_DELAY,
+    SUSPECT_FOR,
+    SWEEP_EVERY,
+    ClientTable,
+    FollowStream,
+    Peer,
+)
+from .endpoint import ClientEndpoint
+from .metrics import Metrics
+
+log = logging.getLogger("turnpool.daemon")
+
+READY_PREFIX = "turnpool serve: ready on "
+
+
+class Daemon:
+    """``turnpool serve``: owns a ``Supervisor`` and answers clients on ``endpoint``.
+
+    ``supervisor`` holds the keyword arguments of ``Supervisor``. ``drain`` is how long accepted
+    turns may run on after the first signal. ``metrics_port`` (0: any free port) serves
+    Prometheus text on ``metrics_host``. ``curve_secret_key`` (a ``zmq.auth`` certificate file
+    with a secret key) turns on CURVE; ``curve_clients`` is then the directory of the public
+    certificates of the clients allowed in.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        supervisor: dict[str, Any] | None = None,
+        drain: float = 30.0,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        curve_secret_key: str | os.PathLike[str] | None = None,
+        curve_clients: str | os.PathLike[str] | None = None,
+        insecure_tcp: bool = False,
+    ) -> None:
+        self._endpoint = ClientEndpoint(
+            endpoint or default_endpoint(),
+            curve_secret_key=curve_secret_key,
+            curve_clients=curve_clients,
+            insecure_tcp=insecure_tcp,
+        )
+        if drain < 0:
+            raise ValueError(f"drain must be >= 0 seconds, got {drain}")
+        self.sup_kwargs = dict(supervisor or {})
+        Supervisor(**self.sup_kwargs)  # validate the options now, before binding anything
+        self.drain = drain
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+
+        # Hook sites (a durable journal hooks in here). Called on the event loop; must not block.
+        # An accept hook may return an awaitable: the submit is acknowledged only once it is done
+        # (e.g. the journal row is committed).
+        self.accept_hooks: list[Callable[[TurnRecord], Awaitable[Any] | None]] = []
+        self.start_hooks: list[Callable[[TurnRecord, int], None]] = []
+        self.end_hooks: list[Callable[[TurnRecord, TurnResult], None]] = []
+        self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
+        # Run once the pool is up, before clients can connect (a journal's restart recovery).
+        self.startup_hooks: list[Callable[[Supervisor], Any]] = []
+        # Other front ends (the HTTP API): each is started with ``tg.start`` in the daemon's task
+        # group once clients can connect, reports what to add to the ready line (or None), and
+        # is cancelled after the supervisor has closed.
+        self.front_ends: list[Callable[..., Coroutine[Any, Any, Any]]] = []
+        # J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
+        # returns its agent, input and result (None until it ended), or None if never recorded.
+        self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
+        # J7: why submits cannot be made durable now (a journal write failure); None when they can.
+        self.unavailable: str | None = None
+        self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see J7)
+        # J1: turns accepted whose row is not committed yet -> the awaitable of that commit. A repeat
+        # of such an id is acknowledged only once the first one's row is committed.
+        self.unrecorded: dict[str, Awaitable[Any]] = {}
+
+        self.sup: Supervisor | None = None
+        self.malformed = 0
+        self.accepting = False
+        self.metrics: Metrics | None = None
+        self.metrics_bound: int | None = None
+        self.disposing_at: float | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._sync: zmq.Socket[bytes] | None = None
+        self._streams: dict[tuple[bytes, int], FollowStream] = {}
+        self._clients = ClientTable()
+        self._turn_streams: dict[str, set[FollowStream]] = {}  # streams per followed turn
+        self._mon: zmq.asyncio.Socket | None = None
+        self._probe_now: anyio.Event = anyio.Event()
+        self.lagged_followers = 0
+        self.too_large_replies = 0
+        self._inflight = 0
+        self._inflight_zero = anyio.Event()
+        self._cancel_times: dict[str, float] = {}
+        self._cancelling_at: float | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stop_asked: anyio.Event | None = None
+        self._skip_drain: anyio.Event | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The client endpoint (a ``tcp://…:0`` one reads as the bound port once serving)."""
+        return self._endpoint.address
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def serve(self, *, ready: Callable[[str], None] | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or ``stop()``), then drain, dispose and return.
+
+        ``ready`` is called with the announcement once clients can connect. Raises
+        ``DaemonAlreadyRunning`` when another daemon holds the endpoint and ``WorkerStartError``
+        when the pool cannot start.
+        """
+        self._stop_asked = anyio.Event()
+        self._skip_drain = anyio.Event()
+        self._inflight_zero = anyio.Event()
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            self._endpoint.claim()
+            try:
+                await self._serve(signals, ready)
+            finally:
+                self._endpoint.release()
+
+    def stop(self, *, skip_drain: bool = False) -> None:
+        """Begin the shutdown, as the first SIGTERM does; a second call (or ``skip_drain``) skips
+        the drain, as a second signal does. Call it on the daemon's event loop."""
+        if self._stop_asked is None or self._skip_drain is None:
+            raise RuntimeError("the daemon is not serving")
+        if self._stop_asked.is_set() or skip_drain:
+            self._skip_drain.set()
+        self._stop_asked.set()
+
+    async def _watch_signals(self, signals: Any) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self._stop_asked is not None and self._stop_asked.is_set():
+                # SPEC disposal rule: a second signal moves every turn to its kill step at once,
+                # whatever grace its client chose (bounded anyway by --max-grace).
+                log.info("received %s again: skipping the drain, killing every cancelled turn now", name)
+                if self.sup is not None:
+                    self.sup.kill_now()
+            else:
+                log.info("received %s: draining for up to %ss", name, self.drain)
+            self.stop()
+
+    async def _serve(self, signals: Any, ready: Callable[[str], None] | None) -> None:
+        sup = Supervisor(**self.sup_kwargs)
+        self.sup = sup
+        sup.add_hooks(on_start=self._on_start, on_result=self._on_end)
+        for hook in self.event_hooks:
+            sup.add_hooks(on_event=hook)
+        self.metrics = Metrics(self)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._watch_signals, signals)
+                # The supervisor's own task group nests inside this one: it is started and
+                # closed from this task at this level (anyio's scopes must nest).
+                await sup.start()
+                try:
+                    for startup_hook in self.startup_hooks:
+                        started = startup_hook(sup)
+                        if inspect.isawaitable(started):
+                            await started
+                    self._sock = self._endpoint.bind()
+                    self._sync = zmq.Socket.shadow(self._sock.underlying)
+                    self._mon = self._open_monitor(self._sock)
+                    tg.start_soon(self._receive)
+                    tg.start_soon(self._watch_disconnects, self._mon)
+                    tg.start_soon(self._sweep)
+                    if self.metrics_port is not None:
+                        self.metrics_bound = await tg.start(
+                            self.metrics.serve, self.metrics_host, self.metrics_port
+                        )
+                    self.accepting = True
+                    line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
+                    line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
+                    for front_end in self.front_ends:
+                        announced = await tg.start(front_end)
+                        if announced:
+                            line += f" {announced}"
+                    if self.metrics_bound is not None:
+                        line += f" metrics http://{self.metrics_host}:{self.metrics_bound}/metrics"
+                    log.info("%s", line)
+                    if ready is not None:
+                        ready(line)
+                    assert self._stop_asked is not None
+                    await self._stop_asked.wait()
+                    await self._shutdown()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await sup.aclose()
+                    tg.cancel_scope.cancel()
+        finally:
+            if self._mon is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    if self._sock is not None:
+                        self._sock.disable_monitor()
+                self._mon.close(linger=0)
+                self._mon = None
+            self._sock = self._sync = None
+            self._endpoint.close()
+
+    async def _shutdown(self) -> None:
+        assert self.sup is not None and self._skip_drain is not None
+        self.accepting = False
+        sup, skip = self.sup, self._skip_drain
+        with anyio.move_on_after(self.drain):
+            async with anyio.create_task_group() as drain:
+
+                async def skipped() -> None:
+                    await skip.wait()
+                    drain.cancel_scope.cancel()
+
+                drain.start_soon(skipped)
+                await sup.when_idle()
+                drain.cancel_scope.cancel()
+        self.disposing_at = anyio.current_time()
+        log.info("disposing: %d turns still queued or running", sup.active)
+        await sup.aclose()
+        # Let the requests woken by disposal (results, follows, when_idle) answer before the socket goes.
+        with anyio.move_on_after(5):
+            while self._inflight:
+                await self._inflight_zero.wait()
+
+    # ---- the client link ---------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        assert self._sock is not None and self._sync is not None
+        sock, sync = self._sock, self._sync
+        while True:
+            # Frames (not bytes): the first frame from a client tells which descriptor it came in
+            # on, which is how a disconnect reported by the monitor finds its client (R20).
+            batch = [await sock.recv_multipart(copy=False)]
+            while True:
+                try:
+                    batch.append(sync.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+            for frames in batch:
+                self._on_frame(frames)
+
+    def _on_frame(self, frames: list[zmq.Frame]) -> None:
+        ident = frames[0].bytes
+        peer = self._clients.peers.get(ident)
+        if peer is None:
+            try:
+                fd = frames[-1].get(zmq.SRCFD)
+            except zmq.ZMQError:
+                fd = -1
+            peer = self._clients.get(ident, fd)
+        if peer.owed:
+            self._pay(peer)  # it sends again: it may read again
+        parts = [f.bytes for f in frames]
+        if len(parts) != 2:
+            self._malformed(ident, f"a request is one frame, got {len(parts) - 1}")
+            return
+        try:
+            msg = wire.decode_to_daemon(parts[1])
+        except msgspec.DecodeError as exc:
+            self._malformed(ident, f"undecodable request: {exc}")
+            return
+        try:
+            self._dispatch(ident, msg)
+        except Exception as exc:  # a bug here must cost one request, never the daemon
+            log.exception("request %r failed", msg)
+            self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+
+    def _malformed(self, ident: bytes, why: str) -> None:
+        self.malformed += 1
+        # Warn about the first few only: a flood of garbage must not flood the log too.
+        level = logging.WARNING if self.malformed <= 10 else logging.DEBUG
+        log.log(level, "malformed frame from a client: %s", why)
+        self._send(ident, wire.Error(0, "malformed", why))
+
+    def _send(self, ident: bytes, msg: Any) -> bool:
+        """Send one reply; ``False`` when it did not go: the client is gone (``ROUTER_MANDATORY``
+        says ``EHOSTUNREACH``: its state is freed) or its queue is full (``SNDHWM``: its requests
+        are dropped and it is owed an error each, R21)."""
+        peer = self._clients.peers.get(ident)
+        sent = self._put(ident, msg, peer)
+        if sent == "gone":
+            self._forget(ident)
+        elif sent == "full" and peer is not None:
+            self._stall(peer)
+        return sent == "ok"
+
+    def _put(self, ident: bytes, msg: Any, peer: Peer | None) -> str:
+        """One send: ``"ok"``, ``"gone"`` or ``"full"``. A reply that would not fit one message
+        (the client's socket would drop it and the connection) becomes a ``too_large`` error."""
+        assert self._sync is not None and self._sock is not None
+        frame = wire.encode(msg)
+        if len(frame) > wire.MAX_MESSAGE_SIZE:
+            self.too_large_replies += 1
+            why = (
+                f"the {type(msg).__name__.lower()} reply is {len(frame)} bytes, above the "
+                f"{wire.MAX_MESSAGE_SIZE}-byte message limit"
+            )
+            log.warning("%s (request %s)", why, msg.req)
+            frame = wire.encode(self._for(peer, wire.Error(msg.req, "too_large", why)))
+        elif isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
+            frame = wire.encode(self._for(peer, msg))
+        try:
+            self._sync.send_multipart([ident, frame], zmq.NOBLOCK)
+            return "ok"
+        except zmq.Again:
+            return "full"
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                log.debug("reply to a client failed: %s", exc)
+            return "gone"
+        finally:
+            # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
+            self._sock.get(zmq.EVENTS)
+
+    @staticmethod
+    def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
+        """``err`` as ``peer`` can read it: a version-1 client gets new codes as ``internal``."""
+        if err.code in wire.V1_ERROR_CODES or (peer is not None and peer.version >= 2):
+            return err
+        return wire.Error(err.req, "internal", f"{err.code}: {err.message}")
+
+    # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
+
+    def _abandon(self, ident: bytes, req: int) -> None:
+        """The client stopped waiting for ``req``: cancel that request only (never the turn)."""
+        peer = self._clients.peers.get(ident)
+        task = peer.tasks.pop(req, None) if peer is not None else None
+        if task is not None:
+            task[0].cancel()
+        stream = self._streams.pop((ident, req), None)
+        if stream is not None:
+            stream.scope.cancel()
+
+    def _forget(self, ident: bytes) -> None:
+        """The client is gone: free everything it held."""
+        peer = self._clients.forget(ident)
+        if peer is None:
+            return
+        self._clients.gone += 1
+        for scope, _ in peer.tasks.values():
+            scope.cancel()
+        peer.tasks.clear()
+
+    def _stall(self, peer: Peer) -> None:
+        """The client's queue is full: drop its pending requests now, owe it an error for each."""
+        if not peer.tasks:
+            return
+        self._clients.stalled += 1
+        log.warning(
+            "a client stopped reading (its queue reached %d messages): dropping its %d pending requests",
+            self._sock.getsockopt(zmq.SNDHWM) if self._sock else 0,
+            len(peer.tasks),
+        )
+        for req, (scope, kind) in list(peer.tasks.items()):
+            scope.cancel()
+            if kind == "follow":
+                self.lagged_followers += 1
+                why = (
+                    "this follower was dropped: its client stopped reading until the daemon's send queue "
+                    "for it was full; follow again to resume from the oldest event kept"
+                )
+                peer.owed.append(wire.Error(req, "lagged", why))
+            else:
+                why = "this request was dropped: the client stopped reading until its send queue was full"
+                peer.owed.append(wire.Error(req, "dropped", why))
+        peer.tasks.clear()
+        self._probe_now.set()
+
+    def _pay(self, peer: Peer) -> None:
+        """Deliver the errors ``peer`` is owed, as far as its queue has room."""
+        while peer.owed:
+            sent = self._put(peer.ident, peer.owed[0], peer)
+            if sent == "gone":
+                self._forget(peer.ident)
+                return
+            if sent == "full":
+                return
+            peer.owed.popleft()
+
+    def _open_monitor(self, sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+        """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
+        thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
+        address = f"inproc://turnpool-clients-monitor-{id(self)}"
+        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        mon = sock.context.socket(zmq.PAIR)
+        mon.setsockopt(zmq.RCVHWM, 0)
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.connect(address)
+        return mon
+
+    async def _watch_disconnects(self, mon: zmq.asyncio.Socket) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            try:
+                event = parse_monitor_message(await mon.recv_multipart())
+            except (zmq.ZMQError, RuntimeError):
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._clients.disconnected(event["value"], anyio.current_time())
+                self._probe_now.set()
+
+    async def _sweep(self) -> None:
+        """Settle suspects, deliver owed errors, and now and then probe every client that holds
+        requests: a send under ``ROUTER_MANDATORY`` to a client that is gone fails at once."""
+        clients = self._clients
+        last_full = anyio.current_time()
+        while True:
+            busy = clients.suspects or any(p.owed for p in clients.peers.values())
+            with anyio.move_on_after(OWED_RETRY if busy else SWEEP_EVERY):
+                await self._probe_now.wait()
+            self._probe_now = anyio.Event()
+            await anyio.sleep(PROBE_DELAY)  # let the ROUTER drop the closed pipes first
+            now = anyio.current_time()
+            full = now - last_full >= SWEEP_EVERY
+            if full:
+                last_full = now
+            for ident, peer in list(clients.peers.items()):
+                if peer.owed:
+                    self._pay(peer)
+                elif ident in clients.suspects or (full and peer.tasks):
+                    self._probe(peer, now)
+            await anyio.lowlevel.checkpoint()
+
+    def _probe(self, peer: Peer, now: float) -> None:
+        sent = self._put(peer.ident, wire.Ok(0), peer)
+        if sent == "gone":
+            self._forget(peer.ident)
+        elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:
+            peer.suspect_since = None  # it answers: a new client on a reused descriptor
+            self._clients.suspects.discard(peer.ident)
+
+    def _dispatch(self, ident: bytes, msg: Any) -> None:
+        sup = self.sup
+        assert sup is not None
+        match msg:
+            case wire.Hello(req=req, version=version):
+                if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
+                    why = (
+                        f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
+                        f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}"
+                    )
+                    self._send(ident, wire.Error(req, "protocol", why))
+                else:
+                    peer = self._clients.peers.get(ident)
+                    if peer is not None:
+                        peer.version = version
+                    self._send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
+            case wire.Submit():
+                self._submit(ident, msg)
+            case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
+                try:
+                    turn = sup.record(turn_id)
+                except UnknownTurn as exc:
+                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                    return
+                winner = self._cancel(lambda: sup.cancel_record(turn, cause), [turn_id])
+                self._send(ident, wire.Cancelled(req, winner))
+            case wire.CancelSession(req=req, session=session, cause=cause):
+                if not session:
+                    self._send(ident, wire.Error(req, "bad_value", "session must be a non-empty string"))
+                    return
+                ids: list[str] = []
+
+                def cancel_session() -> None:
+                    ids.extend(sup.cancel_session_now(session, cause))
+
+                self._cancel(cancel_session, ids)
+                self._send(ident, wire.SessionCancelled(req, ids))
+            case wire.GetResult(req=req, turn_id=turn_id):
+                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
+            case wire.Follow(req=req, turn_id=turn_id, window=window):
+                try:
+                    followed = sup.record(turn_id)
+                except UnknownTurn as exc:
+                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                    return
+                if window < 0:
+                    self._send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
+                    return
+                stream = FollowStream(window, turn_id)
+                self._streams[(ident, req)] = stream
+                self._turn_streams.setdefault(turn_id, set()).add(stream)
+                self._task(
+                    self._follow, ident, req, followed, stream, key=(ident, req, "follow"), scope=stream.scope
+                )
+            case wire.Credit(req=req, n=n):
+                credited = self._streams.get((ident, req))
+                if credited is not None and n > 0:
+                    credited.grant(n)
+            case wire.Unfollow(req=req) | wire.Abandon(req=req):
+                self._abandon(ident, req)
+            case wire.Lookup(req=req, turn_id=turn_id):
+                lookup = self.lookup
+                if sup.find(turn_id) is not None or (lookup is not None and lookup(turn_id) is not None):
+                    self._send(ident, wire.Ok(req))
+                else:
+                    self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
+            case wire.GetStatus(req=req):
+                self._send(ident, wire.Status(req, self.status()))
+            case wire.WhenIdle(req=req):
+                self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turn's timeout, not this call's
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_id: str | None = None,
+        retry: bool = False,
+    ) -> tuple[str, bool]:
+        """Accept a turn for a front end other than the client link (the HTTP API), exactly as a
+        client's ``Submit`` is: returns ``(turn_id, existed)``; idempotent by ``turn_id`` (a known
+        id returns ``(id, True)``, even while draining); returns only once every accept hook is
+        done (the journal's commit). Raises ``DaemonShuttingDown`` while draining, and what
+        ``Supervisor.submit`` raises (``InvalidAgent``, ``TypeError``, ``ValueError``, ``QueueFull``)."""
+        raw = wire.encode_payload(input, what="turn input")
+        accepted, existed, gates = self._admit(
+            agent,
+            raw,
+            session=session,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            turn_id=turn_id,
+            retry=retry,
+        )
+        for gate in gates:
+            await gate
+        return accepted, existed
+
+    def _admit(self, agent: str, raw: msgspec.Raw, **options: Any) -> tuple[str, bool, list[Awaitable[Any]]]:
+        """The one acceptance path of every front end: ``(turn_id, existed, gates)``. The submit may be
+        acknowledged once every gate is done (J1: the journal's commit of its row).
+
+        Raises ``DaemonShuttingDown`` while draining, ``JournalUnavailable`` while the journal cannot
+        be written (J7), ``ValueError`` for an id the journal holds with another agent or input (J8),
+        and what ``Supervisor.submit`` raises."""
+        sup = self.sup
+        assert sup is not None
+        turn_id = options["turn_id"]
+        if turn_id is not None and sup.find(turn_id) is not None:
+            # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
+            # Not durable yet: acknowledged when (and if) the first submit's row commits.
+            pending = self.unrecorded.get(turn_id)
+            return turn_id, True, [pending] if pending is not None else []
+        if not self.accepting:
+            raise DaemonShuttingDown(
+                f"the daemon at {self.endpoint} is shutting down: it accepts no new turn"
+            )
+        if self.unavailable is not None:
+            raise JournalUnavailable(self.unavailable)
+        if turn_id is not None and self.lookup is not None:
+            # J8: an id known only to the journal (result evicted, or a lost ack across a restart) is
+            # the existing turn: answered from the record, never run again.
+            found = self.lookup(turn_id)
+            if found is not None:
+                known_agent, known_raw, _ = found
+                if known_agent != agent or known_raw != bytes(raw):
+                    raise ValueError(f"turn id {turn_id!r} was already used with another agent or input")
+                return turn_id, True, []
+        turn = sup.accept_encoded(agent, raw, **options)
+        if self.metrics is not None:
+            self.metrics.accepted += 1
+        gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
+        return turn.id, False, gates
+
+    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
+        req = msg.req
+        try:
+            turn_id, existed, gates = self._admit(
+                msg.agent,
+                msg.input,
+                session=msg.session,
+                timeout=msg.timeout,
+                grace=msg.grace,
+                kill_after=msg.kill_after,
+                turn_id=msg.turn_id,
+                retry=msg.retry,
+            )
+        except InvalidAgent as exc:
+            self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
+            return
+        except QueueFull as exc:
+            self._send(ident, wire.Error(req, "queue_full", str(exc)))
+            return
+        except SupervisorClosed as exc:
+            self._send(ident, wire.Error(req, "shutting_down", str(exc)))
+            return
+        except JournalUnavailable as exc:
+            self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+            return
+        except TypeError as exc:
+            self._send(ident, wire.Error(req, "bad_type", str(exc)))
+            return
+        except ValueError as exc:
+            self._send(ident, wire.Error(req, "bad_value", str(exc)))
+            return
+        if gates:
+            self._task(
+                self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
+            )
+        else:
+            self._send(ident, wire.Accepted(req, turn_id, existed))
+            if msg.wait:
+                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
+
+    async def _ack_after(
+        self,
+        ident: bytes,
+        req: int,
+        turn_id: str,
+        gates: list[Awaitable[Any]],
+        wait: bool,
+        existing: bool = False,
+    ) -> None:
+        """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
+        for gate in gates:
+            try:
+                await gate
+            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
+                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                return
+            except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
+                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                return
+            except Exception as exc:
+                log.exception("accept hook failed for turn %s", turn_id)
+                why = f"turn {turn_id} accepted but not recorded: {exc}"
+                self._send(ident, wire.Error(req, "internal", why))
+                return
+        self._send(ident, wire.Accepted(req, turn_id, existing))
+        if wait:
+            await self._result(ident, req, turn_id)
+
+    def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
+        """Run a cancel and note when it was asked, for the cancel-to-end latency."""
+        assert self.sup is not None
+        now = anyio.current_time()
+        self._cancelling_at = now  # turns that end inside the call (queued ones) see it
+        try:
+            out = do()
+        finally:
+            self._cancelling_at = None
+        for turn_id in ids:
+            turn = self.sup.find(turn_id)
+            if turn is not None and turn.state != "ended":
+                self._cancel_times.setdefault(turn_id, now)
+        return out
+
+    def _task(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        key: tuple[bytes, int, str] | None = None,
+        scope: anyio.CancelScope | None = None,
+    ) -> None:
+        """Run a request that waits (result, follow, when_idle) as a task; with ``key`` it is
+        registered under its client, so an ``Abandon``, a disconnect or a full queue cancels it."""
+        assert self._tg is not None
+        self._inflight += 1
+        if self._inflight == 1:
+            self._inflight_zero = anyio.Event()
+        scope = scope or anyio.CancelScope()
+        if key is not None:
+            ident, req, kind = key
+            peer = self._clients.peers.get(ident)
+            if peer is not None:
+                old = peer.tasks.get(req)
+                if old is not None:
+                    old[0].cancel()  # a client reusing a live request id replaces that request
+                peer.tasks[req] = (scope, kind)
+        self._tg.start_soon(self._run_task, fn, args, scope, key)
+
+    async def _run_task(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        scope: anyio.CancelScope,
+        key: tuple[bytes, int, str] | None,
+    ) -> None:
+        try:
+            with scope:
+                await fn(*args)
+        except Exception:
+            log.exception("request task %s failed", getattr(fn, "__name__", fn))
+        finally:
+            if key is not None:
+                peer = self._clients.peers.get(key[0])
+                if peer is not None and peer.tasks.get(key[1], (None,))[0] is scope:
+                    del peer.tasks[key[1]]
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._inflight_zero.set()
+
+    async def _result(self, ident: bytes, req: int, turn_id: str) -> None:
+        assert self.sup is not None
+        try:
+            result = await self.sup.result(turn_id)
+        except UnknownTurn as exc:
+            try:
+                found = self.lookup(turn_id) if self.lookup is not None else None
+            except Exception:  # an unreadable journal: the id is as unknown as it was
+                log.warning("journal lookup of turn %s failed", turn_id, exc_info=True)
+                found = None
+            if found is None or found[2] is None:
+                self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                return
+            result = found[2]  # evicted from memory, kept in the journal
+        self._send(ident, wire.Result(req, result))
+
+    async def _follow(self, ident: bytes, req: int, turn: TurnRecord, stream: FollowStream) -> None:
+        """Stream ``turn``'s events from the oldest kept one, in batches, within the client's window.
+
+        A follower whose next event was dropped from the turn's buffer (it fell more than
+        ``max_events`` behind) is told so (``lagged``) and its stream ends: never a silent gap
+        (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
+        workers' frames or other clients (R21).
+        """
+        assert self.sup is not None
+        seq = turn.events_base  # a late follower starts at the oldest event kept
+        sent_at = -COALESCE
+        try:
+            while True:
+                base = turn.events_base
+                if seq < base:
+                    self._lagged(ident, req, turn, base - seq)
+                    return
+                kept = len(turn.events)
+                if seq < base + kept:
+                    count, room = stream.allowance()
+                    if count == 0:
+                        await stream.wait()  # the client's credit, or the turn's end (lag check above)
+                        continue
+                    early = sent_at + COALESCE - anyio.current_time()
+                    if early > 0 and turn.state != "ended":
+                        # A busy stream sends at most one batch per COALESCE: a flood costs each
+                        # follower a few hundred sends a second, whatever the event rate (R21).
+                        await anyio.sleep(early)
+                        continue
+                    batch: list[msgspec.Raw] = []
+                    sizes: list[int] = []
+                    size = 0
+                    i, stop = seq - base, kept if count is None else min(kept, seq - base + count)
+                    limit = EVENTS_BATCH_BYTES if room is None else min(EVENTS_BATCH_BYTES, room)
+                    events = turn.events
+                    while i < stop:
+                        raw = events[i]
+                        n = len(raw)
+                        if batch and size + n > limit:
+                            break
+                        batch.append(raw)
+                        sizes.append(n)
+                        size += n
+                        i += 1
+                    if not self._send(ident, wire.Events(req, seq, batch)):
+                        return  # gone, or stopped reading (then it is owed a `lagged`)
+                    stream.spent(sizes)
+                    seq += len(batch)
+                    sent_at = anyio.current_time()
+                    await anyio.lowlevel.checkpoint()
+                    continue
+                if turn.state == "ended" or turn.pending_result is not None:
+                    self._send(ident, wire.FollowEnd(req))
+                    return
+                ev = anyio.Event()
+                turn.waiters.append(ev)
+                await ev.wait()
+        finally:
+            if self._streams.get((ident, req)) is stream:
+                del self._streams[(ident, req)]
+            streams = self._turn_streams.get(stream.turn_id)
+            if streams is not None:
+                streams.discard(stream)
+                if not streams:
+                    del self._turn_streams[stream.turn_id]
+
+    def _lagged(self, ident: bytes, req: int, turn: TurnRecord, missed: int) -> None:
+        assert self.sup is not None
+        self.lagged_followers += 1
+        why = (
+            f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
+            f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
+            "the oldest one kept"
+        )
+        self._send(ident, wire.Error(req, "lagged", why))
+
+    async def _when_idle(self, ident: bytes, req: int) -> None:
+        assert self.sup is not None
+        await self.sup.when_idle()
+        self._send(ident, wire.Ok(req))
+
+    # ---- hooks and status --------------------------------------------------------------
+
+    def _on_start(self, turn: TurnRecord, pid: int) -> None:
+        for hook in self.start_hooks:
+            hook(turn, pid)
+
+    def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
+        for stream in self._turn_streams.get(turn.id, ()):
+            stream.wake()  # a follower waiting for credit learns now whether it lagged
+        asked = self._cancel_times.pop(turn.id, None)
+        if self.metrics is not None:
+            self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
+        for hook in self.end_hooks:
+            hook(turn, result)
+
+    def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
+        """When the cancellation that ended ``turn`` was asked (``None``: not known)."""
+        if cause is None:
+            return None
+        if cause.kind == "disposed":
+            return self.disposing_at
+        if cause.kind == "deadline" and turn.started_at is not None and turn.timeout is not None:
+            return turn.started_at + turn.timeout
+        if asked is not None:
+            return asked
+        return self._cancelling_at
+
+    def client_facts(self) -> dict[str, int]:
+        """What the daemon holds for its clients (R20–R22): status and metrics show these."""
+        return {
+            "streams": len(self._streams),
+            "clients": len(self._clients.peers),
+            "waits": self._clients.waits(),  # pending result/follow/when_idle requests of all clients
+            "clients_gone": self._clients.gone,
+            "clients_stalled": self._clients.stalled,
+            "lagged_followers": self.lagged_followers,
+            "too_large_replies": self.too_large_replies,
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The supervisor's status plus the daemon's own facts."""
+        assert self.sup is not None
+        st = self.sup.status()
+        st["daemon"] = {
+            "pid": os.getpid(),
+            "endpoint": self.endpoint,
+            "accepting": self.accepting and self.unavailable is None,
+            "journal_error": self.unavailable,
+            "malformed_frames": self.malformed,
+            **self.client_facts(),
+            "turns_kept": len(self.sup.table),
+            "keep_results": self.sup.keep_results,
+            "metrics_port": self.metrics_bound,
+        }
+        return st
+
+
+def run_daemon(daemon: Daemon) -> int:
+    """Run ``daemon`` to completion (blocking); the exit code of ``turnpool serve``."""
+    from .._errors import WorkerStartError
+
+    def ready(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        anyio.run(lambda: daemon.serve(ready=ready), backend="asyncio")
+    except BaseException as exc:
+        inner: BaseException = exc
+        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+            inner = inner.exceptions[0]
+        if isinstance(inner, (DaemonAlreadyRunning, WorkerStartError, ValueError, OSError, zmq.ZMQError)):
+            print(f"turnpool serve: {inner}", file=sys.stderr, flush=True)
+            return 1
+        raise
+    return daemon.exit_code
+
+
+__all__ = ["Daemon", "READY_PREFIX", "run_daemon"]

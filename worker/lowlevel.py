@@ -1,0 +1,63 @@
+"""The worker side's low-level public face: what the supervisor, tests and benchmarks may use of
+the process-tree, start-marker, End-log and cgroup helpers (``_tree``, ``_marker``, ``_endlog``, ``_cgroup``).
+
+Those modules stay private (their layout may change); this list is the approved way in, so the
+supervisor never imports ``worker._x``. Linux only, like the rest of the worker. Agents have no
+use for any of it: their API is ``worker.Turn``.
+"""
+
+from ._cgroup import POOL_PREFIX as CGROUP_POOL_PREFIX
+from ._cgroup import Pool as CgroupPool
+from ._cgroup import cgroup_of
+from ._cgroup import kill as cgroup_kill
+from ._cgroup import kill_and_remove as cgroup_kill_and_remove
+from ._cgroup import populated as cgroup_populated
+from ._cgroup import procs as cgroup_procs
+from ._cgroup import pss_bytes as cgroup_pss_bytes
+from ._cgroup import remove as cgroup_remove
+from ._cgroup import sweep_stale as cgroup_sweep_stale
+from ._cgroup import usable as cgroups_usable
+from ._endlog import path_for as endlog_path_for
+from ._endlog import read as endlog_read
+from ._marker import path_for as marker_path_for
+from ._marker import read as marker_read
+from ._marker import read_noted as marker_read_noted
+from ._tree import (
+    TREE_ENV,
+    children,
+    descendants,
+    freeze_tree,
+    has_marker,
+    session_of,
+    set_child_subreaper,
+    signal_all,
+    thaw,
+)
+
+__all__ = [
+    "CGROUP_POOL_PREFIX",
+    "CgroupPool",
+    "TREE_ENV",
+    "cgroup_kill",
+    "cgroup_kill_and_remove",
+    "cgroup_of",
+    "cgroup_populated",
+    "cgroup_procs",
+    "cgroup_pss_bytes",
+    "cgroup_remove",
+    "cgroup_sweep_stale",
+    "cgroups_usable",
+    "children",
+    "descendants",
+    "endlog_path_for",
+    "endlog_read",
+    "freeze_tree",
+    "has_marker",
+    "marker_path_for",
+    "marker_read",
+    "marker_read_noted",
+    "session_of",
+    "set_child_subreaper",
+    "signal_all",
+    "thaw",
+]
