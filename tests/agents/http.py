@@ -53,4 +53,4 @@ async def ticker(turn: worker.Turn) -> int:
     while True:
         await turn.emit({"tick": i})
         i += 1
-        await anyio.sleep(every)
+        await anyio.sleep(every)  # allowed: the agent's own pace between events

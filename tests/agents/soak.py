@@ -39,7 +39,7 @@ def _background(pids_log: str) -> None:
             start = f.read().rsplit(")", 1)[1].split()[19]
         _note(pids_log, f"{os.getpid()} {start}")
         while True:
-            time.sleep(3600)  # stands for a background job that never ends by itself
+            time.sleep(3600)  # allowed: a background job that never ends by itself
     finally:
         os._exit(0)
 
@@ -58,7 +58,7 @@ async def counted(turn: worker.Turn) -> Any:
         while True:
             pass
     if kind == "sleep_sync":  # a blocking call inside an async agent
-        time.sleep(3600)  # noqa: ASYNC251 - the point: a blocking call in an async agent
+        time.sleep(3600)  # noqa: ASYNC251  # allowed: the point, a blocking call in an async agent
     if kind == "forker":  # returns, leaving a double-forked daemon behind
         _background(inp["pids"])
         return {"forked": True}
@@ -69,5 +69,5 @@ async def counted(turn: worker.Turn) -> Any:
         return None
     if kind == "slow":  # cooperative: ends aborted when cancelled
         await turn.emit({"tick": 0})
-        await anyio.sleep(3600)
+        await anyio.sleep(3600)  # allowed: a cooperative agent waiting to be cancelled
     raise ValueError(f"unknown kind {kind!r}")

@@ -19,7 +19,7 @@ if _dir:
         _f.write(str(os.getpid()))
     os.replace(_tmp, os.path.join(_dir, "import-slow"))
     # allowed: the slow import under test
-    time.sleep(float(os.environ.get("TURNPOOL_TEST_SLOW_IMPORT_S", "3")))
+    time.sleep(float(os.environ.get("TURNPOOL_TEST_SLOW_IMPORT_S", "3")))  # allowed: a slow import
 
 
 async def agent(turn: worker.Turn) -> str:

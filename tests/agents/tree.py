@@ -96,7 +96,7 @@ async def fork_many(turn: worker.Turn) -> dict[str, Any]:
         pids.append(pid)
     await turn.emit({"type": "forked", "pids": pids})
     # allowed: the agent's behaviour (the memory watch samples the tree meanwhile)
-    await anyio.sleep(float(turn.input.get("hold", 1.0)))
+    await anyio.sleep(float(turn.input.get("hold", 1.0)))  # allowed: the agent holds its turn open
     return {"pids": pids}
 
 
