@@ -78,6 +78,18 @@ log = logging.getLogger("turnpool.daemon")
 READY_PREFIX = "turnpool serve: ready on "
 
 
+# A refused submit's error code, by the first class that matches (subclasses before their bases).
+_SUBMIT_ERROR_CODES: tuple[tuple[type[Exception], wire.ErrorCode], ...] = (
+    (InvalidAgent, "invalid_agent"),
+    (QueueFull, "queue_full"),
+    (SupervisorClosed, "shutting_down"),
+    (JournalUnavailable, "journal_unavailable"),
+    (TypeError, "bad_type"),
+    (ValueError, "bad_value"),
+)
+_SUBMIT_ERRORS = tuple(kind for kind, _ in _SUBMIT_ERROR_CODES)
+
+
 class Daemon:
     """``turnpool serve``: owns a ``Supervisor`` and answers clients on ``endpoint``.
 
@@ -646,23 +658,9 @@ class Daemon:
                 turn_id=msg.turn_id,
                 retry=msg.retry,
             )
-        except InvalidAgent as exc:
-            self._send(ident, wire.Error(req, "invalid_agent", str(exc)))
-            return
-        except QueueFull as exc:
-            self._send(ident, wire.Error(req, "queue_full", str(exc)))
-            return
-        except SupervisorClosed as exc:
-            self._send(ident, wire.Error(req, "shutting_down", str(exc)))
-            return
-        except JournalUnavailable as exc:
-            self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
-            return
-        except TypeError as exc:
-            self._send(ident, wire.Error(req, "bad_type", str(exc)))
-            return
-        except ValueError as exc:
-            self._send(ident, wire.Error(req, "bad_value", str(exc)))
+        except _SUBMIT_ERRORS as exc:
+            code = next(code for kind, code in _SUBMIT_ERROR_CODES if isinstance(exc, kind))
+            self._send(ident, wire.Error(req, code, str(exc)))
             return
         if gates:
             self._task(
