@@ -28,7 +28,9 @@ AGENT = "tests.agents.exactly_once:counted"
 EAGER = {"prefetch_window": 3600.0}  # hand quick turns ahead as deep as prefetch allows
 
 
-async def _run_mix(tmp_path: Path, n: int, crash_share: float, pad: int, bound: float) -> None:
+async def _run_mix(
+    tmp_path: Path, n: int, crash_share: float, pad: int, bound: float, **options: Any
+) -> None:
     """Run ``n`` turns (quick ones, and ones that kill their worker) from 4 submitters on 2
     prefetching workers; check every execution and every result."""
     log = tmp_path / "runs"
@@ -36,7 +38,7 @@ async def _run_mix(tmp_path: Path, n: int, crash_share: float, pad: int, bound: 
     kinds = ["crash" if rng.random() < crash_share else "quick" for _ in range(n)]
     deliveries: collections.Counter[str] = collections.Counter()
     results: dict[str, Any] = {}
-    async with Supervisor(workers=2, spares=1, worker_output=None, **EAGER) as sup:
+    async with Supervisor(workers=2, spares=1, worker_output=None, **EAGER, **options) as sup:
         sup.add_hooks(on_result=lambda turn, result: deliveries.update([turn.id]))
         with anyio.fail_after(30):  # one quick turn: the mean turn time drops, prefetch deepens
             assert (await sup.run("examples.agents:echo", 0)).outcome == "completed"
@@ -78,6 +80,15 @@ async def test_quick_turns_before_a_crash_run_once_and_keep_their_outcome(tmp_pa
     once; quick turns that ran in the burst before a crash end ``completed`` with their own
     output (their ends come from the End log), the crashing turns ``crashed``, started."""
     await _run_mix(tmp_path, 400, 0.2, 0, bound=60)
+
+
+async def test_turns_passed_before_a_marked_crash_run_once(tmp_path: Path) -> None:
+    """The same mix while the supervisor reads every busy worker's start marker each millisecond
+    (the memory check does, S1; so do a cancel or a deadline of a handed turn). A read that falls
+    between a crashing turn's start and its worker's death finds the crashing turn marked, with
+    the quick turns before it passed (run, their frames unsent): when the worker then dies, their
+    ends come from the End log. They used to be re-queued and run a second time."""
+    await _run_mix(tmp_path, 400, 0.2, 0, bound=60, max_rss_mb=1 << 20, rss_interval=0.001)
 
 
 async def test_ends_too_big_for_the_log_still_run_once(tmp_path: Path) -> None:

@@ -1081,8 +1081,9 @@ class Supervisor:
     ) -> TurnRecord | None:
         """E1: apply the ends a dead worker logged (``worker/_endlog.py``) whose frames never came.
 
-        Only turns the worker provably reached are considered: the turn it reported running and
-        the handed turns up to the one its start marker names (it runs them in the order handed),
+        Only turns the worker provably reached are considered: the turn it reported running, the
+        handed turns up to the one its start marker names (it runs them in the order handed), and
+        the turns it went past before a marked turn that an earlier read made the running one,
         so a record naming a turn handed behind that - which the worker never started - changes
         nothing (S3). A turn already ended is not there to match (the log keeps stale records). A
         record for the marked turn counts only if it carries the marker's start time (a record
@@ -1096,7 +1097,10 @@ class Supervisor:
         reached: list[TurnRecord] = [turn] if turn is not None else []
         ahead = list(slot.ahead)
         index = next((i for i, t in enumerate(ahead) if t.id == marked_id), -1)
-        reached += ahead[: index + 1]
+        # The handed turns up to the marked one, and those the worker went past (S1) before a
+        # marked turn that already runs here: a read of the marker made it ``turn``, so it is no
+        # longer in ``ahead``, but the quick turns before it ran and their ends are in the log.
+        reached += [t for i, t in enumerate(ahead) if i <= index or t.id in slot.passed]
         now = self._clock()
         for t in reached:
             logged = ends.get(t.id)
