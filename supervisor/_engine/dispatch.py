@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 
 import wire
 
+from .ending import output_of
+
 if TYPE_CHECKING:
     from .pool import WorkerSlot
-    from .supervisor import Supervisor
+    from .supervisor import DispatchGate, Supervisor
     from .turns import TurnRecord
 
 log = logging.getLogger("turnpool.supervisor")
@@ -38,6 +40,12 @@ class Dispatcher:
         self.depth = 1
         self.pump_wanted = False  # a pump was asked for during a receive batch
         self.defer = False  # inside a receive batch: pump once, at its end
+        # J6, the dispatch gate. When set (a journal sets it, ``Supervisor.set_dispatch_gate``), a
+        # new turn is handed to a worker only once (1) ``mark_recorded(turn)`` says its accept row is
+        # committed and (2) the gate, called with a batch of recorded turns from the head of the
+        # queue, has answered ``clear_for_dispatch``: a row saying they may run is committed. Intent
+        # before effect, in batches (group commit).
+        self.gate: DispatchGate | None = None
 
     def end_deferral(self) -> None:
         """The receive batch is handled: run the pump it asked for, once."""
@@ -55,7 +63,7 @@ class Dispatcher:
         if self.defer:
             self.pump_wanted = True
             return
-        if self.sup._dispatch_gate is not None:
+        if self.gate is not None:
             self._request_clearance()
         queue = self.sup._queue
         if not queue.has_ready():
@@ -170,12 +178,14 @@ class Dispatcher:
             turn.started = True
             turn.started_at = started_at
             if turn.timeout is not None:
-                turn.timer = self.sup._timers.call_at(started_at + turn.timeout, self.sup._deadline, turn)
-            for start_hook in self.sup._start_hooks:
+                turn.timer = self.sup._timers.call_at(
+                    started_at + turn.timeout, self.sup._ladder.deadline, turn
+                )
+            for start_hook in self.sup._hooks.start:
                 start_hook(turn, slot.pid)
         if turn.cause is not None and turn.esc_timer is None:
             # Cancelled while handed ahead, started before the Abort arrived.
-            self.sup._arm_escalation(turn, slot)
+            self.sup._ladder.arm(turn, slot)
 
     def unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
         """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
@@ -215,7 +225,7 @@ class Dispatcher:
     def _request_clearance(self) -> None:
         """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
         the workers could take now (running + handed ahead + cleared ≤ capacity × depth)."""
-        gate = self.sup._dispatch_gate
+        gate = self.gate
         assert gate is not None
         want = (self.sup.workers + self.sup._lent) * self.depth - self.sup._running - self.handed
         batch: list[TurnRecord] = []
@@ -234,6 +244,69 @@ class Dispatcher:
             want -= 1
         if batch:
             gate(batch)
+
+    # ---- what a worker says about the turns handed to it ---------------------------------
+
+    def started_ahead(self, slot: WorkerSlot, turn_id: str) -> bool:
+        """A ``Started`` from a worker running nothing: the handed turn it names runs from now.
+        False if no turn of that id is handed to it."""
+        ahead = slot.ahead
+        if not ahead:
+            return False
+        turn: TurnRecord | None = ahead[0]
+        if turn is not None and turn.id != turn_id:
+            turn = next((t for t in ahead if t.id == turn_id), None)
+            if turn is None:
+                return False
+        assert turn is not None
+        self.start_turn(slot, turn, self.sup._clock())
+        return True
+
+    def started_passed(self, slot: WorkerSlot, turn_id: str) -> bool:
+        """S1: a ``Started`` from a worker running another turn, for a turn it went past before the
+        one its marker named: that turn did start. False if it is no such turn."""
+        if turn_id not in slot.passed:
+            return False
+        passed = next((t for t in slot.ahead if t.id == turn_id), None)
+        if passed is not None and not passed.started:
+            passed.started = True
+            passed.started_at = self.sup._clock()
+        return True
+
+    def ended_ahead(self, slot: WorkerSlot, msg: wire.End) -> bool:
+        """An ``End`` for a turn handed to ``slot`` that it does not run: the end of a turn it went
+        past (S1: its own outcome stands), or a handed turn dropped unstarted on ``Abort``. False
+        otherwise (S3: an End for a turn this worker does not run is taken only as the answer to an
+        Abort the supervisor sent for a handed turn; anything else - an agent forging another
+        turn's end over its worker's connection - changes nothing)."""
+        sup = self.sup
+        handed = next((t for t in slot.ahead if t.id == msg.turn_id), None)
+        if handed is not None and handed.id in slot.passed and handed.started:
+            self.unhand(slot, handed)
+            sup._finish(handed, msg.outcome, output=output_of(msg), error=msg.error, worker_pid=slot.pid)
+            slot.turns_run += 1
+            self.after_turn(slot)
+            return True
+        if handed is None or handed.cause is None:
+            return False
+        self.unhand(slot, handed)
+        sup._finish(handed, "aborted")
+        self.after_turn(slot)
+        return True
+
+    def revoked(self, slot: WorkerSlot, turn_id: str) -> bool:
+        """The worker gave back a handed turn unstarted (``Revoked``): aborted if it was
+        cancelled meanwhile, else back to the front of the queue. False if it holds no such turn."""
+        handed = next((t for t in slot.ahead if t.id == turn_id), None)
+        if handed is None:
+            return False
+        self.unhand(slot, handed)
+        if handed.cause is not None:
+            self.sup._finish(handed, "aborted")
+        else:
+            self.sup._queue.push(handed, front=True)
+        self.after_turn(slot)
+        return True
 
     def after_turn(self, slot: WorkerSlot) -> None:
         if slot.state != "busy":

@@ -74,3 +74,25 @@ def check_count(name: str, value: Any, low: int) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
+
+
+def check_sizes(*, cgroups: Any, max_turns_per_worker: Any, **counts: Any) -> None:
+    """``Supervisor``'s sizes: ``spares`` an int >= 0, each other count an int >= 1,
+    ``max_turns_per_worker`` a positive int or ``None``, ``cgroups`` a bool."""
+    if not isinstance(cgroups, bool):
+        raise TypeError(f"cgroups must be True or False, got {cgroups!r}")
+    for name, value in counts.items():
+        check_count(name, value, 0 if name == "spares" else 1)
+    if max_turns_per_worker is not None and (
+        isinstance(max_turns_per_worker, bool)
+        or not isinstance(max_turns_per_worker, int)
+        or max_turns_per_worker < 1
+    ):
+        raise ValueError(f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}")
+
+
+def check_mib(name: str, value: Any) -> float:
+    """A finite number of MiB > 0 (``bool`` refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a number of MiB > 0, got {value!r}")
+    return float(value)

@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import secrets
+import shutil
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ import anyio.to_thread
 import wire
 from worker import lowlevel
 
+from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
 from .zygote import Zygote
@@ -163,7 +165,50 @@ class WorkerPool:
         self._backoff_until = 0.0
         self._refill_timer: Timer | None = None
 
+    def ready(self, slot: WorkerSlot, msg: wire.Ready, now: float) -> Literal["ready", "held", "refused"]:
+        """A worker's ``Ready``: the handshake. ``ready`` (the slot is now idle), ``held`` (the
+        zygote's report of its pid is not read yet: the Ready waits for it) or ``refused`` (not the
+        token and pid this slot was started with, or another protocol version: the worker is killed)."""
+        if not slot.pid:
+            self.zygote_pids()
+            if not slot.pid and slot.state == "starting" and msg.token == slot.token:
+                # An embryo woken by the zygote can say Ready before the zygote's report
+                # of its pid reaches us: hold the Ready until that report is read.
+                slot.deferred_ready = msg
+                return "held"
+        if slot.state != "starting" or msg.token != slot.token or msg.pid != slot.pid:
+            return "refused"
+        if msg.version != wire.PROTOCOL_VERSION:
+            slot.failure = (
+                f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
+                f"expected {wire.PROTOCOL_VERSION}"
+            )
+            self.last_start_error = slot.failure
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+            return "refused"
+        if slot.timer is not None:
+            slot.timer.cancel()
+        slot.state = "idle"
+        slot.ready_at = now
+        self.start_failures = 0
+        return "ready"
+
     # ---- start and stop ----------------------------------------------------------------
+
+    def prepare(self, *, worker_output: Any, max_bytes: int, agent_path: Any) -> None:
+        """Before anything starts: the workers' output (R-OUT: a log that cannot be written fails
+        here, before anything exists), the private runtime directory workers run from (R-PATH),
+        this process as child subreaper, and the import path workers get."""
+        output = _output.WorkerOutput(worker_output, max_bytes=max_bytes)
+        output.start()
+        self.output = output
+        try:
+            self.runtime_dir = private_dir()
+        except BaseException:
+            output.close()
+            raise
+        lowlevel.set_child_subreaper()
+        self.pythonpath = _procs.import_path(agent_path)
 
     async def start(self, *, tg: anyio.abc.TaskGroup, use_cgroups: bool) -> None:
         """Open the life pipe, the pool cgroup (if usable) and the zygote (if asked for)."""
@@ -210,6 +255,16 @@ class WorkerPool:
             if fd >= 0:
                 os.close(fd)
         self.life_r = self.life_w = -1
+
+    async def release(self) -> None:
+        """After every worker is reaped: close the life pipe, remove the runtime directory, and
+        drain what workers left in their output and stop its pump, off the event loop."""
+        self.close_pipe()
+        if self.runtime_dir is not None:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self.output is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.output.close)
 
     # ---- sizing ------------------------------------------------------------------------
 

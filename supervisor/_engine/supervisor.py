@@ -1,24 +1,26 @@
 """The embedded supervisor: owns the pool, the turn table, the queue and every turn's cancellation.
 
-One anyio event loop owns all state; nothing here blocks on another thread. The pieces:
+One anyio event loop owns all state; nothing here blocks on another thread. ``Supervisor`` keeps
+the lifecycle, the public methods and one handler per message a worker sends, and composes the
+parts, each an object with its own state:
 
-* the worker link: a ROUTER on a private ipc endpoint; workers connect DEALERs;
-* the pool: ``workers`` slots running turns plus ``spares`` warm workers; exits are pidfd events;
-* the turn table (``TurnRecord`` per turn: the one cancellation holder) and the ``TurnQueue``;
-* the escalation ladder: ``Abort`` → ``grace`` → SIGTERM to the tree → ``kill_after`` → SIGKILL
-  → reaped with every descendant → ``killed``; driven by one ``Timers`` task.
+* the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs;
+* the pool (``pool.py``): ``workers`` slots running turns plus ``spares`` warm workers; exits are
+  pidfd events, settled by the exit handler (``exits.py``: E1, S1, R13);
+* the turn table (``TurnRecord`` per turn: the one cancellation holder) and the ``TurnQueue``
+  (``turns.py``); turns come in through admission (``admission.py``), children through
+  ``children.py``, and go to workers through the dispatcher (``dispatch.py``: prefetch, J6, S1);
+* the escalation ladder (``escalation.py``): ``Abort`` → ``grace`` → SIGTERM to the tree →
+  ``kill_after`` → SIGKILL → reaped with every descendant → ``killed``; driven by one ``Timers``
+  task; the memory watchdog (``memory.py``) cancels a turn over ``max_rss_mb``;
+* ending a turn (``ending.py``): one result, delivered once, after quiescence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import logging
-import os
 import secrets
-import shutil
-import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -29,25 +31,30 @@ import anyio.to_thread
 import msgspec
 
 import wire
-from wire import DISPOSED, PARENT, Cause, TurnError, TurnResult, validate_cause
-from worker import lowlevel
+from wire import DISPOSED, Cause, TurnError, TurnResult, validate_cause
 
-from .._errors import QueueFull, SupervisorClosed, WorkerStartError
+from .._errors import WorkerStartError
 from .._handle import TurnHandle
-from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
+from .admission import Admission
+from .children import ChildTurns
 from .dispatch import Dispatcher
+from .ending import Finisher, output_of
+from .escalation import Escalation
+from .exits import MAX_HANDOVERS, ExitHandler
+from .hooks import AcceptHook, EventHook, Hooks, ResultHook, StartHook
 from .link import WorkerLink
+from .memory import MemoryWatchdog
 from .options import (
     AGENT_RE,
     MAX_GRACE,
     MAX_TURN_ID,
     check_agent,
-    check_count,
-    check_optional_str,
+    check_mib,
     check_seconds,
+    check_sizes,
     require_seconds,
 )
 from .pool import WorkerPool, WorkerSlot
@@ -58,15 +65,7 @@ __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor"
 
 log = logging.getLogger("turnpool.supervisor")
 
-# A turn handed to workers that all died before reporting it started is re-queued at most this
-# many times in all, then ends ``crashed`` (no poison turn loops through the pool forever).
-MAX_HANDOVERS = 3
-
-# Hooks a front end registers (``Supervisor.add_hooks``); each is called on the event loop.
-AcceptHook = Callable[[TurnRecord], None]
-StartHook = Callable[[TurnRecord, int], None]
-EventHook = Callable[[TurnRecord, msgspec.Raw], None]
-ResultHook = Callable[[TurnRecord, TurnResult], None]
+# J6: what a journal sets to clear recorded turns for dispatch (``Supervisor.set_dispatch_gate``).
 DispatchGate = Callable[[list[TurnRecord]], None]
 
 
@@ -133,25 +132,16 @@ class Supervisor:
         worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
         max_grace: float = MAX_GRACE,
     ) -> None:
-        if not isinstance(cgroups, bool):
-            raise TypeError(f"cgroups must be True or False, got {cgroups!r}")
-        for name, value, low in (
-            ("workers", workers, 1),
-            ("spares", spares, 0),
-            ("max_queue", max_queue, 1),
-            ("max_events", max_events, 1),
-            ("keep_results", keep_results, 1),
-            ("prefetch", prefetch, 1),
-        ):
-            check_count(name, value, low)
-        if max_turns_per_worker is not None and (
-            isinstance(max_turns_per_worker, bool)
-            or not isinstance(max_turns_per_worker, int)
-            or max_turns_per_worker < 1
-        ):
-            raise ValueError(
-                f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}"
-            )
+        check_sizes(
+            cgroups=cgroups,
+            workers=workers,
+            spares=spares,
+            max_queue=max_queue,
+            max_events=max_events,
+            keep_results=keep_results,
+            prefetch=prefetch,
+            max_turns_per_worker=max_turns_per_worker,
+        )
         self.workers = workers
         # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
@@ -188,15 +178,7 @@ class Supervisor:
         self.cgroups = cgroups
         self.agent_path = _procs.check_agent_path(agent_path)
         self.worker_output = _output.check_worker_output(worker_output)
-        if (
-            isinstance(worker_output_max_mb, bool)
-            or not isinstance(worker_output_max_mb, (int, float))
-            or not 0 < worker_output_max_mb < float("inf")
-        ):
-            raise ValueError(
-                f"worker_output_max_mb must be a number of MiB > 0, got {worker_output_max_mb!r}"
-            )
-        self.worker_output_max_mb = float(worker_output_max_mb)
+        self.worker_output_max_mb = check_mib("worker_output_max_mb", worker_output_max_mb)
 
         # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
         self._clock: Callable[[], float] = time.monotonic
@@ -214,6 +196,8 @@ class Supervisor:
             on_bad_frame=self._bad_frame,
         )
         self._send = self.link.send
+        # Exit handling: what a worker's death means for its turns (E1, S1, R13).
+        self._exits = ExitHandler(self)
         self.pool = WorkerPool(
             link=self.link,
             timers=self._timers,
@@ -226,19 +210,21 @@ class Supervisor:
             use_zygote=self.use_zygote,
             preload=self.preload,
             on_message=self._on_message,
-            on_exit=self._on_exit,
+            on_exit=self._exits.on_exit,
             changed=self._notify_change,
             refill=self._fill_pool,
         )
         self._slots = self.pool.slots  # the same dict
+        # Child turns a running turn spawns (rule 7).
+        self._children = ChildTurns(self)
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
             wire.Event: self._on_event,
             wire.Started: self._on_started,
             wire.End: self._on_end,
             wire.Ready: self._on_ready,
-            wire.Spawn: self._on_spawn,
-            wire.SpawnCancel: self._on_spawn_cancel,
+            wire.Spawn: self._children.spawn,
+            wire.SpawnCancel: self._children.cancel,
             wire.Revoked: self._on_revoked,
             wire.Heartbeat: self._on_heartbeat,
             wire.BadFrame: self._on_bad_frame,
@@ -247,35 +233,24 @@ class Supervisor:
         self._dispatch = dispatch = Dispatcher(self)
         self._pump = dispatch.pump
         self._note_marked_start = dispatch.note_marked_start
-        self._start_turn = dispatch.start_turn
-        self._unhand = dispatch.unhand
-        self._after_turn = dispatch.after_turn
-        self._note_turn_time = dispatch.note_turn_time
-        self._ids = itertools.count(1)
+        # Cancellation and the escalation ladder (rules 3, 4, 7; S1; keyed by turn).
+        self._ladder = ladder = Escalation(self)
+        self._cancel = ladder.cancel
+        # Ending turns: one result each, delivered after quiescence (rules 6, 7; R13).
+        self._ending = ending = Finisher(self)
+        self._finish = ending.finish
+        # Admission: the one way in for every turn (validation, idempotent ids, the queue limit).
+        self._accept = Admission(self).accept
         self._running = 0  # turns a worker reported Started for and not yet ended
         self._active = 0  # turns accepted and not yet ended
         self._lent = 0  # slots lent by parents waiting on a spawned child
-        self._idle_waiters: list[anyio.Event] = []
-        self._outcomes: collections.Counter[str] = collections.Counter()
-        self._causes: collections.Counter[str] = collections.Counter()
-        self._escalations: collections.Counter[str] = collections.Counter()
         self.worker_restarts = 0
         self.bad_frames = 0  # frames from workers refused: unknown sender, undecodable, out of order
         self._slots_changed = anyio.Event()
-        self._result_hooks: list[ResultHook] = []
-        self._event_hooks: list[EventHook] = []
-        self._start_hooks: list[StartHook] = []
-        self._accept_hooks: list[AcceptHook] = []
-        # J6, the dispatch gate. When set (a journal sets it, ``set_dispatch_gate``), a new turn is
-        # handed to a worker only once (1) ``mark_recorded(turn)`` says its accept row is committed
-        # and (2) the gate, called with a batch of recorded turns from the head of the queue, has
-        # answered ``clear_for_dispatch``: a row saying they may run is committed. Intent before
-        # effect, in batches (group commit).
-        self._dispatch_gate: DispatchGate | None = None
+        self._hooks = Hooks()
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
-        self._kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
         self._tg: anyio.abc.TaskGroup | None = None
         self._wall_offset = 0.0
 
@@ -293,19 +268,12 @@ class Supervisor:
         if self._state != "new":
             raise RuntimeError("a Supervisor can be started once")
         pool = self.pool
-        output = _output.WorkerOutput(
-            self.worker_output, max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096)
+        pool.prepare(
+            worker_output=self.worker_output,
+            max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096),
+            agent_path=self.agent_path,
         )
-        output.start()  # a log that cannot be written fails here, before anything exists (R-OUT)
-        pool.output = output
-        try:
-            pool.runtime_dir = private_dir()
-        except BaseException:
-            output.close()
-            raise
         self._state = "running"
-        lowlevel.set_child_subreaper()
-        pool.pythonpath = _procs.import_path(self.agent_path)
         self.link.bind(f"ipc://{pool.runtime_dir}/workers.sock")
         # The loop's clock (what anyio.current_time() returns on asyncio) without anyio's
         # per-call backend lookup: it is read several times per turn.
@@ -318,7 +286,7 @@ class Supervisor:
         self._tg.start_soon(self.link.run)
         await pool.start(tg=self._tg, use_cgroups=self.cgroups)
         if self.max_rss_mb is not None:
-            self._tg.start_soon(self._memory_loop)
+            self._tg.start_soon(MemoryWatchdog(self).run)
         try:
             self._fill_pool()
             assert pool.ready_event is not None
@@ -355,10 +323,7 @@ class Supervisor:
             for turn in list(self._turns.values()):
                 if turn.state in ("queued", "handed", "running"):
                     self._cancel(turn, DISPOSED)
-            while self._active:
-                ev = anyio.Event()
-                self._idle_waiters.append(ev)
-                await ev.wait()
+            await self._ending.wait_idle()
             for slot in list(self._slots.values()):
                 if slot.state in ("starting", "idle", "busy"):
                     pool.retire(slot)
@@ -371,13 +336,7 @@ class Supervisor:
             await self._tg.__aexit__(None, None, None)
         finally:
             self.link.close()
-            pool.close_pipe()
-            if pool.runtime_dir is not None:
-                shutil.rmtree(pool.runtime_dir, ignore_errors=True)
-            if pool.output is not None:
-                # Every worker is reaped: drain what they left and stop the pump, off the event loop.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(pool.output.close)
+            await pool.release()
             self._state = "closed"
             self._notify_change()
 
@@ -391,21 +350,7 @@ class Supervisor:
         Ctrl-C): shutdown then waits for no client-chosen grace. Synchronous; call it on the
         supervisor's event loop. Unknown or ended ids are skipped.
         """
-        if turn_ids is None:
-            self._kill_at_once = True
-            targets = [t for t in self._turns.values() if t.cause is not None]
-        else:
-            targets = [t for t in map(self._turns.get, turn_ids) if t is not None]
-        for turn in targets:
-            if turn.state not in ("handed", "running") or turn.worker is None:
-                continue
-            slot = turn.worker
-            if turn.state == "handed":
-                self._note_marked_start(slot)
-            if turn.state == "running" and slot.turn is turn and turn.escalation < 2:
-                if turn.esc_timer is not None:
-                    turn.esc_timer.cancel()
-                self._escalate(turn, slot, 2)
+        self._ladder.kill_now(turn_ids)
 
     def _check_grace(self, name: str, value: float | None) -> float | None:
         if value is not None and value > self.max_grace:
@@ -489,14 +434,11 @@ class Supervisor:
         accepted = validate_cause(cause)
         if not isinstance(session, str) or not session:
             raise TypeError(f"session must be a non-empty string, got {session!r}")
-        return self._cancel_session(session, accepted)
+        return self._ladder.cancel_session(session, accepted)
 
     async def when_idle(self) -> None:
         """Return once no turn is queued or running, and every interrupted worker is reaped."""
-        while self._active:
-            ev = anyio.Event()
-            self._idle_waiters.append(ev)
-            await ev.wait()
+        await self._ending.wait_idle()
 
     def status(self) -> dict[str, Any]:
         """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of
@@ -504,40 +446,7 @@ class Supervisor:
         pss_mb: its proportional set size, shared pages split between the processes mapping them,
         which is what ``max_rss_mb`` is compared with; cgroup: the worker's own cgroup or None),
         the queue and counters."""
-        workers = []
-        for slot in self._slots.values():
-            live = slot.state != "dead" and slot.pid
-            rss = _procs.rss_of_tree(slot.pid) if live else 0
-            pss = _procs.memory_of_tree(slot.pid) if live else 0
-            workers.append(
-                {
-                    "id": slot.id,
-                    "pid": slot.pid,
-                    "state": slot.state,
-                    "turn_id": slot.turn.id if slot.turn else None,
-                    "turns_run": slot.turns_run,
-                    "rss": rss,
-                    "rss_mb": round(rss / 2**20, 1),
-                    "pss": pss,
-                    "pss_mb": round(pss / 2**20, 1),
-                    "cgroup": slot.cgroup,
-                }
-            )
-        return {
-            "pid": os.getpid(),
-            "state": self._state,
-            "workers": workers,
-            "queue": len(self._queue) + self._dispatch.handed,
-            "running": self._running,
-            "outcomes": dict(self._outcomes),
-            "causes": dict(self._causes),
-            "escalations": dict(self._escalations),
-            "bad_frames": self.bad_frames,
-            "worker_restarts": self.worker_restarts,
-            "last_start_error": self.pool.last_start_error,
-            "worker_output": self.describe_output(),
-            "worker_output_dropped": self.pool.output.dropped if self.pool.output is not None else 0,
-        }
+        return _turninfo.status(self)
 
     def describe_output(self) -> str:
         """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
@@ -613,7 +522,7 @@ class Supervisor:
     @property
     def escalations(self) -> dict[str, int]:
         """How many times each escalation step (``sigterm``, ``sigkill``) was taken."""
-        return dict(self._escalations)
+        return dict(self._ladder.counts)
 
     @property
     def wall_offset(self) -> float:
@@ -637,13 +546,13 @@ class Supervisor:
         (children spawned by agents included), started (with its worker's pid), an event (raw),
         and its result delivered (once, when it is quiescent). A hook must not block."""
         if on_accept is not None:
-            self._accept_hooks.append(on_accept)
+            self._hooks.accept.append(on_accept)
         if on_start is not None:
-            self._start_hooks.append(on_start)
+            self._hooks.start.append(on_start)
         if on_event is not None:
-            self._event_hooks.append(on_event)
+            self._hooks.event.append(on_event)
         if on_result is not None:
-            self._result_hooks.append(on_result)
+            self._hooks.result.append(on_result)
 
     def accept_encoded(
         self,
@@ -656,38 +565,16 @@ class Supervisor:
         kill_after: float | None = None,
         turn_id: str | None = None,
         retry: bool = False,
+        attempts: int = 1,
+        readmit: bool = False,
     ) -> TurnRecord:
         """``submit`` for an input already encoded (a daemon passes its client's bytes through):
         validates like ``submit`` and returns the turn's record. A known ``turn_id`` returns the
-        existing record (never runs twice)."""
-        return self._accept(
-            agent,
-            raw,
-            session=session,
-            timeout=timeout,
-            grace=grace,
-            kill_after=kill_after,
-            turn_id=turn_id,
-            parent=None,
-            retry=retry,
-        )
+        existing record (never runs twice).
 
-    def readmit(
-        self,
-        agent: str,
-        raw: msgspec.Raw,
-        *,
-        session: str | None,
-        timeout: float | None,
-        grace: float | None,
-        kill_after: float | None,
-        turn_id: str,
-        retry: bool,
-        attempts: int,
-    ) -> TurnRecord:
-        """Accept again a turn the journal already acknowledged (restart recovery, J3): the
-        ``max_queue`` limit does not apply, since refusing would lose a turn a client was promised.
-        For recovery only; new submits go through ``accept_encoded``."""
+        ``readmit=True`` accepts again a turn the journal already acknowledged (restart recovery,
+        J3), its ``attempts`` so far counted: the ``max_queue`` limit does not apply, since refusing
+        would lose a turn a client was promised. For recovery only."""
         return self._accept(
             agent,
             raw,
@@ -699,7 +586,7 @@ class Supervisor:
             parent=None,
             retry=retry,
             attempts=attempts,
-            readmit=True,
+            readmit=readmit,
         )
 
     def restore_result(self, result: TurnResult) -> None:
@@ -713,13 +600,13 @@ class Supervisor:
 
     def cancel_session_now(self, session: str, cause: Cause) -> list[str]:
         """``cancel_session`` with a validated cause, synchronous: the ids cancelled."""
-        return self._cancel_session(session, cause)
+        return self._ladder.cancel_session(session, cause)
 
     def set_dispatch_gate(self, gate: DispatchGate) -> None:
         """J6: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
         accept row is committed and ``gate`` (called with a batch of recorded turns from the head
         of the queue) answered ``clear_for_dispatch`` for it. Set before the first submit."""
-        self._dispatch_gate = gate
+        self._dispatch.gate = gate
 
     def mark_recorded(self, turn: TurnRecord) -> None:
         """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
@@ -742,253 +629,6 @@ class Supervisor:
         if turn.parent is None and turn.state == "ended":
             self._turns.pop(turn.id, None)
 
-    # ---- accepting and cancelling ------------------------------------------------------
-
-    def _accept(
-        self,
-        agent: str,
-        raw: msgspec.Raw,
-        *,
-        session: str | None,
-        timeout: float | None,
-        grace: float | None,
-        kill_after: float | None,
-        turn_id: str | None,
-        parent: str | None,
-        retry: bool = False,
-        attempts: int = 1,
-        readmit: bool = False,
-    ) -> TurnRecord:
-        if not isinstance(retry, bool):
-            raise TypeError(f"retry must be True or False, got {retry!r}")
-        check_agent(agent)
-        session = check_optional_str("session", session)
-        turn_id = check_optional_str("turn_id", turn_id)
-        timeout = check_seconds("timeout", timeout, positive=True)
-        grace = self._check_grace("grace", check_seconds("grace", grace))
-        kill_after = self._check_grace("kill_after", check_seconds("kill_after", kill_after))
-        if self._state != "running":
-            raise SupervisorClosed(
-                "the supervisor is shutting down"
-                if self._state == "closing"
-                else "the supervisor is not running"
-            )
-        if turn_id is not None and turn_id in self._turns:
-            return self._turns[turn_id]
-        if not readmit and len(self._queue) + self._dispatch.handed >= self.max_queue:
-            raise QueueFull(f"the queue already holds {self.max_queue} turns")
-        if turn_id is None:
-            turn_id = f"{self._prefix}-{next(self._ids)}"
-        turn = TurnRecord(
-            turn_id=turn_id,
-            agent=agent,
-            input=raw,
-            session=session,
-            parent=parent,
-            timeout=timeout if timeout is not None else self.timeout,
-            grace=grace if grace is not None else self.grace,
-            kill_after=kill_after if kill_after is not None else self.kill_after,
-            now=self._clock(),
-        )
-        turn.retry = retry
-        turn.attempts = attempts
-        if self._dispatch_gate is not None:
-            turn.recorded = readmit  # a readmitted turn's row is already in the journal
-            turn.dispatchable = False
-        self._turns[turn_id] = turn
-        self._active += 1
-        for accept_hook in self._accept_hooks:
-            accept_hook(turn)
-        self._queue.push(turn)
-        self._pump()
-        return turn
-
-    def _cancel(self, turn: TurnRecord, cause: Cause) -> Cause | None:
-        state = turn.state
-        if state == "ended" or state == "ending":
-            return turn.cause
-        first = turn.cause is None
-        if first:
-            turn.cause = cause
-        for child_id in list(turn.children):
-            child = self._turns.get(child_id)
-            if child is not None:
-                self._cancel(child, PARENT)
-        if state == "queued":
-            self._queue.discard(turn)
-            self._finish(turn, "aborted")
-        elif state == "handed" and first:
-            # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
-            # started meanwhile, honours the Abort. Its start marker tells whether it started (S1):
-            # the ladder is armed now either way, and looks again if it had not.
-            slot = turn.worker
-            assert slot is not None
-            self._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
-            self._note_marked_start(slot)
-            if turn.esc_timer is None:  # (armed already if the marker showed it running)
-                self._arm_escalation(turn, slot)
-        elif state == "running" and first:
-            slot = turn.worker
-            assert slot is not None
-            self._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
-            self._arm_escalation(turn, slot)
-        return turn.cause
-
-    def _arm_escalation(self, turn: TurnRecord, slot: WorkerSlot) -> None:
-        if self._kill_at_once:
-            turn.esc_timer = self._timers.call_later(0, self._escalate, turn, slot, 2)
-        else:
-            turn.esc_timer = self._timers.call_later(turn.grace, self._escalate, turn, slot, 1)
-
-    def _cancel_session(self, session: str, cause: Cause) -> list[str]:
-        cancelled = []
-        for turn in self._queue.queued_of_session(session):
-            self._cancel(turn, cause)
-            cancelled.append(turn.id)
-        for slot in list(self._slots.values()):
-            for turn in list(slot.ahead):
-                if turn.session == session and turn.state == "handed":
-                    self._cancel(turn, cause)
-                    cancelled.append(turn.id)
-            running = slot.turn
-            if running is not None and running.session == session and running.state == "running":
-                self._cancel(running, cause)
-                cancelled.append(running.id)
-        return cancelled
-
-    def _deadline(self, turn: TurnRecord) -> None:
-        self._cancel(turn, wire.DEADLINE)
-
-    def _escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
-        if turn.state == "handed" and turn.worker is slot and slot.state != "dead":
-            # Cancelled while handed ahead and no Started yet: the start marker may say it runs (S1).
-            self._note_marked_start(slot)
-            if turn.state == "handed":  # not reached yet: look again later (its Started re-arms too)
-                again = max(turn.grace, 0.05)
-                turn.esc_timer = self._timers.call_later(again, self._escalate, turn, slot, step)
-                return
-        # Keyed by turn: act only if this worker is still on this very turn.
-        if slot.turn is not turn or slot.state == "dead":
-            return
-        slot.doomed = True
-        if step == 1:
-            turn.escalation = 1
-            self._escalations["sigterm"] += 1
-            log.warning(
-                "escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace
-            )
-            _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
-            turn.esc_timer = self._timers.call_later(turn.kill_after, self._escalate, turn, slot, 2)
-        else:
-            turn.escalation = 2
-            self._escalations["sigkill"] += 1
-            log.warning(
-                "escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs",
-                turn.id,
-                slot.pid,
-                turn.kill_after,
-            )
-            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-
-    # ---- ending ------------------------------------------------------------------------
-
-    def _finish(
-        self,
-        turn: TurnRecord,
-        outcome: str,
-        output: Any = None,
-        error: TurnError | None = None,
-        exit_code: int | None = None,
-        worker_pid: int | None = None,
-    ) -> None:
-        now = self._clock()
-        cause = turn.cause
-        if self._disposing and outcome in ("aborted", "killed"):
-            cause = DISPOSED  # disposal wins over an earlier user or parent cause
-        started_at = turn.started_at
-        result = TurnResult(
-            turn_id=turn.id,
-            outcome=outcome,  # type: ignore[arg-type]  # one of wire's outcomes, checked by callers
-            output=output,
-            error=error,
-            cause=cause,
-            started=turn.started,
-            worker_pid=worker_pid,
-            exit_code=exit_code,
-            queued_s=(started_at if started_at is not None else now) - turn.submitted_at,
-            run_s=(now - started_at) if started_at is not None else 0.0,
-            session=turn.session,
-            parent=turn.parent,
-            agent=turn.agent,
-            attempts=turn.attempts,
-            submitted_at=turn.submitted_at + self._wall_offset,
-            started_at=started_at + self._wall_offset if started_at is not None else None,
-            ended_at=now + self._wall_offset,
-        )
-        if turn.timer is not None:
-            turn.timer.cancel()
-        if turn.esc_timer is not None:
-            turn.esc_timer.cancel()
-        if turn.state == "running":
-            self._running -= 1
-        live_children = [c for c in turn.children if c in self._turns and self._turns[c].state != "ended"]
-        if live_children:
-            # A child never outlives its parent: hold the parent's result until they end.
-            turn.state = "ending"
-            turn.pending_result = result
-            turn.wake_followers()
-            for child_id in live_children:
-                self._cancel(self._turns[child_id], PARENT)
-            return
-        self._deliver(turn, result)
-
-    def _deliver(self, turn: TurnRecord, result: TurnResult) -> None:
-        turn.result = result
-        turn.pending_result = None
-        turn.state = "ended"
-        turn.ended_at = self._clock()
-        turn.input = None  # type: ignore[assignment]  # no longer needed: free it
-        self._outcomes[result.outcome] += 1
-        if result.cause is not None:
-            self._causes[result.cause.kind] += 1
-        self._active -= 1
-        if turn.done is not None:
-            turn.done.set()
-        turn.wake_followers()
-        for hook in self._result_hooks:
-            hook(turn, result)
-        if turn.session is not None:
-            self._queue.session_quiescent(turn)
-        lent_changed = turn.spawn_origin is not None
-        if lent_changed:
-            slot, req = turn.spawn_origin  # type: ignore[misc]
-            turn.spawn_origin = None
-            self._lent -= 1
-            slot.spawns.pop(req, None)
-            if slot.state == "busy" and slot.turn is not None and slot.turn.id == turn.parent:
-                self._send(slot, wire.SpawnReply(req, result=result))
-        if turn.parent is not None:
-            parent = self._turns.get(turn.parent)
-            if parent is not None:
-                parent.children.discard(turn.id)
-                if parent.pending_result is not None and not any(
-                    self._turns.get(c) is not None and self._turns[c].state != "ended"
-                    for c in parent.children
-                ):
-                    # Delivered now, after its last child: that is when it became quiescent.
-                    held = msgspec.structs.replace(
-                        parent.pending_result, ended_at=self._clock() + self._wall_offset
-                    )
-                    self._deliver(parent, held)
-        self.table.note_ended(turn.id)
-        if self._active == 0 and self._idle_waiters:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for ev in waiters:
-                ev.set()
-        self._pump()
-        if lent_changed:
-            self._fill_pool()
-
     # ---- the pool ----------------------------------------------------------------------
 
     def _fill_pool(self) -> None:
@@ -996,139 +636,6 @@ class Supervisor:
         if self._state != "running":
             return
         self.pool.fill(self.workers + self.spares + self._lent)
-
-    async def _on_exit(self, slot: WorkerSlot) -> None:
-        """A worker's pid exited (called by the pool): settle its turns."""
-        # Frames the worker sent before it died (its Started, its End) may still sit in the
-        # socket: handle them first, so a turn that started is not mistaken for one that did not.
-        was = slot.state
-        slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
-        self.link.drain()
-        # R13, quiescence: every descendant is killed and reaped before the turn's result is out.
-        code = await self.pool.reap_exit(slot)
-        self._dispatch.busy.pop(slot, None)
-        # Turns handed ahead never started: back to the front of the queue, unharmed, in order
-        # (or aborted, never started, if they were cancelled meanwhile).
-        turn = slot.turn
-        slot.turn = None
-        noted = self.pool.take_noted(slot)
-        # E1: first the ends the worker logged but whose frames died with it: those turns ran,
-        # and end with their own outcome.
-        turn = self._apply_end_log(slot, turn, noted)
-        handed_turns = list(slot.ahead)
-        if noted is not None:
-            started_id = noted[0]
-            index = next((i for i, t in enumerate(handed_turns) if t.id == started_id), -1)
-            if turn is None and index >= 0:
-                # S1: the worker noted it started this turn, but its Started died with it: the turn
-                # ran (and crashed), it must not be handed to another worker. (Turns before it
-                # that ran in the same unreported burst ended per the End log, above; one still
-                # here was revoked or dropped unstarted.)
-                first = handed_turns.pop(index)
-                slot.ahead.remove(first)
-                self._dispatch.handed -= 1
-                first.revoking = False
-                first.state = "running"
-                first.started = True
-                first.started_at = self._clock()
-                self._running += 1
-                turn = first
-        for index in reversed(range(len(handed_turns))):
-            handed = handed_turns[index]
-            self._unhand(slot, handed)
-            if handed.started:
-                # A turn the worker went past (S1) whose Started came but whose End died with it.
-                self._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
-            elif handed.cause is not None:
-                self._finish(handed, "aborted")
-            elif index == 0 and turn is None and was != "starting" and noted is None:
-                # The worker was about to start this one, and may have: its Started can die with
-                # it (an agent that kills its worker at once), and no start marker says otherwise
-                # (one naming another turn proves this one never started). Re-queue it, but not forever.
-                if handed.attempts >= MAX_HANDOVERS:
-                    log.warning(
-                        "turn %s: %d workers died before it was seen to start; crashed",
-                        handed.id,
-                        handed.attempts,
-                    )
-                    self._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
-                else:
-                    handed.attempts += 1
-                    self._queue.push(handed, front=True)
-            else:
-                self._queue.push(handed, front=True)
-        if was == "starting":
-            # Keep the specific reason (no Ready in time, wrong protocol) over the bare exit code.
-            self.pool.start_failed(
-                slot.failure or f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready"
-            )
-        elif was != "stopping" or turn is not None:
-            self.worker_restarts += 1
-        if turn is not None and turn.state == "running":
-            if turn.escalation:
-                self._finish(turn, "killed", exit_code=code, worker_pid=slot.pid)
-            else:
-                log.warning(
-                    "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
-                )
-                self._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
-        self._notify_change()
-        self._fill_pool()
-        self._pump()
-
-    def _apply_end_log(
-        self, slot: WorkerSlot, turn: TurnRecord | None, noted: tuple[str, float] | None
-    ) -> TurnRecord | None:
-        """E1: apply the ends a dead worker logged (``worker/_endlog.py``) whose frames never came.
-
-        Only turns the worker provably reached are considered: the turn it reported running, the
-        handed turns up to the one its start marker names (it runs them in the order handed), and
-        the turns it went past before a marked turn that an earlier read made the running one,
-        so a record naming a turn handed behind that - which the worker never started - changes
-        nothing (S3). A turn already ended is not there to match (the log keeps stale records). A
-        record for the marked turn counts only if it carries the marker's start time (a record
-        left by an earlier turn under the same id does not). A turn whose escalation began ends
-        ``killed`` whatever the worker logged (R7). Returns the running turn, or None if it ended."""
-        records = self.pool.take_end_log(slot)
-        if not records:
-            return turn
-        ends = {end.turn_id: (at, end) for at, end in records}  # a turn's last record is its latest
-        marked_id, marked_at = noted if noted is not None else (None, None)
-        reached: list[TurnRecord] = [turn] if turn is not None else []
-        ahead = list(slot.ahead)
-        index = next((i for i, t in enumerate(ahead) if t.id == marked_id), -1)
-        # The handed turns up to the marked one, and those the worker went past (S1) before a
-        # marked turn that already runs here: a read of the marker made it ``turn``, so it is no
-        # longer in ``ahead``, but the quick turns before it ran and their ends are in the log.
-        reached += [t for i, t in enumerate(ahead) if i <= index or t.id in slot.passed]
-        now = self._clock()
-        for t in reached:
-            logged = ends.get(t.id)
-            if logged is None:
-                continue
-            at, end = logged
-            if (t.id == marked_id and at != marked_at) or t.escalation:
-                continue
-            if t is turn:
-                turn = None
-                if t.state != "running":
-                    continue
-            else:
-                self._start_turn(slot, t, min(max(at, t.submitted_at), now))
-                slot.turn = None
-            try:
-                output = wire.decode_payload(end.output)
-            except msgspec.DecodeError:
-                output = None
-            log.info(
-                "turn %s: ended %s per worker %s's End log (its frame died with the worker)",
-                t.id,
-                end.outcome,
-                slot.id,
-            )
-            self._finish(t, end.outcome, output=output, error=end.error, worker_pid=slot.pid)
-            slot.turns_run += 1
-        return turn
 
     # ---- messages from workers: one method per message type -----------------------------
 
@@ -1154,34 +661,17 @@ class Supervisor:
             return
         data = msg.data
         self.table.add_event(turn, data)
-        for hook in self._event_hooks:
+        for hook in self._hooks.event:
             hook(turn, data)
 
     def _on_started(self, slot: WorkerSlot, msg: wire.Started) -> None:
-        turn_id = msg.turn_id
-        ahead = slot.ahead
-        if slot.turn is not None:
-            if slot.turn.id != turn_id:
-                if turn_id in slot.passed:
-                    # S1: a turn the worker went past before the one its marker named.
-                    passed = next((t for t in ahead if t.id == turn_id), None)
-                    if passed is not None and not passed.started:
-                        passed.started = True
-                        passed.started_at = self._clock()
-                    return
-                self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
-            return  # (a repeat of the running turn's Started is harmless)
-        if not ahead:
-            self.bad_frames += 1
-            return
-        turn: TurnRecord | None = ahead[0]
-        if turn is not None and turn.id != turn_id:
-            turn = next((t for t in ahead if t.id == turn_id), None)
-            if turn is None:
-                self.bad_frames += 1
-                return
-        assert turn is not None
-        self._start_turn(slot, turn, self._clock())
+        running = slot.turn
+        if running is None:
+            if not self._dispatch.started_ahead(slot, msg.turn_id):
+                self.bad_frames += 1  # no turn of that id is handed to this worker
+        elif running.id != msg.turn_id and not self._dispatch.started_passed(slot, msg.turn_id):
+            self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
+        # (a repeat of the running turn's Started is harmless)
 
     def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
         turn = slot.turn
@@ -1190,26 +680,8 @@ class Supervisor:
             # The worker holds back its next handed turn until this End is known here.
             self._send(slot, wire.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
-            handed = next((t for t in slot.ahead if t.id == turn_id), None)
-            if handed is not None and handed.id in slot.passed and handed.started:
-                # S1: the end of a turn the worker went past; its own outcome stands.
-                self._unhand(slot, handed)
-                self._finish(
-                    handed, msg.outcome, output=_output_of(msg), error=msg.error, worker_pid=slot.pid
-                )
-                slot.turns_run += 1
-                self._after_turn(slot)
-                return
-            if handed is None or handed.cause is None:
-                # S3: an End for a turn this worker does not run is taken only as the answer
-                # to an Abort the supervisor sent for a handed turn. Anything else (an agent
-                # forging another turn's end over its worker's connection) changes nothing.
-                self.bad_frames += 1
-                return
-            # A handed turn the worker dropped unstarted on Abort.
-            self._unhand(slot, handed)
-            self._finish(handed, "aborted")
-            self._after_turn(slot)
+            if not self._dispatch.ended_ahead(slot, msg):
+                self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
             return
         if turn.escalation:
             return  # once SIGTERM went out the outcome is "killed", whatever the worker says
@@ -1218,134 +690,27 @@ class Supervisor:
         slot.turn = None
         slot.turns_run += 1
         if turn.started_at is not None:
-            self._note_turn_time(self._clock() - turn.started_at)
-        self._finish(turn, msg.outcome, output=_output_of(msg), error=msg.error, worker_pid=slot.pid)
-        self._after_turn(slot)
+            self._dispatch.note_turn_time(self._clock() - turn.started_at)
+        self._finish(turn, msg.outcome, output=output_of(msg), error=msg.error, worker_pid=slot.pid)
+        self._dispatch.after_turn(slot)
 
     def _on_ready(self, slot: WorkerSlot, msg: wire.Ready) -> None:
-        pool = self.pool
-        if not slot.pid:
-            pool.zygote_pids()
-            if not slot.pid and slot.state == "starting" and msg.token == slot.token:
-                # An embryo woken by the zygote can say Ready before the zygote's report
-                # of its pid reaches us: hold the Ready until that report is read.
-                slot.deferred_ready = msg
-                return
-        if slot.state != "starting" or msg.token != slot.token or msg.pid != slot.pid:
+        answer = self.pool.ready(slot, msg, self._clock())
+        if answer == "refused":
             self.bad_frames += 1
-            return
-        if msg.version != wire.PROTOCOL_VERSION:
-            self.bad_frames += 1
-            slot.failure = (
-                f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
-                f"expected {wire.PROTOCOL_VERSION}"
-            )
-            pool.last_start_error = slot.failure
-            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-            return
-        if slot.timer is not None:
-            slot.timer.cancel()
-        slot.state = "idle"
-        slot.ready_at = self._clock()
-        pool.start_failures = 0
-        self._dispatch.idle.append(slot)
-        if pool.ready_event is not None and pool.ready_count() >= self.workers:
-            pool.ready_event.set()
-        self._pump()
-
-    def _on_spawn_cancel(self, slot: WorkerSlot, msg: wire.SpawnCancel) -> None:
-        child_id = slot.spawns.get(msg.req)
-        child = self._turns.get(child_id) if child_id else None
-        if child is not None:
-            self._cancel(child, PARENT)
+        elif answer == "ready":
+            self._dispatch.idle.append(slot)
+            pool = self.pool
+            if pool.ready_event is not None and pool.ready_count() >= self.workers:
+                pool.ready_event.set()
+            self._pump()
 
     def _on_revoked(self, slot: WorkerSlot, msg: wire.Revoked) -> None:
-        handed = next((t for t in slot.ahead if t.id == msg.turn_id), None)
-        if handed is None:
-            self.bad_frames += 1
-            return
-        self._unhand(slot, handed)
-        if handed.cause is not None:
-            self._finish(handed, "aborted")
-        else:
-            self._queue.push(handed, front=True)
-        self._after_turn(slot)
+        if not self._dispatch.revoked(slot, msg.turn_id):
+            self.bad_frames += 1  # no turn of that id is handed to this worker
 
     def _on_heartbeat(self, slot: WorkerSlot, msg: wire.Heartbeat) -> None:
         pass
 
     def _on_bad_frame(self, slot: WorkerSlot, msg: wire.BadFrame) -> None:
         log.warning("worker %s could not decode a frame: %s", slot.id, msg.reason)
-
-    def _on_spawn(self, slot: WorkerSlot, msg: wire.Spawn) -> None:
-        parent = slot.turn
-        if parent is None or parent.id != msg.parent or parent.state != "running":
-            self._send(
-                slot,
-                wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")),
-            )
-            return
-        if parent.cause is not None:
-            self._send(
-                slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled"))
-            )
-            return
-        try:
-            child = self._accept(
-                msg.agent,
-                msg.input,
-                session=msg.session,
-                timeout=msg.timeout,
-                grace=msg.grace,
-                kill_after=msg.kill_after,
-                turn_id=None,
-                parent=parent.id,
-            )
-        except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
-            self._send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
-            return
-        parent.children.add(child.id)
-        child.spawn_origin = (slot, msg.req)
-        slot.spawns[msg.req] = child.id
-        # The parent waits on its child: it lends its slot, so the pool can never deadlock.
-        self._lent += 1
-        for handed in slot.ahead:  # they would wait behind the parent: give them back
-            if not handed.revoking and handed.cause is None:
-                handed.revoking = True
-                self._send(slot, wire.Revoke(handed.id))
-        self._fill_pool()
-        self._pump()
-
-    async def _memory_loop(self) -> None:
-        assert self.max_rss_mb is not None
-        limit = self.max_rss_mb * 2**20
-        while True:
-            await anyio.sleep(self.rss_interval)
-            for slot in list(self._slots.values()):
-                turn = slot.turn
-                if turn is None and slot.state == "busy":
-                    turn = self._note_marked_start(slot)  # S1: running, though its Started is stuck
-                if (
-                    slot.state == "busy"
-                    and turn is not None
-                    and turn.state == "running"
-                    and turn.cause is None
-                ):
-                    # PSS, not summed RSS: N forked children of a worker share its pages. Read in a
-                    # thread: smaps_rollup walks page tables (≈ 0.1 ms per process, more when large).
-                    used = await anyio.to_thread.run_sync(_procs.memory_of_tree, slot.pid)
-                    if slot.turn is not turn or turn.cause is not None or turn.state != "running":
-                        continue  # it moved on while we measured
-                    if used > limit:
-                        log.warning(
-                            "turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, self.max_rss_mb
-                        )
-                        self._cancel(turn, wire.MEMORY)
-
-
-def _output_of(msg: wire.End) -> Any:
-    """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands)."""
-    try:
-        return wire.decode_payload(msg.output)
-    except msgspec.DecodeError:
-        return None

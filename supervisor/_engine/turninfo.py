@@ -1,7 +1,7 @@
 """Read-only views of turns for front ends (the HTTP API and its dashboard).
 
-``Supervisor.turn_info`` and ``Supervisor.turns`` call these; nothing here changes a turn. The
-views are plain dicts of JSON-able values with wall-clock times (epoch seconds, like
+``Supervisor.turn_info``, ``Supervisor.turns`` and ``Supervisor.status`` call these; nothing here
+changes a turn. The views are plain dicts of JSON-able values with wall-clock times (epoch seconds, like
 ``TurnResult.submitted_at``), so a front end never needs the private ``TurnRecord``.
 
 The escalation fields say where a cancelled turn stands on the ladder (SPEC, "Escalation
@@ -13,10 +13,13 @@ running), ``"sigterm"`` or ``"sigkill"`` (the last signal sent); ``next_signal``
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import wire
+
+from . import procs as _procs
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -106,3 +109,41 @@ def listing(sup: Supervisor, states: Iterable[str], limit: int) -> list[dict[str
             raise ValueError(f"state must be one of {', '.join(TURN_STATES)}, got {state!r}")
     found = itertools.chain.from_iterable(sources[s](sup) for s in chosen)
     return [info(sup, turn) for turn in itertools.islice(found, max(0, limit))]
+
+
+def status(sup: Supervisor) -> dict[str, Any]:
+    """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
+    workers = []
+    for slot in sup._slots.values():
+        live = slot.state != "dead" and slot.pid
+        rss = _procs.rss_of_tree(slot.pid) if live else 0
+        pss = _procs.memory_of_tree(slot.pid) if live else 0
+        workers.append(
+            {
+                "id": slot.id,
+                "pid": slot.pid,
+                "state": slot.state,
+                "turn_id": slot.turn.id if slot.turn else None,
+                "turns_run": slot.turns_run,
+                "rss": rss,
+                "rss_mb": round(rss / 2**20, 1),
+                "pss": pss,
+                "pss_mb": round(pss / 2**20, 1),
+                "cgroup": slot.cgroup,
+            }
+        )
+    return {
+        "pid": os.getpid(),
+        "state": sup._state,
+        "workers": workers,
+        "queue": len(sup._queue) + sup._dispatch.handed,
+        "running": sup._running,
+        "outcomes": dict(sup._ending.outcomes),
+        "causes": dict(sup._ending.causes),
+        "escalations": dict(sup._ladder.counts),
+        "bad_frames": sup.bad_frames,
+        "worker_restarts": sup.worker_restarts,
+        "last_start_error": sup.pool.last_start_error,
+        "worker_output": sup.describe_output(),
+        "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
+    }

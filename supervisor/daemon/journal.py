@@ -34,13 +34,11 @@ import os
 import queue
 import socket
 import sqlite3
-import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,57 +46,27 @@ import msgspec
 
 from wire import TurnResult
 
-from .._errors import TurnpoolError
 from . import journal_writer as _journal_writer
-
-SCHEMA_VERSION = 1
-_APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS turns (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    turn_id TEXT NOT NULL UNIQUE,
-    agent TEXT NOT NULL,
-    input BLOB NOT NULL,
-    session TEXT,
-    parent TEXT,
-    timeout REAL,
-    grace REAL,
-    kill_after REAL,
-    retry INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 1,
-    state TEXT NOT NULL,               -- queued | running | ended
-    accepted_at REAL NOT NULL,
-    started_at REAL,
-    worker_pid INTEGER,
-    ended_at REAL,
-    outcome TEXT,
-    cause TEXT,
-    error_type TEXT,
-    error_message TEXT,
-    result BLOB                        -- the TurnResult as the client saw it (msgpack)
-);
-CREATE INDEX IF NOT EXISTS turns_state ON turns(state);
-CREATE INDEX IF NOT EXISTS turns_session ON turns(session);
-CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
-CREATE TABLE IF NOT EXISTS health (   -- one row the writer rewrites to learn that a failed disk is back
-    id INTEGER PRIMARY KEY,
-    at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    turn_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (turn_id, seq)
-);
-"""
-
-
-class JournalError(TurnpoolError):
-    """Raised by ``Journal.open`` (and ``turnpool serve --journal``) when the journal file is corrupt,
-    from a newer version, not a turnpool journal, locked by another live daemon, or in a directory
-    other users can read or write."""
-
+from .journal_read import (
+    RecoveredTurn,
+    decode_result,
+    lookup,
+    lookup_on,
+    open_reader,
+    read_history,
+    read_result,
+    unfinished,
+)
+from .journal_schema import (
+    APP_ID,
+    SCHEMA,
+    SCHEMA_VERSION,
+    JournalError,
+    check_existing,
+    check_private_dir,
+    default_journal_path,
+    state_dir,
+)
 
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 """``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
@@ -127,57 +95,9 @@ def _holder(path: Path) -> str:
         probe.close()
 
 
-def _check_private_dir(directory: Path) -> None:
-    """Refuse a journal directory that other users can read or write: the journal holds every
-    turn's input and output."""
-    st = directory.stat()
-    if st.st_mode & 0o077:
-        raise JournalError(
-            f"journal directory {directory} is readable or writable by other users (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}): use a private directory (chmod 700 {directory})"
-        )
-
-
-def state_dir() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "turnpool"
-
-
-def default_journal_path(endpoint: str | None = None) -> Path:
-    """The journal of the daemon serving ``endpoint`` (default: the default endpoint).
-
-    One daemon serves one endpoint, so each endpoint has its own journal file in the per-user
-    state directory; a daemon restarted on the same endpoint finds its journal again.
-    """
-    import hashlib
-
-    from .._paths import default_endpoint
-
-    key = hashlib.sha256((endpoint or default_endpoint()).encode()).hexdigest()[:16]
-    return state_dir() / f"journal-{key}.sqlite3"
-
-
-@dataclass(frozen=True)
-class RecoveredTurn:
-    """A turn found unfinished at start-up."""
-
-    turn_id: str
-    agent: str
-    input: bytes
-    session: str | None
-    parent: str | None
-    timeout: float | None
-    grace: float | None
-    kill_after: float | None
-    retry: bool
-    attempts: int
-    state: str
-
-
 log = logging.getLogger("turnpool.journal")
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode_result = msgspec.msgpack.Decoder(TurnResult).decode
 
 
 _START_TIMEOUT = 30.0  # seconds the writer process has to open the database
@@ -187,33 +107,6 @@ _PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
 
 def _ignore_failure(why: str, conflict: bool) -> None:
     """An accept row nobody waits on (a child turn's): the supervisor's hook handles it."""
-
-
-def _check_existing(path: Path) -> None:
-    """Validate an existing file read-only, so a bad file is refused without being touched."""
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise JournalError(f"journal {path} cannot be opened: {exc}") from None
-    try:
-        app_id = con.execute("PRAGMA application_id").fetchone()[0]
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if app_id != _APP_ID and tables:
-            raise JournalError(f"{path} is an SQLite file but not a turnpool journal")
-        if app_id == _APP_ID:
-            version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise JournalError(
-                    f"journal {path} has schema version {version}, newer than this turnpool's "
-                    f"{SCHEMA_VERSION}: upgrade turnpool or use another journal"
-                )
-            check = con.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise JournalError(f"journal {path} is corrupt: {check}")
-    except sqlite3.DatabaseError as exc:
-        raise JournalError(f"journal {path} is corrupt or not an SQLite file: {exc}") from None
-    finally:
-        con.close()
 
 
 class Journal:
@@ -275,7 +168,7 @@ class Journal:
     def _open(self) -> None:
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _check_private_dir(path.parent)
+        check_private_dir(path.parent)
         lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             lock.bind(lock_name(path))
@@ -289,7 +182,7 @@ class Journal:
         self._lock = lock
         try:
             if path.exists() and path.stat().st_size > 0:
-                _check_existing(path)
+                check_existing(path)
             self._spawn()
             for side in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 if side.exists():
@@ -320,8 +213,8 @@ class Journal:
             "path": str(self.path),
             "synchronous": DURABILITY[self.durability],
             "keep_days": self.keep_days,
-            "schema": _SCHEMA,  # idempotent: IF NOT EXISTS
-            "app_id": _APP_ID,
+            "schema": SCHEMA,  # idempotent: IF NOT EXISTS
+            "app_id": APP_ID,
             "version": SCHEMA_VERSION,
         }
         mine.settimeout(_START_TIMEOUT)
@@ -590,15 +483,15 @@ class Journal:
         submit of an id it does not hold: opening a connection each time would cost more than the query)."""
         if self._reader is None:
             self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-        return _lookup(self._reader, turn_id)
+        return lookup_on(self._reader, turn_id)
 
     def recover(self) -> list[RecoveredTurn]:
         """Unfinished turns (queued or running when the daemon died), in acceptance order."""
-        return list(_unfinished(self.path))
+        return list(unfinished(self.path))
 
     def recent_results(self, limit: int) -> list[TurnResult]:
         """The results of the ``limit`` most recently ended turns, oldest first."""
-        con = _reader(self.path)
+        con = open_reader(self.path)
         try:
             rows = con.execute(
                 "SELECT result FROM turns WHERE state='ended' AND result IS NOT NULL"
@@ -607,99 +500,19 @@ class Journal:
             ).fetchall()
         finally:
             con.close()
-        return [_decode_result(r["result"]) for r in reversed(rows)]
+        return [decode_result(r["result"]) for r in reversed(rows)]
 
 
-def _reader(path: Path) -> sqlite3.Connection:
-    if not path.exists():
-        raise JournalError(f"no journal at {path}")
-    _check_existing(path)
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    return con
-
-
-def _unfinished(path: Path) -> Iterator[RecoveredTurn]:
-    con = _reader(path)
-    try:
-        for r in con.execute("SELECT * FROM turns WHERE state != 'ended' ORDER BY seq"):
-            yield RecoveredTurn(
-                r["turn_id"],
-                r["agent"],
-                r["input"],
-                r["session"],
-                r["parent"],
-                r["timeout"],
-                r["grace"],
-                r["kill_after"],
-                bool(r["retry"]),
-                r["attempts"],
-                r["state"],
-            )
-    finally:
-        con.close()
-
-
-def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
-    """A turn id's agent, input and result (``None`` until it ended), or ``None`` if the journal
-    has never recorded it: the daemon asks before accepting an id it no longer holds (J8)."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return _lookup(con, turn_id)
-    finally:
-        con.close()
-
-
-def _lookup(con: sqlite3.Connection, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
-    row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
-    if row is None:
-        return None
-    return row[0], bytes(row[1]), _decode_result(row[2]) if row[2] is not None else None
-
-
-def read_result(path: Path | str, turn_id: str) -> TurnResult | None:
-    """The recorded result of one turn (exactly what the client saw), or None if it has not ended."""
-    con = _reader(Path(path))
-    try:
-        row = con.execute("SELECT state, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
-    finally:
-        con.close()
-    if row is None:
-        from .._errors import UnknownTurn
-
-        raise UnknownTurn(turn_id)
-    return _decode_result(row["result"]) if row["result"] is not None else None
-
-
-def read_history(
-    path: Path | str,
-    *,
-    session: str | None = None,
-    outcome: str | None = None,
-    since: float | None = None,
-    limit: int = 100,
-) -> list[dict[str, Any]]:
-    """Turns newest first, filtered; each a dict of the journal's columns (input left out)."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if session is not None:
-        clauses.append("session = ?")
-        params.append(session)
-    if outcome is not None:
-        clauses.append("outcome = ?")
-        params.append(outcome)
-    if since is not None:
-        clauses.append("accepted_at >= ?")
-        params.append(since)
-    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-    con = _reader(Path(path))
-    try:
-        rows = con.execute(
-            "SELECT turn_id, agent, session, parent, state, attempts, accepted_at, started_at, ended_at,"
-            " worker_pid, outcome, cause, error_type, error_message"
-            f" FROM turns {where} ORDER BY seq DESC LIMIT ?",
-            (*params, limit),
-        ).fetchall()
-    finally:
-        con.close()
-    return [dict(r) for r in rows]
+__all__ = [
+    "DURABILITY",
+    "SCHEMA_VERSION",
+    "Journal",
+    "JournalError",
+    "RecoveredTurn",
+    "default_journal_path",
+    "lock_name",
+    "lookup",
+    "read_history",
+    "read_result",
+    "state_dir",
+]

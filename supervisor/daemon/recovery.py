@@ -184,7 +184,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
         else:
             counts["requeued"] += 1
         # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
-        sup.readmit(
+        sup.accept_encoded(
             turn.agent,
             msgspec.Raw(turn.input),
             session=turn.session,
@@ -194,6 +194,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             turn_id=turn.turn_id,
             retry=turn.retry,
             attempts=attempts,
+            readmit=True,
         )
     journal.flush()
     if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned")):

@@ -1,18 +1,20 @@
 """The serve daemon: a ROUTER on the client endpoint in front of one embedded ``Supervisor``.
 
-Clients (``Client``, ``SyncClient``, the CLI) connect DEALERs and speak ``wire._client``. The
-daemon passes a client's encoded input bytes straight to its supervisor (never re-encoded).
+Clients (``Client``, ``SyncClient``, the CLI) connect DEALERs and speak the client protocol
+(``wire/_client_protocol.py``). The daemon passes a client's encoded input bytes straight to its
+supervisor (never re-encoded). This module holds the ``Daemon``: its lifecycle, the client link
+and the clients' state; the answer to each request is in ``requests.py``.
 
 Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
-* **One daemon per endpoint** (``_endpoint``): for ``ipc://`` a ``flock`` on ``<path>.lock`` held
+* **One daemon per endpoint** (``endpoint.py``): for ``ipc://`` a ``flock`` on ``<path>.lock`` held
   for the daemon's life refuses a second daemon with a clear message; a socket file left by a
   dead daemon is replaced. ``tcp://`` relies on the bind, optionally with CURVE.
 * **A client never owns a turn.** A client that disconnects cancels nothing; results stay in
   the supervisor's turn table, bounded by ``keep_results`` (default 10 000 ended turns, the
   oldest evicted first), so a reconnecting client can fetch or follow them. A repeated
   ``turn_id`` returns the existing turn and never runs it twice.
-* **A client's state is bounded and freed** (``_daemon_clients``): a client that disconnects,
+* **A client's state is bounded and freed** (``clients.py``): a client that disconnects,
   abandons a request or stops reading loses its pending requests (the turns go on); follows are
   windowed and batched; a reply that would not fit one message is answered with an error.
 * **Bad frames cost one reply.** A frame that does not decode gets ``Error(code="malformed")``
@@ -52,16 +54,10 @@ from .._engine import Supervisor, TurnRecord
 from .._errors import (
     DaemonAlreadyRunning,
     DaemonShuttingDown,
-    InvalidAgent,
     JournalUnavailable,
-    QueueFull,
-    SupervisorClosed,
-    UnknownTurn,
 )
 from .._paths import default_endpoint
 from .clients import (
-    COALESCE,
-    EVENTS_BATCH_BYTES,
     OWED_RETRY,
     PROBE_DELAY,
     SUSPECT_FOR,
@@ -72,22 +68,11 @@ from .clients import (
 )
 from .endpoint import ClientEndpoint
 from .metrics import Metrics
+from .requests import Requests
 
 log = logging.getLogger("turnpool.daemon")
 
 READY_PREFIX = "turnpool serve: ready on "
-
-
-# A refused submit's error code, by the first class that matches (subclasses before their bases).
-_SUBMIT_ERROR_CODES: tuple[tuple[type[Exception], wire.ErrorCode], ...] = (
-    (InvalidAgent, "invalid_agent"),
-    (QueueFull, "queue_full"),
-    (SupervisorClosed, "shutting_down"),
-    (JournalUnavailable, "journal_unavailable"),
-    (TypeError, "bad_type"),
-    (ValueError, "bad_value"),
-)
-_SUBMIT_ERRORS = tuple(kind for kind, _ in _SUBMIT_ERROR_CODES)
 
 
 class Daemon:
@@ -171,6 +156,8 @@ class Daemon:
         self._tg: anyio.abc.TaskGroup | None = None
         self._stop_asked: anyio.Event | None = None
         self._skip_drain: anyio.Event | None = None
+        # The answers to client requests (one case per request type, and the waiting ones).
+        self._requests = Requests(self)
 
     @property
     def endpoint(self) -> str:
@@ -336,7 +323,7 @@ class Daemon:
             self._malformed(ident, f"undecodable request: {exc}")
             return
         try:
-            self._dispatch(ident, msg)
+            self._requests.handle(ident, msg)
         except Exception as exc:  # a bug here must cost one request, never the daemon
             log.exception("request %r failed", msg)
             self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
@@ -506,77 +493,6 @@ class Daemon:
             peer.suspect_since = None  # it answers: a new client on a reused descriptor
             self._clients.suspects.discard(peer.ident)
 
-    def _dispatch(self, ident: bytes, msg: Any) -> None:
-        sup = self.sup
-        assert sup is not None
-        match msg:
-            case wire.Hello(req=req, version=version):
-                if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
-                    why = (
-                        f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
-                        f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}"
-                    )
-                    self._send(ident, wire.Error(req, "protocol", why))
-                else:
-                    peer = self._clients.peers.get(ident)
-                    if peer is not None:
-                        peer.version = version
-                    self._send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
-            case wire.Submit():
-                self._submit(ident, msg)
-            case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
-                try:
-                    turn = sup.record(turn_id)
-                except UnknownTurn as exc:
-                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
-                    return
-                winner = self._cancel(lambda: sup.cancel_record(turn, cause), [turn_id])
-                self._send(ident, wire.Cancelled(req, winner))
-            case wire.CancelSession(req=req, session=session, cause=cause):
-                if not session:
-                    self._send(ident, wire.Error(req, "bad_value", "session must be a non-empty string"))
-                    return
-                ids: list[str] = []
-
-                def cancel_session() -> None:
-                    ids.extend(sup.cancel_session_now(session, cause))
-
-                self._cancel(cancel_session, ids)
-                self._send(ident, wire.SessionCancelled(req, ids))
-            case wire.GetResult(req=req, turn_id=turn_id):
-                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
-            case wire.Follow(req=req, turn_id=turn_id, window=window):
-                try:
-                    followed = sup.record(turn_id)
-                except UnknownTurn as exc:
-                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
-                    return
-                if window < 0:
-                    self._send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
-                    return
-                stream = FollowStream(window, turn_id)
-                self._streams[(ident, req)] = stream
-                self._turn_streams.setdefault(turn_id, set()).add(stream)
-                self._task(
-                    self._follow, ident, req, followed, stream, key=(ident, req, "follow"), scope=stream.scope
-                )
-            case wire.Credit(req=req, n=n):
-                credited = self._streams.get((ident, req))
-                if credited is not None and n > 0:
-                    credited.grant(n)
-            case wire.Unfollow(req=req) | wire.Abandon(req=req):
-                self._abandon(ident, req)
-            case wire.Lookup(req=req, turn_id=turn_id):
-                lookup = self.lookup
-                if sup.find(turn_id) is not None or (lookup is not None and lookup(turn_id) is not None):
-                    self._send(ident, wire.Ok(req))
-                else:
-                    self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
-            case wire.GetStatus(req=req):
-                self._send(ident, wire.Status(req, self.status()))
-            case wire.WhenIdle(req=req):
-                self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
-
     async def submit(
         self,
         agent: str,
@@ -645,75 +561,6 @@ class Daemon:
         gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
         return turn.id, False, gates
 
-    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
-        req = msg.req
-        try:
-            turn_id, existed, gates = self._admit(
-                msg.agent,
-                msg.input,
-                session=msg.session,
-                timeout=msg.timeout,
-                grace=msg.grace,
-                kill_after=msg.kill_after,
-                turn_id=msg.turn_id,
-                retry=msg.retry,
-            )
-        except _SUBMIT_ERRORS as exc:
-            code = next(code for kind, code in _SUBMIT_ERROR_CODES if isinstance(exc, kind))
-            self._send(ident, wire.Error(req, code, str(exc)))
-            return
-        if gates:
-            self._task(
-                self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
-            )
-        else:
-            self._send(ident, wire.Accepted(req, turn_id, existed))
-            if msg.wait:
-                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
-
-    async def _ack_after(
-        self,
-        ident: bytes,
-        req: int,
-        turn_id: str,
-        gates: list[Awaitable[Any]],
-        wait: bool,
-        existing: bool = False,
-    ) -> None:
-        """Acknowledge a submit only once every accept hook's awaitable is done (a journal's commit)."""
-        for gate in gates:
-            try:
-                await gate
-            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
-                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
-                return
-            except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
-                self._send(ident, wire.Error(req, "bad_value", str(exc)))
-                return
-            except Exception as exc:
-                log.exception("accept hook failed for turn %s", turn_id)
-                why = f"turn {turn_id} accepted but not recorded: {exc}"
-                self._send(ident, wire.Error(req, "internal", why))
-                return
-        self._send(ident, wire.Accepted(req, turn_id, existing))
-        if wait:
-            await self._result(ident, req, turn_id)
-
-    def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
-        """Run a cancel and note when it was asked, for the cancel-to-end latency."""
-        assert self.sup is not None
-        now = anyio.current_time()
-        self._cancelling_at = now  # turns that end inside the call (queued ones) see it
-        try:
-            out = do()
-        finally:
-            self._cancelling_at = None
-        for turn_id in ids:
-            turn = self.sup.find(turn_id)
-            if turn is not None and turn.state != "ended":
-                self._cancel_times.setdefault(turn_id, now)
-        return out
-
     def _task(
         self,
         fn: Callable[..., Any],
@@ -758,103 +605,6 @@ class Daemon:
             self._inflight -= 1
             if self._inflight == 0:
                 self._inflight_zero.set()
-
-    async def _result(self, ident: bytes, req: int, turn_id: str) -> None:
-        assert self.sup is not None
-        try:
-            result = await self.sup.result(turn_id)
-        except UnknownTurn as exc:
-            try:
-                found = self.lookup(turn_id) if self.lookup is not None else None
-            except Exception:  # an unreadable journal: the id is as unknown as it was
-                log.warning("journal lookup of turn %s failed", turn_id, exc_info=True)
-                found = None
-            if found is None or found[2] is None:
-                self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
-                return
-            result = found[2]  # evicted from memory, kept in the journal
-        self._send(ident, wire.Result(req, result))
-
-    async def _follow(self, ident: bytes, req: int, turn: TurnRecord, stream: FollowStream) -> None:
-        """Stream ``turn``'s events from the oldest kept one, in batches, within the client's window.
-
-        A follower whose next event was dropped from the turn's buffer (it fell more than
-        ``max_events`` behind) is told so (``lagged``) and its stream ends: never a silent gap
-        (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
-        workers' frames or other clients (R21).
-        """
-        assert self.sup is not None
-        seq = turn.events_base  # a late follower starts at the oldest event kept
-        sent_at = -COALESCE
-        try:
-            while True:
-                base = turn.events_base
-                if seq < base:
-                    self._lagged(ident, req, turn, base - seq)
-                    return
-                kept = len(turn.events)
-                if seq < base + kept:
-                    count, room = stream.allowance()
-                    if count == 0:
-                        await stream.wait()  # the client's credit, or the turn's end (lag check above)
-                        continue
-                    early = sent_at + COALESCE - anyio.current_time()
-                    if early > 0 and turn.state != "ended":
-                        # A busy stream sends at most one batch per COALESCE: a flood costs each
-                        # follower a few hundred sends a second, whatever the event rate (R21).
-                        await anyio.sleep(early)
-                        continue
-                    batch: list[msgspec.Raw] = []
-                    sizes: list[int] = []
-                    size = 0
-                    i, stop = seq - base, kept if count is None else min(kept, seq - base + count)
-                    limit = EVENTS_BATCH_BYTES if room is None else min(EVENTS_BATCH_BYTES, room)
-                    events = turn.events
-                    while i < stop:
-                        raw = events[i]
-                        n = len(raw)
-                        if batch and size + n > limit:
-                            break
-                        batch.append(raw)
-                        sizes.append(n)
-                        size += n
-                        i += 1
-                    if not self._send(ident, wire.Events(req, seq, batch)):
-                        return  # gone, or stopped reading (then it is owed a `lagged`)
-                    stream.spent(sizes)
-                    seq += len(batch)
-                    sent_at = anyio.current_time()
-                    await anyio.lowlevel.checkpoint()
-                    continue
-                if turn.state == "ended" or turn.pending_result is not None:
-                    self._send(ident, wire.FollowEnd(req))
-                    return
-                ev = anyio.Event()
-                turn.waiters.append(ev)
-                await ev.wait()
-        finally:
-            if self._streams.get((ident, req)) is stream:
-                del self._streams[(ident, req)]
-            streams = self._turn_streams.get(stream.turn_id)
-            if streams is not None:
-                streams.discard(stream)
-                if not streams:
-                    del self._turn_streams[stream.turn_id]
-
-    def _lagged(self, ident: bytes, req: int, turn: TurnRecord, missed: int) -> None:
-        assert self.sup is not None
-        self.lagged_followers += 1
-        why = (
-            f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
-            f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
-            "the oldest one kept"
-        )
-        self._send(ident, wire.Error(req, "lagged", why))
-
-    async def _when_idle(self, ident: bytes, req: int) -> None:
-        assert self.sup is not None
-        await self.sup.when_idle()
-        self._send(ident, wire.Ok(req))
 
     # ---- hooks and status --------------------------------------------------------------
 

@@ -1,0 +1,95 @@
+"""Admission: how a turn gets into the supervisor.
+
+``Admission.accept`` is the one way in for every turn: ``submit``, a daemon's already-encoded input
+(``accept_encoded``), a journal's readmitted turn (J3: ``max_queue`` does not apply) and a child
+spawned by a running turn. It validates the turn's arguments at the call (``InvalidAgent``,
+``TypeError``, ``ValueError``; a grace above ``max_grace`` is refused, R-GRACE), refuses when the
+supervisor is not running (``SupervisorClosed``) or the queue is full (``QueueFull``), returns the
+existing record for a known ``turn_id`` (a submit is idempotent: never runs twice), and otherwise
+creates the turn's record - its one cancellation holder (rule 1) - runs the accept hooks and queues
+it. With a journal (J6) a new turn is held back from dispatch until its accept row is committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from .._errors import QueueFull, SupervisorClosed
+from .options import check_agent, check_optional_str, check_seconds
+from .turns import TurnRecord
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+
+class Admission:
+    """Accepts turns; see the module docstring."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.ids = itertools.count(1)  # generated turn ids: ``<prefix>-<n>``
+
+    def accept(
+        self,
+        agent: str,
+        raw: msgspec.Raw,
+        *,
+        session: str | None,
+        timeout: float | None,
+        grace: float | None,
+        kill_after: float | None,
+        turn_id: str | None,
+        parent: str | None,
+        retry: bool = False,
+        attempts: int = 1,
+        readmit: bool = False,
+    ) -> TurnRecord:
+        """Validate a turn's arguments, refuse it (closed, queue full) or return the known record
+        for its id, else record it and queue it."""
+        sup = self.sup
+        if not isinstance(retry, bool):
+            raise TypeError(f"retry must be True or False, got {retry!r}")
+        check_agent(agent)
+        session = check_optional_str("session", session)
+        turn_id = check_optional_str("turn_id", turn_id)
+        timeout = check_seconds("timeout", timeout, positive=True)
+        grace = sup._check_grace("grace", check_seconds("grace", grace))
+        kill_after = sup._check_grace("kill_after", check_seconds("kill_after", kill_after))
+        if sup._state != "running":
+            raise SupervisorClosed(
+                "the supervisor is shutting down"
+                if sup._state == "closing"
+                else "the supervisor is not running"
+            )
+        if turn_id is not None and turn_id in sup._turns:
+            return sup._turns[turn_id]
+        if not readmit and len(sup._queue) + sup._dispatch.handed >= sup.max_queue:
+            raise QueueFull(f"the queue already holds {sup.max_queue} turns")
+        if turn_id is None:
+            turn_id = f"{sup._prefix}-{next(self.ids)}"
+        turn = TurnRecord(
+            turn_id=turn_id,
+            agent=agent,
+            input=raw,
+            session=session,
+            parent=parent,
+            timeout=timeout if timeout is not None else sup.timeout,
+            grace=grace if grace is not None else sup.grace,
+            kill_after=kill_after if kill_after is not None else sup.kill_after,
+            now=sup._clock(),
+        )
+        turn.retry = retry
+        turn.attempts = attempts
+        if sup._dispatch.gate is not None:
+            turn.recorded = readmit  # a readmitted turn's row is already in the journal
+            turn.dispatchable = False
+        sup._turns[turn_id] = turn
+        sup._active += 1
+        for accept_hook in sup._hooks.accept:
+            accept_hook(turn)
+        sup._queue.push(turn)
+        sup._pump()
+        return turn

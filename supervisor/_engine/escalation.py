@@ -1,0 +1,151 @@
+"""The escalation ladder: how a turn is made to stop.
+
+``cancel(cause)`` → ``Abort`` to the worker → ``grace`` → SIGTERM to the worker's whole tree →
+``kill_after`` → SIGKILL to the tree → reaped → ``killed`` (SPEC, "Escalation ladder"). ``Escalation``
+owns the ladder's state (the ``kill_now`` switch and the count of steps taken) and its rules: first
+cause wins (rule 3), a queued turn is aborted unstarted (rule 4), a cancel reaches the children of
+a turn (rule 7), a turn handed ahead is escalatable from the handoff (S1: its start marker says
+whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on.
+The ``Supervisor`` composes one and calls in here; this object reads the turn table, the queue, the
+timers and the worker link through its back-reference, and ends turns through ``Supervisor._finish``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import wire
+from wire import PARENT, Cause
+
+from . import procs as _procs
+
+if TYPE_CHECKING:
+    from .pool import WorkerSlot
+    from .supervisor import Supervisor
+    from .turns import TurnRecord
+
+log = logging.getLogger("turnpool.supervisor")
+
+
+class Escalation:
+    """Cancels turns and drives each cancelled turn's ladder; see the module docstring."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
+        self.counts: collections.Counter[str] = collections.Counter()  # steps taken: sigterm, sigkill
+
+    def cancel(self, turn: TurnRecord, cause: Cause) -> Cause | None:
+        sup = self.sup
+        state = turn.state
+        if state == "ended" or state == "ending":
+            return turn.cause
+        first = turn.cause is None
+        if first:
+            turn.cause = cause
+        for child_id in list(turn.children):
+            child = sup._turns.get(child_id)
+            if child is not None:
+                self.cancel(child, PARENT)
+        if state == "queued":
+            sup._queue.discard(turn)
+            sup._finish(turn, "aborted")
+        elif state == "handed" and first:
+            # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
+            # started meanwhile, honours the Abort. Its start marker tells whether it started (S1):
+            # the ladder is armed now either way, and looks again if it had not.
+            slot = turn.worker
+            assert slot is not None
+            sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            sup._note_marked_start(slot)
+            if turn.esc_timer is None:  # (armed already if the marker showed it running)
+                self.arm(turn, slot)
+        elif state == "running" and first:
+            slot = turn.worker
+            assert slot is not None
+            sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            self.arm(turn, slot)
+        return turn.cause
+
+    def arm(self, turn: TurnRecord, slot: WorkerSlot) -> None:
+        sup = self.sup
+        if self.kill_at_once:
+            turn.esc_timer = sup._timers.call_later(0, self.escalate, turn, slot, 2)
+        else:
+            turn.esc_timer = sup._timers.call_later(turn.grace, self.escalate, turn, slot, 1)
+
+    def cancel_session(self, session: str, cause: Cause) -> list[str]:
+        sup = self.sup
+        cancelled = []
+        for turn in sup._queue.queued_of_session(session):
+            self.cancel(turn, cause)
+            cancelled.append(turn.id)
+        for slot in list(sup._slots.values()):
+            for turn in list(slot.ahead):
+                if turn.session == session and turn.state == "handed":
+                    self.cancel(turn, cause)
+                    cancelled.append(turn.id)
+            running = slot.turn
+            if running is not None and running.session == session and running.state == "running":
+                self.cancel(running, cause)
+                cancelled.append(running.id)
+        return cancelled
+
+    def deadline(self, turn: TurnRecord) -> None:
+        self.cancel(turn, wire.DEADLINE)
+
+    def escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
+        sup = self.sup
+        if turn.state == "handed" and turn.worker is slot and slot.state != "dead":
+            # Cancelled while handed ahead and no Started yet: the start marker may say it runs (S1).
+            sup._note_marked_start(slot)
+            if turn.state == "handed":  # not reached yet: look again later (its Started re-arms too)
+                again = max(turn.grace, 0.05)
+                turn.esc_timer = sup._timers.call_later(again, self.escalate, turn, slot, step)
+                return
+        # Keyed by turn: act only if this worker is still on this very turn.
+        if slot.turn is not turn or slot.state == "dead":
+            return
+        slot.doomed = True
+        if step == 1:
+            turn.escalation = 1
+            self.counts["sigterm"] += 1
+            log.warning(
+                "escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace
+            )
+            _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
+            turn.esc_timer = sup._timers.call_later(turn.kill_after, self.escalate, turn, slot, 2)
+        else:
+            turn.escalation = 2
+            self.counts["sigkill"] += 1
+            log.warning(
+                "escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs",
+                turn.id,
+                slot.pid,
+                turn.kill_after,
+            )
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
+        """``Supervisor.kill_now``: SIGKILL now to the trees of the named turns, or of every turn
+        being cancelled (and from then on every cancel goes straight to SIGKILL)."""
+        sup = self.sup
+        if turn_ids is None:
+            self.kill_at_once = True
+            targets = [t for t in sup._turns.values() if t.cause is not None]
+        else:
+            targets = [t for t in map(sup._turns.get, turn_ids) if t is not None]
+        for turn in targets:
+            if turn.state not in ("handed", "running") or turn.worker is None:
+                continue
+            slot = turn.worker
+            if turn.state == "handed":
+                sup._note_marked_start(slot)
+            if turn.state == "running" and slot.turn is turn and turn.escalation < 2:
+                if turn.esc_timer is not None:
+                    turn.esc_timer.cancel()
+                self.escalate(turn, slot, 2)

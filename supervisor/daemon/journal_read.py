@@ -1,0 +1,135 @@
+"""Reading a journal without owning it: what a daemon recovers at start-up (``unfinished``), the
+id lookups that keep a submit idempotent across evictions and restarts (J8: ``lookup``), and what
+``turnpool history`` and ``turnpool result`` print (``read_history``, ``read_result``). Every read
+opens its own read-only connection (WAL lets it run beside the writer) after checking the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from wire import TurnResult
+
+from .journal_schema import JournalError, check_existing
+
+decode_result = msgspec.msgpack.Decoder(TurnResult).decode
+
+
+@dataclass(frozen=True)
+class RecoveredTurn:
+    """A turn found unfinished at start-up."""
+
+    turn_id: str
+    agent: str
+    input: bytes
+    session: str | None
+    parent: str | None
+    timeout: float | None
+    grace: float | None
+    kill_after: float | None
+    retry: bool
+    attempts: int
+    state: str
+
+
+def open_reader(path: Path) -> sqlite3.Connection:
+    if not path.exists():
+        raise JournalError(f"no journal at {path}")
+    check_existing(path)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    con.row_factory = sqlite3.Row
+    return con
+
+
+def unfinished(path: Path) -> Iterator[RecoveredTurn]:
+    """The turns not ended (queued or running when the daemon died), in acceptance order."""
+    con = open_reader(path)
+    try:
+        for r in con.execute("SELECT * FROM turns WHERE state != 'ended' ORDER BY seq"):
+            yield RecoveredTurn(
+                r["turn_id"],
+                r["agent"],
+                r["input"],
+                r["session"],
+                r["parent"],
+                r["timeout"],
+                r["grace"],
+                r["kill_after"],
+                bool(r["retry"]),
+                r["attempts"],
+                r["state"],
+            )
+    finally:
+        con.close()
+
+
+def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+    """A turn id's agent, input and result (``None`` until it ended), or ``None`` if the journal
+    has never recorded it: the daemon asks before accepting an id it no longer holds (J8)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return lookup_on(con, turn_id)
+    finally:
+        con.close()
+
+
+def lookup_on(con: sqlite3.Connection, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+    """``lookup`` on an open connection."""
+    row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+    if row is None:
+        return None
+    return row[0], bytes(row[1]), decode_result(row[2]) if row[2] is not None else None
+
+
+def read_result(path: Path | str, turn_id: str) -> TurnResult | None:
+    """The recorded result of one turn (exactly what the client saw), or None if it has not ended."""
+    con = open_reader(Path(path))
+    try:
+        row = con.execute("SELECT state, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        from .._errors import UnknownTurn
+
+        raise UnknownTurn(turn_id)
+    return decode_result(row["result"]) if row["result"] is not None else None
+
+
+def read_history(
+    path: Path | str,
+    *,
+    session: str | None = None,
+    outcome: str | None = None,
+    since: float | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Turns newest first, filtered; each a dict of the journal's columns (input left out)."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if session is not None:
+        clauses.append("session = ?")
+        params.append(session)
+    if outcome is not None:
+        clauses.append("outcome = ?")
+        params.append(outcome)
+    if since is not None:
+        clauses.append("accepted_at >= ?")
+        params.append(since)
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    con = open_reader(Path(path))
+    try:
+        rows = con.execute(
+            "SELECT turn_id, agent, session, parent, state, attempts, accepted_at, started_at, ended_at,"
+            " worker_pid, outcome, cause, error_type, error_message"
+            f" FROM turns {where} ORDER BY seq DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+    finally:
+        con.close()
+    return [dict(r) for r in rows]
