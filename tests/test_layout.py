@@ -109,3 +109,56 @@ def test_no_import_cycle_between_modules() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+_OWN_PACKAGES = ("wire", "worker", "supervisor")
+
+
+def _is_private_module(dotted: str) -> bool:
+    """``dotted`` names a module of our packages with a private part (``worker._tree``,
+    ``supervisor._engine.procs``, ``supervisor.http._schema``)."""
+    parts = dotted.split(".")
+    if parts[0] not in _OWN_PACKAGES:
+        return False
+    return any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def _module_exists(dotted: str) -> bool:
+    base = ROOT.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def _private_imports(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if _is_private_module(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if _is_private_module(node.module):
+                found.append(node.module)
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                if _is_private_module(dotted) and _module_exists(dotted):
+                    found.append(dotted)  # ``from worker import _tree``: a private module too
+    return found
+
+
+def test_tests_and_benchmarks_import_no_private_module() -> None:
+    """tests/ and benchmarks/ reach wire, worker and supervisor through public modules only
+    (internals through ``worker.lowlevel`` and ``supervisor.lowlevel``), never a private module
+    such as ``worker._tree`` or ``supervisor._engine``: neither in their code nor in the scripts
+    they hand to subprocesses (string constants that parse as Python)."""
+    offenders = []
+    for folder in ("tests", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            found = _private_imports(tree)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+                    try:
+                        found += _private_imports(ast.parse(node.value))
+                    except SyntaxError:
+                        continue
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in found]
+    assert offenders == []
+
