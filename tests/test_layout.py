@@ -162,3 +162,15 @@ def test_tests_and_benchmarks_import_no_private_module() -> None:
             offenders += [f"{path.relative_to(ROOT)}: {name}" for name in found]
     assert offenders == []
 
+
+def test_every_command_is_registered_from_the_cli_package() -> None:
+    """Each ``turnpool`` command group is declared by a module of ``supervisor/cli/`` (the runners
+    they drive live in their own folders), and the exit codes are named once, in ``cli/exits.py``."""
+    from supervisor.cli import main
+
+    assert all(name.startswith("supervisor.cli.") for name in main.COMMAND_MODULES)
+    commands = main.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == {"serve", "submit", "cancel", "status", "history", "result", "batch", "acp"}
+    named = re.compile(r"^EXIT_[A-Z]+ = ", re.M)
+    where = [p for p in (ROOT / "supervisor").rglob("*.py") if named.search(p.read_text())]
+    assert where == [ROOT / "supervisor" / "cli" / "exits.py"]
