@@ -174,3 +174,25 @@ def test_every_command_is_registered_from_the_cli_package() -> None:
     named = re.compile(r"^EXIT_[A-Z]+ = ", re.M)
     where = [p for p in (ROOT / "supervisor").rglob("*.py") if named.search(p.read_text())]
     assert where == [ROOT / "supervisor" / "cli" / "exits.py"]
+
+
+def test_every_rule_of_the_design_is_tagged_where_the_code_enforces_it() -> None:
+    """Each named rule of ``docs/design.md`` (``**R13 — …**``, ``**J6 — …**``, ``**R-OUT — …**``)
+    appears as a tag in at least one source file of wire/, worker/ or supervisor/, so the doc and
+    the code point at each other; and the doc names a file for each rule (``Code:``)."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    rules = re.findall(r"^\*\*([A-Z]+[0-9]*(?:-[A-Za-z]+)*) — ", design, re.M)
+    assert len(rules) > 50
+    sources = "\n".join(
+        path.read_text() for package in _OWN_PACKAGES for path in (ROOT / package).rglob("*.py")
+    )
+    untagged = [rule for rule in rules if not re.search(rf"(?<![\w-]){re.escape(rule)}(?![\w-])", sources)]
+    assert untagged == []
+    paragraphs = re.split(r"\n(?=\*\*[A-Z]+[0-9]*(?:-[A-Za-z]+)* — )|\n\n", design)
+    unplaced = [
+        rule
+        for rule in rules
+        for text in paragraphs
+        if text.startswith(f"**{rule} — ") and "Code:" not in text
+    ]
+    assert unplaced == []

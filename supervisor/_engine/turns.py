@@ -271,6 +271,7 @@ class TurnQueue:
         """The turn left the queue by cancellation; the caller sets its state."""
         self.count -= 1
 
+    # R5: a session's next turn becomes ready only once the current one is quiescent.
     def session_quiescent(self, turn: TurnRecord) -> None:
         """``turn`` ended: if it was its session's current turn, the session's next queued
         turn (if any) becomes ready."""

@@ -140,6 +140,7 @@ class Client:
         self.protocol = wire.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
+    # D7: never hang on a missing daemon (connect and request timeouts).
     def connect(
         cls,
         endpoint: str | None = None,
@@ -221,6 +222,7 @@ class Client:
                 except DaemonUnavailable:
                     pass
             if self._auth_failed and self.curve_secret_key is None:
+                # R25: a refused key is an authentication error.
                 raise AuthenticationFailed(
                     f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
                     "(pass curve_server_key and curve_secret_key)"

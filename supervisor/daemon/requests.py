@@ -59,6 +59,7 @@ class Requests:
         self._send = daemon._send
         self._task = daemon._task
 
+    # D4: requests are multiplexed by req, each answered with its typed reply.
     def handle(self, ident: bytes, msg: Any) -> None:
         """Answer one decoded request from the client ``ident``."""
         sup = self.daemon.sup
