@@ -76,7 +76,10 @@ def test_the_supervisor_imports_no_private_worker_module() -> None:
 def test_front_ends_touch_no_private_engine_attribute() -> None:
     """No module outside the engine reads or writes an attribute starting with ``_`` on a
     supervisor or a backend (such as the turn table behind ``sup``): front ends use named methods."""
-    pattern = re.compile(r"\b(sup|self\.sup|daemon\.sup|backend|self\._backend)\._[a-z]")
+    pattern = re.compile(
+        r"\b(sup|self\.sup|daemon\.sup|backend|self\._backend)\._[a-z]"
+        r"|\b(?:has|get)attr\((?:sup|self\.sup|daemon\.sup|backend|self\._backend), [\"']_"
+    )
     offenders = []
     for folder in ("supervisor", "tests", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
