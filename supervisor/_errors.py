@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wire import ErrorCode
+
 
 class TurnpoolError(Exception):
     """Base of every error turnpool raises at its API boundary."""
@@ -68,3 +73,17 @@ class JournalUnavailable(TurnpoolError):
     """Raised by ``Client.submit``/``run`` (and ``SyncClient``'s) when the serve daemon cannot write its
     journal (disk full, read-only, file deleted or replaced): it acknowledges nothing it cannot make
     durable, so the turn was not accepted. The message names the journal's error."""
+
+
+# The error code of each way a submit is refused on the client link, both ways in one table: the
+# daemon answers with the code of the first class the exception is an instance of (subclasses
+# before their bases), and the client raises the first class listed for a code.
+SUBMIT_ERROR_CODES: tuple[tuple[type[Exception], ErrorCode], ...] = (
+    (InvalidAgent, "invalid_agent"),
+    (QueueFull, "queue_full"),
+    (DaemonShuttingDown, "shutting_down"),
+    (SupervisorClosed, "shutting_down"),
+    (JournalUnavailable, "journal_unavailable"),
+    (TypeError, "bad_type"),
+    (ValueError, "bad_value"),
+)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from worker import _tree
+from worker import lowlevel
 
 # This test process adopts orphans (like the supervisor does), so a double-forked daemon
 # that escaped a kill shows up here as our child instead of vanishing under init.
-_tree.set_child_subreaper()
+lowlevel.set_child_subreaper()
 
 
 def _leftovers() -> list[psutil.Process]:

@@ -136,3 +136,39 @@ def test_endpoint_flag_reaches_the_daemon() -> None:
         out = d.cli("submit", "examples.agents:echo", "--input", "5", "--wait", "--endpoint", endpoint)
         assert out.returncode == 0, out.stderr
         assert msgspec.json.decode(out.stdout)["output"] == 5
+
+
+def test_shared_options_are_refused_alike_by_every_command() -> None:
+    """Issue 14: ``--workers``, ``--grace`` and ``--kill-after`` are declared and validated once
+    (``supervisor/cli/options.py``, by the engine's own rules): ``serve``, ``batch`` and ``acp`` refuse
+    the same bad value with exit 2 and the same reason, before starting anything."""
+    import shutil
+
+    home = daemonkit.short_dir()
+    jobs = home / "jobs.jsonl"
+    jobs.write_text('{"id": "a", "input": 1}\n')
+    commands = {
+        "serve": ("serve", "--no-journal"),
+        "batch": ("batch", str(jobs), "-o", str(home / "out.jsonl"), "--agent", "examples.agents:echo"),
+        "acp": ("acp", "--agent", "examples.agents:echo"),
+    }
+    for flag, value, reason in (
+        ("--workers", "0", "workers must be >= 1, got 0"),
+        ("--grace", "-1", "grace must be a finite number >= 0, got -1.0"),
+        ("--kill-after", "-1", "kill_after must be a finite number >= 0, got -1.0"),
+    ):
+        said = {}
+        for name, argv in commands.items():
+            out = subprocess.run(
+                daemonkit.turnpool_argv(*argv, flag, value),
+                env=daemonkit.env_for(home, None),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
+            assert out.returncode == 2, (name, flag, out)
+            said[name] = out.stderr.strip().splitlines()[-1].split("error: ", 1)[-1]
+        assert set(said.values()) == {f"argument {flag}: {reason}"}, said
+    assert not (home / "out.jsonl").exists()
+    shutil.rmtree(home, ignore_errors=True)

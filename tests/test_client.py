@@ -395,3 +395,17 @@ async def test_curve_over_tcp() -> None:
         with pytest.raises(DaemonUnavailable, match=d.endpoint.replace(".", r"\.")):
             async with Client.connect(d.endpoint, timeout=3):
                 pass
+
+
+def test_a_refused_submit_raises_on_the_client_what_refused_it_on_the_daemon() -> None:
+    """The daemon turns a refused submit into an error code and the client turns the code back into
+    an exception, from one table read both ways (``supervisor.lowlevel.SUBMIT_ERROR_CODES``): each
+    refusal comes back as an instance of the class that refused it, with its message."""
+    from supervisor.client.client import _error
+    from supervisor.lowlevel import SUBMIT_ERROR_CODES
+
+    for kind, _ in SUBMIT_ERROR_CODES:
+        refused = kind("no")
+        code = next(code for k, code in SUBMIT_ERROR_CODES if isinstance(refused, k))
+        raised = _error(wire.Error(1, code, "no"), None, "ipc://x")
+        assert isinstance(raised, kind) and str(raised) == "no", (kind, code, raised)

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from supervisor import Supervisor
-from worker import _endlog
+from worker import lowlevel
 
 pytestmark = pytest.mark.anyio
 
@@ -105,18 +105,19 @@ def test_end_log_shows_only_whole_records_of_its_own_worker(tmp_path: Path) -> N
     import wire
 
     path = str(tmp_path / "w1.ends")
-    endlog = _endlog.EndLog(path)
+    endlog = lowlevel.EndLog(path)
     a = wire.End("a", "completed", wire.encode_payload({"x": 1}))
     b = wire.End("b", "failed", error=wire.TurnError(type="E", message="m"))
     assert endlog.append(wire.encode(a), 1.5) and endlog.append(wire.encode(b), 2.5)
-    assert _endlog.read(path, os.getpid()) == [(1.5, a), (2.5, b)]
-    assert _endlog.read(path, os.getpid() + 1) == []  # another worker's (or generation's) log
+    assert lowlevel.endlog_read(path, os.getpid()) == [(1.5, a), (2.5, b)]
+    assert lowlevel.endlog_read(path, os.getpid() + 1) == []  # another worker's (or generation's) log
     # A record written without its commit (a death between the two) is invisible.
     used = endlog._used
-    at = _endlog.HEAD + used
-    endlog._map[at : at + _endlog.REC] = (5).to_bytes(4, "little") + bytes(8)
-    assert [e.turn_id for _, e in _endlog.read(path, os.getpid())] == ["a", "b"]
-    assert not endlog.append(b"x" * _endlog.SIZE, 3.0)  # does not fit: nothing written
+    at = lowlevel.ENDLOG_HEAD + used
+    endlog._map[at : at + lowlevel.ENDLOG_REC] = (5).to_bytes(4, "little") + bytes(8)
+    assert [e.turn_id for _, e in lowlevel.endlog_read(path, os.getpid())] == ["a", "b"]
+    assert not endlog.append(b"x" * lowlevel.ENDLOG_SIZE, 3.0)  # does not fit: nothing written
     endlog.clear()
-    assert _endlog.read(path, os.getpid()) == []
-    assert _endlog.EndLog(path) and _endlog.read(path, os.getpid()) == []  # a new worker starts empty
+    assert lowlevel.endlog_read(path, os.getpid()) == []
+    # A new worker starts empty.
+    assert lowlevel.EndLog(path) and lowlevel.endlog_read(path, os.getpid()) == []

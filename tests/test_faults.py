@@ -23,8 +23,8 @@ import anyio
 import psutil
 import pytest
 
-import supervisor._engine.supervisor as core
 from supervisor import Supervisor, TurnHandle, WorkerStartError
+from supervisor import lowlevel as sup_lowlevel
 
 pytestmark = pytest.mark.anyio
 
@@ -220,13 +220,14 @@ def _shadow(tmp: Path) -> Path:
 
 
 class _CountSpawns:
-    """Counts worker spawn attempts (wraps ``_procs.spawn_worker``); sets ``reached`` at ``n``."""
+    """Counts worker spawn attempts (wraps ``supervisor.lowlevel.procs.spawn_worker``); sets
+    ``reached`` at ``n``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, n: int = 1_000_000) -> None:
         self.times: list[float] = []
         self.n = n
         self.reached = anyio.Event()
-        real = core._procs.spawn_worker
+        real = sup_lowlevel.procs.spawn_worker
 
         def spawn(**kwargs: Any) -> int:
             self.times.append(time.monotonic())
@@ -234,7 +235,7 @@ class _CountSpawns:
                 self.reached.set()
             return real(**kwargs)
 
-        monkeypatch.setattr(core._procs, "spawn_worker", spawn)
+        monkeypatch.setattr(sup_lowlevel.procs, "spawn_worker", spawn)
 
 
 @pytest.mark.parametrize("kind", ["bad_interpreter_flag", "import_error_in_worker"])
@@ -311,7 +312,7 @@ async def test_turn_that_kills_its_worker_at_once_runs_once() -> None:
         restarts = sup.status()["worker_restarts"]
     assert result.outcome == "crashed" and result.exit_code == 9 and result.started is True
     assert result.attempts == 1 and restarts == 1
-    assert core.MAX_HANDOVERS >= 2
+    assert sup_lowlevel.MAX_HANDOVERS >= 2
     assert after.outcome == "completed"
 
 

@@ -34,10 +34,10 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import supervisor._engine.supervisor as core
 import wire
 from supervisor import Supervisor
-from worker._guards import EXIT_LINK_LOST
+from supervisor import lowlevel as sup_lowlevel
+from worker.lowlevel import EXIT_LINK_LOST
 
 EXAMPLES = int(os.environ.get("TURNPOOL_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -270,7 +270,7 @@ class _Puppet:
 def _start_in_background(portal: BlockingPortal, sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Start ``sup`` without waiting for Ready; returns (future of start(), event per spawn)."""
     spawned: list[Any] = []
-    real = core._procs.spawn_worker
+    real = sup_lowlevel.procs.spawn_worker
 
     def spawn(**kwargs: Any) -> int:
         pid = real(**kwargs)
@@ -280,7 +280,7 @@ def _start_in_background(portal: BlockingPortal, sup: Supervisor, monkeypatch: p
         spawned.clear()
         return pid
 
-    monkeypatch.setattr(core._procs, "spawn_worker", spawn)
+    monkeypatch.setattr(sup_lowlevel.procs, "spawn_worker", spawn)
 
     count = [0]
 

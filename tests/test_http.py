@@ -21,7 +21,7 @@ import httpx
 import msgspec
 import pytest
 
-from supervisor.http._schema import ErrorReply, Submitted, TurnList, TurnState
+from supervisor.http import ErrorReply, Submitted, TurnList, TurnState
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, HTTP, serving
 from wire import TurnResult

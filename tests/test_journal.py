@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import wire
-from supervisor._engine import TurnRecord
 from supervisor.daemon.journal import Journal, JournalError, read_history, read_result
+from supervisor.lowlevel import TurnRecord
 
 
 def record(turn_id: str, session: str | None = None, retry: bool = False) -> TurnRecord:

@@ -76,7 +76,10 @@ def test_the_supervisor_imports_no_private_worker_module() -> None:
 def test_front_ends_touch_no_private_engine_attribute() -> None:
     """No module outside the engine reads or writes an attribute starting with ``_`` on a
     supervisor or a backend (such as the turn table behind ``sup``): front ends use named methods."""
-    pattern = re.compile(r"\b(sup|self\.sup|daemon\.sup|backend|self\._backend)\._[a-z]")
+    pattern = re.compile(
+        r"\b(sup|self\.sup|daemon\.sup|backend|self\._backend)\._[a-z]"
+        r"|\b(?:has|get)attr\((?:sup|self\.sup|daemon\.sup|backend|self\._backend), [\"']_"
+    )
     offenders = []
     for folder in ("supervisor", "tests", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -109,3 +112,90 @@ def test_no_import_cycle_between_modules() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+_OWN_PACKAGES = ("wire", "worker", "supervisor")
+
+
+def _is_private_module(dotted: str) -> bool:
+    """``dotted`` names a module of our packages with a private part (``worker._tree``,
+    ``supervisor._engine.procs``, ``supervisor.http._schema``)."""
+    parts = dotted.split(".")
+    if parts[0] not in _OWN_PACKAGES:
+        return False
+    return any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def _module_exists(dotted: str) -> bool:
+    base = ROOT.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def _private_imports(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if _is_private_module(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if _is_private_module(node.module):
+                found.append(node.module)
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                if _is_private_module(dotted) and _module_exists(dotted):
+                    found.append(dotted)  # ``from worker import _tree``: a private module too
+    return found
+
+
+def test_tests_and_benchmarks_import_no_private_module() -> None:
+    """tests/ and benchmarks/ reach wire, worker and supervisor through public modules only
+    (internals through ``worker.lowlevel`` and ``supervisor.lowlevel``), never a private module
+    such as ``worker._tree`` or ``supervisor._engine``: neither in their code nor in the scripts
+    they hand to subprocesses (string constants that parse as Python)."""
+    offenders = []
+    for folder in ("tests", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            found = _private_imports(tree)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+                    try:
+                        found += _private_imports(ast.parse(node.value))
+                    except SyntaxError:
+                        continue
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in found]
+    assert offenders == []
+
+
+def test_every_command_is_registered_from_the_cli_package() -> None:
+    """Each ``turnpool`` command group is declared by a module of ``supervisor/cli/`` (the runners
+    they drive live in their own folders), and the exit codes are named once, in ``cli/exits.py``."""
+    from supervisor.cli import main
+
+    assert all(name.startswith("supervisor.cli.") for name in main.COMMAND_MODULES)
+    commands = main.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(commands) == {"serve", "submit", "cancel", "status", "history", "result", "batch", "acp"}
+    named = re.compile(r"^EXIT_[A-Z]+ = ", re.M)
+    where = [p for p in (ROOT / "supervisor").rglob("*.py") if named.search(p.read_text())]
+    assert where == [ROOT / "supervisor" / "cli" / "exits.py"]
+
+
+def test_every_rule_of_the_design_is_tagged_where_the_code_enforces_it() -> None:
+    """Each named rule of ``docs/design.md`` (``**R13 — …**``, ``**J6 — …**``, ``**R-OUT — …**``)
+    appears as a tag in at least one source file of wire/, worker/ or supervisor/, so the doc and
+    the code point at each other; and the doc names a file for each rule (``Code:``)."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    rules = re.findall(r"^\*\*([A-Z]+[0-9]*(?:-[A-Za-z]+)*) — ", design, re.M)
+    assert len(rules) > 50
+    sources = "\n".join(
+        path.read_text() for package in _OWN_PACKAGES for path in (ROOT / package).rglob("*.py")
+    )
+    untagged = [rule for rule in rules if not re.search(rf"(?<![\w-]){re.escape(rule)}(?![\w-])", sources)]
+    assert untagged == []
+    paragraphs = re.split(r"\n(?=\*\*[A-Z]+[0-9]*(?:-[A-Za-z]+)* — )|\n\n", design)
+    unplaced = [
+        rule
+        for rule in rules
+        for text in paragraphs
+        if text.startswith(f"**{rule} — ") and "Code:" not in text
+    ]
+    assert unplaced == []

@@ -19,7 +19,7 @@ import zmq
 
 import wire
 from supervisor import QueueFull, Supervisor, UnknownTurn
-from supervisor._paths import private_dir, runtime_dir
+from supervisor.lowlevel import private_dir, runtime_dir
 
 pytestmark = pytest.mark.anyio
 

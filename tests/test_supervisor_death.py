@@ -139,9 +139,9 @@ async def test_sigkill_of_the_supervisor_leaves_nothing_behind() -> None:
 # "supervisor") holds, as a real worker does; the test closes it to play the supervisor's death.
 GUARDIAN_STANDS_DOWN = r"""
 import os, sys
-import worker._guards as m
+from worker import lowlevel as m
 guardian = m.start_guardian(int(sys.argv[1]))
-assert m._take_baton()  # this process is killing its tree already
+assert m.take_baton()  # this process is killing its tree already
 print("ready", flush=True)
 _, status = os.waitpid(guardian, 0)
 print(os.waitstatus_to_exitcode(status), flush=True)
@@ -149,7 +149,7 @@ print(os.waitstatus_to_exitcode(status), flush=True)
 
 GUARDIAN_ACTS = r"""
 import os, subprocess, sys, time
-import worker._guards as m
+from worker import lowlevel as m
 guardian = m.start_guardian(int(sys.argv[1]))
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # allowed: a child that lives
 print(child.pid, guardian, flush=True)

@@ -28,12 +28,12 @@ import psutil
 import pytest
 
 from supervisor import Supervisor
-from supervisor._engine import procs as _procs
-from worker import _cgroup
+from supervisor import lowlevel as sup_lowlevel
+from worker import lowlevel
 
 pytestmark = pytest.mark.anyio
 
-HAVE_CGROUP = _cgroup.usable()
+HAVE_CGROUP = lowlevel.cgroups_usable()
 MODES = [
     pytest.param(
         True,
@@ -102,9 +102,9 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     worker's cgroup before the supervisor scans for orphans, so a setsid daemon is by then a
     zombie of ours with no marker and a cgroup shown as "(deleted)". The scan must still name
     it (by its cgroup), or it is never reaped and the result arrives before quiescence."""
-    own = _cgroup.cgroup_of()
+    own = lowlevel.cgroup_of()
     assert own is not None
-    path = os.path.join(own, f"{_cgroup.POOL_PREFIX}{os.getpid()}-test-removed")
+    path = os.path.join(own, f"{lowlevel.CGROUP_POOL_PREFIX}{os.getpid()}-test-removed")
     os.mkdir(path)
     daemon = subprocess.Popen(
         [sys.executable, "-c", "import signal\nwhile True: signal.pause()"], start_new_session=True
@@ -113,17 +113,17 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
             f.write(str(daemon.pid))
-        assert _cgroup.kill_and_remove(path)  # what the guardian does: kill, wait until empty, rmdir
+        assert lowlevel.cgroup_kill_and_remove(path)  # what the guardian does: kill, wait until empty, rmdir
         select.select([fd], [], [], BOUND)  # exited (a zombie: nobody reaped it)
         assert psutil.Process(daemon.pid).status() == psutil.STATUS_ZOMBIE
-        assert _cgroup.cgroup_of(daemon.pid) is None  # removed: not a live cgroup any more
+        assert lowlevel.cgroup_of(daemon.pid) is None  # removed: not a live cgroup any more
         gone_worker = daemon.pid + 1_000_000  # no process leads its session: only the cgroup can match
-        assert daemon.pid in _procs.orphans_of(gone_worker, "no-marker", set(), path)
+        assert daemon.pid in sup_lowlevel.orphans_of(gone_worker, "no-marker", set(), path)
     finally:
         os.close(fd)
         daemon.kill()
         daemon.wait()
-        _cgroup.remove(path)
+        lowlevel.cgroup_remove(path)
 
 
 @pytest.mark.parametrize("cgroups", MODES)
@@ -201,9 +201,9 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
         if cgroups:
             # Each guardian emptied and removed its worker's cgroup; the pool itself (its owner
             # died by SIGKILL) is what the next supervisor's start sweeps: do that here.
-            assert _cgroup.procs(seen["pool"]) == [] and not _cgroup.populated(seen["pool"])
+            assert lowlevel.cgroup_procs(seen["pool"]) == [] and not lowlevel.cgroup_populated(seen["pool"])
             assert await anyio.to_thread.run_sync(_subdirs, seen["pool"]) == []
-            assert seen["pool"] in _cgroup.sweep_stale(os.path.dirname(seen["pool"]))
+            assert seen["pool"] in lowlevel.cgroup_sweep_stale(os.path.dirname(seen["pool"]))
     finally:
         if host.poll() is None:
             host.kill()
@@ -245,7 +245,7 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
                 assert pool is not None and Path(pool).is_dir()  # noqa: ASYNC240 - one stat
                 paths = set()
                 for w in sup.status()["workers"]:
-                    path = _cgroup.cgroup_of(w["pid"])
+                    path = lowlevel.cgroup_of(w["pid"])
                     assert path is not None and os.path.dirname(path) == pool, (path, pool)
                     assert w["cgroup"] == path
                     paths.add(path)
@@ -274,9 +274,9 @@ def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
     """A pool cgroup named for a dead owner, holding one live process of ours."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that is dead: the stale pool's "owner"
-    own = _cgroup.cgroup_of(os.getpid())
+    own = lowlevel.cgroup_of(os.getpid())
     assert own is not None
-    stale = os.path.join(own, f"{_cgroup.POOL_PREFIX}{gone.pid}-0")
+    stale = os.path.join(own, f"{lowlevel.CGROUP_POOL_PREFIX}{gone.pid}-0")
     os.mkdir(stale)
     os.mkdir(os.path.join(stale, "w1"))
     victim = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
@@ -289,10 +289,10 @@ def _cleanup_stale(stale: str, victim: subprocess.Popen[bytes]) -> None:
     if victim.poll() is None:
         victim.kill()
         victim.wait()
-    own = str(_cgroup.cgroup_of(os.getpid()))
+    own = str(lowlevel.cgroup_of(os.getpid()))
     for path in (os.path.join(stale, "w1"), stale):
         if os.path.isdir(path):
-            for pid in _cgroup.procs(path):
+            for pid in lowlevel.cgroup_procs(path):
                 with open(os.path.join(own, "cgroup.procs"), "w") as f:
                     f.write(str(pid))
             os.rmdir(path)

@@ -54,6 +54,7 @@ ErrorCode = Literal[
     "dropped",  # this client stopped reading until its send queue filled: the request was dropped
     "too_large",  # the reply would not fit in one message (the turn is unharmed)
 ]
+# R24: the client protocol grows by addition; a version-1 client gets new codes as internal.
 V1_ERROR_CODES: tuple[str, ...] = (
     "malformed",
     "protocol",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from . import _cgroup, _tree
 
 
+# R-guardian: the guardian outlives its worker and sweeps after it.
 def run(
     worker_pid: int,
     worker_start: int | None,

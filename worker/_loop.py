@@ -212,6 +212,7 @@ class WorkerLoop:
 
     def on_abort(self, msg: Abort) -> None:
         turn = self.current
+        # R1: an Abort for a turn this worker does not run never reaches the one it runs.
         if turn is None or turn.id != msg.turn_id:
             # Not running it: it may be waiting here (handed ahead); otherwise stale, dropped.
             for run in self.pending:
@@ -315,6 +316,7 @@ class WorkerLoop:
                 with anyio.CancelScope() as scope:
                     self.current_scope = scope
                     try:
+                        # R17: async agents on the main thread, plain def agents in a thread.
                         if is_async:
                             result = await fn(turn)
                         else:
@@ -327,6 +329,7 @@ class WorkerLoop:
                         outcome = "aborted"
                         raise
                     except Exception as exc:  # noqa: BLE001
+                        # R8: an unrelated exception after a cancel stays failed.
                         outcome = "aborted" if _is_cancellation(exc, turn) else "failed"
                         if outcome == "failed":
                             error = _error(exc)

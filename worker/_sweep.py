@@ -21,6 +21,7 @@ from . import _tree
 _THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
 
 
+# R-sweep: a turn's end sweeps its processes.
 class TurnSweep:
     def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = ("life-pipe",)) -> None:
         self.me = os.getpid()

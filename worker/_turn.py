@@ -104,6 +104,7 @@ class Turn:
         self.signal = CancelSignal()
         self._conn = conn
 
+    # R18: an emitted event is on the wire when emit returns.
     async def emit(self, event: Any) -> None:
         """Stream ``event`` (anything msgspec encodes). On return it is on the wire.
 

@@ -47,6 +47,18 @@ from ._tree import TREE_ENV  # noqa: F401 - re-exported: where it used to live
 _CGROUP_POOL: str | None = None  # --cgroup-pool: workers join <pool>/<worker id>
 
 
+def _reap(pid: int) -> None:
+    """Wait for the intermediate child ``pid`` (it exits at once, having forked the worker)."""
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            return
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
+
+
 def _preload(modules: list[str]) -> None:
     # The worker stack itself: everything a worker imports before its first turn.
     import anyio
@@ -196,14 +208,7 @@ def _prepare_embryo(
             os._exit(0)
     er.close()
     os.close(pw)
-    while True:
-        try:
-            os.waitpid(mid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            break
+    _reap(mid)
     data = os.read(pr, 64)
     os.close(pr)
     try:
@@ -288,14 +293,7 @@ def _fork_worker(
             os.write(resp_fd, f"{worker_id} -1\n".encode())
         finally:
             os._exit(0)
-    while True:
-        try:
-            os.waitpid(mid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            break
+    _reap(mid)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
 """The worker side's low-level public face: what the supervisor, tests and benchmarks may use of
-the process-tree, start-marker, End-log and cgroup helpers (``_tree``, ``_marker``, ``_endlog``, ``_cgroup``).
+the process-tree, start-marker, End-log, cgroup and process-guard helpers (``_tree``, ``_marker``,
+``_endlog``, ``_cgroup``, ``_guards``).
 
 Those modules stay private (their layout may change); this list is the approved way in, so the
 supervisor never imports ``worker._x``. Linux only, like the rest of the worker. Agents have no
@@ -17,8 +18,14 @@ from ._cgroup import pss_bytes as cgroup_pss_bytes
 from ._cgroup import remove as cgroup_remove
 from ._cgroup import sweep_stale as cgroup_sweep_stale
 from ._cgroup import usable as cgroups_usable
+from ._endlog import HEAD as ENDLOG_HEAD
+from ._endlog import REC as ENDLOG_REC
+from ._endlog import SIZE as ENDLOG_SIZE
+from ._endlog import EndLog
 from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
+from ._guards import EXIT_LINK_LOST, start_guardian
+from ._guards import _take_baton as take_baton
 from ._marker import path_for as marker_path_for
 from ._marker import read as marker_read
 from ._marker import read_noted as marker_read_noted
@@ -34,9 +41,21 @@ from ._tree import (
     thaw,
 )
 
+# What each name is for, beyond the supervisor's own use:
+# - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout (E1),
+#   so a test can write a log and damage a record as a dying worker could;
+# - ``start_guardian``, ``take_baton``, ``EXIT_LINK_LOST``: the worker's process guards (its
+#   guardian process, the baton that lets exactly one of worker and guardian kill the tree, the
+#   exit code of a worker whose link to the supervisor is lost), for tests that play the worker.
+
 __all__ = [
     "CGROUP_POOL_PREFIX",
+    "ENDLOG_HEAD",
+    "ENDLOG_REC",
+    "ENDLOG_SIZE",
+    "EXIT_LINK_LOST",
     "CgroupPool",
+    "EndLog",
     "TREE_ENV",
     "cgroup_kill",
     "cgroup_kill_and_remove",
@@ -59,5 +78,7 @@ __all__ = [
     "session_of",
     "set_child_subreaper",
     "signal_all",
+    "start_guardian",
+    "take_baton",
     "thaw",
 ]

@@ -10,7 +10,7 @@ the zygote in ``zygote.py`` and process-tree work in ``procs.py``), the turn tab
 public methods.
 """
 
-from .options import AGENT_RE, MAX_GRACE, check_agent, check_optional_str, check_seconds
+from .options import AGENT_RE, MAX_GRACE, check_agent, check_count, check_optional_str, check_seconds
 from .procs import check_agent_path
 from .supervisor import Supervisor
 from .turns import TurnRecord
@@ -22,6 +22,7 @@ __all__ = [
     "TurnRecord",
     "check_agent",
     "check_agent_path",
+    "check_count",
     "check_optional_str",
     "check_seconds",
 ]

@@ -70,6 +70,7 @@ class Admission:
             raise QueueFull(f"the queue already holds {sup.max_queue} turns")
         if turn_id is None:
             turn_id = f"{sup._prefix}-{next(self.ids)}"
+        # R1: the turn's one cancellation holder, new for every accepted turn.
         turn = TurnRecord(
             turn_id=turn_id,
             agent=agent,

@@ -117,6 +117,7 @@ class Dispatcher:
             if not gave:
                 return
 
+    # P1: a handed turn is still queued until its worker reports it started.
     def _hand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
         turn.state = "handed"
         turn.worker = slot
@@ -178,6 +179,7 @@ class Dispatcher:
             turn.started = True
             turn.started_at = started_at
             if turn.timeout is not None:
+                # R15: the deadline counts from the start and cancels with cause deadline.
                 turn.timer = self.sup._timers.call_at(
                     started_at + turn.timeout, self.sup._ladder.deadline, turn
                 )

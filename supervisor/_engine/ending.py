@@ -33,6 +33,7 @@ class Finisher:
         self.causes: collections.Counter[str] = collections.Counter()
         self.idle_waiters: list[anyio.Event] = []
 
+    # R10: idle means every turn ended, each after its worker's tree was reaped.
     async def wait_idle(self) -> None:
         """Return once no turn is active (accepted and not ended)."""
         while self.sup._active:
@@ -52,6 +53,7 @@ class Finisher:
         sup = self.sup
         now = sup._clock()
         cause = turn.cause
+        # R9: disposal wins.
         if sup._disposing and outcome in ("aborted", "killed"):
             cause = DISPOSED  # disposal wins over an earlier user or parent cause
         started_at = turn.started_at
@@ -81,6 +83,7 @@ class Finisher:
         if turn.state == "running":
             sup._running -= 1
         live_children = [c for c in turn.children if c in sup._turns and sup._turns[c].state != "ended"]
+        # R11: a child never outlives its parent: the parent's result waits for them.
         if live_children:
             # A child never outlives its parent: hold the parent's result until they end.
             turn.state = "ending"

@@ -44,13 +44,16 @@ class Escalation:
         state = turn.state
         if state == "ended" or state == "ending":
             return turn.cause
+        # R3: first cause wins; an ended turn keeps its cause.
         first = turn.cause is None
         if first:
             turn.cause = cause
+        # R11: the children are cancelled first, with cause parent, recursively.
         for child_id in list(turn.children):
             child = sup._turns.get(child_id)
             if child is not None:
                 self.cancel(child, PARENT)
+        # R4: a queued turn is removed and ends aborted, never started.
         if state == "queued":
             sup._queue.discard(turn)
             sup._finish(turn, "aborted")
@@ -78,6 +81,7 @@ class Escalation:
         else:
             turn.esc_timer = sup._timers.call_later(turn.grace, self.escalate, turn, slot, 1)
 
+    # R6: exactly the turns queued at the call, and the running one: never armed for the future.
     def cancel_session(self, session: str, cause: Cause) -> list[str]:
         sup = self.sup
         cancelled = []
@@ -98,6 +102,7 @@ class Escalation:
     def deadline(self, turn: TurnRecord) -> None:
         self.cancel(turn, wire.DEADLINE)
 
+    # R13: the ladder's steps, each keyed by the turn and logged with turn id, pid and step.
     def escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
         sup = self.sup
         if turn.state == "handed" and turn.worker is slot and slot.state != "dead":

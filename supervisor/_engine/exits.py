@@ -45,7 +45,7 @@ class ExitHandler:
         was = slot.state
         slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
         sup.link.drain()
-        # R13, quiescence: every descendant is killed and reaped before the turn's result is out.
+        # R10, R13: quiescence: every descendant is killed and reaped before the turn's result is out.
         code = await sup.pool.reap_exit(slot)
         sup._dispatch.busy.pop(slot, None)
         # Turns handed ahead never started: back to the front of the queue, unharmed, in order
@@ -112,6 +112,7 @@ class ExitHandler:
                 log.warning(
                     "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
                 )
+                # R16: a crash costs one turn and one worker (refilled below).
                 sup._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
         sup._notify_change()
         sup._fill_pool()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.supervisor")
 
 
+# R15, R-pss: memory is just a cause (memory), measured as the tree's PSS.
 class MemoryWatchdog:
     """Measures each busy worker's tree and cancels a turn over the limit (cause ``memory``)."""
 

@@ -175,6 +175,7 @@ def reap(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status)
 
 
+# R14: the fallback kill of a tree (freeze, list, signal); R-cgroup first where it can.
 def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     """Freeze the worker's tree, signal every process in it and its process group, thaw it
     (unless the signal is SIGKILL). Adds what it found to ``known``; returns the pids."""
@@ -219,6 +220,7 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | No
     return found
 
 
+# R-cgroup: cgroup.kill, then reap by pidfd, then remove.
 async def kill_cgroup(path: str) -> list[int]:
     """Kill everything in a dead worker's cgroup at once, wait for each process to exit (pidfds,
     no polling) and reap those that became our children; returns the pids seen."""
@@ -288,6 +290,7 @@ def tree_pids(pid: int) -> list[int]:
     return [pid, *lowlevel.descendants(pid)]
 
 
+# R-pss: memory is PSS.
 def memory_of_tree(pid: int) -> int:
     """Proportional set size (PSS) of the worker's whole tree, in bytes: each shared page is
     split between the processes that map it, so 500 forked children of a 46 MiB worker count

@@ -145,6 +145,7 @@ class Supervisor:
         self.workers = workers
         # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
+        # S4: shutdown is bounded whatever a client asks for.
         self.max_grace = require_seconds("max_grace", max_grace, positive=True)
         self.grace = require_seconds("grace", grace)
         self._check_grace("grace", self.grace)
@@ -683,6 +684,7 @@ class Supervisor:
             if not self._dispatch.ended_ahead(slot, msg):
                 self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
             return
+        # R7: exactly one outcome; once SIGTERM went out it is killed.
         if turn.escalation:
             return  # once SIGTERM went out the outcome is "killed", whatever the worker says
         # (A slot doomed only because a send to it failed still reports truthfully: a turn

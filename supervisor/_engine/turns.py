@@ -115,6 +115,12 @@ class TurnRecord:
         self.dispatchable = True
         self.clearing = False  # its "may run" row is being written
 
+    async def changed(self) -> None:
+        """Wait until the turn has news for its followers (an event, its end): ``wake_followers``."""
+        ev = anyio.Event()
+        self.waiters.append(ev)
+        await ev.wait()
+
     def wake_followers(self) -> None:
         if self.waiters:
             waiters, self.waiters = self.waiters, []
@@ -186,9 +192,7 @@ class TurnTable:
                     seq = turn.events_base
             if turn.state == "ended" or turn.pending_result is not None:
                 return
-            ev = anyio.Event()
-            turn.waiters.append(ev)
-            await ev.wait()
+            await turn.changed()
 
     def restore(self, result: TurnResult, now: float) -> None:
         """Register a turn that ended before this supervisor started (a daemon's journal), so it
@@ -271,6 +275,7 @@ class TurnQueue:
         """The turn left the queue by cancellation; the caller sets its state."""
         self.count -= 1
 
+    # R5: a session's next turn becomes ready only once the current one is quiescent.
     def session_quiescent(self, turn: TurnRecord) -> None:
         """``turn`` ended: if it was its session's current turn, the session's next queued
         turn (if any) becomes ready."""

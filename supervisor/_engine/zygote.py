@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from . import procs as _procs
 
 
+# P3: workers are forked from a zygote, and stay ours.
 class Zygote:
     def __init__(self, pid: int, req: socket.socket, resp_r: int) -> None:
         self.pid = pid

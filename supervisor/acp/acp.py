@@ -1,10 +1,11 @@
 """``turnpool acp``: an Agent Client Protocol agent over stdio, for editors.
 
-This module owns the command and the process: the stdio channel, the backend (an embedded
-``Supervisor`` or, with ``--connect``, the serve daemon's ``Client``), signals and shutdown.
-The protocol logic lives in ``_acp_agent`` (sessions, prompts, cancel) and ``_acp_events``
-(turn events → ``session/update``). The ``agent-client-protocol`` package (the ``acp`` extra)
-is imported only when the command runs, so the rest of the CLI works without it.
+This module owns the process: the stdio channel, the backend (an embedded ``Supervisor`` or,
+with ``--connect``, the serve daemon's ``Client``), signals and shutdown; the command (its
+options and their checks) is ``supervisor/cli/acp.py``. The protocol logic lives in ``agent.py``
+(sessions, prompts, cancel) and ``events.py`` (turn events → ``session/update``). The
+``agent-client-protocol`` package (the ``acp`` extra) is imported only when the command runs, so
+the rest of the CLI works without it.
 
 The stdio channel is private: at start the protocol's stdin and stdout are moved to fresh,
 non-inheritable descriptors; fd 0 becomes ``/dev/null`` and fd 1 a copy of stderr. Whatever
@@ -25,10 +26,7 @@ from typing import Any, cast
 import anyio
 
 from .._backend import open_backend
-from .._engine import check_agent
-from .._errors import InvalidAgent, TurnpoolError
-from ..cli import options
-from ..cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ..cli.exits import EXIT_OK
 
 log = logging.getLogger("turnpool.acp")
 
@@ -36,78 +34,6 @@ log = logging.getLogger("turnpool.acp")
 # One ACP message is one line: the reader must hold the largest one. Above the largest frame
 # the pool carries (wire.MAX_MESSAGE_SIZE, 32 MiB), far above asyncio's default of 64 KiB.
 STREAM_LIMIT = 64 * 1024 * 1024
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "acp",
-        help="an Agent Client Protocol agent over stdio, for editors",
-        description="Serve AGENT to an editor over the Agent Client Protocol (stdio). Each prompt runs "
-        "as a turnpool turn; session/cancel cancels it (cause user), and a turn that ignores "
-        "the cancel is killed after its grace. What the embedded pool's workers print goes to "
-        "stderr, each line prefixed w<n>[<pid>]; stdout carries the protocol alone.",
-    )
-    parser.add_argument("--agent", required=True, metavar="A", help="the agent, 'package.module:attr'")
-    options.add_pool_or_daemon(
-        parser,
-        workers_default=2,
-        workers_help="embedded pool size (default 2)",
-        connect_help="run turns on the serve daemon at endpoint E instead of an embedded pool",
-    )
-    options.add_ladder(
-        parser,
-        grace_help="seconds a cancelled turn has to stop before its worker is killed "
-        "(default: the pool's, 5 when embedded)",
-        kill_after_help="seconds between SIGTERM and SIGKILL (default: the pool's, 2 when embedded)",
-    )
-    parser.add_argument(
-        "--spares", type=options.count, default=1, metavar="K", help="warm spare workers (default 1)"
-    )
-    options.add_path(parser)
-    parser.add_argument(
-        "--log-level",
-        default="WARNING",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="log level of the messages written to stderr (default WARNING)",
-    )
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The ``acp`` command: returns the exit code."""
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, args.log_level),
-        format="turnpool acp: %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        check_agent(args.agent)
-    except InvalidAgent as exc:
-        print(f"turnpool acp: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        import acp  # noqa: F401
-    except ImportError:
-        print(
-            "turnpool acp: needs the agent-client-protocol package: pip install 'turnpool[acp]'",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    if args.connect is None and (args.workers < 1 or args.spares < 0):
-        print("turnpool acp: --workers must be >= 1 and --spares >= 0", file=sys.stderr)
-        return EXIT_USAGE
-    if args.path and args.connect is not None:
-        print(
-            "turnpool acp: --path is for the embedded pool; with --connect the daemon's own --path decides",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    try:
-        proto_in, proto_out = claim_stdio()
-        return anyio.run(_serve, args, proto_in, proto_out, backend="asyncio")
-    except (TurnpoolError, OSError, ValueError, TypeError) as exc:
-        print(f"turnpool acp: {exc}", file=sys.stderr)
-        return EXIT_FAILED
 
 
 def claim_stdio() -> tuple[int, int]:
@@ -138,7 +64,9 @@ async def open_stdio(proto_in: int, proto_out: int) -> tuple[asyncio.StreamReade
     return reader, asyncio.StreamWriter(transport, protocol, None, loop)
 
 
-async def _serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
+async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
+    """Serve ACP on the claimed descriptors until the editor goes away or a signal comes;
+    returns the exit code (the command is ``supervisor/cli/acp.py``)."""
     import acp
 
     from .agent import TurnpoolAgent

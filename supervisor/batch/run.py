@@ -255,7 +255,7 @@ def _kill_now(backend: Any, turn_ids: Iterable[str]) -> None:
     ends ``killed`` and its worker is replaced as usual). A daemon client has no such step: its
     daemon escalates the turns we already cancelled."""
     kill_now = getattr(backend, "kill_now", None)
-    if kill_now is None or not hasattr(backend, "_turns"):  # a Client: the daemon's ladder applies
+    if kill_now is None:  # a Client: the daemon's ladder applies
         return
     try:
         kill_now(turn_ids=list(turn_ids))

@@ -32,18 +32,19 @@ def _on_off(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
 
 
-# Options of ``serve`` that go to ``Supervisor`` (name, type, help). Parsed only as numbers here: the
-# same options come from a TOML config too, so ``Supervisor`` validates both the same way.
+# Options of ``serve`` that go to ``Supervisor`` (name, type, help). The same options come from a TOML
+# config too, so ``Supervisor`` validates both; the shared ones (workers, spares, grace, kill-after)
+# are parsed by ``options.py``'s types, which apply the same engine rules to a flag.
 SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
-    ("workers", int, "worker processes running turns (default 4)"),
-    ("grace", float, "seconds a cancelled turn has to stop before SIGTERM (default 5)"),
-    ("kill_after", float, "seconds after SIGTERM before SIGKILL (default 2)"),
+    ("workers", options.workers, "worker processes running turns (default 4)"),
+    ("grace", options.grace, "seconds a cancelled turn has to stop before SIGTERM (default 5)"),
+    ("kill_after", options.kill_after, "seconds after SIGTERM before SIGKILL (default 2)"),
     (
         "max_grace",
         float,
         "cap on the grace and kill-after a client may ask for; a submit above it is refused (default 300)",
     ),
-    ("spares", int, "warm spare workers (default 1)"),
+    ("spares", options.spares, "warm spare workers (default 1)"),
     ("max_turns_per_worker", int, "replace a worker after this many turns (default: never)"),
     (
         "max_rss_mb",
@@ -189,23 +190,19 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--turn-id", default=None, help="idempotency key: an existing id is not run again")
     submit.add_argument("--wait", action="store_true", help="wait and print the result as JSON")
     submit.add_argument("--follow", action="store_true", help="print events as JSON lines, then the result")
-    _endpoint(submit)
+    options.add_endpoint(submit)
     submit.set_defaults(func=cmd_submit)
 
     cancel = subparsers.add_parser("cancel", help="cancel a turn or a session (cause user)")
     cancel.add_argument("turn_id", nargs="?", default=None)
     cancel.add_argument("--session", default=None, help="cancel the session's running and queued turns")
-    _endpoint(cancel)
+    options.add_endpoint(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
     status = subparsers.add_parser("status", help="workers, queue and outcome counts of the daemon")
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
-    _endpoint(status)
+    options.add_endpoint(status)
     status.set_defaults(func=cmd_status)
-
-
-def _endpoint(parser: argparse.ArgumentParser) -> None:
-    options.add_endpoint(parser)
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> int:

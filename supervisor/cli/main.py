@@ -18,8 +18,8 @@ from .exits import EXIT_INTERRUPTED, EXIT_USAGE
 COMMAND_MODULES: tuple[str, ...] = (
     "supervisor.cli.daemon",  # serve, submit, cancel, status
     "supervisor.cli.journal",  # history, result
-    "supervisor.batch",  # batch
-    "supervisor.acp.acp",  # acp
+    "supervisor.cli.batch",  # batch
+    "supervisor.cli.acp",  # acp
 )
 
 

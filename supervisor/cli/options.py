@@ -1,13 +1,17 @@
 """Options shared by several ``turnpool`` commands, declared and validated once: the endpoint, the
 embedded pool's size, the escalation ladder's times (grace, kill-after), the agent path. A command
 adds them with these functions, so ``--grace -1`` or ``--workers 0`` is refused the same way (exit
-2, the same message) by every command."""
+2, the same message) by every command. The pool's size and the ladder's times are checked by the
+engine's own rules (``workers``, ``grace``, ``kill_after`` below), the ones a ``Supervisor`` and a
+``turnpool serve`` TOML config are held to: one rule, one message, wherever the value comes from."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 from typing import Any
+
+from .._engine import check_count, check_seconds
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -48,6 +52,29 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def _engine_rule(name: str, parse: Callable[[str], Any], check: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """An argparse type for the engine's option ``name``: parsed, then checked by the engine's rule."""
+
+    def checked(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        try:
+            return check(value)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    checked.__name__ = name  # argparse names the type in its messages
+    return checked
+
+
+workers = _engine_rule("workers", int, lambda v: check_count("workers", v, 1))
+spares = _engine_rule("spares", int, lambda v: check_count("spares", v, 0))
+grace = _engine_rule("grace", float, lambda v: check_seconds("grace", v))
+kill_after = _engine_rule("kill_after", float, lambda v: check_seconds("kill_after", v))
+
+
 ENDPOINT_HELP = "daemon endpoint (default: TURNPOOL_ENDPOINT or the per-user runtime dir)"
 
 
@@ -69,17 +96,15 @@ def add_pool_or_daemon(
     """``--workers N`` (an embedded pool) or ``--connect E`` / ``--endpoint E`` (a daemon), not both.
     With ``connect_default_endpoint``, ``--connect`` without a value means the default endpoint."""
     where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--workers", type=positive_int, default=workers_default, metavar="N", help=workers_help
-    )
+    where.add_argument("--workers", type=workers, default=workers_default, metavar="N", help=workers_help)
     extra: dict[str, Any] = {"nargs": "?", "const": ""} if connect_default_endpoint else {}
     where.add_argument("--connect", "--endpoint", dest="connect", metavar="E", help=connect_help, **extra)
 
 
 def add_ladder(parser: argparse.ArgumentParser, *, grace_help: str, kill_after_help: str) -> None:
     """``--grace S`` and ``--kill-after S``: the escalation ladder's times (default: the pool's)."""
-    parser.add_argument("--grace", type=seconds, default=None, metavar="S", help=grace_help)
-    parser.add_argument("--kill-after", type=seconds, default=None, metavar="S", help=kill_after_help)
+    parser.add_argument("--grace", type=grace, default=None, metavar="S", help=grace_help)
+    parser.add_argument("--kill-after", type=kill_after, default=None, metavar="S", help=kill_after_help)
 
 
 PATH_HELP = (

@@ -38,14 +38,11 @@ from wire import Cause, TurnResult, validate_cause
 
 from .._engine import check_agent, check_optional_str, check_seconds
 from .._errors import (
+    SUBMIT_ERROR_CODES,
     AuthenticationFailed,
-    DaemonShuttingDown,
     DaemonUnavailable,
     FollowerDropped,
-    InvalidAgent,
-    JournalUnavailable,
     ProtocolError,
-    QueueFull,
     SupervisorClosed,
     TurnpoolError,
     UnknownTurn,
@@ -140,6 +137,7 @@ class Client:
         self.protocol = wire.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
+    # D7: never hang on a missing daemon (connect and request timeouts).
     def connect(
         cls,
         endpoint: str | None = None,
@@ -221,6 +219,7 @@ class Client:
                 except DaemonUnavailable:
                     pass
             if self._auth_failed and self.curve_secret_key is None:
+                # R25: a refused key is an authentication error.
                 raise AuthenticationFailed(
                     f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
                     "(pass curve_server_key and curve_secret_key)"
@@ -627,18 +626,9 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
         return UnknownTurn(turn_id)
     if code == "unknown_turn":
         return TurnpoolError(message)
-    if code == "invalid_agent":
-        return InvalidAgent(message)
-    if code == "bad_type":
-        return TypeError(message)
-    if code == "bad_value":
-        return ValueError(message)
-    if code == "queue_full":
-        return QueueFull(message)
-    if code == "shutting_down":
-        return DaemonShuttingDown(message)
-    if code == "journal_unavailable":
-        return JournalUnavailable(message)
+    for kind, known in SUBMIT_ERROR_CODES:  # the daemon's own table, read the other way
+        if known == code:
+            return kind(message)
     if code in ("protocol", "malformed"):
         return ProtocolError(f"{message} (daemon at {endpoint})")
     if code == "lagged":

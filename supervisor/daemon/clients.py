@@ -105,6 +105,7 @@ class ClientTable:
         return sum(len(p.tasks) for p in self.peers.values())
 
 
+# D6: followers are flow-controlled (window and credit).
 class FollowStream:
     """One follow: its cancel scope and, with a window, what the client still allows.
 

@@ -86,6 +86,7 @@ class ClientEndpoint:
         self._lock_fd = -1
         self._owns_socket_file = False
 
+    # D1: one daemon per endpoint (flock on <socket>.lock), private by default.
     def claim(self) -> None:
         """Take the endpoint's lock (``ipc://``); raises ``DaemonAlreadyRunning`` if a live daemon has it."""
         path = ipc_path(self.address)

@@ -68,6 +68,7 @@ from .journal_schema import (
     state_dir,
 )
 
+# J10: durability is chosen, and said.
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 """``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
 
@@ -336,6 +337,7 @@ class Journal:
             (attempts, turn_id),
         )
 
+    # J2: the durable record is coarse: outcome, error type and message, cause kind.
     def ended(self, result: TurnResult) -> None:
         self.write(
             "UPDATE turns SET state='ended', ended_at=?, outcome=?, cause=?, error_type=?, error_message=?,"

@@ -67,6 +67,7 @@ class JournalError(TurnpoolError):
     other users can read or write."""
 
 
+# J4: a bad journal is refused untouched (read-only checks).
 def check_existing(path: Path) -> None:
     """Validate an existing file read-only, so a bad file is refused without being touched."""
     try:
@@ -94,6 +95,7 @@ def check_existing(path: Path) -> None:
         con.close()
 
 
+# J9: the journal is private.
 def check_private_dir(directory: Path) -> None:
     """Refuse a journal directory that other users can read or write: the journal holds every
     turn's input and output."""

@@ -120,6 +120,7 @@ class Writer:
         return None, conflicts
 
 
+# J5: retention in chunks, so it never blocks serving.
 def compact(con: sqlite3.Connection, keep_days: float) -> int:
     """Delete ended turns older than ``keep_days`` in chunks of 500 (each its own statement, so a
     reader never waits long); returns how many."""
@@ -145,6 +146,7 @@ def main() -> int:
     init = recv(sock)
     if init is None:
         return 0
+    # J9: private from the first byte.
     os.umask(0o077)  # SQLite makes -wal and -shm with the umask: private from the start
     writer = Writer(init)
     try:

@@ -41,6 +41,7 @@ log = logging.getLogger("turnpool.daemon")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+# D10: metrics are read from the supervisor and daemon at scrape time, not mirrored.
 class Metrics:
     """Counters the daemon keeps, and the collector that reads the rest from the supervisor."""
 

@@ -25,10 +25,8 @@ import msgspec
 import wire
 
 from .._errors import (
-    InvalidAgent,
+    SUBMIT_ERROR_CODES,
     JournalUnavailable,
-    QueueFull,
-    SupervisorClosed,
     UnknownTurn,
 )
 from .clients import COALESCE, EVENTS_BATCH_BYTES, FollowStream
@@ -39,16 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.daemon")
 
-# A refused submit's error code, by the first class that matches (subclasses before their bases).
-_SUBMIT_ERROR_CODES: tuple[tuple[type[Exception], wire.ErrorCode], ...] = (
-    (InvalidAgent, "invalid_agent"),
-    (QueueFull, "queue_full"),
-    (SupervisorClosed, "shutting_down"),
-    (JournalUnavailable, "journal_unavailable"),
-    (TypeError, "bad_type"),
-    (ValueError, "bad_value"),
-)
-_SUBMIT_ERRORS = tuple(kind for kind, _ in _SUBMIT_ERROR_CODES)
+_SUBMIT_ERRORS = tuple(kind for kind, _ in SUBMIT_ERROR_CODES)
 
 
 class Requests:
@@ -59,6 +48,7 @@ class Requests:
         self._send = daemon._send
         self._task = daemon._task
 
+    # D4: requests are multiplexed by req, each answered with its typed reply.
     def handle(self, ident: bytes, msg: Any) -> None:
         """Answer one decoded request from the client ``ident``."""
         sup = self.daemon.sup
@@ -79,10 +69,8 @@ class Requests:
             case wire.Submit():
                 self._submit(ident, msg)
             case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
-                try:
-                    turn = sup.record(turn_id)
-                except UnknownTurn as exc:
-                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                turn = self._record(ident, req, turn_id)
+                if turn is None:
                     return
                 winner = self._cancel(lambda: sup.cancel_record(turn, cause), [turn_id])
                 self._send(ident, wire.Cancelled(req, winner))
@@ -100,10 +88,8 @@ class Requests:
             case wire.GetResult(req=req, turn_id=turn_id):
                 self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
             case wire.Follow(req=req, turn_id=turn_id, window=window):
-                try:
-                    followed = sup.record(turn_id)
-                except UnknownTurn as exc:
-                    self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                followed = self._record(ident, req, turn_id)
+                if followed is None:
                     return
                 if window < 0:
                     self._send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
@@ -131,6 +117,15 @@ class Requests:
             case wire.WhenIdle(req=req):
                 self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
 
+    def _record(self, ident: bytes, req: int, turn_id: str) -> TurnRecord | None:
+        """The record of ``turn_id``, or ``None`` once ``unknown_turn`` is answered."""
+        assert self.daemon.sup is not None
+        try:
+            return self.daemon.sup.record(turn_id)
+        except UnknownTurn as exc:
+            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+            return None
+
     def _submit(self, ident: bytes, msg: wire.Submit) -> None:
         req = msg.req
         try:
@@ -145,7 +140,7 @@ class Requests:
                 retry=msg.retry,
             )
         except _SUBMIT_ERRORS as exc:
-            code = next(code for kind, code in _SUBMIT_ERROR_CODES if isinstance(exc, kind))
+            code = next(code for kind, code in SUBMIT_ERROR_CODES if isinstance(exc, kind))
             self._send(ident, wire.Error(req, code, str(exc)))
             return
         if gates:
@@ -270,9 +265,7 @@ class Requests:
                 if turn.state == "ended" or turn.pending_result is not None:
                     self._send(ident, wire.FollowEnd(req))
                     return
-                ev = anyio.Event()
-                turn.waiters.append(ev)
-                await ev.wait()
+                await turn.changed()
         finally:
             if self.daemon._streams.get((ident, req)) is stream:
                 del self.daemon._streams[(ident, req)]

@@ -111,6 +111,7 @@ class Daemon:
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
 
+        # D9: hook sites for a journal.
         # Hook sites (a durable journal hooks in here). Called on the event loop; must not block.
         # An accept hook may return an awaitable: the submit is acknowledged only once it is done
         # (e.g. the journal row is committed).
@@ -263,6 +264,7 @@ class Daemon:
             self._sock = self._sync = None
             self._endpoint.close()
 
+    # D8: shutdown drains, then disposal wins.
     async def _shutdown(self) -> None:
         assert self.sup is not None and self._skip_drain is not None
         self.accepting = False
@@ -328,6 +330,7 @@ class Daemon:
             log.exception("request %r failed", msg)
             self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
 
+    # D5: a bad frame costs one reply.
     def _malformed(self, ident: bytes, why: str) -> None:
         self.malformed += 1
         # Warn about the first few only: a flood of garbage must not flood the log too.
@@ -394,6 +397,7 @@ class Daemon:
         if stream is not None:
             stream.scope.cancel()
 
+    # D2: a client never owns a turn: a client gone frees its requests, never cancels a turn.
     def _forget(self, ident: bytes) -> None:
         """The client is gone: free everything it held."""
         peer = self._clients.forget(ident)
@@ -535,6 +539,7 @@ class Daemon:
         sup = self.sup
         assert sup is not None
         turn_id = options["turn_id"]
+        # D3: submit is idempotent by turn_id.
         if turn_id is not None and sup.find(turn_id) is not None:
             # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
             # Not durable yet: acknowledged when (and if) the first submit's row commits.

@@ -13,6 +13,18 @@ Needs the ``http`` extra (``pip install 'turnpool[http]'``). See ``docs/http.md`
 """
 
 from ._listen import is_loopback, parse_listen, read_token
+from ._schema import ErrorReply, Submitted, TurnList, TurnState
 from ._server import HttpFrontEnd, attach_http
 
-__all__ = ["HttpFrontEnd", "attach_http", "is_loopback", "parse_listen", "read_token"]
+# The reply types are the API's own documents (the OpenAPI schema is generated from them).
+__all__ = [
+    "ErrorReply",
+    "HttpFrontEnd",
+    "Submitted",
+    "TurnList",
+    "TurnState",
+    "attach_http",
+    "is_loopback",
+    "parse_listen",
+    "read_token",
+]

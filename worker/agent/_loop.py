@@ -193,6 +193,7 @@ class AgentLoop:
         self._chan.attach()
         self._chan.drain()  # stale cancels from before this run never reach it
 
+    # R19: the agent loop's abort becomes its typed Cancelled after its hooks ran.
     async def _finalize(self, steps: Any) -> RunResult:
         """The spec's ``finalize_interruption``: every result of run()/resume() passes here."""
         try:
