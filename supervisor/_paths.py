@@ -99,6 +99,50 @@ def default_endpoint() -> str:
     return f"ipc://{runtime_dir() / 'supervisor.sock'}"
 
 
+def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
+    """``endpoint`` if it is one turnpool can use, else ``ValueError`` naming it and what is wrong (R-EP).
+
+    The one place an endpoint is judged, for the daemon (``bind``: ``tcp://*:0`` allowed) and for
+    every client: ZeroMQ itself accepts a malformed address without complaint and then waits for
+    a peer that can never come, so a typo would hang a command until Ctrl-C. Accepted:
+    ``ipc://PATH`` (at most 107 bytes, or ``ipc://@name``, abstract) and ``tcp://HOST:PORT``
+    (a port in 1–65535; 0 too when binding: any free port)."""
+    if not isinstance(endpoint, str):
+        raise TypeError(f"endpoint must be a string, got {type(endpoint).__name__}")
+    shown = _cut(endpoint)
+    if "://" not in endpoint:
+        hint = f" (for a socket file write ipc://{endpoint})" if endpoint.startswith("/") else ""
+        raise ValueError(f"endpoint {shown} has no scheme: write ipc://PATH or tcp://HOST:PORT{hint}")
+    scheme, rest = endpoint.split("://", 1)
+    if scheme == "ipc":
+        if not rest or rest == "@":
+            raise ValueError(f"endpoint {shown} has no path: write ipc:///path/to/turnpool.sock")
+        if len(rest.encode()) > IPC_PATH_MAX:
+            raise ValueError(
+                f"endpoint {shown} is too long: a unix socket path holds {IPC_PATH_MAX} bytes, this one "
+                f"{len(rest.encode())}; choose a shorter path"
+            )
+        return endpoint
+    if scheme != "tcp":
+        raise ValueError(f"endpoint {shown} has an unknown scheme {scheme!r}: write ipc://PATH or tcp://HOST:PORT")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or host.endswith(":") and not host.startswith("["):
+        raise ValueError(f"endpoint {shown} has no port: write tcp://HOST:PORT")
+    if not port.isdigit() or not (0 if bind else 1) <= int(port) <= 65535:
+        low = 0 if bind else 1
+        raise ValueError(f"endpoint {shown} has no valid port ({port!r}): write tcp://HOST:PORT, PORT {low}–65535")
+    if host == "*" and not bind:
+        raise ValueError(f"endpoint {shown} names no host to connect to: write tcp://HOST:PORT")
+    return endpoint
+
+
+def _cut(text: str, limit: int = 120) -> str:
+    """``repr(text)``, cut for an error message when it is long (the length is said)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -48,7 +48,7 @@ from .._errors import (
     UnknownTurn,
 )
 from .._handle import TurnHandle
-from .._paths import default_endpoint
+from .._paths import check_endpoint, default_endpoint
 from .._sync import SyncFront
 from ..daemon.endpoint import ipc_path, socket_options
 
@@ -110,7 +110,7 @@ class Client:
         curve_secret_key: str | os.PathLike[str] | None = None,
         follow_window: int = 1024,
     ) -> None:
-        self.endpoint = endpoint or default_endpoint()
+        self.endpoint = check_endpoint(endpoint or default_endpoint())  # R-EP: fail fast, never hang
         self.timeout = check_seconds("timeout", timeout, allow_none=False, positive=True)
         self.request_timeout = check_seconds(
             "request_timeout", request_timeout, allow_none=False, positive=True

@@ -30,6 +30,7 @@ import zmq.asyncio
 import wire
 
 from .._errors import DaemonAlreadyRunning
+from .._paths import check_endpoint
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -67,8 +68,7 @@ class ClientEndpoint:
         curve_clients: str | os.PathLike[str] | None = None,
         insecure_tcp: bool = False,
     ) -> None:
-        if not address.startswith(("ipc://", "tcp://")):
-            raise ValueError(f"endpoint must be ipc://PATH or tcp://HOST:PORT, got {address!r}")
+        check_endpoint(address, bind=True)  # R-EP
         if curve_secret_key is not None and curve_clients is None:
             raise ValueError("CURVE needs the directory of allowed client certificates (--curve-clients)")
         if address.startswith("tcp://") and curve_secret_key is None and not insecure_tcp:
