@@ -8,6 +8,18 @@ if TYPE_CHECKING:
     from wire import ErrorCode
 
 
+SHOWN_ID_CHARS = 64  # an id longer than this is cut in error messages (its length is said)
+
+
+def shown_id(value: object) -> str:
+    """``repr(value)`` for an error message, cut when long: a 5000-character id must not flood a
+    terminal or a log line; its start and its length are enough to recognise it."""
+    text = repr(value)
+    if not isinstance(value, str) or len(value) <= SHOWN_ID_CHARS:
+        return text
+    return f"{value[:SHOWN_ID_CHARS]!r}… ({len(value)} characters)"
+
+
 class TurnpoolError(Exception):
     """Base of every error turnpool raises at its API boundary."""
 
@@ -25,7 +37,7 @@ class UnknownTurn(TurnpoolError, LookupError):
     """Raised by ``handle``, ``cancel`` and ``result`` for a turn id the supervisor does not know."""
 
     def __init__(self, turn_id: str) -> None:
-        super().__init__(f"unknown turn id {turn_id!r}")
+        super().__init__(f"unknown turn id {shown_id(turn_id)}")
         self.turn_id = turn_id
 
     def __str__(self) -> str:  # LookupError would repr() the message

@@ -124,13 +124,17 @@ def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
             )
         return endpoint
     if scheme != "tcp":
-        raise ValueError(f"endpoint {shown} has an unknown scheme {scheme!r}: write ipc://PATH or tcp://HOST:PORT")
+        raise ValueError(
+            f"endpoint {shown} has an unknown scheme {scheme!r}: write ipc://PATH or tcp://HOST:PORT"
+        )
     host, sep, port = rest.rpartition(":")
     if not sep or not host or host.endswith(":") and not host.startswith("["):
         raise ValueError(f"endpoint {shown} has no port: write tcp://HOST:PORT")
     if not port.isdigit() or not (0 if bind else 1) <= int(port) <= 65535:
         low = 0 if bind else 1
-        raise ValueError(f"endpoint {shown} has no valid port ({port!r}): write tcp://HOST:PORT, PORT {low}–65535")
+        raise ValueError(
+            f"endpoint {shown} has no valid port ({port!r}): write tcp://HOST:PORT, PORT {low}–65535"
+        )
     if host == "*" and not bind:
         raise ValueError(f"endpoint {shown} names no host to connect to: write tcp://HOST:PORT")
     return endpoint

@@ -45,15 +45,64 @@ _from_worker = msgspec.msgpack.Decoder(list[FromWorker])
 encode = _encoder.encode
 
 
-def encode_payload(value: Any, *, what: str = "value") -> msgspec.Raw:
-    """Encode a user value (turn input, output, event) once; raise ``TypeError`` if it can't be."""
+def encode_payload(value: Any, *, what: str = "value", exact: bool = False) -> msgspec.Raw:
+    """Encode a user value (turn input, output, event) once; raise ``TypeError`` if it can't be.
+
+    With ``exact`` (a turn's input, W-IN), a value msgspec would silently turn into a string
+    is refused too (``check_round_trip``)."""
     try:
         data = _encoder.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{what} is not encodable with msgspec: {exc}") from None
     if len(data) > MAX_PAYLOAD_SIZE:
         raise PayloadTooLarge(f"{what} is {len(data)} bytes encoded; the limit is {MAX_PAYLOAD_SIZE}")
-    return msgspec.Raw(data)
+    raw = msgspec.Raw(data)
+    if exact:
+        check_round_trip(value, raw, what=what)
+    return raw
+
+
+def check_round_trip(value: Any, raw: msgspec.Raw, *, what: str = "value") -> None:
+    """Refuse a value that msgspec encoded but that would not come back as itself (W-IN).
+
+    msgspec writes ``Decimal``, ``UUID``, ``date``, ``time``, ``timedelta``, a naive
+    ``datetime`` or a string-valued ``Enum`` as strings: the agent would get ``"1.5"`` for
+    ``Decimal("1.5")`` without a word. Such a value raises ``TypeError`` naming where it is
+    (``$.k[1]``) and what to send instead. A timezone-aware ``datetime`` travels as a msgpack
+    timestamp and comes back a ``datetime``: it is accepted. Cheap when nothing is wrong: the
+    decoded value is compared with the original once (C code); only a mismatch (tuples and sets
+    also come back as lists) walks the value to find the culprit."""
+    back = msgspec.msgpack.decode(raw)
+    if back == value:
+        return
+    found = _stringified(value, back, "$")
+    if found is not None:
+        path, kind = found
+        raise TypeError(
+            f"{what} at {path} is a {kind}, which msgspec would turn into a string: send it as one "
+            "(str(x), x.isoformat()) or as a number, so that the agent gets what was sent"
+        )
+
+
+def _stringified(value: Any, back: Any, path: str) -> tuple[str, str] | None:
+    """The first place where ``value`` came back as a string it was not; ``None`` if nowhere."""
+    if isinstance(value, str):
+        return None
+    if isinstance(back, str):
+        return path, type(value).__name__
+    if isinstance(value, dict) and isinstance(back, dict):
+        for (k, v), (bk, bv) in zip(value.items(), back.items(), strict=False):
+            if isinstance(bk, str) and not isinstance(k, str):
+                return f"{path} (a key)", type(k).__name__
+            found = _stringified(v, bv, f"{path}.{bk}" if isinstance(bk, str) else f"{path}[{bk!r}]")
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple, set, frozenset)) and isinstance(back, list):
+        for i, (v, bv) in enumerate(zip(value, back, strict=False)):
+            found = _stringified(v, bv, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def decode_payload(raw: msgspec.Raw | bytes | None) -> Any:

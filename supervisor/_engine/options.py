@@ -9,7 +9,7 @@ from typing import Any
 
 import wire
 
-from .._errors import InvalidAgent
+from .._errors import InvalidAgent, shown_id
 
 AGENT_RE = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -62,7 +62,7 @@ def check_optional_str(name: str, value: Any) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_TURN_ID:
         raise TypeError(
-            f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {value!r}"
+            f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {shown_id(value)}"
         )
     return value
 

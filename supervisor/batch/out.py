@@ -45,6 +45,9 @@ class ResultLog:
         self.written = 0
 
     def open(self) -> None:
+        if self.path == "-":  # ``-o -``: standard output (a copy of fd 1, closed with the log)
+            self._fd = os.dup(1)
+            return
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -54,7 +57,7 @@ class ResultLog:
         while view:  # a regular file takes it all at once; the loop only guards a short write
             n = os.write(self._fd, view)
             view = view[n:]
-        if self.fsync:
+        if self.fsync and self.path != "-":
             os.fsync(self._fd)
         self.written += 1
 

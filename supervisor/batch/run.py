@@ -22,13 +22,13 @@ import inspect
 import itertools
 import logging
 import os
+import random
 import secrets
 import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from os import PathLike
 from typing import Any
 
@@ -36,7 +36,7 @@ import anyio
 
 from wire import OUTCOMES, TurnResult
 
-from .._errors import TurnpoolError
+from .._errors import QueueFull, TurnpoolError
 from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import Previous, ResultLog, read_previous
@@ -46,6 +46,9 @@ log = logging.getLogger("turnpool.batch")
 RETRYABLE = frozenset({"failed", "aborted", "killed", "crashed"})
 DEFAULT_RETRY_ON = frozenset({"crashed", "killed"})
 STOP_INTERRUPTED = "interrupted"
+# B-FULL: a submit refused with QueueFull is retried after a wait growing from the first to the max.
+QUEUE_FULL_FIRST_WAIT = 0.05
+QUEUE_FULL_MAX_WAIT = 2.0
 STOP_ABANDONED = "abandoned"
 STOP_FAIL_FAST = "fail-fast"
 
@@ -70,6 +73,11 @@ class BatchInputError(BatchError, ValueError):
 class OutputNotEmpty(BatchError):
     """Raised by ``prepare_batch``/``run_batch`` when the output file already holds results and
     ``resume`` is off: appending would record jobs twice."""
+
+
+class OutputIsInput(OutputNotEmpty):
+    """Raised by ``prepare_batch``/``run_batch`` when the output file is the jobs file (through a
+    symlink or a hard link too): ``resume`` would not help, results would go into the jobs."""
 
 
 # ---- the plan: what this run will do, decided before anything runs ------------------------
@@ -101,11 +109,12 @@ def prepare_batch(
     Raises ``BatchInputError`` (invalid lines, unless ``skip_invalid``), ``OutputNotEmpty``
     (results already there and not ``resume``), ``OSError`` (a file cannot be read).
     """
+    output = os.fspath(output)
+    check_output(jobs, output, resume=resume)
     valid, invalid = load_jobs(jobs, agent)
     if invalid and not skip_invalid:
         raise BatchInputError(invalid)
-    output = os.fspath(output)
-    previous = read_previous(output, repair=False)
+    previous = read_previous(output, repair=False) if output != STDOUT else Previous()
     if not resume and (previous.lines or previous.torn_bytes):
         raise OutputNotEmpty(
             f"{output} already holds {previous.lines} result line(s): "
@@ -118,6 +127,42 @@ def prepare_batch(
     return BatchPlan(
         output, valid, pending, invalid, record_invalid, previous, previous.batch or secrets.token_hex(4)
     )
+
+
+STDOUT = "-"  # ``-o -``: results go to standard output, one line each (nothing to resume from)
+
+
+def check_output(jobs: object, output: str, *, resume: bool) -> None:
+    """Refuse an output that cannot work, before anything runs (B-OUT).
+
+    ``OutputIsInput`` when it is the jobs file itself (a symlink or hard link to it included:
+    results would be appended into the jobs); ``OSError`` naming the directory when it does not
+    exist or cannot be written (the pool would start, run a job and then fail to record it)."""
+    if output == STDOUT:
+        if resume:
+            raise OutputNotEmpty("--resume needs a results file to resume from, not -o - (standard output)")
+        return
+    if isinstance(jobs, (str, PathLike)):
+        try:
+            same = os.path.samefile(jobs, output)
+        except OSError:  # one of them does not exist (yet): they cannot be one file
+            same = False
+        if same:
+            raise OutputIsInput(
+                f"-o {output} is the jobs file {os.fspath(jobs)}: results would be appended into the "
+                "jobs; write them to another file"
+            )
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"-o {output}: no directory {folder} to write the results in; create it first"
+        )
+    if os.path.isdir(output):
+        raise IsADirectoryError(
+            f"-o {output} is a directory: name a file (for example {output}/results.jsonl)"
+        )
+    if not os.access(folder, os.W_OK) or (os.path.exists(output) and not os.access(output, os.W_OK)):
+        raise PermissionError(f"-o {output}: this user may not write there; choose another file")
 
 
 def _key(value: str | int | None) -> str | None:
@@ -203,10 +248,6 @@ ProgressCallback = Callable[[BatchProgress], Any]
 
 
 # ---- the engine ----------------------------------------------------------------------------
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _signal_name(code: int) -> str:
@@ -308,6 +349,7 @@ class BatchRun:
         self._by_cause: Counter[tuple[str, str | None]] = Counter()
         self._interrupted = 0
         self._retries = 0
+        self._full_waits = 0  # submits that met QueueFull and waited (B-FULL)
         self._done = 0
         self._slowest: list[tuple[float, int, dict[str, Any]]] = []
         self._seq = itertools.count()
@@ -420,15 +462,13 @@ class BatchRun:
         handle: Any = None
         try:
             while True:
-                handle = await self.backend.submit(
-                    job.agent,
-                    job.input,
-                    session=job.session,
-                    timeout=job.timeout if job.timeout is not None else self.timeout,
-                    grace=self.grace,
-                    kill_after=self.kill_after,
-                    turn_id=turn_id,
-                )
+                handle = await self._submit(job, turn_id)
+                if handle is None:  # stopped while the backend was full: this attempt never ran
+                    if earlier:
+                        self._write(
+                            job, None, turn_id, attempt, earlier, submitted_wall, submitted, final=False
+                        )
+                    return
                 self._running[turn_id] = handle
                 try:
                     if self._stopping is not None:  # stopped while this submit was on its way
@@ -483,6 +523,33 @@ class BatchRun:
                 self._write(job, None, turn_id, attempt, earlier, submitted_wall, submitted, final=False)
             raise
 
+    async def _submit(self, job: Job, turn_id: str) -> Any:
+        """Submit one attempt; while the backend is full (``QueueFull``: a daemon's ``--max-queue``
+        shared with other clients) wait and try again, backing off from 50 ms to 2 s, for as long
+        as it takes (B-FULL). ``None`` when the run was stopped while waiting."""
+        delay = QUEUE_FULL_FIRST_WAIT
+        while True:
+            try:
+                return await self.backend.submit(
+                    job.agent,
+                    job.input,
+                    session=job.session,
+                    timeout=job.timeout if job.timeout is not None else self.timeout,
+                    grace=self.grace,
+                    kill_after=self.kill_after,
+                    turn_id=turn_id,
+                )
+            except QueueFull:
+                if self._stopping is not None:
+                    return None
+                self._full_waits += 1
+                if self._full_waits == 1:
+                    log.warning("the pool's queue is full: waiting and retrying (the batch goes on)")
+                await anyio.sleep(delay * (0.5 + random.random()))  # jitter: lanes do not retry in step
+                delay = min(delay * 2, QUEUE_FULL_MAX_WAIT)
+                if self._stopping is not None:
+                    return None
+
     def _write(
         self,
         job: Job,
@@ -516,8 +583,8 @@ class BatchRun:
             "session": job.session,
             "worker_pid": result.worker_pid if result is not None else None,
             "exit_code": result.exit_code if result is not None else None,
-            "submitted_at": _iso(submitted_wall),
-            "ended_at": _iso(time.time()),
+            "submitted_at": round(submitted_wall, 6),  # epoch seconds, as in every JSON output (T1)
+            "ended_at": round(time.time(), 6),
             "duration_s": round(duration, 6),
             "queued_s": round(result.queued_s, 6) if result is not None else None,
             "run_s": round(result.run_s, 6) if result is not None else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import tomllib
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import msgspec
 
 from .._errors import InvalidAgent, TurnpoolError
 from . import options
-from .exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
 def _on_off(value: str) -> bool:
@@ -188,19 +189,32 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--session", default=None)
     submit.add_argument("--timeout", type=float, default=None, help="seconds the turn may run")
     submit.add_argument("--turn-id", default=None, help="idempotency key: an existing id is not run again")
-    submit.add_argument("--wait", action="store_true", help="wait and print the result as JSON")
-    submit.add_argument("--follow", action="store_true", help="print events as JSON lines, then the result")
+    waiting = submit.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait and print the result as JSON (the turn id goes to stderr first; Ctrl-C cancels the turn)",
+    )
+    waiting.add_argument(
+        "--follow",
+        action="store_true",
+        help="print events as JSON lines, then the result (Ctrl-C cancels the turn, as with --wait)",
+    )
+    options.add_json(
+        submit, help='print {"turn_id": ...} instead of the bare id (--wait/--follow print JSON anyway)'
+    )
     options.add_endpoint(submit)
     submit.set_defaults(func=cmd_submit)
 
     cancel = subparsers.add_parser("cancel", help="cancel a turn or a session (cause user)")
     cancel.add_argument("turn_id", nargs="?", default=None)
     cancel.add_argument("--session", default=None, help="cancel the session's running and queued turns")
+    options.add_json(cancel, help="print what was cancelled as JSON (the default output already is)")
     options.add_endpoint(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
     status = subparsers.add_parser("status", help="workers, queue and outcome counts of the daemon")
-    status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    options.add_json(status, help="print the raw status as JSON")
     options.add_endpoint(status)
     status.set_defaults(func=cmd_status)
 
@@ -397,20 +411,74 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _client(args) as client:
+            if not (args.wait or args.follow):
+                handle = await client.submit(
+                    args.agent, data, session=args.session, timeout=args.timeout, turn_id=args.turn_id
+                )
+                print(_json({"turn_id": handle.turn_id}) if args.json else handle.turn_id, flush=True)
+                return EXIT_OK
+            return await _submit_and_wait(client, args, data)
+
+    return _run(main)
+
+
+async def _submit_and_wait(client: Any, args: argparse.Namespace, data: Any) -> int:
+    """``submit --wait``/``--follow`` (C-INT): the turn id goes to stderr before any waiting, so it is
+    never lost. The first Ctrl-C (SIGINT) cancels the turn (cause user) and waits for its end; a
+    second stops waiting at once and leaves the turn to its escalation ladder, naming the commands
+    that follow it up. Exit 130 either way."""
+    interrupts = 0
+    handle: Any = None
+    second = anyio.CancelScope()
+
+    async def on_sigint(signals: Any) -> None:
+        nonlocal interrupts
+        async for _ in signals:
+            interrupts += 1
+            if handle is None:
+                continue  # the submit is on its way: cancelled as soon as it is acknowledged
+            if interrupts == 1:
+                _say(
+                    f"Ctrl-C: cancelling turn {handle.turn_id} (cause user) and waiting for it to stop; "
+                    "Ctrl-C again to stop waiting"
+                )
+                await handle.cancel()
+            else:
+                second.cancel()
+                return
+
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(on_sigint, signals)
             handle = await client.submit(
                 args.agent, data, session=args.session, timeout=args.timeout, turn_id=args.turn_id
             )
-            if not (args.wait or args.follow):
-                print(handle.turn_id, flush=True)
-                return EXIT_OK
-            if args.follow:
-                async for event in handle.events():
-                    print(_json(event), flush=True)
-            result = await handle.result()
-            print(_json(result), flush=True)
-            return EXIT_OK if result.outcome == "completed" else EXIT_FAILED
+            _say(f"turn {handle.turn_id} submitted; waiting for its end (Ctrl-C cancels it)")
+            if interrupts:
+                _say(f"Ctrl-C: cancelling turn {handle.turn_id} (cause user)")
+                await handle.cancel()
+            result = None
+            with second:
+                if args.follow:
+                    async for event in handle.events():
+                        print(_json(event), flush=True)
+                result = await handle.result()
+                print(_json(result), flush=True)
+            tg.cancel_scope.cancel()
+    if result is None:
+        _say(
+            f"stopped waiting; turn {handle.turn_id} was asked to stop and ends on its own (grace, then "
+            f"SIGTERM/SIGKILL): `turnpool result {handle.turn_id}` shows its end"
+        )
+        return EXIT_INTERRUPTED
+    if interrupts:
+        _say(f"turn {handle.turn_id} cancelled: it ended {result.outcome}")
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.outcome == "completed" else EXIT_FAILED
 
-    return _run(main)
+
+def _say(message: str) -> None:
+    print(f"turnpool: {message}", file=sys.stderr, flush=True)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -440,11 +508,56 @@ def cmd_status(args: argparse.Namespace) -> int:
             st = await client.status()
         if args.json:
             print(_json(st), flush=True)
-        else:
+        elif sys.stdout.isatty():
             render_status(st)
+        else:
+            print_status_plain(st)
         return EXIT_OK
 
     return _run(main)
+
+
+def print_status_plain(st: dict[str, Any]) -> None:
+    """``status`` when stdout is not a terminal (C-PIPE): tab-separated plain text, every value whole.
+
+    One ``key<TAB>value`` line per daemon fact, then a ``worker`` header line and one ``worker`` row
+    per worker (``grep ^worker``, ``cut -f``): nothing is cut to a terminal's width."""
+    daemon = st.get("daemon", {})
+    esc = st.get("escalations", {})
+    outcomes = st.get("outcomes", {})
+    facts: list[tuple[str, Any]] = [
+        ("pid", daemon.get("pid", st.get("pid"))),
+        ("endpoint", daemon.get("endpoint", "")),
+        ("state", st.get("state")),
+        ("accepting", "yes" if daemon.get("accepting", True) else "no"),
+    ]
+    if "journal" in daemon:
+        facts.append(("journal", daemon["journal"] or "none"))
+    if daemon.get("journal_error"):
+        facts.append(("journal_error", daemon["journal_error"]))
+    facts += [("queue", st.get("queue", 0)), ("running", st.get("running", 0))]
+    facts += [
+        (name, outcomes.get(name, 0)) for name in ("completed", "failed", "aborted", "killed", "crashed")
+    ]
+    facts += [
+        ("sigterm", esc.get("sigterm", 0)),
+        ("sigkill", esc.get("sigkill", 0)),
+        ("worker_restarts", st.get("worker_restarts", 0)),
+        ("malformed_frames", daemon.get("malformed_frames", 0)),
+    ]
+    if st.get("worker_output"):
+        facts.append(("worker_output", st["worker_output"]))
+    lines = [f"{key}\t{_plain(value)}" for key, value in facts]
+    lines.append("\t".join(("worker", "id", "pid", "state", "turn", "turns_run", "rss_mb")))
+    for w in st.get("workers", []):
+        cells = (w["id"], w["pid"], w["state"], w["turn_id"] or "-", w["turns_run"], f"{w['rss_mb']:.1f}")
+        lines.append("\t".join(("worker", *map(_plain, cells))))
+    print("\n".join(lines), flush=True)
+
+
+def _plain(value: Any) -> str:
+    """A value for a tab-separated cell: tabs and newlines inside it become spaces."""
+    return " ".join(str(value).split("\t")).replace("\n", " ")
 
 
 def render_status(st: dict[str, Any]) -> None:

@@ -1,7 +1,14 @@
 """``turnpool history`` and ``turnpool result``: past turns read from a daemon's journal.
 
 They read the journal file directly (read-only; SQLite's WAL lets a live daemon keep
-writing), so they work whether or not the daemon is running.
+writing), so they work whether or not the daemon is running. Which file (C-JOURNAL): ``--journal
+PATH`` when given; else the running daemon at ``--endpoint`` is asked where its journal is (it
+may have been started with ``--journal PATH``, or ``--no-journal``: then there is none, and
+that is said); with no daemon running, the default journal of that endpoint.
+
+Output (C-PIPE, T1): ``--json`` prints one object per line with epoch-second timestamps and the
+cause written ``{"kind": K}`` as in results; a table on a terminal; tab-separated text with a
+header row when stdout is not a terminal (every value whole). Times in text are ISO 8601 UTC.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ import msgspec
 
 from wire import OUTCOMES
 
-from .._errors import UnknownTurn
+from .._errors import UnknownTurn, shown_id
+from .._paths import check_endpoint, default_endpoint
 from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
 from . import options
 
@@ -39,14 +47,23 @@ def _since(value: str) -> float:
         ) from None
 
 
+def iso_utc(ts: float | None) -> str:
+    """An epoch time as ISO 8601 UTC to the second (``2026-12-01T01:40:52Z``), for text output (T1)."""
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def register(sub: Any) -> None:
     h = sub.add_parser("history", help="list past turns from the daemon's journal")
     h.add_argument("--journal", default=None, help="journal file (default: the daemon's at --endpoint)")
     h.add_argument("--session")
     h.add_argument("--outcome", choices=OUTCOMES)
     h.add_argument("--since", type=_since, help="epoch seconds, ISO time, or an age like 2h")
-    h.add_argument("--limit", type=int, default=100)
-    h.add_argument("--json", action="store_true", help="one JSON object per line")
+    h.add_argument(
+        "--limit", type=options.positive_int, default=100, help="at most this many turns (default 100)"
+    )
+    options.add_json(h, help="one JSON object per line")
     options.add_endpoint(
         h,
         help="the daemon whose journal to read (default: TURNPOOL_ENDPOINT or the default endpoint)",
@@ -57,48 +74,112 @@ def register(sub: Any) -> None:
     r = sub.add_parser("result", help="print one past turn's result as JSON")
     r.add_argument("turn_id")
     r.add_argument("--journal", default=None, help="journal file (default: the daemon's at --endpoint)")
+    options.add_json(r, help="print the result as JSON (the default output already is)")
     options.add_endpoint(r, help="the daemon whose journal to read", timeout=False)
     r.set_defaults(func=result)
 
 
 def _path(args: argparse.Namespace) -> str:
-    """``--journal``, else the journal of the daemon at ``--endpoint`` (or the default endpoint)."""
-    return args.journal or str(default_journal_path(args.endpoint))
+    """``--journal``, else the journal of the daemon at ``--endpoint`` (C-JOURNAL): asked of the
+    daemon when it runs, else that endpoint's default path. Raises ``JournalError`` when the
+    running daemon keeps no journal."""
+    if args.journal:
+        return str(args.journal)
+    endpoint = check_endpoint(args.endpoint or default_endpoint())
+    running, journal = _daemon_journal(endpoint)
+    if running and journal is None:
+        raise JournalError(
+            f"the daemon at {endpoint} runs without a journal (serve --no-journal): it keeps no past turns"
+        )
+    if journal is not None:
+        return journal
+    path = default_journal_path(endpoint)
+    if not running and not path.exists():
+        raise JournalError(
+            f"no daemon is running at {endpoint} and it has no journal at {path}; a daemon started "
+            "with --journal PATH: pass --journal PATH"
+        )
+    return str(path)
+
+
+DAEMON_ASK_TIMEOUT = 5.0  # seconds to ask a running daemon where its journal is
+
+
+def _daemon_journal(endpoint: str) -> tuple[bool, str | None]:
+    """``(running, journal path or None)`` from the daemon at ``endpoint``; ``(False, None)`` when
+    no daemon answers. A daemon too old to say where its journal is: ``(True, default path)``."""
+    import anyio
+
+    from .._errors import DaemonUnavailable
+    from ..client.client import Client
+
+    async def ask() -> dict[str, Any]:
+        async with Client.connect(endpoint, timeout=DAEMON_ASK_TIMEOUT) as client:
+            return dict((await client.status()).get("daemon", {}))
+
+    try:
+        daemon = anyio.run(ask, backend="asyncio")
+    except DaemonUnavailable:
+        return False, None
+    if "journal" not in daemon:
+        return True, str(default_journal_path(endpoint))
+    journal = daemon["journal"]
+    return True, (str(journal) if journal else None)
+
+
+def history_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A journal row as ``history --json`` prints it: the cause as in results (T2)."""
+    out = dict(row)
+    out["cause"] = {"kind": row["cause"]} if row.get("cause") else None
+    return out
+
+
+HISTORY_COLUMNS = ("turn_id", "agent", "session", "state", "outcome", "cause", "attempts", "accepted", "took")
+
+
+def _cells(row: dict[str, Any]) -> tuple[str, ...]:
+    took = ""
+    if row["ended_at"] and row["started_at"]:
+        took = f"{(row['ended_at'] - row['started_at']) * 1000:.0f} ms"
+    return (
+        row["turn_id"],
+        row["agent"],
+        row["session"] or "",
+        row["state"],
+        row["outcome"] or "",
+        row["cause"] or "",
+        str(row["attempts"]),
+        iso_utc(row["accepted_at"]),
+        took,
+    )
 
 
 def history(args: argparse.Namespace) -> int:
     try:
+        path = _path(args)
         rows = read_history(
-            _path(args), session=args.session, outcome=args.outcome, since=args.since, limit=args.limit
+            path, session=args.session, outcome=args.outcome, since=args.since, limit=args.limit
         )
-    except JournalError as exc:
+    except (JournalError, ValueError) as exc:
         print(f"turnpool history: {exc}", file=sys.stderr)
         return 2
     if args.json:
         for row in rows:
-            print(json.dumps(row))
+            print(json.dumps(history_json(row)))
+        return 0
+    if not sys.stdout.isatty():  # C-PIPE: plain, whole values, one header row
+        print("\t".join(HISTORY_COLUMNS))
+        for row in rows:
+            print("\t".join(" ".join(c.split()) if c else "" for c in _cells(row)))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"turns in {_path(args)}")
-    for col in ("turn_id", "agent", "session", "state", "outcome", "cause", "attempts", "accepted", "took"):
+    table = Table(title=f"turns in {path}")
+    for col in HISTORY_COLUMNS:
         table.add_column(col)
     for row in rows:
-        took = ""
-        if row["ended_at"] and row["started_at"]:
-            took = f"{(row['ended_at'] - row['started_at']) * 1000:.0f} ms"
-        table.add_row(
-            row["turn_id"],
-            row["agent"],
-            row["session"] or "",
-            row["state"],
-            row["outcome"] or "",
-            row["cause"] or "",
-            str(row["attempts"]),
-            dt.datetime.fromtimestamp(row["accepted_at"]).isoformat(timespec="seconds"),
-            took,
-        )
+        table.add_row(*_cells(row))
     Console().print(table)
     return 0
 
@@ -106,14 +187,14 @@ def history(args: argparse.Namespace) -> int:
 def result(args: argparse.Namespace) -> int:
     try:
         res = read_result(_path(args), args.turn_id)
-    except JournalError as exc:
+    except (JournalError, ValueError) as exc:
         print(f"turnpool result: {exc}", file=sys.stderr)
         return 2
     except UnknownTurn as exc:
         print(f"turnpool result: {exc}", file=sys.stderr)
         return 1
     if res is None:
-        print(f"turnpool result: turn {args.turn_id!r} has not ended yet", file=sys.stderr)
+        print(f"turnpool result: turn {shown_id(args.turn_id)} has not ended yet", file=sys.stderr)
         return 1
     print(msgspec.json.encode(res).decode())
     return 0

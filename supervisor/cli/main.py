@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="turnpool",
         description="Process-isolated worker pool for agent turns, with hard termination.",
     )
+    parser.add_argument("--version", action="version", version=f"turnpool {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -38,6 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (``turnpool --version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turnpool")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,10 +45,13 @@ def seconds(text: str) -> float:
 
 
 def positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0."""
-    value = seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
+    """An argparse type: a finite number of seconds > 0 (one message for every value out of bounds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
     return value
 
 
@@ -83,6 +86,12 @@ def add_endpoint(parser: argparse.ArgumentParser, *, help: str = ENDPOINT_HELP, 
     parser.add_argument("--endpoint", default=None, help=help)
     if timeout:
         parser.add_argument("--connect-timeout", type=positive_seconds, default=5.0, help=argparse.SUPPRESS)
+
+
+def add_json(parser: argparse.ArgumentParser, *, help: str = "print JSON instead of text") -> None:
+    """``--json``: every command that prints data takes it (machine-readable output, one JSON object
+    or one per line)."""
+    parser.add_argument("--json", action="store_true", help=help)
 
 
 def add_pool_or_daemon(

@@ -46,6 +46,7 @@ from .._errors import (
     SupervisorClosed,
     TurnpoolError,
     UnknownTurn,
+    shown_id,
 )
 from .._handle import TurnHandle
 from .._paths import check_endpoint, default_endpoint
@@ -529,7 +530,7 @@ class Client:
         """Cancel the running turn of ``session`` and clear its turns queued now; returns their ids."""
         accepted = validate_cause(cause)
         if not isinstance(session, str) or not session:
-            raise TypeError(f"session must be a non-empty string, got {session!r}")
+            raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
         reply = await self._call(lambda req: wire.CancelSession(req, session, accepted))
         return list(reply.turn_ids)
 
@@ -603,7 +604,7 @@ def _submit_request(
 ) -> Callable[[int], wire.Submit]:
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
-    raw = wire.encode_payload(input, what="turn input")
+    raw = wire.encode_payload(input, what="turn input", exact=True)  # W-IN
     session = check_optional_str("session", session)
     turn_id = check_optional_str("turn_id", turn_id)
     timeout = check_seconds("timeout", timeout, positive=True)
@@ -616,7 +617,7 @@ def _submit_request(
 
 def _check_turn_id(turn_id: Any) -> None:
     if not isinstance(turn_id, str) or not turn_id:
-        raise TypeError(f"turn_id must be a non-empty string, got {turn_id!r}")
+        raise TypeError(f"turn_id must be a non-empty string, got {shown_id(turn_id)}")
 
 
 def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:

@@ -3,8 +3,11 @@
 * ``ipc://``: the directory is made 0700; an exclusive ``flock`` on ``<socket>.lock`` (holding
   the pid) is held for the daemon's life, so a second daemon is refused with a clear message and
   a socket file nobody holds the lock for is stale and replaced. The socket file is born 0600
-  (umask during bind) and removed at exit. The lock file stays: unlinking it would let two
-  daemons lock two different inodes.
+  (umask during bind) and removed at exit, and so is the lock file (R-LOCK): it is unlinked while
+  still locked, and a claim counts only once the path still names the inode it locked (else it
+  opens the path again), so a daemon that locked an unlinked file never believes it holds the
+  endpoint. A lock file left by a daemon killed with SIGKILL is taken over by the next daemon on
+  that endpoint, and removed when that one stops.
 * ``tcp://``: the bind itself refuses a second daemon (``EADDRINUSE``); ``:0`` picks a free port.
   With a CURVE secret key and a directory of allowed client certificates, only those clients
   get in (``zmq.auth``'s asyncio authenticator).
@@ -96,19 +99,28 @@ class ClientEndpoint:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if len(str(path).encode()) > 107:
             raise ValueError(f"ipc path is longer than the 107 bytes a unix socket allows: {path}")
-        fd = os.open(Path(f"{path}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+        lock = Path(f"{path}.lock")
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 os.close(fd)
-                raise
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise DaemonAlreadyRunning(
-                f"a turnpool daemon (pid {other}) is already serving {self.address}; "
-                "stop it first or choose another --endpoint"
-            ) from None
+                raise DaemonAlreadyRunning(
+                    f"a turnpool daemon (pid {other}) is already serving {self.address}; "
+                    "stop it first or choose another --endpoint"
+                ) from None
+            try:
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # R-LOCK: not unlinked meanwhile
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # a stopping daemon removed the file we locked: lock the path's new one
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
@@ -185,6 +197,9 @@ class ClientEndpoint:
             with contextlib.suppress(OSError):
                 path.unlink()
         if self._lock_fd >= 0:
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    Path(f"{path}.lock").unlink()  # R-LOCK: unlinked while still locked
             os.ftruncate(self._lock_fd, 0)
             os.close(self._lock_fd)
             self._lock_fd = -1
