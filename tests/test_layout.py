@@ -26,8 +26,8 @@ def test_supervisor_public_names_are_pinned() -> None:
     assert sorted(supervisor.batch.__all__) == [
         "BatchError", "BatchInputError", "BatchPlan", "BatchProgress", "BatchRun", "BatchSummary",
         "DEFAULT_RETRY_ON", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "InvalidLine", "Job",
-        "OutputNotEmpty", "ResultLog", "load_jobs", "open_backend", "prepare_batch", "read_previous",
-        "register", "run_batch", "turn_id_for",
+        "OutputIsInput", "OutputNotEmpty", "ResultLog", "load_jobs", "open_backend", "prepare_batch",
+        "read_previous", "register", "run_batch", "turn_id_for",
     ]  # fmt: skip
     for name in supervisor.__all__ + supervisor.batch.__all__:
         assert hasattr(supervisor, name) or hasattr(supervisor.batch, name), name

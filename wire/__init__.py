@@ -30,6 +30,8 @@ from ._client_protocol import (
     Hello,
     Lookup,
     Ok,
+    Reload,
+    Reloaded,
     Result,
     SessionCancelled,
     Status,
@@ -160,6 +162,8 @@ __all__ = [
     "MIN_CLIENT_PROTOCOL_VERSION",
     "V1_ERROR_CODES",
     "Abandon",
+    "Reload",
+    "Reloaded",
     "decode_from_daemon",
     "decode_to_daemon",
 ]

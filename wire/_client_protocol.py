@@ -20,7 +20,7 @@ Versions: the client sends its version in ``Hello``; the daemon accepts every ve
 ``MIN_CLIENT_PROTOCOL_VERSION`` to ``CLIENT_PROTOCOL_VERSION`` and answers ``Welcome`` with the
 version both speak. It never sends a version-1 client a message or error code that version 1 does
 not have (new codes go out as ``internal``, with the message). Version 2 added ``Abandon`` and the
-error codes ``lagged``, ``dropped`` and ``too_large``.
+error codes ``lagged``, ``dropped`` and ``too_large``; version 3 ``Reload`` (answered ``Reloaded``).
 
 Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
 hands the bytes to its supervisor and its workers untouched.
@@ -35,7 +35,7 @@ import msgspec
 from ._cause import Cause
 from ._worker_protocol import TurnResult
 
-CLIENT_PROTOCOL_VERSION = 2
+CLIENT_PROTOCOL_VERSION = 3
 MIN_CLIENT_PROTOCOL_VERSION = 1
 
 ErrorCode = Literal[
@@ -168,6 +168,12 @@ class WhenIdle(_CMsg, tag="when_idle", frozen=True):
     req: int
 
 
+class Reload(_CMsg, tag="reload", frozen=True):
+    """Version 3: recycle every worker gracefully (``turnpool reload``), answered ``Reloaded``."""
+
+    req: int
+
+
 ToDaemon = (
     Hello
     | Submit
@@ -181,6 +187,7 @@ ToDaemon = (
     | GetStatus
     | WhenIdle
     | Abandon
+    | Reload
 )
 
 
@@ -240,6 +247,15 @@ class Ok(_CMsg, tag="ok", frozen=True):
     req: int
 
 
+class Reloaded(_CMsg, tag="reloaded", frozen=True):
+    """Every worker was marked for replacement: ``workers`` of them, ``busy`` of those still finishing
+    a turn on the old code (each is replaced when its turn ends)."""
+
+    req: int
+    workers: int
+    busy: int
+
+
 class Error(_CMsg, tag="error", frozen=True):
     """Why a request failed; ``req`` is 0 when the request could not even be read."""
 
@@ -249,7 +265,17 @@ class Error(_CMsg, tag="error", frozen=True):
 
 
 FromDaemon = (
-    Welcome | Accepted | Cancelled | SessionCancelled | Result | Events | FollowEnd | Status | Ok | Error
+    Welcome
+    | Accepted
+    | Cancelled
+    | SessionCancelled
+    | Result
+    | Events
+    | FollowEnd
+    | Status
+    | Ok
+    | Reloaded
+    | Error
 )
 
 

@@ -167,6 +167,32 @@ def slowest_table(s: BatchSummary) -> Table:
     return table
 
 
+def summary_json(s: BatchSummary) -> dict[str, Any]:
+    """The summary as ``batch --json`` prints it: one JSON object (epoch-free: durations only)."""
+    return {
+        "batch": s.batch,
+        "output": s.output,
+        "jobs": s.jobs,
+        "ran": s.ran,
+        "skipped": s.skipped,
+        "earlier": s.earlier,
+        "counts": s.counts,
+        "by_cause": [
+            {"outcome": outcome, "cause": {"kind": kind} if kind else None, "jobs": n}
+            for (outcome, kind), n in sorted(s.by_cause.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+        ],
+        "interrupted": s.interrupted,
+        "not_run": s.not_run,
+        "invalid": s.invalid,
+        "retries": s.retries,
+        "elapsed_s": round(s.elapsed, 6),
+        "jobs_per_s": round(s.ran / s.elapsed, 3) if s.elapsed > 0 and s.ran else None,
+        "slowest": s.slowest,
+        "stopped": s.stopped,
+        "exit_code": s.exit_code,
+    }
+
+
 def print_summary(console: Console, s: BatchSummary) -> None:
     rate = f" ({s.ran / s.elapsed:.1f} jobs/s)" if s.elapsed > 0 and s.ran else ""
     console.print(f"[bold]batch {s.batch}[/]: {s.ran} of {s.jobs} job(s) ran in {s.elapsed:.1f}s{rate}")

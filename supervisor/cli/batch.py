@@ -9,6 +9,7 @@ the exit codes named in ``exits.py``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -30,7 +31,7 @@ from ..batch.run import (
     OutputNotEmpty,
     prepare_batch,
 )
-from ..batch.view import PlainProgress, RichProgress, print_summary
+from ..batch.view import PlainProgress, RichProgress, print_summary, summary_json
 from . import options
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
@@ -75,7 +76,13 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("jobs", metavar="JOBS.jsonl", help="one JSON job per line")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="results, appended")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT.jsonl",
+        help="results, appended (never the jobs file); '-': standard output, the summary then goes to stderr",
+    )
     p.add_argument("--agent", metavar="A", help="'package.module:attr' for jobs without an 'agent' key")
     options.add_pool_or_daemon(
         p,
@@ -127,6 +134,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "-v", "--verbose", action="store_true", help="show the pool's warnings (escalations, crashes)"
     )
+    options.add_json(p, help="print the summary as one JSON object (on stderr with -o -)")
     p.set_defaults(func=main)
 
 
@@ -294,5 +302,9 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
     if summary is None:
         print("turnpool batch: interrupted before any job ran", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print_summary(Console(highlight=False), summary)
+    to_stdout = args.output != "-"  # ``-o -``: stdout holds the results, the summary goes to stderr
+    if args.json:
+        print(json.dumps(summary_json(summary)), file=sys.stdout if to_stdout else sys.stderr, flush=True)
+    else:
+        print_summary(Console(highlight=False, stderr=not to_stdout), summary)
     return summary.exit_code

@@ -1,4 +1,5 @@
-"""CLI commands that talk to (or are) the serve daemon: ``serve``, ``submit``, ``cancel``, ``status``.
+"""CLI commands that talk to (or are) the serve daemon: ``serve``, ``submit``, ``cancel``, ``status``,
+``reload``.
 
 Exit codes: 0 done (``submit --wait``/``--follow``: the turn ``completed``), 1 failed (the daemon
 is unreachable or refused, or the waited-for turn did not complete), 2 bad usage or input.
@@ -217,6 +218,21 @@ def register(subparsers: Any) -> None:
     options.add_json(status, help="print the raw status as JSON")
     options.add_endpoint(status)
     status.set_defaults(func=cmd_status)
+
+    reload = subparsers.add_parser(
+        "reload",
+        help="recycle the daemon's workers so new turns run edited agent code",
+        description=(
+            "Replace every worker of the daemon gracefully: a worker running a turn finishes it on the "
+            "code it had imported, then is replaced; idle workers are replaced at once; every turn that "
+            "starts after the reload runs on a fresh worker, which imports agent modules anew. Workers "
+            "cache what they imported (modules, their globals, clients they built) for their whole "
+            "life: without a reload, edited agent code reaches only workers started after the edit."
+        ),
+    )
+    options.add_json(reload, help='print {"workers": N, "busy": B} as JSON')
+    options.add_endpoint(reload)
+    reload.set_defaults(func=cmd_reload)
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> int:
@@ -558,6 +574,23 @@ def print_status_plain(st: dict[str, Any]) -> None:
 def _plain(value: Any) -> str:
     """A value for a tab-separated cell: tabs and newlines inside it become spaces."""
     return " ".join(str(value).split("\t")).replace("\n", " ")
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with _client(args) as client:
+            done = await client.reload()
+        if args.json:
+            print(_json(done), flush=True)
+        else:
+            print(
+                f"reloading: {done['workers']} worker(s) replaced, {done['busy']} of them after their "
+                "running turn; new turns run on fresh workers",
+                flush=True,
+            )
+        return EXIT_OK
+
+    return _run(main)
 
 
 def render_status(st: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from .exits import EXIT_INTERRUPTED, EXIT_USAGE
 
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (
-    "supervisor.cli.daemon",  # serve, submit, cancel, status
+    "supervisor.cli.daemon",  # serve, submit, cancel, status, reload
     "supervisor.cli.journal",  # history, result
     "supervisor.cli.batch",  # batch
     "supervisor.cli.acp",  # acp

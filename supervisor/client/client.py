@@ -539,6 +539,19 @@ class Client:
         reply = await self._call(lambda req: wire.GetStatus(req))
         return dict(reply.status)
 
+    async def reload(self) -> dict[str, int]:
+        """Recycle the daemon's workers gracefully (``turnpool reload``): turns running now finish on
+        their old workers, every turn that starts after this call runs on a fresh worker, which
+        imports agent code anew. Returns ``{"workers": recycled, "busy": still finishing a turn}``.
+        Raises ``ProtocolError`` when the daemon is too old to reload (client protocol < 3)."""
+        if self.protocol < 3:
+            raise ProtocolError(
+                f"the daemon at {self.endpoint} speaks client protocol {self.protocol}: it cannot reload "
+                "(restart it instead)"
+            )
+        reply = await self._call(lambda req: wire.Reload(req))
+        return {"workers": reply.workers, "busy": reply.busy}
+
     async def when_idle(self) -> None:
         """Return once the daemon has no turn queued or running."""
         await self._call(lambda req: wire.WhenIdle(req), bounded=False)
@@ -666,3 +679,8 @@ class SyncClient(SyncFront):
 
     def exists(self, turn_id: str) -> bool:
         return self._call(self._target.exists, turn_id)
+
+    def reload(self) -> dict[str, int]:
+        """``Client.reload``, blocking: recycle the daemon's workers so new turns import agent code anew."""
+        result: dict[str, int] = self._call(self._target.reload)
+        return result
