@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -95,13 +96,47 @@ def test_status_table_and_json() -> None:
         assert raw.returncode == 0, raw.stderr
         st = msgspec.json.decode(raw.stdout)
         assert len(st["workers"]) == 2 and st["outcomes"] == {"completed": 1}
-        table = d.cli("status")
-        assert table.returncode == 0, table.stderr
-        text = table.stdout
+        piped = d.cli("status")  # stdout is a pipe here: tab-separated text (C-PIPE)
+        assert piped.returncode == 0, piped.stderr
+        text = piped.stdout
+        for needle in ("pid", "state", "turn", "turns_run", "rss_mb", "queue\t0", "completed\t1"):
+            assert needle in text, (needle, text)
+        for w in st["workers"]:
+            assert str(w["pid"]) in text
+        text = status_on_a_terminal(d)
         for needle in ("pid", "state", "turn", "turns run", "RSS", "queue depth: 0", "completed"):
             assert needle in text, (needle, text)
         for w in st["workers"]:
             assert str(w["pid"]) in text
+
+
+def status_on_a_terminal(d: daemonkit.Served) -> str:
+    """``turnpool status`` with its stdout on a pseudo-terminal: what a user at a terminal sees."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run(
+            daemonkit.turnpool_argv("status"), env=d.env, stdout=slave, stderr=subprocess.PIPE, timeout=60
+        )
+        os.close(slave)
+        slave = -1
+        assert proc.returncode == 0, proc.stderr
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode(errors="replace"))  # colours off
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
 
 
 def test_commands_without_a_daemon_fail_fast_naming_the_endpoint() -> None:

@@ -168,7 +168,9 @@ def test_history_and_result_commands(tmp_path: Path) -> None:
         check=True,
     ).stdout
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [(r["turn_id"], r["outcome"], r["cause"]) for r in rows] == [("x1", "killed", "deadline")]
+    assert [(r["turn_id"], r["outcome"], r["cause"]) for r in rows] == [
+        ("x1", "killed", {"kind": "deadline"})
+    ]
     table = subprocess.run(
         [*turnpool, "history", "--journal", str(path)], capture_output=True, text=True, check=True
     ).stdout
