@@ -19,6 +19,7 @@ asked — a client's cancel, the deadline, or disposal — to the turn's end; ca
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.daemon")
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class MetricsUnavailable(OSError):
+    """Raised by ``Daemon.serve`` (``turnpool serve --metrics-port``) when the metrics port cannot be
+    bound; the message names the port and what to do."""
 
 
 # D10: metrics are read from the supervisor and daemon at scrape time, not mirrored.
@@ -134,7 +140,17 @@ class Metrics:
 
     async def serve(self, host: str, port: int, *, task_status: anyio.abc.TaskStatus[int]) -> None:
         """Serve ``GET /metrics`` on ``host:port`` (0: any free port); reports the bound port."""
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        try:
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:  # one line for the user, naming the flag to change (issue 15, item 14)
+            why = (
+                "is already in use"
+                if exc.errno == errno.EADDRINUSE
+                else f"cannot be used ({exc.strerror or exc})"
+            )
+            raise MetricsUnavailable(
+                f"--metrics-port {port}: {host}:{port} {why}; choose another port (0: any free one)"
+            ) from None
         async with listener:
             bound = listener.extra(SocketAttribute.local_port)
             log.info("metrics on http://%s:%s/metrics", host, bound)
