@@ -40,6 +40,7 @@ class Dispatcher:
         self.depth = 1
         self.pump_wanted = False  # a pump was asked for during a receive batch
         self.defer = False  # inside a receive batch: pump once, at its end
+        self.recycling = False  # D-RELOAD: stale workers may still be busy (see ``recycle``)
         # J6, the dispatch gate. When set (a journal sets it, ``Supervisor.set_dispatch_gate``), a
         # new turn is handed to a worker only once (1) ``mark_recorded(turn)`` says its accept row is
         # committed and (2) the gate, called with a batch of recorded turns from the head of the
@@ -73,6 +74,10 @@ class Dispatcher:
         idle = self.idle
         busy = self.busy
         cap = self.sup.workers + self.sup._lent
+        if self.recycling:  # D-RELOAD: a stale worker finishing its turn holds no fresh one's place
+            stale = sum(1 for s in busy if s.stale)
+            cap += stale
+            self.recycling = stale > 0
         while idle and len(busy) < cap:
             slot = idle[0]
             if slot.state != "idle":
@@ -101,7 +106,7 @@ class Dispatcher:
             gave = False
             for slot in self.busy:
                 n = len(slot.ahead) + (slot.turn is not None)
-                if n >= depth or slot.doomed:
+                if n >= depth or slot.doomed or slot.stale:
                     continue
                 current = slot.turn
                 # Never queue behind a turn being cancelled or waiting on a child it spawned.
@@ -206,6 +211,35 @@ class Dispatcher:
         if turn.esc_timer is not None:
             turn.esc_timer.cancel()
             turn.esc_timer = None
+
+    def recycle(self) -> dict[str, int]:
+        """D-RELOAD (``Supervisor.recycle_workers``): every worker that may have imported agent code
+        is replaced. Idle ones are retired now; a busy one is marked stale: its running turn
+        finishes on it, the turns handed ahead to it are revoked (back to the queue, for fresh
+        workers), it takes no new turn and is retired when its turn ends. Stale workers do not
+        count as live, so their replacements start at once. A worker still starting imported
+        nothing of an agent yet and is kept. Returns ``{"workers": replaced, "busy": stale}``."""
+        sup = self.sup
+        workers = busy = 0
+        for slot in list(sup.pool.slots.values()):
+            if slot.state not in ("idle", "busy") or slot.doomed or slot.stale:
+                continue
+            workers += 1
+            if slot.state == "idle":
+                sup.pool.retire(slot)
+                continue
+            busy += 1
+            slot.stale = True
+            self.recycling = True
+            for turn in list(slot.ahead):
+                if not turn.revoking and turn.cause is None:
+                    turn.revoking = True
+                    sup._send(slot, wire.Revoke(turn.id))
+            if slot.turn is None and not slot.ahead:
+                self.after_turn(slot)
+        sup._fill_pool()
+        self.pump()
+        return {"workers": workers, "busy": busy}
 
     def _rebalance(self) -> None:
         """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a
@@ -327,8 +361,10 @@ class Dispatcher:
             else sum(1 for s in self.sup.pool.slots.values() if s.live and not s.doomed)
         )
         if (
-            self.sup.max_turns_per_worker is not None and slot.turns_run >= self.sup.max_turns_per_worker
-        ) or live > target:
+            (self.sup.max_turns_per_worker is not None and slot.turns_run >= self.sup.max_turns_per_worker)
+            or live > target
+            or slot.stale  # D-RELOAD: its turn is done; a fresh worker already took its place
+        ):
             slot.state = "idle"
             self.sup.pool.retire(slot)
             self.sup._fill_pool()

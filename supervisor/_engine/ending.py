@@ -41,6 +41,13 @@ class Finisher:
             self.idle_waiters.append(ev)
             await ev.wait()
 
+    def wake_if_idle(self) -> None:
+        """Release ``wait_idle`` callers once no turn is active."""
+        if self.sup._active == 0 and self.idle_waiters:
+            waiters, self.idle_waiters = self.idle_waiters, []
+            for ev in waiters:
+                ev.set()
+
     def finish(
         self,
         turn: TurnRecord,
@@ -133,10 +140,7 @@ class Finisher:
                     )
                     self.deliver(parent, held)
         sup.table.note_ended(turn.id)
-        if sup._active == 0 and self.idle_waiters:
-            waiters, self.idle_waiters = self.idle_waiters, []
-            for ev in waiters:
-                ev.set()
+        self.wake_if_idle()
         sup._pump()
         if lent_changed:
             sup._fill_pool()

@@ -61,6 +61,7 @@ class WorkerSlot:
         "deferred_ready",
         "cgroup",
         "passed",
+        "stale",
     )
 
     def __init__(
@@ -92,6 +93,9 @@ class WorkerSlot:
         # Handed turns the worker went past (its start marker names a later one, rule S1): their
         # Started and End may still come, and are then taken as theirs.
         self.passed: set[str] = set()
+        # D-RELOAD: it imported agent code before a reload: it finishes its running turn, takes no
+        # new one, and is replaced (not counted as live, so its replacement starts at once).
+        self.stale = False
 
     @property
     def inflight(self) -> int:
@@ -272,7 +276,7 @@ class WorkerPool:
         return sum(1 for s in self.slots.values() if s.state in ("idle", "busy"))
 
     def live_count(self) -> int:
-        return sum(1 for s in self.slots.values() if s.live and not s.doomed)
+        return sum(1 for s in self.slots.values() if s.live and not s.doomed and not s.stale)
 
     def fill(self, target: int) -> None:
         """Start workers until ``target`` are live, unless start failures put the pool in back-off."""

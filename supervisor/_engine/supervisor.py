@@ -33,7 +33,7 @@ import msgspec
 import wire
 from wire import DISPOSED, Cause, TurnError, TurnResult, validate_cause
 
-from .._errors import WorkerStartError
+from .._errors import SupervisorClosed, WorkerStartError, shown_id
 from .._handle import TurnHandle
 from . import output as _output
 from . import procs as _procs
@@ -393,7 +393,8 @@ class Supervisor:
         ``retry=True`` lets a daemon with a journal run the turn again after a restart that
         interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
         """
-        raw = wire.encode_payload(input, what="turn input")  # TypeError, or PayloadTooLarge (ValueError)
+        # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
+        raw = wire.encode_payload(input, what="turn input", exact=True)
         turn = self._accept(
             agent,
             raw,
@@ -434,12 +435,50 @@ class Supervisor:
         """
         accepted = validate_cause(cause)
         if not isinstance(session, str) or not session:
-            raise TypeError(f"session must be a non-empty string, got {session!r}")
+            raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
         return self._ladder.cancel_session(session, accepted)
 
     async def when_idle(self) -> None:
         """Return once no turn is queued or running, and every interrupted worker is reaped."""
         await self._ending.wait_idle()
+
+    async def reload(self) -> dict[str, int]:
+        """Replace every worker gracefully so that turns starting from now import agent code anew
+        (D-RELOAD; ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with
+        their globals, for its whole life: edited code reaches only workers started after the
+        edit. Turns running now finish on their old workers, which are then retired; idle workers
+        are replaced at once. Modules named in ``preload`` are imported once by the zygote and
+        are not refreshed (restart the supervisor for those). Returns ``{"workers": replaced,
+        "busy": of those, still finishing a turn}``. Raises ``SupervisorClosed`` when closed."""
+        if self._state != "running":
+            raise SupervisorClosed("the supervisor is not running")
+        return self.recycle_workers()
+
+    def recycle_workers(self) -> dict[str, int]:
+        """``reload``, synchronous, for a front end on the supervisor's event loop (the daemon)."""
+        return self._dispatch.recycle()
+
+    def keep_queued(self) -> list[str]:
+        """D-KEEP: set aside, for a journal to run at the next start, every turn still queued that no
+        worker was ever cleared to take: it leaves the queue without an end (no result, no end
+        hook: its journal row stays ``queued``); whoever waits on it gets ``SupervisorClosed``.
+        Child turns (their parent is being disposed) and turns already cleared for a worker (J6:
+        their row says they may have run) are left to disposal. Call it at shutdown, before
+        ``aclose``; the ids set aside, in queue order."""
+        kept: list[str] = []
+        for turn in list(self._turns.values()):
+            if turn.state != "queued" or turn.parent is not None or turn.dispatchable or turn.clearing:
+                continue
+            self._queue.discard(turn)
+            turn.state = "kept"
+            kept.append(turn.id)
+            self._active -= 1
+            if turn.done is not None:
+                turn.done.set()
+            turn.wake_followers()
+        self._ending.wake_if_idle()
+        self._notify_change()
+        return kept
 
     def status(self) -> dict[str, Any]:
         """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of
@@ -485,6 +524,11 @@ class Supervisor:
             if turn.done is None:
                 turn.done = anyio.Event()
             await turn.done.wait()
+        if turn.result is None and turn.state == "kept":  # D-KEEP: set aside for the next start
+            raise SupervisorClosed(
+                f"turn {shown_id(turn.id)} was still queued when the supervisor stopped: it stays in the "
+                "journal and runs when the daemon starts again"
+            )
         assert turn.result is not None
         return turn.result
 

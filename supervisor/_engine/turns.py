@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from .timers import Timer
 
 # "handed": given to a worker ahead of time, not started yet; still counts as queued.
-TurnState = Literal["queued", "handed", "running", "ending", "ended"]
+# "kept": set aside at shutdown for a journal to run at the next start (D-KEEP); never ends here.
+TurnState = Literal["queued", "handed", "running", "ending", "ended", "kept"]
 
 
 class TurnRecord:
@@ -190,7 +191,7 @@ class TurnTable:
                 seq += 1
                 if seq < turn.events_base:
                     seq = turn.events_base
-            if turn.state == "ended" or turn.pending_result is not None:
+            if turn.state in ("ended", "kept") or turn.pending_result is not None:
                 return
             await turn.changed()
 

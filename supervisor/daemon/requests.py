@@ -116,6 +116,9 @@ class Requests:
                 self._send(ident, wire.Status(req, self.daemon.status()))
             case wire.WhenIdle(req=req):
                 self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
+            case wire.Reload(req=req):
+                done = sup.recycle_workers()  # D-RELOAD
+                self._send(ident, wire.Reloaded(req, done["workers"], done["busy"]))
 
     def _record(self, ident: bytes, req: int, turn_id: str) -> TurnRecord | None:
         """The record of ``turn_id``, or ``None`` once ``unknown_turn`` is answered."""
@@ -264,6 +267,10 @@ class Requests:
                     continue
                 if turn.state == "ended" or turn.pending_result is not None:
                     self._send(ident, wire.FollowEnd(req))
+                    return
+                if turn.state == "kept":  # D-KEEP: set aside for the next start, never started here
+                    why = f"turn {turn.id} stays queued in the journal: it runs when the daemon starts again"
+                    self._send(ident, wire.Error(req, "shutting_down", why))
                     return
                 await turn.changed()
         finally:

@@ -19,10 +19,13 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
   windowed and batched; a reply that would not fit one message is answered with an error.
 * **Bad frames cost one reply.** A frame that does not decode gets ``Error(code="malformed")``
   and is counted; it changes no turn. ``MAXMSGSIZE`` refuses oversized frames at the socket.
-* **Shutdown.** The first SIGTERM/SIGINT stops accepting (submits get ``shutting_down``), lets
-  accepted turns finish for ``drain`` seconds, then disposes the supervisor (cause
+* **Shutdown.** The first SIGTERM/SIGINT/SIGHUP stops accepting (submits get ``shutting_down``),
+  lets accepted turns finish for ``drain`` seconds, then disposes the supervisor (cause
   ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain and
-  SIGKILLs every turn being cancelled at once (``Supervisor.kill_now``).
+  SIGKILLs every turn being cancelled at once (``Supervisor.kill_now``). SIGHUP (the terminal
+  that started ``serve`` closed) drains like SIGTERM instead of killing the daemon outright
+  (D-HUP). With a journal, turns still queued when the drain ends are set aside, not disposed:
+  their rows stay ``queued`` and the next start runs them (D-KEEP).
 * **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted; an awaitable it
   returns holds the submit's acknowledgement until it is done, e.g. committed), ``start_hooks``
   (a worker started it), ``end_hooks`` (its one result) — all called on the event loop.
@@ -130,6 +133,8 @@ class Daemon:
         self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
         # J7: why submits cannot be made durable now (a journal write failure); None when they can.
         self.unavailable: str | None = None
+        # C-JOURNAL: the journal's path (status shows it; ``history`` asks for it); None: no journal.
+        self.journal_path: str | None = None
         self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see J7)
         # J1: turns accepted whose row is not committed yet -> the awaitable of that commit. A repeat
         # of such an id is acknowledged only once the first one's row is committed.
@@ -168,7 +173,7 @@ class Daemon:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def serve(self, *, ready: Callable[[str], None] | None = None) -> None:
-        """Run until SIGTERM/SIGINT (or ``stop()``), then drain, dispose and return.
+        """Run until SIGTERM/SIGINT/SIGHUP (or ``stop()``), then drain, dispose and return.
 
         ``ready`` is called with the announcement once clients can connect. Raises
         ``DaemonAlreadyRunning`` when another daemon holds the endpoint and ``WorkerStartError``
@@ -177,7 +182,7 @@ class Daemon:
         self._stop_asked = anyio.Event()
         self._skip_drain = anyio.Event()
         self._inflight_zero = anyio.Event()
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:  # D-HUP
             self._endpoint.claim()
             try:
                 await self._serve(signals, ready)
@@ -279,6 +284,11 @@ class Daemon:
                 drain.start_soon(skipped)
                 await sup.when_idle()
                 drain.cancel_scope.cancel()
+        if self.journal_path is not None:
+            # D-KEEP: what never reached a worker stays queued in the journal for the next start.
+            kept = sup.keep_queued()
+            if kept:
+                log.info("%d queued turns stay in the journal for the next start", len(kept))
         self.disposing_at = anyio.current_time()
         log.info("disposing: %d turns still queued or running", sup.active)
         await sup.aclose()
@@ -658,6 +668,7 @@ class Daemon:
             "pid": os.getpid(),
             "endpoint": self.endpoint,
             "accepting": self.accepting and self.unavailable is None,
+            "journal": self.journal_path,  # C-JOURNAL: where ``history``/``result`` read; None: none
             "journal_error": self.unavailable,
             "malformed_frames": self.malformed,
             **self.client_facts(),
@@ -678,14 +689,25 @@ def run_daemon(daemon: Daemon) -> int:
     try:
         anyio.run(lambda: daemon.serve(ready=ready), backend="asyncio")
     except BaseException as exc:
-        inner: BaseException = exc
-        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
-            inner = inner.exceptions[0]
-        if isinstance(inner, (DaemonAlreadyRunning, WorkerStartError, ValueError, OSError, zmq.ZMQError)):
+        known = (DaemonAlreadyRunning, WorkerStartError, ValueError, OSError, zmq.ZMQError)
+        inner: BaseException = _first_of(exc, known) or exc  # task groups wrap it, maybe with others
+        if isinstance(inner, known):
             print(f"turnpool serve: {inner}", file=sys.stderr, flush=True)
             return 1
         raise
     return daemon.exit_code
+
+
+def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of ``kinds`` in ``exc`` or, depth first, in the groups it is wrapped in."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_of(inner, kinds)
+            if found is not None:
+                return found
+    return None
 
 
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
