@@ -22,7 +22,7 @@ import collections
 import errno
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -138,11 +138,14 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    async def serve(self, host: str, port: int, *, task_status: anyio.abc.TaskStatus[int]) -> None:
-        """Serve ``GET /metrics`` on ``host:port`` (0: any free port); reports the bound port."""
+    @staticmethod
+    async def listen(host: str, port: int) -> Any:
+        """Bind ``host:port`` (0: any free port) for ``serve``. Raises ``MetricsUnavailable`` naming the
+        port and the fix; the daemon binds it before it starts its workers, so a taken port is one
+        line at once (issue 15, item 14)."""
         try:
-            listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
-        except OSError as exc:  # one line for the user, naming the flag to change (issue 15, item 14)
+            return await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:
             why = (
                 "is already in use"
                 if exc.errno == errno.EADDRINUSE
@@ -151,6 +154,9 @@ class Metrics:
             raise MetricsUnavailable(
                 f"--metrics-port {port}: {host}:{port} {why}; choose another port (0: any free one)"
             ) from None
+
+    async def serve(self, host: str, listener: Any, *, task_status: anyio.abc.TaskStatus[int]) -> None:
+        """Serve ``GET /metrics`` on ``listener`` (from ``listen``); reports the bound port."""
         async with listener:
             bound = listener.extra(SocketAttribute.local_port)
             log.info("metrics on http://%s:%s/metrics", host, bound)

@@ -218,6 +218,12 @@ class Daemon:
         for hook in self.event_hooks:
             sup.add_hooks(on_event=hook)
         self.metrics = Metrics(self)
+        # Bound before the workers start: a taken port is one line at once, nothing to unwind.
+        listener = (
+            await self.metrics.listen(self.metrics_host, self.metrics_port)
+            if self.metrics_port is not None
+            else None
+        )
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -236,10 +242,9 @@ class Daemon:
                     tg.start_soon(self._receive)
                     tg.start_soon(self._watch_disconnects, self._mon)
                     tg.start_soon(self._sweep)
-                    if self.metrics_port is not None:
-                        self.metrics_bound = await tg.start(
-                            self.metrics.serve, self.metrics_host, self.metrics_port
-                        )
+                    if listener is not None:
+                        self.metrics_bound = await tg.start(self.metrics.serve, self.metrics_host, listener)
+                        listener = None  # served: closed by ``serve``
                     self.accepting = True
                     line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
                     line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
@@ -268,6 +273,9 @@ class Daemon:
                 self._mon = None
             self._sock = self._sync = None
             self._endpoint.close()
+            if listener is not None:  # the start failed before the metrics were served
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
 
     # D8: shutdown drains, then disposal wins.
     async def _shutdown(self) -> None:
