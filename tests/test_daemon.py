@@ -332,7 +332,7 @@ def test_bad_serve_options_exit_2() -> None:
         (("--workers", "0"), "workers must be >= 1"),
         (("--grace", "-1"), "grace must be"),
         (("--log-level", "LOUD"), "--log-level"),
-        (("--endpoint", "inproc://x"), "endpoint must be"),
+        (("--endpoint", "inproc://x"), "unknown scheme 'inproc'"),
     ):
         out = subprocess.run(
             daemonkit.turnpool_argv("serve", *args),
