@@ -348,8 +348,8 @@ async def test_read_only_remount_refuses_submits_and_loses_no_acknowledged_turn(
                     await client.submit(AGENT, {"log": str(log)}, turn_id="refused")
                 st = await status(served)
                 assert st["daemon"]["accepting"] is False and "journal" in st["daemon"]["journal_error"]
-                shown = served.cli("status")
-                assert "not accepting" in shown.stdout and "journal unavailable" in shown.stdout, shown
+                shown = served.cli("status")  # piped: tab-separated facts (C-PIPE)
+                assert "accepting\tno\n" in shown.stdout and "journal_error\t" in shown.stdout, shown
             served.signal(signal.SIGTERM)
             assert served.wait(timeout=60) != 0
             assert "could not be written" in served.stderr()
