@@ -173,7 +173,17 @@ def test_every_command_is_registered_from_the_cli_package() -> None:
 
     assert all(name.startswith("supervisor.cli.") for name in main.COMMAND_MODULES)
     commands = main.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert set(commands) == {"serve", "submit", "cancel", "status", "reload", "history", "result", "batch", "acp"}
+    assert set(commands) == {
+        "serve",
+        "submit",
+        "cancel",
+        "status",
+        "reload",
+        "history",
+        "result",
+        "batch",
+        "acp",
+    }
     named = re.compile(r"^EXIT_[A-Z]+ = ", re.M)
     where = [p for p in (ROOT / "supervisor").rglob("*.py") if named.search(p.read_text())]
     assert where == [ROOT / "supervisor" / "cli" / "exits.py"]
