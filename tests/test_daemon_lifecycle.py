@@ -152,3 +152,26 @@ def test_reload_json_and_no_daemon() -> None:
         daemonkit.turnpool_argv("reload"), env=env, capture_output=True, text=True, timeout=30
     )
     assert out.returncode == 1 and "none.sock" in out.stderr
+
+
+def test_reload_with_every_worker_busy_starts_new_turns_at_once(tmp_path: Path) -> None:
+    """The only worker is busy with a long turn at the reload: its replacement starts at once and
+    new turns run there (edited code) without waiting for the old turn, journal gate included."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    module = agents / "reloadme.py"
+    module.write_text(textwrap.dedent(AGENT_V1))
+    release = tmp_path / "release"
+    with serving("--workers", "1", "--spares", "0", "--drain", "0", paths=(str(agents),)) as d:
+        with SyncClient.connect(d.endpoint) as client:
+            held = client.submit("reloadme:hold", str(release))
+            held_pid = next(iter(held.events()))["pid"]
+            module.write_text(textwrap.dedent(AGENT_V1).replace('"one"', '"two, edited"'))
+            out = d.cli("reload", "--json")
+            assert out.returncode == 0 and msgspec.json.decode(out.stdout) == {"workers": 1, "busy": 1}
+            fresh = d.cli("submit", "reloadme:get", "--wait", timeout=60)  # bounded: fails, never hangs
+            assert fresh.returncode == 0, fresh.stderr
+            got = msgspec.json.decode(fresh.stdout)["output"]
+            assert got["version"] == "two, edited" and got["pid"] != held_pid
+            release.write_text("go")
+            assert held.result().output == {"version": "one", "pid": held_pid}

@@ -73,11 +73,7 @@ class Dispatcher:
             return
         idle = self.idle
         busy = self.busy
-        cap = self.sup.workers + self.sup._lent
-        if self.recycling:  # D-RELOAD: a stale worker finishing its turn holds no fresh one's place
-            stale = sum(1 for s in busy if s.stale)
-            cap += stale
-            self.recycling = stale > 0
+        cap = self.sup.workers + self.sup._lent + self._stale_busy()
         while idle and len(busy) < cap:
             slot = idle[0]
             if slot.state != "idle":
@@ -212,6 +208,15 @@ class Dispatcher:
             turn.esc_timer.cancel()
             turn.esc_timer = None
 
+    def _stale_busy(self) -> int:
+        """D-RELOAD: busy workers that are stale (finishing a turn on old code): they hold no fresh
+        worker's place, in the dispatch cap or at the J6 gate. 0 at once unless a reload is on."""
+        if not self.recycling:
+            return 0
+        stale = sum(1 for s in self.busy if s.stale)
+        self.recycling = stale > 0
+        return stale
+
     def recycle(self) -> dict[str, int]:
         """D-RELOAD (``Supervisor.recycle_workers``): every worker that may have imported agent code
         is replaced. Idle ones are retired now; a busy one is marked stale: its running turn
@@ -263,7 +268,8 @@ class Dispatcher:
         the workers could take now (running + handed ahead + cleared ≤ capacity × depth)."""
         gate = self.gate
         assert gate is not None
-        want = (self.sup.workers + self.sup._lent) * self.depth - self.sup._running - self.handed
+        capacity = self.sup.workers + self.sup._lent + self._stale_busy()
+        want = capacity * self.depth - self.sup._running - self.handed
         batch: list[TurnRecord] = []
         for turn in self.sup._queue.ready:
             if want <= 0:
