@@ -28,3 +28,12 @@ async def awaiting(turn: worker.Turn) -> None:
     await turn.emit({"pid": os.getpid()})
     while True:  # noqa: ASYNC110 - awaiting in a loop is what this agent is for
         await anyio.sleep(0.001)
+
+
+async def burst(turn: worker.Turn) -> int:
+    """Emits ``n`` small events (``{"i": i}``) as fast as it can: the event-stream benchmark."""
+    n = int(turn.input["n"])
+    emit = turn.emit
+    for i in range(n):
+        await emit({"i": i})
+    return n
