@@ -21,6 +21,7 @@ import wire
 from wire import Cause, TurnResult
 
 from .._errors import UnknownTurn
+from .._events import EventsDropped
 
 if TYPE_CHECKING:
     from .pool import WorkerSlot
@@ -194,6 +195,21 @@ class TurnTable:
             if turn.state in ("ended", "kept") or turn.pending_result is not None:
                 return
             await turn.changed()
+
+    async def events(self, turn_id: str) -> AsyncIterator[Any]:
+        """The turn's events decoded, in order, from the first; ends when the turn ends.
+
+        E-GAP: where events were dropped before this follower read them (it fell more than
+        ``max_events // 2`` behind, or started after the buffer had overflowed), one
+        ``EventsDropped(count, first)`` stands in their place, then the oldest event kept follows.
+        A follower that keeps up never sees one (the worker link yields between batches, R-FAIR)."""
+        decode = wire.decode_payload
+        expected = 0
+        async for seq, raw in self.follow(turn_id):
+            if seq != expected:
+                yield EventsDropped(seq - expected, expected)
+            expected = seq + 1
+            yield decode(raw)
 
     def restore(self, result: TurnResult, now: float) -> None:
         """Register a turn that ended before this supervisor started (a daemon's journal), so it
