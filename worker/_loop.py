@@ -475,6 +475,11 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
                         conn.spawn_reply(msg)
                     case Shutdown():
                         conn.flush()
+                        if loop.endlog is not None:
+                            # Sent only to a worker the supervisor holds idle: it has the End of
+                            # every turn this worker ran, so the log has nothing left to save (and
+                            # the supervisor need not read thousands of stale records at the exit).
+                            loop.endlog.clear()
                         if not stop.done():
                             stop.set_result(None)
 

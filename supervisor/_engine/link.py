@@ -64,6 +64,7 @@ class WorkerLink:
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of it, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck_scheduled = False
+        self._flush_scheduled = False  # a flush of what was sent outside a receive batch is due
 
     def bind(self, endpoint: str) -> None:
         """Bind the ROUTER: no queue limits (the supervisor bounds turns, not frames), a frame to
@@ -199,12 +200,27 @@ class WorkerLink:
         self._read(fair=False)
 
     def send(self, slot: WorkerSlot, msg: Any) -> None:
-        """Queue ``msg`` for ``slot``; it goes out at the end of the batch (or now, outside one)."""
+        """Queue ``msg`` for ``slot``; it goes out at the end of the receive batch or, outside
+        one, once the code that sent it gives the event loop a turn (R-COALESCE): a task that
+        submits many turns in a row (a batch's lanes woken together by their results, a loop of
+        ``submit``) hands each worker one frame for all of them instead of one frame per turn.
+        A lone ``run()`` pays one loop callback for it (≈ 1 µs), since it awaits right after."""
         out = slot.out
         out.append(msg)
         if len(out) == 1:
             self._dirty.append(slot)
-        if not self.batching:
+        if self.batching:
+            return
+        loop = self._loop
+        if loop is None:
+            self.flush()  # not serving yet (or any more): nothing would run a deferred flush
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._deferred_flush)
+
+    def _deferred_flush(self) -> None:
+        self._flush_scheduled = False
+        if self._dirty and not self.batching and self._sync is not None and not self._sync.closed:
             self.flush()
 
     def flush(self) -> None:
@@ -214,6 +230,8 @@ class WorkerLink:
         dirty, self._dirty = self._dirty, []
         for slot in dirty:
             out, slot.out = slot.out, []
+            if not out:
+                continue  # emptied meanwhile (a worker forgotten at its exit)
             try:
                 sync.send_multipart([slot.ident, wire.encode_frame(out)], _NOBLOCK)
             except zmq.ZMQError as exc:

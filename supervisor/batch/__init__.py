@@ -68,12 +68,18 @@ __all__ = [
 ]
 
 
+# Turns submitted at a time per worker by default (B-WINDOW): as deep as the pool's own prefetch
+# would hand trivial turns ahead, so a worker never waits for the batch's next submit. With 4 per
+# worker (the old default) a 2-worker pool ran trivial jobs at ≈ 7k/s; with 64, ≈ 12-16k/s.
+PER_WORKER = 64
+
+
 async def default_concurrency(backend: Any) -> int:
-    """Four times the backend's workers, at least 16: enough queued that a worker never waits
-    for the next submit (a daemon adds a round trip per submit), few enough that stopping only
-    has that many turns to cancel (queued ones end at once, never started)."""
+    """``PER_WORKER`` times the backend's workers, at least 16: enough queued that a worker never
+    waits for the next submit (a daemon adds a round trip per submit), few enough that stopping
+    only has that many turns to cancel (queued ones end at once, never started)."""
     n = await backend_workers(backend)
-    return max(4 * n, 16) if n else 16
+    return max(PER_WORKER * n, 16) if n else 16
 
 
 async def run_batch(

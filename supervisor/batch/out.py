@@ -10,6 +10,7 @@ count as done.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -36,13 +37,22 @@ def is_final(record: Any) -> bool:
 
 
 class ResultLog:
-    """The output file, appended one whole line per job."""
+    """The output file, appended whole lines only.
+
+    ``write`` appends one line now. ``add`` (what the batch engine uses) appends it in the same
+    event-loop iteration: the lines of every job that ended in that iteration go to the kernel in
+    one ``write(2)`` (B-LINES). Still whole lines only, in the order the jobs ended, so a runner
+    killed at any instant leaves whole lines; what it loses is at most the lines of jobs that
+    ended in the iteration it died in, whose jobs then have no final line and run again on
+    ``--resume`` - as a job that ended an instant before its line was written always did."""
 
     def __init__(self, path: str | PathLike[str], *, fsync: bool = False) -> None:
         self.path = os.fspath(path)
         self.fsync = fsync
         self._fd = -1
         self.written = 0
+        self._pending: list[bytes] = []
+        self._scheduled = False
 
     def open(self) -> None:
         if self.path == "-":  # ``-o -``: standard output (a copy of fd 1, closed with the log)
@@ -51,20 +61,52 @@ class ResultLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record. The line is built first and handed to the kernel in one call."""
-        data = encode_record(record)
+        """Append one record now (after any added before it). The line is built first and handed
+        to the kernel in one call."""
+        self._pending.append(encode_record(record))
+        self.flush()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one record at the end of this event-loop iteration (B-LINES); at once when no
+        event loop runs here."""
+        self._pending.append(encode_record(record))
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._scheduled = True
+        loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._scheduled = False
+        if self._fd >= 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand every pending line to the kernel in one ``write(2)``."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
         view = memoryview(data)
         while view:  # a regular file takes it all at once; the loop only guards a short write
             n = os.write(self._fd, view)
             view = view[n:]
         if self.fsync and self.path != "-":
             os.fsync(self._fd)
-        self.written += 1
+        self.written += len(pending)
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            try:
+                self.flush()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
 
     def __enter__(self) -> ResultLog:
         self.open()

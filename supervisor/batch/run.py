@@ -6,7 +6,8 @@ pool) or ``Client`` (a daemon): the engine never knows which. It keeps at most
 
 Rules the engine keeps (see ``docs/batch.md``):
 
-* one line per job and run, written when the job ends (``_batch_out.ResultLog``);
+* one line per job and run, written when the job ends, in the same event-loop iteration
+  (``out.ResultLog.add``: the lines of jobs that ended together share one ``write(2)``);
 * turn ids are ``turn_id_for(batch, job, attempt)``: resubmitting an attempt finds its turn;
 * ``interrupt()`` stops submitting, cancels the running turns with cause ``user`` and records
   each as ``aborted``/``user``/``final: false``; ``abandon()`` stops waiting at once (the same
@@ -406,7 +407,7 @@ class BatchRun:
             counts=dict(self._counts),
             interrupted=self._interrupted,
             retries=self._retries,
-            elapsed=anyio.current_time() - self._t0,
+            elapsed=time.monotonic() - self._t0,
             stopping=self._stopping,
             last=last,
         )
@@ -417,7 +418,7 @@ class BatchRun:
 
     async def run(self) -> BatchSummary:
         """Run every pending job; returns when each has a line (or the run was stopped)."""
-        self._t0 = anyio.current_time()
+        self._t0 = time.monotonic()
         plan = self.plan
         with self._log:
             for bad in plan.record_invalid:
@@ -456,7 +457,7 @@ class BatchRun:
 
     async def _run_job(self, job: Job) -> None:
         attempt = first = self.plan.previous.attempts.get(job.key, 0) + 1
-        submitted_wall, submitted = time.time(), anyio.current_time()
+        submitted_wall, submitted = time.time(), time.monotonic()
         earlier: list[dict[str, Any]] = []
         turn_id = turn_id_for(self.plan.batch, job.key, attempt)
         handle: Any = None
@@ -562,7 +563,7 @@ class BatchRun:
         *,
         final: bool,
     ) -> None:
-        duration = anyio.current_time() - submitted
+        duration = time.monotonic() - submitted
         by_user = result is not None and result.cause is not None and result.cause.kind == "user"
         interrupted = not final and (result is None or by_user)
         cause: dict[str, str] | None
@@ -595,7 +596,7 @@ class BatchRun:
             record["turn_outcome"] = result.outcome  # e.g. interrupted, but the turn ended killed
         if earlier:
             record["previous_attempts"] = earlier
-        self._log.write(record)
+        self._log.add(record)
         self._done += 1
         if final:
             self._counts[outcome] += 1
@@ -640,7 +641,7 @@ class BatchRun:
             not_run=len(plan.pending) - self._done,
             invalid=len(plan.invalid),
             retries=self._retries,
-            elapsed=anyio.current_time() - self._t0,
+            elapsed=time.monotonic() - self._t0,
             slowest=[e[2] for e in sorted(self._slowest, key=lambda e: (-e[0], e[1]))],
             stopped=self._stopping,
         )

@@ -96,7 +96,7 @@ def register(subparsers: Any) -> None:
         "--concurrency",
         type=_positive_int,
         metavar="N",
-        help="turns submitted at a time (default: 4 per worker, at least 16)",
+        help="turns submitted at a time (default: 64 per worker, at least 16)",
     )
     p.add_argument(
         "--timeout", type=_positive_seconds, metavar="S", help="per-job timeout unless the job sets one"
