@@ -28,6 +28,7 @@ PARENT_DEATH_SIGNAL = signal.SIGUSR2
 _BATON_FD = -1  # set by start_guardian: see _take_baton
 _SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
 _KILLING = False  # this process has begun killing its tree
+_PARENT_PID = -1  # the supervisor's pid (set by install_process_guards)
 
 EXIT_LINK_LOST = 75  # the connection to the supervisor dropped: this worker can never report again
 
@@ -44,10 +45,18 @@ def _take_baton() -> bool:
         return False
 
 
-def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = None) -> None:
+def kill_own_tree_and_exit(
+    sig: int = signal.SIGTERM, exit_code: int | None = None, *, reap: bool = True
+) -> None:
     """Freeze, kill and reap every descendant, then die of ``sig`` (default action), or exit
     with ``exit_code`` when one is given. If the guardian holds the baton, it is killing this
-    tree already (this worker included): wait for it."""
+    tree already (this worker included): wait for it.
+
+    With ``reap=False`` the descendants are frozen and SIGKILLed but not waited for (K-FAST):
+    for the supervisor's SIGTERM step, while the supervisor lives. They die all the same (a
+    SIGKILL is not refused, a stopped process included); their exits then run in parallel with
+    this worker's own instead of before it, and the supervisor - their subreaper once this worker
+    is gone - reaps every one of them before the turn's ``killed`` result (R13)."""
     global _KILLING
     if _KILLING:
         # This process is at it already: a second signal (the parent-death signal can come more
@@ -62,6 +71,8 @@ def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = No
     try:
         pids = _tree.freeze_tree(os.getpid(), include_root=False)
         _tree.signal_all(pids, signal.SIGKILL)
+        if not reap:
+            return  # (the finally below: die now)
         if main:  # signal.* works in the main thread only
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             signal.alarm(3)  # a descendant stuck in uninterruptible sleep must not keep us forever
@@ -85,7 +96,8 @@ def kill_own_tree_and_exit(sig: int = signal.SIGTERM, exit_code: int | None = No
 
 
 def _on_term(signum: int, frame: Any) -> None:
-    kill_own_tree_and_exit(signal.SIGTERM)
+    # K-FAST: the supervisor, alive, reaps what this worker kills; without it, reap here.
+    kill_own_tree_and_exit(signal.SIGTERM, reap=os.getppid() != _PARENT_PID)
 
 
 def _on_supervisor_death() -> None:
@@ -160,7 +172,8 @@ def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | Non
 
 def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | None = None) -> None:
     """Subreaper, guardian, then the worker's own cgroup (if any), before anything else forks."""
-    global _SWEEP
+    global _SWEEP, _PARENT_PID
+    _PARENT_PID = parent_pid
     _tree.set_child_subreaper()
     guardian = -1
     if life_fd is not None:
