@@ -138,7 +138,10 @@ def run(quick: bool) -> str:
     lost = sum(s[2] for s in samples)
     markers = sum(s[3] for s in samples)
     ordered = all(s[4] for s in samples)
-    log(f"follower: median {med(rates):,.0f} events/s, lost {lost}, markers {markers}; zmq {med(floors):,.0f}/s")
+    log(
+        f"follower: median {med(rates):,.0f} events/s, lost {lost}, markers {markers}; "
+        f"zmq {med(floors):,.0f}/s"
+    )
     got, slost, smarkers, sordered, marker = anyio.run(_stopped_reading, n)
     rows = [
         [
@@ -168,7 +171,7 @@ def run(quick: bool) -> str:
     ok = med(rates) >= TARGET and lost == 0 and markers == 0 and ordered
     return (
         "## Event streaming: one turn, 200k small events, an embedded follower\n\n"
-        f"One turn awaits `turn.emit({{\"i\": i}})` {n:,} times as fast as it can (2 workers); a "
+        f'One turn awaits `turn.emit({{"i": i}})` {n:,} times as fast as it can (2 workers); a '
         "follower iterates `handle.events()` from the submit until the iteration ends. Events/s = "
         "events ÷ (submit → the follower's last event); median and slowest of the repeats, each "
         "back to back with the floor. `emit` puts each event on the wire before it returns (one "

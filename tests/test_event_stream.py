@@ -72,3 +72,18 @@ async def test_follower_behind_but_within_the_buffer_gets_no_marker() -> None:
             got = [e async for e in handle.events()]
             await handle.result()
     assert [e["i"] for e in got] == list(range(n))
+
+
+async def test_a_turn_that_only_emits_still_sees_its_abort() -> None:
+    """A turn that does nothing but emit (``emit`` yields to the loop at most once a millisecond
+    now, R-EMIT) still learns of its cancel: the Abort is read within a millisecond of the
+    emits, ``turn.signal`` shows it, and the turn ends ``aborted`` long before any escalation."""
+    async with Supervisor(workers=1, spares=0, grace=30) as sup:
+        handle = await sup.submit("tests.agents.stream:emit_while_cancelled")
+        with anyio.fail_after(60):
+            async for _ in handle.events():
+                break
+            await handle.cancel()
+            result = await handle.result()
+    assert result.outcome == "aborted", result
+    assert sup.escalations == {}

@@ -200,11 +200,12 @@ class WorkerLink:
         self._read(fair=False)
 
     def send(self, slot: WorkerSlot, msg: Any) -> None:
-        """Queue ``msg`` for ``slot``; it goes out at the end of the receive batch or, outside
-        one, once the code that sent it gives the event loop a turn (R-COALESCE): a task that
-        submits many turns in a row (a batch's lanes woken together by their results, a loop of
-        ``submit``) hands each worker one frame for all of them instead of one frame per turn.
-        A lone ``run()`` pays one loop callback for it (≈ 1 µs), since it awaits right after."""
+        """Queue ``msg`` for ``slot``; it goes out at the end of the receive batch or, outside one,
+        now if nothing was sent since the event loop last turned, else with everything sent
+        until it turns (R-COALESCE): the first message of a burst keeps its latency (a lone
+        ``run()``, the turn a warm spare takes over), and a task that sends many in a row - a
+        batch's lanes woken together by their results, a loop of ``submit`` - hands each worker
+        one more frame for all the rest instead of one frame per turn."""
         out = slot.out
         out.append(msg)
         if len(out) == 1:
@@ -215,10 +216,12 @@ class WorkerLink:
         if loop is None:
             self.flush()  # not serving yet (or any more): nothing would run a deferred flush
         elif not self._flush_scheduled:
+            self.flush()
             self._flush_scheduled = True
             loop.call_soon(self._deferred_flush)
 
     def _deferred_flush(self) -> None:
+        """The loop turned: send what was queued since the last immediate send."""
         self._flush_scheduled = False
         if self._dirty and not self.batching and self._sync is not None and not self._sync.closed:
             self.flush()
