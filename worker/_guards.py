@@ -5,7 +5,8 @@ thread and a forked guardian, where the loop's state must not be touched:
 
 * the worker is the child subreaper of its own descendants, so a grandchild that double-forks
   stays in this worker's tree where a kill finds it;
-* on SIGTERM it freezes and kills its whole tree, reaps it, then dies of SIGTERM;
+* on SIGTERM it freezes and kills its whole tree, then dies of SIGTERM (reaping the tree first
+  only when its supervisor is gone: K-FAST in docs/design.md);
 * when the supervisor dies (parent-death signal, or EOF on the inherited life pipe) it does
   the same, so killing the supervisor with SIGKILL leaves no process behind;
 * the guardian (``start_guardian``) does it for the worker when the worker cannot, and sweeps
