@@ -53,6 +53,29 @@ def _stop_floor(n: int) -> list[float]:
     return out
 
 
+async def _worker_exit(n: int) -> list[float]:
+    """A turnpool worker's own death, for the breakdown: a worker spinning in a turn is sent
+    SIGKILL directly (no ladder, no handler) and timed until it has exited (its pidfd readable).
+    What the worker's threads (ZeroMQ's two, the stale flusher, the life-pipe watcher) add to the
+    stop floor's single-threaded process."""
+    out = []
+    async with Supervisor(workers=1, spares=0) as sup:
+        for _ in range(n):
+            handle = await sup.submit("benchmarks._agents:spin")
+            pid = (await _first_event(handle))["pid"]
+            fd = os.pidfd_open(pid)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            t0 = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            poller.poll()
+            out.append(time.monotonic() - t0)
+            os.close(fd)
+            assert (await handle.result()).outcome == "crashed"
+            await _ready(sup, 1)
+    return out
+
+
 async def _latency(n: int) -> list[float]:
     """Embedded one-at-a-time latency (as ``bench_latency``), for the recovery ratio."""
     out = []
@@ -126,9 +149,11 @@ def run(quick: bool) -> str:
     # The stop floor and the overshoot in chunks, back to back, so both see the same load.
     floor: list[float] = []
     tp_over: list[float] = []
+    wexit: list[float] = []
     for _ in range(3):
         floor += _stop_floor(n // 3)
         tp_over += anyio.run(_overshoot, n // 3)
+        wexit += anyio.run(_worker_exit, n // 6)
     over["turnpool"] = (
         f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
         tp_over,
@@ -137,6 +162,11 @@ def run(quick: bool) -> str:
         "a Python process spinning in a pure-Python loop, SIGTERM handler `os._exit(0)`: "
         "SIGTERM → reaped (pidfd, waitpid)",
         floor,
+    )
+    over["breakdown: a turnpool worker's own exit"] = (
+        "SIGKILL sent straight to a worker spinning in a turn → exited (pidfd readable): no ladder, "
+        "no handler, no reaping; 5 threads (ZeroMQ's I/O and reaper, stale flusher, life pipe)",
+        wexit,
     )
     log(f"turnpool overshoot p50 {ms(med(tp_over))}, stop floor p50 {ms(med(floor))}")
     lat: list[float] = []
