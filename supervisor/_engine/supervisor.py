@@ -536,16 +536,18 @@ class Supervisor:
         """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends.
 
         At most ``max_events`` events are retained per turn: a follower that starts late or
-        falls further behind than that skips the dropped ones (``seq`` shows the gap).
-        Raises ``UnknownTurn`` at once.
+        falls further behind than that skips the dropped ones (``seq`` shows the gap; ``events``
+        yields an ``EventsDropped`` marker there). Raises ``UnknownTurn`` at once.
         """
         self.table.get(turn_id)
         return self.table.follow(turn_id)
 
-    async def events(self, turn_id: str) -> AsyncIterator[Any]:
-        """The turn's events, decoded (``TurnHandle.events``)."""
-        async for _, raw in self.follow_raw(turn_id):
-            yield wire.decode_payload(raw)
+    def events(self, turn_id: str) -> AsyncIterator[Any]:
+        """The turn's events, decoded (``TurnHandle.events``), in order; where this follower lost
+        events to the bounded buffer, one ``EventsDropped(count, first)`` stands in their place
+        (E-GAP). Raises ``UnknownTurn`` at once."""
+        self.table.get(turn_id)
+        return self.table.events(turn_id)
 
     # ---- for front ends: named engine entry points -------------------------------------
 
