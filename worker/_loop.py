@@ -39,6 +39,7 @@ _ASYNC_CACHE: dict[str, bool] = {}
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_EMPTY = msgspec.Raw(b"")
 
 
 # ---- agents --------------------------------------------------------------------------
@@ -108,6 +109,7 @@ class Connection:
         self.lock = threading.RLock()
         self.flusher: StaleFlusher | None = None
         self._recheck_due = False  # a look at the socket after emits is scheduled
+        self._event_prefix: tuple[str | None, bytes] = (None, b"")  # (turn id, frame prefix)
 
     def post(self, msg: Any) -> None:
         if not self._out:
@@ -157,16 +159,21 @@ class Connection:
     def emit(self, turn_id: str, event: Any) -> None:
         """Send one event now (R18: on the wire when this returns), in one frame with whatever
         was posted before it (a turn's ``Started``), which must not be overtaken."""
-        msg = wire.Event(turn_id, wire.encode_payload(event, what="event"))
+        data = wire.encode_payload(event, what="event")
         with self.lock:
             out = self._out
             if out:
-                out.append(msg)
+                out.append(wire.Event(turn_id, data))
                 self._out = []
+                frame = wire.encode_frame(out)
             else:
-                out = [msg]
+                # A frame of one Event is a fixed prefix (per turn) and the payload's bytes: the
+                # msgpack of ``[Event(turn_id, data)]`` (array-like) ends with ``data`` verbatim.
+                if self._event_prefix[0] != turn_id:
+                    self._event_prefix = (turn_id, wire.encode_frame([wire.Event(turn_id, _EMPTY)]))
+                frame = self._event_prefix[1] + data
             self.frames += 1
-            self._sock.send(wire.encode_frame(out), _NOBLOCK)
+            self._sock.send(frame, _NOBLOCK)
         # The send may have consumed the FD's readable edge (see ``flush``): look at the socket
         # once the agent gives the loop a turn (at once if it awaits anything, within
         # EMIT_YIELD_INTERVAL if it only emits), not after every event: a streaming turn would

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -35,8 +36,13 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
-# R-FAIR: frames handled per reader callback before the loop runs what they woke (followers).
-BATCH_FRAMES = 256
+# R-FAIR: frames handled per receive batch, and how long the reader callback may go on reading
+# batches before the loop runs what they woke (followers, other clients' requests). The time
+# bound matters where handling a frame is costly (a daemon fanning each event out to many
+# followers): 256 such frames held the loop for ≈ 10 ms, and another client's turns crawled.
+BATCH_FRAMES = 64
+FAIR_SLICE = 0.0005
+FAIR_FRAMES = 256  # and at most this many frames, however cheap: a follower's lag stays bounded
 
 
 class WorkerLink:
@@ -120,16 +126,20 @@ class WorkerLink:
         ``Again`` is paid once per wake-up, not once per frame). Two ``recv`` calls and one
         ``RCVMORE`` look per frame instead of ``recv_multipart`` (≈ 2 µs).
 
-        R-FAIR (``fair``): after a batch the rest waits for the next loop iteration (scheduled
-        here: the FD is edge-triggered and will not fire again for frames already queued), so
-        the tasks those frames woke - a follower reading a turn's events, a ``result()`` waiter -
-        run between two batches. A worker streaming events faster than this process reads them
-        cannot keep the loop inside this callback while a follower's buffer overflows."""
+        R-FAIR (``fair``): once batches have taken ``FAIR_SLICE`` (0.5 ms), or ``FAIR_FRAMES``
+        frames were read, the rest waits for the
+        next loop iteration (scheduled here: the FD is edge-triggered and will not fire again for
+        frames already queued), so the tasks those frames woke - a follower reading a turn's
+        events, a ``result()`` waiter, another client's request in a daemon - run in between. A
+        worker streaming events faster than this process handles them can no longer keep the
+        loop inside this callback while a follower's buffer overflows."""
         sync = self._sync
         if sync is None or sync.closed:
             return
         recv = sync.recv
         more_parts = sync.get
+        started = time.monotonic()
+        frames = 0
         while True:
             batch: list[tuple[bytes, bytes]] = []
             empty = False
@@ -151,10 +161,15 @@ class WorkerLink:
                 log.debug("worker link read failed: %s", exc)
                 empty = True
             if batch:
+                frames += len(batch)
                 self._handle(batch)
             if empty:
                 return
-            if fair and self._loop is not None:
+            if (
+                fair
+                and self._loop is not None
+                and (frames >= FAIR_FRAMES or time.monotonic() - started >= FAIR_SLICE)
+            ):
                 if not self._recheck_scheduled:
                     self._recheck_scheduled = True
                     self._loop.call_soon(self.on_readable)
