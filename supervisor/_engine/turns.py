@@ -10,6 +10,7 @@ waiting for a worker.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -101,7 +102,7 @@ class TurnRecord:
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
         self.waiters: list[anyio.Event] = []
         self.result: TurnResult | None = None
-        self.done: anyio.Event | None = None
+        self.done: asyncio.Event | None = None  # set when the result is out (Supervisor.result)
         self.children: set[str] = set()
         self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
         self.pending_result: TurnResult | None = None  # held until live children have ended
