@@ -249,6 +249,10 @@ def run(quick: bool) -> str:
         "A turn that never awaits (a CPU loop) is cancelled; timed past the grace until the result says "
         "`killed` with the worker and its tree reaped (peers: until the worker process is gone).\n\n"
         + table(["system", "what is timed", "kills", "p50", "p90", "p99", "peer ÷ turnpool (p50)"], rows)
+        + f"\n\nWhere a miss comes from: a turnpool worker killed outright (the breakdown row) takes "
+        f"{med(wexit) / med(floor):.1f}× the stop floor to be gone by itself: it has five threads to end "
+        "where the floor's process has one; the ladder adds the grace timer's wake-up, the tree freeze "
+        "and signal, the worker's handler, and reaping its guardian and descendants before the result."
         + f"\n\nTargets: p50 ≤ 2.5× the stop floor measured in the same run — {ms(med(tp))} = "
         f"{med(tp) / med(floor):.1f}× {ms(med(floor))} {'met' if med(tp) <= 2.5 * med(floor) else 'MISSED'}; "
         f"p50 ≤ 5 ms — {'met' if med(tp) <= 5e-3 else 'MISSED'}; p90 ≤ 20 ms — {ms(pct(tp, 90))} "

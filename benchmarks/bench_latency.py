@@ -74,6 +74,15 @@ def run(quick: bool) -> str:
         + "\n\nThe floor row is a bare round trip on turnpool's stack (ROUTER/DEALER over ipc, an asyncio "
         "FD reader on each side, no turn logic), measured in the same run: what is left above it is "
         "turnpool's own work per turn (submit, dispatch, run, end, result) on both sides."
+        + (
+            f"\n\nWhere a miss comes from: the floor alone is {med(floor) / peers[best]:.2f}× {best}'s "
+            f"p50 (each ZeroMQ message crosses an I/O thread on both sides; the peers write to a pipe), and "
+            f"turnpool's own work per turn above it is {ms(p50 - med(floor))} (on the supervisor: submit, "
+            "dispatch, the result; in the worker: the start marker, the End log, the end-of-turn sweep, "
+            "the agent's cancel scope)."
+            if best is not None
+            else ""
+        )
         + "\n\nTargets: "
         + (
             f"p50 ≤ the best of pebble / ProcessPoolExecutor / loky p50 in the same run ({best}, "
