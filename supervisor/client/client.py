@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
 import anyio
-import anyio.abc
 import msgspec
 import zmq
 import zmq.asyncio
@@ -49,6 +48,7 @@ from .._errors import (
     shown_id,
 )
 from .._handle import TurnHandle
+from .._host import Background, require_asyncio
 from .._paths import check_endpoint, default_endpoint
 from .._sync import SyncFront
 from ..daemon.endpoint import ipc_path, socket_options
@@ -129,7 +129,7 @@ class Client:
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._mon: zmq.asyncio.Socket | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._tg: Background | None = None
         self._reqs = itertools.count(1)
         self._pending: dict[int, _Pending | _Stream] = {}
         self._state = "new"  # new → open → closed
@@ -183,6 +183,7 @@ class Client:
         """Connect and shake hands. Raises ``DaemonUnavailable`` (endpoint named) or ``ProtocolError``."""
         if self._state != "new":
             raise RuntimeError("a Client connects once")
+        loop = require_asyncio("Client", "SyncClient")  # H1: trio is refused here, at once
         self._state = "open"
         path = ipc_path(self.endpoint)
         if path is not None and not path.exists():
@@ -206,8 +207,10 @@ class Client:
             self._state = "closed"
             raise DaemonUnavailable(f"cannot connect to {self.endpoint}: {exc}") from exc
         self._sock = sock
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        # H1: the receiver and the monitor live in a task of their own, so the client may be
+        # closed from another task than the one that opened it (Jupyter cells, app lifespans).
+        self._tg = Background(f"turnpool client {self.endpoint}")
+        await self._tg.start(loop)
         self._tg.start_soon(self._receive)
         self._tg.start_soon(self._monitor)
         try:
@@ -272,9 +275,8 @@ class Client:
         self._state = "closed"
         self._fail_pending("the client was closed")
         if self._tg is not None:
-            self._tg.cancel_scope.cancel()
             with contextlib.suppress(Exception):
-                await self._tg.__aexit__(None, None, None)
+                await self._tg.aclose()
             self._tg = None
         if self._sock is not None:
             with contextlib.suppress(zmq.ZMQError):
