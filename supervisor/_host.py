@@ -15,7 +15,7 @@ another (two Jupyter cells, a FastAPI lifespan, ``asyncio.create_task``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -72,7 +72,7 @@ class Background:
         # is cancelled while it starts.
         await asyncio.shield(ready)
 
-    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         assert self._tg is not None, "Background.start() first"
         self._tg.start_soon(fn, *args)
 

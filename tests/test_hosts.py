@@ -30,7 +30,9 @@ def _script(host: str, target: str, endpoint: str = "", env: dict[str, str] | No
         timeout=BOUND,
         stdin=subprocess.DEVNULL,
     )
-    assert proc.returncode == 0, f"{host}/{target} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{host}/{target} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 

@@ -655,10 +655,13 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
 
 
 class SyncClient(SyncFront):
-    """``Client`` with blocking methods, as a context manager::
+    """``Client`` with blocking methods::
 
-    with SyncClient.connect(ep) as client:
-        print(client.run("examples.agents:echo", {"text": "hi"}).output)
+        with SyncClient.connect(ep) as client:
+            print(client.run("examples.agents:echo", {"text": "hi"}).output)
+
+    or without ``with``: the first call connects, ``close()`` disconnects (one never closed is
+    closed at interpreter exit and never keeps it alive).
     """
 
     def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:
@@ -669,20 +672,21 @@ class SyncClient(SyncFront):
 
     @classmethod
     def connect(cls, endpoint: str | None = None, **kwargs: Any) -> SyncClient:
-        """A blocking client for ``endpoint``: use ``with SyncClient.connect(ep) as client``."""
+        """A blocking client for ``endpoint`` (``with SyncClient.connect(ep) as client``, or
+        without ``with``: it connects on first use)."""
         return cls(endpoint, **kwargs)
 
-    def __enter__(self) -> SyncClient:
-        async def make() -> Any:
-            return Client.connect(self._endpoint, **self._kwargs)
+    def _make(self) -> Any:
+        return Client.connect(self._endpoint, **self._kwargs)
 
-        self._open(make)
+    def __enter__(self) -> SyncClient:
+        self._open()
         return self
 
     def exists(self, turn_id: str) -> bool:
-        return self._call(self._target.exists, turn_id)
+        return self._call("exists", turn_id)
 
     def reload(self) -> dict[str, int]:
         """``Client.reload``, blocking: recycle the daemon's workers so new turns import agent code anew."""
-        result: dict[str, int] = self._call(self._target.reload)
+        result: dict[str, int] = self._call("reload")
         return result
