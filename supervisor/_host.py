@@ -96,3 +96,24 @@ class Background:
         self._tg = None
         if not task.cancelled():
             task.result()
+
+
+# H3: multiprocessing's bootstrapping check, for turnpool's own processes.
+INSIDE_WORKER = (
+    "a turnpool Supervisor cannot be started inside a turnpool {role} (pid {pid}). This usually "
+    "means a module that defines agents also starts a supervisor when it is imported: every worker "
+    "imports that module to find its agent, so each would start a pool of its own. Keep the code "
+    'that starts the supervisor under `if __name__ == "__main__":` (or move the agents to a module '
+    "of their own). From inside a turn, run another agent with `await turn.spawn(...)`"
+)
+
+
+def refuse_inside_worker() -> None:
+    """``RuntimeError`` when called in a turnpool worker or zygote process."""
+    from worker import lowlevel
+
+    role = lowlevel.process_role()
+    if role is not None:
+        import os
+
+        raise RuntimeError(INSIDE_WORKER.format(role=role, pid=os.getpid()))

@@ -33,6 +33,7 @@ from wire import Cause, TurnResult
 
 from ._errors import SupervisorClosed
 from ._handle import TurnHandle
+from ._host import refuse_inside_worker
 
 _FOR_THE_MAIN_THREAD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
@@ -319,6 +320,7 @@ class SyncSupervisor(SyncFront):
         super().__init__()
         from ._engine import Supervisor
 
+        refuse_inside_worker()  # H3 (``Supervisor`` checks it too)
         self._args = args
         self._kwargs = kwargs
         self._factory = Supervisor

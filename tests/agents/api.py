@@ -16,3 +16,11 @@ async def streams_by_yielding(turn: worker.Turn) -> AsyncIterator[dict[str, Any]
 def generator_agent(turn: worker.Turn) -> Any:
     """The same mistake with a plain generator."""
     yield {"text": "chunk"}
+
+
+async def starts_a_supervisor(turn: worker.Turn) -> str:
+    """Builds a supervisor inside its turn: refused (H3)."""
+    from supervisor import Supervisor
+
+    async with Supervisor(workers=1, spares=0):
+        return "started a nested pool"
