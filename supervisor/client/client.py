@@ -43,6 +43,7 @@ from .._errors import (
     FollowerDropped,
     ProtocolError,
     SupervisorClosed,
+    TurnIdConflict,
     TurnpoolError,
     UnknownTurn,
     shown_id,
@@ -642,6 +643,8 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
         return UnknownTurn(turn_id)
     if code == "unknown_turn":
         return TurnpoolError(message)
+    if code == "turn_id_conflict":  # R-ID: the fields that differ are read back from the message
+        return TurnIdConflict.from_message(turn_id or "", message)
     for kind, known in SUBMIT_ERROR_CODES:  # the daemon's own table, read the other way
         if known == code:
             return kind(message)

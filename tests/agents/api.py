@@ -24,3 +24,22 @@ async def starts_a_supervisor(turn: worker.Turn) -> str:
 
     async with Supervisor(workers=1, spares=0):
         return "started a nested pool"
+
+
+async def marks_then_waits(turn: worker.Turn) -> dict[str, Any]:
+    """Writes ``turn.input["marker"]`` (its pid) once running, emits, then waits cooperatively for
+    ``seconds`` (default 60): a turn a test can see started from another process."""
+    import os
+
+    import anyio
+
+    inp = turn.input or {}
+    marker = inp.get("marker")
+    if marker:
+        tmp = f"{marker}.tmp"
+        with open(tmp, "w") as f:  # noqa: ASYNC230 - a few bytes, before the agent waits
+            f.write(str(os.getpid()))
+        os.replace(tmp, marker)
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    await anyio.sleep(float(inp.get("seconds", 60)))  # allowed: the agent's own behaviour (waiting)
+    return {"waited": True}
