@@ -72,6 +72,11 @@ class Background:
         # is cancelled while it starts.
         await asyncio.shield(ready)
 
+    @property
+    def task_group(self) -> anyio.abc.TaskGroup:
+        assert self._tg is not None, "Background.start() first"
+        return self._tg
+
     def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         assert self._tg is not None, "Background.start() first"
         self._tg.start_soon(fn, *args)

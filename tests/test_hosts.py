@@ -17,7 +17,7 @@ import pytest
 from tests.support.daemonkit import FAST, ROOT, serving
 
 HOSTS = ["asyncio_run", "uvloop", "thread_loop", "nested_tasks"]
-BOUND = 120.0
+BOUND = 90.0
 
 
 def _script(host: str, target: str, endpoint: str = "", env: dict[str, str] | None = None) -> str:

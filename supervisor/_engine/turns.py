@@ -160,6 +160,12 @@ def seal_input(turn: TurnRecord) -> None:
         turn.digest = _input_digest(raw, turn.id_chosen)
 
 
+def input_known(turn: TurnRecord) -> bool:
+    """Whether ``turn``'s record can tell its input apart (not one restored from a journal)."""
+    held = turn.input
+    return turn.digest is not None or (held is not None and held is not wire.NIL)
+
+
 def same_input(turn: TurnRecord, raw: msgspec.Raw | bytes) -> bool | None:
     """Whether ``raw`` is the input ``turn`` was submitted with; ``None`` when this record cannot
     tell (restored from a journal: the journal holds the input)."""

@@ -18,6 +18,7 @@ its own asyncio loop in a portal thread, so it works from any synchronous code.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -466,7 +467,11 @@ class Client:
         retry: bool = False,
     ) -> TurnResult:
         """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
-        ``Result`` under the same request id. Raises as ``submit`` does."""
+        ``Result`` under the same request id. Raises as ``submit`` does.
+
+        The caller owns the turn (R-RUN-CANCEL): cancelling the task that awaits ``run`` cancels
+        the turn (cause ``user``) and returns, raising the cancellation, once the daemon reports it
+        ended. A wait on a handle's ``result()`` or ``events()`` only observes."""
         make = _submit_request(
             agent,
             input,
@@ -483,25 +488,63 @@ class Client:
         send, receive = anyio.create_memory_object_stream[Any](2)
         self._pending[req] = _Stream(send)
         answered = False
+        accepted_id: str | None = None
         try:
             await self._send(make(req))
-            async with receive:
+            try:
                 try:
                     with anyio.fail_after(self.request_timeout):
                         accepted = self._reply(await receive.receive(), turn_id)
                 except TimeoutError:
                     why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
                     raise DaemonUnavailable(why) from None
-                reply = self._reply(await receive.receive(), accepted.turn_id)
+                accepted_id = accepted.turn_id
+                reply = self._reply(await receive.receive(), accepted_id)
                 answered = True
+            except anyio.get_cancelled_exc_class():
+                await self._stop_own_turn(receive, accepted_id, turn_id)
+                raise
         finally:
             self._pending.pop(req, None)
             send.close()
+            receive.close()
             if not answered:
                 await self._abandon(req)
         if not isinstance(reply, wire.Result):
             raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
         return reply.result
+
+    async def _stop_own_turn(self, receive: Any, accepted_id: str | None, asked_id: str | None) -> None:
+        """R-RUN-CANCEL: the caller of ``run`` was cancelled: cancel its turn (cause ``user``) and
+        wait for the turn's result, shielded from every cancellation (anyio's, and a native
+        ``Task.cancel()``, such as ``asyncio.wait_for``'s). Bounded: a lost daemon ends the wait
+        (its ``_Lost`` reply), and a daemon that never acknowledged the submit within
+        ``request_timeout`` leaves nothing here to cancel."""
+
+        async def stop() -> None:
+            tid = accepted_id
+            try:
+                if tid is None:
+                    with anyio.move_on_after(self.request_timeout):
+                        first = await receive.receive()
+                        tid = first.turn_id if isinstance(first, wire.Accepted) else None
+                if tid is None or self._lost is not None:
+                    return
+                turn = tid
+                await self._call(lambda req: wire.Cancel(req, turn, wire.USER), turn_id=turn)
+                await receive.receive()  # the Result (or the loss of the daemon)
+            except (TurnpoolError, anyio.EndOfStream, anyio.ClosedResourceError):
+                return  # the daemon is gone or refused: nothing more to wait for
+
+        # A task of its own, which no cancel of the caller's task reaches; waited for until done.
+        task = asyncio.get_running_loop().create_task(stop())
+        with anyio.CancelScope(shield=True):
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    continue  # a native cancel of the caller: the turn is not quiescent yet
+        task.result()
 
     def handle(self, turn_id: str) -> TurnHandle:
         """A handle on a turn the daemon knows (submitted by any client). An unknown id raises

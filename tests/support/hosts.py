@@ -13,6 +13,7 @@ step gave the expected answer, or ``REFUSED <message>`` for a refused host, and 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import sys
 import threading
@@ -87,6 +88,8 @@ async def nested(target: str, endpoint: str | None) -> dict[str, Any]:
 
 
 def main() -> None:
+    # A hang shows where it is (every thread's stack) before the test's own bound ends the script.
+    faulthandler.dump_traceback_later(75, exit=True)
     host, target = sys.argv[1], sys.argv[2]
     endpoint = sys.argv[3] if len(sys.argv) > 3 else None
     started = time.monotonic()
