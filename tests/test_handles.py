@@ -56,3 +56,18 @@ def test_blocking_handles_keep_their_results_too() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(sum(range(60)))
+
+
+async def test_client_results_past_keep_results_come_from_the_journal() -> None:
+    """Through a daemon (journalled, the default), results evicted beyond ``--keep-results`` are
+    answered from the journal: 30 submits with ``--keep-results 3``, then 30 ``result()`` calls."""
+    from supervisor import Client
+    from tests.support.daemonkit import FAST, serving
+
+    with serving(*FAST, "--keep-results", "3") as d:
+        async with Client.connect(d.endpoint) as client:
+            handles = [await client.submit("examples.agents:echo", {"i": i}) for i in range(30)]
+            with anyio.fail_after(60):
+                await client.when_idle()
+                results = [await h.result() for h in handles]
+    assert [r.output for r in results] == [{"i": i} for i in range(30)]
