@@ -22,7 +22,6 @@ import asyncio
 import atexit
 import signal
 import threading
-import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -144,9 +143,10 @@ class SyncTurnHandle:
         return f"SyncTurnHandle({self.turn_id!r})"
 
 
-# Fronts not closed yet: closed at interpreter exit (H2). Weak, so an unreachable front is not
-# kept alive by this set.
-_OPEN: weakref.WeakSet[SyncFront] = weakref.WeakSet()
+# Fronts not closed yet: closed at interpreter exit (H2). Held strongly: a forgotten front's loop
+# thread and workers live on whether or not the user still holds it, so it must still be reachable
+# here to be disposed of at exit.
+_OPEN: set[SyncFront] = set()
 
 
 @atexit.register
