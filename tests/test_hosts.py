@@ -67,3 +67,15 @@ def test_trio_is_refused_at_once_with_the_way_out(target: str) -> None:
     assert out.startswith("REFUSED "), out
     assert "asyncio only" in out and "trio.to_thread.run_sync" in out, out
     assert time.monotonic() - started < 30, "refused, but not at once"
+
+
+def test_one_status_contract_async_on_async_classes_blocking_on_the_twins() -> None:
+    """Item 16: ``status()`` is a coroutine function on ``Supervisor`` and ``Client`` (as every other
+    method there) and a plain blocking method on ``SyncSupervisor`` and ``SyncClient``."""
+    import inspect
+
+    from supervisor import Client, Supervisor, SyncClient, SyncSupervisor
+
+    assert inspect.iscoroutinefunction(Supervisor.status) and inspect.iscoroutinefunction(Client.status)
+    assert not inspect.iscoroutinefunction(SyncSupervisor.status)
+    assert not inspect.iscoroutinefunction(SyncClient.status)

@@ -12,6 +12,7 @@ sends then still go out as one frame per worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import signal
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any, cast
 
 import anyio
 import msgspec
+import sniffio
 import zmq
 import zmq.asyncio
 
@@ -55,6 +57,7 @@ class WorkerLink:
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of it, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck_scheduled = False
+        self._context = contextvars.Context()  # set by run(): the context callbacks run in (H1)
 
     def bind(self, endpoint: str) -> None:
         """Bind the ROUTER: no queue limits (the supervisor bounds turns, not frames), a frame to
@@ -89,7 +92,13 @@ class WorkerLink:
         loop = asyncio.get_running_loop()
         fd = cast(int, self._sync.getsockopt(zmq.FD))
         self._loop = loop
-        loop.add_reader(fd, self.on_readable)
+        # H1: the callback runs outside any task, where anyio cannot tell the loop's library by
+        # itself (it asks sniffio, which looks for a current task): under plain ``asyncio.run``, or a
+        # loop Jupyter runs, an anyio call in a message handler (a task started, a cancel scope)
+        # raised NoEventLoopError. Say it once, in the context every callback of this link runs in.
+        sniffio.current_async_library_cvar.set("asyncio")
+        self._context = contextvars.copy_context()
+        loop.add_reader(fd, self.on_readable)  # (the handle runs in a copy of this context)
         self.on_readable()  # frames that arrived before the reader was registered
         try:
             await anyio.sleep_forever()
@@ -194,4 +203,4 @@ class WorkerLink:
                 and self._loop is not None
             ):
                 self._recheck_scheduled = True
-                self._loop.call_soon(self.on_readable)
+                self._loop.call_soon(self.on_readable, context=self._context)
