@@ -56,7 +56,7 @@ class TurnIdConflict(TurnpoolError, ValueError):
 
     FIELDS = ("agent", "input", "session")
 
-    def __init__(self, turn_id: str, differs: tuple[str, ...], message: str | None = None) -> None:
+    def __init__(self, turn_id: str, differs: tuple[str, ...] = (), message: str | None = None) -> None:
         shown = turn_id if len(turn_id) <= 80 else turn_id[:77] + "..."
         super().__init__(
             message

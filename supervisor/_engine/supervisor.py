@@ -508,7 +508,7 @@ class Supervisor:
         Async, as on ``Client`` (one contract: async on the async classes, blocking on
         ``SyncSupervisor``/``SyncClient``); ``status_now`` is the synchronous form for front ends
         that run on the supervisor's loop."""
-        return self.status_now()
+        return self.status_now()  # R-STATUS
 
     def status_now(self) -> dict[str, Any]:
         """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a
