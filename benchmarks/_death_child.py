@@ -26,7 +26,7 @@ async def main(workers: int) -> None:
                 async for ev in events:
                     pids += [*ev["children"], ev["daemon"], ev["worker"]]
                     break
-        pids += [w["pid"] for w in sup.status()["workers"] if w["pid"]]
+        pids += [w["pid"] for w in (await sup.status())["workers"] if w["pid"]]
         if sup.pool.zygote is not None:
             pids.append(sup.pool.zygote.pid)
         print(json.dumps({"supervisor": os.getpid(), "pids": sorted(set(pids))}), flush=True)

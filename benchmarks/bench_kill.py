@@ -112,7 +112,7 @@ async def _overshoot(n: int) -> list[float]:
 
 async def _ready(sup: Supervisor, count: int) -> None:
     """Wait until ``count`` workers are ready again (so each sample starts from a full pool)."""
-    while sum(1 for w in sup.status()["workers"] if w["state"] in ("idle", "busy")) < count:  # noqa: ASYNC110
+    while sum(1 for w in (await sup.status())["workers"] if w["state"] in ("idle", "busy")) < count:  # noqa: ASYNC110
         await anyio.sleep(0.002)  # polling the pool between samples, off the timed path
 
 

@@ -56,7 +56,7 @@ async def _queued(n: int, traced: bool) -> dict[str, float]:
         rss1 = _rss()
         traced_bytes = tracemalloc.get_traced_memory()[0] if traced else 0
         tracemalloc.stop()
-        queued = sup.status()["queue"]
+        queued = (await sup.status())["queue"]
         t0 = time.perf_counter()
         await blocker.cancel()
         for h in handles:

@@ -29,9 +29,10 @@ async def main() -> None:
     rows: list[tuple[str, str, TurnResult, float]] = []
     t0 = time.monotonic()
     async with Supervisor(workers=2, spares=1, grace=1.0, kill_after=1.0) as sup:
+        first = await sup.status()
         console.print(
-            f"[bold]turnpool demo[/] — supervisor pid {sup.status()['pid']}, "
-            f"workers {[w['pid'] for w in sup.status()['workers']]}"
+            f"[bold]turnpool demo[/] — supervisor pid {first['pid']}, "
+            f"workers {[w['pid'] for w in first['workers']]}"
         )
 
         async def timed(label: str, what: str, coro) -> None:  # type: ignore[no-untyped-def]
@@ -91,7 +92,7 @@ async def main() -> None:
                 f"{took * 1000:.0f} ms",
             )
         console.print(table)
-        status = sup.status()
+        status = await sup.status()
         console.print(
             f"workers now: {[(w['id'], w['pid'], w['state']) for w in status['workers']]}; "
             f"restarts: {status['worker_restarts']}"

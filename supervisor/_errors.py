@@ -48,6 +48,33 @@ class InvalidAgent(TurnpoolError, ValueError):
     """Raised by ``submit``/``run`` when the agent is not written ``"package.module:attr"``."""
 
 
+class TurnIdConflict(TurnpoolError, ValueError):
+    """Raised by ``submit``/``run`` (``Supervisor``, ``Client`` and the blocking twins) when the
+    ``turn_id`` is already used by another request: another agent, input or session (``differs``
+    names which, the message too). The same id with the same request is idempotent instead: the
+    existing turn, never run twice. Ids the daemon knows only from its journal count too."""
+
+    FIELDS = ("agent", "input", "session")
+
+    def __init__(self, turn_id: str, differs: tuple[str, ...] = (), message: str | None = None) -> None:
+        shown = turn_id if len(turn_id) <= 80 else turn_id[:77] + "..."
+        super().__init__(
+            message
+            or f"turn id {shown!r} is already used by another request: its {' and '.join(differs)} "
+            f"{'differs' if len(differs) == 1 else 'differ'}. A turn_id names one request (the same "
+            "agent, input and session): resubmitting that request returns the existing turn; use "
+            "a new id for a new request"
+        )
+        self.turn_id = turn_id
+        self.differs = differs
+
+    @classmethod
+    def from_message(cls, turn_id: str, message: str) -> TurnIdConflict:
+        """The error a daemon described (``turn_id_conflict``), its fields read back from the text."""
+        said = message.split("another request: its ", 1)[-1].split(". ", 1)[0]
+        return cls(turn_id, tuple(f for f in cls.FIELDS if f in said.split()), message)
+
+
 class WorkerStartError(TurnpoolError):
     """Raised by ``Supervisor.__aenter__`` when workers cannot be started (the reason is given)."""
 
@@ -96,6 +123,7 @@ SUBMIT_ERROR_CODES: tuple[tuple[type[Exception], ErrorCode], ...] = (
     (DaemonShuttingDown, "shutting_down"),
     (SupervisorClosed, "shutting_down"),
     (JournalUnavailable, "journal_unavailable"),
+    (TurnIdConflict, "turn_id_conflict"),  # R-ID (client protocol 3; older clients read bad_value)
     (TypeError, "bad_type"),
     (ValueError, "bad_value"),
 )

@@ -12,13 +12,16 @@ if TYPE_CHECKING:
 
 
 class TurnHandle:
-    """A handle on one turn. Cheap: holds only the turn id and who owns the turn."""
+    """A handle on one turn. Cheap: holds the turn id, who owns the turn and, for an embedded
+    supervisor, the turn's record, so its result stays available while the handle exists even
+    past ``keep_results`` (R-KEEP)."""
 
-    __slots__ = ("turn_id", "_backend")
+    __slots__ = ("turn_id", "_backend", "_pin")
 
-    def __init__(self, backend: Backend, turn_id: str) -> None:
+    def __init__(self, backend: Backend, turn_id: str, *, pin: object = None) -> None:
         self.turn_id = turn_id
         self._backend = backend
+        self._pin = pin
 
     def events(self) -> AsyncIterator[Any]:
         """The events the agent emitted, in order, from the turn's start (up to the retained

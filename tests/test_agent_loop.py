@@ -434,7 +434,14 @@ def _interrupting_setups() -> list[Any]:
             ScriptedModel([calls(("c1", "bad", {}))]), [bad], [], {}, ToolError, "ToolError", id="tool"
         ),
         pytest.param(
-            ScriptedModel([calls(("c1", "nope", {}))]), [], [], {}, ToolError, "ToolError", id="unknown-tool"
+            # An unknown tool is answered to the model (A-TOOLERR) up to max_tool_errors (3) times.
+            ScriptedModel([calls((f"c{i}", "nope", {})) for i in range(4)]),
+            [],
+            [],
+            {},
+            ToolError,
+            "ToolError",
+            id="unknown-tool",
         ),
         pytest.param(
             ScriptedModel([reply("x")]),
@@ -759,6 +766,7 @@ def test_public_names_are_pinned() -> None:
         "FunctionCallOutput",
         "Hook",
         "HookError",
+        "MaxStepsExceeded",
         "ModelClient",
         "ModelRequest",
         "ModelStream",

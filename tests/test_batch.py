@@ -455,7 +455,7 @@ async def test_resubmitted_attempt_finds_its_turn(tmp_path: Path) -> None:
             lost = lines[-1]
             out.write_text("".join(json.dumps(rec) + "\n" for rec in lines[:-1]))
             summary = await run_batch(jobs, out, backend=sup, agent=E + "echo", resume=True)
-            assert sup.status()["outcomes"] == {"completed": 5}  # five turns ran, not six
+            assert (await sup.status())["outcomes"] == {"completed": 5}  # five turns ran, not six
     again = read_lines(out)[-1]
     assert summary.skipped == 4 and summary.counts == {"completed": 1}
     assert again["turn_id"] == lost["turn_id"] == turn_id_for(lost["batch"], lost["id"], 1)
@@ -491,7 +491,7 @@ class ClientLike:
         return await self._sup.cancel(turn_id, cause)
 
     async def status(self) -> dict[str, Any]:
-        return self._sup.status()
+        return await self._sup.status()
 
     async def when_idle(self) -> None:
         await self._sup.when_idle()

@@ -27,6 +27,7 @@ from supervisor import (
     QueueFull,
     SyncClient,
     TurnHandle,
+    TurnIdConflict,
     TurnResult,
     UnknownTurn,
 )
@@ -317,16 +318,18 @@ async def test_client_killed_mid_turn_and_a_new_client_fetches_the_result() -> N
 
 
 async def test_idempotent_submit_by_turn_id() -> None:
-    """Submitting a known ``turn_id`` again (from any client, any input) returns that turn and
-    never runs it twice."""
+    """Submitting a known ``turn_id`` again with the same request (from any client) returns that
+    turn and never runs it twice; another input under it is ``TurnIdConflict``."""
     with serving(*FAST) as d:
         async with Client.connect(d.endpoint) as a, Client.connect(d.endpoint) as b:
             with anyio.fail_after(60):
                 first = await a.submit("examples.agents:echo", {"n": 1}, turn_id="job-7")
-                second = await b.submit("examples.agents:echo", {"n": 2}, turn_id="job-7")
+                second = await b.submit("examples.agents:echo", {"n": 1}, turn_id="job-7")
                 assert first.turn_id == second.turn_id == "job-7"
+                with pytest.raises(TurnIdConflict, match="input"):
+                    await b.submit("examples.agents:echo", {"n": 2}, turn_id="job-7")
                 r1 = await first.result()
-                r3 = await a.run("examples.agents:echo", {"n": 3}, turn_id="job-7")
+                r3 = await a.run("examples.agents:echo", {"n": 1}, turn_id="job-7")
                 assert r1 == await second.result() == r3
                 assert r1.output == {"n": 1}
                 status = await a.status()

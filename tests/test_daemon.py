@@ -278,7 +278,7 @@ async def test_hook_sites_and_programmatic_stop() -> None:
             await ready.wait()
             async with Client.connect(endpoint) as client:
                 assert (await client.run("examples.agents:echo", 1, turn_id="plain")).outcome == "completed"
-                await client.submit("examples.agents:echo", 2, turn_id="plain")  # known: no hook
+                await client.submit("examples.agents:echo", 1, turn_id="plain")  # known: no hook
                 acked: list[str] = []
 
                 async def submit_gated() -> None:

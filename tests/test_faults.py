@@ -155,7 +155,7 @@ async def test_fault_matrix(name: str) -> None:
     opts = {"grace": GRACE, "kill_after": KILL_AFTER, **fault.options}
     async with Supervisor(workers=1, spares=0, **opts) as sup:
         sup.add_hooks(on_result=lambda turn, result: ended.append(turn.id))
-        first_pid = sup.status()["workers"][0]["pid"]
+        first_pid = (await sup.status())["workers"][0]["pid"]
         recorded = _tree_of(first_pid)  # the worker and its guardian
         handle = await sup.submit(fault.agent, fault.input)
         t_cancel = None
@@ -176,7 +176,7 @@ async def test_fault_matrix(name: str) -> None:
         elapsed = time.monotonic() - t_cancel if t_cancel is not None else None
         with anyio.fail_after(60):
             after = await sup.run("examples.agents:echo", "next")
-        status = sup.status()
+        status = await sup.status()
 
     assert result.outcome == fault.outcome, result
     assert result.exit_code in fault.exit_codes, result
@@ -257,7 +257,7 @@ async def test_worker_start_failure_is_reported_not_spun(
     with anyio.fail_after(30), pytest.raises(WorkerStartError, match="before it was ready"):
         await sup.start()
     elapsed = time.monotonic() - t0
-    status = sup.status()
+    status = await sup.status()
     assert "exited with" in (status["last_start_error"] or "")
     # Backed off: a handful of attempts (0.1 s, 0.2 s, ... apart), not a spin.
     assert 3 <= len(spawns.times) <= 6, spawns.times
@@ -290,7 +290,7 @@ async def test_start_failures_after_start_back_off_and_recover(
             await spawns.reached.wait()
         span = spawns.times[3] - spawns.times[0]
         assert span >= 0.2 + 0.4 - 0.05, spawns.times  # exponential back-off, not a spin
-        status = sup.status()
+        status = await sup.status()
         assert "before it was ready" in (status["last_start_error"] or "")
         assert status["queue"] == 1 and status["running"] == 0
         flag.unlink()
@@ -309,7 +309,7 @@ async def test_turn_that_kills_its_worker_at_once_runs_once() -> None:
         with anyio.fail_after(60):
             result = await sup.run("tests.agents.faults:exit_at_once")
             after = await sup.run("examples.agents:echo", "next")
-        restarts = sup.status()["worker_restarts"]
+        restarts = (await sup.status())["worker_restarts"]
     assert result.outcome == "crashed" and result.exit_code == 9 and result.started is True
     assert result.attempts == 1 and restarts == 1
     assert sup_lowlevel.MAX_HANDOVERS >= 2
@@ -341,7 +341,7 @@ async def test_an_end_after_a_failed_send_keeps_the_real_outcome() -> None:
         with anyio.fail_after(30):
             result = await handle.result()
         assert result.outcome == "completed" and result.output == {"saw": "deadline"}
-        assert sup.status()["workers"][0]["state"] == "busy"  # no new turn for a doomed worker
+        assert (await sup.status())["workers"][0]["state"] == "busy"  # no new turn for a doomed worker
         os.kill(info["pid"], signal.SIGKILL)
         with anyio.fail_after(30):
             after = await sup.run("examples.agents:echo", "next")

@@ -407,14 +407,15 @@ async def test_bad_input_is_rejected_at_the_call() -> None:
 
 
 async def test_idempotent_turn_id() -> None:
-    """Submitting an existing ``turn_id`` returns that turn; it never runs twice."""
+    """Submitting an existing ``turn_id`` with the same request returns that turn; it never runs
+    twice (another request under the id is ``TurnIdConflict``: tests/test_turn_ids.py)."""
     async with Supervisor(workers=1, spares=0) as sup:
         a = await sup.submit("examples.agents:echo", 1, turn_id="job-1")
-        b = await sup.submit("examples.agents:echo", 2, turn_id="job-1")
+        b = await sup.submit("examples.agents:echo", 1, turn_id="job-1")
         with anyio.fail_after(30):
             ra, rb = await a.result(), await b.result()
         assert a.turn_id == b.turn_id == "job-1" and ra is rb and ra.output == 1
-        assert sup.status()["outcomes"] == {"completed": 1}
+        assert (await sup.status())["outcomes"] == {"completed": 1}
 
 
 async def test_status_and_when_idle() -> None:
@@ -425,7 +426,7 @@ async def test_status_and_when_idle() -> None:
         with anyio.fail_after(30):
             await sup.when_idle()
         assert all(h for h in handles)
-        status = sup.status()
+        status = await sup.status()
     assert len(status["workers"]) == 3
     assert {"id", "pid", "state", "turn_id", "turns_run", "rss", "rss_mb"} <= set(status["workers"][0])
     assert all(w["rss"] > 0 for w in status["workers"])

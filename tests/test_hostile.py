@@ -200,7 +200,7 @@ def test_stranger_frames_are_counted_and_change_nothing(portal: BlockingPortal) 
         record = sup.record(turn_id)
         assert record.state == "running" and record.result is None and record.cause is None
         assert len(record.events) == 1  # only the worker's own event
-        assert sup.status()["outcomes"] == {}
+        assert portal.call(sup.status)["outcomes"] == {}
         portal.call(handle.cancel)
         result = portal.call(_result, handle)
         assert result.outcome == "completed" and result.output == {"saw": "user"}
@@ -319,7 +319,7 @@ def test_puppet_without_the_token_is_ignored(
         puppet.send(wire.Ready(slot.pid, slot.token, wire.PROTOCOL_VERSION + 1))
         portal.call(sup.wait_bad_frames, 4)
         portal.call(wait_spawn, 2)  # the killed slot was replaced (after a back-off)
-        assert "protocol" in (sup.status()["last_start_error"] or "")
+        assert "protocol" in (portal.call(sup.status)["last_start_error"] or "")
         puppet.sock.close()  # type: ignore[union-attr]
         second = puppet.slot()
         assert second.token != slot.token  # per-spawn tokens
@@ -400,7 +400,7 @@ def test_puppet_out_of_order_messages_change_nothing(
             state["bad"] += expected
             assert sup.bad_frames == state["bad"]
             assert record.state == "running" and record.result is None and record.cause is None
-            assert len(sup.table) == n_turns and sup.status()["outcomes"] == {}
+            assert len(sup.table) == n_turns and portal.call(sup.status)["outcomes"] == {}
             while puppet.sock.poll(0):  # type: ignore[union-attr]
                 for reply in wire.decode_to_worker(puppet.sock.recv()):  # type: ignore[union-attr]
                     assert isinstance(reply, wire.SpawnReply) and reply.error is not None

@@ -117,7 +117,7 @@ HOST = textwrap.dedent("""
         async with Supervisor(workers=1, spares=0, grace=0.5, kill_after=0.5) as sup:
             r = await sup.run("tests.agents.isolation:flood", {"mib": 64, "marker": sys.argv[1]}, timeout=3)
             print(json.dumps({"outcome": r.outcome, "cause": r.cause and r.cause.kind,
-                              "dropped": sup.status().get("worker_output_dropped")}), flush=True)
+                              "dropped": (await sup.status()).get("worker_output_dropped")}), flush=True)
 
     anyio.run(main)
 """)
@@ -178,7 +178,7 @@ async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None
                     await anyio.sleep(0.02)  # allowed: bounded poll of a file the pump thread writes
             r2 = await sup.run(FLOOD, {"mib": 4, "marker": str(tmp_path / "m")}, timeout=1)
             assert r2.cause is not None and r2.cause.kind == "deadline"
-            assert sup.status()["worker_output"] == str(log)
+            assert (await sup.status())["worker_output"] == str(log)
     files = _log_files(log)
     assert len(files) == 4 and all(f.stat().st_size <= 2**18 for f in files), files
 

@@ -71,7 +71,7 @@ async def test_sigkill_mid_batch_then_restart_ends_every_turn_once() -> None:
             r_queued = [r for r in r_queued if r.outcome == "completed"]
             for prev, nxt in pairwise(r_queued):
                 assert nxt.started_at >= prev.ended_at
-            resubmit = await client.submit("examples.agents:echo", "dup", turn_id=done[0].turn_id)
+            resubmit = await client.submit("examples.agents:echo", {"i": 0}, turn_id=done[0].turn_id)
             assert await resubmit.result() == done[0]  # idempotent across the restart: never run twice
     finally:
         stop_process(second.proc)

@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import Client, JournalUnavailable
+from supervisor import Client, JournalUnavailable, TurnIdConflict
 from supervisor.daemon.journal import lock_name, read_history
 from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
 
@@ -505,7 +505,7 @@ async def test_reused_evicted_turn_id_is_the_existing_turn_across_a_restart() ->
                 await client.run(AGENT, {"log": str(log)}, turn_id="other")  # evicts "reused"
                 again = await client.submit(AGENT, {"log": str(log)}, turn_id="reused")
                 assert await again.result() == first
-                with pytest.raises(ValueError, match="another agent or input"):
+                with pytest.raises(TurnIdConflict, match="its input differs"):
                     await client.submit(AGENT, {"log": str(log), "ms": 50}, turn_id="reused")
     finally:
         served.proc.kill()

@@ -21,7 +21,8 @@ def test_supervisor_public_names_are_pinned() -> None:
         "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
         "DaemonUnavailable", "EventsDropped", "FollowerDropped", "InvalidAgent", "JournalUnavailable",
         "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor",
-        "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn",
+        "SyncTurnHandle", "TurnError", "TurnHandle", "TurnIdConflict", "TurnResult", "TurnpoolError",
+        "UnknownTurn",
         "WorkerStartError",
     ]  # fmt: skip
     assert sorted(supervisor.batch.__all__) == [

@@ -58,7 +58,7 @@ async def test_handed_turn_counts_as_queued_and_cancels_unstarted() -> None:
         await first_event(blocker)
         queued = await sup.submit("examples.agents:echo", "never")
         assert handed_to(sup, queued.turn_id) is not None
-        assert sup.status()["queue"] == 1 and sup.status()["running"] == 1
+        assert (await sup.status())["queue"] == 1 and (await sup.status())["running"] == 1
         assert await queued.cancel() == {"kind": "user"}
         with anyio.fail_after(30):
             result = await queued.result()
@@ -121,7 +121,7 @@ async def test_long_turns_get_nothing_handed_behind_them() -> None:
             blocker = await sup.submit("examples.agents:slow", {"seconds": 60})
             await first_event(blocker)
             waiting = await sup.submit("examples.agents:echo", "later")
-            assert handed_to(sup, waiting.turn_id) is None and sup.status()["queue"] == 1
+            assert handed_to(sup, waiting.turn_id) is None and (await sup.status())["queue"] == 1
             await blocker.cancel()
             assert (await blocker.result()).outcome == "aborted"
             assert (await waiting.result()).outcome == "completed"
@@ -141,7 +141,7 @@ async def test_zygote_workers_are_our_children_in_their_own_session() -> None:
         zygote_pid = sup.pool.zygote.pid
         with anyio.fail_after(30):
             results = [await sup.run("examples.agents:echo", i) for i in range(4)]
-        pids = {w["pid"] for w in sup.status()["workers"]}
+        pids = {w["pid"] for w in (await sup.status())["workers"]}
         for pid in pids:
             assert psutil.Process(pid).ppid() == os.getpid()
             assert os.getsid(pid) == pid
@@ -180,7 +180,7 @@ async def main():
         async for ev in h.events():
             break
         pids = [*ev["children"], ev["daemon"], ev["worker"], sup.pool.zygote.pid]
-        pids += [w["pid"] for w in sup.status()["workers"]]
+        pids += [w["pid"] for w in (await sup.status())["workers"]]
         print(json.dumps(sorted(set(pids))), flush=True)
         await anyio.sleep_forever()
 anyio.run(main)

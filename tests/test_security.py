@@ -133,7 +133,7 @@ async def test_oversized_payloads_are_refused_where_they_are_made() -> None:
     async with Supervisor(workers=1, spares=0) as sup:
         with pytest.raises(wire.PayloadTooLarge, match="turn input is"):
             await sup.submit("examples.agents:echo", big)
-        assert sup.status()["queue"] == 0 and sup.status()["outcomes"] == {}
+        assert (await sup.status())["queue"] == 0 and (await sup.status())["outcomes"] == {}
         with anyio.fail_after(60):
             out = await sup.run("tests.agents.faults:big_output")
             ev = await sup.run("tests.agents.faults:big_event")
@@ -152,7 +152,7 @@ async def test_queue_is_bounded() -> None:
         queued = [await sup.submit("examples.agents:echo", i) for i in range(3)]
         with pytest.raises(QueueFull):
             await sup.submit("examples.agents:echo", "one too many")
-        assert sup.status()["queue"] == 3
+        assert (await sup.status())["queue"] == 3
         await blocker.cancel()
         with anyio.fail_after(30):
             results = [await h.result() for h in queued]

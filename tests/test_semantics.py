@@ -299,7 +299,7 @@ def test_random_interleavings_keep_the_invariants(ops: list[tuple], dispose_at: 
                             await anyio.lowlevel.checkpoint()
         with anyio.fail_after(30):
             results = [await h.result() for h in handles]
-        assert sum(sup.status()["outcomes"].values()) == len(handles)
+        assert sum((await sup.status())["outcomes"].values()) == len(handles)
         assert len({r.turn_id for r in results}) == len(results)
         for r in results:
             assert r.outcome in ("completed", "aborted", "killed")

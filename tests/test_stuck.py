@@ -177,7 +177,7 @@ async def test_grace_above_the_cap_is_refused_at_the_call() -> None:
         for kwargs in ({"grace": 1e308}, {"grace": 10.5}, {"kill_after": 11}):
             with pytest.raises(ValueError, match="max_grace"):
                 await sup.submit("examples.agents:echo", 1, **kwargs)
-        assert sup.status()["queue"] == 0
+        assert (await sup.status())["queue"] == 0
         assert (await sup.run("examples.agents:echo", 1, grace=10, kill_after=10)).outcome == "completed"
     with pytest.raises(ValueError, match="max_grace"):
         Supervisor(grace=30, max_grace=10)

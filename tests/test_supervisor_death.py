@@ -44,7 +44,7 @@ async def main():
             async for event in h.events():
                 firsts.append(event)
                 break
-        print(json.dumps({"events": firsts, "status": sup.status()}), flush=True)
+        print(json.dumps({"events": firsts, "status": (await sup.status())}), flush=True)
         await anyio.sleep_forever()
 
 anyio.run(main)

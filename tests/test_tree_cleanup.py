@@ -154,7 +154,7 @@ async def main():
         for h in handles:
             async for _ in h.events():
                 break
-        workers = [w["pid"] for w in sup.status()["workers"]]
+        workers = [w["pid"] for w in (await sup.status())["workers"]]
         pool = sup.pool.cgroups.path if sup.pool.cgroups else None
         print(json.dumps({"workers": workers, "pool": pool}), flush=True)
         # Like a host that SIGKILLs its direct children on exit (Ray's actors), then dies.
@@ -225,7 +225,7 @@ async def test_forked_children_are_not_counted_as_copies(cgroups: bool) -> None:
             async for event in handle.events():
                 assert len(event["pids"]) == 100
                 break
-            status = sup.status()["workers"][0]
+            status = (await sup.status())["workers"][0]
             assert status["pss_mb"] < 250, status
             result = await handle.result()
             assert result.outcome == "completed", result
@@ -244,7 +244,7 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
                 pool = sup.pool.cgroups.path if sup.pool.cgroups is not None else None
                 assert pool is not None and Path(pool).is_dir()  # noqa: ASYNC240 - one stat
                 paths = set()
-                for w in sup.status()["workers"]:
+                for w in (await sup.status())["workers"]:
                     path = lowlevel.cgroup_of(w["pid"])
                     assert path is not None and os.path.dirname(path) == pool, (path, pool)
                     assert w["cgroup"] == path

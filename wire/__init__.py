@@ -13,6 +13,7 @@ from ._client_protocol import (
     ERROR_CODES,
     MIN_CLIENT_PROTOCOL_VERSION,
     V1_ERROR_CODES,
+    V2_ERROR_CODES,
     Abandon,
     Accepted,
     Cancel,
@@ -42,6 +43,7 @@ from ._client_protocol import (
     WhenIdle,
     decode_from_daemon,
     decode_to_daemon,
+    error_for,
 )
 from ._codec import (
     MAX_AGENT_CHARS,
@@ -161,9 +163,11 @@ __all__ = [
     "WhenIdle",
     "MIN_CLIENT_PROTOCOL_VERSION",
     "V1_ERROR_CODES",
+    "V2_ERROR_CODES",
     "Abandon",
     "Reload",
     "Reloaded",
     "decode_from_daemon",
+    "error_for",
     "decode_to_daemon",
 ]

@@ -19,8 +19,10 @@ a reply whose ``req`` they did not ask for.
 Versions: the client sends its version in ``Hello``; the daemon accepts every version from
 ``MIN_CLIENT_PROTOCOL_VERSION`` to ``CLIENT_PROTOCOL_VERSION`` and answers ``Welcome`` with the
 version both speak. It never sends a version-1 client a message or error code that version 1 does
-not have (new codes go out as ``internal``, with the message). Version 2 added ``Abandon`` and the
-error codes ``lagged``, ``dropped`` and ``too_large``; version 3 ``Reload`` (answered ``Reloaded``).
+not have (new codes go out as ``internal``, with the message; ``error_for``). Version 2 added
+``Abandon`` and the error codes ``lagged``, ``dropped`` and ``too_large``; version 3 ``Reload``
+(answered ``Reloaded``) and the code ``turn_id_conflict`` (an older client gets it as ``bad_value``,
+which it is).
 
 Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
 hands the bytes to its supervisor and its workers untouched.
@@ -53,6 +55,8 @@ ErrorCode = Literal[
     "lagged",  # a follower fell behind what the daemon keeps (or stopped reading): its stream ends
     "dropped",  # this client stopped reading until its send queue filled: the request was dropped
     "too_large",  # the reply would not fit in one message (the turn is unharmed)
+    # version 3:
+    "turn_id_conflict",  # the turn_id is already used by another request (agent, input or session)
 ]
 # R24: the client protocol grows by addition; a version-1 client gets new codes as internal.
 V1_ERROR_CODES: tuple[str, ...] = (
@@ -67,7 +71,9 @@ V1_ERROR_CODES: tuple[str, ...] = (
     "journal_unavailable",
     "internal",
 )
-ERROR_CODES: tuple[str, ...] = (*V1_ERROR_CODES, "lagged", "dropped", "too_large")
+V2_ERROR_CODES: tuple[str, ...] = (*V1_ERROR_CODES, "lagged", "dropped", "too_large")
+ERROR_CODES: tuple[str, ...] = (*V2_ERROR_CODES, "turn_id_conflict")
+_CODES_OF_VERSION = {1: V1_ERROR_CODES, 2: V2_ERROR_CODES}
 
 
 class _CMsg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True, tag=True):
@@ -291,3 +297,15 @@ def decode_to_daemon(frame: bytes) -> ToDaemon:
 def decode_from_daemon(frame: bytes) -> FromDaemon:
     """Decode a daemon→client frame; raises ``msgspec.DecodeError`` (incl. validation)."""
     return _from_daemon.decode(frame)
+
+
+def error_for(err: Error, version: int) -> Error:
+    """``err`` as a client speaking ``version`` can read it: a code its version does not have goes
+    out as ``bad_value`` when it is one (``turn_id_conflict``), else as ``internal``, with the
+    code in the message."""
+    known = _CODES_OF_VERSION.get(version)
+    if known is None or err.code in known:
+        return err
+    if err.code == "turn_id_conflict":
+        return Error(err.req, "bad_value", err.message)
+    return Error(err.req, "internal", f"{err.code}: {err.message}")

@@ -31,6 +31,21 @@ _SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
 _KILLING = False  # this process has begun killing its tree
 _PARENT_PID = -1  # the supervisor's pid (set by install_process_guards)
 
+# H3: which turnpool process this is ("worker", "zygote"; a zygote's fork inherits it), or None
+# in any other program. A supervisor refuses to start where it is set (``lowlevel.process_role``).
+_ROLE: str | None = None
+
+
+def mark_role(role: str) -> None:
+    global _ROLE
+    _ROLE = role
+
+
+def process_role() -> str | None:
+    """``"worker"`` or ``"zygote"`` inside turnpool's own processes, else ``None``."""
+    return _ROLE
+
+
 EXIT_LINK_LOST = 75  # the connection to the supervisor dropped: this worker can never report again
 
 

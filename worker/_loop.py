@@ -45,6 +45,15 @@ _EMPTY = msgspec.Raw(b"")
 # ---- agents --------------------------------------------------------------------------
 
 
+# A-GEN: an agent returns its output and streams with ``emit``; a generator would only fail later
+# with "generator is not encodable".
+GENERATOR_AGENT = (
+    "agent {spec!r} is a generator function: an agent returns its output and emits events as it "
+    "goes: `await turn.emit({{'text': chunk}})` for each piece, then `return {{'done': True}}` "
+    "(followers get the events from handle.events(); the returned value is the result's output)"
+)
+
+
 def load_agent(spec: str) -> Any:
     """Import ``"package.module:attr"`` once per process."""
     fn = _IMPORT_CACHE.get(spec)
@@ -65,6 +74,9 @@ def load_agent(spec: str) -> Any:
             obj = getattr(obj, part)
         if not callable(obj):
             raise TypeError(f"agent {spec!r} is not callable")
+        call = getattr(obj, "__call__", None)  # noqa: B004 - an instance with a generator __call__ too
+        if any(inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f) for f in (obj, call)):
+            raise TypeError(GENERATOR_AGENT.format(spec=spec))
         fn = _IMPORT_CACHE[spec] = obj
     return fn
 

@@ -12,7 +12,7 @@ import sys
 import anyio
 
 from . import _tree
-from ._guards import install_process_guards
+from ._guards import install_process_guards, mark_role
 from ._loop import serve
 
 
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cgroup", help="the cgroup v2 directory this worker joins before it forks anything")
     parser.add_argument("--cwd", default=None, help="directory to run in (the supervisor's private one)")
     args = parser.parse_args(argv)
+    mark_role("worker")  # H3: before any agent code can run
     if args.cwd:
         os.chdir(args.cwd)  # before any agent is imported or run
     token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")

@@ -115,6 +115,7 @@ def _become_worker(
     from . import _guards, _loop, _tree
 
     _take_output(out_fd)
+    _guards.mark_role("worker")  # H3
     if not reparented:
         os.setsid()
     # putenv alone would not do: a child forked without exec keeps the environment block this
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--cwd", default=None, help="directory to run in (the supervisor's private one)")
     args = parser.parse_args(argv)
+    from ._guards import mark_role
+
+    mark_role("zygote")  # H3: before any preload runs; the workers it forks inherit it
     global _CGROUP_POOL
     _CGROUP_POOL = args.cgroup_pool or None
     from . import _tree

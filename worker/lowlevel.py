@@ -24,7 +24,7 @@ from ._endlog import SIZE as ENDLOG_SIZE
 from ._endlog import EndLog
 from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
-from ._guards import EXIT_LINK_LOST, start_guardian
+from ._guards import EXIT_LINK_LOST, process_role, start_guardian
 from ._guards import _take_baton as take_baton
 from ._marker import path_for as marker_path_for
 from ._marker import read as marker_read
@@ -75,6 +75,7 @@ __all__ = [
     "marker_path_for",
     "marker_read",
     "marker_read_noted",
+    "process_role",
     "session_of",
     "set_child_subreaper",
     "signal_all",

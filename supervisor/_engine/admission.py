@@ -5,7 +5,8 @@
 spawned by a running turn. It validates the turn's arguments at the call (``InvalidAgent``,
 ``TypeError``, ``ValueError``; a grace above ``max_grace`` is refused, R-GRACE), refuses when the
 supervisor is not running (``SupervisorClosed``) or the queue is full (``QueueFull``), returns the
-existing record for a known ``turn_id`` (a submit is idempotent: never runs twice), and otherwise
+existing record for a known ``turn_id`` with the same request (a submit is idempotent: never runs
+twice; another agent, input or session under that id is ``TurnIdConflict``, R-ID), and otherwise
 creates the turn's record - its one cancellation holder (rule 1) - runs the accept hooks and queues
 it. With a journal (J6) a new turn is held back from dispatch until its accept row is committed.
 """
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .._errors import QueueFull, SupervisorClosed
+from .._errors import QueueFull, SupervisorClosed, TurnIdConflict
 from .options import check_agent, check_optional_str, check_seconds
-from .turns import TurnRecord
+from .turns import TurnRecord, request_differs
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -64,10 +65,17 @@ class Admission:
                 if sup._state == "closing"
                 else "the supervisor is not running"
             )
-        if turn_id is not None and turn_id in sup._turns:
-            return sup._turns[turn_id]
+        if turn_id is not None:
+            known = sup.table.find(turn_id)  # kept, or held by a handle (R-KEEP)
+            if known is not None:
+                # R-ID: idempotent for the same request only; another one under this id is refused.
+                differs = request_differs(known, agent, raw, session)
+                if differs:
+                    raise TurnIdConflict(turn_id, differs)
+                return known
         if not readmit and len(sup._queue) + sup._dispatch.handed >= sup.max_queue:
             raise QueueFull(f"the queue already holds {sup.max_queue} turns")
+        chosen = turn_id is not None
         if turn_id is None:
             turn_id = f"{sup._prefix}-{next(self.ids)}"
         # R1: the turn's one cancellation holder, new for every accepted turn.
@@ -84,6 +92,7 @@ class Admission:
         )
         turn.retry = retry
         turn.attempts = attempts
+        turn.id_chosen = chosen
         if sup._dispatch.gate is not None:
             turn.recorded = readmit  # a readmitted turn's row is already in the journal
             turn.dispatchable = False

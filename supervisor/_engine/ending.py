@@ -10,6 +10,7 @@ next turn, the reply to a parent that spawned it, and the idle waiters once noth
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ import msgspec
 
 import wire
 from wire import DISPOSED, PARENT, TurnError, TurnResult
+
+from .turns import seal_input
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -47,6 +50,22 @@ class Finisher:
             waiters, self.idle_waiters = self.idle_waiters, []
             for ev in waiters:
                 ev.set()
+
+    async def wait_quiescent(self, turn: TurnRecord) -> None:
+        """R-RUN-CANCEL: wait until ``turn`` has its result (it is quiescent), shielded from every
+        cancellation — anyio's, and a native ``Task.cancel()`` (``asyncio.wait_for``), which is
+        re-raised once the wait is over."""
+        interrupted: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            while turn.result is None and turn.state != "kept":  # (D-KEEP: set aside, never ends here)
+                if turn.done is None:
+                    turn.done = asyncio.Event()
+                try:
+                    await turn.done.wait()
+                except asyncio.CancelledError as exc:
+                    interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def finish(
         self,
@@ -107,6 +126,7 @@ class Finisher:
         turn.pending_result = None
         turn.state = "ended"
         turn.ended_at = sup._clock()
+        seal_input(turn)  # R-ID: a digest stays, so a later submit under this id is still told apart
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self.outcomes[result.outcome] += 1
         if result.cause is not None:

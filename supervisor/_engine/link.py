@@ -12,6 +12,7 @@ sends then still go out as one frame per worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import signal
 import time
@@ -20,6 +21,7 @@ from typing import Any, cast
 
 import anyio
 import msgspec
+import sniffio
 import zmq
 import zmq.asyncio
 
@@ -71,6 +73,7 @@ class WorkerLink:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck_scheduled = False
         self._flush_scheduled = False  # a flush of what was sent outside a receive batch is due
+        self._context = contextvars.Context()  # set by run(): the context callbacks run in (H1)
 
     def bind(self, endpoint: str) -> None:
         """Bind the ROUTER: no queue limits (the supervisor bounds turns, not frames), a frame to
@@ -105,7 +108,13 @@ class WorkerLink:
         loop = asyncio.get_running_loop()
         fd = cast(int, self._sync.getsockopt(zmq.FD))
         self._loop = loop
-        loop.add_reader(fd, self.on_readable)
+        # H1: the callback runs outside any task, where anyio cannot tell the loop's library by
+        # itself (it asks sniffio, which looks for a current task): under plain ``asyncio.run``, or a
+        # loop Jupyter runs, an anyio call in a message handler (a task started, a cancel scope)
+        # raised NoEventLoopError. Say it once, in the context every callback of this link runs in.
+        sniffio.current_async_library_cvar.set("asyncio")
+        self._context = contextvars.copy_context()
+        loop.add_reader(fd, self.on_readable)  # (the handle runs in a copy of this context)
         self.on_readable()  # frames that arrived before the reader was registered
         try:
             await anyio.sleep_forever()
@@ -172,7 +181,7 @@ class WorkerLink:
             ):
                 if not self._recheck_scheduled:
                     self._recheck_scheduled = True
-                    self._loop.call_soon(self.on_readable)
+                    self._loop.call_soon(self.on_readable, context=self._context)
                 return
 
     def _handle(self, batch: list[tuple[bytes, bytes]]) -> None:
@@ -233,7 +242,7 @@ class WorkerLink:
         elif not self._flush_scheduled:
             self.flush()
             self._flush_scheduled = True
-            loop.call_soon(self._deferred_flush)
+            loop.call_soon(self._deferred_flush, context=self._context)
 
     def _deferred_flush(self) -> None:
         """The loop turned: send what was queued since the last immediate send."""
@@ -271,4 +280,4 @@ class WorkerLink:
                 and self._loop is not None
             ):
                 self._recheck_scheduled = True
-                self._loop.call_soon(self.on_readable)
+                self._loop.call_soon(self.on_readable, context=self._context)

@@ -22,6 +22,15 @@ MAX_GRACE = 300.0
 _CHECKED_AGENTS: set[str] = set()
 
 
+# A-MAIN: said at the call, since the worker could only fail with a puzzling AttributeError.
+MAIN_AGENT = (
+    "agent {agent!r} names the __main__ module: agents run in worker processes, which import them "
+    "by module name, and a worker's __main__ is the worker itself, not your script. Put {attr} in "
+    "an importable module (e.g. my_agents.py next to your script, named 'my_agents:{attr}'), and "
+    'keep the code that starts the supervisor under `if __name__ == "__main__":`'
+)
+
+
 def check_agent(agent: Any) -> str:
     """``agent`` as ``package.module:attr``, or ``InvalidAgent``. Never imports it."""
     if type(agent) is str and agent in _CHECKED_AGENTS:
@@ -30,6 +39,8 @@ def check_agent(agent: Any) -> str:
         raise InvalidAgent(f"agent must be at most {wire.MAX_AGENT_CHARS} characters, got {len(agent)}")
     if not isinstance(agent, str) or not AGENT_RE.match(agent):
         raise InvalidAgent(f"agent must be written 'package.module:attr', got {agent!r}")
+    if agent.partition(":")[0] == "__main__":
+        raise InvalidAgent(MAIN_AGENT.format(agent=agent, attr=agent.partition(":")[2]))
     if len(_CHECKED_AGENTS) < 4096:
         _CHECKED_AGENTS.add(agent)
     return agent

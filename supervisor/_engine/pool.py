@@ -446,7 +446,8 @@ class WorkerPool:
         slot.state = "dead"
         self.slots.pop(slot.id, None)
         self.link.peers.pop(slot.ident, None)
-        self.start_failed(reason)
+        if not self.closing:  # (while closing it is no failure: the worker is not wanted)
+            self.start_failed(reason)
         self.changed()
         self.refill()
 
@@ -512,11 +513,31 @@ class WorkerPool:
         slot.state = "stopping"
         if slot.timer is not None:
             slot.timer.cancel()
+        if not slot.pid and self.closing:
+            self._abandon_preloading_zygote()
+            if slot.id not in self.slots:
+                return  # dropped unborn with the zygote
         if was == "idle":
             self.link.send(slot, wire.Shutdown())
             slot.timer = self.timers.call_later(self.stop_timeout, self._stop_timed_out, slot)
         else:
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+
+    def _abandon_preloading_zygote(self) -> None:
+        """Closing while the zygote still imports its preload (a start interrupted by Ctrl-C, a
+        preload that never returns): it has forked no worker yet and none is needed any more, so
+        it is killed now instead of waited for; its unborn slots are dropped with it (H2)."""
+        zygote = self.zygote
+        if zygote is None:
+            return
+        self.zygote_pids()  # take what it already reported
+        if self.zygote is not zygote or zygote.ready:
+            return  # it forks workers: their pids come, and each is killed then (``zygote_pids``)
+        log.info("closing while the zygote (pid %s) still imports its preload: killing it", zygote.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(zygote.pid, signal.SIGKILL)
+        zygote.lost = True
+        self._zygote_lost(zygote)
 
     def _stop_timed_out(self, slot: WorkerSlot) -> None:
         if slot.state != "dead":

@@ -71,7 +71,9 @@ def spawn_worker(
     env = worker_env(pythonpath)
     env[TOKEN_ENV] = token
     env[TREE_ENV] = marker
-    return os.posix_spawn(exe, argv, env, setsid=True, file_actions=output_actions(out_fd))
+    # An empty signal mask, whatever the spawning thread blocks (a blocking front's loop thread
+    # blocks SIGINT so Ctrl-C reaches the main thread; Ray's workers start with SIGINT blocked).
+    return os.posix_spawn(exe, argv, env, setsid=True, setsigmask=(), file_actions=output_actions(out_fd))
 
 
 # ``-P`` (Python ≥ 3.11 safe-path mode): ``-m`` no longer puts the current directory first on

@@ -31,10 +31,11 @@ import anyio.to_thread
 import msgspec
 
 import wire
-from wire import DISPOSED, Cause, TurnError, TurnResult, validate_cause
+from wire import DISPOSED, USER, Cause, TurnError, TurnResult, validate_cause
 
 from .._errors import SupervisorClosed, WorkerStartError, shown_id
 from .._handle import TurnHandle
+from .._host import Background, refuse_inside_worker, require_asyncio
 from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
@@ -59,7 +60,7 @@ from .options import (
 )
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
-from .turns import TurnQueue, TurnRecord, TurnTable
+from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs
 
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
 
@@ -132,6 +133,7 @@ class Supervisor:
         worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
         max_grace: float = MAX_GRACE,
     ) -> None:
+        refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
         check_sizes(
             cgroups=cgroups,
             workers=workers,
@@ -252,7 +254,10 @@ class Supervisor:
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
-        self._tg: anyio.abc.TaskGroup | None = None
+        # H1: the background tasks (timers, the worker link, the pool's watchers) live in a task
+        # of their own, so the supervisor may be closed from another task than the one that
+        # started it.
+        self._bg = Background("turnpool supervisor")
         self._wall_offset = 0.0
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -268,6 +273,7 @@ class Supervisor:
         """Bind the worker link, start the pool and wait until ``workers`` workers are ready."""
         if self._state != "new":
             raise RuntimeError("a Supervisor can be started once")
+        loop = require_asyncio("Supervisor", "SyncSupervisor")  # H1: trio refused before anything starts
         pool = self.pool
         pool.prepare(
             worker_output=self.worker_output,
@@ -278,16 +284,20 @@ class Supervisor:
         self.link.bind(f"ipc://{pool.runtime_dir}/workers.sock")
         # The loop's clock (what anyio.current_time() returns on asyncio) without anyio's
         # per-call backend lookup: it is read several times per turn.
-        self._clock = asyncio.get_running_loop().time
+        self._clock = loop.time
         self._timers.clock = self._clock
         self._wall_offset = time.time() - self._clock()
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._timers.run)
-        self._tg.start_soon(self.link.run)
-        await pool.start(tg=self._tg, use_cgroups=self.cgroups)
+        await self._bg.start(loop)
+        tg = self._bg.task_group
+        tg.start_soon(self._timers.run)
+        tg.start_soon(self.link.run)
+        try:
+            await pool.start(tg=tg, use_cgroups=self.cgroups)
+        except BaseException:
+            await self.aclose()
+            raise
         if self.max_rss_mb is not None:
-            self._tg.start_soon(MemoryWatchdog(self).run)
+            tg.start_soon(MemoryWatchdog(self).run)
         try:
             self._fill_pool()
             assert pool.ready_event is not None
@@ -331,10 +341,8 @@ class Supervisor:
             while self._slots:
                 await self._wait_change()
             await pool.close()
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
         try:
-            await self._tg.__aexit__(None, None, None)
+            await self._bg.aclose()
         finally:
             self.link.close()
             await pool.release()
@@ -406,17 +414,28 @@ class Supervisor:
             parent=None,
             retry=retry,
         )
-        return TurnHandle(self, turn.id)
+        return TurnHandle(self, turn.id, pin=turn)  # R-KEEP: the handle holds the record
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
-        """``submit`` then ``result``."""
+        """``submit`` then ``result``; the caller owns the turn (R-RUN-CANCEL).
+
+        Cancelling the task that awaits ``run`` (a cancel scope, ``asyncio.wait_for``,
+        ``Task.cancel()``) cancels the turn with cause ``user`` and returns (raising the
+        cancellation) only once the turn is quiescent. A wait on a handle's ``result()`` or
+        ``events()`` only observes: cancelling it leaves the turn running."""
         handle = await self.submit(agent, input, **kwargs)
-        return await self.result(handle.turn_id)
+        turn = self.table.get(handle.turn_id)
+        try:
+            return await self.result(handle.turn_id)
+        except BaseException:
+            if turn.result is None:
+                self._cancel(turn, USER)
+                await self._ending.wait_quiescent(turn)
+            raise
 
     def handle(self, turn_id: str) -> TurnHandle:
         """A handle on an existing turn; raises ``UnknownTurn``."""
-        self.table.get(turn_id)
-        return TurnHandle(self, turn_id)
+        return TurnHandle(self, turn_id, pin=self.table.get(turn_id))
 
     async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
         """Cancel a turn (default cause ``{"kind": "user"}``); returns the winning cause.
@@ -480,12 +499,21 @@ class Supervisor:
         self._notify_change()
         return kept
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of
         the worker's whole tree summed per process, so shared pages count once per process; pss and
         pss_mb: its proportional set size, shared pages split between the processes mapping them,
         which is what ``max_rss_mb`` is compared with; cgroup: the worker's own cgroup or None),
-        the queue and counters."""
+        the queue and counters.
+
+        Async, as on ``Client`` (one contract: async on the async classes, blocking on
+        ``SyncSupervisor``/``SyncClient``); ``status_now`` is the synchronous form for front ends
+        that run on the supervisor's loop."""
+        return self.status_now()  # R-STATUS
+
+    def status_now(self) -> dict[str, Any]:
+        """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a
+        request, a metrics scrape); users call ``await status()``."""
         return _turninfo.status(self)
 
     def describe_output(self) -> str:
@@ -510,8 +538,21 @@ class Supervisor:
         return self.table.get(turn_id)
 
     def find(self, turn_id: str) -> TurnRecord | None:
-        """The record of ``turn_id``, or ``None`` if this supervisor does not know it."""
-        return self._turns.get(turn_id)
+        """The record of ``turn_id``, or ``None`` if this supervisor does not know it (kept, or
+        beyond ``keep_results`` but held by a handle: R-KEEP)."""
+        return self.table.find(turn_id)
+
+    def request_differs(
+        self, turn: TurnRecord, agent: str, raw: msgspec.Raw, session: str | None
+    ) -> tuple[str, ...]:
+        """R-ID: what differs (``agent``, ``input``, ``session``) between ``turn``'s request and this
+        one; an input the record cannot tell (restored from a journal) is not counted."""
+        return request_differs(turn, agent, raw, session)
+
+    def knows_input(self, turn: TurnRecord) -> bool:
+        """R-ID: whether ``turn``'s record can tell its input apart (``False`` for a result
+        restored from a journal: ask the journal)."""
+        return input_known(turn)
 
     def records(self) -> list[TurnRecord]:
         """Every record this supervisor holds now: live turns and retained ended ones."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,6 +68,9 @@ class TurnRecord:
         "recorded",
         "dispatchable",
         "clearing",
+        "digest",
+        "id_chosen",
+        "__weakref__",  # R-KEEP: the table finds a record evicted by id while a handle holds it
     )
 
     def __init__(
@@ -117,6 +121,10 @@ class TurnRecord:
         self.recorded = True
         self.dispatchable = True
         self.clearing = False  # its "may run" row is being written
+        # R-ID: the input's digest once the input itself is freed (the turn ended), so a later
+        # submit under this id can still be told apart; None while the input is held, or unknown.
+        self.digest: int | None = None
+        self.id_chosen = False  # the caller chose the id (the idempotency case): canonical digest
 
     async def changed(self) -> None:
         """Wait until the turn has news for its followers (an event, its end): ``wake_followers``."""
@@ -131,6 +139,66 @@ class TurnRecord:
                 ev.set()
 
 
+# R-ID: what makes two submits under one id the same request.
+_SORTED = msgspec.msgpack.Encoder(order="sorted")
+
+
+def _input_digest(raw: msgspec.Raw | bytes, canonical: bool) -> int:
+    """An in-process digest of an encoded input; ``canonical``: dict key order does not count
+    (``{"a": 1, "b": 2}`` built in another order is the same input)."""
+    data = bytes(raw)
+    if canonical:
+        try:
+            data = _SORTED.encode(msgspec.msgpack.decode(data))
+        except (msgspec.DecodeError, TypeError, ValueError):
+            pass
+    return hash(data)
+
+
+def seal_input(turn: TurnRecord) -> None:
+    """The turn ended: keep a digest of its input before the input itself is freed."""
+    raw = turn.input
+    if raw is not None and raw is not wire.NIL:
+        turn.digest = _input_digest(raw, turn.id_chosen)
+
+
+def input_known(turn: TurnRecord) -> bool:
+    """Whether ``turn``'s record can tell its input apart (not one restored from a journal)."""
+    held = turn.input
+    return turn.digest is not None or (held is not None and held is not wire.NIL)
+
+
+def same_input(turn: TurnRecord, raw: msgspec.Raw | bytes) -> bool | None:
+    """Whether ``raw`` is the input ``turn`` was submitted with; ``None`` when this record cannot
+    tell (restored from a journal: the journal holds the input)."""
+    held = turn.input
+    if held is not None and held is not wire.NIL:
+        if bytes(held) == bytes(raw):
+            return True
+        try:
+            return bool(msgspec.msgpack.decode(bytes(held)) == msgspec.msgpack.decode(bytes(raw)))
+        except msgspec.DecodeError:
+            return False
+    if turn.digest is not None:
+        return turn.digest == _input_digest(raw, turn.id_chosen)
+    return None
+
+
+def request_differs(
+    turn: TurnRecord, agent: str, raw: msgspec.Raw | bytes, session: str | None
+) -> tuple[str, ...]:
+    """What differs between ``turn``'s request and this one (agent, input, session); an input this
+    record cannot tell is not counted (see ``same_input``)."""
+    differs = []
+    if turn.agent != agent:
+        differs.append("agent")
+    if same_input(turn, raw) is False:
+        differs.append("input")
+    if turn.session != session:
+        differs.append("session")
+    return tuple(differs)
+
+
 class TurnTable:
     """Every turn the supervisor answers for: the live ones and the last ``keep`` ended ones.
 
@@ -139,10 +207,12 @@ class TurnTable:
     for turns that end here and for results restored from a journal).
     """
 
-    __slots__ = ("records", "ended", "keep", "max_events")
+    __slots__ = ("records", "ended", "keep", "max_events", "held")
 
     def __init__(self, *, keep: int, max_events: int) -> None:
         self.records: dict[str, TurnRecord] = {}
+        # R-KEEP: ended records evicted from ``records`` that a handle still holds (weakly here).
+        self.held: weakref.WeakValueDictionary[str, TurnRecord] = weakref.WeakValueDictionary()
         self.ended: collections.deque[str] = collections.deque()
         self.keep = keep
         self.max_events = max_events
@@ -158,7 +228,15 @@ class TurnTable:
         try:
             return self.records[turn_id]
         except (KeyError, TypeError):
+            held = self.held.get(turn_id) if isinstance(turn_id, str) else None
+            if held is not None:
+                return held
             raise UnknownTurn(turn_id) from None
+
+    def find(self, turn_id: str) -> TurnRecord | None:
+        """The record of ``turn_id`` (kept, or evicted but held by a handle), or ``None``."""
+        record = self.records.get(turn_id)
+        return record if record is not None else self.held.get(turn_id)
 
     def note_ended(self, turn_id: str) -> None:
         """``turn_id`` ended (or was restored ended): keep it, forgetting the oldest ended turn
@@ -169,6 +247,8 @@ class TurnTable:
             old = self.records.get(ended.popleft())
             if old is not None and old.state == "ended":
                 del self.records[old.id]
+                # R-KEEP: a handle may still hold it; then its result (and its id) stay reachable.
+                self.held[old.id] = old
 
     def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
         """Retain one event of ``turn`` (at most ``max_events``: the older half is dropped when

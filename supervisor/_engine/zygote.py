@@ -78,7 +78,9 @@ class Zygote:
         ]
         env = _procs.worker_env(pythonpath)
         try:
-            pid = os.posix_spawn(exe, argv, env, setsid=True, file_actions=_procs.output_actions(out_fd))
+            pid = os.posix_spawn(
+                exe, argv, env, setsid=True, setsigmask=(), file_actions=_procs.output_actions(out_fd)
+            )
         except BaseException:
             for fd in (req_r, resp_r, resp_w):
                 os.close(fd)

@@ -19,7 +19,6 @@ Rules the engine keeps (see ``docs/batch.md``):
 from __future__ import annotations
 
 import heapq
-import inspect
 import itertools
 import logging
 import os
@@ -278,9 +277,7 @@ def _error_of(result: TurnResult) -> dict[str, str] | None:
 async def backend_workers(backend: Any) -> int | None:
     """How many workers the backend runs (for the default concurrency), if it says."""
     try:
-        status = backend.status()
-        if inspect.isawaitable(status):
-            status = await status
+        status = await backend.status()  # async on every backend (one contract, issue 15 item 16)
         workers = status.get("workers") if isinstance(status, Mapping) else None
         if isinstance(workers, list) and workers:
             return len(workers)

@@ -18,6 +18,7 @@ its own asyncio loop in a portal thread, so it works from any synchronous code.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -27,7 +28,6 @@ from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
 import anyio
-import anyio.abc
 import msgspec
 import zmq
 import zmq.asyncio
@@ -44,11 +44,13 @@ from .._errors import (
     FollowerDropped,
     ProtocolError,
     SupervisorClosed,
+    TurnIdConflict,
     TurnpoolError,
     UnknownTurn,
     shown_id,
 )
 from .._handle import TurnHandle
+from .._host import Background, require_asyncio
 from .._paths import check_endpoint, default_endpoint
 from .._sync import SyncFront
 from ..daemon.endpoint import ipc_path, socket_options
@@ -129,7 +131,7 @@ class Client:
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._mon: zmq.asyncio.Socket | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._tg: Background | None = None
         self._reqs = itertools.count(1)
         self._pending: dict[int, _Pending | _Stream] = {}
         self._state = "new"  # new → open → closed
@@ -183,6 +185,7 @@ class Client:
         """Connect and shake hands. Raises ``DaemonUnavailable`` (endpoint named) or ``ProtocolError``."""
         if self._state != "new":
             raise RuntimeError("a Client connects once")
+        loop = require_asyncio("Client", "SyncClient")  # H1: trio is refused here, at once
         self._state = "open"
         path = ipc_path(self.endpoint)
         if path is not None and not path.exists():
@@ -206,8 +209,10 @@ class Client:
             self._state = "closed"
             raise DaemonUnavailable(f"cannot connect to {self.endpoint}: {exc}") from exc
         self._sock = sock
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        # H1: the receiver and the monitor live in a task of their own, so the client may be
+        # closed from another task than the one that opened it (Jupyter cells, app lifespans).
+        self._tg = Background(f"turnpool client {self.endpoint}")
+        await self._tg.start(loop)
         self._tg.start_soon(self._receive)
         self._tg.start_soon(self._monitor)
         try:
@@ -272,9 +277,8 @@ class Client:
         self._state = "closed"
         self._fail_pending("the client was closed")
         if self._tg is not None:
-            self._tg.cancel_scope.cancel()
             with contextlib.suppress(Exception):
-                await self._tg.__aexit__(None, None, None)
+                await self._tg.aclose()
             self._tg = None
         if self._sock is not None:
             with contextlib.suppress(zmq.ZMQError):
@@ -463,7 +467,11 @@ class Client:
         retry: bool = False,
     ) -> TurnResult:
         """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
-        ``Result`` under the same request id. Raises as ``submit`` does."""
+        ``Result`` under the same request id. Raises as ``submit`` does.
+
+        The caller owns the turn (R-RUN-CANCEL): cancelling the task that awaits ``run`` cancels
+        the turn (cause ``user``) and returns, raising the cancellation, once the daemon reports it
+        ended. A wait on a handle's ``result()`` or ``events()`` only observes."""
         make = _submit_request(
             agent,
             input,
@@ -480,25 +488,63 @@ class Client:
         send, receive = anyio.create_memory_object_stream[Any](2)
         self._pending[req] = _Stream(send)
         answered = False
+        accepted_id: str | None = None
         try:
             await self._send(make(req))
-            async with receive:
+            try:
                 try:
                     with anyio.fail_after(self.request_timeout):
                         accepted = self._reply(await receive.receive(), turn_id)
                 except TimeoutError:
                     why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
                     raise DaemonUnavailable(why) from None
-                reply = self._reply(await receive.receive(), accepted.turn_id)
+                accepted_id = accepted.turn_id
+                reply = self._reply(await receive.receive(), accepted_id)
                 answered = True
+            except anyio.get_cancelled_exc_class():
+                await self._stop_own_turn(receive, accepted_id, turn_id)
+                raise
         finally:
             self._pending.pop(req, None)
             send.close()
+            receive.close()
             if not answered:
                 await self._abandon(req)
         if not isinstance(reply, wire.Result):
             raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
         return reply.result
+
+    async def _stop_own_turn(self, receive: Any, accepted_id: str | None, asked_id: str | None) -> None:
+        """R-RUN-CANCEL: the caller of ``run`` was cancelled: cancel its turn (cause ``user``) and
+        wait for the turn's result, shielded from every cancellation (anyio's, and a native
+        ``Task.cancel()``, such as ``asyncio.wait_for``'s). Bounded: a lost daemon ends the wait
+        (its ``_Lost`` reply), and a daemon that never acknowledged the submit within
+        ``request_timeout`` leaves nothing here to cancel."""
+
+        async def stop() -> None:
+            tid = accepted_id
+            try:
+                if tid is None:
+                    with anyio.move_on_after(self.request_timeout):
+                        first = await receive.receive()
+                        tid = first.turn_id if isinstance(first, wire.Accepted) else None
+                if tid is None or self._lost is not None:
+                    return
+                turn = tid
+                await self._call(lambda req: wire.Cancel(req, turn, wire.USER), turn_id=turn)
+                await receive.receive()  # the Result (or the loss of the daemon)
+            except (TurnpoolError, anyio.EndOfStream, anyio.ClosedResourceError):
+                return  # the daemon is gone or refused: nothing more to wait for
+
+        # A task of its own, which no cancel of the caller's task reaches; waited for until done.
+        task = asyncio.get_running_loop().create_task(stop())
+        with anyio.CancelScope(shield=True):
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    continue  # a native cancel of the caller: the turn is not quiescent yet
+        task.result()
 
     def handle(self, turn_id: str) -> TurnHandle:
         """A handle on a turn the daemon knows (submitted by any client). An unknown id raises
@@ -640,6 +686,8 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
         return UnknownTurn(turn_id)
     if code == "unknown_turn":
         return TurnpoolError(message)
+    if code == "turn_id_conflict":  # R-ID: the fields that differ are read back from the message
+        return TurnIdConflict.from_message(turn_id or "", message)
     for kind, known in SUBMIT_ERROR_CODES:  # the daemon's own table, read the other way
         if known == code:
             return kind(message)
@@ -653,10 +701,13 @@ def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
 
 
 class SyncClient(SyncFront):
-    """``Client`` with blocking methods, as a context manager::
+    """``Client`` with blocking methods::
 
-    with SyncClient.connect(ep) as client:
-        print(client.run("examples.agents:echo", {"text": "hi"}).output)
+        with SyncClient.connect(ep) as client:
+            print(client.run("examples.agents:echo", {"text": "hi"}).output)
+
+    or without ``with``: the first call connects, ``close()`` disconnects (one never closed is
+    closed at interpreter exit and never keeps it alive).
     """
 
     def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:
@@ -667,20 +718,21 @@ class SyncClient(SyncFront):
 
     @classmethod
     def connect(cls, endpoint: str | None = None, **kwargs: Any) -> SyncClient:
-        """A blocking client for ``endpoint``: use ``with SyncClient.connect(ep) as client``."""
+        """A blocking client for ``endpoint`` (``with SyncClient.connect(ep) as client``, or
+        without ``with``: it connects on first use)."""
         return cls(endpoint, **kwargs)
 
-    def __enter__(self) -> SyncClient:
-        async def make() -> Any:
-            return Client.connect(self._endpoint, **self._kwargs)
+    def _make(self) -> Any:
+        return Client.connect(self._endpoint, **self._kwargs)
 
-        self._open(make)
+    def __enter__(self) -> SyncClient:
+        self._open()
         return self
 
     def exists(self, turn_id: str) -> bool:
-        return self._call(self._target.exists, turn_id)
+        return self._call("exists", turn_id)
 
     def reload(self) -> dict[str, int]:
         """``Client.reload``, blocking: recycle the daemon's workers so new turns import agent code anew."""
-        result: dict[str, int] = self._call(self._target.reload)
+        result: dict[str, int] = self._call("reload")
         return result

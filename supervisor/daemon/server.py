@@ -58,6 +58,7 @@ from .._errors import (
     DaemonAlreadyRunning,
     DaemonShuttingDown,
     JournalUnavailable,
+    TurnIdConflict,
 )
 from .._paths import default_endpoint
 from .clients import (
@@ -398,10 +399,9 @@ class Daemon:
 
     @staticmethod
     def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
-        """``err`` as ``peer`` can read it: a version-1 client gets new codes as ``internal``."""
-        if err.code in wire.V1_ERROR_CODES or (peer is not None and peer.version >= 2):
-            return err
-        return wire.Error(err.req, "internal", f"{err.code}: {err.message}")
+        """``err`` as ``peer`` can read it: a code its protocol version does not have is translated
+        (``wire.error_for``)."""
+        return wire.error_for(err, peer.version if peer is not None else 1)
 
     # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
 
@@ -552,15 +552,24 @@ class Daemon:
         acknowledged once every gate is done (J1: the journal's commit of its row).
 
         Raises ``DaemonShuttingDown`` while draining, ``JournalUnavailable`` while the journal cannot
-        be written (J7), ``ValueError`` for an id the journal holds with another agent or input (J8),
-        and what ``Supervisor.submit`` raises."""
+        be written (J7), ``TurnIdConflict`` for an id known (here or in the journal, J8) with another
+        agent, input or session (R-ID), and what ``Supervisor.submit`` raises."""
         sup = self.sup
         assert sup is not None
         turn_id = options["turn_id"]
-        # D3: submit is idempotent by turn_id.
-        if turn_id is not None and sup.find(turn_id) is not None:
-            # Idempotent by turn_id: the known turn is returned, never run twice (even while draining).
-            # Not durable yet: acknowledged when (and if) the first submit's row commits.
+        # D3: submit is idempotent by turn_id (for the same request: R-ID).
+        known = sup.find(turn_id) if turn_id is not None else None
+        if known is not None:
+            # Idempotent by turn_id for the same request: the known turn is returned, never run twice
+            # (even while draining). Not durable yet: acknowledged when (and if) the first submit's
+            # row commits. A record restored from the journal cannot tell its input: the journal can.
+            differs = sup.request_differs(known, agent, raw, options.get("session"))
+            if "input" not in differs and not sup.knows_input(known) and self.lookup is not None:
+                found = self.lookup(turn_id)
+                if found is not None and not _same_encoded(found[1], raw):
+                    differs = (*differs, "input")
+            if differs:
+                raise TurnIdConflict(turn_id, differs)
             pending = self.unrecorded.get(turn_id)
             return turn_id, True, [pending] if pending is not None else []
         if not self.accepting:
@@ -574,9 +583,21 @@ class Daemon:
             # the existing turn: answered from the record, never run again.
             found = self.lookup(turn_id)
             if found is not None:
-                known_agent, known_raw, _ = found
-                if known_agent != agent or known_raw != bytes(raw):
-                    raise ValueError(f"turn id {turn_id!r} was already used with another agent or input")
+                known_agent, known_raw, known_result = found
+                differs = tuple(
+                    what
+                    for what, same in (
+                        ("agent", known_agent == agent),
+                        ("input", _same_encoded(known_raw, raw)),
+                        (
+                            "session",
+                            known_result is None or known_result.session == options.get("session"),
+                        ),
+                    )
+                    if not same
+                )
+                if differs:
+                    raise TurnIdConflict(turn_id, differs)  # R-ID
                 return turn_id, True, []
         turn = sup.accept_encoded(agent, raw, **options)
         if self.metrics is not None:
@@ -671,7 +692,7 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """The supervisor's status plus the daemon's own facts."""
         assert self.sup is not None
-        st = self.sup.status()
+        st = self.sup.status_now()
         st["daemon"] = {
             "pid": os.getpid(),
             "endpoint": self.endpoint,
@@ -719,3 +740,14 @@ def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> Bas
 
 
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
+
+
+def _same_encoded(known: bytes, raw: msgspec.Raw | bytes) -> bool:
+    """Two encoded inputs are the same input: the same bytes, or the same value (dict key order
+    aside)."""
+    if bytes(known) == bytes(raw):
+        return True
+    try:
+        return bool(msgspec.msgpack.decode(bytes(known)) == msgspec.msgpack.decode(bytes(raw)))
+    except msgspec.DecodeError:
+        return False

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 import wire
 
-from .._errors import InvalidAgent, QueueFull, SupervisorClosed, TurnpoolError, UnknownTurn
+from .._errors import InvalidAgent, QueueFull, SupervisorClosed, TurnIdConflict, TurnpoolError, UnknownTurn
 from . import _schema
 from ._guard import Guard
 from ._sse import EventStream
@@ -146,6 +146,8 @@ async def submit(request: Request) -> Response:
         )
     except InvalidAgent as exc:
         raise ApiError(400, "invalid_agent", str(exc)) from None
+    except TurnIdConflict as exc:  # R-ID, found by the daemon (e.g. an id known from the journal)
+        raise ApiError(409, "turn_id_conflict", str(exc)) from None
     except QueueFull as exc:
         raise ApiError(429, "queue_full", str(exc), {"retry-after": "1"}) from None
     except SupervisorClosed as exc:

@@ -144,7 +144,7 @@ async def soak(
                     _fds(),
                     psutil.Process().memory_info().rss / 2**20,
                     z,
-                    sup.status()["worker_restarts"],
+                    sup.worker_restarts,
                 )
             )
             if progress:
@@ -225,7 +225,7 @@ async def soak(
         if deliveries:
             report.wrong.append(f"results delivered again after being checked: {dict(deliveries)}")
             report.deliveries_max = max(report.deliveries_max, 2)
-        status = sup.status()
+        status = await sup.status()
         report.restarts = status["worker_restarts"]
         # After the run, the harness's own small logs: blocking reads hold nothing up (ASYNC240).
         runs_text = Path(runs_log).read_text() if os.path.exists(runs_log) else ""  # noqa: ASYNC240

@@ -17,6 +17,7 @@ from ._errors import (
     ClientError,
     ConfigWarnings,
     HookError,
+    MaxStepsExceeded,
     ToolError,
 )
 from ._hooks import CONTINUE, Abort, Continue, Hook, Pause, Step, hook
@@ -59,6 +60,7 @@ __all__ = [
     "FunctionCallOutput",
     "Hook",
     "HookError",
+    "MaxStepsExceeded",
     "ModelClient",
     "ModelRequest",
     "ModelStream",

@@ -57,13 +57,27 @@ class ClientError(AgentLoopError):
 
 
 class ToolError(AgentLoopError):
-    """Raised by ``run()`` / ``resume()`` when a tool raised, or the model called a tool that
-    does not exist. ``name`` and ``call_id`` say which call; the tool's exception is the ``__cause__``."""
+    """Raised by ``run()`` / ``resume()`` when a tool raised, or when the model made more than
+    ``max_tool_errors`` calls in one run that no tool could take (an unknown tool, arguments that
+    are not JSON or do not fit the tool's signature: each of those is first answered to the
+    model as the call's output, ``{"error": ...}``). ``name`` and ``call_id`` say which call; the
+    tool's exception is the ``__cause__``."""
 
     def __init__(self, message: str, *, name: str, call_id: str) -> None:
         super().__init__(message)
         self.name = name
         self.call_id = call_id
+
+
+class MaxStepsExceeded(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when the model was asked ``max_steps`` times in one run
+    without finishing (a model that loops on tool calls ends the turn ``failed``, not never)."""
+
+    def __init__(self, max_steps: int) -> None:
+        super().__init__(
+            f"the model was asked {max_steps} times in this run without finishing (AgentLoop max_steps)"
+        )
+        self.max_steps = max_steps
 
 
 class HookError(AgentLoopError):

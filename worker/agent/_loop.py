@@ -34,6 +34,7 @@ from ._errors import (
     ClientError,
     ConfigWarnings,
     HookError,
+    MaxStepsExceeded,
     ToolError,
 )
 from ._hooks import Abort, Action, Hook, Pause, Step, as_action, call_maybe_async
@@ -90,7 +91,19 @@ class AgentLoop:
         turn: Turn | None = None,
         cancel_rx: CancelReceiver | None = None,
         emit_events: bool = True,
+        max_steps: int = 50,
+        max_tool_errors: int = 3,
     ) -> None:
+        for name, value in (("max_steps", max_steps), ("max_tool_errors", max_tool_errors)):
+            low = 1 if name == "max_steps" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        # Bounds of one run()/resume(): model requests, and tool calls the model got wrong
+        # (unknown tool, unreadable or unfitting arguments) answered with the error (A-TOOLERR).
+        self.max_steps = max_steps
+        self.max_tool_errors = max_tool_errors
+        self._model_steps = 0
+        self._tool_errors = 0
         self.model = model
         self.tools: dict[str, Tool] = {}
         for t in tools:
@@ -190,6 +203,8 @@ class AgentLoop:
             raise RuntimeError("this AgentLoop is already running")
         self._running = True
         self._last_run_interrupted = False
+        self._model_steps = 0
+        self._tool_errors = 0
         self._chan.attach()
         self._chan.drain()  # stale cancels from before this run never reach it
 
@@ -283,6 +298,9 @@ class AgentLoop:
                 if isinstance(action, Pause):
                     return Paused(action.reason, self.pending_tool_calls())
                 continue
+            if self._model_steps >= self.max_steps:
+                raise MaxStepsExceeded(self.max_steps)
+            self._model_steps += 1
             outcome = await self._model_step()
             if isinstance(outcome, Paused):
                 return outcome
@@ -385,7 +403,7 @@ class AgentLoop:
                     self.timeline.text_delta(event.text)
                     await self._emit({"type": "delta", "text": event.text})
                 elif isinstance(event, ToolCall):
-                    call = FunctionCall(event.call_id, event.name, dict(event.arguments))
+                    call = FunctionCall(event.call_id, event.name, dict(event.arguments), event.invalid)
                     calls.append(call)
                     self.timeline.add_closed(Block("tool_call", calls=[call]))
                     await self._emit(
@@ -444,9 +462,23 @@ class AgentLoop:
 
         async def run_one(call: FunctionCall, group: anyio.abc.TaskGroup) -> None:
             t = self.tools.get(call.name)
+            mistake = self._model_mistake(call, t)
+            if mistake is not None:
+                # A-TOOLERR: the model's mistake goes back to it as the call's output, as
+                # OpenAI-style loops do, a bounded number of times per run.
+                self._tool_errors += 1
+                if self._tool_errors > self.max_tool_errors:
+                    failures[call.call_id] = LookupError(
+                        f"{mistake} (more than max_tool_errors={self.max_tool_errors} such calls in this run)"
+                    )
+                    group.cancel_scope.cancel()
+                    return
+                value: Any = {"error": mistake}
+                outputs[call.call_id] = FunctionCallOutput(call.call_id, call.name, value)
+                block.results[call.call_id] = value
+                return
+            assert t is not None
             try:
-                if t is None:
-                    raise LookupError(f"unknown tool {call.name!r}")
                 value = await t(call.arguments)
             except TurnCancelled as exc:  # e.g. the tool awaited turn.checkpoint(): a cancel, not a failure
                 turn_cancelled.append(exc)
@@ -486,6 +518,15 @@ class AgentLoop:
                 {"type": "tool_result", "call_id": out.call_id, "name": out.name, "output": out.output}
             )
         return done
+
+    def _model_mistake(self, call: FunctionCall, t: Tool | None) -> str | None:
+        """Why the model's call cannot be run (unknown tool, unreadable or unfitting arguments)."""
+        if t is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return f"unknown tool {call.name!r}: the tools are {known}"
+        if call.invalid is not None:
+            return f"tool {call.name!r}: {call.invalid}"
+        return t.check_arguments(call.arguments)
 
     # ---- turn events -----------------------------------------------------------------------
 

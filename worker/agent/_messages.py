@@ -27,6 +27,9 @@ class FunctionCall(msgspec.Struct, frozen=True, tag="function_call"):
     call_id: str
     name: str
     arguments: dict[str, Any]
+    # Why the model's arguments could not be read (not JSON, not an object), if so: the loop
+    # answers the call with this error instead of running a tool.
+    invalid: str | None = None
 
 
 class FunctionCallOutput(msgspec.Struct, frozen=True, tag="function_call_output"):
@@ -46,11 +49,14 @@ class TextDelta(msgspec.Struct, frozen=True, tag="text_delta"):
 
 
 class ToolCall(msgspec.Struct, frozen=True, tag="tool_call"):
-    """A complete tool call (clients that stream arguments in pieces assemble them first)."""
+    """A complete tool call (clients that stream arguments in pieces assemble them first).
+    ``invalid`` says why the arguments could not be read, if they could not (then ``arguments``
+    is empty and the loop answers the call with that error)."""
 
     call_id: str
     name: str
     arguments: dict[str, Any]
+    invalid: str | None = None
 
 
 class Finish(msgspec.Struct, frozen=True, tag="finish"):

@@ -210,17 +210,16 @@ class OpenAIStream:
         for index in sorted(self._calls):
             call = self._calls[index]
             raw = "".join(call.arguments) or "{}"
+            # Arguments the model got wrong are the model's mistake, not the client's: the call
+            # carries why, and the loop answers it with that error so the model can try again.
+            invalid = None
             try:
                 arguments = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ClientError(
-                    f"tool call {call.name!r} has arguments that are not JSON: {raw[:200]!r}"
-                ) from exc
+            except json.JSONDecodeError:
+                arguments, invalid = {}, f"the arguments are not valid JSON: {raw[:200]!r}"
             if not isinstance(arguments, dict):
-                raise ClientError(
-                    f"tool call {call.name!r} has arguments that are not an object: {raw[:200]!r}"
-                )
-            self._ready.append(ToolCall(call.call_id or f"call_{index}", call.name, arguments))
+                arguments, invalid = {}, f"the arguments are not a JSON object: {raw[:200]!r}"
+            self._ready.append(ToolCall(call.call_id or f"call_{index}", call.name, arguments, invalid))
         self._calls.clear()
 
     async def aclose(self) -> None:

@@ -29,6 +29,19 @@ class Tool:
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
 
+    def check_arguments(self, arguments: dict[str, Any]) -> str | None:
+        """Why ``arguments`` do not fit the function's signature (a missing or an unknown
+        parameter), or ``None``: the model's mistake, told to the model, not a tool failure."""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return None  # a callable without a readable signature: let the call tell
+        try:
+            signature.bind(**arguments)
+        except TypeError as exc:
+            return f"bad arguments for tool {self.name!r}: {exc}"
+        return None
+
     async def __call__(self, arguments: dict[str, Any]) -> Any:
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**arguments)

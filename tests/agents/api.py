@@ -1,0 +1,45 @@
+"""Agents for tests/test_agent_errors.py and tests/test_api_contract.py (issue 15)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import worker
+
+
+async def streams_by_yielding(turn: worker.Turn) -> AsyncIterator[dict[str, Any]]:
+    """The mistake under test: an async generator where an agent (returns a value, emits events) belongs."""
+    yield {"text": "chunk"}
+
+
+def generator_agent(turn: worker.Turn) -> Any:
+    """The same mistake with a plain generator."""
+    yield {"text": "chunk"}
+
+
+async def starts_a_supervisor(turn: worker.Turn) -> str:
+    """Builds a supervisor inside its turn: refused (H3)."""
+    from supervisor import Supervisor
+
+    async with Supervisor(workers=1, spares=0):
+        return "started a nested pool"
+
+
+async def marks_then_waits(turn: worker.Turn) -> dict[str, Any]:
+    """Writes ``turn.input["marker"]`` (its pid) once running, emits, then waits cooperatively for
+    ``seconds`` (default 60): a turn a test can see started from another process."""
+    import os
+
+    import anyio
+
+    inp = turn.input or {}
+    marker = inp.get("marker")
+    if marker:
+        tmp = f"{marker}.tmp"
+        with open(tmp, "w") as f:  # noqa: ASYNC230 - a few bytes, before the agent waits
+            f.write(str(os.getpid()))
+        os.replace(tmp, marker)
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    await anyio.sleep(float(inp.get("seconds", 60)))  # allowed: the agent's own behaviour (waiting)
+    return {"waited": True}
