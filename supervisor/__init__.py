@@ -31,6 +31,7 @@ from ._errors import (
     UnknownTurn,
     WorkerStartError,
 )
+from ._events import EventsDropped
 from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
 from .client.client import Client, SyncClient
@@ -44,6 +45,7 @@ __all__ = [
     "DaemonAlreadyRunning",
     "DaemonShuttingDown",
     "DaemonUnavailable",
+    "EventsDropped",
     "FollowerDropped",
     "InvalidAgent",
     "JournalUnavailable",

@@ -19,7 +19,7 @@ def test_supervisor_public_names_are_pinned() -> None:
     disappear or appear without this list changing with it."""
     assert sorted(supervisor.__all__) == [
         "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
-        "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError",
+        "DaemonUnavailable", "EventsDropped", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError",
         "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle",
         "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
     ]  # fmt: skip
