@@ -19,9 +19,10 @@ def test_supervisor_public_names_are_pinned() -> None:
     disappear or appear without this list changing with it."""
     assert sorted(supervisor.__all__) == [
         "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
-        "DaemonUnavailable", "EventsDropped", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError",
-        "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle",
-        "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
+        "DaemonUnavailable", "EventsDropped", "FollowerDropped", "InvalidAgent", "JournalUnavailable",
+        "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor",
+        "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn",
+        "WorkerStartError",
     ]  # fmt: skip
     assert sorted(supervisor.batch.__all__) == [
         "BatchError", "BatchInputError", "BatchPlan", "BatchProgress", "BatchRun", "BatchSummary",
