@@ -22,6 +22,15 @@ version both speak. It never sends a version-1 client a message or error code th
 not have (new codes go out as ``internal``, with the message). Version 2 added ``Abandon`` and the
 error codes ``lagged``, ``dropped`` and ``too_large``.
 
+Version 3 (batching, rule R23 of docs/design.md): the handshake is unchanged (``Hello`` and
+``Welcome`` are single messages), and after a version-3 ``Welcome`` every ZeroMQ message in
+either direction is a *batch*: a msgpack array of messages, handled in order. A client packs the
+requests made in one pass of its event loop (a thousand concurrent submits: a few frames), the
+daemon the replies made in one pass of its own (acks, results and events coalesced per client).
+A follower that fell behind the turn's buffer is not ended with ``lagged`` any more: the next
+``Events`` simply starts at a higher ``seq``, and the client yields ``EventsDropped`` for the gap.
+``decode_*_frame`` tells a batch from a single message by its first element (an array, not a tag).
+
 Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
 hands the bytes to its supervisor and its workers untouched.
 """
@@ -35,7 +44,7 @@ import msgspec
 from ._cause import Cause
 from ._worker_protocol import TurnResult
 
-CLIENT_PROTOCOL_VERSION = 2
+CLIENT_PROTOCOL_VERSION = 3
 MIN_CLIENT_PROTOCOL_VERSION = 1
 
 ErrorCode = Literal[
@@ -254,6 +263,58 @@ FromDaemon = (
 
 _to_daemon = msgspec.msgpack.Decoder(ToDaemon)
 _from_daemon = msgspec.msgpack.Decoder(FromDaemon)
+_to_daemon_batch = msgspec.msgpack.Decoder(list[ToDaemon])
+_from_daemon_batch = msgspec.msgpack.Decoder(list[FromDaemon])
+# A batch frame packs at most about this many bytes of messages (a larger single message goes alone).
+BATCH_BYTES = 256 * 1024
+
+
+def _is_batch(frame: bytes) -> bool:
+    """Whether ``frame`` is an array of messages (version 3) rather than one message: a message is
+    an array whose first element is its tag (a string); a batch's first element is an array."""
+    if not frame:
+        return False
+    head = frame[0]
+    if 0x90 <= head <= 0x9F:
+        at = 1
+    elif head == 0xDC:
+        at = 3
+    elif head == 0xDD:
+        at = 5
+    else:
+        return False
+    if head == 0x90:
+        return True  # an empty array: an empty batch (a message always has its tag)
+    if len(frame) <= at:
+        return False
+    first = frame[at]
+    return 0x90 <= first <= 0x9F or first in (0xDC, 0xDD)
+
+
+def encode_batch(messages: list[bytes]) -> bytes:
+    """One batch frame from messages already encoded one by one (each with ``wire.encode``)."""
+    n = len(messages)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 0x10000:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    return head + b"".join(messages)
+
+
+def decode_to_daemon_frame(frame: bytes) -> list[ToDaemon]:
+    """The requests in a client→daemon frame: a batch (version 3) or one message (any version)."""
+    if _is_batch(frame):
+        return _to_daemon_batch.decode(frame)
+    return [_to_daemon.decode(frame)]
+
+
+def decode_from_daemon_frame(frame: bytes) -> list[FromDaemon]:
+    """The replies in a daemon→client frame: a batch (version 3) or one message (any version)."""
+    if _is_batch(frame):
+        return _from_daemon_batch.decode(frame)
+    return [_from_daemon.decode(frame)]
 
 
 def decode_to_daemon(frame: bytes) -> ToDaemon:
