@@ -168,7 +168,7 @@ async def test_a_follower_that_keeps_up_never_sees_a_gap_marker() -> None:
 
 
 async def test_the_gap_marker_says_exactly_what_a_slow_or_late_follower_missed() -> None:
-    """``--max-events 20``: a follower reads one event, then stops while the agent emits 500; when
+    """``--max-events 20``: a follower reads the first event, then stops while the agent emits 499 more; when
     it reads again it gets one ``EventsDropped`` exactly where its events stop being contiguous,
     whose count is exactly how many it missed, and the stream goes on to the last event (it is not
     ended). A follower that starts after the drops gets the marker first (``first`` 0), then the
@@ -186,6 +186,7 @@ async def test_the_gap_marker_says_exactly_what_a_slow_or_late_follower_missed()
                 with anyio.fail_after(120):
                     async with aclosing(handle.events()) as events:
                         await _collect(events, slow, until=1)
+                        (home / "go").write_text("")
                         while not (home / "emitted").exists():  # noqa: ASYNC110 - the agent's file
                             await anyio.sleep(0.01)  # allowed: waiting (bounded) for the agent's file
                         async with aclosing(client.handle(handle.turn_id).events()) as late_events:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -77,41 +78,71 @@ class _Lost:
         self.why = why
 
 
+class _Reply(asyncio.Future):  # type: ignore[type-arg]
+    """The one reply to a request (most requests): the future itself, so a request in flight keeps
+    one object alive, not a holder, a future and a timer (with thousands in flight, every such
+    object is walked by each garbage collection)."""
+
+    __slots__ = ("req", "deadline")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, req: int) -> None:
+        super().__init__(loop=loop)
+        self.req = req
+        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded or answered
+
+    def put(self, msg: Any) -> None:
+        self.deadline = 0.0
+        if not self.done():
+            self.set_result(msg)
+
+    def expire(self) -> None:
+        if not self.done():
+            self.set_exception(TimeoutError())
+
+
 class _Replies:
     """The replies to one request, in arrival order (one for most requests, two for ``run``, a
     stream for a follow). A bare asyncio future per wait, not an ``anyio.Event`` plus a
-    ``fail_after`` scope: those cost ≈ 80 µs per request, more than the rest of a submit."""
+    ``fail_after`` scope, and no per-request timer (``Client._deadlines``): with thousands of
+    requests in flight, every object a request keeps alive is walked by each garbage collection."""
 
-    __slots__ = ("items", "fut")
+    __slots__ = ("items", "fut", "deadline")
 
     def __init__(self) -> None:
-        self.items: deque[Any] = deque()
+        self.items: list[Any] | deque[Any] | None = None
         self.fut: asyncio.Future[None] | None = None
+        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded
 
     def put(self, msg: Any) -> None:
-        self.items.append(msg)
+        items = self.items
+        if items is None:
+            self.items = [msg]
+        elif isinstance(items, list) and len(items) < 8:
+            items.append(msg)
+        else:
+            if isinstance(items, list):
+                items = self.items = deque(items)
+            items.append(msg)
         fut = self.fut
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    async def get(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 - a timer, not a scope
-        """The next reply; ``TimeoutError`` after ``timeout`` seconds without one."""
+    def expire(self) -> None:
+        fut = self.fut
+        if fut is not None and not fut.done():
+            fut.set_exception(TimeoutError())
+
+    async def get(self) -> Any:
+        """The next reply (``TimeoutError`` once its deadline, if any, passed without one)."""
         if not self.items:
-            loop = asyncio.get_running_loop()
-            fut = self.fut = loop.create_future()
-            timer = loop.call_later(timeout, _expire, fut) if timeout is not None else None
+            fut = self.fut = asyncio.get_running_loop().create_future()
             try:
                 await fut
             finally:
                 self.fut = None
-                if timer is not None:
-                    timer.cancel()
-        return self.items.popleft()
-
-
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
+        items = self.items
+        assert items
+        return items.popleft() if isinstance(items, deque) else items.pop(0)
 
 
 class Client:
@@ -157,7 +188,7 @@ class Client:
         self._mon: zmq.asyncio.Socket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._reqs = itertools.count(1)
-        self._pending: dict[int, _Replies] = {}
+        self._pending: dict[int, _Reply | _Replies] = {}
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of _sock, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
         # R23: requests made in one pass of the event loop leave as one batch frame (protocol 3).
@@ -165,6 +196,10 @@ class Client:
         self._out_bytes = 0
         self._flush_scheduled = False
         self._recheck_scheduled = False
+        # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
+        # in order too: one timer for the oldest replaces a timer per request.
+        self._deadlines: deque[_Reply | _Replies] = deque()
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._state = "new"  # new → open → closed
         self._lost: str | None = None
         self._auth_failed = False
@@ -352,7 +387,9 @@ class Client:
 
     def _fail_pending(self, why: str) -> None:
         lost = _Lost(why)
-        for pending in list(self._pending.values()):
+        for req, pending in list(self._pending.items()):
+            if type(pending) is _Reply:
+                del self._pending[req]
             pending.put(lost)
 
     async def _reader(self) -> None:
@@ -395,6 +432,8 @@ class Client:
             for msg in messages:
                 pending = pending_get(msg.req)
                 if pending is not None:
+                    if type(pending) is _Reply:
+                        del self._pending[msg.req]
                     pending.put(msg)
                 elif isinstance(msg, wire.Error):
                     log.warning("the daemon at %s reported: %s: %s", self.endpoint, msg.code, msg.message)
@@ -470,26 +509,74 @@ class Client:
     ) -> Any:
         """Send one request and wait for its one reply (at most ``request_timeout`` when
         ``bounded``); raise the reply's error, typed. An unbounded wait that is cancelled (or
-        fails) before its reply tells the daemon to drop the request (``Abandon``)."""
+        fails) before its reply tells the daemon to drop the request (``Abandon``).
+        (``submit`` and ``result`` inline this: one coroutine less per request in flight.)"""
         if not handshake:
             self._check_open()
-        req = next(self._reqs)
-        pending = _Replies()
-        self._pending[req] = pending
-        limit = self.request_timeout if bounded else None
-        sent = answered = False
+        fut = self._request(make, bounded)
         try:
-            self._post(make(req))
-            sent = True
-            reply = await pending.get(limit)
-            answered = True
+            reply = await fut
         except TimeoutError:
-            raise DaemonUnavailable(f"the daemon at {self.endpoint} did not answer within {limit}s") from None
-        finally:
-            self._pending.pop(req, None)
-            if sent and not bounded and not handshake and not answered:
-                self._abandon(req)
+            raise self._no_answer() from None
+        except BaseException:
+            self._dropped(fut, abandon=not bounded and not handshake)
+            raise
         return self._reply(reply, turn_id)
+
+    def _request(self, make: Callable[[int], Any], bounded: bool) -> _Reply:
+        """Post one request; its reply will be the result of the returned future."""
+        assert self._loop is not None
+        req = next(self._reqs)
+        fut = _Reply(self._loop, req)
+        self._post(make(req))
+        self._pending[req] = fut
+        if bounded:
+            self._bound(fut, self.request_timeout)
+        return fut
+
+    def _dropped(self, fut: _Reply, *, abandon: bool) -> None:
+        """The wait for ``fut`` ended without its reply (cancelled, or failed): forget the request,
+        and with ``abandon`` tell the daemon to free it."""
+        fut.deadline = 0.0
+        if self._pending.get(fut.req) is fut:
+            del self._pending[fut.req]
+        if abandon and (fut.cancelled() or not fut.done()):
+            self._abandon(fut.req)
+
+    def _no_answer(self) -> DaemonUnavailable:
+        return DaemonUnavailable(
+            f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
+        )
+
+    def _bound(self, pending: _Reply | _Replies, limit: float) -> None:
+        """Fail ``pending``'s wait with ``TimeoutError`` if no reply came within ``limit`` seconds."""
+        assert self._loop is not None
+        deadlines = self._deadlines
+        while deadlines and deadlines[0].deadline == 0.0:
+            deadlines.popleft()  # answered: forget it (answers come mostly in order)
+        pending.deadline = self._loop.time() + limit
+        deadlines.append(pending)
+        if self._deadline_timer is None:
+            self._deadline_timer = self._loop.call_at(pending.deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The oldest bounded waits whose deadline passed and that are still waiting fail."""
+        self._deadline_timer = None
+        assert self._loop is not None
+        now = self._loop.time()
+        deadlines = self._deadlines
+        while deadlines:
+            head = deadlines[0]
+            if head.deadline == 0.0:
+                deadlines.popleft()  # answered (or no longer bounded): nothing to expire
+            elif head.deadline <= now:
+                deadlines.popleft()
+                head.expire()
+                if isinstance(head, _Reply) and self._pending.get(head.req) is head:
+                    del self._pending[head.req]
+            else:
+                self._deadline_timer = self._loop.call_at(head.deadline, self._expire)
+                return
 
     def _abandon(self, req: int) -> None:
         """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
@@ -535,8 +622,16 @@ class Client:
             turn_id=turn_id,
             retry=retry,
         )
-        reply = await self._call(make)
-        return TurnHandle(self, reply.turn_id)
+        self._check_open()
+        fut = self._request(make, True)  # (``_call`` inlined: one coroutine less per submit in flight)
+        try:
+            reply = await fut
+        except TimeoutError:
+            raise self._no_answer() from None
+        except BaseException:
+            self._dropped(fut, abandon=False)
+            raise
+        return TurnHandle(self, self._reply(reply, None).turn_id)
 
     async def run(
         self,
@@ -570,13 +665,16 @@ class Client:
         try:
             self._post(make(req))
             try:
-                accepted = self._reply(await pending.get(self.request_timeout), turn_id)
+                self._bound(pending, self.request_timeout)
+                accepted = self._reply(await pending.get(), turn_id)
+                pending.deadline = 0.0
             except TimeoutError:
                 why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
                 raise DaemonUnavailable(why) from None
             reply = self._reply(await pending.get(), accepted.turn_id)
             answered = True
         finally:
+            pending.deadline = 0.0
             self._pending.pop(req, None)
             if not answered:
                 self._abandon(req)
@@ -632,8 +730,14 @@ class Client:
     async def result(self, turn_id: str) -> TurnResult:
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         _check_turn_id(turn_id)
-        reply = await self._call(lambda req: wire.GetResult(req, turn_id), bounded=False, turn_id=turn_id)
-        return reply.result
+        self._check_open()
+        fut = self._request(functools.partial(_get_result, turn_id), False)  # (``_call`` inlined)
+        try:
+            reply = await fut
+        except BaseException:
+            self._dropped(fut, abandon=True)
+            raise
+        return self._reply(reply, turn_id).result
 
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events as the daemon relays them (``TurnHandle.events``).
@@ -704,7 +808,19 @@ def _submit_request(
     kill_after = check_seconds("kill_after", kill_after)
     if not isinstance(retry, bool):
         raise TypeError(f"retry must be True or False, got {retry!r}")
-    return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+    # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
+    # as the request is in flight, and thousands in flight are walked by every garbage collection.
+    return functools.partial(
+        _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+    )
+
+
+def _submit_message(args: tuple[Any, ...], req: int) -> wire.Submit:
+    return wire.Submit(req, *args)
+
+
+def _get_result(turn_id: str, req: int) -> wire.GetResult:
+    return wire.GetResult(req, turn_id)
 
 
 def _check_turn_id(turn_id: Any) -> None:

@@ -50,7 +50,7 @@ MAX_OWED = 1024
 class Peer:
     """One client connection (one routing id)."""
 
-    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since")
+    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since", "out", "out_bytes")
 
     def __init__(self, ident: bytes, fd: int) -> None:
         self.ident = ident
@@ -59,8 +59,12 @@ class Peer:
         self.tasks: dict[int, tuple[anyio.CancelScope, str]] = {}  # req -> (scope, kind)
         # Errors to deliver once its queue has room; bounded, so a client that keeps asking and never
         # reads cannot grow it (it then misses the oldest notices, never more than MAX_OWED kept).
+        # Messages (or, for a version-3 client, batch frames already encoded) that did not fit its queue.
         self.owed: deque[Any] = deque(maxlen=MAX_OWED)
         self.suspect_since: float | None = None
+        # R23: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
+        self.out: list[bytes] = []
+        self.out_bytes = 0
 
 
 class ClientTable:

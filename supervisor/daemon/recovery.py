@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from typing import Any
 
@@ -54,9 +55,26 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     # the loop's own code does (anyio knows its event loop there; a thread's context does not).
     context_box: list[contextvars.Context] = []
 
+    # R24: the journal's thread hands its callbacks over in bursts (a commit of a thousand rows
+    # resolves a thousand acks): they queue here and one wake-up of the loop runs them all, in
+    # order, instead of a ``call_soon_threadsafe`` (a write to the loop's self-pipe) per row.
+    handed: list[tuple[Any, tuple[Any, ...]]] = []
+    handed_lock = threading.Lock()
+
+    def run_handed() -> None:
+        with handed_lock:
+            calls = handed[:]
+            handed.clear()
+        for fn, args in calls:
+            fn(*args)
+
     def on_loop(fn: Any, *args: Any) -> None:
+        with handed_lock:
+            handed.append((fn, args))
+            if len(handed) > 1:
+                return  # a wake-up is already on its way and will run this one too
         try:
-            loop_box[0].call_soon_threadsafe(fn, *args, context=context_box[0])
+            loop_box[0].call_soon_threadsafe(run_handed, context=context_box[0])
         except RuntimeError:
             pass  # the loop is closed: the daemon is gone, nobody waits any more
 

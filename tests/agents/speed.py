@@ -39,11 +39,14 @@ async def paced(turn: worker.Turn) -> int:
 
 
 async def flood_then_wait(turn: worker.Turn) -> int:
-    """Emits ``count`` integers as fast as it can, writes ``<dir>/emitted``, then waits for
-    ``<dir>/release`` before it returns (so the turn is still running while a test reads)."""
+    """Emits 0, waits for ``<dir>/go``, emits 1 … ``count - 1`` as fast as it can, writes
+    ``<dir>/emitted``, then waits for ``<dir>/release`` before it returns (so the turn is still
+    running while a test reads)."""
     inp = turn.input
     count, where = int(inp["count"]), Path(inp["dir"])
-    for i in range(count):
+    await turn.emit(0)
+    await _wait_file(where / "go")
+    for i in range(1, count):
         await turn.emit(i)
     (where / "emitted").write_text("")
     await _wait_file(where / "release")
