@@ -13,6 +13,7 @@ silent gap (R22), in batches that never crowd out the workers or other clients (
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -98,7 +99,7 @@ class Requests:
                 self._cancel(cancel_session, ids)
                 self._send(ident, wire.SessionCancelled(req, ids))
             case wire.GetResult(req=req, turn_id=turn_id):
-                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
+                self.daemon.answer_result(ident, req, turn_id, self._result)
             case wire.Follow(req=req, turn_id=turn_id, window=window):
                 try:
                     followed = sup.record(turn_id)
@@ -148,14 +149,16 @@ class Requests:
             code = next(code for kind, code in _SUBMIT_ERROR_CODES if isinstance(exc, kind))
             self._send(ident, wire.Error(req, code, str(exc)))
             return
-        if gates:
+        if gates and all(isinstance(gate, asyncio.Future) for gate in gates):
+            self.daemon.ack_when_done(ident, req, turn_id, gates, msg.wait, existed, self._result)
+        elif gates:
             self._task(
                 self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
             )
         else:
             self._send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
-                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
+                self.daemon.answer_result(ident, req, turn_id, self._result)
 
     async def _ack_after(
         self,
@@ -231,8 +234,14 @@ class Requests:
             while True:
                 base = turn.events_base
                 if seq < base:
-                    self._lagged(ident, req, turn, base - seq)
-                    return
+                    if not self.daemon.speaks(ident, 3):
+                        self._lagged(ident, req, turn, base - seq)
+                        return
+                    # E1: a version-3 follower goes on from the oldest kept event; the jump in
+                    # ``seq`` is the gap its client reports (``EventsDropped``), never silent.
+                    self.daemon.lagged_followers += 1
+                    seq = base
+                    continue
                 kept = len(turn.events)
                 if seq < base + kept:
                     count, room = stream.allowance()
