@@ -78,7 +78,7 @@ class _Lost:
         self.why = why
 
 
-class _Reply(asyncio.Future):  # type: ignore[type-arg]
+class _Reply(asyncio.Future[Any]):
     """The one reply to a request (most requests): the future itself, so a request in flight keeps
     one object alive, not a holder, a future and a timer (with thousands in flight, every such
     object is walked by each garbage collection)."""
@@ -548,9 +548,9 @@ class Client:
             f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
         )
 
-    def _bound(self, pending: _Reply | _Replies, limit: float) -> None:
+    def _bound(self, pending: _Reply | _Replies, limit: float | None) -> None:
         """Fail ``pending``'s wait with ``TimeoutError`` if no reply came within ``limit`` seconds."""
-        assert self._loop is not None
+        assert self._loop is not None and limit is not None
         deadlines = self._deadlines
         while deadlines and deadlines[0].deadline == 0.0:
             deadlines.popleft()  # answered: forget it (answers come mostly in order)

@@ -55,7 +55,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     # the loop's own code does (anyio knows its event loop there; a thread's context does not).
     context_box: list[contextvars.Context] = []
 
-    # R24: the journal's thread hands its callbacks over in bursts (a commit of a thousand rows
+    # B3: the journal's thread hands its callbacks over in bursts (a commit of a thousand rows
     # resolves a thousand acks): they queue here and one wake-up of the loop runs them all, in
     # order, instead of a ``call_soon_threadsafe`` (a write to the loop's self-pipe) per row.
     handed: list[tuple[Any, tuple[Any, ...]]] = []
@@ -78,6 +78,12 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         except RuntimeError:
             pass  # the loop is closed: the daemon is gone, nobody waits any more
 
+    def run_all(fns: list[Any]) -> None:
+        for fn in fns:
+            fn()
+
+    journal.deliver = lambda fns: on_loop(run_all, fns)
+
     def record(turn: TurnRecord, fut: asyncio.Future[None] | None) -> None:
         sup = daemon.sup
         assert sup is not None
@@ -92,9 +98,8 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             if fut is not None and not fut.done():
                 fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
 
-        journal.accepted(
-            turn, lambda: on_loop(committed), lambda why, conflict: on_loop(failed, why, conflict)
-        )
+        # ``committed`` runs on the loop: the journal hands a batch's callbacks over at once (B3).
+        journal.accepted(turn, committed, lambda why, conflict: on_loop(failed, why, conflict))
 
     def accepted(turn: TurnRecord) -> Any:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -130,7 +135,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     def gate(turns: list[TurnRecord]) -> None:
         sup = daemon.sup
         assert sup is not None
-        journal.dispatched([t.id for t in turns], lambda: on_loop(sup.clear_for_dispatch, turns))
+        journal.dispatched([t.id for t in turns], lambda: sup.clear_for_dispatch(turns))  # on the loop (B3)
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())

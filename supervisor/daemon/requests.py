@@ -149,8 +149,9 @@ class Requests:
             code = next(code for kind, code in _SUBMIT_ERROR_CODES if isinstance(exc, kind))
             self._send(ident, wire.Error(req, code, str(exc)))
             return
-        if gates and all(isinstance(gate, asyncio.Future) for gate in gates):
-            self.daemon.ack_when_done(ident, req, turn_id, gates, msg.wait, existed, self._result)
+        futures = [gate for gate in gates if isinstance(gate, asyncio.Future)]
+        if gates and len(futures) == len(gates):
+            self.daemon.ack_when_done(ident, req, turn_id, futures, msg.wait, existed, self._result)
         elif gates:
             self._task(
                 self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
