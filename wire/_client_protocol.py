@@ -22,11 +22,13 @@ version both speak. It never sends a version-1 client a message or error code th
 not have (new codes go out as ``internal``, with the message). Version 2 added ``Abandon`` and the
 error codes ``lagged``, ``dropped`` and ``too_large``.
 
-Version 3 (batching, rule R23 of docs/design.md): the handshake is unchanged (``Hello`` and
-``Welcome`` are single messages), and after a version-3 ``Welcome`` every ZeroMQ message in
-either direction is a *batch*: a msgpack array of messages, handled in order. A client packs the
-requests made in one pass of its event loop (a thousand concurrent submits: a few frames), the
-daemon the replies made in one pass of its own (acks, results and events coalesced per client).
+Version 3 (batching, rule B1 of docs/design.md): the client's ``Hello`` is a single message;
+from then on a version-3 client sends batches — msgpack arrays of messages, handled in order —
+and the daemon answers a version-3 client in batches (its ``Welcome`` included). A client packs
+the requests made in one pass of its event loop (a thousand concurrent submits: a few frames),
+the daemon the replies made in one pass of its own (acks, results and events coalesced per
+client). A single message is still read as before wherever a batch may come (the daemon's
+liveness probe, errors it was owed), and a client or daemon of version 1 or 2 never sees a batch.
 A follower that fell behind the turn's buffer is not ended with ``lagged`` any more: the next
 ``Events`` simply starts at a higher ``seq``, and the client yields ``EventsDropped`` for the gap.
 ``decode_*_frame`` tells a batch from a single message by its first element (an array, not a tag).

@@ -191,7 +191,7 @@ class Client:
         self._pending: dict[int, _Reply | _Replies] = {}
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of _sock, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
-        # R23: requests made in one pass of the event loop leave as one batch frame (protocol 3).
+        # B1: requests made in one pass of the event loop leave as one batch frame (protocol 3).
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_scheduled = False
@@ -443,7 +443,7 @@ class Client:
 
     def _post(self, msg: Any) -> None:
         """Send ``msg``: at once during the handshake (and to a daemon below protocol 3), else into
-        the outgoing batch, flushed at the end of this pass of the event loop (R23). Raises
+        the outgoing batch, flushed at the end of this pass of the event loop (B1). Raises
         ``ValueError`` for a request above the daemon's size limit, before anything is sent."""
         frame = wire.encode(msg)
         if len(frame) > self.max_message_size:
@@ -761,7 +761,7 @@ class Client:
                 item = await pending.get()
                 if isinstance(item, wire.Events):
                     if item.seq > expected:
-                        yield EventsDropped(item.seq - expected, expected)  # E1
+                        yield EventsDropped(item.seq - expected, expected)  # G1
                     expected = item.seq + len(item.data)
                     for raw in item.data:
                         yield decode(raw)

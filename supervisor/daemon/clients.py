@@ -62,7 +62,7 @@ class Peer:
         # Messages (or, for a version-3 client, batch frames already encoded) that did not fit its queue.
         self.owed: deque[Any] = deque(maxlen=MAX_OWED)
         self.suspect_since: float | None = None
-        # R23: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
+        # B1: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
         self.out: list[bytes] = []
         self.out_bytes = 0
 

@@ -440,17 +440,19 @@ class Journal:
         self.commits += 1
         self.rows_written += len(rows)
         conflicted = set(conflicts)
+        deliver = self.deliver
         done = []
         for i, row in enumerate(rows):
             if i in conflicted:
                 row[4](f"turn id {row[2][0]!r} is already in the journal", True)
-            elif row[3] is not None:
+            elif row[3] is None:
+                continue
+            elif deliver is not None:
                 done.append(row[3])
-        if done and self.deliver is not None:
-            self.deliver(done)  # B3: the batch's callbacks, handed over at once
-        else:
-            for on_commit in done:
-                on_commit()
+            else:
+                row[3]()  # in the writer thread, in order
+        if done and deliver is not None:
+            deliver(done)  # B3: the batch's callbacks, handed over at once
         return None
 
     def _writer(self) -> None:

@@ -238,7 +238,7 @@ class Requests:
                     if not self.daemon.speaks(ident, 3):
                         self._lagged(ident, req, turn, base - seq)
                         return
-                    # E1: a version-3 follower goes on from the oldest kept event; the jump in
+                    # G1: a version-3 follower goes on from the oldest kept event; the jump in
                     # ``seq`` is the gap its client reports (``EventsDropped``), never silent.
                     self.daemon.lagged_followers += 1
                     seq = base

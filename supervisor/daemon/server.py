@@ -79,7 +79,7 @@ READY_PREFIX = "turnpool serve: ready on "
 # The daemon's garbage-collection thresholds (B4): a young collection every 20 000 net allocations
 # instead of 700, a full one after 50 of those.
 GC_THRESHOLDS = (20_000, 10, 50)
-# Frames read from clients per reader callback before the loop gets a turn (R23).
+# Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
 
 
@@ -152,8 +152,8 @@ class Daemon:
         self._sync: zmq.Socket[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck_scheduled = False
-        self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (R23)
-        # R23: result requests waiting for a live turn, answered from the end hook (no task each):
+        self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (B1)
+        # B1: result requests waiting for a live turn, answered from the end hook (no task each):
         # turn id -> [(client, req, the scope registered under the client)].
         self._result_waiters: dict[str, list[tuple[bytes, int, Waiter]]] = {}
         self._flush_scheduled = False
@@ -304,7 +304,7 @@ class Daemon:
 
     async def _receive(self) -> None:
         """Frames from clients are read in a reader callback on the ROUTER's FD (as the engine
-        reads its workers): no future and no task switch per frame (R23). This task only owns
+        reads its workers): no future and no task switch per frame (B1). This task only owns
         the registration."""
         assert self._sync is not None
         loop = asyncio.get_running_loop()
@@ -398,7 +398,7 @@ class Daemon:
         return sent == "ok"
 
     def _queue_reply(self, peer: Peer, msg: Any) -> None:
-        """R23: a reply to a version-3 client joins its outgoing batch; the batches go at the end
+        """B1: a reply to a version-3 client joins its outgoing batch; the batches go at the end
         of this pass of the event loop (``_flush``), so a burst of acks, results and events costs
         one send per client, not one per reply."""
         frame = self._encode_reply(msg, peer)
@@ -726,7 +726,7 @@ class Daemon:
         """Answer a result request (``GetResult``, or the second half of a ``run``): at once if the
         turn has ended, from the turn's end otherwise — a callback registered under the client (an
         ``Abandon``, a disconnect or a full queue drops it as it would a task), not a task per
-        request (R23). A turn the supervisor does not hold goes to ``fallback`` (a task: the
+        request (B1). A turn the supervisor does not hold goes to ``fallback`` (a task: the
         journal's lookup, J8)."""
         sup = self.sup
         assert sup is not None
@@ -757,7 +757,7 @@ class Daemon:
         fallback: Callable[..., Any],
     ) -> None:
         """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: a
-        done-callback registered under the client, not a task per submit (R23). A gate that
+        done-callback registered under the client, not a task per submit (B1). A gate that
         failed answers the error instead; the turn never ran (J7)."""
         scope = Waiter()
         peer = self._clients.peers.get(ident)
