@@ -149,11 +149,15 @@ async def _latency(quick: bool) -> dict[str, list[float]]:
     from tests.support import daemonkit
 
     n, reps = (300, 3) if quick else (1000, 5)
-    out: dict[str, list[float]] = {"daemon": [], "embedded": []}
+    out: dict[str, list[float]] = {"daemon": [], "embedded": [], "hop": []}
     with daemonkit.serving(*_serve_opts(n), "--no-journal") as served:
         for _ in range(reps):
             async with Client.connect(served.endpoint) as client:
                 out["daemon"] += await _lat(client, n)
+                for _ in range(n):  # the bare client ↔ daemon round trip: no turn, no worker
+                    t0 = time.perf_counter()
+                    await client.exists("no-such-turn")
+                    out["hop"].append(time.perf_counter() - t0)
             async with Supervisor(workers=WORKERS, spares=0) as sup:
                 out["embedded"] += await _lat(sup, n)
     return out
@@ -187,6 +191,8 @@ async def _flood(quick: bool) -> dict[str, Any]:
     count = 50_000 if quick else 200_000
     agent = "benchmarks._agents:flood"
     out: dict[str, Any] = {"count": count, "client": [], "embedded": []}
+    out["big"] = []
+    out["replay"] = []
     for _ in range(2 if quick else 3):
         with daemonkit.serving(*_serve_opts(10), "--no-journal") as served:
             async with Client.connect(served.endpoint) as client:
@@ -196,6 +202,19 @@ async def _flood(quick: bool) -> dict[str, Any]:
                 got = await _follow_count(handle)
                 out["client"].append((got, count / (time.perf_counter() - t0)))
                 await handle.result()
+        # The same turn with a buffer that holds all its events (nothing can be dropped), and then
+        # followed again once it has ended: the daemon → client path alone, at full speed.
+        with daemonkit.serving(*_serve_opts(10), "--no-journal", "--max-events", str(count + 10)) as served:
+            async with Client.connect(served.endpoint) as client:
+                await client.run(agent, {"count": 10})
+                t0 = time.perf_counter()
+                handle = await client.submit(agent, {"count": count})
+                got = await _follow_count(handle)
+                out["big"].append((got, count / (time.perf_counter() - t0)))
+                await handle.result()
+                t0 = time.perf_counter()
+                got = await _follow_count(client.handle(handle.turn_id))
+                out["replay"].append((got, count / (time.perf_counter() - t0)))
         async with Supervisor(workers=WORKERS, spares=0) as sup:
             await sup.run(agent, {"count": 10})
             t0 = time.perf_counter()
@@ -296,7 +315,7 @@ def _report(
             f"| {name} ({pn:,} turns) | — | {med(rates):,.0f}/s | {min(rates):,.0f}/s | "
             f"{med(rates) / emb:.2f}× | {', '.join(f'{r:,.0f}' for r in rates)} |"
         )
-    d50, e50 = med(lat["daemon"]), med(lat["embedded"])
+    d50, e50, hop50 = med(lat["daemon"]), med(lat["embedded"]), med(lat["hop"])
     d99, e99 = _pct(lat["daemon"], 0.99), _pct(lat["embedded"], 0.99)
     cl = flood["client"]
     cl_rate = med(r for _, r in cl)
@@ -305,6 +324,8 @@ def _report(
     cl_dropped = sum(g[2] for g, _ in cl)
     em = flood["embedded"]
     em_rate = med(r for _, r in em)
+    big_rate = med(r for _, r in flood["big"])
+    replay_rate = med(r for _, r in flood["replay"])
     tl = tick["lat"]
     p50, p99 = (_pct(tl, 0.5), _pct(tl, 0.99)) if tl else (float("nan"), float("nan"))
     r_off1, r_off50 = fig["off1"][1] / emb, fig["off50"][1] / emb
@@ -321,9 +342,10 @@ def _report(
         f"journal on ≥ 0.7× off (acks, 1 / 50 clients) — {j1:.2f}× / {j50:.2f}× "
         f"{_verdict(min(j1, j50) >= 0.7)}",
         f"daemon run() p50 ≤ 1.5× embedded — {lat_ratio:.2f}× {_verdict(lat_ratio <= 1.5)}",
-        f"Client follower ≥ 100k events/s, 0 lost — {cl_rate:,.0f}/s, fewest received "
+        f"Client follower ≥ 100k events/s, 0 lost — live {cl_rate:,.0f}/s, fewest received "
         f"{cl_min_got:,} of {flood['count']:,} "
-        f"{_verdict(cl_rate >= 100_000 and cl_min_got == flood['count'])}",
+        f"{_verdict(cl_rate >= 100_000 and cl_min_got == flood['count'])} (the daemon → client path "
+        f"alone: {replay_rate:,.0f}/s {_verdict(replay_rate >= 100_000)})",
         f"{tick['turns']} streams × {tick['rate']:.0f} ev/s: p99 ≤ 5 ms — {p99 * 1e3:.2f} ms "
         f"{_verdict(p99 <= 0.005)}; daemon CPU ≤ 1 core — {tick['cpu']:.2f} {_verdict(tick['cpu'] <= 1)}",
     ]
@@ -344,13 +366,20 @@ def _report(
         + ".\n\n"
         f"`run()` one at a time ({len(lat['daemon']):,} samples each, interleaved): `Client` → daemon "
         f"p50 {d50 * 1e6:.0f} µs, p99 {d99 * 1e6:.0f} µs; embedded p50 {e50 * 1e6:.0f} µs, p99 "
-        f"{e99 * 1e6:.0f} µs; ratio (p50) **{lat_ratio:.2f}×**.\n\n"
+        f"{e99 * 1e6:.0f} µs; ratio (p50) **{lat_ratio:.2f}×**. The bare `Client` ↔ daemon round trip "
+        f"(`exists()` of an unknown id: no turn, no worker) p50 {hop50 * 1e6:.0f} µs; embedded + that "
+        f"hop = {(e50 + hop50) * 1e6:.0f} µs.\n\n"
         f"One turn emitting {flood['count']:,} small events, followed live from its submit: `Client` "
         f"follower **{cl_rate:,.0f} events/s** (runs "
         + ", ".join(f"{r:,.0f}/s, {g[0]:,} received" for g, r in cl)
         + f"; gap markers {cl_gaps}, {cl_dropped:,} events reported dropped); embedded follower "
-        f"{em_rate:,.0f} events/s (runs "
-        + ", ".join(f"{r:,.0f}/s, {g[0]:,} received" for g, r in em)
+        f"{em_rate:,.0f} events/s (runs " + ", ".join(f"{r:,.0f}/s, {g[0]:,} received" for g, r in em) + "). "
+        f"With `--max-events {flood['count'] + 10:,}` (the buffer holds the whole turn): live `Client` "
+        f"follower {big_rate:,.0f} events/s (runs "
+        + ", ".join(f"{r:,.0f}/s, {g[0]:,} received" for g, r in flood["big"])
+        + "); the same turn followed again after it ended (the daemon → client path alone): "
+        f"**{replay_rate:,.0f} events/s** (runs "
+        + ", ".join(f"{r:,.0f}/s, {g[0]:,} received" for g, r in flood["replay"])
         + ").\n\n"
         f"{tick['turns']} concurrent turns emitting {tick['rate']:.0f} events/s each for "
         f"{tick['seconds']:.0f} s, "
