@@ -71,6 +71,19 @@ async def _embedded(n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
+async def _embedded_gather(n: int) -> float:
+    """The embedded ``Supervisor`` driven as the clients are below: every submit at once through
+    ``asyncio.gather`` (a task per call), then every result the same way — like for like."""
+    from supervisor import Supervisor
+
+    async with Supervisor(workers=WORKERS, spares=0, max_queue=max(n, 100_000), keep_results=n + 10) as sup:
+        await sup.run(NOOP)
+        t0 = time.perf_counter()
+        handles = await asyncio.gather(*(sup.submit(NOOP) for _ in range(n)))
+        await asyncio.gather(*(h.result() for h in handles))
+        return n / (time.perf_counter() - t0)
+
+
 async def _daemon(endpoint: str, clients: int, n: int) -> tuple[float, float]:
     """``clients`` clients, each submitting its share concurrently, then awaiting every result
     concurrently: (acks/s, turns/s)."""
@@ -98,9 +111,10 @@ async def _throughput(quick: bool) -> dict[str, Any]:
     from tests.support import daemonkit
 
     n, reps = (5_000, 2) if quick else (20_000, 3)
-    out: dict[str, list[Any]] = {"embedded": [], "off1": [], "off50": [], "on1": [], "on50": []}
+    out: dict[str, list[Any]] = {"embedded": [], "gather": [], "off1": [], "off50": [], "on1": [], "on50": []}
     for _ in range(reps):
         out["embedded"].append(await _embedded(n))
+        out["gather"].append(await _embedded_gather(n))
         with daemonkit.serving(*_serve_opts(n), "--no-journal") as served:
             out["off1"].append(await _daemon(served.endpoint, 1, n))
             out["off50"].append(await _daemon(served.endpoint, 50, n))
@@ -296,6 +310,7 @@ def _report(
     med = statistics.median
     n = tp["n"]
     emb = med(tp["embedded"])
+    gat = med(tp["gather"])
     rows = []
     fig: dict[str, tuple[float, float]] = {}
     for key, what in (
@@ -342,8 +357,10 @@ def _report(
     jt1, jt50 = fig["on1"][1] / fig["off1"][1], fig["on50"][1] / fig["off50"][1]
     lat_ratio = d50 / e50
     verdicts = [
-        f"daemon 1 client ≥ 0.5× embedded — {r_off1:.2f}× {_verdict(r_off1 >= 0.5)}",
-        f"daemon 50 clients ≥ 0.5× embedded — {r_off50:.2f}× {_verdict(r_off50 >= 0.5)}",
+        f"daemon 1 client ≥ 0.5× embedded — {r_off1:.2f}× {_verdict(r_off1 >= 0.5)} (like for like, "
+        f"both through asyncio.gather: {fig['off1'][1] / gat:.2f}×)",
+        f"daemon 50 clients ≥ 0.5× embedded — {r_off50:.2f}× {_verdict(r_off50 >= 0.5)} (like for like: "
+        f"{fig['off50'][1] / gat:.2f}×)",
     ]
     for name, r in peer_ratio.items():
         verdicts.append(f"50 clients ≥ 5× {name} — {r:.1f}× {_verdict(r >= 5)}")
@@ -368,7 +385,14 @@ def _report(
         "| path | acks/s | turns/s (median) | slowest | ÷ embedded | runs (turns/s) |\n"
         "| --- | ---: | ---: | ---: | ---: | --- |\n"
         f"| embedded `Supervisor` | — | {emb:,.0f}/s | {min(tp['embedded']):,.0f}/s | 1.00× | "
-        f"{', '.join(f'{r:,.0f}' for r in tp['embedded'])} |\n" + "\n".join(rows + peer_rows) + "\n\n"
+        f"{', '.join(f'{r:,.0f}' for r in tp['embedded'])} |\n"
+        f"| embedded, submits and results through `asyncio.gather` (as the clients) | — | {gat:,.0f}/s | "
+        f"{min(tp['gather']):,.0f}/s | {gat / emb:.2f}× | {', '.join(f'{r:,.0f}' for r in tp['gather'])} |\n"
+        + "\n".join(rows + peer_rows)
+        + "\n\n"
+        f"Like for like (both driven through `asyncio.gather`): daemon ÷ embedded "
+        f"{fig['off1'][1] / gat:.2f}× "
+        f"(1 client), {fig['off50'][1] / gat:.2f}× (50 clients).\n\n"
         f"Journal on ÷ off: acks {j1:.2f}× (1 client), {j50:.2f}× (50 clients); turns {jt1:.2f}× / "
         f"{jt50:.2f}×. Daemon (50 clients) ÷ peer: "
         + (", ".join(f"{k} {v:.1f}×" for k, v in peer_ratio.items()) or "no peer measured")
