@@ -19,6 +19,7 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from supervisor import Client, DaemonUnavailable, EventsDropped
@@ -219,13 +220,16 @@ def _assert_accounted(items: list[Any], count: int) -> None:
 
 
 def test_batch_frames_round_trip() -> None:
-    """A batch frame holds any number of messages (a fixarray, array16 and array32 header) and is
-    told apart from one message by its first element; one message still decodes as before."""
+    """A batch frame holds one or more messages (a fixarray, array16 and array32 header) and is
+    told apart from one message by its first element; one message still decodes as before; an
+    empty array is malformed (so every frame a client sends gets at least a reply or an error)."""
     import wire
 
-    for n in (0, 1, 15, 16, 70_000):
+    for n in (1, 15, 16, 70_000):
         frame = wire.encode_batch([wire.encode(wire.Ok(i)) for i in range(n)])
         assert wire.decode_from_daemon_frame(frame) == [wire.Ok(i) for i in range(n)]
+    with pytest.raises(msgspec.DecodeError):  # an empty array is neither a message nor a batch
+        wire.decode_to_daemon_frame(wire.encode_batch([]))
     assert wire.decode_from_daemon_frame(wire.encode(wire.Ok(7))) == [wire.Ok(7)]
     assert wire.decode_to_daemon_frame(wire.encode(wire.GetStatus(2))) == [wire.GetStatus(2)]
     follow = wire.encode_batch([wire.encode(wire.Follow(1, "t", 4)), wire.encode(wire.Credit(1, 2))])

@@ -285,9 +285,7 @@ def _is_batch(frame: bytes) -> bool:
         at = 5
     else:
         return False
-    if head == 0x90:
-        return True  # an empty array: an empty batch (a message always has its tag)
-    if len(frame) <= at:
+    if len(frame) <= at:  # an empty array is no batch (a batch holds at least one message): malformed
         return False
     first = frame[at]
     return 0x90 <= first <= 0x9F or first in (0xDC, 0xDD)
