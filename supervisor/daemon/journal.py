@@ -265,7 +265,7 @@ class Journal:
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         if self._thread is not None:
-            self._hand_over()
+            self.hand_over()
             self._queue.put(("stop", lambda: None))
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -306,11 +306,11 @@ class Journal:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._hand_over()
+            self.hand_over()
             return
-        loop.call_soon(self._hand_over)
+        loop.call_soon(self.hand_over)
 
-    def _hand_over(self) -> None:
+    def hand_over(self) -> None:
         """Give the writer thread every row held so far, as one item, in order."""
         with self._held_lock:
             if not self._held:
@@ -391,7 +391,7 @@ class Journal:
     def flush(self) -> None:
         """Block until everything queued so far is committed."""
         done = threading.Event()
-        self._hand_over()
+        self.hand_over()
         self._queue.put(("sync", done.set))
         done.wait()
 

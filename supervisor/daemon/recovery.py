@@ -83,6 +83,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             fn()
 
     journal.deliver = lambda fns: on_loop(run_all, fns)
+    daemon.before_reply.append(journal.hand_over)
 
     def record(turn: TurnRecord, fut: asyncio.Future[None] | None) -> None:
         sup = daemon.sup
@@ -90,21 +91,24 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
         def committed() -> None:
             sup.mark_recorded(turn)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+            if fut is not None:
+                daemon.unrecorded.pop(turn.id, None)
+                if not fut.done():
+                    fut.set_result(None)
 
         def failed(why: str, conflict: bool) -> None:
             sup.withdraw(turn, why)
-            if fut is not None and not fut.done():
-                fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
+            if fut is not None:
+                daemon.unrecorded.pop(turn.id, None)
+                if not fut.done():
+                    fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
 
         # ``committed`` runs on the loop: the journal hands a batch's callbacks over at once (B3).
         journal.accepted(turn, committed, lambda why, conflict: on_loop(failed, why, conflict))
 
     def accepted(turn: TurnRecord) -> Any:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        daemon.unrecorded[turn.id] = fut
-        fut.add_done_callback(lambda _: daemon.unrecorded.pop(turn.id, None))
+        daemon.unrecorded[turn.id] = fut  # until its row is committed or refused (``record``)
         record(turn, fut)
         return fut  # the submit is acknowledged once the row is committed
 

@@ -128,6 +128,9 @@ class Daemon:
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
         # Run once the pool is up, before clients can connect (a journal's restart recovery).
         self.startup_hooks: list[Callable[[Supervisor], Any]] = []
+        # Called before replies go out (B2: the journal hands the rows of this loop pass to its
+        # writer, so a reply never overtakes the record of what it reports). Must be cheap.
+        self.before_reply: list[Callable[[], None]] = []
         # Other front ends (the HTTP API): each is started with ``tg.start`` in the daemon's task
         # group once clients can connect, reports what to add to the ready line (or None), and
         # is cancelled after the supervisor has closed.
@@ -413,8 +416,11 @@ class Daemon:
     def _flush(self) -> None:
         """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES``. A
         client whose queue is full (it stopped reading) keeps the frames that did not go, in order,
-        with the errors it is owed (R21)."""
+        with the errors it is owed (R21). Journal rows written in this pass go to the journal's
+        writer first (``before_reply``, B2): no reply overtakes the record of what it reports."""
         self._flush_scheduled = False
+        for before in self.before_reply:
+            before()
         dirty, self._dirty = self._dirty, []
         peers = self._clients.peers
         for peer in dirty:
@@ -816,7 +822,6 @@ class Daemon:
             self._send(ident, wire.Result(req, result))
 
     def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
-        self._answer_waiters(turn, result)
         for stream in self._turn_streams.get(turn.id, ()):
             stream.wake()  # a follower waiting for credit learns now whether it lagged
         asked = self._cancel_times.pop(turn.id, None)
@@ -824,6 +829,10 @@ class Daemon:
             self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
         for hook in self.end_hooks:
             hook(turn, result)
+        # B2: the journal's "ended" row goes to its writer before any client is told the result.
+        for before in self.before_reply:
+            before()
+        self._answer_waiters(turn, result)
 
     def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
         """When the cancellation that ended ``turn`` was asked (``None``: not known)."""
