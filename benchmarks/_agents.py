@@ -37,3 +37,28 @@ async def burst(turn: worker.Turn) -> int:
     for i in range(n):
         await emit({"i": i})
     return n
+
+
+async def flood(turn: worker.Turn) -> int:
+    """Emits ``count`` small events as fast as ``emit`` allows (event-stream throughput)."""
+    count = int((turn.input or {}).get("count", 1000))
+    emit = turn.emit
+    for i in range(count):
+        await emit(i)
+    return count
+
+
+async def ticker(turn: worker.Turn) -> int:
+    """Emits ``time.monotonic()`` ``rate`` times a second for ``seconds`` (emit → delivery latency);
+    the clock is the machine's, so a follower in another process subtracts it from its own."""
+    inp = turn.input or {}
+    rate, seconds = float(inp.get("rate", 50)), float(inp.get("seconds", 2))
+    period = 1.0 / rate
+    n = int(rate * seconds)
+    start = time.monotonic()
+    for i in range(n):
+        delay = start + i * period - time.monotonic()
+        if delay > 0:
+            await anyio.sleep(delay)
+        await turn.emit(time.monotonic())
+    return n

@@ -215,6 +215,8 @@ def ray_runtime(num_cpus: int = 2) -> Iterator[Any]:
 
     try:
         ray.init(
+            # A fresh local instance, never a cluster another process on this machine started.
+            address="local",
             num_cpus=num_cpus,
             include_dashboard=False,
             log_to_driver=False,

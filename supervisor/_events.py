@@ -4,9 +4,10 @@ A turn keeps at most ``max_events`` events for its followers (the older half is 
 buffer overflows), and a slow follower must never slow the agent or other turns. So a follower that
 falls further behind than the buffer loses events, and it is told so, in the stream, exactly where
 they were lost: ``handle.events()`` yields one ``EventsDropped`` whose ``count`` says how many
-events were skipped, then goes on with the oldest event still kept. A follower that keeps up never
+events were skipped, then goes on with the oldest event still kept. A follower that starts after
+the turn has dropped its oldest events gets one first (``first`` 0). A follower that keeps up never
 sees one. The embedded ``Supervisor``'s follower and the daemon ``Client``'s follower yield the same
-type (rule E1 of docs/design.md).
+type (rules G1 and E-GAP of docs/design.md).
 
 Agent events are plain decoded msgpack values (dicts, lists, strings, numbers ...), never an
 instance of this class, so ``isinstance(event, EventsDropped)`` tells the two apart.

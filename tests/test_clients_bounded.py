@@ -21,7 +21,7 @@ import zmq.asyncio
 import zmq.auth
 
 import wire
-from supervisor import AuthenticationFailed, Client, DaemonUnavailable, FollowerDropped, InvalidAgent
+from supervisor import AuthenticationFailed, Client, DaemonUnavailable, EventsDropped, InvalidAgent
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 
@@ -205,24 +205,67 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
 
 async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None:
     """A ``Client`` follower that stops reading while the turn emits more than ``--max-events``
-    events is not silently skipped ahead: when it reads again, ``events()`` raises
-    ``FollowerDropped``. Following again resumes from the oldest kept event; the turn completes."""
+    events is not silently skipped ahead: when it reads again, ``events()`` yields
+    ``EventsDropped`` saying exactly how many it missed, where, and goes on to the end (protocol 3).
+    Following again yields a marker for the events dropped before it started, then the kept ones;
+    the turn completes."""
     with serving(*FAST, "--no-journal", "--max-events", "20") as d:
         async with Client.connect(d.endpoint, timeout=30, follow_window=4) as client:
             handle = await client.submit("tests.agents.faults:stream_when_told", {"count": 200})
-            got: list[int] = []
             with anyio.fail_after(60):
                 async with aclosing(handle.events()) as events:
-                    got.append((await events.__anext__())["i"])  # read one, then stop reading
+                    first = await events.__anext__()  # read one, then stop reading
                     await handle.cancel()  # the agent now emits 199 more (shielded) and completes
                     result = await handle.result()
-                    with pytest.raises(FollowerDropped, match="fell .* behind"):
-                        async for event in events:
-                            got.append(event["i"])
-                again = [e["i"] async for e in client.handle(handle.turn_id).events()]
+                    rest = [event async for event in events]
+                again = [e async for e in client.handle(handle.turn_id).events()]
     assert result.outcome == "completed"
-    assert got[0] == 0 and got == list(range(len(got))) and len(got) < 200  # no silent gap
-    assert again == list(range(200 - len(again), 200)) and len(again) <= 20
+    assert first == {"i": 0} and any(isinstance(e, EventsDropped) for e in rest)
+    expected = 1
+    for event in rest:  # every event is the next one, or a marker says exactly what was skipped
+        if isinstance(event, EventsDropped):
+            assert event.first == expected and event.count > 0
+            expected += event.count
+        else:
+            assert event["i"] == expected
+            expected += 1
+    assert expected == 200
+    assert isinstance(again[0], EventsDropped) and again[0].first == 0
+    assert [e["i"] for e in again[1:]] == list(range(again[0].count, 200)) and len(again) <= 21
+
+
+async def test_a_version_2_follower_that_fell_behind_still_gets_lagged() -> None:
+    """A client speaking protocol 2 (no gap markers) keeps version 2's rule: a follower that fell
+    behind the kept events gets ``Error(lagged)`` and its stream ends."""
+    with serving(*FAST, "--no-journal", "--max-events", "20") as d:
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(d.endpoint)
+        try:
+            with anyio.fail_after(60):
+                await sock.send(wire.encode(wire.Hello(1, 2)))
+                assert isinstance(wire.decode_from_daemon(await sock.recv()), wire.Welcome)
+                agent = "tests.agents.faults:stream_when_told"
+                await sock.send(wire.encode(wire.Submit(2, agent, msgspec.Raw(wire.encode({"count": 200})))))
+                accepted = wire.decode_from_daemon(await sock.recv())
+                assert isinstance(accepted, wire.Accepted)
+                await sock.send(wire.encode(wire.Follow(3, accepted.turn_id, 4)))
+                first = wire.decode_from_daemon(await sock.recv())
+                assert isinstance(first, wire.Events) and first.seq == 0
+                await sock.send(wire.encode(wire.Cancel(4, accepted.turn_id, wire.Cause("user"))))
+                await sock.send(wire.encode(wire.GetResult(5, accepted.turn_id)))
+                replies = []
+                while not any(isinstance(r, wire.Result) for r in replies):
+                    replies.append(wire.decode_from_daemon(await sock.recv()))
+                await sock.send(wire.encode(wire.Credit(3, 1000)))
+                while not any(isinstance(r, wire.Error) and r.req == 3 for r in replies):
+                    replies.append(wire.decode_from_daemon(await sock.recv()))
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+    lagged = [r for r in replies if isinstance(r, wire.Error) and r.req == 3]
+    assert lagged[0].code == "lagged" and "fell" in lagged[0].message
 
 
 async def test_a_result_at_the_size_limit_is_fetchable() -> None:

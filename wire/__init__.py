@@ -9,6 +9,7 @@ This package knows nothing of who owns the sockets.
 
 from ._cause import CAUSE_KINDS, DEADLINE, DISPOSED, MEMORY, PARENT, USER, Cause, CauseKind, validate_cause
 from ._client_protocol import (
+    BATCH_BYTES,
     CLIENT_PROTOCOL_VERSION,
     ERROR_CODES,
     MIN_CLIENT_PROTOCOL_VERSION,
@@ -42,7 +43,10 @@ from ._client_protocol import (
     Welcome,
     WhenIdle,
     decode_from_daemon,
+    decode_from_daemon_frame,
     decode_to_daemon,
+    decode_to_daemon_frame,
+    encode_batch,
     error_for,
 )
 from ._codec import (
@@ -170,4 +174,9 @@ __all__ = [
     "decode_from_daemon",
     "error_for",
     "decode_to_daemon",
+    # version 3: batch frames
+    "BATCH_BYTES",
+    "decode_from_daemon_frame",
+    "decode_to_daemon_frame",
+    "encode_batch",
 ]

@@ -24,6 +24,17 @@ not have (new codes go out as ``internal``, with the message; ``error_for``). Ve
 (answered ``Reloaded``) and the code ``turn_id_conflict`` (an older client gets it as ``bad_value``,
 which it is).
 
+Version 3 (batching, rule B1 of docs/design.md): the client's ``Hello`` is a single message;
+from then on a version-3 client sends batches — msgpack arrays of messages, handled in order —
+and the daemon answers a version-3 client in batches (its ``Welcome`` included). A client packs
+the requests made in one pass of its event loop (a thousand concurrent submits: a few frames),
+the daemon the replies made in one pass of its own (acks, results and events coalesced per
+client). A single message is still read as before wherever a batch may come (the daemon's
+liveness probe, errors it was owed), and a client or daemon of version 1 or 2 never sees a batch.
+A follower that fell behind the turn's buffer is not ended with ``lagged`` any more: the next
+``Events`` simply starts at a higher ``seq``, and the client yields ``EventsDropped`` for the gap.
+``decode_*_frame`` tells a batch from a single message by its first element (an array, not a tag).
+
 Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
 hands the bytes to its supervisor and its workers untouched.
 """
@@ -287,6 +298,56 @@ FromDaemon = (
 
 _to_daemon = msgspec.msgpack.Decoder(ToDaemon)
 _from_daemon = msgspec.msgpack.Decoder(FromDaemon)
+_to_daemon_batch = msgspec.msgpack.Decoder(list[ToDaemon])
+_from_daemon_batch = msgspec.msgpack.Decoder(list[FromDaemon])
+# A batch frame packs at most about this many bytes of messages (a larger single message goes alone).
+BATCH_BYTES = 256 * 1024
+
+
+def _is_batch(frame: bytes) -> bool:
+    """Whether ``frame`` is an array of messages (version 3) rather than one message: a message is
+    an array whose first element is its tag (a string); a batch's first element is an array."""
+    if not frame:
+        return False
+    head = frame[0]
+    if 0x90 <= head <= 0x9F:
+        at = 1
+    elif head == 0xDC:
+        at = 3
+    elif head == 0xDD:
+        at = 5
+    else:
+        return False
+    if len(frame) <= at:  # an empty array is no batch (a batch holds at least one message): malformed
+        return False
+    first = frame[at]
+    return 0x90 <= first <= 0x9F or first in (0xDC, 0xDD)
+
+
+def encode_batch(messages: list[bytes]) -> bytes:
+    """One batch frame from messages already encoded one by one (each with ``wire.encode``)."""
+    n = len(messages)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 0x10000:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    return head + b"".join(messages)
+
+
+def decode_to_daemon_frame(frame: bytes) -> list[ToDaemon]:
+    """The requests in a client→daemon frame: a batch (version 3) or one message (any version)."""
+    if _is_batch(frame):
+        return _to_daemon_batch.decode(frame)
+    return [_to_daemon.decode(frame)]
+
+
+def decode_from_daemon_frame(frame: bytes) -> list[FromDaemon]:
+    """The replies in a daemon→client frame: a batch (version 3) or one message (any version)."""
+    if _is_batch(frame):
+        return _from_daemon_batch.decode(frame)
+    return [_from_daemon.decode(frame)]
 
 
 def decode_to_daemon(frame: bytes) -> ToDaemon:

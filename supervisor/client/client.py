@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
-import math
 import os
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -49,6 +50,7 @@ from .._errors import (
     UnknownTurn,
     shown_id,
 )
+from .._events import EventsDropped
 from .._handle import TurnHandle
 from .._host import Background, require_asyncio
 from .._paths import check_endpoint, default_endpoint
@@ -75,19 +77,71 @@ class _Lost:
         self.why = why
 
 
-class _Pending:
-    __slots__ = ("event", "reply")
+class _Reply(asyncio.Future[Any]):
+    """The one reply to a request (most requests): the future itself, so a request in flight keeps
+    one object alive, not a holder, a future and a timer (with thousands in flight, every such
+    object is walked by each garbage collection)."""
+
+    __slots__ = ("req", "deadline")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, req: int) -> None:
+        super().__init__(loop=loop)
+        self.req = req
+        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded or answered
+
+    def put(self, msg: Any) -> None:
+        self.deadline = 0.0
+        if not self.done():
+            self.set_result(msg)
+
+    def expire(self) -> None:
+        if not self.done():
+            self.set_exception(TimeoutError())
+
+
+class _Replies:
+    """The replies to one request, in arrival order (one for most requests, two for ``run``, a
+    stream for a follow). A bare asyncio future per wait, not an ``anyio.Event`` plus a
+    ``fail_after`` scope, and no per-request timer (``Client._deadlines``): with thousands of
+    requests in flight, every object a request keeps alive is walked by each garbage collection."""
+
+    __slots__ = ("items", "fut", "deadline")
 
     def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.reply: Any = None
+        self.items: list[Any] | deque[Any] | None = None
+        self.fut: asyncio.Future[None] | None = None
+        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded
 
+    def put(self, msg: Any) -> None:
+        items = self.items
+        if items is None:
+            self.items = [msg]
+        elif isinstance(items, list) and len(items) < 8:
+            items.append(msg)
+        else:
+            if isinstance(items, list):
+                items = self.items = deque(items)
+            items.append(msg)
+        fut = self.fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
-class _Stream:
-    __slots__ = ("send",)
+    def expire(self) -> None:
+        fut = self.fut
+        if fut is not None and not fut.done():
+            fut.set_exception(TimeoutError())
 
-    def __init__(self, send: Any) -> None:
-        self.send = send
+    async def get(self) -> Any:
+        """The next reply (``TimeoutError`` once its deadline, if any, passed without one)."""
+        if not self.items:
+            fut = self.fut = asyncio.get_running_loop().create_future()
+            try:
+                await fut
+            finally:
+                self.fut = None
+        items = self.items
+        assert items
+        return items.popleft() if isinstance(items, deque) else items.pop(0)
 
 
 class Client:
@@ -133,7 +187,18 @@ class Client:
         self._mon: zmq.asyncio.Socket | None = None
         self._tg: Background | None = None
         self._reqs = itertools.count(1)
-        self._pending: dict[int, _Pending | _Stream] = {}
+        self._pending: dict[int, _Reply | _Replies] = {}
+        self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of _sock, for NOBLOCK I/O
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # B1: requests made in one pass of the event loop leave as one batch frame (protocol 3).
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self._recheck_scheduled = False
+        # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
+        # in order too: one timer for the oldest replaces a timer per request.
+        self._deadlines: deque[_Reply | _Replies] = deque()
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._state = "new"  # new → open → closed
         self._lost: str | None = None
         self._auth_failed = False
@@ -209,11 +274,13 @@ class Client:
             self._state = "closed"
             raise DaemonUnavailable(f"cannot connect to {self.endpoint}: {exc}") from exc
         self._sock = sock
-        # H1: the receiver and the monitor live in a task of their own, so the client may be
+        self._sync = zmq.Socket.shadow(sock.underlying)
+        self._loop = loop
+        # H1: the reader and the monitor live in a task of their own, so the client may be
         # closed from another task than the one that opened it (Jupyter cells, app lifespans).
         self._tg = Background(f"turnpool client {self.endpoint}")
         await self._tg.start(loop)
-        self._tg.start_soon(self._receive)
+        self._tg.start_soon(self._reader)
         self._tg.start_soon(self._monitor)
         try:
             welcome = None
@@ -323,48 +390,107 @@ class Client:
 
     def _fail_pending(self, why: str) -> None:
         lost = _Lost(why)
-        for pending in list(self._pending.values()):
-            if isinstance(pending, _Pending):
-                if not pending.event.is_set():
-                    pending.reply = lost
-                    pending.event.set()
-            else:
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pending.send.send_nowait(lost)
+        for req, pending in list(self._pending.items()):
+            if type(pending) is _Reply:
+                del self._pending[req]
+            pending.put(lost)
 
-    async def _receive(self) -> None:
-        assert self._sock is not None
-        sock = self._sock
-        while True:
-            parts = await sock.recv_multipart()
+    async def _reader(self) -> None:
+        """Replies are read in a reader callback on the socket's FD (as the engine reads its
+        workers), not by a task awaiting zmq.asyncio's ``recv``: no future and no task switch per
+        frame. This task only owns the registration."""
+        assert self._sync is not None and self._loop is not None
+        fd = cast(int, self._sync.getsockopt(zmq.FD))
+        self._loop.add_reader(fd, self._on_readable)
+        self._on_readable()  # frames that arrived before the reader was registered
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(fd)
+
+    def _on_readable(self) -> None:
+        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left.
+        self._recheck_scheduled = False
+        sync = self._sync
+        if sync is None or sync.closed:
+            return
+        getsockopt = cast(Callable[[int], int], sync.getsockopt)
+        while getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                parts = sync.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                return
             try:
                 if len(parts) != 1:
                     raise msgspec.DecodeError(f"expected one frame, got {len(parts)}")
-                msg = wire.decode_from_daemon(parts[0])
+                messages = wire.decode_from_daemon_frame(parts[0])
             except msgspec.DecodeError as exc:
                 self.bad_frames += 1
                 log.warning("undecodable reply from the daemon at %s: %s", self.endpoint, exc)
                 continue
-            pending = self._pending.get(msg.req)
-            if pending is None:
-                if isinstance(msg, wire.Error):
+            pending_get = self._pending.get
+            for msg in messages:
+                pending = pending_get(msg.req)
+                if pending is not None:
+                    if type(pending) is _Reply:
+                        del self._pending[msg.req]
+                    pending.put(msg)
+                elif isinstance(msg, wire.Error):
                     log.warning("the daemon at %s reported: %s: %s", self.endpoint, msg.code, msg.message)
-                continue
-            if isinstance(pending, _Pending):
-                pending.reply = msg
-                pending.event.set()
-            else:
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pending.send.send_nowait(msg)
 
     async def _send(self, msg: Any) -> None:
+        self._post(msg)
+
+    def _post(self, msg: Any) -> None:
+        """Send ``msg``: at once during the handshake (and to a daemon below protocol 3), else into
+        the outgoing batch, flushed at the end of this pass of the event loop (B1). Raises
+        ``ValueError`` for a request above the daemon's size limit, before anything is sent."""
         frame = wire.encode(msg)
         if len(frame) > self.max_message_size:
             raise ValueError(
                 f"request of {len(frame)} bytes is above the daemon's limit of {self.max_message_size} bytes"
             )
-        assert self._sock is not None
-        await self._sock.send(frame)
+        if self.protocol < 3 or self.daemon_pid is None:
+            self._write(frame)
+            return
+        if self._out_bytes + len(frame) > min(wire.BATCH_BYTES, self.max_message_size - 16):
+            self._flush()
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        out, self._out, self._out_bytes = self._out, [], 0
+        self._write(wire.encode_batch(out))
+
+    def _write(self, frame: bytes) -> None:
+        sync = self._sync
+        if sync is None or sync.closed:
+            return
+        try:
+            # The DEALER has no send limit (SNDHWM 0) and queues while connecting: this never waits.
+            sync.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("send to the daemon at %s failed: %s", self.endpoint, exc)
+            self._lost = self._lost or f"a send failed: {exc}"
+            self._fail_pending(self._lost)
+            return
+        # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
+        if (
+            cast(int, sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+            and not self._recheck_scheduled
+            and self._loop is not None
+        ):
+            self._recheck_scheduled = True
+            self._loop.call_soon(self._on_readable)
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -386,33 +512,81 @@ class Client:
     ) -> Any:
         """Send one request and wait for its one reply (at most ``request_timeout`` when
         ``bounded``); raise the reply's error, typed. An unbounded wait that is cancelled (or
-        fails) before its reply tells the daemon to drop the request (``Abandon``)."""
+        fails) before its reply tells the daemon to drop the request (``Abandon``).
+        (``submit`` and ``result`` inline this: one coroutine less per request in flight.)"""
         if not handshake:
             self._check_open()
-        req = next(self._reqs)
-        pending = _Pending()
-        self._pending[req] = pending
-        limit = self.request_timeout if bounded else None
-        sent = False
+        fut = self._request(make, bounded)
         try:
-            await self._send(make(req))
-            sent = True
-            with anyio.fail_after(limit):
-                await pending.event.wait()
+            reply = await fut
         except TimeoutError:
-            raise DaemonUnavailable(f"the daemon at {self.endpoint} did not answer within {limit}s") from None
-        finally:
-            self._pending.pop(req, None)
-            if sent and not bounded and not handshake and not pending.event.is_set():
-                await self._abandon(req)
-        return self._reply(pending.reply, turn_id)
+            raise self._no_answer() from None
+        except BaseException:
+            self._dropped(fut, abandon=not bounded and not handshake)
+            raise
+        return self._reply(reply, turn_id)
 
-    async def _abandon(self, req: int) -> None:
+    def _request(self, make: Callable[[int], Any], bounded: bool) -> _Reply:
+        """Post one request; its reply will be the result of the returned future."""
+        assert self._loop is not None
+        req = next(self._reqs)
+        fut = _Reply(self._loop, req)
+        self._post(make(req))
+        self._pending[req] = fut
+        if bounded:
+            self._bound(fut, self.request_timeout)
+        return fut
+
+    def _dropped(self, fut: _Reply, *, abandon: bool) -> None:
+        """The wait for ``fut`` ended without its reply (cancelled, or failed): forget the request,
+        and with ``abandon`` tell the daemon to free it."""
+        fut.deadline = 0.0
+        if self._pending.get(fut.req) is fut:
+            del self._pending[fut.req]
+        if abandon and (fut.cancelled() or not fut.done()):
+            self._abandon(fut.req)
+
+    def _no_answer(self) -> DaemonUnavailable:
+        return DaemonUnavailable(
+            f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
+        )
+
+    def _bound(self, pending: _Reply | _Replies, limit: float | None) -> None:
+        """Fail ``pending``'s wait with ``TimeoutError`` if no reply came within ``limit`` seconds."""
+        assert self._loop is not None and limit is not None
+        deadlines = self._deadlines
+        while deadlines and deadlines[0].deadline == 0.0:
+            deadlines.popleft()  # answered: forget it (answers come mostly in order)
+        pending.deadline = self._loop.time() + limit
+        deadlines.append(pending)
+        if self._deadline_timer is None:
+            self._deadline_timer = self._loop.call_at(pending.deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The oldest bounded waits whose deadline passed and that are still waiting fail."""
+        self._deadline_timer = None
+        assert self._loop is not None
+        now = self._loop.time()
+        deadlines = self._deadlines
+        while deadlines:
+            head = deadlines[0]
+            if head.deadline == 0.0:
+                deadlines.popleft()  # answered (or no longer bounded): nothing to expire
+            elif head.deadline <= now:
+                deadlines.popleft()
+                head.expire()
+                if isinstance(head, _Reply) and self._pending.get(head.req) is head:
+                    del self._pending[head.req]
+            else:
+                self._deadline_timer = self._loop.call_at(head.deadline, self._expire)
+                return
+
+    def _abandon(self, req: int) -> None:
         """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
         if self.protocol < 2 or self._state != "open" or self._lost is not None:
             return
-        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-            await self._send(wire.Abandon(req))
+        with contextlib.suppress(Exception):
+            self._post(wire.Abandon(req))
 
     def _reply(self, reply: Any, turn_id: str | None) -> Any:
         if isinstance(reply, _Lost):
@@ -451,8 +625,16 @@ class Client:
             turn_id=turn_id,
             retry=retry,
         )
-        reply = await self._call(make)
-        return TurnHandle(self, reply.turn_id)
+        self._check_open()
+        fut = self._request(make, True)  # (``_call`` inlined: one coroutine less per submit in flight)
+        try:
+            reply = await fut
+        except TimeoutError:
+            raise self._no_answer() from None
+        except BaseException:
+            self._dropped(fut, abandon=False)
+            raise
+        return TurnHandle(self, self._reply(reply, None).turn_id)
 
     async def run(
         self,
@@ -485,55 +667,56 @@ class Client:
         )
         self._check_open()
         req = next(self._reqs)
-        send, receive = anyio.create_memory_object_stream[Any](2)
-        self._pending[req] = _Stream(send)
+        pending = self._pending[req] = _Replies()
         answered = False
         accepted_id: str | None = None
         try:
-            await self._send(make(req))
+            self._post(make(req))
             try:
                 try:
-                    with anyio.fail_after(self.request_timeout):
-                        accepted = self._reply(await receive.receive(), turn_id)
+                    self._bound(pending, self.request_timeout)
+                    accepted = self._reply(await pending.get(), turn_id)
+                    pending.deadline = 0.0
                 except TimeoutError:
                     why = f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
                     raise DaemonUnavailable(why) from None
                 accepted_id = accepted.turn_id
-                reply = self._reply(await receive.receive(), accepted_id)
+                reply = self._reply(await pending.get(), accepted_id)
                 answered = True
             except anyio.get_cancelled_exc_class():
-                await self._stop_own_turn(receive, accepted_id, turn_id)
+                await self._stop_own_turn(pending, accepted_id, turn_id)
                 raise
         finally:
+            pending.deadline = 0.0
             self._pending.pop(req, None)
-            send.close()
-            receive.close()
             if not answered:
-                await self._abandon(req)
+                self._abandon(req)
         if not isinstance(reply, wire.Result):
             raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
         return reply.result
 
-    async def _stop_own_turn(self, receive: Any, accepted_id: str | None, asked_id: str | None) -> None:
+    async def _stop_own_turn(self, pending: _Replies, accepted_id: str | None, asked_id: str | None) -> None:
         """R-RUN-CANCEL: the caller of ``run`` was cancelled: cancel its turn (cause ``user``) and
         wait for the turn's result, shielded from every cancellation (anyio's, and a native
         ``Task.cancel()``, such as ``asyncio.wait_for``'s). Bounded: a lost daemon ends the wait
         (its ``_Lost`` reply), and a daemon that never acknowledged the submit within
         ``request_timeout`` leaves nothing here to cancel."""
 
+        pending.deadline = 0.0  # this wait is bounded below, not by the cancelled call's deadline
+
         async def stop() -> None:
             tid = accepted_id
             try:
                 if tid is None:
                     with anyio.move_on_after(self.request_timeout):
-                        first = await receive.receive()
+                        first = await pending.get()
                         tid = first.turn_id if isinstance(first, wire.Accepted) else None
                 if tid is None or self._lost is not None:
                     return
                 turn = tid
                 await self._call(lambda req: wire.Cancel(req, turn, wire.USER), turn_id=turn)
-                await receive.receive()  # the Result (or the loss of the daemon)
-            except (TurnpoolError, anyio.EndOfStream, anyio.ClosedResourceError):
+                await pending.get()  # the Result (or the loss of the daemon)
+            except (TurnpoolError, TimeoutError):
                 return  # the daemon is gone or refused: nothing more to wait for
 
         # A task of its own, which no cancel of the caller's task reaches; waited for until done.
@@ -607,46 +790,60 @@ class Client:
     async def result(self, turn_id: str) -> TurnResult:
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         _check_turn_id(turn_id)
-        reply = await self._call(lambda req: wire.GetResult(req, turn_id), bounded=False, turn_id=turn_id)
-        return reply.result
+        self._check_open()
+        fut = self._request(functools.partial(_get_result, turn_id), False)  # (``_call`` inlined)
+        try:
+            reply = await fut
+        except BaseException:
+            self._dropped(fut, abandon=True)
+            raise
+        return self._reply(reply, turn_id).result
 
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
-        """The turn's events as the daemon relays them (``TurnHandle.events``)."""
+        """The turn's events as the daemon relays them (``TurnHandle.events``).
+
+        Where events were dropped before this follower read them (it fell further behind than the
+        daemon's ``max_events``, or started after the oldest were dropped) it yields one
+        ``EventsDropped`` with their count, then goes on (protocol 3; an older daemon ends the
+        stream with ``FollowerDropped`` instead)."""
         _check_turn_id(turn_id)
         self._check_open()
         req = next(self._reqs)
-        send, receive = anyio.create_memory_object_stream[Any](math.inf)
-        self._pending[req] = _Stream(send)
+        pending = self._pending[req] = _Replies()
         ended = False
         window = self.follow_window
         consumed = 0
+        expected = 0  # the sequence number of the next event, were none dropped
+        decode = wire.decode_payload
         try:
-            await self._send(wire.Follow(req, turn_id, window))
-            async with receive:
-                async for item in receive:
-                    if isinstance(item, wire.Events):
-                        for raw in item.data:
-                            yield wire.decode_payload(raw)
-                            consumed += 1
-                            if consumed >= window // 2:
-                                # Flow control: the daemon sends at most `window` events ahead of us.
-                                await self._send(wire.Credit(req, consumed))
-                                consumed = 0
-                    elif isinstance(item, wire.FollowEnd):
-                        ended = True
-                        return
-                    else:
-                        ended = True
-                        if isinstance(item, wire.Error) and item.code == "lagged":
-                            raise FollowerDropped(f"{item.message} (daemon at {self.endpoint})")
-                        self._reply(item, turn_id)
-                        raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
+            self._post(wire.Follow(req, turn_id, window))
+            while True:
+                item = await pending.get()
+                if isinstance(item, wire.Events):
+                    if item.seq > expected:
+                        yield EventsDropped(item.seq - expected, expected)  # G1
+                    expected = item.seq + len(item.data)
+                    for raw in item.data:
+                        yield decode(raw)
+                    consumed += len(item.data)
+                    if consumed >= window // 2:
+                        # Flow control: the daemon sends at most `window` events ahead of us.
+                        self._post(wire.Credit(req, consumed))
+                        consumed = 0
+                elif isinstance(item, wire.FollowEnd):
+                    ended = True
+                    return
+                else:
+                    ended = True
+                    if isinstance(item, wire.Error) and item.code == "lagged":
+                        raise FollowerDropped(f"{item.message} (daemon at {self.endpoint})")
+                    self._reply(item, turn_id)
+                    raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
         finally:
             self._pending.pop(req, None)
-            send.close()
             if not ended and self._state == "open" and self._lost is None:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await self._send(wire.Unfollow(req))
+                with contextlib.suppress(Exception):
+                    self._post(wire.Unfollow(req))
 
 
 def _submit_request(
@@ -671,7 +868,19 @@ def _submit_request(
     kill_after = check_seconds("kill_after", kill_after)
     if not isinstance(retry, bool):
         raise TypeError(f"retry must be True or False, got {retry!r}")
-    return lambda req: wire.Submit(req, agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+    # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
+    # as the request is in flight, and thousands in flight are walked by every garbage collection.
+    return functools.partial(
+        _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+    )
+
+
+def _submit_message(args: tuple[Any, ...], req: int) -> wire.Submit:
+    return wire.Submit(req, *args)
+
+
+def _get_result(turn_id: str, req: int) -> wire.GetResult:
+    return wire.GetResult(req, turn_id)
 
 
 def _check_turn_id(turn_id: Any) -> None:

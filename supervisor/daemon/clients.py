@@ -50,17 +50,35 @@ MAX_OWED = 1024
 class Peer:
     """One client connection (one routing id)."""
 
-    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since")
+    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since", "out", "out_bytes")
 
     def __init__(self, ident: bytes, fd: int) -> None:
         self.ident = ident
         self.fd = fd
         self.version = 1  # until its Hello says otherwise: never send it what version 1 lacks
-        self.tasks: dict[int, tuple[anyio.CancelScope, str]] = {}  # req -> (scope, kind)
+        self.tasks: dict[int, tuple[anyio.CancelScope | Waiter, str]] = {}  # req -> (scope, kind)
         # Errors to deliver once its queue has room; bounded, so a client that keeps asking and never
         # reads cannot grow it (it then misses the oldest notices, never more than MAX_OWED kept).
+        # Messages (or, for a version-3 client, batch frames already encoded) that did not fit its queue.
         self.owed: deque[Any] = deque(maxlen=MAX_OWED)
         self.suspect_since: float | None = None
+        # B1: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+
+
+class Waiter:
+    """A request answered by a callback rather than a task (a result wait, an ack waiting for the
+    journal): registered under its client like a task's cancel scope, and cancelled the same way
+    (``Abandon``, a disconnect, a full queue), at a fraction of an ``anyio.CancelScope``'s cost."""
+
+    __slots__ = ("cancel_called",)
+
+    def __init__(self) -> None:
+        self.cancel_called = False
+
+    def cancel(self) -> None:
+        self.cancel_called = True
 
 
 class ClientTable:

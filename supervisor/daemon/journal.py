@@ -27,6 +27,7 @@ the path) is permanent: nothing more is written and ``error`` stays set.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import logging
@@ -130,6 +131,13 @@ class Journal:
         self.durability = durability
         self.retry_interval = retry_interval
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # B2: rows written during one pass of the event loop reach the writer thread as one item
+        # (a put per row woke the thread per row, and the two fought over the GIL a row at a time).
+        self._held: list[Any] = []
+        self._held_lock = threading.Lock()
+        # B3: when set, the ``on_commit`` callbacks of a committed batch are passed to it as one list
+        # (the daemon runs them on its loop) instead of being called one by one in the writer thread.
+        self.deliver: Callable[[list[Callable[[], None]]], None] | None = None
         self._thread: threading.Thread | None = None
         self._lock: socket.socket | None = None
         self._sock: socket.socket | None = None  # to the writer process
@@ -258,6 +266,7 @@ class Journal:
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         if self._thread is not None:
+            self.hand_over()
             self._queue.put(("stop", lambda: None))
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -285,8 +294,30 @@ class Journal:
         """Queue one statement (``params`` a list of tuples: one statement per tuple); ``on_commit``
         runs (in the writer thread) once it is committed. A row with ``on_fail`` is an accept row:
         it is never retried; ``on_fail(why, conflict)`` runs instead of ``on_commit`` when its batch
-        failed (``conflict``: the row was not inserted because the id was already there)."""
-        self._queue.put(("row", sql, params, on_commit, on_fail))
+        failed (``conflict``: the row was not inserted because the id was already there).
+
+        On an event loop the row is held until the end of the loop's pass, then handed over with
+        every other row of that pass (B2); elsewhere it is handed over at once."""
+        item = ("row", sql, params, on_commit, on_fail)
+        with self._held_lock:
+            held = self._held
+            held.append(item)
+            if len(held) > 1:
+                return  # a hand-over is already on its way
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.hand_over()
+            return
+        loop.call_soon(self.hand_over)
+
+    def hand_over(self) -> None:
+        """Give the writer thread every row held so far, as one item, in order."""
+        with self._held_lock:
+            if not self._held:
+                return
+            rows, self._held = self._held, []
+        self._queue.put(("rows", rows))
 
     def accepted(
         self,
@@ -362,6 +393,7 @@ class Journal:
     def flush(self) -> None:
         """Block until everything queued so far is committed."""
         done = threading.Event()
+        self.hand_over()
         self._queue.put(("sync", done.set))
         done.wait()
 
@@ -409,11 +441,20 @@ class Journal:
             return f"cannot write the journal {self.path}: {error}"
         self.commits += 1
         self.rows_written += len(rows)
+        conflicted = set(conflicts)
+        deliver = self.deliver
+        done = []
         for i, row in enumerate(rows):
-            if i in conflicts:
+            if i in conflicted:
                 row[4](f"turn id {row[2][0]!r} is already in the journal", True)
-            elif row[3] is not None:
-                row[3]()
+            elif row[3] is None:
+                continue
+            elif deliver is not None:
+                done.append(row[3])
+            else:
+                row[3]()  # in the writer thread, in order
+        if done and deliver is not None:
+            deliver(done)  # B3: the batch's callbacks, handed over at once
         return None
 
     def _writer(self) -> None:
@@ -435,6 +476,8 @@ class Journal:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            if any(item[0] == "rows" for item in batch):
+                batch = [row for item in batch for row in (item[1] if item[0] == "rows" else (item,))]
             rows = [item for item in batch if item[0] == "row"]
             waiters = [item for item in batch if item[0] != "row"]
             stop = any(item[0] == "stop" for item in waiters)

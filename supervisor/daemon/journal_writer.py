@@ -94,13 +94,38 @@ class Writer:
                 self.con = self.connect()
             con = self.con
             con.execute("BEGIN")
-            for i, (sql, params, many, accept) in enumerate(rows):
+            i, n = 0, len(rows)
+            while i < n:
+                sql, params, many, accept = rows[i]
                 if many:
                     con.executemany(sql, params)
-                else:
+                    i += 1
+                    continue
+                # B2: a run of the same single-row statement (a burst of accepts, starts or ends)
+                # goes to SQLite as one executemany.
+                j = i + 1
+                while j < n and rows[j][0] == sql and not rows[j][2] and rows[j][3] == accept:
+                    j += 1
+                if j - i == 1:
                     cur = con.execute(sql, params)
                     if accept and cur.rowcount == 0:
                         conflicts.append(i)
+                elif not accept:
+                    con.executemany(sql, [row[1] for row in rows[i:j]])
+                else:
+                    # Accept rows report conflicts row by row: try the run at once, and only if
+                    # some row inserted nothing, redo it one row at a time to say which.
+                    con.execute("SAVEPOINT run")
+                    cur = con.executemany(sql, [row[1] for row in rows[i:j]])
+                    if cur.rowcount == j - i:
+                        con.execute("RELEASE run")
+                    else:
+                        con.execute("ROLLBACK TO run")
+                        con.execute("RELEASE run")
+                        for k in range(i, j):
+                            if con.execute(sql, rows[k][1]).rowcount == 0:
+                                conflicts.append(k)
+                i = j
             con.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
             failed, self.con = self.con, None  # reconnect next time: a failed connection may stay failed

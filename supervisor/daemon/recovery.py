@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 import time
 from typing import Any
 
@@ -54,11 +55,35 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     # the loop's own code does (anyio knows its event loop there; a thread's context does not).
     context_box: list[contextvars.Context] = []
 
+    # B3: the journal's thread hands its callbacks over in bursts (a commit of a thousand rows
+    # resolves a thousand acks): they queue here and one wake-up of the loop runs them all, in
+    # order, instead of a ``call_soon_threadsafe`` (a write to the loop's self-pipe) per row.
+    handed: list[tuple[Any, tuple[Any, ...]]] = []
+    handed_lock = threading.Lock()
+
+    def run_handed() -> None:
+        with handed_lock:
+            calls = handed[:]
+            handed.clear()
+        for fn, args in calls:
+            fn(*args)
+
     def on_loop(fn: Any, *args: Any) -> None:
+        with handed_lock:
+            handed.append((fn, args))
+            if len(handed) > 1:
+                return  # a wake-up is already on its way and will run this one too
         try:
-            loop_box[0].call_soon_threadsafe(fn, *args, context=context_box[0])
+            loop_box[0].call_soon_threadsafe(run_handed, context=context_box[0])
         except RuntimeError:
             pass  # the loop is closed: the daemon is gone, nobody waits any more
+
+    def run_all(fns: list[Any]) -> None:
+        for fn in fns:
+            fn()
+
+    journal.deliver = lambda fns: on_loop(run_all, fns)
+    daemon.before_reply.append(journal.hand_over)
 
     def record(turn: TurnRecord, fut: asyncio.Future[None] | None) -> None:
         sup = daemon.sup
@@ -66,22 +91,24 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
         def committed() -> None:
             sup.mark_recorded(turn)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+            if fut is not None:
+                daemon.unrecorded.pop(turn.id, None)
+                if not fut.done():
+                    fut.set_result(None)
 
         def failed(why: str, conflict: bool) -> None:
             sup.withdraw(turn, why)
-            if fut is not None and not fut.done():
-                fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
+            if fut is not None:
+                daemon.unrecorded.pop(turn.id, None)
+                if not fut.done():
+                    fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
 
-        journal.accepted(
-            turn, lambda: on_loop(committed), lambda why, conflict: on_loop(failed, why, conflict)
-        )
+        # ``committed`` runs on the loop: the journal hands a batch's callbacks over at once (B3).
+        journal.accepted(turn, committed, lambda why, conflict: on_loop(failed, why, conflict))
 
     def accepted(turn: TurnRecord) -> Any:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        daemon.unrecorded[turn.id] = fut
-        fut.add_done_callback(lambda _: daemon.unrecorded.pop(turn.id, None))
+        daemon.unrecorded[turn.id] = fut  # until its row is committed or refused (``record``)
         record(turn, fut)
         return fut  # the submit is acknowledged once the row is committed
 
@@ -112,7 +139,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     def gate(turns: list[TurnRecord]) -> None:
         sup = daemon.sup
         assert sup is not None
-        journal.dispatched([t.id for t in turns], lambda: on_loop(sup.clear_for_dispatch, turns))
+        journal.dispatched([t.id for t in turns], lambda: sup.clear_for_dispatch(turns))  # on the loop (B3)
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())

@@ -13,6 +13,7 @@ silent gap (R22), in batches that never crowd out the workers or other clients (
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -86,7 +87,7 @@ class Requests:
                 self._cancel(cancel_session, ids)
                 self._send(ident, wire.SessionCancelled(req, ids))
             case wire.GetResult(req=req, turn_id=turn_id):
-                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
+                self.daemon.answer_result(ident, req, turn_id, self._result)
             case wire.Follow(req=req, turn_id=turn_id, window=window):
                 followed = self._record(ident, req, turn_id)
                 if followed is None:
@@ -146,14 +147,17 @@ class Requests:
             code = next(code for kind, code in SUBMIT_ERROR_CODES if isinstance(exc, kind))
             self._send(ident, wire.Error(req, code, str(exc)))
             return
-        if gates:
+        futures = [gate for gate in gates if isinstance(gate, asyncio.Future)]
+        if gates and len(futures) == len(gates):
+            self.daemon.ack_when_done(ident, req, turn_id, futures, msg.wait, existed, self._result)
+        elif gates:
             self._task(
                 self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
             )
         else:
             self._send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
-                self._task(self._result, ident, req, turn_id, key=(ident, req, "result"))
+                self.daemon.answer_result(ident, req, turn_id, self._result)
 
     async def _ack_after(
         self,
@@ -229,8 +233,14 @@ class Requests:
             while True:
                 base = turn.events_base
                 if seq < base:
-                    self._lagged(ident, req, turn, base - seq)
-                    return
+                    if not self.daemon.speaks(ident, 3):
+                        self._lagged(ident, req, turn, base - seq)
+                        return
+                    # G1: a version-3 follower goes on from the oldest kept event; the jump in
+                    # ``seq`` is the gap its client reports (``EventsDropped``), never silent.
+                    self.daemon.lagged_followers += 1
+                    seq = base
+                    continue
                 kept = len(turn.events)
                 if seq < base + kept:
                     count, room = stream.allowance()

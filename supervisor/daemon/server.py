@@ -34,15 +34,17 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
+import gc
 import inspect
 import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -69,6 +71,7 @@ from .clients import (
     ClientTable,
     FollowStream,
     Peer,
+    Waiter,
 )
 from .endpoint import ClientEndpoint
 from .metrics import Metrics
@@ -77,6 +80,11 @@ from .requests import Requests
 log = logging.getLogger("turnpool.daemon")
 
 READY_PREFIX = "turnpool serve: ready on "
+# The daemon's garbage-collection thresholds (B4): a young collection every 20 000 net allocations
+# instead of 700, a full one after 50 of those.
+GC_THRESHOLDS = (20_000, 10, 50)
+# Frames read from clients per reader callback before the loop gets a turn (B1).
+READ_BATCH = 512
 
 
 class Daemon:
@@ -125,6 +133,9 @@ class Daemon:
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
         # Run once the pool is up, before clients can connect (a journal's restart recovery).
         self.startup_hooks: list[Callable[[Supervisor], Any]] = []
+        # Called before replies go out (B2: the journal hands the rows of this loop pass to its
+        # writer, so a reply never overtakes the record of what it reports). Must be cheap.
+        self.before_reply: list[Callable[[], None]] = []
         # Other front ends (the HTTP API): each is started with ``tg.start`` in the daemon's task
         # group once clients can connect, reports what to add to the ready line (or None), and
         # is cancelled after the supervisor has closed.
@@ -149,6 +160,13 @@ class Daemon:
         self.disposing_at: float | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._recheck_scheduled = False
+        self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (B1)
+        # B1: result requests waiting for a live turn, answered from the end hook (no task each):
+        # turn id -> [(client, req, the scope registered under the client)].
+        self._result_waiters: dict[str, list[tuple[bytes, int, Waiter]]] = {}
+        self._flush_scheduled = False
         self._streams: dict[tuple[bytes, int], FollowStream] = {}
         self._clients = ClientTable()
         self._turn_streams: dict[str, set[FollowStream]] = {}  # streams per followed turn
@@ -309,19 +327,47 @@ class Daemon:
     # ---- the client link ---------------------------------------------------------------
 
     async def _receive(self) -> None:
-        assert self._sock is not None and self._sync is not None
-        sock, sync = self._sock, self._sync
-        while True:
-            # Frames (not bytes): the first frame from a client tells which descriptor it came in
-            # on, which is how a disconnect reported by the monitor finds its client (R20).
-            batch = [await sock.recv_multipart(copy=False)]
-            while True:
-                try:
-                    batch.append(sync.recv_multipart(zmq.NOBLOCK, copy=False))
-                except zmq.Again:
-                    break
-            for frames in batch:
-                self._on_frame(frames)
+        """Frames from clients are read in a reader callback on the ROUTER's FD (as the engine
+        reads its workers): no future and no task switch per frame (B1). This task only owns
+        the registration."""
+        assert self._sync is not None
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        fd = cast(int, self._sync.getsockopt(zmq.FD))
+        loop.add_reader(fd, self._on_readable)
+        self._on_readable()  # frames that arrived before the reader was registered
+        try:
+            await anyio.sleep_forever()
+        finally:
+            loop.remove_reader(fd)
+            self._flush()
+
+    def _on_readable(self) -> None:
+        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
+        # of frames per call (then again from the loop), so a flood never starves other work.
+        self._recheck_scheduled = False
+        sync = self._sync
+        if sync is None or sync.closed:
+            return
+        getsockopt = cast(Callable[[int], int], sync.getsockopt)
+        for _ in range(READ_BATCH):
+            if not getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
+            try:
+                # Frames (not bytes): the first frame from a client tells which descriptor it came
+                # in on, which is how a disconnect reported by the monitor finds its client (R20).
+                frames = sync.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            self._on_frame(frames)
+        self._recheck()
+
+    def _recheck(self) -> None:
+        if not self._recheck_scheduled and self._loop is not None:
+            self._recheck_scheduled = True
+            self._loop.call_soon(self._on_readable)
 
     def _on_frame(self, frames: list[zmq.Frame]) -> None:
         ident = frames[0].bytes
@@ -339,10 +385,14 @@ class Daemon:
             self._malformed(ident, f"a request is one frame, got {len(parts) - 1}")
             return
         try:
-            msg = wire.decode_to_daemon(parts[1])
+            messages = wire.decode_to_daemon_frame(parts[1])
         except msgspec.DecodeError as exc:
             self._malformed(ident, f"undecodable request: {exc}")
             return
+        for msg in messages:
+            self._handle(ident, msg)
+
+    def _handle(self, ident: bytes, msg: Any) -> None:
         try:
             self._requests.handle(ident, msg)
         except Exception as exc:  # a bug here must cost one request, never the daemon
@@ -362,6 +412,9 @@ class Daemon:
         says ``EHOSTUNREACH``: its state is freed) or its queue is full (``SNDHWM``: its requests
         are dropped and it is owed an error each, R21)."""
         peer = self._clients.peers.get(ident)
+        if peer is not None and peer.version >= 3:
+            self._queue_reply(peer, msg)
+            return True
         sent = self._put(ident, msg, peer)
         if sent == "gone":
             self._forget(ident)
@@ -369,12 +422,63 @@ class Daemon:
             self._stall(peer)
         return sent == "ok"
 
-    def _put(self, ident: bytes, msg: Any, peer: Peer | None) -> str:
-        """One send: ``"ok"``, ``"gone"`` or ``"full"``. A reply that would not fit one message
-        (the client's socket would drop it and the connection) becomes a ``too_large`` error."""
-        assert self._sync is not None and self._sock is not None
+    def _queue_reply(self, peer: Peer, msg: Any) -> None:
+        """B1: a reply to a version-3 client joins its outgoing batch; the batches go at the end
+        of this pass of the event loop (``_flush``), so a burst of acks, results and events costs
+        one send per client, not one per reply."""
+        frame = self._encode_reply(msg, peer)
+        peer.out.append(frame)
+        peer.out_bytes += len(frame)
+        if len(peer.out) == 1:
+            self._dirty.append(peer)
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES``. A
+        client whose queue is full (it stopped reading) keeps the frames that did not go, in order,
+        with the errors it is owed (R21). Journal rows written in this pass go to the journal's
+        writer first (``before_reply``, B2): no reply overtakes the record of what it reports."""
+        self._flush_scheduled = False
+        for before in self.before_reply:
+            before()
+        dirty, self._dirty = self._dirty, []
+        peers = self._clients.peers
+        for peer in dirty:
+            out, peer.out, peer.out_bytes = peer.out, [], 0
+            if peers.get(peer.ident) is not peer or not out:
+                continue  # forgotten meanwhile: its replies have nobody to go to
+            frames: list[bytes] = []
+            chunk: list[bytes] = []
+            size = 0
+            for frame in out:
+                if chunk and size + len(frame) > wire.BATCH_BYTES:
+                    frames.append(wire.encode_batch(chunk))
+                    chunk, size = [], 0
+                chunk.append(frame)
+                size += len(frame)
+            frames.append(wire.encode_batch(chunk))
+            if peer.owed:
+                self._pay(peer)
+            if peer.owed:
+                peer.owed.extend(frames)  # behind what it is already owed, in order
+                continue
+            for k, frame in enumerate(frames):
+                sent = self._put_frame(peer.ident, frame)
+                if sent == "gone":
+                    self._forget(peer.ident)
+                    break
+                if sent == "full":
+                    peer.owed.extend(frames[k:])
+                    self._stall(peer)
+                    break
+
+    def _encode_reply(self, msg: Any, peer: Peer | None) -> bytes:
+        """``msg`` encoded for ``peer``. A reply that would not fit one message (the client's socket
+        would drop it and the connection) becomes a ``too_large`` error."""
         frame = wire.encode(msg)
-        if len(frame) > wire.MAX_MESSAGE_SIZE:
+        if len(frame) > wire.MAX_MESSAGE_SIZE - 64:
             self.too_large_replies += 1
             why = (
                 f"the {type(msg).__name__.lower()} reply is {len(frame)} bytes, above the "
@@ -384,6 +488,17 @@ class Daemon:
             frame = wire.encode(self._for(peer, wire.Error(msg.req, "too_large", why)))
         elif isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
             frame = wire.encode(self._for(peer, msg))
+        return frame
+
+    def _put(self, ident: bytes, msg: Any, peer: Peer | None) -> str:
+        """One send: ``"ok"``, ``"gone"`` or ``"full"``; ``msg`` is a message, or a batch frame
+        already encoded (owed to a version-3 client)."""
+        if isinstance(msg, bytes):
+            return self._put_frame(ident, msg)
+        return self._put_frame(ident, self._encode_reply(msg, peer))
+
+    def _put_frame(self, ident: bytes, frame: bytes) -> str:
+        assert self._sync is not None
         try:
             self._sync.send_multipart([ident, frame], zmq.NOBLOCK)
             return "ok"
@@ -394,8 +509,9 @@ class Daemon:
                 log.debug("reply to a client failed: %s", exc)
             return "gone"
         finally:
-            # A send can consume the edge of ZeroMQ's edge-triggered FD: re-arm the receiver.
-            self._sock.get(zmq.EVENTS)
+            # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
+            if cast(int, self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                self._recheck()
 
     @staticmethod
     def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
@@ -656,6 +772,99 @@ class Daemon:
         for hook in self.start_hooks:
             hook(turn, pid)
 
+    def answer_result(self, ident: bytes, req: int, turn_id: str, fallback: Callable[..., Any]) -> None:
+        """Answer a result request (``GetResult``, or the second half of a ``run``): at once if the
+        turn has ended, from the turn's end otherwise — a callback registered under the client (an
+        ``Abandon``, a disconnect or a full queue drops it as it would a task), not a task per
+        request (B1). A turn the supervisor does not hold goes to ``fallback`` (a task: the
+        journal's lookup, J8)."""
+        sup = self.sup
+        assert sup is not None
+        turn = sup.find(turn_id)
+        if turn is None:
+            self._task(fallback, ident, req, turn_id, key=(ident, req, "result"))
+            return
+        if turn.result is not None:
+            self._send(ident, wire.Result(req, turn.result))
+            return
+        scope = Waiter()
+        peer = self._clients.peers.get(ident)
+        if peer is not None:
+            old = peer.tasks.get(req)
+            if old is not None:
+                old[0].cancel()  # a client reusing a live request id replaces that request
+            peer.tasks[req] = (scope, "result")
+        self._result_waiters.setdefault(turn_id, []).append((ident, req, scope))
+
+    def ack_when_done(
+        self,
+        ident: bytes,
+        req: int,
+        turn_id: str,
+        gates: list[asyncio.Future[Any]],
+        wait: bool,
+        existing: bool,
+        fallback: Callable[..., Any],
+    ) -> None:
+        """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: a
+        done-callback registered under the client, not a task per submit (B1). A gate that
+        failed answers the error instead; the turn never ran (J7)."""
+        scope = Waiter()
+        peer = self._clients.peers.get(ident)
+        if peer is not None:
+            old = peer.tasks.get(req)
+            if old is not None:
+                old[0].cancel()
+            peer.tasks[req] = (scope, "result")
+        left = [len(gates)]
+
+        def done(_: asyncio.Future[Any]) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            peer = self._clients.peers.get(ident)
+            if peer is None or scope.cancel_called:
+                return  # gone, abandoned or dropped
+            if peer.tasks.get(req, (None,))[0] is scope:
+                del peer.tasks[req]
+            for gate in gates:
+                exc = gate.exception() if not gate.cancelled() else JournalUnavailable("cancelled")
+                if exc is None:
+                    continue
+                if isinstance(exc, JournalUnavailable):
+                    self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                elif isinstance(exc, ValueError):  # the id was recorded meanwhile (J8)
+                    self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                else:
+                    log.error("accept hook failed for turn %s: %r", turn_id, exc)
+                    why = f"turn {turn_id} accepted but not recorded: {exc}"
+                    self._send(ident, wire.Error(req, "internal", why))
+                return
+            self._send(ident, wire.Accepted(req, turn_id, existing))
+            if wait:
+                self.answer_result(ident, req, turn_id, fallback)
+
+        for gate in gates:
+            gate.add_done_callback(done)
+
+    def speaks(self, ident: bytes, version: int) -> bool:
+        """Whether the client ``ident`` speaks at least protocol ``version``."""
+        peer = self._clients.peers.get(ident)
+        return peer is not None and peer.version >= version
+
+    def _answer_waiters(self, turn: TurnRecord, result: TurnResult) -> None:
+        waiters = self._result_waiters.pop(turn.id, None)
+        if not waiters:
+            return
+        peers = self._clients.peers
+        for ident, req, scope in waiters:
+            peer = peers.get(ident)
+            if peer is None or scope.cancel_called:
+                continue  # gone, abandoned or dropped: nothing to answer
+            if peer.tasks.get(req, (None,))[0] is scope:
+                del peer.tasks[req]
+            self._send(ident, wire.Result(req, result))
+
     def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
         for stream in self._turn_streams.get(turn.id, ()):
             stream.wake()  # a follower waiting for credit learns now whether it lagged
@@ -664,6 +873,10 @@ class Daemon:
             self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
         for hook in self.end_hooks:
             hook(turn, result)
+        # B2: the journal's "ended" row goes to its writer before any client is told the result.
+        for before in self.before_reply:
+            before()
+        self._answer_waiters(turn, result)
 
     def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
         """When the cancellation that ended ``turn`` was asked (``None``: not known)."""
@@ -715,6 +928,12 @@ def run_daemon(daemon: Daemon) -> int:
     def ready(line: str) -> None:
         print(line, flush=True)
 
+    # B4: the daemon keeps thousands of live records (turns in flight, results kept for clients,
+    # acks waiting for the journal); with the interpreter's default thresholds every few thousand
+    # turns set off a full collection walking all of them, which cost more CPU than the requests.
+    # Objects from start-up are frozen out of collection, and collections run less often.
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         anyio.run(lambda: daemon.serve(ready=ready), backend="asyncio")
     except BaseException as exc:

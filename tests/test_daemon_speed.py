@@ -1,0 +1,258 @@
+"""What the daemon's speed work (issue 16: batched frames both ways, coalesced acks, the journal's
+group commit, event streams that report gaps) could break, attacked through a real ``turnpool
+serve`` and real ``Client``\\ s:
+
+* pipelined submits (many in flight on one connection, packed into one frame) keep the client's
+  order, stay idempotent by ``turn_id``, and a cancel sent right behind a submit still wins;
+* an acknowledged submit is durable: SIGKILL the daemon the moment an ack arrives, restart it on
+  the same journal, and every acknowledged turn is there;
+* ``handle.events()`` yields ``EventsDropped`` exactly where events were dropped (a follower that
+  fell behind, a follower that started late) and never for a follower that keeps up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from supervisor import Client, DaemonUnavailable, EventsDropped
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_pipelined_submits_keep_order_ids_and_cancel_wins() -> None:
+    """300 submits started at once on one client (one session, so they run one at a time in the
+    order they were accepted) run in exactly the order the client made them; 20 concurrent submits
+    of one ``turn_id`` are one turn that runs once; a cancel sent in the same frame right behind
+    its turn's submit ends that queued turn ``aborted`` without it ever starting."""
+    home = daemonkit.short_dir()
+    path = home / "order.txt"
+    n = 300
+    try:
+        with serving(*FAST, "--no-journal") as d:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                handles: dict[int, Any] = {}
+                twins: list[Any] = []
+
+                async def submit(i: int) -> None:
+                    handles[i] = await client.submit(
+                        "tests.agents.speed:record", {"path": str(path), "mark": i}, session="s"
+                    )
+
+                async def twin() -> None:
+                    twins.append(
+                        await client.submit(
+                            "tests.agents.speed:record",
+                            {"path": str(path), "mark": "twin"},
+                            session="s",
+                            turn_id="the-twin",
+                        )
+                    )
+
+                cancelled: list[Any] = []
+
+                async def submit_then_cancel() -> None:
+                    await client.submit(
+                        "tests.agents.speed:record",
+                        {"path": str(path), "mark": "never"},
+                        session="s",
+                        turn_id="doomed",
+                    )
+
+                async def cancel_doomed() -> None:
+                    cancelled.append(await client.cancel("doomed"))
+
+                with anyio.fail_after(120):
+                    async with anyio.create_task_group() as tg:
+                        for i in range(n):
+                            tg.start_soon(submit, i)
+                        for _ in range(20):
+                            tg.start_soon(twin)
+                        tg.start_soon(submit_then_cancel)
+                        tg.start_soon(cancel_doomed)  # same pass: same frame, right behind the submit
+                    results = [await handles[i].result() for i in range(n)]
+                    twin_results = [await h.result() for h in twins]
+                    doomed = await client.handle("doomed").result()
+    finally:
+        lines = path.read_text().split() if path.exists() else []
+        shutil.rmtree(home, ignore_errors=True)
+    assert [r.outcome for r in results] == ["completed"] * n
+    assert [line for line in lines if line not in ("twin", "never")] == [str(i) for i in range(n)]
+    assert {h.turn_id for h in twins} == {"the-twin"} and len(twins) == 20
+    assert lines.count("twin") == 1 and {r.outcome for r in twin_results} == {"completed"}
+    assert cancelled == [{"kind": "user"}]
+    assert doomed.outcome == "aborted" and not doomed.started and "never" not in lines
+
+
+async def test_every_ack_is_durable_when_the_daemon_is_killed_right_after_it() -> None:
+    """Journal on: 400 submits in flight at once; the moment the first acknowledgement arrives the
+    daemon is SIGKILLed (no drain, no flush). Restarted on the same journal, it knows every turn
+    whose submit was acknowledged — an ack is never sent before its row is committed, batched
+    or not."""
+    keep = daemonkit.short_dir()
+    journal = str(keep / "j.sqlite3")
+    acked: list[str] = []
+    try:
+        with serving(*FAST, "--workers", "1", "--journal", journal) as d:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                killed = False
+
+                async def submit(i: int) -> None:
+                    nonlocal killed
+                    try:
+                        handle = await client.submit("examples.agents:slow", {"seconds": 60}, turn_id=f"a{i}")
+                    except DaemonUnavailable:
+                        return
+                    acked.append(handle.turn_id)
+                    if not killed:
+                        killed = True
+                        os.kill(d.pid, signal.SIGKILL)
+
+                with anyio.fail_after(120):
+                    async with anyio.create_task_group() as tg:
+                        for i in range(400):
+                            tg.start_soon(submit, i)
+            d.proc.wait(timeout=30)
+        assert acked, "no submit was acknowledged"
+        with serving(*FAST, "--workers", "1", "--journal", journal) as again:
+            async with Client.connect(again.endpoint, timeout=30) as client:
+                with anyio.fail_after(120):
+                    missing = [t for t in acked if not await client.exists(t)]
+                    for turn_id in acked:
+                        await client.cancel(turn_id)
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+    assert missing == [], f"{len(missing)} of {len(acked)} acknowledged turns were lost"
+
+
+async def _collect(events: Any, into: list[Any], until: int | None = None) -> None:
+    async for event in events:
+        into.append(event)
+        if until is not None and len(into) >= until:
+            return
+
+
+async def test_a_follower_that_keeps_up_never_sees_a_gap_marker() -> None:
+    """The agent emits 3,000 events in chunks of 50 and only goes on once the follower has them
+    all (it writes a file): the daemon keeps 100 events, so a follower that keeps up is never more
+    than 50 behind. It gets every event, in order, and no ``EventsDropped``."""
+    home = daemonkit.short_dir()
+    count, chunk = 3000, 50
+    got: list[Any] = []
+    try:
+        with serving(*FAST, "--no-journal", "--max-events", "100") as d:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                handle = await client.submit(
+                    "tests.agents.speed:paced", {"count": count, "chunk": chunk, "dir": str(home)}
+                )
+                with anyio.fail_after(120):
+                    async with aclosing(handle.events()) as events:
+                        async for event in events:
+                            got.append(event)
+                            if len(got) % chunk == 0:
+                                (home / f"got-{len(got)}").write_text("")
+                    result = await handle.result()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert result.outcome == "completed"
+    assert not any(isinstance(e, EventsDropped) for e in got)
+    assert got == list(range(count))
+
+
+async def test_the_gap_marker_says_exactly_what_a_slow_or_late_follower_missed() -> None:
+    """``--max-events 20``: a follower reads the first event, then stops while the agent emits 499 more; when
+    it reads again it gets one ``EventsDropped`` exactly where its events stop being contiguous,
+    whose count is exactly how many it missed, and the stream goes on to the last event (it is not
+    ended). A follower that starts after the drops gets the marker first (``first`` 0), then the
+    kept events. Nothing is ever silently skipped: received + reported dropped = emitted."""
+    home = daemonkit.short_dir()
+    count = 500
+    try:
+        with serving(*FAST, "--no-journal", "--max-events", "20") as d:
+            async with Client.connect(d.endpoint, timeout=30, follow_window=4) as client:
+                handle = await client.submit(
+                    "tests.agents.speed:flood_then_wait", {"count": count, "dir": str(home)}
+                )
+                slow: list[Any] = []
+                late: list[Any] = []
+                with anyio.fail_after(120):
+                    async with aclosing(handle.events()) as events:
+                        await _collect(events, slow, until=1)
+                        (home / "go").write_text("")
+                        while not (home / "emitted").exists():  # noqa: ASYNC110 - the agent's file
+                            await anyio.sleep(0.01)  # allowed: waiting (bounded) for the agent's file
+                        async with aclosing(client.handle(handle.turn_id).events()) as late_events:
+                            await _collect(late_events, late, until=2)
+                        (home / "release").write_text("")
+                        await _collect(events, slow)
+                    result = await handle.result()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert result.outcome == "completed"
+    _assert_accounted(slow, count)
+    markers = [e for e in slow if isinstance(e, EventsDropped)]
+    assert len(markers) >= 1 and slow[0] == 0
+    assert isinstance(late[0], EventsDropped) and late[0].first == 0 and late[0].count > 0
+    assert late[1] == late[0].count  # the oldest event kept comes right after the marker
+
+
+def _assert_accounted(items: list[Any], count: int) -> None:
+    """Each event is the one after the last, or comes right after a marker that says exactly how
+    many were skipped; the stream ends at the last event."""
+    expected = 0
+    for item in items:
+        if isinstance(item, EventsDropped):
+            assert item.first == expected and item.count > 0, (item, expected)
+            expected += item.count
+        else:
+            assert item == expected, (item, expected)
+            expected += 1
+    assert expected == count
+
+
+def test_batch_frames_round_trip() -> None:
+    """A batch frame holds one or more messages (a fixarray, array16 and array32 header) and is
+    told apart from one message by its first element; one message still decodes as before; an
+    empty array is malformed (so every frame a client sends gets at least a reply or an error)."""
+    import wire
+
+    for n in (1, 15, 16, 70_000):
+        frame = wire.encode_batch([wire.encode(wire.Ok(i)) for i in range(n)])
+        assert wire.decode_from_daemon_frame(frame) == [wire.Ok(i) for i in range(n)]
+    with pytest.raises(msgspec.DecodeError):  # an empty array is neither a message nor a batch
+        wire.decode_to_daemon_frame(wire.encode_batch([]))
+    assert wire.decode_from_daemon_frame(wire.encode(wire.Ok(7))) == [wire.Ok(7)]
+    assert wire.decode_to_daemon_frame(wire.encode(wire.GetStatus(2))) == [wire.GetStatus(2)]
+    follow = wire.encode_batch([wire.encode(wire.Follow(1, "t", 4)), wire.encode(wire.Credit(1, 2))])
+    assert wire.decode_to_daemon_frame(follow) == [wire.Follow(1, "t", 4), wire.Credit(1, 2)]
+
+
+async def test_thousands_of_submits_in_flight_on_one_client_are_all_acknowledged() -> None:
+    """5,000 submits in flight at once on one connection: every one is acknowledged and every
+    turn completes. (Before batched replies, the daemon's per-client send queue filled with
+    single acks faster than the client read them, and the acks that did not fit were lost: the
+    client waited for them until its request timeout.)"""
+    n = 5000
+    with serving(*FAST, "--no-journal", "--keep-results", str(2 * n)) as d:
+        async with Client.connect(d.endpoint, timeout=30, request_timeout=60) as client:
+            handles: list[Any] = []
+
+            async def submit() -> None:
+                handles.append(await client.submit("examples.agents:noop"))
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(n):
+                        tg.start_soon(submit)
+                outcomes = {(await h.result()).outcome for h in handles}
+    assert len(handles) == n and len({h.turn_id for h in handles}) == n
+    assert outcomes == {"completed"}
