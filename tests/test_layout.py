@@ -1,11 +1,14 @@
 """The package layout's promises (issue 14): the public names stay as they are, the supervisor
 reaches the worker only through ``worker.lowlevel``, front ends use only public engine names, and
-no module imports another in a circle. Pure source checks: no processes."""
+no module imports another in a circle. Source checks, and one fresh interpreter (Ray stays out of
+``import supervisor``)."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import supervisor
@@ -20,8 +23,9 @@ def test_supervisor_public_names_are_pinned() -> None:
     assert sorted(supervisor.__all__) == [
         "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
         "DaemonUnavailable", "FollowerDropped", "InvalidAgent", "JournalUnavailable", "ProtocolError",
-        "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor", "SyncTurnHandle",
-        "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn", "WorkerStartError",
+        "QueueFull", "RaySupervisor", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor",
+        "SyncTurnHandle", "TurnError", "TurnHandle", "TurnResult", "TurnpoolError", "UnknownTurn",
+        "WorkerStartError",
     ]  # fmt: skip
     assert sorted(supervisor.batch.__all__) == [
         "BatchError", "BatchInputError", "BatchPlan", "BatchProgress", "BatchRun", "BatchSummary",
@@ -31,6 +35,13 @@ def test_supervisor_public_names_are_pinned() -> None:
     ]  # fmt: skip
     for name in supervisor.__all__ + supervisor.batch.__all__:
         assert hasattr(supervisor, name) or hasattr(supervisor.batch, name), name
+
+
+def test_import_supervisor_does_not_import_ray() -> None:
+    """The core works without Ray installed: ``supervisor.RaySupervisor`` is resolved lazily,
+    so a fresh ``import supervisor`` (and the CLI's) leaves ``ray`` out of ``sys.modules``."""
+    code = "import sys, supervisor, supervisor.cli.main; assert 'ray' not in sys.modules, 'ray imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def _modules(package: str) -> dict[str, Path]:
