@@ -61,6 +61,8 @@ class NodeSupervisor:
         self._outbox: list[TurnResult] = []
         self._wake = asyncio.Event()
         self._closed = False
+        self._stop = asyncio.Event()
+        self._main: asyncio.Future[None] | None = None
 
     async def start(self) -> dict[str, Any]:
         """Start the engine on this (the actor's event-loop) thread; returns who we are."""
@@ -73,11 +75,27 @@ class NodeSupervisor:
                 f"runtime directory {base} is too long for an ipc:// path on node {self.key}: "
                 "set XDG_RUNTIME_DIR to a short directory on the nodes"
             )
-        sup = Supervisor(**self.options)
-        sup.add_hooks(on_result=self._on_result)
-        await sup.start()
-        self.sup = sup
+        # The engine's task group must be entered and left in one task, and Ray runs each method
+        # call as its own task: the engine lives in a task of its own, from start to close.
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._main = asyncio.ensure_future(self._own(ready))
+        await ready
         return {"node_id": self.node_id, "key": self.key, "pid": os.getpid(), "host": socket.gethostname()}
+
+    async def _own(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with Supervisor(**self.options) as sup:
+                sup.add_hooks(on_result=self._on_result)
+                self.sup = sup
+                ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+        finally:
+            self._closed = True
+            self._wake.set()
 
     def _on_result(self, turn: Any, result: TurnResult) -> None:
         if turn.parent is None:  # a spawned child's result reaches its parent, not the router
@@ -201,7 +219,8 @@ class NodeSupervisor:
     async def close(self) -> None:
         """Dispose the engine (every turn ends, cause ``disposed``; every worker tree reaped),
         then end the results stream once the last result is in it."""
-        if self.sup is not None:
-            await self.sup.aclose()
+        self._stop.set()
+        if self._main is not None:
+            await asyncio.shield(self._main)
         self._closed = True
         self._wake.set()

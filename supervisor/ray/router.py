@@ -215,14 +215,18 @@ class RaySupervisor:
             for turn in list(self._turns.values()):  # a node that could not close: nothing ran on
                 if not turn.done.is_set():
                     self._finish(turn, self._lost_result(turn, "the router closed"))
-            assert self._tg is not None
-            self._tg.cancel_scope.cancel()
+        # Left outside the shield: a task group is exited from the scope it was entered in.
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
             await self._tg.__aexit__(None, None, None)
-            for node in self._nodes.values():
-                await anyio.to_thread.run_sync(_kill_actor, node.actor)
-            if self._inited_ray:
-                await anyio.to_thread.run_sync(ray.shutdown)
-        self._state = "closed"
+        finally:
+            with anyio.CancelScope(shield=True):
+                for node in self._nodes.values():
+                    await anyio.to_thread.run_sync(_kill_actor, node.actor)
+                if self._inited_ray:
+                    await anyio.to_thread.run_sync(ray.shutdown)
+            self._state = "closed"
         self._notify()
 
     async def _close_node(self, node: _Node) -> None:
