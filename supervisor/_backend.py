@@ -73,10 +73,25 @@ async def open_backend(
     kill_after: float | None = None,
     agent_path: Any = None,
     spares: int | None = None,
+    ray: str | None = None,
+    workers_per_node: int | None = None,
 ) -> AsyncIterator[Backend]:
     """An embedded ``Supervisor`` (``workers``, default: one per core; ``spares``, ``agent_path``,
     ``grace`` and ``kill_after`` as for ``Supervisor``, its defaults when ``None``) or, with
-    ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint)."""
+    ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint), or,
+    with ``ray`` (``"auto"`` or a cluster address), a ``RaySupervisor`` over that Ray cluster
+    (``workers_per_node``, default: each node's CPU count)."""
+    if ray is not None:
+        async with _open_ray(
+            ray,
+            workers_per_node=workers_per_node,
+            grace=grace,
+            kill_after=kill_after,
+            agent_path=agent_path,
+            spares=spares,
+        ) as cluster:
+            yield cluster
+        return
     if connect is not None:
         from ._paths import default_endpoint
         from .client.client import Client
@@ -91,4 +106,14 @@ async def open_backend(
         if value is not None:
             kwargs[name] = value
     async with Supervisor(workers=workers or os.cpu_count() or 2, **kwargs) as sup:
+        yield sup
+
+
+@contextlib.asynccontextmanager
+async def _open_ray(address: str, **options: Any) -> AsyncIterator[Backend]:
+    """The Ray backend; ``supervisor.ray`` (and Ray) imported only here, on demand."""
+    from .ray import RaySupervisor
+
+    kwargs = {name: value for name, value in options.items() if value is not None}
+    async with RaySupervisor(address, **kwargs) as sup:
         yield sup

@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from supervisor import RaySupervisor  # noqa: E402
+from supervisor import RaySupervisor, UnknownTurn  # noqa: E402
 from supervisor.ray.placement import node_of, rendezvous  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,10 +157,9 @@ async def _first_event(sup: RaySupervisor, turn_id: str) -> Any:
     raise AssertionError("the turn ended without an event")
 
 
-async def _wait_file(path: Path) -> str:
-    while not path.exists():
+async def _wait_file(path: Path) -> None:
+    while not path.exists():  # noqa: ASYNC110, ASYNC240 - a file another process writes: no event
         await anyio.sleep(0.02)  # allowed: polling a file an agent writes in another process
-    return path.read_text()
 
 
 async def _wait_gone(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -275,10 +274,15 @@ async def test_cancelling_run_or_its_ray_ref_cancels_the_turn(sup: RaySupervisor
     ``run_ref`` — cancels the turn with cause ``user`` and waits for its truthful end."""
     with anyio.fail_after(BOUND):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(functools.partial(sup.run, "tests.agents.cluster:cooperative", turn_id="run-cancel-1"))
-            while "run-cancel-1" not in sup._turns:  # noqa: SLF001
-                await anyio.sleep(0.01)  # allowed: the submit is on its way
-            await _first_event(sup, "run-cancel-1")
+            run = functools.partial(sup.run, "tests.agents.cluster:cooperative", turn_id="run-cancel-1")
+            tg.start_soon(run)
+            with anyio.fail_after(BOUND):
+                while True:
+                    try:
+                        await _first_event(sup, "run-cancel-1")
+                        break
+                    except UnknownTurn:  # the submit is still on its way
+                        await anyio.sleep(0.01)  # allowed: retry once the submit arrived
             tg.cancel_scope.cancel()
         result = await sup.result("run-cancel-1")
         assert result.outcome == "aborted" and result.cause is not None and result.cause.kind == "user"
@@ -480,3 +484,26 @@ async def test_ray_kill_of_a_node_supervisor_leaves_no_process(sup: RaySuperviso
         assert result.error.type == "NodeLost"
         left = await _wait_gone(tree)
         assert left == [], [(p.pid, p.cmdline()) for p in left]
+
+
+# ---- front ends ----------------------------------------------------------------------------
+
+
+def test_batch_spreads_jobs_across_nodes(cluster: Cluster, tmp_path: Path) -> None:
+    """Promise: ``turnpool batch JOBS --ray ADDRESS`` runs every job on the cluster, spread
+    over its nodes, one result line per job."""
+    import json
+    import subprocess
+    import sys
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"id": f"j{i}", "input": i}) + "\n" for i in range(12)))
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "supervisor.cli", "batch", str(jobs), "-o", str(out)]
+    cmd += ["--agent", "tests.agents.cluster:where", "--ray", cluster.address, "--path", str(ROOT)]
+    cmd += ["--workers-per-node", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=BOUND * 2, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 12 and {line["outcome"] for line in lines} == {"completed"}
+    assert len({line["output"]["node_pid"] for line in lines}) >= 2

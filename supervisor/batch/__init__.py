@@ -31,7 +31,7 @@ from rich.console import Console
 
 from .._backend import open_backend
 from .._errors import TurnpoolError
-from ..cli import options
+from ..cli import cluster, options
 from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import ResultLog, read_previous
@@ -189,6 +189,7 @@ def register(subparsers: Any) -> None:
         connect_default_endpoint=True,
     )
     options.add_path(p)
+    cluster.add_ray_options(p)
     p.add_argument(
         "--concurrency",
         type=_positive_int,
@@ -237,6 +238,10 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """``turnpool batch``: validate, then run; returns the exit code."""
     err = Console(stderr=True, highlight=False)
+    conflict = cluster.ray_conflict(args)
+    if conflict is not None:
+        print(f"turnpool batch: {conflict}", file=sys.stderr)
+        return EXIT_USAGE
     if args.path and args.connect is not None:
         print(
             "turnpool batch: --path is for the embedded pool; with --connect the daemon's own --path "
@@ -367,6 +372,8 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
                         grace=args.grace,
                         kill_after=args.kill_after,
                         agent_path=tuple(args.path or ()),
+                        ray=args.ray,
+                        workers_per_node=args.workers_per_node,
                     ) as backend:
                         concurrency = args.concurrency or await default_concurrency(backend)
                         run = BatchRun(

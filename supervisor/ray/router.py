@@ -579,9 +579,9 @@ class RaySupervisor:
         session's node) and is not tracked by this router."""
         self._check_open()
         check_agent(agent)
-        turn = _Turn(
-            turn_id=kwargs.get("turn_id") or "", request={}, seq=0, session=kwargs.get("session"), retry=False
-        )
+        session, turn_id = kwargs.get("session"), kwargs.get("turn_id")
+        request = {"agent": agent, "turn_id": turn_id}  # a caller's id goes where its hash says
+        turn = _Turn(turn_id=turn_id or "", request=request, seq=0, session=session, retry=False)
         return self._choose(turn).actor.run.remote(agent, input, **kwargs)
 
     def handle(self, turn_id: str) -> TurnHandle:
