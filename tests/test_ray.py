@@ -157,6 +157,15 @@ async def _first_event(sup: RaySupervisor, turn_id: str) -> Any:
     raise AssertionError("the turn ended without an event")
 
 
+async def _first_event_once_known(sup: RaySupervisor, turn_id: str) -> Any:
+    """The first event of a turn whose submit may still be on its way to its node."""
+    while True:
+        try:
+            return await _first_event(sup, turn_id)
+        except UnknownTurn:
+            await anyio.sleep(0.01)  # allowed: the submit is on its way; nothing to wait on here
+
+
 async def _wait_file(path: Path) -> None:
     while not path.exists():  # noqa: ASYNC110, ASYNC240 - a file another process writes: no event
         await anyio.sleep(0.02)  # allowed: polling a file an agent writes in another process
@@ -276,19 +285,13 @@ async def test_cancelling_run_or_its_ray_ref_cancels_the_turn(sup: RaySupervisor
         async with anyio.create_task_group() as tg:
             run = functools.partial(sup.run, "tests.agents.cluster:cooperative", turn_id="run-cancel-1")
             tg.start_soon(run)
-            with anyio.fail_after(BOUND):
-                while True:
-                    try:
-                        await _first_event(sup, "run-cancel-1")
-                        break
-                    except UnknownTurn:  # the submit is still on its way
-                        await anyio.sleep(0.01)  # allowed: retry once the submit arrived
+            await _first_event_once_known(sup, "run-cancel-1")
             tg.cancel_scope.cancel()
         result = await sup.result("run-cancel-1")
         assert result.outcome == "aborted" and result.cause is not None and result.cause.kind == "user"
 
         ref = sup.run_ref("tests.agents.cluster:cooperative", None, turn_id="ref-cancel-1")
-        await _first_event(sup, "ref-cancel-1")
+        await _first_event_once_known(sup, "ref-cancel-1")
         ray.cancel(ref)
         with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError)):
             await ref
