@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Iterable
 
@@ -31,16 +32,13 @@ def new_turn_id(key: str) -> str:
     return f"{key}{SEP}{secrets.token_hex(8)}"
 
 
+_ROUTER_ID = re.compile(r"([0-9a-f]{" + str(KEY_LEN) + r"})\.[0-9a-f]{16}")
+
+
 def node_of(turn_id: str) -> str | None:
     """The node key a router-made turn id names, or ``None`` (a caller-given id)."""
-    head, sep, tail = turn_id.partition(SEP)
-    if sep and len(head) == KEY_LEN and len(tail) == 16 and _hex(head) and _hex(tail):
-        return head
-    return None
-
-
-def _hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+    match = _ROUTER_ID.fullmatch(turn_id)
+    return match.group(1) if match else None
 
 
 def _weight(key: str, name: str) -> int:

@@ -11,6 +11,7 @@ result arrives), and for each session with turns in flight, the node it is pinne
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
@@ -54,7 +55,7 @@ class _Node:
     pid: int | None = None
     held: dict[str, _Turn] = field(default_factory=dict)  # sent (or being sent), not ended
     pending: list[_Turn] = field(default_factory=list)  # waiting for the next batch
-    wake: anyio.Event = field(default_factory=anyio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     status: dict[str, Any] | None = None
 
 
@@ -67,9 +68,10 @@ class _Turn:
     retry: bool
     node: _Node | None = None
     attempts: int = 1
-    acked: anyio.Event = field(default_factory=anyio.Event)
+    # asyncio's own events (Ray's refs are awaited on asyncio anyway): two per turn, made cheaply.
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
     ack_error: BaseException | None = None
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
     result: TurnResult | None = None
     submitted_at: float = field(default_factory=time.time)
 
@@ -157,7 +159,8 @@ class RaySupervisor:
         self._finished: collections.OrderedDict[str, _Turn] = collections.OrderedDict()
         self._pins: dict[str, tuple[_Node, int]] = {}  # session -> (node, turns in flight)
         self._seq = itertools.count()
-        self._changed = anyio.Event()
+        self._changed: asyncio.Event | None = None  # made only while someone waits for a change
+        self._open = 0  # turns accepted by this router and not ended
         self._state = "new"
         self._inited_ray = False
         self._tg: anyio.abc.TaskGroup | None = None
@@ -317,7 +320,7 @@ class RaySupervisor:
         while node.state == "live":
             if not node.pending:
                 await node.wake.wait()
-                node.wake = anyio.Event()
+                node.wake.clear()
                 continue
             batch, node.pending = node.pending[:MAX_BATCH], node.pending[MAX_BATCH:]
             try:
@@ -438,8 +441,9 @@ class RaySupervisor:
             return by_key[rendezvous(turn.turn_id, by_key)]
         return min(live, key=lambda n: (len(n.held) + len(n.pending)) / n.workers)
 
-    def _place(self, turn: _Turn, *, resend: bool = False) -> None:
-        node = self._choose(turn)
+    def _place(self, turn: _Turn, *, resend: bool = False, node: _Node | None = None) -> None:
+        if node is None:
+            node = self._choose(turn)
         turn.node = node
         if turn.session is not None:
             pinned, count = self._pins.get(turn.session, (node, 0))
@@ -458,6 +462,8 @@ class RaySupervisor:
             turn.node.held.pop(turn.turn_id, None)
         if self._turns.get(turn.turn_id) is turn:
             del self._turns[turn.turn_id]
+            self._open -= 1
+        turn.done.set()  # never ran; its submit raised
         self._unpin(turn)
 
     def _unpin(self, turn: _Turn) -> None:
@@ -474,6 +480,7 @@ class RaySupervisor:
         if turn.done.is_set():
             return
         turn.result = result
+        self._open -= 1
         if turn.node is not None:
             turn.node.held.pop(turn.turn_id, None)
         self._unpin(turn)
@@ -486,10 +493,13 @@ class RaySupervisor:
         self._notify()
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     async def _wait_change(self) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
         await self._changed.wait()
 
     # ---- the Backend contract ---------------------------------------------------------------
@@ -531,31 +541,30 @@ class RaySupervisor:
         existing = self._turns.get(turn_id) if turn_id is not None else None
         if existing is not None:
             # R-ray-ids: the same id goes to the node that has it; that node's engine runs it once
-            # (or refuses the same id with another request).
-            turn = _Turn(
-                turn_id=existing.turn_id, request=request, seq=next(self._seq), session=session, retry=retry
-            )
+            # (or refuses the same id with another request). Sent on its own: no order to keep.
+            await existing.acked.wait()
             node = existing.node
-            if node is None or node.state != "live":
-                return TurnHandle(self, existing.turn_id)
-            turn.node = node
-            node.pending.append(turn)
-            node.wake.set()
-            await turn.acked.wait()
-            if turn.ack_error is not None:
-                raise turn.ack_error
+            if node is not None and node.state == "live":
+                try:
+                    ((ok, value),) = await node.actor.submit_batch.remote([request])
+                except ray.exceptions.RayError:
+                    ok, value = True, None  # the node is gone: the existing turn ends through the router
+                if not ok and isinstance(value, BaseException):
+                    raise value
             return TurnHandle(self, existing.turn_id)
+        turn = _Turn(
+            turn_id=turn_id or "", request=request, seq=next(self._seq), session=session, retry=retry
+        )
+        node = self._choose(turn)
         if turn_id is None:
-            placed = self._choose(_Turn(turn_id="", request=request, seq=0, session=session, retry=retry))
-            turn_id = new_turn_id(placed.key)
-            request["turn_id"] = turn_id
-        turn = _Turn(turn_id=turn_id, request=request, seq=next(self._seq), session=session, retry=retry)
-        self._turns[turn_id] = turn
-        self._place(turn)
+            turn.turn_id = request["turn_id"] = new_turn_id(node.key)
+        self._turns[turn.turn_id] = turn
+        self._open += 1
+        self._place(turn, node=node)
         await turn.acked.wait()
         if turn.ack_error is not None:
             raise turn.ack_error
-        return TurnHandle(self, turn_id)
+        return TurnHandle(self, turn.turn_id)
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
         """``submit`` then ``result``; cancelling the caller cancels the turn (cause ``user``)
@@ -749,7 +758,7 @@ class RaySupervisor:
 
     async def when_idle(self) -> None:
         """Return once every turn this router sent has ended and every live node is idle."""
-        while any(not t.done.is_set() for t in self._turns.values()):
+        while self._open:
             await self._wait_change()
         for node in self._live():
             try:
