@@ -1,9 +1,9 @@
 """The backend contract: what every front end may ask of whatever runs turns.
 
 ``Backend`` is the one small protocol that the embedded ``Supervisor`` and the daemon's ``Client``
-both implement (and a cluster backend will): public methods only. ``TurnHandle``, the batch
-runner and the ACP front end are written against it, so each runs the same on an embedded pool
-or through a daemon. ``open_backend`` picks one of the two, written once for every front end.
+both implement (and ``RaySupervisor``, on a Ray cluster): public methods only. ``TurnHandle``, the
+batch runner and the ACP front end are written against it, so each runs the same on an embedded
+pool, through a daemon or on a cluster. ``open_backend`` picks one, written once for every front end.
 """
 
 from __future__ import annotations
