@@ -131,9 +131,21 @@ def _plain_ray(ray: Any, n: int, reps: int, cancels: int) -> dict[str, Any]:
 async def _turnpool(cluster: Any, n: int, reps: int, cancels: int) -> dict[str, Any]:
     import anyio
 
-    from supervisor import RaySupervisor
+    from supervisor import RaySupervisor, Supervisor
 
     out: dict[str, Any] = {}
+    # The same kill on an embedded pool in this process, this run: the machine's own floor now.
+    async with Supervisor(workers=2, spares=0, grace=0.2, agent_path=[str(ROOT)]) as local:
+        floor = []
+        for _ in range(max(10, cancels // 2)):
+            h = await local.submit("examples.agents:stubborn")
+            async for _event in h.events():
+                break
+            t0 = time.perf_counter()
+            await h.cancel()
+            assert (await h.result()).outcome == "killed"
+            floor.append(time.perf_counter() - t0 - 0.2)
+        out["floor"] = floor
     async with RaySupervisor(
         None, workers_per_node=2, grace=0.2, kill_after=0.5, spares=0, agent_path=[str(ROOT)]
     ) as sup:
@@ -261,7 +273,7 @@ def run(quick: bool) -> str:
             f"{len(tp['overshoot'])} kills",
             f"{ms(med(tp['overshoot']))} / {ms(pct(tp['overshoot'], 90))}",
             "— (`force=True` has no grace)",
-            "",
+            f"embedded pool, same run: {ms(med(tp['floor']))} / {ms(pct(tp['floor'], 90))}",
         ],
         [
             "node loss (raylet SIGKILLed) → all 4 turns it held ended `crashed`/NodeLost",

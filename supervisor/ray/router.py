@@ -257,7 +257,10 @@ class RaySupervisor:
     async def _membership_loop(self) -> None:
         while True:
             await anyio.sleep(self.membership_interval)  # polling GCS: Ray has no join callback here
-            await self._sync_membership()
+            try:
+                await self._sync_membership()
+            except ray.exceptions.RayError as exc:  # GCS unreachable for a while: try again next time
+                log.warning("could not read the Ray cluster's membership: %s", exc)
 
     async def _sync_membership(self) -> None:
         nodes = await anyio.to_thread.run_sync(ray.nodes)
