@@ -74,6 +74,7 @@ class _Turn:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: TurnResult | None = None
     submitted_at: float = field(default_factory=time.time)
+    resent: bool = False  # placed again after its node was lost
 
 
 class RaySupervisor:
@@ -335,7 +336,11 @@ class RaySupervisor:
                 await self._lose(node, f"submit failed: {type(exc).__name__}")
                 return
             for turn, (ok, value) in zip(batch, acks, strict=True):
-                if not ok:
+                if not ok and turn.resent:
+                    # Its caller has a handle already: the turn ends, truthfully, here.
+                    message = f"sent again after its node was lost, refused: {type(value).__name__}: {value}"
+                    self._finish(turn, self._lost_result(turn, message))
+                elif not ok:
                     turn.ack_error = value
                     self._drop(turn)
                 turn.acked.set()
@@ -452,6 +457,7 @@ class RaySupervisor:
             pinned, count = self._pins.get(turn.session, (node, 0))
             self._pins[turn.session] = (node, count + 1)
         if resend:
+            turn.resent = True
             # A retried turn keeps its id, so its handle keeps working; a router-made id then names
             # the node that lost it, and lookups go through this router's table.
             turn.request = dict(turn.request, turn_id=turn.turn_id)
