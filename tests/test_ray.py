@@ -510,3 +510,49 @@ def test_batch_spreads_jobs_across_nodes(cluster: Cluster, tmp_path: Path) -> No
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 12 and {line["outcome"] for line in lines} == {"completed"}
     assert len({line["output"]["node_pid"] for line in lines}) >= 2
+
+
+def test_serve_ray_keeps_its_client_endpoint_and_runs_turns_cluster_wide(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Promise: ``turnpool serve --ray ADDRESS`` serves the usual client endpoint; turns submitted
+    through ``Client`` run on every node; ``turnpool status`` shows each node's pool; SIGTERM
+    disposes and exits 0 leaving no process behind."""
+    import subprocess
+    import sys
+
+    from supervisor import SyncClient
+
+    endpoint = f"ipc://{tmp_path}/ray.sock"
+    cmd = [sys.executable, "-m", "supervisor.cli", "serve", "--ray", cluster.address, "--endpoint", endpoint]
+    cmd += ["--workers-per-node", "2", "--path", str(ROOT), "--spares", "0"]
+    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert daemon.stdout is not None
+        line = daemon.stdout.readline()  # the ready line (or EOF if it failed)
+        assert line.startswith("turnpool serve: ready on"), daemon.stderr.read() if daemon.stderr else line
+        with SyncClient.connect(endpoint) as client:
+            results = [client.run("tests.agents.cluster:where", i) for i in range(6)]
+            handles = [client.submit("tests.agents.cluster:where", i) for i in range(8)]
+            results += [h.result() for h in handles]
+            assert {r.outcome for r in results} == {"completed"}
+            assert len({r.output["node_pid"] for r in results}) >= 2
+            h = client.submit("tests.agents.cluster:count", {"n": 50})
+            assert list(h.events()) == list(range(50))
+            status = client.status()
+        assert len(status["nodes"]) >= 2 and all(len(n["workers"]) == 2 for n in status["nodes"])
+        shown = subprocess.run(
+            [sys.executable, "-m", "supervisor.cli", "status", "--endpoint", endpoint],
+            capture_output=True,
+            text=True,
+            timeout=BOUND,
+        )
+        assert shown.returncode == 0, shown.stderr
+        for node in status["nodes"]:
+            assert node["key"] + "/" in shown.stdout
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=BOUND) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.communicate()  # reaps it and closes its pipes

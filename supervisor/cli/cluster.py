@@ -9,14 +9,14 @@ import argparse
 from .options import positive_int
 
 RAY_HELP = (
-    "run the jobs on a Ray cluster: 'auto' (the cluster this machine belongs to) or its address "
+    "{what} on a Ray cluster: 'auto' (the cluster this machine belongs to) or its address "
     "(needs the ray extra, and turnpool plus the agents importable on every node)"
 )
 
 
-def add_ray_options(parser: argparse.ArgumentParser) -> None:
+def add_ray_options(parser: argparse.ArgumentParser, *, what: str = "run the jobs") -> None:
     """``--ray ADDRESS`` and ``--workers-per-node N`` (default: each node's CPU count)."""
-    parser.add_argument("--ray", metavar="ADDRESS", default=None, help=RAY_HELP)
+    parser.add_argument("--ray", metavar="ADDRESS", default=None, help=RAY_HELP.format(what=what))
     parser.add_argument(
         "--workers-per-node",
         type=positive_int,
@@ -37,3 +37,48 @@ def ray_conflict(args: argparse.Namespace) -> str | None:
     if getattr(args, "workers", None) is not None:
         return "--workers is the embedded pool's size; with --ray use --workers-per-node"
     return None
+
+
+# ``serve`` options that only the local daemon has (a journal, HTTP, metrics, CURVE, a worker log):
+# refused with --ray rather than silently ignored.
+_LOCAL_ONLY = (
+    "workers", "journal", "no_journal", "journal_events", "keep_days", "durability", "http", "http_token",
+    "metrics_port", "curve_secret_key", "curve_clients", "insecure_tcp", "worker_log", "config",
+)  # fmt: skip
+
+
+def cmd_serve_ray(args: argparse.Namespace) -> int:
+    """``turnpool serve --ray ADDRESS``: the client endpoint, turns run on the cluster's nodes."""
+    import logging
+    import sys
+
+    from .._paths import default_endpoint
+    from .exits import EXIT_USAGE
+
+    if args.ray is None:
+        print("turnpool serve: --workers-per-node is for --ray", file=sys.stderr)
+        return EXIT_USAGE
+    given = [name for name in _LOCAL_ONLY if getattr(args, name, None) not in (None, False, [])]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        print(f"turnpool serve: {flags} cannot go with --ray (the local daemon's options)", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=str(getattr(args, "log_level", None) or "WARNING").upper(), stream=sys.stderr)
+    options = {
+        "workers_per_node": args.workers_per_node,
+        "grace": getattr(args, "grace", None),
+        "kill_after": getattr(args, "kill_after", None),
+        "spares": getattr(args, "spares", None),
+        "agent_path": tuple(args.path) if getattr(args, "path", None) else None,
+    }
+    from ..ray.serve import run_ray_daemon
+
+    try:
+        return run_ray_daemon(
+            getattr(args, "endpoint", None) or default_endpoint(),
+            args.ray,
+            **{name: value for name, value in options.items() if value is not None},
+        )
+    except (TypeError, ValueError) as exc:
+        print(f"turnpool serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE

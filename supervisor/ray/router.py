@@ -742,7 +742,8 @@ class RaySupervisor:
             if node.state != "live":
                 continue
             for worker in status.get("workers", []):
-                workers.append(dict(worker, node=node.key))
+                # The id names the node too: a status table of all workers shows whose pool each is.
+                workers.append(dict(worker, node=node.key, id=f"{node.key}/{worker.get('id')}"))
             queue += status.get("queue", 0)
             running += status.get("running", 0)
             outcomes.update(status.get("outcomes", {}))
