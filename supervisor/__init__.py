@@ -47,8 +47,12 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     """``RaySupervisor`` on first use, so the core works (and imports fast) without Ray."""
     if name == "RaySupervisor":
-        from .ray import RaySupervisor
-
+        try:
+            from .ray import RaySupervisor
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray":
+                raise
+            raise ImportError("supervisor.RaySupervisor needs Ray: pip install 'turnpool[ray]'") from exc
         return RaySupervisor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -112,7 +112,14 @@ async def open_backend(
 @contextlib.asynccontextmanager
 async def _open_ray(address: str, **options: Any) -> AsyncIterator[Backend]:
     """The Ray backend; ``supervisor.ray`` (and Ray) imported only here, on demand."""
-    from .ray import RaySupervisor
+    try:
+        from .ray import RaySupervisor
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        from ._errors import TurnpoolError
+
+        raise TurnpoolError("--ray needs Ray on this machine: pip install 'turnpool[ray]'") from None
 
     kwargs = {name: value for name, value in options.items() if value is not None}
     async with RaySupervisor(address, **kwargs) as sup:

@@ -6,6 +6,7 @@ no module imports another in a circle. Source checks, and one fresh interpreter 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def test_supervisor_public_names_are_pinned() -> None:
         "register", "run_batch", "turn_id_for",
     ]  # fmt: skip
     for name in supervisor.__all__ + supervisor.batch.__all__:
+        if name == "RaySupervisor" and importlib.util.find_spec("ray") is None:
+            continue  # the ray extra is not installed: the name is there, its import needs Ray
         assert hasattr(supervisor, name) or hasattr(supervisor.batch, name), name
 
 

@@ -71,7 +71,13 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         "spares": getattr(args, "spares", None),
         "agent_path": tuple(args.path) if getattr(args, "path", None) else None,
     }
-    from ..ray.serve import run_ray_daemon
+    try:
+        from ..ray.serve import run_ray_daemon
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        print("turnpool serve: --ray needs Ray on this machine: pip install 'turnpool[ray]'", file=sys.stderr)
+        return EXIT_USAGE
 
     try:
         return run_ray_daemon(
