@@ -791,6 +791,10 @@ class RaySupervisor:
             for n in self._nodes.values()
         }
 
+    def sent(self, turn_id: str) -> bool:
+        """Whether this router sent (and still keeps) a turn with this id."""
+        return turn_id in self._turns
+
     def node_of_turn(self, turn_id: str) -> str | None:
         """The key of the node that holds (or last held) a turn this router sent."""
         turn = self._turns.get(turn_id)

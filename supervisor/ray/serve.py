@@ -126,7 +126,7 @@ class RayDaemon:
                 self._versions[ident] = version
                 self._send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
             case wire.Submit(req=req):
-                existing = msg.turn_id is not None and msg.turn_id in sup._turns  # noqa: SLF001 - same package
+                existing = msg.turn_id is not None and sup.sent(msg.turn_id)
                 handle = await sup.submit(
                     msg.agent,
                     wire.decode_payload(msg.input),
