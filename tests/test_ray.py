@@ -129,12 +129,16 @@ async def sup(cluster: Cluster) -> AsyncIterator[RaySupervisor]:
     async with RaySupervisor(
         None, workers_per_node=2, grace=5.0, kill_after=1.0, spares=0, agent_path=[str(ROOT)]
     ) as s:
-        await s.wait_nodes(_alive_nodes())
+        await s.wait_nodes(2)  # the module's two nodes; tests that add one wait for it themselves
         yield s
 
 
-def _alive_nodes() -> int:
-    return sum(1 for n in ray.nodes() if n["Alive"])
+async def _wait_node_dead(node_id: str) -> None:
+    """Wait (bounded) until Ray no longer lists a removed node as alive, so the next test's
+    router does not try to start a node supervisor on it."""
+    with anyio.move_on_after(BOUND):
+        while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):  # noqa: ASYNC110
+            await anyio.sleep(0.2)  # allowed: polling Ray's node table (it has no death callback here)
 
 
 def _session_on(sup: RaySupervisor, key: str, prefix: str = "s") -> str:
@@ -341,6 +345,7 @@ async def test_sessions_stay_in_order_while_a_node_joins(
     finally:
         if joined is not None:
             await anyio.to_thread.run_sync(cluster.remove_node, joined)
+            await _wait_node_dead(joined.node_id)
 
 
 async def test_cancel_session_reaches_the_owning_node(sup: RaySupervisor) -> None:
@@ -462,6 +467,7 @@ async def test_a_lost_node_ends_its_turns_once_and_retries_elsewhere(
     finally:
         if not removed:
             cluster.remove_node(doomed)
+        await _wait_node_dead(doomed.node_id)
 
 
 async def test_ray_kill_of_a_node_supervisor_leaves_no_process(sup: RaySupervisor, tmp_path: Path) -> None:

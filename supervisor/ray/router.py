@@ -43,6 +43,7 @@ log = logging.getLogger("turnpool.ray")
 
 NAMESPACE = "turnpool"
 NODE_LOST = "NodeLost"  # the error type of a turn whose node was lost (outcome ``crashed``)
+FAILED_RETRY = 10.0  # seconds before a node whose supervisor did not start is tried again
 
 
 @dataclass(eq=False)
@@ -155,11 +156,14 @@ class RaySupervisor:
         self._options = options
         self._id = secrets.token_hex(4)  # names this router's actors: two routers never share one
         self._nodes: dict[str, _Node] = {}  # by node key
-        self._failed: set[str] = set()  # node ids whose supervisor could not start
+        # Node ids whose supervisor could not start, and when: tried again after FAILED_RETRY
+        # seconds (a node still starting its Ray workers under load is not lost for good).
+        self._failed: dict[str, float] = {}
         self._turns: dict[str, _Turn] = {}
         self._finished: collections.OrderedDict[str, _Turn] = collections.OrderedDict()
         self._pins: dict[str, tuple[_Node, int]] = {}  # session -> (node, turns in flight)
         self._seq = itertools.count()
+        self._starts = itertools.count()
         self._changed: asyncio.Event | None = None  # made only while someone waits for a change
         self._open = 0  # turns accepted by this router and not ended
         self._state = "new"
@@ -272,7 +276,8 @@ class RaySupervisor:
         starting = [
             info
             for nid, info in alive.items()
-            if node_key(nid) not in self._nodes and nid not in self._failed
+            if node_key(nid) not in self._nodes
+            and time.monotonic() - self._failed.get(nid, -FAILED_RETRY) >= FAILED_RETRY
         ]
         if starting:
             async with anyio.create_task_group() as tg:
@@ -291,7 +296,7 @@ class RaySupervisor:
         cpus = int(info.get("Resources", {}).get("CPU", 0))
         workers = self.workers_per_node or max(cpus, 1)
         actor = self._actor_cls.options(
-            name=f"node-{key}-{self._id}",
+            name=f"node-{key}-{self._id}-{next(self._starts)}",  # a retry never meets a dying name
             namespace=self.namespace,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             num_cpus=min(workers, cpus) if self.reserve_cpus else 0,
@@ -303,7 +308,7 @@ class RaySupervisor:
                 started = await actor.start.remote()
         except (ray.exceptions.RayError, TimeoutError) as exc:
             log.warning("no node supervisor on node %s: %s", key, exc)
-            self._failed.add(node_id)
+            self._failed[node_id] = time.monotonic()
             await anyio.to_thread.run_sync(_kill_actor, actor)
             return
         if self._state != "running":
