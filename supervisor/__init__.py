@@ -11,7 +11,11 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
 * front ends: ``daemon/`` (``turnpool serve``: server, endpoint, clients, metrics, journal,
   recovery), ``client/`` (``Client``, ``SyncClient``), ``batch/`` (the batch runner), ``acp/`` (the
   Agent Client Protocol front end), ``http/`` (``serve --http``), ``cli/`` (the ``turnpool`` command).
+* ``ray/`` — ``RaySupervisor``, the same ``Backend`` over a Ray cluster (one node supervisor per
+  node). Resolved lazily: ``import supervisor`` never imports Ray (the ``ray`` extra).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from wire import Cause, TurnError, TurnResult
 
@@ -38,6 +42,23 @@ from ._sync import SyncSupervisor, SyncTurnHandle
 from .client.client import Client, SyncClient
 from .daemon.server import Daemon
 
+if TYPE_CHECKING:
+    from .ray import RaySupervisor
+
+
+def __getattr__(name: str) -> Any:
+    """``RaySupervisor`` on first use, so the core works (and imports fast) without Ray."""
+    if name == "RaySupervisor":
+        try:
+            from .ray import RaySupervisor
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray":
+                raise
+            raise ImportError("supervisor.RaySupervisor needs Ray: pip install 'turnpool[ray]'") from exc
+        return RaySupervisor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AuthenticationFailed",
     "Cause",
@@ -52,6 +73,7 @@ __all__ = [
     "JournalUnavailable",
     "ProtocolError",
     "QueueFull",
+    "RaySupervisor",
     "Supervisor",
     "SupervisorClosed",
     "SyncClient",

@@ -1,9 +1,9 @@
 """The backend contract: what every front end may ask of whatever runs turns.
 
 ``Backend`` is the one small protocol that the embedded ``Supervisor`` and the daemon's ``Client``
-both implement (and a cluster backend will): public methods only. ``TurnHandle``, the batch
-runner and the ACP front end are written against it, so each runs the same on an embedded pool
-or through a daemon. ``open_backend`` picks one of the two, written once for every front end.
+both implement (and ``RaySupervisor``, on a Ray cluster): public methods only. ``TurnHandle``, the
+batch runner and the ACP front end are written against it, so each runs the same on an embedded
+pool, through a daemon or on a cluster. ``open_backend`` picks one, written once for every front end.
 """
 
 from __future__ import annotations
@@ -73,10 +73,25 @@ async def open_backend(
     kill_after: float | None = None,
     agent_path: Any = None,
     spares: int | None = None,
+    ray: str | None = None,
+    workers_per_node: int | None = None,
 ) -> AsyncIterator[Backend]:
     """An embedded ``Supervisor`` (``workers``, default: one per core; ``spares``, ``agent_path``,
     ``grace`` and ``kill_after`` as for ``Supervisor``, its defaults when ``None``) or, with
-    ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint)."""
+    ``connect``, a ``Client`` of the daemon at that endpoint (``""``: the default endpoint), or,
+    with ``ray`` (``"auto"`` or a cluster address), a ``RaySupervisor`` over that Ray cluster
+    (``workers_per_node``, default: each node's CPU count)."""
+    if ray is not None:
+        async with _open_ray(
+            ray,
+            workers_per_node=workers_per_node,
+            grace=grace,
+            kill_after=kill_after,
+            agent_path=agent_path,
+            spares=spares,
+        ) as cluster:
+            yield cluster
+        return
     if connect is not None:
         from ._paths import default_endpoint
         from .client.client import Client
@@ -91,4 +106,21 @@ async def open_backend(
         if value is not None:
             kwargs[name] = value
     async with Supervisor(workers=workers or os.cpu_count() or 2, **kwargs) as sup:
+        yield sup
+
+
+@contextlib.asynccontextmanager
+async def _open_ray(address: str, **options: Any) -> AsyncIterator[Backend]:
+    """The Ray backend; ``supervisor.ray`` (and Ray) imported only here, on demand."""
+    try:
+        from .ray import RaySupervisor
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        from ._errors import TurnpoolError
+
+        raise TurnpoolError("--ray needs Ray on this machine: pip install 'turnpool[ray]'") from None
+
+    kwargs = {name: value for name, value in options.items() if value is not None}
+    async with RaySupervisor(address, **kwargs) as sup:
         yield sup

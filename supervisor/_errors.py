@@ -40,6 +40,10 @@ class UnknownTurn(TurnpoolError, LookupError):
         super().__init__(f"unknown turn id {shown_id(turn_id)}")
         self.turn_id = turn_id
 
+    def __reduce__(self) -> tuple[type[UnknownTurn], tuple[str]]:
+        # Pickled (a Ray node supervisor's answer) it is rebuilt from its id, not its message.
+        return (type(self), (self.turn_id,))
+
     def __str__(self) -> str:  # LookupError would repr() the message
         return str(self.args[0])
 

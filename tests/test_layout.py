@@ -1,11 +1,15 @@
 """The package layout's promises (issue 14): the public names stay as they are, the supervisor
 reaches the worker only through ``worker.lowlevel``, front ends use only public engine names, and
-no module imports another in a circle. Pure source checks: no processes."""
+no module imports another in a circle. Source checks, and one fresh interpreter (Ray stays out of
+``import supervisor``)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import supervisor
@@ -20,9 +24,9 @@ def test_supervisor_public_names_are_pinned() -> None:
     assert sorted(supervisor.__all__) == [
         "AuthenticationFailed", "Cause", "Client", "Daemon", "DaemonAlreadyRunning", "DaemonShuttingDown",
         "DaemonUnavailable", "EventsDropped", "FollowerDropped", "InvalidAgent", "JournalUnavailable",
-        "ProtocolError", "QueueFull", "Supervisor", "SupervisorClosed", "SyncClient", "SyncSupervisor",
-        "SyncTurnHandle", "TurnError", "TurnHandle", "TurnIdConflict", "TurnResult", "TurnpoolError",
-        "UnknownTurn",
+        "ProtocolError", "QueueFull", "RaySupervisor", "Supervisor", "SupervisorClosed", "SyncClient",
+        "SyncSupervisor", "SyncTurnHandle", "TurnError", "TurnHandle", "TurnIdConflict", "TurnResult",
+        "TurnpoolError", "UnknownTurn",
         "WorkerStartError",
     ]  # fmt: skip
     assert sorted(supervisor.batch.__all__) == [
@@ -32,7 +36,16 @@ def test_supervisor_public_names_are_pinned() -> None:
         "read_previous", "register", "run_batch", "turn_id_for",
     ]  # fmt: skip
     for name in supervisor.__all__ + supervisor.batch.__all__:
+        if name == "RaySupervisor" and importlib.util.find_spec("ray") is None:
+            continue  # the ray extra is not installed: the name is there, its import needs Ray
         assert hasattr(supervisor, name) or hasattr(supervisor.batch, name), name
+
+
+def test_import_supervisor_does_not_import_ray() -> None:
+    """The core works without Ray installed: ``supervisor.RaySupervisor`` is resolved lazily,
+    so a fresh ``import supervisor`` (and the CLI's) leaves ``ray`` out of ``sys.modules``."""
+    code = "import sys, supervisor, supervisor.cli.main; assert 'ray' not in sys.modules, 'ray imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def _modules(package: str) -> dict[str, Path]:

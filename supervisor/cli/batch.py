@@ -32,7 +32,7 @@ from ..batch.run import (
     prepare_batch,
 )
 from ..batch.view import PlainProgress, RichProgress, print_summary, summary_json
-from . import options
+from . import cluster, options
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
 EPILOG = """\
@@ -92,6 +92,7 @@ def register(subparsers: Any) -> None:
         connect_default_endpoint=True,
     )
     options.add_path(p)
+    cluster.add_ray_options(p)
     p.add_argument(
         "--concurrency",
         type=_positive_int,
@@ -141,6 +142,10 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """``turnpool batch``: validate, then run; returns the exit code."""
     err = Console(stderr=True, highlight=False)
+    conflict = cluster.ray_conflict(args)
+    if conflict is not None:
+        print(f"turnpool batch: {conflict}", file=sys.stderr)
+        return EXIT_USAGE
     if args.path and args.connect is not None:
         print(
             "turnpool batch: --path is for the embedded pool; with --connect the daemon's own --path "
@@ -271,6 +276,8 @@ async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) 
                         grace=args.grace,
                         kill_after=args.kill_after,
                         agent_path=tuple(args.path or ()),
+                        ray=args.ray,
+                        workers_per_node=args.workers_per_node,
                     ) as backend:
                         concurrency = args.concurrency or await default_concurrency(backend)
                         run = BatchRun(

@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from .._errors import InvalidAgent, TurnpoolError
-from . import options
+from . import cluster, options
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 
@@ -182,6 +182,7 @@ def register(subparsers: Any) -> None:
         metavar="MB",
         help="size of the worker log before it is rotated; 4 files are kept (default 16)",
     )
+    cluster.add_ray_options(serve, what="run the turns")
     serve.set_defaults(func=cmd_serve)
 
     submit = subparsers.add_parser("submit", help="submit a turn to the daemon")
@@ -295,6 +296,8 @@ def _isolation_options(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.ray is not None or args.workers_per_node is not None:
+        return cluster.cmd_serve_ray(args)
     from ..daemon.server import Daemon, run_daemon
 
     try:

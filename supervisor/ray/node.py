@@ -1,0 +1,226 @@
+"""The node supervisor: a Ray actor owning one embedded ``Supervisor`` on one node.
+
+Every cancellation rule stays node-local: the actor is a thin batching shell over the engine,
+which runs, escalates, kills and reaps exactly as it does embedded. What the actor adds is what
+living inside a Ray worker needs (R-ray-worker):
+
+* Ray runs an async actor's ``__init__`` and every method on one long-lived event-loop thread
+  ("AsyncIO Thread: default"). The engine is started on that thread, which lives as long as the
+  actor process, so the workers' parent-death signal (tied to the forking thread) never fires
+  early.
+* Ray workers start with SIGINT blocked, and a spawned child inherits the spawning thread's
+  mask: the mask of that thread is cleared before the first worker starts.
+* The engine's private ipc endpoint lives under a short per-process directory
+  (``sup-<pid>-…``), so several nodes on one host never share a socket and the path stays
+  under the 107-byte ``sun_path`` limit.
+
+Nothing here imports Ray: the router wraps this class with ``ray.remote`` when it starts one
+per node, so the class can be read and type-checked without Ray installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from wire import TurnResult
+
+from .._engine import Supervisor
+from .._errors import TurnpoolError
+from .._paths import IPC_PATH_MAX, IPC_SUFFIX_MAX, runtime_dir
+from .placement import new_turn_id
+
+# Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
+MAX_BATCH = 4096
+
+
+def _failure(exc: BaseException) -> tuple[bool, Any]:
+    return (False, exc)
+
+
+class NodeSupervisor:
+    """One per node (the router starts it there with a hard node-affinity strategy).
+
+    Methods return ``(True, value)`` or ``(False, exception)`` for the errors a ``Supervisor``
+    raises at the call (bad input, unknown turn, full queue): the router re-raises them as they
+    are, never wrapped in a Ray error. A Ray error on the router's side therefore always means
+    the actor or its node is gone.
+    """
+
+    def __init__(self, node_id: str, key: str, options: dict[str, Any]) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.options = dict(options)
+        self.sup: Supervisor | None = None
+        self._outbox: list[TurnResult] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._stop = asyncio.Event()
+        self._main: asyncio.Future[None] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Start the engine on this (the actor's event-loop) thread; returns who we are."""
+        # R-ray-worker: clear the signal mask Ray gave this thread (SIGINT blocked) before any
+        # worker is spawned from it; children inherit it through posix_spawn.
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        base = runtime_dir()
+        if len(str(base)) + IPC_SUFFIX_MAX > IPC_PATH_MAX:
+            raise TurnpoolError(
+                f"runtime directory {base} is too long for an ipc:// path on node {self.key}: "
+                "set XDG_RUNTIME_DIR to a short directory on the nodes"
+            )
+        # The engine's task group must be entered and left in one task, and Ray runs each method
+        # call as its own task: the engine lives in a task of its own, from start to close.
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._main = asyncio.ensure_future(self._own(ready))
+        await ready
+        return {"node_id": self.node_id, "key": self.key, "pid": os.getpid(), "host": socket.gethostname()}
+
+    async def _own(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with Supervisor(**self.options) as sup:
+                sup.add_hooks(on_result=self._on_result)
+                self.sup = sup
+                ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            raise
+        finally:
+            self._closed = True
+            self._wake.set()
+
+    def _on_result(self, turn: Any, result: TurnResult) -> None:
+        if turn.parent is None:  # a spawned child's result reaches its parent, not the router
+            self._outbox.append(result)
+            self._wake.set()
+
+    def _sup(self) -> Supervisor:
+        if self.sup is None:
+            raise RuntimeError("node supervisor not started")
+        return self.sup
+
+    async def submit_batch(self, requests: list[dict[str, Any]]) -> list[tuple[bool, Any]]:
+        """Accept turns in order (a session's turns keep the order they were sent in)."""
+        sup = self._sup()
+        out: list[tuple[bool, Any]] = []
+        for req in requests:
+            kwargs = dict(req)
+            agent = kwargs.pop("agent")
+            payload = kwargs.pop("input", None)
+            if kwargs.get("turn_id") is None:
+                kwargs["turn_id"] = new_turn_id(self.key)
+            try:
+                handle = await sup.submit(agent, payload, **kwargs)
+            except (TurnpoolError, TypeError, ValueError) as exc:
+                out.append(_failure(exc))
+            else:
+                out.append((True, handle.turn_id))
+        return out
+
+    async def results(self) -> AsyncIterator[list[TurnResult]]:
+        """Every top-level turn's result, in batches, as turns end (one consumer: the router).
+
+        Also the router's liveness channel: when this actor dies, the router's iteration raises."""
+        while True:
+            while not self._outbox:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+            batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+            yield batch
+
+    async def follow(self, turn_id: str) -> AsyncIterator[list[Any]]:
+        """The turn's events in order, in batches of what is there; ends when the turn ends."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for event in self._sup().events(turn_id):
+                    queue.put_nowait(event)
+            finally:
+                queue.put_nowait(done)
+
+        task = asyncio.ensure_future(pump())
+        try:
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty() and len(batch) < MAX_BATCH:
+                    batch.append(queue.get_nowait())
+                last = batch[-1] is done
+                if last:
+                    batch.pop()
+                if batch:
+                    yield batch
+                if last:
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                    return
+        finally:
+            task.cancel()
+
+    async def known(self, turn_id: str) -> bool:
+        return self._sup().find(turn_id) is not None
+
+    async def result(self, turn_id: str) -> tuple[bool, Any]:
+        try:
+            return (True, await self._sup().result(turn_id))
+        except TurnpoolError as exc:
+            return _failure(exc)
+
+    async def cancel(self, turn_id: str, cause: Any) -> tuple[bool, Any]:
+        try:
+            return (True, await self._sup().cancel(turn_id, cause))
+        except (TurnpoolError, TypeError, ValueError) as exc:
+            return _failure(exc)
+
+    async def cancel_session(self, session: str, cause: Any) -> tuple[bool, Any]:
+        try:
+            return (True, await self._sup().cancel_session(session, cause))
+        except (TurnpoolError, TypeError, ValueError) as exc:
+            return _failure(exc)
+
+    async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
+        """``submit`` + ``result`` for Ray-native callers holding the ref.
+
+        ``ray.cancel`` of the ref cancels this coroutine; the engine's ``run`` then cancels the
+        turn (cause ``user``) and waits for its quiescence before the cancellation completes
+        (R-ray-run-cancel)."""
+        if kwargs.get("turn_id") is None:
+            kwargs["turn_id"] = new_turn_id(self.key)
+        sup = self._sup()
+        handle = await sup.submit(agent, input, **kwargs)
+        try:
+            return await sup.result(handle.turn_id)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await sup.cancel(handle.turn_id)
+                await sup.result(handle.turn_id)
+            raise
+
+    async def status(self) -> dict[str, Any]:
+        status = await self._sup().status()
+        status["node_id"] = self.node_id
+        status["key"] = self.key
+        return status
+
+    async def when_idle(self) -> None:
+        await self._sup().when_idle()
+
+    async def close(self) -> None:
+        """Dispose the engine (every turn ends, cause ``disposed``; every worker tree reaped),
+        then end the results stream once the last result is in it."""
+        self._stop.set()
+        if self._main is not None:
+            await asyncio.shield(self._main)
+        self._closed = True
+        self._wake.set()
