@@ -332,3 +332,9 @@ class SyncSupervisor(SyncFront):
     def __enter__(self) -> SyncSupervisor:
         self._open()
         return self
+
+    def reload(self) -> dict[str, int]:
+        """``Supervisor.reload``, blocking: replace every worker gracefully, so turns that start from
+        now import agent code anew (running turns finish on their old workers)."""
+        result: dict[str, int] = self._call("reload")
+        return result

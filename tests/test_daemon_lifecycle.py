@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from supervisor import SyncClient
+from supervisor import SyncClient, SyncSupervisor
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 
@@ -138,6 +138,23 @@ def test_reload_makes_new_turns_run_edited_agent_code(tmp_path: Path) -> None:
             assert time.monotonic() - t0 < 60
             later = [client.run("reloadme:get").output for _ in range(3)]
             assert held_pid not in {a["pid"] for a in later}  # the old worker retired after its turn
+
+
+def test_sync_supervisor_reload_makes_new_turns_run_edited_agent_code(tmp_path: Path) -> None:
+    """The embedded pool offers the same as ``turnpool reload``: ``SyncSupervisor.reload()`` after
+    an agent's module was edited, and the next turns run the new code on fresh workers."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    module = agents / "reloadme_sync.py"
+    module.write_text(textwrap.dedent(AGENT_V1))
+    with SyncSupervisor(workers=1, spares=0, agent_path=[str(agents)]) as sup:
+        before = sup.run("reloadme_sync:get").output
+        assert before["version"] == "one"
+        module.write_text(textwrap.dedent(AGENT_V1).replace('"one"', '"two, edited"'))
+        assert sup.run("reloadme_sync:get").output["version"] == "one"  # the worker caches it
+        assert sup.reload()["workers"] >= 1
+        after = sup.run("reloadme_sync:get").output
+        assert after["version"] == "two, edited" and after["pid"] != before["pid"]
 
 
 def test_reload_json_and_no_daemon() -> None:
