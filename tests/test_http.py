@@ -365,7 +365,9 @@ async def test_fifty_followers_with_one_that_never_reads() -> None:
     socket: the 49 others get every event and the end (bounded, generous), the turn is not held
     up, and the stalled client is dropped after --http-stall (5 s: long enough that a reader
     starved of CPU on a busy machine is not taken for a stalled one)."""
-    with serving(*FAST, *HTTP, "--http-stall", "5", "--max-events", "100000") as d:
+    # The agent streams after its cancel, shielded: a grace of 30 s (not FAST's 0.5 s) keeps a
+    # machine starved of CPU from turning this test of followers into a test of the ladder.
+    with serving(*FAST, "--grace", "30", *HTTP, "--http-stall", "5", "--max-events", "100000") as d:
         host, port = d.http_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
         async with client(d, limits=httpx.Limits(max_connections=100)) as http:
             turn_id = await submit(http, "tests.agents.http:blobs_when_told", {"count": 2000, "size": 512})
