@@ -1,6 +1,6 @@
-"""The engine: a private package. ``Supervisor`` (``supervisor.py``) keeps the lifecycle, the
-public methods and one handler per worker message, and composes the parts, each owning its own
-state: the worker link (``link.py``: the socket), the worker pool (``pool.py``: processes, with
+"""The engine: a private package. ``Supervisor`` (``supervisor.py``) keeps its state, the public
+methods and one handler per worker message, and composes the parts, each owning its own state:
+starting and disposing (``lifecycle.py``), the worker link (``link.py``: the socket), the worker pool (``pool.py``: processes, with
 the zygote in ``zygote.py`` and process-tree work in ``procs.py``), the turn table and queue
 (``turns.py``), admission (``admission.py``), child turns (``children.py``), dispatch
 (``dispatch.py``), the escalation ladder (``escalation.py``), the memory watchdog
