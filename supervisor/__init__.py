@@ -39,7 +39,7 @@ from ._errors import (
 from ._events import EventsDropped
 from ._handle import TurnHandle
 from ._sync import SyncSupervisor, SyncTurnHandle
-from .client.client import Client, SyncClient
+from .client import Client, SyncClient
 from .daemon.server import Daemon
 
 if TYPE_CHECKING:

@@ -1,8 +1,11 @@
 """The embedded supervisor: owns the pool, the turn table, the queue and every turn's cancellation.
 
 One anyio event loop owns all state; nothing here blocks on another thread. ``Supervisor`` keeps
-the lifecycle, the public methods and one handler per message a worker sends, and composes the
+its state, the public methods and one handler per message a worker sends, and composes the
 parts, each an object with its own state:
+
+* starting and disposing (``lifecycle.py``): the link bound, the pool up; every turn disposed,
+  every worker reaped; D-KEEP's queued turns set aside at a daemon's graceful stop;
 
 * the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs;
 * the pool (``pool.py``): ``workers`` slots running turns plus ``spares`` warm workers; exits are
@@ -31,11 +34,11 @@ import anyio.to_thread
 import msgspec
 
 import wire
-from wire import DISPOSED, USER, Cause, TurnError, TurnResult, validate_cause
+from wire import USER, Cause, TurnError, TurnResult, validate_cause
 
-from .._errors import SupervisorClosed, WorkerStartError, shown_id
+from .._errors import SupervisorClosed, shown_id
 from .._handle import TurnHandle
-from .._host import Background, refuse_inside_worker, require_asyncio
+from .._host import refuse_inside_worker
 from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
@@ -46,8 +49,8 @@ from .ending import Finisher, output_of
 from .escalation import Escalation
 from .exits import MAX_HANDOVERS, ExitHandler
 from .hooks import AcceptHook, EventHook, Hooks, ResultHook, StartHook
+from .lifecycle import Lifecycle
 from .link import WorkerLink
-from .memory import MemoryWatchdog
 from .options import (
     AGENT_RE,
     MAX_GRACE,
@@ -254,10 +257,8 @@ class Supervisor:
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
-        # H1: the background tasks (timers, the worker link, the pool's watchers) live in a task
-        # of their own, so the supervisor may be closed from another task than the one that
-        # started it.
-        self._bg = Background("turnpool supervisor")
+        # Starting and disposing (H1: its background tasks live in a task of their own).
+        self._life = Lifecycle(self)
         self._wall_offset = 0.0
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -271,83 +272,14 @@ class Supervisor:
 
     async def start(self) -> None:
         """Bind the worker link, start the pool and wait until ``workers`` workers are ready."""
-        if self._state != "new":
-            raise RuntimeError("a Supervisor can be started once")
-        loop = require_asyncio("Supervisor", "SyncSupervisor")  # H1: trio refused before anything starts
-        pool = self.pool
-        pool.prepare(
-            worker_output=self.worker_output,
-            max_bytes=max(int(self.worker_output_max_mb * 2**20), 4096),
-            agent_path=self.agent_path,
-        )
-        self._state = "running"
-        self.link.bind(f"ipc://{pool.runtime_dir}/workers.sock")
-        # The loop's clock (what anyio.current_time() returns on asyncio) without anyio's
-        # per-call backend lookup: it is read several times per turn.
-        self._clock = loop.time
-        self._timers.clock = self._clock
-        self._wall_offset = time.time() - self._clock()
-        await self._bg.start(loop)
-        tg = self._bg.task_group
-        tg.start_soon(self._timers.run)
-        tg.start_soon(self.link.run)
-        try:
-            await pool.start(tg=tg, use_cgroups=self.cgroups)
-        except BaseException:
-            await self.aclose()
-            raise
-        if self.max_rss_mb is not None:
-            tg.start_soon(MemoryWatchdog(self).run)
-        try:
-            self._fill_pool()
-            assert pool.ready_event is not None
-            with anyio.fail_after(self.start_timeout):
-                await pool.ready_event.wait()
-            if pool.ready_count() == 0:
-                raise WorkerStartError(f"workers could not be started: {pool.last_start_error}")
-        except BaseException as exc:
-            await self.aclose()
-            if isinstance(exc, TimeoutError):
-                raise WorkerStartError(
-                    f"workers were not ready within {self.start_timeout}s"
-                    + (f": {pool.last_start_error}" if pool.last_start_error else "")
-                ) from None
-            raise
+        await self._life.start()
 
     async def aclose(self) -> None:
         """Dispose: cancel every turn with cause ``disposed``, escalate, reap, release everything.
 
         Returns only when every worker and every descendant of one has been reaped.
         """
-        if self._state in ("closing", "closed"):
-            while self._state != "closed":
-                await self._wait_change()
-            return
-        if self._state == "new":
-            self._state = "closed"
-            return
-        self._state = "closing"
-        pool = self.pool
-        pool.closing = True
-        with anyio.CancelScope(shield=True):
-            self._disposing = True
-            for turn in list(self._turns.values()):
-                if turn.state in ("queued", "handed", "running"):
-                    self._cancel(turn, DISPOSED)
-            await self._ending.wait_idle()
-            for slot in list(self._slots.values()):
-                if slot.state in ("starting", "idle", "busy"):
-                    pool.retire(slot)
-            while self._slots:
-                await self._wait_change()
-            await pool.close()
-        try:
-            await self._bg.aclose()
-        finally:
-            self.link.close()
-            await pool.release()
-            self._state = "closed"
-            self._notify_change()
+        await self._life.aclose()
 
     def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
         """Skip the rest of every ladder: each live turn already being cancelled gets SIGKILL to
@@ -484,20 +416,7 @@ class Supervisor:
         Child turns (their parent is being disposed) and turns already cleared for a worker (J6:
         their row says they may have run) are left to disposal. Call it at shutdown, before
         ``aclose``; the ids set aside, in queue order."""
-        kept: list[str] = []
-        for turn in list(self._turns.values()):
-            if turn.state != "queued" or turn.parent is not None or turn.dispatchable or turn.clearing:
-                continue
-            self._queue.discard(turn)
-            turn.state = "kept"
-            kept.append(turn.id)
-            self._active -= 1
-            if turn.done is not None:
-                turn.done.set()
-            turn.wake_followers()
-        self._ending.wake_if_idle()
-        self._notify_change()
-        return kept
+        return self._life.keep_queued()
 
     async def status(self) -> dict[str, Any]:
         """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of

@@ -1,6 +1,8 @@
-"""The daemon's client: ``Client`` (async) and ``SyncClient``, the same ``Backend`` contract as an
-embedded ``Supervisor``, over the client protocol."""
+"""The daemon's client: ``Client`` (async, ``client.py``) and ``SyncClient`` (blocking, ``sync.py``),
+the same ``Backend`` contract as an embedded ``Supervisor``, over the client protocol;
+``requests.py`` holds the request plumbing they share."""
 
-from .client import Client, SyncClient
+from .client import Client
+from .sync import SyncClient
 
 __all__ = ["Client", "SyncClient"]

@@ -12,8 +12,10 @@ ZeroMQ socket monitor, with heartbeats on the link) fails every pending call at 
 short requests are bounded by ``request_timeout``. Waiting for a result or following events is
 not bounded: a turn may run for as long as it likes.
 
-``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` runs it on
-its own asyncio loop in a portal thread, so it works from any synchronous code.
+``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` (``sync.py``)
+runs it on its own asyncio loop in a portal thread. Opening and closing the connection (the
+handshake, CURVE, the socket monitor) is in ``connection.py``; where replies wait, how a submit is
+encoded and how a daemon's errors are typed, in ``requests.py``.
 """
 
 from __future__ import annotations
@@ -32,116 +34,28 @@ import anyio
 import msgspec
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 import wire
 from wire import Cause, TurnResult, validate_cause
 
-from .._engine import check_agent, check_optional_str, check_seconds
+from .._engine import check_seconds
 from .._errors import (
-    SUBMIT_ERROR_CODES,
-    AuthenticationFailed,
     DaemonUnavailable,
     FollowerDropped,
     ProtocolError,
     SupervisorClosed,
-    TurnIdConflict,
     TurnpoolError,
     UnknownTurn,
     shown_id,
 )
 from .._events import EventsDropped
 from .._handle import TurnHandle
-from .._host import Background, require_asyncio
+from .._host import Background
 from .._paths import check_endpoint, default_endpoint
-from .._sync import SyncFront
-from ..daemon.endpoint import ipc_path, socket_options
+from .connection import close_connection, open_connection
+from .requests import _check_turn_id, _error, _get_result, _Lost, _Replies, _Reply, _submit_request
 
 log = logging.getLogger("turnpool.client")
-
-_MONITORED = (
-    zmq.EVENT_CONNECTED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CONNECT_RETRIED
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_MONITOR_STOPPED
-)
-
-
-class _Lost:
-    """Put in place of a reply when the connection to the daemon is gone."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-
-class _Reply(asyncio.Future[Any]):
-    """The one reply to a request (most requests): the future itself, so a request in flight keeps
-    one object alive, not a holder, a future and a timer (with thousands in flight, every such
-    object is walked by each garbage collection)."""
-
-    __slots__ = ("req", "deadline")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, req: int) -> None:
-        super().__init__(loop=loop)
-        self.req = req
-        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded or answered
-
-    def put(self, msg: Any) -> None:
-        self.deadline = 0.0
-        if not self.done():
-            self.set_result(msg)
-
-    def expire(self) -> None:
-        if not self.done():
-            self.set_exception(TimeoutError())
-
-
-class _Replies:
-    """The replies to one request, in arrival order (one for most requests, two for ``run``, a
-    stream for a follow). A bare asyncio future per wait, not an ``anyio.Event`` plus a
-    ``fail_after`` scope, and no per-request timer (``Client._deadlines``): with thousands of
-    requests in flight, every object a request keeps alive is walked by each garbage collection."""
-
-    __slots__ = ("items", "fut", "deadline")
-
-    def __init__(self) -> None:
-        self.items: list[Any] | deque[Any] | None = None
-        self.fut: asyncio.Future[None] | None = None
-        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded
-
-    def put(self, msg: Any) -> None:
-        items = self.items
-        if items is None:
-            self.items = [msg]
-        elif isinstance(items, list) and len(items) < 8:
-            items.append(msg)
-        else:
-            if isinstance(items, list):
-                items = self.items = deque(items)
-            items.append(msg)
-        fut = self.fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    def expire(self) -> None:
-        fut = self.fut
-        if fut is not None and not fut.done():
-            fut.set_exception(TimeoutError())
-
-    async def get(self) -> Any:
-        """The next reply (``TimeoutError`` once its deadline, if any, passed without one)."""
-        if not self.items:
-            fut = self.fut = asyncio.get_running_loop().create_future()
-            try:
-                await fut
-            finally:
-                self.fut = None
-        items = self.items
-        assert items
-        return items.popleft() if isinstance(items, deque) else items.pop(0)
 
 
 class Client:
@@ -248,145 +162,11 @@ class Client:
 
     async def open(self) -> None:
         """Connect and shake hands. Raises ``DaemonUnavailable`` (endpoint named) or ``ProtocolError``."""
-        if self._state != "new":
-            raise RuntimeError("a Client connects once")
-        loop = require_asyncio("Client", "SyncClient")  # H1: trio is refused here, at once
-        self._state = "open"
-        path = ipc_path(self.endpoint)
-        if path is not None and not path.exists():
-            self._state = "closed"
-            raise DaemonUnavailable(
-                f"no turnpool daemon is running at {self.endpoint} (no socket file {path})"
-            )
-        self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.DEALER)
-        socket_options(sock)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
-        try:
-            if self.curve_secret_key is not None:
-                self._setup_curve(sock)
-            self._mon = sock.get_monitor_socket(_MONITORED)
-            sock.connect(self.endpoint)
-        except (zmq.ZMQError, ValueError, OSError) as exc:
-            sock.close(linger=0)
-            self._ctx.term()
-            self._state = "closed"
-            raise DaemonUnavailable(f"cannot connect to {self.endpoint}: {exc}") from exc
-        self._sock = sock
-        self._sync = zmq.Socket.shadow(sock.underlying)
-        self._loop = loop
-        # H1: the reader and the monitor live in a task of their own, so the client may be
-        # closed from another task than the one that opened it (Jupyter cells, app lifespans).
-        self._tg = Background(f"turnpool client {self.endpoint}")
-        await self._tg.start(loop)
-        self._tg.start_soon(self._reader)
-        self._tg.start_soon(self._monitor)
-        try:
-            welcome = None
-            with anyio.move_on_after(self.timeout):
-                try:
-                    # A refused connection (stale socket file, closed port) fails this at once:
-                    # the monitor sees every reconnect attempt being refused.
-                    welcome = await self._hello()
-                except DaemonUnavailable:
-                    pass
-            if self._auth_failed and self.curve_secret_key is None:
-                # R25: a refused key is an authentication error.
-                raise AuthenticationFailed(
-                    f"the turnpool daemon at {self.endpoint} refused this client: it requires CURVE "
-                    "(pass curve_server_key and curve_secret_key)"
-                )
-            if self._auth_failed:
-                raise AuthenticationFailed(
-                    f"the turnpool daemon at {self.endpoint} refused this client: the CURVE handshake failed "
-                    "(is this client's public key in the daemon's --curve-clients directory, and is "
-                    "curve_server_key the daemon's public key?)"
-                )
-            if welcome is None:
-                why = self._lost or f"no answer within {self.timeout}s"
-                raise DaemonUnavailable(f"no turnpool daemon is running at {self.endpoint} ({why})")
-        except BaseException:
-            await self.aclose()
-            raise
-        assert isinstance(welcome, wire.Welcome)
-        self.daemon_pid = welcome.pid
-        self.max_message_size = welcome.max_message_size
-        self.protocol = welcome.version
-
-    async def _hello(self) -> Any:
-        """Shake hands: this client speaks ``CLIENT_PROTOCOL_VERSION``; a daemon that does not
-        (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
-        older clients and says in ``Welcome`` which version it speaks to this one."""
-        return await self._call(
-            lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False, handshake=True
-        )
-
-    def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
-        import zmq.auth
-
-        server = self.curve_server_key
-        if isinstance(server, str) and os.path.exists(server):
-            server, _ = zmq.auth.load_certificate(server)
-        elif isinstance(server, str):
-            server = server.encode()
-        public, secret = zmq.auth.load_certificate(os.fspath(self.curve_secret_key))  # type: ignore[arg-type]
-        if not secret:
-            raise ValueError(f"{self.curve_secret_key} holds no secret key (use the .key_secret file)")
-        sock.curve_serverkey = server
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
+        await open_connection(self)
 
     async def aclose(self) -> None:
         """Close the connection. Turns this client submitted go on running in the daemon."""
-        if self._state == "closed":
-            return
-        self._state = "closed"
-        self._fail_pending("the client was closed")
-        if self._tg is not None:
-            with contextlib.suppress(Exception):
-                await self._tg.aclose()
-            self._tg = None
-        if self._sock is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.disable_monitor()
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._mon is not None:
-            self._mon.close(linger=0)
-            self._mon = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
-
-    async def _monitor(self) -> None:
-        assert self._mon is not None
-        while True:
-            try:
-                event = parse_monitor_message(await self._mon.recv_multipart())
-            except (zmq.ZMQError, RuntimeError):
-                return
-            kind = event["event"]
-            if kind == zmq.EVENT_CONNECTED:
-                self._lost = None
-            elif kind == zmq.EVENT_DISCONNECTED:
-                self._lost = "the connection to the daemon was lost"
-                self._fail_pending(self._lost)
-            elif kind == zmq.EVENT_CONNECT_RETRIED:
-                self._lost = "connection refused"
-                self._fail_pending(self._lost)
-            elif kind in (
-                zmq.EVENT_HANDSHAKE_FAILED_AUTH,
-                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
-            ):
-                # The daemon is there but refused this client (or its key): an authentication
-                # failure, not a missing daemon.
-                self._auth_failed = True
-                self._lost = "the security handshake failed (CURVE keys?)"
-                self._fail_pending(self._lost)
-            elif kind == zmq.EVENT_MONITOR_STOPPED:
-                return
+        await close_connection(self)
 
     def _fail_pending(self, why: str) -> None:
         lost = _Lost(why)
@@ -846,102 +626,11 @@ class Client:
                     self._post(wire.Unfollow(req))
 
 
-def _submit_request(
-    agent: str,
-    input: Any,
-    *,
-    session: Any,
-    timeout: Any,
-    grace: Any,
-    kill_after: Any,
-    turn_id: Any,
-    wait: bool = False,
-    retry: Any = False,
-) -> Callable[[int], wire.Submit]:
-    """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
-    check_agent(agent)
-    raw = wire.encode_payload(input, what="turn input", exact=True)  # W-IN
-    session = check_optional_str("session", session)
-    turn_id = check_optional_str("turn_id", turn_id)
-    timeout = check_seconds("timeout", timeout, positive=True)
-    grace = check_seconds("grace", grace)
-    kill_after = check_seconds("kill_after", kill_after)
-    if not isinstance(retry, bool):
-        raise TypeError(f"retry must be True or False, got {retry!r}")
-    # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
-    # as the request is in flight, and thousands in flight are walked by every garbage collection.
-    return functools.partial(
-        _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
-    )
+def __getattr__(name: str) -> type[Any]:
+    """``SyncClient`` lives in ``sync.py`` (it imports this module); the old import path
+    ``supervisor.client.client.SyncClient`` still finds it."""
+    if name == "SyncClient":
+        from .sync import SyncClient
 
-
-def _submit_message(args: tuple[Any, ...], req: int) -> wire.Submit:
-    return wire.Submit(req, *args)
-
-
-def _get_result(turn_id: str, req: int) -> wire.GetResult:
-    return wire.GetResult(req, turn_id)
-
-
-def _check_turn_id(turn_id: Any) -> None:
-    if not isinstance(turn_id, str) or not turn_id:
-        raise TypeError(f"turn_id must be a non-empty string, got {shown_id(turn_id)}")
-
-
-def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
-    """The typed exception for a daemon's ``Error`` reply."""
-    code, message = err.code, err.message
-    if code == "unknown_turn" and turn_id is not None:
-        return UnknownTurn(turn_id)
-    if code == "unknown_turn":
-        return TurnpoolError(message)
-    if code == "turn_id_conflict":  # R-ID: the fields that differ are read back from the message
-        return TurnIdConflict.from_message(turn_id or "", message)
-    for kind, known in SUBMIT_ERROR_CODES:  # the daemon's own table, read the other way
-        if known == code:
-            return kind(message)
-    if code in ("protocol", "malformed"):
-        return ProtocolError(f"{message} (daemon at {endpoint})")
-    if code == "lagged":
-        return FollowerDropped(f"{message} (daemon at {endpoint})")
-    if code in ("dropped", "too_large"):
-        return TurnpoolError(f"{message} (daemon at {endpoint})")
-    return TurnpoolError(f"the daemon at {endpoint} failed: {message}")
-
-
-class SyncClient(SyncFront):
-    """``Client`` with blocking methods::
-
-        with SyncClient.connect(ep) as client:
-            print(client.run("examples.agents:echo", {"text": "hi"}).output)
-
-    or without ``with``: the first call connects, ``close()`` disconnects (one never closed is
-    closed at interpreter exit and never keeps it alive).
-    """
-
-    def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:
-        super().__init__()
-        Client(endpoint, **kwargs)  # validate the arguments now, at the call
-        self._endpoint = endpoint
-        self._kwargs = kwargs
-
-    @classmethod
-    def connect(cls, endpoint: str | None = None, **kwargs: Any) -> SyncClient:
-        """A blocking client for ``endpoint`` (``with SyncClient.connect(ep) as client``, or
-        without ``with``: it connects on first use)."""
-        return cls(endpoint, **kwargs)
-
-    def _make(self) -> Any:
-        return Client.connect(self._endpoint, **self._kwargs)
-
-    def __enter__(self) -> SyncClient:
-        self._open()
-        return self
-
-    def exists(self, turn_id: str) -> bool:
-        return self._call("exists", turn_id)
-
-    def reload(self) -> dict[str, int]:
-        """``Client.reload``, blocking: recycle the daemon's workers so new turns import agent code anew."""
-        result: dict[str, int] = self._call("reload")
-        return result
+        return SyncClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,10 @@
 
 Clients (``Client``, ``SyncClient``, the CLI) connect DEALERs and speak the client protocol
 (``wire/_client_protocol.py``). The daemon passes a client's encoded input bytes straight to its
-supervisor (never re-encoded). This module holds the ``Daemon``: its lifecycle, the client link
-and the clients' state; the answer to each request is in ``requests.py``.
+supervisor (never re-encoded). This module holds the ``Daemon``: its state, the client link (reading
+frames, batching and sending replies), admission and the engine's hooks; starting, signals and shutdown
+are in ``run.py``, what frees a client's state in ``client_watch.py``, the answer to each request in
+``requests.py``.
 
 Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
@@ -35,14 +37,11 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import gc
 import inspect
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
@@ -57,17 +56,13 @@ from wire import Cause, TurnResult
 
 from .._engine import Supervisor, TurnRecord
 from .._errors import (
-    DaemonAlreadyRunning,
     DaemonShuttingDown,
     JournalUnavailable,
     TurnIdConflict,
 )
 from .._paths import default_endpoint
+from .client_watch import ClientWatch
 from .clients import (
-    OWED_RETRY,
-    PROBE_DELAY,
-    SUSPECT_FOR,
-    SWEEP_EVERY,
     ClientTable,
     FollowStream,
     Peer,
@@ -76,13 +71,10 @@ from .clients import (
 from .endpoint import ClientEndpoint
 from .metrics import Metrics
 from .requests import Requests
+from .run import READY_PREFIX, run_daemon, serve_until_stopped
 
 log = logging.getLogger("turnpool.daemon")
 
-READY_PREFIX = "turnpool serve: ready on "
-# The daemon's garbage-collection thresholds (B4): a young collection every 20 000 net allocations
-# instead of 700, a full one after 50 of those.
-GC_THRESHOLDS = (20_000, 10, 50)
 # Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
 
@@ -171,7 +163,6 @@ class Daemon:
         self._clients = ClientTable()
         self._turn_streams: dict[str, set[FollowStream]] = {}  # streams per followed turn
         self._mon: zmq.asyncio.Socket | None = None
-        self._probe_now: anyio.Event = anyio.Event()
         self.lagged_followers = 0
         self.too_large_replies = 0
         self._inflight = 0
@@ -183,6 +174,13 @@ class Daemon:
         self._skip_drain: anyio.Event | None = None
         # The answers to client requests (one case per request type, and the waiting ones).
         self._requests = Requests(self)
+        # What frees a client's state when it abandons a request, goes or stops reading (R20, R21):
+        # bound once here, called from the reply path and the requests.
+        self._watch = ClientWatch(self)
+        self._abandon = self._watch.abandon
+        self._forget = self._watch.forget
+        self._stall = self._watch.stall
+        self._pay = self._watch.pay
 
     @property
     def endpoint(self) -> str:
@@ -204,7 +202,7 @@ class Daemon:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:  # D-HUP
             self._endpoint.claim()
             try:
-                await self._serve(signals, ready)
+                await serve_until_stopped(self, signals, ready)
             finally:
                 self._endpoint.release()
 
@@ -216,113 +214,6 @@ class Daemon:
         if self._stop_asked.is_set() or skip_drain:
             self._skip_drain.set()
         self._stop_asked.set()
-
-    async def _watch_signals(self, signals: Any) -> None:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if self._stop_asked is not None and self._stop_asked.is_set():
-                # SPEC disposal rule: a second signal moves every turn to its kill step at once,
-                # whatever grace its client chose (bounded anyway by --max-grace).
-                log.info("received %s again: skipping the drain, killing every cancelled turn now", name)
-                if self.sup is not None:
-                    self.sup.kill_now()
-            else:
-                log.info("received %s: draining for up to %ss", name, self.drain)
-            self.stop()
-
-    async def _serve(self, signals: Any, ready: Callable[[str], None] | None) -> None:
-        sup = Supervisor(**self.sup_kwargs)
-        self.sup = sup
-        sup.add_hooks(on_start=self._on_start, on_result=self._on_end)
-        for hook in self.event_hooks:
-            sup.add_hooks(on_event=hook)
-        self.metrics = Metrics(self)
-        # Bound before the workers start: a taken port is one line at once, nothing to unwind.
-        listener = (
-            await self.metrics.listen(self.metrics_host, self.metrics_port)
-            if self.metrics_port is not None
-            else None
-        )
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                tg.start_soon(self._watch_signals, signals)
-                # The supervisor's own task group nests inside this one: it is started and
-                # closed from this task at this level (anyio's scopes must nest).
-                await sup.start()
-                try:
-                    for startup_hook in self.startup_hooks:
-                        started = startup_hook(sup)
-                        if inspect.isawaitable(started):
-                            await started
-                    self._sock = self._endpoint.bind()
-                    self._sync = zmq.Socket.shadow(self._sock.underlying)
-                    self._mon = self._open_monitor(self._sock)
-                    tg.start_soon(self._receive)
-                    tg.start_soon(self._watch_disconnects, self._mon)
-                    tg.start_soon(self._sweep)
-                    if listener is not None:
-                        self.metrics_bound = await tg.start(self.metrics.serve, self.metrics_host, listener)
-                        listener = None  # served: closed by ``serve``
-                    self.accepting = True
-                    line = f"{READY_PREFIX}{self.endpoint} (pid {os.getpid()})"
-                    line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
-                    for front_end in self.front_ends:
-                        announced = await tg.start(front_end)
-                        if announced:
-                            line += f" {announced}"
-                    if self.metrics_bound is not None:
-                        line += f" metrics http://{self.metrics_host}:{self.metrics_bound}/metrics"
-                    log.info("%s", line)
-                    if ready is not None:
-                        ready(line)
-                    assert self._stop_asked is not None
-                    await self._stop_asked.wait()
-                    await self._shutdown()
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await sup.aclose()
-                    tg.cancel_scope.cancel()
-        finally:
-            if self._mon is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    if self._sock is not None:
-                        self._sock.disable_monitor()
-                self._mon.close(linger=0)
-                self._mon = None
-            self._sock = self._sync = None
-            self._endpoint.close()
-            if listener is not None:  # the start failed before the metrics were served
-                with anyio.CancelScope(shield=True):
-                    await listener.aclose()
-
-    # D8: shutdown drains, then disposal wins.
-    async def _shutdown(self) -> None:
-        assert self.sup is not None and self._skip_drain is not None
-        self.accepting = False
-        sup, skip = self.sup, self._skip_drain
-        with anyio.move_on_after(self.drain):
-            async with anyio.create_task_group() as drain:
-
-                async def skipped() -> None:
-                    await skip.wait()
-                    drain.cancel_scope.cancel()
-
-                drain.start_soon(skipped)
-                await sup.when_idle()
-                drain.cancel_scope.cancel()
-        if self.journal_path is not None:
-            # D-KEEP: what never reached a worker stays queued in the journal for the next start.
-            kept = sup.keep_queued()
-            if kept:
-                log.info("%d queued turns stay in the journal for the next start", len(kept))
-        self.disposing_at = anyio.current_time()
-        log.info("disposing: %d turns still queued or running", sup.active)
-        await sup.aclose()
-        # Let the requests woken by disposal (results, follows, when_idle) answer before the socket goes.
-        with anyio.move_on_after(5):
-            while self._inflight:
-                await self._inflight_zero.wait()
 
     # ---- the client link ---------------------------------------------------------------
 
@@ -520,116 +411,6 @@ class Daemon:
         return wire.error_for(err, peer.version if peer is not None else 1)
 
     # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
-
-    def _abandon(self, ident: bytes, req: int) -> None:
-        """The client stopped waiting for ``req``: cancel that request only (never the turn)."""
-        peer = self._clients.peers.get(ident)
-        task = peer.tasks.pop(req, None) if peer is not None else None
-        if task is not None:
-            task[0].cancel()
-        stream = self._streams.pop((ident, req), None)
-        if stream is not None:
-            stream.scope.cancel()
-
-    # D2: a client never owns a turn: a client gone frees its requests, never cancels a turn.
-    def _forget(self, ident: bytes) -> None:
-        """The client is gone: free everything it held."""
-        peer = self._clients.forget(ident)
-        if peer is None:
-            return
-        self._clients.gone += 1
-        for scope, _ in peer.tasks.values():
-            scope.cancel()
-        peer.tasks.clear()
-
-    def _stall(self, peer: Peer) -> None:
-        """The client's queue is full: drop its pending requests now, owe it an error for each."""
-        if not peer.tasks:
-            return
-        self._clients.stalled += 1
-        log.warning(
-            "a client stopped reading (its queue reached %d messages): dropping its %d pending requests",
-            self._sock.getsockopt(zmq.SNDHWM) if self._sock else 0,
-            len(peer.tasks),
-        )
-        for req, (scope, kind) in list(peer.tasks.items()):
-            scope.cancel()
-            if kind == "follow":
-                self.lagged_followers += 1
-                why = (
-                    "this follower was dropped: its client stopped reading until the daemon's send queue "
-                    "for it was full; follow again to resume from the oldest event kept"
-                )
-                peer.owed.append(wire.Error(req, "lagged", why))
-            else:
-                why = "this request was dropped: the client stopped reading until its send queue was full"
-                peer.owed.append(wire.Error(req, "dropped", why))
-        peer.tasks.clear()
-        self._probe_now.set()
-
-    def _pay(self, peer: Peer) -> None:
-        """Deliver the errors ``peer`` is owed, as far as its queue has room."""
-        while peer.owed:
-            sent = self._put(peer.ident, peer.owed[0], peer)
-            if sent == "gone":
-                self._forget(peer.ident)
-                return
-            if sent == "full":
-                return
-            peer.owed.popleft()
-
-    def _open_monitor(self, sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
-        """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
-        thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
-        address = f"inproc://turnpool-clients-monitor-{id(self)}"
-        sock.monitor(address, zmq.EVENT_DISCONNECTED)
-        mon = sock.context.socket(zmq.PAIR)
-        mon.setsockopt(zmq.RCVHWM, 0)
-        mon.setsockopt(zmq.LINGER, 0)
-        mon.connect(address)
-        return mon
-
-    async def _watch_disconnects(self, mon: zmq.asyncio.Socket) -> None:
-        from zmq.utils.monitor import parse_monitor_message
-
-        while True:
-            try:
-                event = parse_monitor_message(await mon.recv_multipart())
-            except (zmq.ZMQError, RuntimeError):
-                return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self._clients.disconnected(event["value"], anyio.current_time())
-                self._probe_now.set()
-
-    async def _sweep(self) -> None:
-        """Settle suspects, deliver owed errors, and now and then probe every client that holds
-        requests: a send under ``ROUTER_MANDATORY`` to a client that is gone fails at once."""
-        clients = self._clients
-        last_full = anyio.current_time()
-        while True:
-            busy = clients.suspects or any(p.owed for p in clients.peers.values())
-            with anyio.move_on_after(OWED_RETRY if busy else SWEEP_EVERY):
-                await self._probe_now.wait()
-            self._probe_now = anyio.Event()
-            await anyio.sleep(PROBE_DELAY)  # let the ROUTER drop the closed pipes first
-            now = anyio.current_time()
-            full = now - last_full >= SWEEP_EVERY
-            if full:
-                last_full = now
-            for ident, peer in list(clients.peers.items()):
-                if peer.owed:
-                    self._pay(peer)
-                elif ident in clients.suspects or (full and peer.tasks):
-                    self._probe(peer, now)
-            await anyio.lowlevel.checkpoint()
-
-    def _probe(self, peer: Peer, now: float) -> None:
-        sent = self._put(peer.ident, wire.Ok(0), peer)
-        if sent == "gone":
-            self._forget(peer.ident)
-        elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:
-            peer.suspect_since = None  # it answers: a new client on a reused descriptor
-            self._clients.suspects.discard(peer.ident)
 
     async def submit(
         self,
@@ -919,43 +700,6 @@ class Daemon:
             "metrics_port": self.metrics_bound,
         }
         return st
-
-
-def run_daemon(daemon: Daemon) -> int:
-    """Run ``daemon`` to completion (blocking); the exit code of ``turnpool serve``."""
-    from .._errors import WorkerStartError
-
-    def ready(line: str) -> None:
-        print(line, flush=True)
-
-    # B4: the daemon keeps thousands of live records (turns in flight, results kept for clients,
-    # acks waiting for the journal); with the interpreter's default thresholds every few thousand
-    # turns set off a full collection walking all of them, which cost more CPU than the requests.
-    # Objects from start-up are frozen out of collection, and collections run less often.
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        anyio.run(lambda: daemon.serve(ready=ready), backend="asyncio")
-    except BaseException as exc:
-        known = (DaemonAlreadyRunning, WorkerStartError, ValueError, OSError, zmq.ZMQError)
-        inner: BaseException = _first_of(exc, known) or exc  # task groups wrap it, maybe with others
-        if isinstance(inner, known):
-            print(f"turnpool serve: {inner}", file=sys.stderr, flush=True)
-            return 1
-        raise
-    return daemon.exit_code
-
-
-def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    """The first exception of ``kinds`` in ``exc`` or, depth first, in the groups it is wrapped in."""
-    if isinstance(exc, kinds):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first_of(inner, kinds)
-            if found is not None:
-                return found
-    return None
 
 
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]

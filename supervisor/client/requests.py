@@ -1,0 +1,165 @@
+"""The client's request plumbing: where a request's replies wait (``_Reply``, ``_Replies``, and
+``_Lost`` in their place when the daemon is gone), how a submit is validated and encoded before
+anything is sent, and which typed exception a daemon's ``Error`` reply becomes.
+
+``Client`` (``client.py``) holds the connection and the requests in flight and uses these; they
+hold no connection state of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import wire
+
+from .._engine import check_agent, check_optional_str, check_seconds
+from .._errors import (
+    SUBMIT_ERROR_CODES,
+    FollowerDropped,
+    ProtocolError,
+    TurnIdConflict,
+    TurnpoolError,
+    UnknownTurn,
+    shown_id,
+)
+
+
+class _Lost:
+    """Put in place of a reply when the connection to the daemon is gone."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class _Reply(asyncio.Future[Any]):
+    """The one reply to a request (most requests): the future itself, so a request in flight keeps
+    one object alive, not a holder, a future and a timer (with thousands in flight, every such
+    object is walked by each garbage collection)."""
+
+    __slots__ = ("req", "deadline")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, req: int) -> None:
+        super().__init__(loop=loop)
+        self.req = req
+        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded or answered
+
+    def put(self, msg: Any) -> None:
+        self.deadline = 0.0
+        if not self.done():
+            self.set_result(msg)
+
+    def expire(self) -> None:
+        if not self.done():
+            self.set_exception(TimeoutError())
+
+
+class _Replies:
+    """The replies to one request, in arrival order (one for most requests, two for ``run``, a
+    stream for a follow). A bare asyncio future per wait, not an ``anyio.Event`` plus a
+    ``fail_after`` scope, and no per-request timer (``Client._deadlines``): with thousands of
+    requests in flight, every object a request keeps alive is walked by each garbage collection."""
+
+    __slots__ = ("items", "fut", "deadline")
+
+    def __init__(self) -> None:
+        self.items: list[Any] | deque[Any] | None = None
+        self.fut: asyncio.Future[None] | None = None
+        self.deadline = 0.0  # when a bounded wait expires (loop time); 0: unbounded
+
+    def put(self, msg: Any) -> None:
+        items = self.items
+        if items is None:
+            self.items = [msg]
+        elif isinstance(items, list) and len(items) < 8:
+            items.append(msg)
+        else:
+            if isinstance(items, list):
+                items = self.items = deque(items)
+            items.append(msg)
+        fut = self.fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def expire(self) -> None:
+        fut = self.fut
+        if fut is not None and not fut.done():
+            fut.set_exception(TimeoutError())
+
+    async def get(self) -> Any:
+        """The next reply (``TimeoutError`` once its deadline, if any, passed without one)."""
+        if not self.items:
+            fut = self.fut = asyncio.get_running_loop().create_future()
+            try:
+                await fut
+            finally:
+                self.fut = None
+        items = self.items
+        assert items
+        return items.popleft() if isinstance(items, deque) else items.pop(0)
+
+
+def _submit_request(
+    agent: str,
+    input: Any,
+    *,
+    session: Any,
+    timeout: Any,
+    grace: Any,
+    kill_after: Any,
+    turn_id: Any,
+    wait: bool = False,
+    retry: Any = False,
+) -> Callable[[int], wire.Submit]:
+    """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
+    check_agent(agent)
+    raw = wire.encode_payload(input, what="turn input", exact=True)  # W-IN
+    session = check_optional_str("session", session)
+    turn_id = check_optional_str("turn_id", turn_id)
+    timeout = check_seconds("timeout", timeout, positive=True)
+    grace = check_seconds("grace", grace)
+    kill_after = check_seconds("kill_after", kill_after)
+    if not isinstance(retry, bool):
+        raise TypeError(f"retry must be True or False, got {retry!r}")
+    # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
+    # as the request is in flight, and thousands in flight are walked by every garbage collection.
+    return functools.partial(
+        _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+    )
+
+
+def _submit_message(args: tuple[Any, ...], req: int) -> wire.Submit:
+    return wire.Submit(req, *args)
+
+
+def _get_result(turn_id: str, req: int) -> wire.GetResult:
+    return wire.GetResult(req, turn_id)
+
+
+def _check_turn_id(turn_id: Any) -> None:
+    if not isinstance(turn_id, str) or not turn_id:
+        raise TypeError(f"turn_id must be a non-empty string, got {shown_id(turn_id)}")
+
+
+def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
+    """The typed exception for a daemon's ``Error`` reply."""
+    code, message = err.code, err.message
+    if code == "unknown_turn" and turn_id is not None:
+        return UnknownTurn(turn_id)
+    if code == "unknown_turn":
+        return TurnpoolError(message)
+    if code == "turn_id_conflict":  # R-ID: the fields that differ are read back from the message
+        return TurnIdConflict.from_message(turn_id or "", message)
+    for kind, known in SUBMIT_ERROR_CODES:  # the daemon's own table, read the other way
+        if known == code:
+            return kind(message)
+    if code in ("protocol", "malformed"):
+        return ProtocolError(f"{message} (daemon at {endpoint})")
+    if code == "lagged":
+        return FollowerDropped(f"{message} (daemon at {endpoint})")
+    if code in ("dropped", "too_large"):
+        return TurnpoolError(f"{message} (daemon at {endpoint})")
+    return TurnpoolError(f"the daemon at {endpoint} failed: {message}")

@@ -1,0 +1,147 @@
+"""What frees a client's state in the daemon (R20, R21): a request the client abandoned, a client
+that went away (seen by a monitor of the ROUTER's disconnects, or by a probe that finds it gone), and
+a client that stopped reading until its send queue was full (its pending requests are dropped and it
+is owed an error for each, delivered as its queue drains). A client never owns a turn (D2): none of
+this cancels one.
+
+``ClientWatch`` is composed by ``Daemon`` (``server.py``), whose reply path calls ``forget``,
+``stall`` and ``pay`` when a send finds a client gone or full; the per-client records it frees are
+``clients.py``'s ``ClientTable`` and ``Peer``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+import zmq
+import zmq.asyncio
+
+import wire
+
+from .clients import OWED_RETRY, PROBE_DELAY, SUSPECT_FOR, SWEEP_EVERY, Peer
+
+if TYPE_CHECKING:
+    from .server import Daemon
+
+log = logging.getLogger("turnpool.daemon")
+
+
+class ClientWatch:
+    """Frees what clients hold for a ``Daemon``; see the module docstring."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.probe_now: anyio.Event = anyio.Event()  # set: sweep now (a disconnect, a stalled client)
+
+    def abandon(self, ident: bytes, req: int) -> None:
+        """The client stopped waiting for ``req``: cancel that request only (never the turn)."""
+        peer = self.daemon._clients.peers.get(ident)
+        task = peer.tasks.pop(req, None) if peer is not None else None
+        if task is not None:
+            task[0].cancel()
+        stream = self.daemon._streams.pop((ident, req), None)
+        if stream is not None:
+            stream.scope.cancel()
+
+    # D2: a client never owns a turn: a client gone frees its requests, never cancels a turn.
+    def forget(self, ident: bytes) -> None:
+        """The client is gone: free everything it held."""
+        peer = self.daemon._clients.forget(ident)
+        if peer is None:
+            return
+        self.daemon._clients.gone += 1
+        for scope, _ in peer.tasks.values():
+            scope.cancel()
+        peer.tasks.clear()
+
+    def stall(self, peer: Peer) -> None:
+        """The client's queue is full: drop its pending requests now, owe it an error for each."""
+        if not peer.tasks:
+            return
+        self.daemon._clients.stalled += 1
+        log.warning(
+            "a client stopped reading (its queue reached %d messages): dropping its %d pending requests",
+            self.daemon._sock.getsockopt(zmq.SNDHWM) if self.daemon._sock else 0,
+            len(peer.tasks),
+        )
+        for req, (scope, kind) in list(peer.tasks.items()):
+            scope.cancel()
+            if kind == "follow":
+                self.daemon.lagged_followers += 1
+                why = (
+                    "this follower was dropped: its client stopped reading until the daemon's send queue "
+                    "for it was full; follow again to resume from the oldest event kept"
+                )
+                peer.owed.append(wire.Error(req, "lagged", why))
+            else:
+                why = "this request was dropped: the client stopped reading until its send queue was full"
+                peer.owed.append(wire.Error(req, "dropped", why))
+        peer.tasks.clear()
+        self.probe_now.set()
+
+    def pay(self, peer: Peer) -> None:
+        """Deliver the errors ``peer`` is owed, as far as its queue has room."""
+        while peer.owed:
+            sent = self.daemon._put(peer.ident, peer.owed[0], peer)
+            if sent == "gone":
+                self.forget(peer.ident)
+                return
+            if sent == "full":
+                return
+            peer.owed.popleft()
+
+    def open_monitor(self, sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+        """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
+        thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
+        address = f"inproc://turnpool-clients-monitor-{id(self.daemon)}"
+        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        mon = sock.context.socket(zmq.PAIR)
+        mon.setsockopt(zmq.RCVHWM, 0)
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.connect(address)
+        return mon
+
+    async def watch_disconnects(self, mon: zmq.asyncio.Socket) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            try:
+                event = parse_monitor_message(await mon.recv_multipart())
+            except (zmq.ZMQError, RuntimeError):
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.daemon._clients.disconnected(event["value"], anyio.current_time())
+                self.probe_now.set()
+
+    async def sweep(self) -> None:
+        """Settle suspects, deliver owed errors, and now and then probe every client that holds
+        requests: a send under ``ROUTER_MANDATORY`` to a client that is gone fails at once."""
+        clients = self.daemon._clients
+        last_full = anyio.current_time()
+        while True:
+            busy = clients.suspects or any(p.owed for p in clients.peers.values())
+            with anyio.move_on_after(OWED_RETRY if busy else SWEEP_EVERY):
+                await self.probe_now.wait()
+            self.probe_now = anyio.Event()
+            await anyio.sleep(PROBE_DELAY)  # let the ROUTER drop the closed pipes first
+            now = anyio.current_time()
+            full = now - last_full >= SWEEP_EVERY
+            if full:
+                last_full = now
+            for ident, peer in list(clients.peers.items()):
+                if peer.owed:
+                    self.pay(peer)
+                elif ident in clients.suspects or (full and peer.tasks):
+                    self.probe(peer, now)
+            await anyio.lowlevel.checkpoint()
+
+    def probe(self, peer: Peer, now: float) -> None:
+        sent = self.daemon._put(peer.ident, wire.Ok(0), peer)
+        if sent == "gone":
+            self.forget(peer.ident)
+        elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:
+            peer.suspect_since = None  # it answers: a new client on a reused descriptor
+            self.daemon._clients.suspects.discard(peer.ident)
