@@ -428,6 +428,8 @@ class WorkerLoop:
             wire.encode_frame(posted)
             global _WARMED
             _WARMED = True
+        except Exception as exc:  # noqa: BLE001 - only a speed-up: the worker serves without it
+            print(f"turnpool worker: warm-up skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             del conn.post
             self.marker, self.endlog, conn.flusher = marker, endlog, flusher
