@@ -172,12 +172,12 @@ def run(quick: bool) -> str:
     floor: list[float] = []
     tp_over: list[float] = []
     wexit: list[float] = []
-    heavy: list[float] = []
+    heavy_floor: list[float] = []
     for _ in range(3):
         floor += _stop_floor(n // 3)
         tp_over += anyio.run(_overshoot, n // 3)
         wexit += anyio.run(_worker_exit, n // 6)
-        heavy += _stop_floor(n // 6, _WORKER_IMPORTS)
+        heavy_floor += _stop_floor(n // 6, _WORKER_IMPORTS)
     over["turnpool"] = (
         f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
         tp_over,
@@ -195,7 +195,7 @@ def run(quick: bool) -> str:
     over["breakdown: the stop floor with a worker's imports"] = (
         "the floor's spinner after `import anyio, msgspec, zmq, psutil` (≈ 20 MB resident, one thread): "
         "SIGTERM → reaped",
-        heavy,
+        heavy_floor,
     )
     log(f"turnpool overshoot p50 {ms(med(tp_over))}, stop floor p50 {ms(med(floor))}")
     lat: list[float] = []
@@ -280,13 +280,14 @@ def run(quick: bool) -> str:
         "`killed` with the worker and its tree reaped (peers: until the worker process is gone).\n\n"
         + table(["system", "what is timed", "kills", "p50", "p90", "p99", "peer ÷ turnpool (p50)"], rows)
         + f"\n\nWhere a miss comes from: a turnpool worker killed outright (the breakdown row) takes "
-        f"{med(wexit) / med(floor):.1f}× the stop floor to be gone by itself, and the floor's own spinner "
-        f"takes {med(heavy) / med(floor):.1f}× once it has imported what a worker imports: the kernel's "
-        "teardown of the process's memory (≈ 25 MB, ≈ 300 mappings, against the bare interpreter's 11 MB) "
-        "and of its threads is most of a kill, before any of turnpool's own steps. On top of it the "
-        "ladder adds the grace timer's wake-up, the SIGTERM step (K-FIRST: the worker is signalled "
-        "without being frozen), the worker's handler killing its tree, and reaping the tree before the "
-        "result (docs/design.md, K-THREADS to K-REAP, has the instrumented split)."
+        f"{med(wexit) / med(floor):.1f}× the stop floor to be gone by itself, and the floor's own "
+        f"spinner takes {med(heavy_floor) / med(floor):.1f}× once it has imported what a worker "
+        "imports: the kernel's teardown of the process's memory (≈ 25 MB, ≈ 300 mappings, against "
+        "the bare interpreter's 11 MB) and of its threads is most of a kill, before any of "
+        "turnpool's own steps. On top of it the ladder adds the grace timer's wake-up, the SIGTERM "
+        "step (K-FIRST: the worker is signalled without being frozen), the worker's handler "
+        "killing its tree, and reaping the tree before the result (docs/design.md, K-THREADS to "
+        "K-REAP, has the instrumented split)."
         + f"\n\nTargets: p50 ≤ 2.5× the stop floor measured in the same run — {ms(med(tp))} = "
         f"{med(tp) / med(floor):.1f}× {ms(med(floor))} {'met' if med(tp) <= 2.5 * med(floor) else 'MISSED'}; "
         f"p50 ≤ 5 ms — {'met' if med(tp) <= 5e-3 else 'MISSED'}; p90 ≤ 20 ms — {ms(pct(tp, 90))} "
