@@ -25,6 +25,7 @@ GRACE = 0.05
 # handler that exits; timed from SIGTERM until it is reaped (its pidfd readable, then waitpid).
 _SPINNER = r"""
 import os, signal
+%s
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
 os.write(1, b"r")
 while True:
@@ -32,10 +33,15 @@ while True:
 """
 
 
-def _stop_floor(n: int) -> list[float]:
+# The breakdown's "heavy floor": the same spinner after the imports a worker holds (its memory,
+# ≈ 20 MB, is what the kernel tears down at the exit).
+_WORKER_IMPORTS = "import anyio, anyio._backends._asyncio, msgspec, zmq, zmq.asyncio, psutil"
+
+
+def _stop_floor(n: int, imports: str = "") -> list[float]:
     out = []
     for _ in range(n):
-        p = subprocess.Popen([sys.executable, "-c", _SPINNER], stdout=subprocess.PIPE)
+        p = subprocess.Popen([sys.executable, "-c", _SPINNER % imports], stdout=subprocess.PIPE)
         assert p.stdout is not None
         if p.stdout.read(1) != b"r":
             raise RuntimeError("the spinner did not start")
@@ -87,6 +93,22 @@ async def _latency(n: int) -> list[float]:
             await sup.run("examples.agents:noop")
             out.append(time.perf_counter() - t0)
     return out
+
+
+async def _one_way(n: int) -> tuple[list[float], list[float]]:
+    """Submit → the agent's first line on a warm worker (one way): back to back, and after the
+    worker sat idle 50 ms, as a warm spare does before it takes over a killed worker's queue."""
+    hot, idle = [], []
+    async with Supervisor(workers=1, spares=0, preload=("benchmarks._agents",)) as sup:
+        for _ in range(20):
+            await sup.run("benchmarks._agents:stamp")
+        for _ in range(n):
+            t0 = time.monotonic()
+            hot.append((await sup.run("benchmarks._agents:stamp")).output - t0)
+            await anyio.sleep(0.05)  # idle, as a spare is
+            t0 = time.monotonic()
+            idle.append((await sup.run("benchmarks._agents:stamp")).output - t0)
+    return hot, idle
 
 
 async def _first_event(handle: Any) -> Any:
@@ -150,10 +172,12 @@ def run(quick: bool) -> str:
     floor: list[float] = []
     tp_over: list[float] = []
     wexit: list[float] = []
+    heavy_floor: list[float] = []
     for _ in range(3):
         floor += _stop_floor(n // 3)
         tp_over += anyio.run(_overshoot, n // 3)
         wexit += anyio.run(_worker_exit, n // 6)
+        heavy_floor += _stop_floor(n // 6, _WORKER_IMPORTS)
     over["turnpool"] = (
         f"grace {GRACE * 1e3:.0f} ms then SIGTERM to the tree (worker handles it) → `killed`, reaped",
         tp_over,
@@ -165,8 +189,13 @@ def run(quick: bool) -> str:
     )
     over["breakdown: a turnpool worker's own exit"] = (
         "SIGKILL sent straight to a worker spinning in a turn → exited (pidfd readable): no ladder, "
-        "no handler, no reaping; 5 threads (ZeroMQ's I/O and reaper, stale flusher, life pipe)",
+        "no handler, no reaping; 4 threads (ZeroMQ's I/O and reaper, the watcher: K-THREADS), ≈ 25 MB",
         wexit,
+    )
+    over["breakdown: the stop floor with a worker's imports"] = (
+        "the floor's spinner after `import anyio, msgspec, zmq, psutil` (≈ 20 MB resident, one thread): "
+        "SIGTERM → reaped",
+        heavy_floor,
     )
     log(f"turnpool overshoot p50 {ms(med(tp_over))}, stop floor p50 {ms(med(floor))}")
     lat: list[float] = []
@@ -182,6 +211,7 @@ def run(quick: bool) -> str:
         rec_kill,
         rec_cancel,
     )
+    hot, idle = anyio.run(_one_way, nr)
     recov["turnpool, no spare"] = (
         "killed (tree reaped) → worker forked from the zygote → next turn running",
         *anyio.run(_recovery, nr, 0),
@@ -250,9 +280,14 @@ def run(quick: bool) -> str:
         "`killed` with the worker and its tree reaped (peers: until the worker process is gone).\n\n"
         + table(["system", "what is timed", "kills", "p50", "p90", "p99", "peer ÷ turnpool (p50)"], rows)
         + f"\n\nWhere a miss comes from: a turnpool worker killed outright (the breakdown row) takes "
-        f"{med(wexit) / med(floor):.1f}× the stop floor to be gone by itself: it has five threads to end "
-        "where the floor's process has one; the ladder adds the grace timer's wake-up, the tree freeze "
-        "and signal, the worker's handler, and reaping its guardian and descendants before the result."
+        f"{med(wexit) / med(floor):.1f}× the stop floor to be gone by itself, and the floor's own "
+        f"spinner takes {med(heavy_floor) / med(floor):.1f}× once it has imported what a worker "
+        "imports: the kernel's teardown of the process's memory (≈ 25 MB, ≈ 300 mappings, against "
+        "the bare interpreter's 11 MB) and of its threads is most of a kill, before any of "
+        "turnpool's own steps. On top of it the ladder adds the grace timer's wake-up, the SIGTERM "
+        "step (K-FIRST: the worker is signalled without being frozen), the worker's handler "
+        "killing its tree, and reaping the tree before the result (docs/design.md, K-THREADS to "
+        "K-REAP, has the instrumented split)."
         + f"\n\nTargets: p50 ≤ 2.5× the stop floor measured in the same run — {ms(med(tp))} = "
         f"{med(tp) / med(floor):.1f}× {ms(med(floor))} {'met' if med(tp) <= 2.5 * med(floor) else 'MISSED'}; "
         f"p50 ≤ 5 ms — {'met' if med(tp) <= 5e-3 else 'MISSED'}; p90 ≤ 20 ms — {ms(pct(tp, 90))} "
@@ -278,6 +313,12 @@ def run(quick: bool) -> str:
         )
         + f"\n\nEmbedded one-at-a-time latency in the same run (the recovery's yardstick, 2 workers, "
         f"no-op turns, {len(lat)} samples back to back with the recovery samples): p50 {ms(med(lat))}."
+        + f"\n\nWhere a miss comes from: a spare's takeover is one way (submit → agent start) on a worker "
+        f"that sat idle; measured in the same run on a warm worker, that one way is p50 {ms(med(hot))} "
+        f"back to back and {ms(med(idle))} after 50 ms idle ({len(idle)} samples each): waking an idle "
+        "process's threads (ZeroMQ's I/O thread, then the main thread) on a loaded 2-core machine costs "
+        "more than the whole hot round trip. W-WARM (no first-turn page faults) and P-SPARE (the "
+        "replacement's start held back 10 ms) take out what turnpool added on top."
         + f"\n\nTargets: with a spare p50 ≤ 2× the embedded one-at-a-time latency — {ms(med(ts))} = "
         f"{med(ts) / med(lat):.1f}× {ms(med(lat))} {'met' if med(ts) <= 2 * med(lat) else 'MISSED'}; "
         f"with a spare p50 ≤ 2 ms — {'met' if med(ts) <= 2e-3 else 'MISSED'}; "

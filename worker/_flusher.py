@@ -1,4 +1,4 @@
-"""The stale-batch flusher: frames a stuck turn queued still leave the worker (rule S1).
+"""The worker's one helper thread: the stale-batch flusher (rule S1) and the life-pipe watcher.
 
 The worker batches what it sends per event-loop iteration (``Connection.post``): a quick turn's
 ``Started`` and ``End`` share one frame, and turns handed ahead run back to back in one
@@ -8,60 +8,123 @@ import that blocks) never gives the loop back, so that batch - its own ``Started
 whole tick and sends it itself (ZeroMQ's own I/O thread then writes it without the GIL).
 
 It costs nothing per turn while turns keep the loop turning (one check per tick, 5 ms), and it
-sleeps for good once the worker has been idle for a second (the next turn then wakes it: a
-thread woken per turn cost ≈ 20 µs of latency per turn, measured). A turn that holds the GIL in
-one C call from its first line, or that stops its worker with SIGSTOP, starves this thread too:
-the supervisor then reads the start marker instead (``worker/_marker.py``).
+stops ticking once the worker has been idle for a second (the next turn then wakes it through a
+pipe: a thread woken per turn cost ≈ 20 µs of latency per turn, measured). A turn that holds the
+GIL in one C call from its first line, or that stops its worker with SIGSTOP, starves this thread
+too: the supervisor then reads the start marker instead (``worker/_marker.py``).
+
+K-THREADS: the same thread watches the life pipe (EOF: the supervisor is gone), in the same
+``poll`` that times its ticks. One thread fewer than a watcher of its own: a killed worker's exit
+must wake and end every thread of the process before its pidfd is readable, and each costs a
+scheduling round on a loaded machine (docs/design.md, K-THREADS).
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 TICK = 0.005  # seconds a batch may wait before this thread sends it
 IDLE_TICKS = 200  # idle ticks in a row (1 s) before it sleeps until the next turn
+THREAD_NAME = "worker-watcher"  # never forks: the end-of-turn sweep skips it (``_sweep``)
 
 
 class StaleFlusher:
-    def __init__(self, conn: Any, blocked: set[int]) -> None:
-        self._conn = conn
+    """Started before the turn loop exists (``attach`` gives it the connection later), so the
+    life pipe is watched from the moment the process guards are in place."""
+
+    def __init__(
+        self,
+        blocked: set[int],
+        *,
+        life_fd: int | None = None,
+        on_life_lost: Callable[[], None] | None = None,
+    ) -> None:
+        self._conn: Any = None
         self._blocked = blocked  # signals the main thread must get (docs/design.md P4)
-        self._wake = threading.Event()
+        self._life_fd = life_fd
+        self._on_life_lost = on_life_lost
+        self._wake_r, self._wake_w = os.pipe()  # not inheritable: agents' children never see it
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self.idle = False  # sleeping until ``poke``: the worker had nothing to send and no turn
         self.busy = False  # a turn is running (set by the worker loop)
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="stale-flusher", daemon=True).start()
+        threading.Thread(target=self._run, name=THREAD_NAME, daemon=True).start()
+
+    def attach(self, conn: Any) -> None:
+        """The turn loop's connection exists: watch its batches from now on."""
+        self._conn = conn
+        self.poke()
 
     def poke(self) -> None:
         """A turn starts while this thread sleeps: watch again."""
-        self._wake.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:  # the pipe is full: a wake-up is pending anyway
+            pass
+
+    def _life_lost(self) -> bool:
+        """The life pipe is readable: EOF (or an error) means the supervisor is gone."""
+        assert self._life_fd is not None
+        try:
+            data = os.read(self._life_fd, 1)
+        except InterruptedError:
+            return False
+        except OSError:
+            return True
+        return not data
 
     def _run(self) -> None:
+        # Leave SIGTERM and the parent-death signal to the main thread, where Python runs the
+        # handler. Delivered here, an interrupted poll's EINTR retry needs the GIL that a busy
+        # agent holds: the handler then started one switch interval (5 ms) late (P4).
         signal.pthread_sigmask(signal.SIG_BLOCK, self._blocked)
-        conn = self._conn
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        if self._life_fd is not None:
+            poller.register(self._life_fd, select.POLLIN)
+        tick_ms = int(TICK * 1000)
         seen = -1
         idle_ticks = 0
         while True:
-            if self.busy or conn._out:
+            conn = self._conn
+            timeout: int | None = tick_ms
+            if conn is None:
+                timeout = None
+            elif self.busy or conn._out:
                 idle_ticks = 0
             elif idle_ticks < IDLE_TICKS:
                 idle_ticks += 1
             else:
                 idle_ticks = 0
-                self._wake.clear()
                 self.idle = True
                 # Checked again after ``idle`` is set: a turn that started meanwhile either saw
-                # ``idle`` (and pokes) or is seen here.
+                # ``idle`` (and pokes: the byte waits in the pipe) or is seen here.
                 if not self.busy and not conn._out:
-                    self._wake.wait()
+                    timeout = None
+            for fd, _ in poller.poll(timeout):
+                if fd == self._wake_r:
+                    try:
+                        while os.read(self._wake_r, 64):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif self._life_lost():
+                    if self._on_life_lost is not None:
+                        self._on_life_lost()  # kills the tree and exits (or another thread does)
+                    return
+            if timeout is None:
                 self.idle = False
                 seen = -1
                 continue
-            time.sleep(TICK)
+            if conn is None:
+                continue
             batch = conn.batches
             if batch == seen and conn._out:
                 conn.flush_stale(batch)

@@ -7,7 +7,8 @@ thread and a forked guardian, where the loop's state must not be touched:
   stays in this worker's tree where a kill finds it;
 * on SIGTERM it freezes and kills its whole tree, then dies of SIGTERM (reaping the tree first
   only when its supervisor is gone: K-FAST in docs/design.md);
-* when the supervisor dies (parent-death signal, or EOF on the inherited life pipe) it does
+* when the supervisor dies (parent-death signal, or EOF on the inherited life pipe, watched by
+  the stale flusher's thread: K-THREADS) it does
   the same, so killing the supervisor with SIGKILL leaves no process behind;
 * the guardian (``start_guardian``) does it for the worker when the worker cannot, and sweeps
   what the worker left when it exits;
@@ -23,13 +24,14 @@ import threading
 import time
 from typing import Any
 
-from . import _cgroup, _guardian, _sweep, _tree
+from . import _cgroup, _flusher, _guardian, _sweep, _tree
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 _BATON_FD = -1  # set by start_guardian: see _take_baton
 _SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
 _KILLING = False  # this process has begun killing its tree
 _PARENT_PID = -1  # the supervisor's pid (set by install_process_guards)
+_WATCHER: _flusher.StaleFlusher | None = None  # the life-pipe watcher, later the stale flusher
 
 # H3: which turnpool process this is ("worker", "zygote"; a zygote's fork inherits it), or None
 # in any other program. A supervisor refuses to start where it is set (``lowlevel.process_role``).
@@ -124,24 +126,6 @@ def _on_parent_death(signum: int, frame: Any) -> None:
     _on_supervisor_death()
 
 
-def _watch_life_pipe(fd: int) -> None:
-    """Runs in a daemon thread: EOF on the pipe means the supervisor is gone."""
-    # Leave SIGTERM and the parent-death signal to the main thread, where Python runs the handler.
-    # Delivered here, the read's EINTR retry needs the GIL that a busy agent holds: the handler
-    # then started one switch interval (5 ms) late - half of all kills measured so.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, PARENT_DEATH_SIGNAL})
-    while True:
-        try:
-            data = os.read(fd, 1)
-        except InterruptedError:
-            continue
-        except OSError:
-            break
-        if not data:
-            break
-    _on_supervisor_death()
-
-
 def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | None = None) -> int:
     """Fork the guardian: a tiny process that outlives this worker and cleans up after it.
 
@@ -204,8 +188,19 @@ def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | N
         _on_supervisor_death()
     if life_fd is not None:
         os.set_inheritable(life_fd, False)
-        threading.Thread(target=_watch_life_pipe, args=(life_fd,), name="life-pipe", daemon=True).start()
+        # K-THREADS: one thread watches the life pipe and, once the turn loop runs, flushes its
+        # stale batches (``_flusher``).
+        global _WATCHER
+        _WATCHER = _flusher.StaleFlusher(
+            {signal.SIGTERM, PARENT_DEATH_SIGNAL}, life_fd=life_fd, on_life_lost=_on_supervisor_death
+        )
+        _WATCHER.start()
     _SWEEP = _sweep.TurnSweep(guardian)
+
+
+def watcher() -> _flusher.StaleFlusher | None:
+    """The thread watching the life pipe, for the turn loop to make its stale flusher too."""
+    return _WATCHER
 
 
 def sweep_leftovers() -> None:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 import threading
 
-from . import _tree
+from . import _flusher, _tree
 
 _THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
 
 
 # R-sweep: a turn's end sweeps its processes.
 class TurnSweep:
-    def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = ("life-pipe",)) -> None:
+    def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = (_flusher.THREAD_NAME,)) -> None:
         self.me = os.getpid()
         self.guardian = guardian
         self._skip = skip_threads

@@ -26,6 +26,7 @@ from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
 from ._guards import EXIT_LINK_LOST, process_role, start_guardian
 from ._guards import _take_baton as take_baton
+from ._loop import warm_up_state
 from ._marker import path_for as marker_path_for
 from ._marker import read as marker_read
 from ._marker import read_noted as marker_read_noted
@@ -82,4 +83,5 @@ __all__ = [
     "start_guardian",
     "take_baton",
     "thaw",
+    "warm_up_state",
 ]

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.supervisor")
 
+# P-SPARE: how long a replacement for a spare that took over waits before it starts (seconds).
+SPARE_REFILL_DELAY = 0.01
+
 SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
 
 
@@ -171,6 +174,7 @@ class WorkerPool:
         self._refill_timer: Timer | None = None
         self._fill_target = 0
         self._fill_scheduled = False  # P-LATER: a fill is due in a loop callback
+        self._spare_fill: Timer | None = None  # P-SPARE: a replacement for a spare, due later
 
     def ready(self, slot: WorkerSlot, msg: wire.Ready, now: float) -> Literal["ready", "held", "refused"]:
         """A worker's ``Ready``: the handshake. ``ready`` (the slot is now idle), ``held`` (the
@@ -281,13 +285,19 @@ class WorkerPool:
     def live_count(self) -> int:
         return sum(1 for s in self.slots.values() if s.live and not s.doomed and not s.stale)
 
-    def fill(self, target: int) -> None:
+    def fill(self, target: int, *, spares: int = 0) -> None:
         """Start workers until ``target`` are live, unless start failures put the pool in back-off.
 
         P-LATER: on a running event loop the starts happen in a loop callback of their own, after
         what is already scheduled - above all the frame handing a queued turn to a warm spare,
         which the same exit scheduled first: a replacement's start (a cgroup, a pipe, a request to
-        the zygote: ≈ 0.2 ms) no longer delays the spare taking over."""
+        the zygote: ≈ 0.2 ms) no longer delays the spare taking over.
+
+        P-SPARE: when the pool is short of no more than its ``spares`` (a spare took the place of
+        a worker that died, so every turn slot still has a worker), the replacement starts
+        ``SPARE_REFILL_DELAY`` later instead: its start (the zygote's fork, the new process's
+        imports and warm-up) no longer competes for the CPUs with the spare taking over the
+        queued turn. A pool short of more than that (no spare left) starts them at once."""
         self._fill_target = target
         if self._fill_scheduled:
             return
@@ -296,11 +306,23 @@ class WorkerPool:
         except RuntimeError:
             self._fill_now()
             return
+        if spares > 0 and target - self.live_count() <= spares:
+            if self._spare_fill is None:
+                self._spare_fill = self.timers.call_later(SPARE_REFILL_DELAY, self._fill_spare)
+            return
         self._fill_scheduled = True
         loop.call_soon(self._fill_now)
 
+    def _fill_spare(self) -> None:
+        self._spare_fill = None
+        if not self._fill_scheduled:
+            self._fill_now()
+
     def _fill_now(self) -> None:
         self._fill_scheduled = False
+        if self._spare_fill is not None:  # this fill covers it
+            self._spare_fill.cancel()
+            self._spare_fill = None
         if self.closing or self.tg is None:
             return
         target = self._fill_target

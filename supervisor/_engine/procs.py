@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Iterable
@@ -144,10 +145,19 @@ def pidfd(pid: int) -> int | None:
         return None
 
 
+def exited(fd: int) -> bool:
+    """Whether the process behind pidfd ``fd`` has exited already (a poll that does not wait)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 async def wait_exit(pid: int, fd: int | None) -> None:
-    """Return once ``pid`` has exited (it may still need reaping)."""
+    """Return once ``pid`` has exited (it may still need reaping). K-REAP: a process already gone
+    costs no turn of the event loop (the descendants a killed worker SIGKILLed itself usually are)."""
     if fd is not None:
-        await anyio.wait_readable(fd)
+        if not exited(fd):
+            await anyio.wait_readable(fd)
         return
     # No pidfd (old kernel): bounded back-off polling, the only fallback there is.
     delay = 0.001
@@ -180,12 +190,30 @@ def reap(pid: int) -> int | None:
 # R14: the fallback kill of a tree (freeze, list, signal); R-cgroup first where it can.
 def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     """Freeze the worker's tree, signal every process in it and its process group, thaw it
-    (unless the signal is SIGKILL). Adds what it found to ``known``; returns the pids."""
+    (unless the signal is SIGKILL; for any other signal the worker itself is never frozen, and
+    is signalled before its descendants: K-FIRST). Adds what it found to ``known``; returns the pids."""
     if pid <= 0:  # a worker whose pid is not known yet (zygote fork in flight): never signal 0 or -1
         return []
     cgroup = CGROUPS.get(pid)
     if cgroup is not None and sig == signal.SIGKILL:
         lowlevel.cgroup_kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
+    if sig != signal.SIGKILL:
+        # K-FIRST: the worker itself is never stopped: its descendants are frozen and listed
+        # first (stopped, none of them forks), then the worker is signalled - its handler, which
+        # kills its whole tree itself (K-FAST), starts at once instead of after a SIGSTOP and a
+        # SIGCONT that wake and park every one of its threads - then they are. The listing is made
+        # before the worker's handler kills them: a descendant it reaps away from the worker by
+        # re-parenting is in ``known``, for the reaping (R13) after the worker's exit.
+        pids = [pid, *lowlevel.freeze_tree(pid, include_root=False)]
+        known.update(pids)
+        for target in (pid, -pid):  # the worker, then its process group
+            try:
+                os.kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        lowlevel.signal_all(pids[1:], sig)
+        lowlevel.thaw(pids[1:])
+        return pids
     pids = lowlevel.freeze_tree(pid)
     known.update(pids)
     try:

@@ -645,7 +645,7 @@ class Supervisor:
         """Keep ``workers + spares`` workers live, plus one per slot lent to a waiting parent."""
         if self._state != "running":
             return
-        self.pool.fill(self.workers + self.spares + self._lent)
+        self.pool.fill(self.workers + self.spares + self._lent, spares=self.spares)
 
     # ---- messages from workers: one method per message type -----------------------------
 

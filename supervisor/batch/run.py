@@ -601,23 +601,27 @@ class BatchRun:
         else:
             self._interrupted += 1
         # Slowest by the turn's own run time (queueing behind other jobs is not the job's slowness).
+        # The entry is built only for a job that makes the list (most do not).
         ran = result.run_s if result is not None else None
-        entry = (
-            ran if ran is not None else duration,
-            next(self._seq),
-            {
-                "id": job.id,
-                "outcome": outcome,
-                "run_s": ran,
-                "duration_s": round(duration, 3),
-                "attempts": attempt,
-                "turn_id": turn_id,
-            },
-        )
-        if len(self._slowest) < self.keep_slowest:
-            heapq.heappush(self._slowest, entry)
-        elif self.keep_slowest:
-            heapq.heappushpop(self._slowest, entry)
+        key = ran if ran is not None else duration
+        slowest = self._slowest
+        if len(slowest) < self.keep_slowest or (self.keep_slowest and key >= slowest[0][0]):
+            entry = (
+                key,
+                next(self._seq),
+                {
+                    "id": job.id,
+                    "outcome": outcome,
+                    "run_s": ran,
+                    "duration_s": round(duration, 3),
+                    "attempts": attempt,
+                    "turn_id": turn_id,
+                },
+            )
+            if len(slowest) < self.keep_slowest:
+                heapq.heappush(slowest, entry)
+            else:
+                heapq.heappushpop(slowest, entry)
         self._notify(record)
         if final and outcome != "completed" and self.fail_fast:
             self.interrupt(STOP_FAIL_FAST)
