@@ -45,6 +45,7 @@ class Membership:
         namespace: str,
         options: dict[str, Any],
         workers_per_node: int | None,
+        niceness: int | None,
         reserve_cpus: bool,
         start_timeout: float,
         membership_interval: float,
@@ -58,6 +59,7 @@ class Membership:
         self._namespace = namespace
         self._options = options
         self._workers_per_node = workers_per_node
+        self._niceness = niceness
         self._reserve_cpus = reserve_cpus
         self._start_timeout = start_timeout
         self._interval = membership_interval
@@ -133,7 +135,7 @@ class Membership:
             num_cpus=min(workers, cpus) if self._reserve_cpus else 0,
             max_concurrency=100_000,
             max_restarts=0,
-        ).remote(node_id, key, dict(self._options, workers=workers))
+        ).remote(node_id, key, dict(self._options, workers=workers), self._niceness)
         try:
             with anyio.fail_after(self._start_timeout):
                 started = await actor.start.remote()

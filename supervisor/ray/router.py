@@ -70,6 +70,11 @@ class RaySupervisor:
     ``agent_path`` are as for ``Supervisor`` on every node; ``supervisor_options`` passes any
     other ``Supervisor`` keyword. Agents must be importable on every node.
 
+    ``node_niceness`` (default 0, the niceness Ray's own daemons run at) is set on each node
+    supervisor and so on its workers, in place of the 15 Ray starts its workers at: the node
+    supervisor keeps the grace and does the kill, and at 15 a loaded node starves both
+    (R-ray-priority). ``None`` keeps Ray's.
+
     When a node or its node supervisor is lost (Ray reports the actor dead, or unreachable for
     longer than ``node_loss_timeout`` seconds, or the node dead), every turn it held ends once,
     ``crashed`` with error type ``NodeLost``; a turn submitted with ``retry=True`` is submitted
@@ -90,6 +95,7 @@ class RaySupervisor:
         membership_interval: float = 1.0,
         start_timeout: float = 60.0,
         reserve_cpus: bool = True,
+        node_niceness: int | None = 0,
         supervisor_options: dict[str, Any] | None = None,
         keep_results: int = 10_000,
     ) -> None:
@@ -111,6 +117,12 @@ class RaySupervisor:
             check_seconds(name, value, positive=True)
         if isinstance(keep_results, bool) or not isinstance(keep_results, int) or keep_results < 1:
             raise ValueError(f"keep_results must be a positive int, got {keep_results!r}")
+        if node_niceness is not None and (
+            isinstance(node_niceness, bool)
+            or not isinstance(node_niceness, int)
+            or not -20 <= node_niceness <= 19
+        ):
+            raise ValueError(f"node_niceness must be an int from -20 to 19 or None, got {node_niceness!r}")
         self.address = address
         self.workers_per_node = workers_per_node
         self.namespace = namespace
@@ -118,6 +130,7 @@ class RaySupervisor:
         self.membership_interval = float(membership_interval)
         self.start_timeout = float(start_timeout)
         self.reserve_cpus = bool(reserve_cpus)
+        self.node_niceness = node_niceness
         self.keep_results = keep_results
         options = dict(supervisor_options or {})
         options.update(grace=grace, kill_after=kill_after, spares=spares, agent_path=agent_path)
@@ -133,6 +146,7 @@ class RaySupervisor:
             namespace=namespace,
             options=options,
             workers_per_node=workers_per_node,
+            niceness=node_niceness,
             reserve_cpus=self.reserve_cpus,
             start_timeout=self.start_timeout,
             membership_interval=self.membership_interval,
