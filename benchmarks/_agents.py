@@ -62,3 +62,24 @@ async def ticker(turn: worker.Turn) -> int:
             await anyio.sleep(delay)
         await turn.emit(time.monotonic())
     return n
+
+
+async def stubborn_timed(turn: worker.Turn) -> None:
+    """Like ``examples.agents:stubborn`` (a CPU loop that ignores ``Abort``), and notes when the
+    SIGTERM step reaches it: ``time.time()`` is written to ``input["path"]`` from the signal
+    handler, before the worker's own handler kills the tree. For splitting a kill's overshoot."""
+    import signal
+
+    fd = os.open(turn.input["path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        os.write(fd, repr(time.time()).encode())
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
+    await turn.emit({"pid": os.getpid()})
+    x = 0
+    while True:
+        x += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -280,6 +281,34 @@ async def test_stubborn_turn_killed_with_its_grandchildren_and_setsid_daemon(
             assert result.outcome == "killed"
             assert time.monotonic() - t0 >= 0.3
             assert [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """The niceness of each thread of ``pid`` (Linux keeps one per thread)."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
+        except ProcessLookupError:
+            pass  # the thread ended meanwhile
+    return found
+
+
+async def test_node_supervisors_and_their_workers_run_at_normal_niceness(sup: RaySupervisor) -> None:
+    """Promise (R-ray-priority): Ray starts its workers at nice 15, below every other process; a
+    node supervisor (which keeps the grace and does the kill) and the workers it starts run at
+    ``node_niceness`` (0) instead, so a loaded machine does not stretch a kill's overshoot."""
+    limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    if os.geteuid() != 0 and limit != resource.RLIM_INFINITY and limit < 20:
+        pytest.skip("this machine cannot: a process here may not lower its niceness to 0")
+    with anyio.fail_after(BOUND):
+        for key, info in sup.nodes().items():
+            if info["state"] != "live":
+                continue
+            assert set(_thread_niceness(info["pid"]).values()) == {0}, (key, _thread_niceness(info["pid"]))
+            result = await sup.run("tests.agents.cluster:where", session=_session_on(sup, key, "nice"))
+            assert result.outcome == "completed", result
+            assert result.output["nice"] == 0, result.output
 
 
 async def test_cancelling_run_or_its_ray_ref_cancels_the_turn(sup: RaySupervisor) -> None:

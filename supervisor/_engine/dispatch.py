@@ -92,7 +92,17 @@ class Dispatcher:
     def note_turn_time(self, run_s: float) -> None:
         t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
         window = self.sup.prefetch_window
-        self.depth = 1 + min(self.sup.prefetch - 1, int(window / t)) if t < window else 1
+        most = self.sup.prefetch
+        if t >= window:
+            self.depth = 1
+        elif t * (most - 1) <= window:
+            # Compared, not divided: turns whose Started and End arrive in one pass measure 0 s
+            # (one clock reading per pass), so the average decays towards 0 and ``window / t``
+            # overflowed (OverflowError, then ZeroDivisionError) after ~3,000 such turns, which
+            # broke the frame handler and left every turn of the pool hanging.
+            self.depth = most
+        else:
+            self.depth = 1 + int(window / t)
 
     def _top_up(self) -> None:
         depth = self.depth

@@ -2,8 +2,11 @@
 
 * ``node`` — ``NodeSupervisor``, the Ray actor owning one embedded ``Supervisor`` on its node
   (every cancellation rule stays node-local);
-* ``router`` — ``RaySupervisor``, the driver-side ``Backend`` that routes turns to nodes and
-  ends the turns of a lost node;
+* ``router`` — ``RaySupervisor``, the driver-side ``Backend`` that routes turns to nodes;
+* ``membership`` — the router's node supervisors, started as nodes join, and the loss handling
+  that ends (or re-places) a lost node's turns once;
+* ``link`` — one node's submit and result streams (the result stream is also its liveness);
+* ``turns`` — the router's turn table and session pins (no Ray);
 * ``placement`` — turn ids naming nodes, rendezvous hashing (pure, no Ray).
 
 Importing this package imports Ray (the ``ray`` extra); ``import supervisor`` never does:

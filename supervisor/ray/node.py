@@ -13,6 +13,10 @@ living inside a Ray worker needs (R-ray-worker):
 * The engine's private ipc endpoint lives under a short per-process directory
   (``sup-<pid>-…``), so several nodes on one host never share a socket and the path stays
   under the 107-byte ``sun_path`` limit.
+* Ray starts its workers at nice 15 (its ``worker_niceness``), below its own daemons; the node
+  supervisor is turnpool's daemon on the node (its timers are the grace and the kill, its reaps
+  the quiescence before a result), so it goes back to the given niceness, 0 by default, before
+  its workers start (R-ray-priority).
 
 Nothing here imports Ray: the router wraps this class with ``ray.remote`` when it starts one
 per node, so the class can be read and type-checked without Ray installed.
@@ -21,9 +25,11 @@ per node, so the class can be read and type-checked without Ray installed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,6 +45,37 @@ from .placement import new_turn_id
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
 MAX_BATCH = 4096
 
+log = logging.getLogger("turnpool.ray")
+
+
+def set_niceness(value: int) -> int:
+    """Set every thread of this process to niceness ``value``; returns the calling thread's.
+
+    R-ray-priority: Linux keeps a niceness per thread, and a thread or process inherits its
+    creator's, so each thread Ray made before us is set, and the threads and worker processes
+    made from them afterwards start at ``value``. Lowering the niceness needs CAP_SYS_NICE (or
+    RLIMIT_NICE): without it the node keeps Ray's and says so once (start Ray with
+    ``RAY_worker_niceness=0`` there instead)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [threading.get_native_id()]
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, value)
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        except PermissionError:
+            log.warning(
+                "node supervisor cannot set its niceness to %d (it has %d from Ray): its timers and "
+                "reaps yield to every other process on a loaded node; give it CAP_SYS_NICE, or start "
+                "Ray with RAY_worker_niceness=0",
+                value,
+                os.getpriority(os.PRIO_PROCESS, tid),
+            )
+            break
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
 
 def _failure(exc: BaseException) -> tuple[bool, Any]:
     return (False, exc)
@@ -53,10 +90,11 @@ class NodeSupervisor:
     the actor or its node is gone.
     """
 
-    def __init__(self, node_id: str, key: str, options: dict[str, Any]) -> None:
+    def __init__(self, node_id: str, key: str, options: dict[str, Any], niceness: int | None = None) -> None:
         self.node_id = node_id
         self.key = key
         self.options = dict(options)
+        self.niceness = niceness
         self.sup: Supervisor | None = None
         self._outbox: list[TurnResult] = []
         self._wake = asyncio.Event()
@@ -69,6 +107,8 @@ class NodeSupervisor:
         # R-ray-worker: clear the signal mask Ray gave this thread (SIGINT blocked) before any
         # worker is spawned from it; children inherit it through posix_spawn.
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        # R-ray-priority: back from Ray's worker niceness before any worker inherits it.
+        nice = set_niceness(self.niceness) if self.niceness is not None else os.nice(0)
         base = runtime_dir()
         if len(str(base)) + IPC_SUFFIX_MAX > IPC_PATH_MAX:
             raise TurnpoolError(
@@ -80,7 +120,13 @@ class NodeSupervisor:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._main = asyncio.ensure_future(self._own(ready))
         await ready
-        return {"node_id": self.node_id, "key": self.key, "pid": os.getpid(), "host": socket.gethostname()}
+        return {
+            "node_id": self.node_id,
+            "key": self.key,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "niceness": nice,
+        }
 
     async def _own(self, ready: asyncio.Future[None]) -> None:
         try:

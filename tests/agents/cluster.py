@@ -19,13 +19,20 @@ from .tree import _daemonize
 
 
 async def where(turn: worker.Turn) -> dict[str, Any]:
-    """Returns the worker's pid, its node supervisor's pid and the worker's blocked signals."""
+    """Returns the worker's pid, its node supervisor's pid, the worker's blocked signals and its
+    niceness."""
     blocked = 0
     with open("/proc/self/status") as f:  # noqa: ASYNC230 - procfs, never blocks
         for line in f:
             if line.startswith("SigBlk:"):
                 blocked = int(line.split()[1], 16)
-    return {"pid": os.getpid(), "node_pid": os.getppid(), "sigblk": blocked, "input": turn.input}
+    return {
+        "pid": os.getpid(),
+        "node_pid": os.getppid(),
+        "sigblk": blocked,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "input": turn.input,
+    }
 
 
 async def fail(turn: worker.Turn) -> None:

@@ -1,0 +1,135 @@
+"""One node's link: the router's handle on a node supervisor and the two streams it keeps with it.
+
+``NodeLink`` holds what the router knows of one node (its actor, its workers, the turns it holds
+and the ones waiting for the next batch, its last status) and runs the node's two streams
+(R-ray-streams): the flusher, which sends submissions in batches, one batch in flight at a time,
+and the results stream, which brings results back in batches and is also the router's liveness
+channel: its failure is how the router learns the node is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+import ray.exceptions
+
+from wire import TurnResult
+
+from .node import MAX_BATCH
+from .turns import lost_result
+
+if TYPE_CHECKING:
+    from .turns import RoutedTurn, TurnTable
+
+log = logging.getLogger("turnpool.ray")
+
+
+def kill_actor(actor: Any) -> None:
+    """``ray.kill`` without a restart, quietly when the actor (or Ray) is already gone."""
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already dead, or Ray is gone: nothing of it to stop
+        pass
+
+
+@dataclass(eq=False)
+class NodeLink:
+    """A node supervisor as the router sees it, and its submit and result streams.
+
+    ``table`` is the router's turn table (results end turns there); ``lose`` declares this node
+    lost (the membership's loss handling); ``running`` says whether the router still runs (a
+    stream that ends while it closes is a close, not a loss)."""
+
+    key: str
+    node_id: str
+    actor: Any
+    workers: int
+    table: TurnTable
+    lose: Callable[[NodeLink, str], Awaitable[None]]
+    running: Callable[[], bool]
+    loss_timeout: float
+    state: str = "live"  # live → lost | closed
+    pid: int | None = None
+    held: dict[str, RoutedTurn] = field(default_factory=dict)  # sent (or being sent), not ended
+    pending: list[RoutedTurn] = field(default_factory=list)  # waiting for the next batch
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    status: dict[str, Any] | None = None
+
+    def load(self) -> float:
+        """Turns held or waiting, per worker: the least loaded node takes a turn with no home."""
+        return (len(self.held) + len(self.pending)) / self.workers
+
+    def send(self, turn: RoutedTurn) -> None:
+        """Hold ``turn`` here and queue it for the next batch."""
+        self.held[turn.turn_id] = turn
+        self.pending.append(turn)
+        self.wake.set()
+
+    async def flusher(self) -> None:
+        """Sends the node's submissions in batches, one batch in flight at a time (order kept)."""
+        while self.state == "live":
+            if not self.pending:
+                await self.wake.wait()
+                self.wake.clear()
+                continue
+            # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn.
+            batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
+            try:
+                acks = await self.actor.submit_batch.remote([t.request for t in batch])
+            except ray.exceptions.RayError as exc:
+                # Sent, never acknowledged: they are held by a node that is gone, like any other.
+                for turn in batch:
+                    turn.acked.set()
+                await self.lose(self, f"submit failed: {type(exc).__name__}")
+                return
+            for turn, (ok, value) in zip(batch, acks, strict=True):
+                if not ok and turn.resent:
+                    # Its caller has a handle already: the turn ends, truthfully, here.
+                    message = f"sent again after its node was lost, refused: {type(value).__name__}: {value}"
+                    self.table.finish(turn, lost_result(turn, message))
+                elif not ok:
+                    turn.ack_error = value
+                    self.table.drop(turn)
+                turn.acked.set()
+
+    async def results_stream(self) -> None:
+        """Follows the node's results; its failure is how the router learns the node is lost."""
+        unavailable_since: float | None = None
+        while self.state == "live":
+            try:
+                async for ref in self.actor.results.remote():
+                    batch = await ref
+                    unavailable_since = None
+                    for result in batch:
+                        self._on_result(result)
+                if not self.running():
+                    return  # closed: the stream ended after the last result
+                reason = "the node supervisor stopped"
+            except ray.exceptions.ActorUnavailableError as exc:
+                # R-ray-loss: unreachable (restarting, partitioned) is not yet lost; after
+                # node_loss_timeout it is, and the actor is killed so nothing runs twice.
+                now = time.monotonic()
+                unavailable_since = unavailable_since or now
+                if now - unavailable_since < self.loss_timeout:
+                    await anyio.sleep(min(0.5, self.loss_timeout / 4))  # retry back-off
+                    continue
+                reason = f"unreachable for {self.loss_timeout:g}s ({type(exc).__name__})"
+            except ray.exceptions.RayError as exc:
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            await self.lose(self, reason)
+            return
+
+    def _on_result(self, result: TurnResult) -> None:
+        turn = self.table.get(result.turn_id)
+        if turn is None or turn.node is not self or turn.done.is_set():
+            return  # not ours (a Ray-native run), or already ended (node declared lost)
+        if turn.attempts != result.attempts:
+            result = msgspec.structs.replace(result, attempts=turn.attempts)
+        self.table.finish(turn, result)
