@@ -91,6 +91,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 # Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
 
@@ -519,7 +520,9 @@ class Daemon:
     def _put_frame(self, ident: bytes, frame: bytes) -> str:
         assert self._sync is not None
         try:
-            self._sync.send_multipart([ident, frame], _NOBLOCK)
+            send = self._sync.send
+            send(ident, _NOBLOCK_MORE)  # B6: not send_multipart, which ORs enum flags per part
+            send(frame, _NOBLOCK)
             return "ok"
         except zmq.Again:
             return "full"
