@@ -618,6 +618,23 @@ class Supervisor:
         of the queue) answered ``clear_for_dispatch`` for it. Set before the first submit."""
         self._dispatch.gate = gate
 
+    def dispatch_once(self, calls: Iterable[Callable[[], Any]]) -> None:
+        """Run ``calls`` (a journal commit's callbacks: ``mark_recorded``, ``clear_for_dispatch``)
+        with dispatch deferred to their end, as a receive batch from the workers is (J6-BATCH): a
+        commit of a thousand accept rows pumps once, not once per row (each pump walks up to
+        capacity × depth turns at the head of the queue)."""
+        dispatch = self._dispatch
+        if dispatch.defer:  # already inside a batch: its end pumps
+            for call in calls:
+                call()
+            return
+        dispatch.defer = True
+        try:
+            for call in calls:
+                call()
+        finally:
+            dispatch.end_deferral()
+
     def mark_recorded(self, turn: TurnRecord) -> None:
         """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
         turn.recorded = True

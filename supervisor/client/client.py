@@ -57,6 +57,11 @@ from .requests import _check_turn_id, _error, _get_result, _Lost, _Replies, _Rep
 
 log = logging.getLogger("turnpool.client")
 
+# B6: plain ints: pyzmq's flags and options are enums, and each ``&`` on one builds an enum member.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
 
 class Client:
     """A connection to a ``turnpool serve`` daemon, with the methods of ``Supervisor``::
@@ -195,10 +200,10 @@ class Client:
         sync = self._sync
         if sync is None or sync.closed:
             return
-        getsockopt = cast(Callable[[int], int], sync.getsockopt)
-        while getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        getsockopt: Callable[[int], int] = sync.getsockopt  # type: ignore[assignment]
+        while getsockopt(_EVENTS) & _POLLIN:
             try:
-                parts = sync.recv_multipart(zmq.NOBLOCK)
+                parts = sync.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
             except zmq.ZMQError:
@@ -257,7 +262,7 @@ class Client:
             return
         try:
             # The DEALER has no send limit (SNDHWM 0) and queues while connecting: this never waits.
-            sync.send(frame, zmq.NOBLOCK)
+            sync.send(frame, _NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("send to the daemon at %s failed: %s", self.endpoint, exc)
             self._lost = self._lost or f"a send failed: {exc}"
@@ -265,7 +270,7 @@ class Client:
             return
         # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
         if (
-            cast(int, sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+            cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
             and not self._recheck_scheduled
             and self._loop is not None
         ):

@@ -75,6 +75,12 @@ from .run import READY_PREFIX, run_daemon, serve_until_stopped
 
 log = logging.getLogger("turnpool.daemon")
 
+# B6: plain ints: pyzmq's flags and options are enums, and each ``&`` on one builds an enum member.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 # Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
 
@@ -240,19 +246,36 @@ class Daemon:
         sync = self._sync
         if sync is None or sync.closed:
             return
-        getsockopt = cast(Callable[[int], int], sync.getsockopt)
+        # B6: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
+        getsockopt: Callable[[int], int] = sync.getsockopt  # type: ignore[assignment]
+        recv = sync.recv
+        peers = self._clients.peers
         for _ in range(READ_BATCH):
-            if not getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not getsockopt(_EVENTS) & _POLLIN:
                 return
             try:
-                # Frames (not bytes): the first frame from a client tells which descriptor it came
-                # in on, which is how a disconnect reported by the monitor finds its client (R20).
-                frames = sync.recv_multipart(zmq.NOBLOCK, copy=False)
+                ident = recv(_NOBLOCK)
+                fd = None
+                if ident in peers:
+                    body = recv(_NOBLOCK)
+                else:
+                    # A new client: its first frame tells which descriptor it came in on, which is
+                    # how a disconnect reported by the monitor finds its client (R20).
+                    frame = recv(_NOBLOCK, copy=False)
+                    try:
+                        fd = frame.get(zmq.SRCFD)
+                    except zmq.ZMQError:
+                        fd = -1
+                    body = frame.bytes
+                extra = 0
+                while getsockopt(_RCVMORE):
+                    recv(_NOBLOCK)  # a request is one frame: a multipart one is refused whole
+                    extra += 1
             except zmq.Again:
                 return
             except zmq.ZMQError:
                 return
-            self._on_frame(frames)
+            self._on_frame(ident, body, fd, extra)
         self._recheck()
 
     def _recheck(self) -> None:
@@ -260,23 +283,17 @@ class Daemon:
             self._recheck_scheduled = True
             self._loop.call_soon(self._on_readable)
 
-    def _on_frame(self, frames: list[zmq.Frame]) -> None:
-        ident = frames[0].bytes
+    def _on_frame(self, ident: bytes, body: bytes, fd: int | None, extra: int) -> None:
         peer = self._clients.peers.get(ident)
         if peer is None:
-            try:
-                fd = frames[-1].get(zmq.SRCFD)
-            except zmq.ZMQError:
-                fd = -1
-            peer = self._clients.get(ident, fd)
+            peer = self._clients.get(ident, -1 if fd is None else fd)
         if peer.owed:
             self._pay(peer)  # it sends again: it may read again
-        parts = [f.bytes for f in frames]
-        if len(parts) != 2:
-            self._malformed(ident, f"a request is one frame, got {len(parts) - 1}")
+        if extra:
+            self._malformed(ident, f"a request is one frame, got {extra + 1}")
             return
         try:
-            messages = wire.decode_to_daemon_frame(parts[1])
+            messages = wire.decode_to_daemon_frame(body)
         except msgspec.DecodeError as exc:
             self._malformed(ident, f"undecodable request: {exc}")
             return
@@ -391,7 +408,9 @@ class Daemon:
     def _put_frame(self, ident: bytes, frame: bytes) -> str:
         assert self._sync is not None
         try:
-            self._sync.send_multipart([ident, frame], zmq.NOBLOCK)
+            send = self._sync.send
+            send(ident, _NOBLOCK_MORE)  # B6: not send_multipart, which ORs enum flags per part
+            send(frame, _NOBLOCK)
             return "ok"
         except zmq.Again:
             return "full"
@@ -401,7 +420,7 @@ class Daemon:
             return "gone"
         finally:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
-            if cast(int, self._sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if cast(int, self._sync.getsockopt(_EVENTS)) & _POLLIN:
                 self._recheck()
 
     @staticmethod
@@ -702,6 +721,12 @@ class Daemon:
         return st
 
 
+# B6: plain ints: pyzmq's flags and options are enums, and each ``&`` on one builds an enum member.
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
 
 
