@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import wire
@@ -108,10 +109,15 @@ def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
         with pytest.raises(JournalError, match=f"locked by another live daemon \\(pid {holder.pid}\\)"):
             Journal.open(path)
         assert digest(path) == before
+        # The holder's journal writer (a child process) holds the lock too, until it has written
+        # everything it was handed (J7): free again once both are gone.
+        writers = psutil.Process(holder.pid).children()
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=30)
-    Journal.open(path).close()  # free again once the holder is gone
+        _, alive = psutil.wait_procs(writers, timeout=30)
+        assert alive == []
+    Journal.open(path).close()  # free again once the holder and its writer are gone
 
 
 def test_corrupt_newer_and_foreign_files_are_refused_untouched(tmp_path: Path) -> None:
