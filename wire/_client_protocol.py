@@ -301,7 +301,7 @@ _from_daemon = msgspec.msgpack.Decoder(FromDaemon)
 _to_daemon_batch = msgspec.msgpack.Decoder(list[ToDaemon])
 _from_daemon_batch = msgspec.msgpack.Decoder(list[FromDaemon])
 # A batch frame packs at most about this many bytes of messages (a larger single message goes alone).
-BATCH_BYTES = 256 * 1024
+BATCH_BYTES = 64 * 1024
 
 
 def _is_batch(frame: bytes) -> bool:
