@@ -140,7 +140,7 @@ class Timers:
     async def run(self) -> None:
         tfd = TimerFd.open() if self.precise and self._monotonic() else None
         if tfd is None:
-            await self._run_coarse()
+            await self._run(None)
             return
         loop = asyncio.get_running_loop()
 
@@ -150,7 +150,7 @@ class Timers:
 
         loop.add_reader(tfd.fd, expired)
         try:
-            await self._run_precise(tfd)
+            await self._run(tfd)
         finally:
             loop.remove_reader(tfd.fd)
             tfd.close()
@@ -162,7 +162,9 @@ class Timers:
         except Exception:  # noqa: BLE001 - a clock that cannot be read here: the coarse path
             return False
 
-    async def _run_precise(self, tfd: TimerFd) -> None:
+    async def _run(self, tfd: TimerFd | None) -> None:
+        """Fire timers in order; between two, wait for the head's time through the timerfd when
+        there is one (T-PRECISE), else with the loop's own timeout (millisecond rounding)."""
         heap = self._heap
         while True:
             while heap and not heap[0].active:
@@ -171,26 +173,15 @@ class Timers:
                 await self._wake.wait()
                 self._wake = anyio.Event()
                 continue
-            if heap[0].when > self.clock():
-                tfd.arm(heap[0].when)
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                continue
-            self._fire(heapq.heappop(heap))
-
-    async def _run_coarse(self) -> None:
-        heap = self._heap
-        while True:
-            while heap and not heap[0].active:
-                heapq.heappop(heap)
-            if not heap:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                continue
-            delay = heap[0].when - self.clock()
+            when = heap[0].when
+            delay = when - self.clock()
             if delay > 0:
-                with anyio.move_on_after(delay):
+                if tfd is not None:
+                    tfd.arm(when)
                     await self._wake.wait()
+                else:
+                    with anyio.move_on_after(delay):
+                        await self._wake.wait()
                 if self._wake.is_set():
                     self._wake = anyio.Event()
                 continue
