@@ -13,17 +13,21 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   one table the daemon and the client read in opposite directions.
 - ``runtime_dir``, ``private_dir``: the per-user runtime directory and a supervisor's private
   directory in it (mode 0700, checked).
+- ``Timers``: the engine's timer heap (grace, kill-after, deadlines), precise through a timerfd
+  where the clock allows (T-PRECISE), else on the loop's timeout.
 """
 
 from ._engine import TurnRecord, procs
 from ._engine.exits import MAX_HANDOVERS
 from ._engine.procs import orphans_of
+from ._engine.timers import Timers
 from ._errors import SUBMIT_ERROR_CODES
 from ._paths import private_dir, runtime_dir
 
 __all__ = [
     "MAX_HANDOVERS",
     "SUBMIT_ERROR_CODES",
+    "Timers",
     "TurnRecord",
     "orphans_of",
     "private_dir",
