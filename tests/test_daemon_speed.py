@@ -188,8 +188,12 @@ async def test_the_gap_marker_says_exactly_what_a_slow_or_late_follower_missed()
                     async with aclosing(handle.events()) as events:
                         await _collect(events, slow, until=1)
                         (home / "go").write_text("")
-                        while not (home / "emitted").exists():  # noqa: ASYNC110 - the agent's file
-                            await anyio.sleep(0.01)  # allowed: waiting (bounded) for the agent's file
+                        # Wait until the daemon holds the last event (so the first ones are dropped):
+                        # the agent's "emitted" file says only that its emits left the worker.
+                        async with aclosing(client.handle(handle.turn_id).events()) as probe:
+                            async for item in probe:
+                                if item == count - 1:
+                                    break
                         async with aclosing(client.handle(handle.turn_id).events()) as late_events:
                             await _collect(late_events, late, until=2)
                         (home / "release").write_text("")

@@ -27,17 +27,15 @@ import zmq.asyncio
 
 import wire
 
+from .._zmqflags import EVENTS as _EVENTS
+from .._zmqflags import NOBLOCK as _NOBLOCK
+from .._zmqflags import POLLIN as _POLLIN
+from .._zmqflags import RCVMORE as _RCVMORE
 from . import procs as _procs
 from .pool import WorkerSlot
 
 log = logging.getLogger("turnpool.supervisor")
 
-# Plain ints: pyzmq's option and flag constants are enums, and every ``&`` on one costs an enum
-# construction (≈ 10% of this process's time while a turn streams events, measured).
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_RCVMORE = int(zmq.RCVMORE)
 # R-FAIR: frames handled per receive batch, and how long the reader callback may go on reading
 # batches before the loop runs what they woke (followers, other clients' requests). The time
 # bound matters where handling a frame is costly (a daemon fanning each event out to many

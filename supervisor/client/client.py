@@ -52,15 +52,13 @@ from .._events import EventsDropped
 from .._handle import TurnHandle
 from .._host import Background
 from .._paths import check_endpoint, default_endpoint
+from .._zmqflags import EVENTS as _EVENTS
+from .._zmqflags import NOBLOCK as _NOBLOCK
+from .._zmqflags import POLLIN as _POLLIN
 from .connection import close_connection, open_connection
 from .requests import _check_turn_id, _error, _get_result, _Lost, _Replies, _Reply, _submit_request
 
 log = logging.getLogger("turnpool.client")
-
-# B6: plain ints: pyzmq's flags and options are enums, and each ``&`` on one builds an enum member.
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 class Client:

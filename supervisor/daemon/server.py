@@ -61,6 +61,11 @@ from .._errors import (
     TurnIdConflict,
 )
 from .._paths import default_endpoint
+from .._zmqflags import EVENTS as _EVENTS
+from .._zmqflags import NOBLOCK as _NOBLOCK
+from .._zmqflags import NOBLOCK_MORE as _NOBLOCK_MORE
+from .._zmqflags import POLLIN as _POLLIN
+from .._zmqflags import RCVMORE as _RCVMORE
 from .client_watch import ClientWatch
 from .clients import (
     ClientTable,
@@ -75,12 +80,6 @@ from .run import READY_PREFIX, run_daemon, serve_until_stopped
 
 log = logging.getLogger("turnpool.daemon")
 
-# B6: plain ints: pyzmq's flags and options are enums, and each ``&`` on one builds an enum member.
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_RCVMORE = int(zmq.RCVMORE)
-_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 # Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
 
@@ -721,12 +720,6 @@ class Daemon:
         return st
 
 
-# B6: plain ints: pyzmq's flags and options are enums, and each ``&`` on one builds an enum member.
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_RCVMORE = int(zmq.RCVMORE)
-_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
 
 
