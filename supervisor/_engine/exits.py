@@ -47,7 +47,7 @@ class ExitHandler:
         sup.link.drain()
         # R10, R13: quiescence: every descendant is killed and reaped before the turn's result is out.
         code = await sup.pool.reap_exit(slot)
-        sup._dispatch.busy.pop(slot, None)
+        sup._dispatch.exited(slot)
         # Turns handed ahead never started: back to the front of the queue, unharmed, in order
         # (or aborted, never started, if they were cancelled meanwhile).
         turn = slot.turn

@@ -66,6 +66,7 @@ class WorkerSlot:
         "cgroup",
         "passed",
         "stale",
+        "heard",
     )
 
     def __init__(
@@ -100,6 +101,9 @@ class WorkerSlot:
         # D-RELOAD: it imported agent code before a reload: it finishes its running turn, takes no
         # new one, and is replaced (not counted as live, so its replacement starts at once).
         self.stale = False
+        # K-HANDOVER: the running turn's ``Started`` came over the wire (not only its start marker):
+        # its End then asks for an ``EndAck`` (P2), so no turn handed ahead can start before one.
+        self.heard = False
 
     @property
     def inflight(self) -> int:
