@@ -115,8 +115,6 @@ async def test_a_killed_worker_leaves_no_marker_or_end_log_behind() -> None:
     """K-SETTLE: a killed worker that held only its escalated turn is settled without reading its
     start marker and End log; the turn is still ``killed``, the next turn runs, and both files are
     removed (after the result, in a loop callback), never left in the runtime directory."""
-    import os
-
     from worker import lowlevel
 
     with anyio.fail_after(BOUND):
@@ -126,8 +124,8 @@ async def test_a_killed_worker_leaves_no_marker_or_end_log_behind() -> None:
             slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
             files = [sup.pool.marker_path(slot), lowlevel.endlog_path_for(sup.link.endpoint, slot.id)]
             paths = [p for p in files if p is not None]
-            assert paths and all(os.path.exists(p) for p in paths), paths
+            assert paths and all(Path(p).exists() for p in paths), paths
             await handle.cancel()
             assert (await handle.result()).outcome == "killed"
             assert (await sup.run("examples.agents:noop")).outcome == "completed"
-            assert [p for p in paths if os.path.exists(p)] == []
+            assert [p for p in paths if Path(p).exists()] == []
