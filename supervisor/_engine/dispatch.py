@@ -112,6 +112,8 @@ class Dispatcher:
         if slot.heard and slot.turn is not None and slot.ahead:
             sup = self.sup
             for turn in reversed(list(slot.ahead)):
+                if turn.revoking:
+                    continue  # its Revoked (or the worker's exit) brings it back, as before
                 self.unhand(slot, turn)
                 if turn.cause is not None:
                     sup._finish(turn, "aborted")  # cancelled while handed: never started
