@@ -1,11 +1,13 @@
-"""K-HANDOVER (docs/design.md): a warm spare takes the next queued turn at the kill decision (the
-SIGTERM step), not at the ``killed`` result. These tests attack what that could break: the queued
-turn runs exactly once, on the spare, never on the doomed worker; the pool never runs more than
-``workers`` turns whose outcome is still open; the doomed turn still ends ``killed`` whatever its
-worker says after the decision (R7)."""
+"""K-HANDOVER (docs/design.md): the turns handed ahead to a doomed worker come back at the kill
+decision (the SIGTERM step), and a warm spare takes the doomed worker's slot the moment that worker
+process has exited, while its tree is reaped - not at the ``killed`` result. These tests attack
+what that could break: the queued turn runs exactly once, on the spare, never on the doomed worker;
+an agent that survives SIGTERM keeps its slot (the pool never runs more than ``workers`` agents);
+the doomed turn still ends ``killed`` whatever its worker says after the decision (R7)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from contextlib import aclosing
 from pathlib import Path
@@ -51,10 +53,12 @@ async def full(sup: Supervisor, count: int) -> None:
         await anyio.sleep(0.005)  # allowed: polling the pool's own status, bounded by fail_after
 
 
-async def test_the_spare_takes_the_next_queued_turn_at_the_kill_decision(tmp_path: Path) -> None:
+async def test_an_agent_that_survives_sigterm_keeps_its_slot_until_its_worker_is_gone(
+    tmp_path: Path,
+) -> None:
     """The doomed turn's agent ignores SIGTERM, so its worker lives until the SIGKILL step a second
-    later; the queued turn behind it runs on the spare from the SIGTERM step, long before the
-    ``killed`` result, exactly once. (Before K-HANDOVER it waited for the result.)"""
+    later: the queued turn behind it waits for that worker's exit (no second agent runs beside a
+    stubborn one), then runs once, on the spare - not on the doomed worker."""
     path = tmp_path / "starts"
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=1.0) as sup:
@@ -69,18 +73,45 @@ async def test_the_spare_takes_the_next_queued_turn_at_the_kill_decision(tmp_pat
     assert result.outcome == "killed" and result.exit_code == -signal.SIGKILL, result
     assert out["pid"] != doomed_pid
     assert record.escalated_at is not None and record.ended_at is not None
-    assert record.escalated_at <= out["t"] < record.ended_at - 0.5, (
-        record.escalated_at,
-        out,
-        record.ended_at,
-    )
+    # The SIGKILL step is ``kill_after`` (1 s) after the decision; the next turn starts after it.
+    assert out["t"] >= record.escalated_at + 0.9, (record.escalated_at, out, record.ended_at)
     assert [(t, p) for t, p, _ in starts(path)] == [(nxt.turn_id, out["pid"])]
 
 
+async def test_the_spare_takes_the_slot_when_the_doomed_worker_exits(tmp_path: Path) -> None:
+    """A doomed forker whose worker ends on SIGTERM (its own handler kills its tree): the queued
+    turn runs once, on the spare that was already up (not on a replacement started after the
+    kill), and the doomed turn is ``killed`` with every process of its tree gone."""
+    path = tmp_path / "starts"
+    with anyio.fail_after(BOUND):
+        async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=5.0) as sup:
+            await full(sup, 2)
+            before = {w["pid"] for w in (await sup.status())["workers"]}
+            doomed = await sup.submit("examples.agents:forker", {"children": 2})
+            info = await first_event(doomed)
+            nxt = await sup.submit("tests.agents.handover:note_start", {"path": str(path)})
+            await doomed.cancel()
+            out = (await nxt.result()).output
+            result = await doomed.result()
+            left = [p for p in [*info["children"], info["daemon"], info["worker"]] if _alive(p)]
+    assert result.outcome == "killed" and result.exit_code == -signal.SIGTERM, result
+    assert left == []  # R10: the doomed tree is reaped before its result, handover or not
+    assert out["pid"] in before and out["pid"] != info["worker"]
+    assert [(t, p) for t, p, _ in starts(path)] == [(nxt.turn_id, out["pid"])]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 async def test_capacity_stays_at_workers_while_a_doomed_worker_dies(tmp_path: Path) -> None:
-    """One slot: the doomed worker gives its slot to the spare at the kill decision, and the pool
-    takes no third turn while the doomed process lives (it is no slot, and the spare holds the
-    only one): the turn queued after that waits for a worker started after the ``killed`` result."""
+    """One slot: a doomed agent that survives SIGTERM holds it until its worker is gone; then the
+    spare takes the second turn, and the third waits for a worker started after the ``killed``
+    result (the pool never runs more than ``workers`` agents)."""
     path, hold = tmp_path / "starts", tmp_path / "go"
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=1.0) as sup:
@@ -151,8 +182,8 @@ async def test_without_a_spare_the_next_turn_waits_for_the_killed_result(tmp_pat
 async def test_turns_handed_ahead_to_the_doomed_worker_come_back_at_the_kill_decision(tmp_path: Path) -> None:
     """Short turns make the pool prefetch: the turns queued behind the doomed one are handed ahead
     to its worker. At the kill decision they come back (its worker waits for an ``EndAck`` it is
-    never sent, so it cannot have started them) and run on the spare, each once, in order, before
-    the ``killed`` result; none runs on the doomed worker."""
+    never sent, so it cannot have started them) and run on the spare once the doomed worker is
+    gone, each once, in order; none runs on the doomed worker."""
     path = tmp_path / "starts"
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=1.0) as sup:
@@ -169,10 +200,11 @@ async def test_turns_handed_ahead_to_the_doomed_worker_come_back_at_the_kill_dec
             await doomed.cancel()
             outs = [(await h.result()) for h in behind]
             result = await doomed.result()
-            killed_at = sup.record(doomed.turn_id).ended_at
+            record = sup.record(doomed.turn_id)
     assert result.outcome == "killed", result
     assert all(o.outcome == "completed" for o in outs), outs
     lines = starts(path)
     assert [t for t, _, _ in lines] == [h.turn_id for h in behind]
     assert doomed_pid not in {p for _, p, _ in lines}
-    assert killed_at is not None and all(at < killed_at - 0.5 for _, _, at in lines), (lines, killed_at)
+    assert record.escalated_at is not None
+    assert all(at >= record.escalated_at + 0.9 for _, _, at in lines), (lines, record.escalated_at)

@@ -92,33 +92,39 @@ class Dispatcher:
         if self.depth > 1 and queue.has_ready():
             self._top_up()
 
-    # K-HANDOVER: a worker being killed holds no slot from the kill decision on.
-    def release_doomed(self, slot: WorkerSlot) -> None:
+    # K-HANDOVER: a doomed worker's handed turns come back at the kill decision; its slot goes to
+    # another worker (a warm spare) the moment its process has exited, before its tree is reaped.
+    def take_back_ahead(self, slot: WorkerSlot) -> None:
         """The supervisor decided to kill ``slot``'s worker (its first escalation signal is out):
-        the slot it held goes to another worker now - a warm spare takes the next queued turn
-        while the doomed process is still being torn down - instead of at its exit. The doomed
-        worker gets nothing new (``doomed``).
+        the turns handed ahead to it come back to the front of the queue now, when it provably
+        cannot start them: its running turn's ``Started`` came over the wire, so that turn's End
+        asks for an ``EndAck`` (P2) that a doomed worker is never sent (``Supervisor._on_end``),
+        and the worker starts no handed turn before it. (A turn known to run only from its start
+        marker may end in the same frame as its Started, with no ack to wait for: its worker's
+        handed turns stay with it and come back at its exit, as before.)"""
+        if not (slot.heard and slot.turn is not None and slot.ahead):
+            return
+        sup = self.sup
+        for turn in reversed(list(slot.ahead)):
+            if turn.revoking:
+                continue  # its Revoked (or the worker's exit) brings it back, as before
+            self.unhand(slot, turn)
+            if turn.cause is not None:
+                sup._finish(turn, "aborted")  # cancelled while handed: never started
+            else:
+                sup._queue.push(turn, front=True)
+        self.pump()
 
-        The turns handed ahead to it come back now too, when it provably cannot start them: its
-        running turn's ``Started`` came over the wire, so that turn's End asks for an ``EndAck``
-        (P2) that a doomed worker is never sent (``Supervisor._on_end``), and the worker starts
-        no handed turn before it. (A turn known to run only from its start marker may end in the
-        same frame as its Started, with no ack to wait for: its worker's handed turns stay with
-        it and come back at its exit, as before.)"""
+    def release_exited(self, slot: WorkerSlot) -> None:
+        """``slot``'s doomed worker process has exited: no agent code of it runs any more (its
+        descendants were frozen at the SIGTERM step, K-FIRST, and are being killed and reaped).
+        Its slot goes to another worker now - a warm spare takes the next queued turn while the
+        tree is reaped - instead of after the ``killed`` result. Its turn still counts in
+        ``_running`` until that result (``released``)."""
         if slot not in self.busy:
             return
         del self.busy[slot]
         self.released.add(slot)
-        if slot.heard and slot.turn is not None and slot.ahead:
-            sup = self.sup
-            for turn in reversed(list(slot.ahead)):
-                if turn.revoking:
-                    continue  # its Revoked (or the worker's exit) brings it back, as before
-                self.unhand(slot, turn)
-                if turn.cause is not None:
-                    sup._finish(turn, "aborted")  # cancelled while handed: never started
-                else:
-                    sup._queue.push(turn, front=True)
         self.pump()
 
     def exited(self, slot: WorkerSlot) -> None:

@@ -118,12 +118,11 @@ class Escalation:
         slot.doomed = True
         if not turn.escalation:
             # K-HANDOVER: the kill is decided. The turn's outcome is ``killed`` from here whatever
-            # its worker sends (R7), and its agent is being ended: its slot goes to a warm spare
-            # now - the spare's Run leaves before the signals, which follow in this same callback -
-            # instead of at the ``killed`` result.
+            # its worker sends (R7): the turns handed ahead to its worker go back to the queue now
+            # (another worker may take them); the slot itself is given up at the worker's exit.
             turn.escalation = step
             turn.escalated_at = sup._clock()
-            sup._dispatch.release_doomed(slot)
+            sup._dispatch.take_back_ahead(slot)
         if step == 1:
             turn.escalation = 1
             self.counts["sigterm"] += 1

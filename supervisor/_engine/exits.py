@@ -45,6 +45,13 @@ class ExitHandler:
         was = slot.state
         slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
         sup.link.drain()
+        # K-HANDOVER: a killed worker whose handed turns already came back gives up its slot now,
+        # before its tree is reaped: a warm spare starts the next queued turn meanwhile.
+        doomed = slot.turn
+        if doomed is not None and doomed.escalation > 0:
+            doomed.exited_at = sup._clock()
+            if not slot.ahead:
+                sup._dispatch.release_exited(slot)
         # R10, R13: quiescence: every descendant is killed and reaped before the turn's result is out.
         code = await sup.pool.reap_exit(slot)
         sup._dispatch.exited(slot)
