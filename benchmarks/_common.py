@@ -40,6 +40,8 @@ def med(values: Sequence[float]) -> float:
 def ms(seconds: float) -> str:
     if seconds != seconds:
         return "—"
+    if seconds < 0:
+        return "−" + ms(-seconds)
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"
     if seconds < 1:

@@ -138,10 +138,14 @@ async def _ready(sup: Supervisor, count: int) -> None:
         await anyio.sleep(0.002)  # polling the pool between samples, off the timed path
 
 
-async def _recovery(n: int, spares: int) -> tuple[list[float], list[float]]:
-    """Returns (killed → next running, cancel → next running). "Killed" is the moment the
-    supervisor delivered the ``killed`` result: the worker and its tree reaped."""
-    from_kill, from_cancel = [], []
+async def _recovery(n: int, spares: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Returns (killed → next running, cancel → next running, kill decision → next running, the
+    doomed worker's exit → next running). "Killed" is the moment the supervisor delivered the
+    ``killed`` result: the worker and its tree reaped. The kill decision is the SIGTERM step (grace
+    0: right after the cancel). With a spare, the doomed worker's slot goes to the spare the moment
+    that worker's exit is seen, while its tree is reaped (K-HANDOVER): exit → running is how long
+    a free slot stays unused, and the next turn may start before the ``killed`` result."""
+    from_kill, from_cancel, from_decision, from_exit = [], [], [], []
     # The agents' module preloaded in the zygote (``preload``, the documented way): a replacement
     # worker then does not import it on its first turn.
     async with Supervisor(
@@ -155,11 +159,13 @@ async def _recovery(n: int, spares: int) -> tuple[list[float], list[float]]:
             await handle.cancel()
             started = (await nxt.result()).output
             assert (await handle.result()).outcome == "killed"
-            killed_at = sup.record(handle.turn_id).ended_at  # the loop clock is time.monotonic on asyncio
-            from_kill.append(started - killed_at)
+            record = sup.record(handle.turn_id)  # the loop clock is time.monotonic on asyncio
+            from_kill.append(started - record.ended_at)
             from_cancel.append(started - t0)
+            from_decision.append(started - record.escalated_at)
+            from_exit.append(started - record.exited_at)
             await _ready(sup, 1 + spares)
-    return from_kill, from_cancel
+    return from_kill, from_cancel, from_decision, from_exit
 
 
 def run(quick: bool) -> str:
@@ -201,20 +207,27 @@ def run(quick: bool) -> str:
     lat: list[float] = []
     rec_kill: list[float] = []
     rec_cancel: list[float] = []
+    rec_decision: list[float] = []
+    rec_exit: list[float] = []
     for _ in range(3):  # the latency the recovery is compared with, back to back with it
         lat += anyio.run(_latency, 300 if quick else 1000)
-        a, b = anyio.run(_recovery, nr // 3, 1)
+        a, b, c, d = anyio.run(_recovery, nr // 3, 1)
         rec_kill += a
         rec_cancel += b
+        rec_decision += c
+        rec_exit += d
     recov["turnpool, spare"] = (
-        "killed (tree reaped) → next queued turn running on the warm spare",
-        rec_kill,
+        "the doomed worker's exit seen (its slot is free from here) → next queued turn running on "
+        "the warm spare (K-HANDOVER: the tree is reaped meanwhile)",
+        rec_exit,
         rec_cancel,
     )
     hot, idle = anyio.run(_one_way, nr)
+    nk, nc, _nd, _ne = anyio.run(_recovery, nr, 0)
     recov["turnpool, no spare"] = (
         "killed (tree reaped) → worker forked from the zygote → next turn running",
-        *anyio.run(_recovery, nr, 0),
+        nk,
+        nc,
     )
     log(
         f"turnpool recovery p50 {ms(med(recov['turnpool, spare'][1]))} / "
@@ -313,11 +326,17 @@ def run(quick: bool) -> str:
         )
         + f"\n\nEmbedded one-at-a-time latency in the same run (the recovery's yardstick, 2 workers, "
         f"no-op turns, {len(lat)} samples back to back with the recovery samples): p50 {ms(med(lat))}."
-        + f"\n\nWhere a miss comes from: a spare's takeover is one way (submit → agent start) on a worker "
-        f"that sat idle; measured in the same run on a warm worker, that one way is p50 {ms(med(hot))} "
-        f"back to back and {ms(med(idle))} after 50 ms idle ({len(idle)} samples each): waking an idle "
-        "process's threads (ZeroMQ's I/O thread, then the main thread) on a loaded 2-core machine costs "
-        "more than the whole hot round trip. W-WARM (no first-turn page faults) and P-SPARE (the "
+        + "\n\nWith a spare, the doomed worker's slot goes to the spare the moment that worker's exit "
+        "is seen, while its tree is reaped (K-HANDOVER), so the row times from that exit: how long a "
+        "free slot stays unused. On the same samples: from the `killed` result as before, p50 "
+        f"{ms(med(rec_kill))} (negative when the next turn was already running); from the kill "
+        f"decision (the SIGTERM step), p50 {ms(med(rec_decision))}, which adds the worker's own "
+        "teardown (the kill overshoot's breakdown rows). "
+        "The spare's takeover is one way (submit → agent start) on a worker that sat idle; "
+        f"measured in the same run on a warm worker, that one way is p50 {ms(med(hot))} back to back "
+        f"and {ms(med(idle))} after 50 ms idle ({len(idle)} samples each): waking an idle process's "
+        "threads (ZeroMQ's I/O thread, then the main thread) on a loaded 2-core machine costs more "
+        "than the whole hot round trip. W-WARM (no first-turn page faults) and P-SPARE (the "
         "replacement's start held back 10 ms) take out what turnpool added on top."
         + f"\n\nTargets: with a spare p50 ≤ 2× the embedded one-at-a-time latency — {ms(med(ts))} = "
         f"{med(ts) / med(lat):.1f}× {ms(med(lat))} {'met' if med(ts) <= 2 * med(lat) else 'MISSED'}; "

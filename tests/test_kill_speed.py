@@ -109,3 +109,23 @@ async def test_a_second_kill_before_the_spare_is_replaced_still_recovers() -> No
             assert (await third.result()).outcome == "completed"
             while sum(1 for w in (await sup.status())["workers"] if w["state"] in ("idle", "busy")) < 2:  # noqa: ASYNC110
                 await anyio.sleep(0.01)  # allowed: polling the pool's own status, bounded by fail_after
+
+
+async def test_a_killed_worker_leaves_no_marker_or_end_log_behind() -> None:
+    """K-SETTLE: a killed worker that held only its escalated turn is settled without reading its
+    start marker and End log; the turn is still ``killed``, the next turn runs, and both files are
+    removed (after the result, in a loop callback), never left in the runtime directory."""
+    from worker import lowlevel
+
+    with anyio.fail_after(BOUND):
+        async with Supervisor(workers=1, spares=0, grace=0.0, kill_after=1.0) as sup:
+            handle = await sup.submit("benchmarks._agents:spin")
+            await first_event(handle)
+            slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
+            files = [sup.pool.marker_path(slot), lowlevel.endlog_path_for(sup.link.endpoint, slot.id)]
+            paths = [p for p in files if p is not None]
+            assert paths and all(Path(p).exists() for p in paths), paths  # noqa: ASYNC240 - tmpfs stat
+            await handle.cancel()
+            assert (await handle.result()).outcome == "killed"
+            assert (await sup.run("examples.agents:noop")).outcome == "completed"
+            assert [p for p in paths if Path(p).exists()] == []  # noqa: ASYNC240 - tmpfs stat

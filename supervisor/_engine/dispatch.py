@@ -41,6 +41,9 @@ class Dispatcher:
         self.pump_wanted = False  # a pump was asked for during a receive batch
         self.defer = False  # inside a receive batch: pump once, at its end
         self.recycling = False  # D-RELOAD: stale workers may still be busy (see ``recycle``)
+        # K-HANDOVER: doomed workers (escalation began) whose slot was given up before their exit;
+        # their turn still counts in ``_running`` until its ``killed`` result.
+        self.released: set[WorkerSlot] = set()
         # J6, the dispatch gate. When set (a journal sets it, ``Supervisor.set_dispatch_gate``), a
         # new turn is handed to a worker only once (1) ``mark_recorded(turn)`` says its accept row is
         # committed and (2) the gate, called with a batch of recorded turns from the head of the
@@ -88,6 +91,46 @@ class Dispatcher:
             self._hand(slot, turn)
         if self.depth > 1 and queue.has_ready():
             self._top_up()
+
+    # K-HANDOVER: a doomed worker's handed turns come back at the kill decision; its slot goes to
+    # another worker (a warm spare) the moment its process has exited, before its tree is reaped.
+    def take_back_ahead(self, slot: WorkerSlot) -> None:
+        """The supervisor decided to kill ``slot``'s worker (its first escalation signal is out):
+        the turns handed ahead to it come back to the front of the queue now, when it provably
+        cannot start them: its running turn's ``Started`` came over the wire, so that turn's End
+        asks for an ``EndAck`` (P2) that a doomed worker is never sent (``Supervisor._on_end``),
+        and the worker starts no handed turn before it. (A turn known to run only from its start
+        marker may end in the same frame as its Started, with no ack to wait for: its worker's
+        handed turns stay with it and come back at its exit, as before.)"""
+        if not (slot.heard and slot.turn is not None and slot.ahead):
+            return
+        sup = self.sup
+        for turn in reversed(list(slot.ahead)):
+            if turn.revoking:
+                continue  # its Revoked (or the worker's exit) brings it back, as before
+            self.unhand(slot, turn)
+            if turn.cause is not None:
+                sup._finish(turn, "aborted")  # cancelled while handed: never started
+            else:
+                sup._queue.push(turn, front=True)
+        self.pump()
+
+    def release_exited(self, slot: WorkerSlot) -> None:
+        """``slot``'s doomed worker process has exited: no agent code of it runs any more (its
+        descendants were frozen at the SIGTERM step, K-FIRST, and are being killed and reaped).
+        Its slot goes to another worker now - a warm spare takes the next queued turn while the
+        tree is reaped - instead of after the ``killed`` result. Its turn still counts in
+        ``_running`` until that result (``released``)."""
+        if slot not in self.busy:
+            return
+        del self.busy[slot]
+        self.released.add(slot)
+        self.pump()
+
+    def exited(self, slot: WorkerSlot) -> None:
+        """``slot``'s worker is gone: it holds nothing any more."""
+        self.busy.pop(slot, None)
+        self.released.discard(slot)
 
     def note_turn_time(self, run_s: float) -> None:
         t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
@@ -181,6 +224,7 @@ class Dispatcher:
         self.handed -= 1
         turn.revoking = False
         slot.turn = turn
+        slot.heard = False  # (set by the Started handler when this start came over the wire)
         turn.state = "running"
         self.sup._running += 1
         if turn.timer is not None:  # the handoff deadline (S1)
@@ -279,7 +323,8 @@ class Dispatcher:
         gate = self.gate
         assert gate is not None
         capacity = self.sup.workers + self.sup._lent + self._stale_busy()
-        want = capacity * self.depth - self.sup._running - self.handed
+        # (A released doomed worker's turn still counts in ``_running``, not against capacity.)
+        want = capacity * self.depth - self.sup._running - self.handed + len(self.released)
         batch: list[TurnRecord] = []
         for turn in self.sup._queue.ready:
             if want <= 0:

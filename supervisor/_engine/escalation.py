@@ -116,24 +116,31 @@ class Escalation:
         if slot.turn is not turn or slot.state == "dead":
             return
         slot.doomed = True
+        if not turn.escalation:
+            # K-HANDOVER: the kill is decided. The turn's outcome is ``killed`` from here whatever
+            # its worker sends (R7): the turns handed ahead to its worker go back to the queue now
+            # (another worker may take them); the slot itself is given up at the worker's exit.
+            turn.escalation = step
+            turn.escalated_at = sup._clock()
+            sup._dispatch.take_back_ahead(slot)
         if step == 1:
             turn.escalation = 1
             self.counts["sigterm"] += 1
+            _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
+            turn.esc_timer = sup._timers.call_later(turn.kill_after, self.escalate, turn, slot, 2)
             log.warning(
                 "escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace
             )
-            _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
-            turn.esc_timer = sup._timers.call_later(turn.kill_after, self.escalate, turn, slot, 2)
         else:
             turn.escalation = 2
             self.counts["sigkill"] += 1
+            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
             log.warning(
                 "escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs",
                 turn.id,
                 slot.pid,
                 turn.kill_after,
             )
-            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
 
     def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
         """``Supervisor.kill_now``: SIGKILL now to the trees of the named turns, or of every turn

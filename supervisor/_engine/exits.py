@@ -45,17 +45,30 @@ class ExitHandler:
         was = slot.state
         slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
         sup.link.drain()
+        # K-HANDOVER: a killed worker whose handed turns already came back gives up its slot now,
+        # before its tree is reaped: a warm spare starts the next queued turn meanwhile.
+        doomed = slot.turn
+        if doomed is not None and doomed.escalation > 0:
+            doomed.exited_at = sup._clock()
+            if not slot.ahead:
+                sup._dispatch.release_exited(slot)
         # R10, R13: quiescence: every descendant is killed and reaped before the turn's result is out.
         code = await sup.pool.reap_exit(slot)
-        sup._dispatch.busy.pop(slot, None)
+        sup._dispatch.exited(slot)
         # Turns handed ahead never started: back to the front of the queue, unharmed, in order
         # (or aborted, never started, if they were cancelled meanwhile).
         turn = slot.turn
         slot.turn = None
-        noted = sup.pool.take_noted(slot)
+        # K-SETTLE: a killed worker holding nothing but its escalated turn (its handed turns came
+        # back at the kill decision: K-HANDOVER) has nothing its marker or End log could change:
+        # that turn is ``killed`` whatever it logged (R7), and no handed turn is left to place.
+        # Their files are removed unread, after the result is out (``drop_files_later``).
+        moot = turn is not None and turn.escalation > 0 and not slot.ahead
+        noted = None if moot else sup.pool.take_noted(slot)
         # E1: first the ends the worker logged but whose frames died with it: those turns ran,
         # and end with their own outcome.
-        turn = self.apply_end_log(slot, turn, noted)
+        if not moot:
+            turn = self.apply_end_log(slot, turn, noted)
         handed_turns = list(slot.ahead)
         if noted is not None:
             started_id = noted[0]
@@ -114,6 +127,8 @@ class ExitHandler:
                 )
                 # R16: a crash costs one turn and one worker (refilled below).
                 sup._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
+        if moot:
+            sup.pool.drop_files_later(slot)
         sup._notify_change()
         sup._fill_pool()
         sup._pump()

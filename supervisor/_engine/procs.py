@@ -255,6 +255,10 @@ async def kill_cgroup(path: str) -> list[int]:
     """Kill everything in a dead worker's cgroup at once, wait for each process to exit (pidfds,
     no polling) and reap those that became our children; returns the pids seen."""
     seen: list[int] = []
+    if not lowlevel.cgroup_populated(path):
+        # K-SETTLE: the usual case once a killed worker's handler has killed its own tree: one
+        # read, not a kill, a listing and a read (nothing can join a cgroup with no live member).
+        return seen
     for _ in range(8):
         lowlevel.cgroup_kill(path)
         pids = [p for p in lowlevel.cgroup_procs(path) if p not in seen]

@@ -694,17 +694,21 @@ class Supervisor:
     def _on_started(self, slot: WorkerSlot, msg: wire.Started) -> None:
         running = slot.turn
         if running is None:
-            if not self._dispatch.started_ahead(slot, msg.turn_id):
+            if self._dispatch.started_ahead(slot, msg.turn_id):
+                slot.heard = True
+            else:
                 self.bad_frames += 1  # no turn of that id is handed to this worker
-        elif running.id != msg.turn_id and not self._dispatch.started_passed(slot, msg.turn_id):
+        elif running.id == msg.turn_id:
+            slot.heard = True  # (a repeat, or the Started of a turn its start marker showed first)
+        elif not self._dispatch.started_passed(slot, msg.turn_id):
             self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
-        # (a repeat of the running turn's Started is harmless)
 
     def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
         turn = slot.turn
         turn_id = msg.turn_id
-        if msg.ack:
-            # The worker holds back its next handed turn until this End is known here.
+        if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
+            # The worker holds back its next handed turn until this End is known here. A worker
+            # being killed never gets it (K-HANDOVER): it starts nothing more.
             self._send(slot, wire.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
             if not self._dispatch.ended_ahead(slot, msg):

@@ -52,6 +52,8 @@ class TurnRecord:
         "submitted_at",
         "started_at",
         "ended_at",
+        "escalated_at",
+        "exited_at",
         "events",
         "events_base",
         "waiters",
@@ -102,6 +104,11 @@ class TurnRecord:
         self.submitted_at = now
         self.started_at: float | None = None
         self.ended_at: float | None = None
+        # K-HANDOVER: the loop clock when the first escalation signal went out (the kill decision:
+        # from then on the turn's outcome is ``killed``), and when its worker's exit was seen (its
+        # slot goes to another worker there, while the tree is reaped).
+        self.escalated_at: float | None = None
+        self.exited_at: float | None = None
         self.events: list[msgspec.Raw] = []
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
         self.waiters: list[anyio.Event] = []
