@@ -68,7 +68,12 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         for fn, args in calls:
             fn(*args)
 
+    loop_thread: list[int] = []
+
     def on_loop(fn: Any, *args: Any) -> None:
+        if loop_thread and threading.get_ident() == loop_thread[0] and not handed:
+            fn(*args)  # J-LOOP: the loop read the commit's reply itself
+            return
         with handed_lock:
             handed.append((fn, args))
             if len(handed) > 1:
@@ -147,12 +152,14 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())
+        loop_thread.append(threading.get_ident())
         context_box.append(contextvars.copy_context())
         journal.on_error_change = lambda error: on_loop(error_changed, error)
         if journal.error is not None:
             error_changed(journal.error)
         sup.set_dispatch_gate(gate)
         recover(sup, journal)
+        journal.attach()  # J-LOOP: from here the loop talks to the writer process itself
         sup.add_hooks(on_accept=child_accepted)
 
     daemon.startup_hooks.append(startup)
