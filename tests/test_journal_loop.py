@@ -27,7 +27,8 @@ import pytest
 
 import wire
 from supervisor import Client, JournalUnavailable
-from supervisor.daemon.journal import Journal, merge_rows, read_history
+from supervisor.daemon.journal import Journal, read_history
+from supervisor.daemon.journal_link import merge_rows
 from supervisor.lowlevel import TurnRecord
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving

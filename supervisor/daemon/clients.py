@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, cast
 
 import anyio
+
+from .._errors import JournalUnavailable
 
 # An ``Events`` message carries at most this many bytes of events (or a single larger event):
 # a catching-up follower costs one send per batch, not one per event, and a client that never
@@ -135,6 +137,49 @@ class Gate:
             return
         if self.error is not None:
             raise self.error
+
+
+def gate_error(gate: Any) -> BaseException | None:
+    """The exception a settled gate (a ``Gate`` or an ``asyncio.Future``) ended with, or ``None``."""
+    if isinstance(gate, Gate):
+        return gate.error
+    if gate.cancelled():
+        return JournalUnavailable("cancelled")
+    return cast(BaseException | None, gate.exception())
+
+
+class Ack(Waiter):
+    """A submit waiting for its gates (J-GATE): its cancel scope under the client and its gates'
+    callback in one object — a closure, its cells and a counter per submit were most of what the
+    garbage collector walked with thousands of acks waiting for a commit."""
+
+    __slots__ = ("daemon", "existing", "fallback", "gates", "ident", "left", "req", "turn_id", "wait")
+
+    def __init__(
+        self,
+        daemon: Any,
+        ident: bytes,
+        req: int,
+        turn_id: str,
+        gates: list[Any],
+        wait: bool,
+        existing: bool,
+        fallback: Callable[..., Any],
+    ) -> None:
+        super().__init__()
+        self.daemon, self.ident, self.req, self.turn_id = daemon, ident, req, turn_id
+        self.gates, self.left, self.wait, self.existing, self.fallback = (
+            gates,
+            len(gates),
+            wait,
+            existing,
+            fallback,
+        )
+
+    def __call__(self, _gate: Any) -> None:
+        self.left -= 1
+        if not self.left:
+            self.daemon._acked(self)
 
 
 class ClientTable:

@@ -68,11 +68,13 @@ from .._zmqflags import POLLIN as _POLLIN
 from .._zmqflags import RCVMORE as _RCVMORE
 from .client_watch import ClientWatch
 from .clients import (
+    Ack,
     ClientTable,
     FollowStream,
     Gate,
     Peer,
     Waiter,
+    gate_error,
 )
 from .endpoint import ClientEndpoint
 from .metrics import Metrics
@@ -83,49 +85,6 @@ log = logging.getLogger("turnpool.daemon")
 
 # Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
-
-
-def _gate_error(gate: Any) -> BaseException | None:
-    """The exception a settled gate (a ``Gate`` or an ``asyncio.Future``) ended with, or ``None``."""
-    if isinstance(gate, Gate):
-        return gate.error
-    if gate.cancelled():
-        return JournalUnavailable("cancelled")
-    return cast(BaseException | None, gate.exception())
-
-
-class _Ack(Waiter):
-    """A submit waiting for its gates (J-GATE): its cancel scope under the client and its gates'
-    callback in one object — a closure, its cells and a counter per submit were most of what the
-    garbage collector walked with thousands of acks waiting for a commit."""
-
-    __slots__ = ("daemon", "existing", "fallback", "gates", "ident", "left", "req", "turn_id", "wait")
-
-    def __init__(
-        self,
-        daemon: Daemon,
-        ident: bytes,
-        req: int,
-        turn_id: str,
-        gates: list[Any],
-        wait: bool,
-        existing: bool,
-        fallback: Callable[..., Any],
-    ) -> None:
-        super().__init__()
-        self.daemon, self.ident, self.req, self.turn_id = daemon, ident, req, turn_id
-        self.gates, self.left, self.wait, self.existing, self.fallback = (
-            gates,
-            len(gates),
-            wait,
-            existing,
-            fallback,
-        )
-
-    def __call__(self, _gate: Any) -> None:
-        self.left -= 1
-        if not self.left:
-            self.daemon._acked(self)
 
 
 class Daemon:
@@ -654,9 +613,9 @@ class Daemon:
         fallback: Callable[..., Any],
     ) -> None:
         """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: one
-        ``_Ack`` registered under the client and on its gates, not a task per submit (B1, J-GATE).
+        ``Ack`` registered under the client and on its gates, not a task per submit (B1, J-GATE).
         A gate that failed answers the error instead; the turn never ran (J7)."""
-        ack = _Ack(self, ident, req, turn_id, gates, wait, existing, fallback)
+        ack = Ack(self, ident, req, turn_id, gates, wait, existing, fallback)
         peer = self._clients.peers.get(ident)
         if peer is not None:
             old = peer.tasks.get(req)
@@ -666,7 +625,7 @@ class Daemon:
         for gate in gates:
             gate.add_done_callback(ack)
 
-    def _acked(self, ack: _Ack) -> None:
+    def _acked(self, ack: Ack) -> None:
         """Every gate of ``ack`` is done: answer the submit (unless the client went or gave up)."""
         ident, req, turn_id = ack.ident, ack.req, ack.turn_id
         peer = self._clients.peers.get(ident)
@@ -675,7 +634,7 @@ class Daemon:
         if peer.tasks.get(req, (None,))[0] is ack:
             del peer.tasks[req]
         for gate in ack.gates:
-            exc = _gate_error(gate)
+            exc = gate_error(gate)
             if exc is None:
                 continue
             if isinstance(exc, JournalUnavailable):
