@@ -164,3 +164,30 @@ async def test_a_killed_writer_process_is_replaced_and_acks_stay_durable() -> No
         shutil.rmtree(keep, ignore_errors=True)
     assert len(acked) >= 240
     assert missing == [], f"{len(missing)} of {len(acked)} acknowledged turns were lost"
+
+
+@pytest.mark.anyio
+async def test_a_writer_that_dies_while_the_daemon_is_idle_is_noticed_without_spinning() -> None:
+    """J-LOOP: the writer process SIGKILLed while nothing is in flight. The end of its socket is
+    read once (the journal goes back to its thread, which starts a new writer on the next
+    commit), not left readable under the loop, which would call the reader callback forever:
+    an idle daemon stays idle, and the next submit is acknowledged."""
+    keep = daemonkit.short_dir()
+    try:
+        with serving(*FAST, "--journal", str(keep / "j.sqlite3")) as d:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                with anyio.fail_after(60):
+                    await client.run("examples.agents:noop")
+                    writer = psutil.Process(_writer_pid(d.pid))
+                    writer.kill()
+                    while writer.is_running() and writer.status() != psutil.STATUS_ZOMBIE:  # noqa: ASYNC110
+                        await anyio.sleep(0.01)  # allowed: polling another process's child's state
+                    daemon = psutil.Process(d.pid)
+                    before = sum(daemon.cpu_times()[:2])
+                    await anyio.sleep(1.0)  # allowed: the idle daemon's CPU is measured over a fixed second
+                    spent = sum(daemon.cpu_times()[:2]) - before
+                    assert spent < 0.5, f"the idle daemon used {spent:.2f} s of CPU in 1 s"
+                    handle = await client.submit("examples.agents:noop", turn_id="after")
+                    assert (await handle.result()).outcome == "completed"
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)

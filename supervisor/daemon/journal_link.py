@@ -392,7 +392,7 @@ class JournalLink:
 
     def _on_readable(self) -> None:
         sock = self._sock
-        if sock is None or self._inflight is None:
+        if sock is None:
             return
         try:
             chunk = sock.recv(1 << 16)
@@ -400,6 +400,12 @@ class JournalLink:
             return
         except OSError:
             chunk = b""
+        if self._inflight is None:
+            # Nothing asked: the writer's end of the socket closed (it died while idle). Left
+            # readable, it would call this callback on every pass of the loop: the thread takes
+            # over now and starts a new writer with the next batch.
+            self._detach(self._take_pending(), pause=False)
+            return
         if not chunk:
             self._on_reply(None)
             return
