@@ -112,7 +112,10 @@ class JournalLink:
         (J-LOOP) the writer process at once when no commit is in flight, else with the next batch."""
         loop = self._loop
         if loop is not None and threading.get_ident() != self._loop_thread:
-            loop.call_soon_threadsafe(self.hand_over)
+            try:
+                loop.call_soon_threadsafe(self.hand_over)
+            except RuntimeError:
+                pass  # the loop is closed: ``close`` hands the rows to the thread
             return
         with self._held_lock:
             if not self._held:
