@@ -191,3 +191,32 @@ async def test_a_writer_that_dies_while_the_daemon_is_idle_is_noticed_without_sp
                     assert (await handle.result()).outcome == "completed"
     finally:
         shutil.rmtree(keep, ignore_errors=True)
+
+
+def test_a_batch_larger_than_the_socket_buffer_is_sent_in_pieces(tmp_path: Path) -> None:
+    """J-LOOP: one pass of the loop hands over 30,000 accept rows (a frame of megabytes, far more
+    than the socket takes at once): the rest goes out as the socket drains (the loop's writer
+    callback), the writer process commits the whole batch, every ``on_commit`` runs once."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    committed: list[int] = []
+    n = 30_000
+    try:
+
+        async def main() -> bool:
+            assert journal.attach()
+            done = asyncio.Event()
+            for i in range(n):
+                journal.accepted(
+                    _record(f"t{i}"), lambda: (committed.append(1), len(committed) == n and done.set())
+                )
+            journal.hand_over()
+            partial = bool(journal._wbuf)
+            await asyncio.wait_for(done.wait(), 60)
+            return partial
+
+        assert asyncio.run(main()) is True, "the frame fitted the socket at once: nothing was tested"
+    finally:
+        assert journal.close(timeout=30)
+    assert len(committed) == n
+    assert len(read_history(path, limit=n + 1)) == n
