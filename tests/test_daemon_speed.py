@@ -29,16 +29,19 @@ from tests.support.daemonkit import FAST, serving
 pytestmark = pytest.mark.anyio
 
 
-async def test_pipelined_submits_keep_order_ids_and_cancel_wins() -> None:
+@pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
+async def test_pipelined_submits_keep_order_ids_and_cancel_wins(journal: bool) -> None:
     """300 submits started at once on one client (one session, so they run one at a time in the
     order they were accepted) run in exactly the order the client made them; 20 concurrent submits
     of one ``turn_id`` are one turn that runs once; a cancel sent in the same frame right behind
-    its turn's submit ends that queued turn ``aborted`` without it ever starting."""
+    its turn's submit ends that queued turn ``aborted`` without it ever starting. With the journal
+    too: the twins wait on the first submit's row (J-GATE), every ack after its commit."""
     home = daemonkit.short_dir()
     path = home / "order.txt"
     n = 300
+    store = ("--journal", str(home / "j.sqlite3")) if journal else ("--no-journal",)
     try:
-        with serving(*FAST, "--no-journal") as d:
+        with serving(*FAST, *store) as d:
             async with Client.connect(d.endpoint, timeout=30) as client:
                 handles: dict[int, Any] = {}
                 twins: list[Any] = []

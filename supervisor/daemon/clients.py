@@ -19,10 +19,14 @@ beyond what the client has credited (R22).
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, cast
 
 import anyio
+
+from .._errors import JournalUnavailable
 
 # An ``Events`` message carries at most this many bytes of events (or a single larger event):
 # a catching-up follower costs one send per batch, not one per event, and a client that never
@@ -79,6 +83,103 @@ class Waiter:
 
     def cancel(self) -> None:
         self.cancel_called = True
+
+
+class Gate:
+    """J-GATE: what a submit waits for before it is acknowledged (the journal's commit of its row):
+    settled once, with ``None`` or an exception. Its callbacks run the moment it settles, in order
+    (an ``asyncio.Future`` schedules each through ``call_soon``: a handle and a context copy per
+    ack, and with thousands of acks in flight their garbage collections cost more than the acks).
+    Awaitable for the front ends that await it; the future behind that is made only then."""
+
+    __slots__ = ("_callback", "_callbacks", "_future", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: BaseException | None = None
+        self._callback: Callable[[Gate], None] | None = None  # the first (mostly the only) one
+        self._callbacks: list[Callable[[Gate], None]] | None = None
+        self._future: asyncio.Future[None] | None = None
+
+    def add_done_callback(self, fn: Callable[[Gate], None]) -> None:
+        if self.done:
+            fn(self)
+        elif self._callback is None:
+            self._callback = fn
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def settle(self, error: BaseException | None = None) -> None:
+        if self.done:
+            return
+        self.done, self.error = True, error
+        first, self._callback = self._callback, None
+        if first is not None:
+            first(self)
+        more, self._callbacks = self._callbacks, None
+        if more is not None:
+            for fn in more:
+                fn(self)
+        fut = self._future
+        if fut is not None and not fut.done():
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if not self.done:
+            if self._future is None:
+                self._future = asyncio.get_running_loop().create_future()
+            yield from self._future.__await__()
+            return
+        if self.error is not None:
+            raise self.error
+
+
+def gate_error(gate: Any) -> BaseException | None:
+    """The exception a settled gate (a ``Gate`` or an ``asyncio.Future``) ended with, or ``None``."""
+    if isinstance(gate, Gate):
+        return gate.error
+    if gate.cancelled():
+        return JournalUnavailable("cancelled")
+    return cast(BaseException | None, gate.exception())
+
+
+class Ack(Waiter):
+    """A submit waiting for its gates (J-GATE): its cancel scope under the client and its gates'
+    callback in one object — a closure, its cells and a counter per submit were most of what the
+    garbage collector walked with thousands of acks waiting for a commit."""
+
+    __slots__ = ("daemon", "existing", "fallback", "gates", "ident", "left", "req", "turn_id", "wait")
+
+    def __init__(
+        self,
+        daemon: Any,
+        ident: bytes,
+        req: int,
+        turn_id: str,
+        gates: list[Any],
+        wait: bool,
+        existing: bool,
+        fallback: Callable[..., Any],
+    ) -> None:
+        super().__init__()
+        self.daemon, self.ident, self.req, self.turn_id = daemon, ident, req, turn_id
+        self.gates, self.left, self.wait, self.existing, self.fallback = (
+            gates,
+            len(gates),
+            wait,
+            existing,
+            fallback,
+        )
+
+    def __call__(self, _gate: Any) -> None:
+        self.left -= 1
+        if not self.left:
+            self.daemon._acked(self)
 
 
 class ClientTable:

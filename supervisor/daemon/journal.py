@@ -5,8 +5,9 @@ session, limits, parent), its start (worker pid) and its end (outcome, output or
 and message, cause as the closed enum). No stack, no signal, no runtime object, no free text
 about the cancel.
 
-Writes are batched: one writer thread drains everything queued and hands it, as one
-transaction, to the writer process (``_journal_writer``: the only owner of a writing
+Writes are batched (``journal_link.py``): a writer thread — or, once the daemon calls ``attach``,
+the daemon's event loop (J-LOOP) — drains everything queued and hands it, as one transaction, to
+the writer process (``_journal_writer``: the only owner of a writing
 connection, so a stalled disk can hold that process but never the daemon's exit), and only
 then resolves the waiters. A submit is acknowledged once its row is committed; a thousand
 concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (J6) is
@@ -48,6 +49,7 @@ import msgspec
 from wire import TurnResult
 
 from . import journal_writer as _journal_writer
+from .journal_link import _ENDED, _REQUEUED, _STARTED, JournalLink
 from .journal_read import (
     RecoveredTurn,
     decode_result,
@@ -104,14 +106,12 @@ _encode = msgspec.msgpack.Encoder().encode
 
 _START_TIMEOUT = 30.0  # seconds the writer process has to open the database
 
-_PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
-
 
 def _ignore_failure(why: str, conflict: bool) -> None:
     """An accept row nobody waits on (a child turn's): the supervisor's hook handles it."""
 
 
-class Journal:
+class Journal(JournalLink):
     """The durable record of every turn a daemon accepted. Thread-safe; writes are batched."""
 
     def __init__(
@@ -139,6 +139,17 @@ class Journal:
         # (the daemon runs them on its loop) instead of being called one by one in the writer thread.
         self.deliver: Callable[[list[Callable[[], None]]], None] | None = None
         self._thread: threading.Thread | None = None
+        # J-LOOP: once ``attach`` is called the daemon's event loop talks to the writer process
+        # itself (non-blocking socket, reader callback) and the writer thread is gone; on any
+        # failure the journal goes back to the thread (``_detach``), which knows how to retry.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._pending: list[Any] = []  # rows handed over, not yet sent
+        self._pending_waiters: list[Callable[[], None]] = []  # ``flush`` waiters behind them
+        self._inflight: list[Any] | None = None  # the batch sent, its reply not read yet
+        self._inflight_waiters: list[Callable[[], None]] = []
+        self._wbuf = b""  # what of the batch's frame the socket did not take yet
+        self._rbuf = bytearray()
         self._lock: socket.socket | None = None
         self._sock: socket.socket | None = None  # to the writer process
         self._child: subprocess.Popen[bytes] | None = None
@@ -265,6 +276,8 @@ class Journal:
         (it cannot be stopped from outside while it is in the kernel); it keeps the lock until then."""
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
+        if self._loop is not None:
+            self._detach(self._take_pending(), pause=False)  # the loop is gone: the thread finishes
         if self._thread is not None:
             self.hand_over()
             self._queue.put(("stop", lambda: None))
@@ -311,14 +324,6 @@ class Journal:
             return
         loop.call_soon(self.hand_over)
 
-    def hand_over(self) -> None:
-        """Give the writer thread every row held so far, as one item, in order."""
-        with self._held_lock:
-            if not self._held:
-                return
-            rows, self._held = self._held, []
-        self._queue.put(("rows", rows))
-
     def accepted(
         self,
         turn: Any,
@@ -357,22 +362,15 @@ class Journal:
         )
 
     def started(self, turn_id: str, worker_pid: int) -> None:
-        self.write(
-            "UPDATE turns SET state='running', started_at=?, worker_pid=? WHERE turn_id=?",
-            (time.time(), worker_pid, turn_id),
-        )
+        self.write(_STARTED, (time.time(), worker_pid, turn_id))
 
     def requeued(self, turn_id: str, attempts: int) -> None:
-        self.write(
-            "UPDATE turns SET state='queued', attempts=?, started_at=NULL, worker_pid=NULL WHERE turn_id=?",
-            (attempts, turn_id),
-        )
+        self.write(_REQUEUED, (attempts, turn_id))
 
     # J2: the durable record is coarse: outcome, error type and message, cause kind.
     def ended(self, result: TurnResult) -> None:
         self.write(
-            "UPDATE turns SET state='ended', ended_at=?, outcome=?, cause=?, error_type=?, error_message=?,"
-            " result=? WHERE turn_id=?",
+            _ENDED,
             (
                 result.ended_at or time.time(),
                 result.outcome,
@@ -389,126 +387,6 @@ class Journal:
             self.write(
                 "INSERT OR IGNORE INTO events (turn_id, seq, data) VALUES (?,?,?)", (turn_id, seq, data)
             )
-
-    def flush(self) -> None:
-        """Block until everything queued so far is committed."""
-        done = threading.Event()
-        self.hand_over()
-        self._queue.put(("sync", done.set))
-        done.wait()
-
-    def _set_error(self, error: str | None) -> None:
-        if error != self.error:
-            self.error = error
-            if error is not None:
-                log.error("journal %s: %s", self.path, error)
-            else:
-                log.warning("journal %s: writing again", self.path)
-            if self.on_error_change is not None:
-                self.on_error_change(error)
-
-    def _identity_lost(self) -> str | None:
-        """Is the file we write still the one at the path? (J7: deleted or replaced is noticed.)"""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return f"the journal file {self.path} was deleted while the daemon was using it"
-        except OSError as exc:
-            return f"the journal file {self.path} cannot be checked: {exc}"
-        if (st.st_dev, st.st_ino) != self._identity:
-            return f"the journal file {self.path} was replaced while the daemon was using it"
-        return None
-
-    def _commit(self, rows: list[Any]) -> str | None:
-        """Run ``rows`` in one transaction in the writer process; the error as text when it failed
-        (then nothing of the batch was written)."""
-        try:
-            if self._child is None or self._child.poll() is not None:
-                self._stop_child(0)
-                self._spawn()
-            assert self._sock is not None
-            _journal_writer.send(
-                self._sock, [(r[1], r[2], isinstance(r[2], list), r[4] is not None) for r in rows]
-            )
-            reply = _journal_writer.recv(self._sock)
-        except (OSError, JournalError) as exc:
-            reply = (str(exc), [])
-        if reply is None:
-            self._stop_child(0)
-            reply = ("the journal writer process died", [])
-        error, conflicts = reply
-        if error is not None:
-            return f"cannot write the journal {self.path}: {error}"
-        self.commits += 1
-        self.rows_written += len(rows)
-        conflicted = set(conflicts)
-        deliver = self.deliver
-        done = []
-        for i, row in enumerate(rows):
-            if i in conflicted:
-                row[4](f"turn id {row[2][0]!r} is already in the journal", True)
-            elif row[3] is None:
-                continue
-            elif deliver is not None:
-                done.append(row[3])
-            else:
-                row[3]()  # in the writer thread, in order
-        if done and deliver is not None:
-            deliver(done)  # B3: the batch's callbacks, handed over at once
-        return None
-
-    def _writer(self) -> None:
-        try:
-            self._write_loop()
-        except BaseException as exc:  # a bug must not leave submits waiting forever unanswered
-            self.broken = True
-            self._set_error(f"the journal writer failed: {type(exc).__name__}: {exc}")
-            raise
-
-    def _write_loop(self) -> None:
-        held: list[Any] = []  # rows (and flush waiters) of a failed batch, retried in order
-        while True:
-            batch, held = held, []
-            if not batch:
-                batch.append(self._queue.get())
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            if any(item[0] == "rows" for item in batch):
-                batch = [row for item in batch for row in (item[1] if item[0] == "rows" else (item,))]
-            rows = [item for item in batch if item[0] == "row"]
-            waiters = [item for item in batch if item[0] != "row"]
-            stop = any(item[0] == "stop" for item in waiters)
-            why = self.error if self.broken else self._identity_lost()
-            if why is not None:
-                self.broken = True
-            elif rows:
-                why = self._commit(rows)
-            if why is None:
-                self._set_error(None)
-                for item in waiters:
-                    item[1]()
-                if stop:
-                    return
-                continue
-            self.failures += 1
-            self._set_error(why)
-            for row in rows:
-                if row[4] is not None:
-                    row[4](why, False)  # never acknowledged, never run: the submit is refused
-                elif not self.broken:
-                    held.append(row)
-            if self.broken:
-                for item in waiters:
-                    item[1]()
-                if stop:
-                    return
-                continue
-            held.extend(waiters)
-            held.append(("row", _PROBE, (time.time(),), None, None))  # tells when the disk is back
-            time.sleep(self.retry_interval)  # the disk is failing: try again later, not in a spin
 
     def compact(self) -> int:
         """Apply retention now on a connection of its own (chunked: the writer waits at most one

@@ -40,9 +40,44 @@ def recv(sock: socket.socket) -> Any:
     return None if body is None else marshal.loads(body)
 
 
-def send(sock: socket.socket, obj: Any) -> None:
+def frame(obj: Any) -> bytes:
+    """``obj`` as one length-prefixed frame."""
     body = marshal.dumps(obj)
-    sock.sendall(_LEN.pack(len(body)) + body)
+    return _LEN.pack(len(body)) + body
+
+
+def send(sock: socket.socket, obj: Any) -> None:
+    sock.sendall(frame(obj))
+
+
+INCOMPLETE: Any = object()
+"""What ``parse`` returns while ``buf`` does not hold a whole frame yet."""
+
+
+def parse(buf: bytearray) -> Any:
+    """The first whole frame of ``buf`` (removed from it), or ``INCOMPLETE`` (J-LOOP: the daemon's
+    loop reads the reply in pieces from a non-blocking socket)."""
+    if len(buf) < _LEN.size:
+        return INCOMPLETE
+    end = _LEN.size + _LEN.unpack_from(buf)[0]
+    if len(buf) < end:
+        return INCOMPLETE
+    obj = marshal.loads(bytes(buf[_LEN.size : end]))
+    del buf[:end]
+    return obj
+
+
+def recv_after(sock: socket.socket, got: bytes) -> Any:
+    """One frame of which ``got`` was already read (blocking), or ``None`` at the end of the stream."""
+    buf = bytearray(got)
+    while True:
+        obj = parse(buf)
+        if obj is not INCOMPLETE:
+            return obj
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return None
+        buf += chunk
 
 
 def _exactly(sock: socket.socket, n: int) -> bytes | None:

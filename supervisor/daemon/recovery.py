@@ -31,6 +31,7 @@ from wire import TurnError, TurnResult
 
 from .._engine import Supervisor, TurnRecord
 from .._errors import JournalUnavailable
+from .clients import Gate
 from .journal import Journal, RecoveredTurn
 from .server import Daemon
 
@@ -68,7 +69,12 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         for fn, args in calls:
             fn(*args)
 
+    loop_thread: list[int] = []
+
     def on_loop(fn: Any, *args: Any) -> None:
+        if loop_thread and threading.get_ident() == loop_thread[0] and not handed:
+            fn(*args)  # J-LOOP: the loop read the commit's reply itself
+            return
         with handed_lock:
             handed.append((fn, args))
             if len(handed) > 1:
@@ -89,32 +95,16 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     journal.deliver = lambda fns: on_loop(run_all, fns)
     daemon.before_reply.append(journal.hand_over)
 
-    def record(turn: TurnRecord, fut: asyncio.Future[None] | None) -> None:
-        sup = daemon.sup
-        assert sup is not None
-
-        def committed() -> None:
-            sup.mark_recorded(turn)
-            if fut is not None:
-                daemon.unrecorded.pop(turn.id, None)
-                if not fut.done():
-                    fut.set_result(None)
-
-        def failed(why: str, conflict: bool) -> None:
-            sup.withdraw(turn, why)
-            if fut is not None:
-                daemon.unrecorded.pop(turn.id, None)
-                if not fut.done():
-                    fut.set_exception(ValueError(why) if conflict else JournalUnavailable(why))
-
-        # ``committed`` runs on the loop: the journal hands a batch's callbacks over at once (B3).
-        journal.accepted(turn, committed, lambda why, conflict: on_loop(failed, why, conflict))
+    def record(turn: TurnRecord, gate: Gate | None) -> None:
+        # The row's callbacks are one object (J-GATE): ``committed`` runs on the loop (B3, J-LOOP).
+        row = _AcceptRow(daemon, turn, gate, on_loop)
+        journal.accepted(turn, row, row)
 
     def accepted(turn: TurnRecord) -> Any:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        daemon.unrecorded[turn.id] = fut  # until its row is committed or refused (``record``)
-        record(turn, fut)
-        return fut  # the submit is acknowledged once the row is committed
+        gate = Gate()
+        daemon.unrecorded[turn.id] = gate  # until its row is committed or refused (``record``)
+        record(turn, gate)
+        return gate  # the submit is acknowledged once the row is committed
 
     def child_accepted(turn: TurnRecord) -> None:
         if turn.parent is not None:  # clients' turns are recorded (and gated) by ``accepted``
@@ -147,12 +137,14 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())
+        loop_thread.append(threading.get_ident())
         context_box.append(contextvars.copy_context())
         journal.on_error_change = lambda error: on_loop(error_changed, error)
         if journal.error is not None:
             error_changed(journal.error)
         sup.set_dispatch_gate(gate)
         recover(sup, journal)
+        journal.attach()  # J-LOOP: from here the loop talks to the writer process itself
         sup.add_hooks(on_accept=child_accepted)
 
     daemon.startup_hooks.append(startup)
@@ -163,6 +155,39 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     daemon.journal_path = str(journal.path)  # C-JOURNAL
     if journal.journal_events:
         daemon.event_hooks.append(event)
+
+
+class _AcceptRow:
+    """The callbacks of one accept row (J-GATE), as one object — not three closures and their cells
+    per submit (the garbage collector walked them all while thousands waited for a commit): called
+    with no argument when the row is committed (``on_commit``), with ``(why, conflict)`` when its
+    batch failed or the id was already there (``on_fail``)."""
+
+    __slots__ = ("daemon", "gate", "on_loop", "turn")
+
+    def __init__(self, daemon: Daemon, turn: TurnRecord, gate: Gate | None, on_loop: Any) -> None:
+        self.daemon, self.turn, self.gate, self.on_loop = daemon, turn, gate, on_loop
+
+    def __call__(self, why: str | None = None, conflict: bool = False) -> None:
+        if why is not None:
+            self.on_loop(self._refused, why, conflict)  # from the writer thread (or the loop, J-LOOP)
+            return
+        sup = self.daemon.sup
+        assert sup is not None
+        sup.mark_recorded(self.turn)
+        gate = self.gate
+        if gate is not None:
+            self.daemon.unrecorded.pop(self.turn.id, None)
+            gate.settle()
+
+    def _refused(self, why: str, conflict: bool) -> None:
+        sup = self.daemon.sup
+        assert sup is not None
+        sup.withdraw(self.turn, why)
+        gate = self.gate
+        if gate is not None:
+            self.daemon.unrecorded.pop(self.turn.id, None)
+            gate.settle(ValueError(why) if conflict else JournalUnavailable(why))
 
 
 def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: TurnError | None) -> TurnResult:

@@ -30,7 +30,7 @@ from .._errors import (
     JournalUnavailable,
     UnknownTurn,
 )
-from .clients import COALESCE, EVENTS_BATCH_BYTES, FollowStream
+from .clients import COALESCE, EVENTS_BATCH_BYTES, FollowStream, Gate
 
 if TYPE_CHECKING:
     from .._engine import TurnRecord
@@ -48,6 +48,7 @@ class Requests:
         self.daemon = daemon
         self._send = daemon._send
         self._task = daemon._task
+        self._fallback = self._result  # one bound method, not one per waiting request (J-GATE)
 
     # D4: requests are multiplexed by req, each answered with its typed reply.
     def handle(self, ident: bytes, msg: Any) -> None:
@@ -87,7 +88,7 @@ class Requests:
                 self._cancel(cancel_session, ids)
                 self._send(ident, wire.SessionCancelled(req, ids))
             case wire.GetResult(req=req, turn_id=turn_id):
-                self.daemon.answer_result(ident, req, turn_id, self._result)
+                self.daemon.answer_result(ident, req, turn_id, self._fallback)
             case wire.Follow(req=req, turn_id=turn_id, window=window):
                 followed = self._record(ident, req, turn_id)
                 if followed is None:
@@ -147,9 +148,8 @@ class Requests:
             code = next(code for kind, code in SUBMIT_ERROR_CODES if isinstance(exc, kind))
             self._send(ident, wire.Error(req, code, str(exc)))
             return
-        futures = [gate for gate in gates if isinstance(gate, asyncio.Future)]
-        if gates and len(futures) == len(gates):
-            self.daemon.ack_when_done(ident, req, turn_id, futures, msg.wait, existed, self._result)
+        if gates and all(type(gate) is Gate or isinstance(gate, asyncio.Future) for gate in gates):
+            self.daemon.ack_when_done(ident, req, turn_id, gates, msg.wait, existed, self._fallback)
         elif gates:
             self._task(
                 self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
@@ -157,7 +157,7 @@ class Requests:
         else:
             self._send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
-                self.daemon.answer_result(ident, req, turn_id, self._result)
+                self.daemon.answer_result(ident, req, turn_id, self._fallback)
 
     async def _ack_after(
         self,

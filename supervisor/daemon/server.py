@@ -68,10 +68,13 @@ from .._zmqflags import POLLIN as _POLLIN
 from .._zmqflags import RCVMORE as _RCVMORE
 from .client_watch import ClientWatch
 from .clients import (
+    Ack,
     ClientTable,
     FollowStream,
+    Gate,
     Peer,
     Waiter,
+    gate_error,
 )
 from .endpoint import ClientEndpoint
 from .metrics import Metrics
@@ -517,7 +520,11 @@ class Daemon:
         turn = sup.accept_encoded(agent, raw, **options)
         if self.metrics is not None:
             self.metrics.accepted += 1
-        gates = [gate for gate in (hook(turn) for hook in self.accept_hooks) if inspect.isawaitable(gate)]
+        gates = []
+        for hook in self.accept_hooks:
+            gate = hook(turn)
+            if gate is not None and (type(gate) is Gate or inspect.isawaitable(gate)):
+                gates.append(gate)
         return turn.id, False, gates
 
     def _task(
@@ -600,51 +607,48 @@ class Daemon:
         ident: bytes,
         req: int,
         turn_id: str,
-        gates: list[asyncio.Future[Any]],
+        gates: list[Any],
         wait: bool,
         existing: bool,
         fallback: Callable[..., Any],
     ) -> None:
-        """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: a
-        done-callback registered under the client, not a task per submit (B1). A gate that
-        failed answers the error instead; the turn never ran (J7)."""
-        scope = Waiter()
+        """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: one
+        ``Ack`` registered under the client and on its gates, not a task per submit (B1, J-GATE).
+        A gate that failed answers the error instead; the turn never ran (J7)."""
+        ack = Ack(self, ident, req, turn_id, gates, wait, existing, fallback)
         peer = self._clients.peers.get(ident)
         if peer is not None:
             old = peer.tasks.get(req)
             if old is not None:
                 old[0].cancel()
-            peer.tasks[req] = (scope, "result")
-        left = [len(gates)]
-
-        def done(_: asyncio.Future[Any]) -> None:
-            left[0] -= 1
-            if left[0]:
-                return
-            peer = self._clients.peers.get(ident)
-            if peer is None or scope.cancel_called:
-                return  # gone, abandoned or dropped
-            if peer.tasks.get(req, (None,))[0] is scope:
-                del peer.tasks[req]
-            for gate in gates:
-                exc = gate.exception() if not gate.cancelled() else JournalUnavailable("cancelled")
-                if exc is None:
-                    continue
-                if isinstance(exc, JournalUnavailable):
-                    self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
-                elif isinstance(exc, ValueError):  # the id was recorded meanwhile (J8)
-                    self._send(ident, wire.Error(req, "bad_value", str(exc)))
-                else:
-                    log.error("accept hook failed for turn %s: %r", turn_id, exc)
-                    why = f"turn {turn_id} accepted but not recorded: {exc}"
-                    self._send(ident, wire.Error(req, "internal", why))
-                return
-            self._send(ident, wire.Accepted(req, turn_id, existing))
-            if wait:
-                self.answer_result(ident, req, turn_id, fallback)
-
+            peer.tasks[req] = (ack, "result")
         for gate in gates:
-            gate.add_done_callback(done)
+            gate.add_done_callback(ack)
+
+    def _acked(self, ack: Ack) -> None:
+        """Every gate of ``ack`` is done: answer the submit (unless the client went or gave up)."""
+        ident, req, turn_id = ack.ident, ack.req, ack.turn_id
+        peer = self._clients.peers.get(ident)
+        if peer is None or ack.cancel_called:
+            return  # gone, abandoned or dropped
+        if peer.tasks.get(req, (None,))[0] is ack:
+            del peer.tasks[req]
+        for gate in ack.gates:
+            exc = gate_error(gate)
+            if exc is None:
+                continue
+            if isinstance(exc, JournalUnavailable):
+                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+            elif isinstance(exc, ValueError):  # the id was recorded meanwhile (J8)
+                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+            else:
+                log.error("accept hook failed for turn %s: %r", turn_id, exc)
+                why = f"turn {turn_id} accepted but not recorded: {exc}"
+                self._send(ident, wire.Error(req, "internal", why))
+            return
+        self._send(ident, wire.Accepted(req, turn_id, ack.existing))
+        if ack.wait:
+            self.answer_result(ident, req, turn_id, ack.fallback)
 
     def speaks(self, ident: bytes, version: int) -> bool:
         """Whether the client ``ident`` speaks at least protocol ``version``."""

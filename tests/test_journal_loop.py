@@ -1,0 +1,222 @@
+"""J-LOOP and J-ROWS: the daemon's event loop talks to the journal's writer process itself (no
+writer thread on the fast path), and a turn's "running" and "ended" rows of one batch are one
+``UPDATE``. What that could break, attacked with a real writer process, real SQLite files and a
+real ``turnpool serve``:
+
+* a batch still in flight when the event loop ends is committed by ``close`` (nothing handed over
+  is lost because the loop that was to read the reply is gone);
+* a merged row writes exactly what the two rows would have (start time, worker pid, outcome,
+  result), and a turn queued again between its start and its end keeps both rows;
+* the writer process SIGKILLed under a daemon on the loop path: later submits are acknowledged
+  again (the journal goes back to its thread, which starts a new writer), and every acknowledged
+  turn is in the journal after the daemon is SIGKILLed and restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+import wire
+from supervisor import Client, JournalUnavailable
+from supervisor.daemon.journal import Journal, read_history
+from supervisor.daemon.journal_link import merge_rows
+from supervisor.lowlevel import TurnRecord
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, serving
+
+
+def _record(turn_id: str) -> TurnRecord:
+    return TurnRecord(
+        turn_id=turn_id,
+        agent="examples.agents:echo",
+        input=wire.encode_payload({"id": turn_id}),
+        session=None,
+        parent=None,
+        timeout=None,
+        grace=5.0,
+        kill_after=2.0,
+        now=0.0,
+    )
+
+
+def _result(turn_id: str) -> wire.TurnResult:
+    return wire.TurnResult(turn_id=turn_id, outcome="completed", output={"out": turn_id}, started=True)
+
+
+def test_a_batch_in_flight_when_the_loop_ends_is_committed_by_close(tmp_path: Path) -> None:
+    """J-LOOP: rows handed over on an attached loop, the loop ended before it could read the
+    commit's reply (and more rows pending behind it): ``close`` finishes the batch in flight and
+    writes the rest; every accept's ``on_commit`` ran exactly once, and every row is in the file."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    committed: list[str] = []
+    loop = asyncio.new_event_loop()
+    try:
+
+        async def attach() -> bool:
+            return journal.attach()
+
+        assert loop.run_until_complete(attach()) is True
+        # The loop does not run again: the first batch's reply is never read by it.
+        for i in range(200):
+            journal.accepted(_record(f"t{i}"), lambda i=i: committed.append(f"t{i}"))
+            if i % 50 == 49:
+                journal.hand_over()  # the first batch goes out; the next ones wait behind it
+        assert journal._inflight is not None and journal._pending
+        loop.close()
+    finally:
+        if not loop.is_closed():
+            loop.close()
+        assert journal.close(timeout=30)
+    assert sorted(committed) == sorted(f"t{i}" for i in range(200))
+    assert len(read_history(path, limit=1000)) == 200
+
+
+def test_running_and_ended_rows_of_one_batch_are_one_update_with_both_rows_values(tmp_path: Path) -> None:
+    """J-ROWS: a turn started and ended in one batch is written by one statement that sets what
+    the two would have (state ``ended``, ``started_at``, ``worker_pid``, outcome, result); a turn
+    queued again between its start and its end keeps its rows apart (its final row shows the
+    second start); rows of other turns and statements are untouched."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    try:
+        for tid in ("a", "b"):
+            journal.accepted(_record(tid))
+        journal.flush()
+        before = time.time()
+
+        async def one_pass() -> tuple[int, int]:  # rows written in one pass are handed over together
+            journal.started("a", 111)
+            journal.ended(_result("a"))
+            journal.started("b", 222)
+            journal.requeued("b", 2)
+            journal.started("b", 333)
+            journal.ended(_result("b"))
+            held = list(journal._held)
+            journal.hand_over()
+            return len(held), len(merge_rows(held))
+
+        assert asyncio.run(one_pass()) == (6, 4)  # a: one row; b: started, requeued, started+ended
+        journal.flush()
+    finally:
+        assert journal.close(timeout=30)
+    rows = {r["turn_id"]: r for r in read_history(path)}
+    for tid, pid, attempts in (("a", 111, 1), ("b", 333, 2)):
+        row = rows[tid]
+        assert row["state"] == "ended" and row["outcome"] == "completed"
+        assert row["worker_pid"] == pid and row["attempts"] == attempts
+        assert row["started_at"] >= before and row["ended_at"] >= row["started_at"]
+
+
+def _writer_pid(daemon_pid: int) -> int:
+    for child in psutil.Process(daemon_pid).children():
+        if any("journal_writer" in part for part in child.cmdline()):
+            return child.pid
+    raise AssertionError("the daemon has no journal writer process")
+
+
+@pytest.mark.anyio
+async def test_a_killed_writer_process_is_replaced_and_acks_stay_durable() -> None:
+    """J-LOOP: the journal's writer process SIGKILLed while the daemon's loop talks to it. Submits
+    made meanwhile are refused (``JournalUnavailable``) or acknowledged, never acknowledged
+    unwritten: later submits are acknowledged again, and after the daemon itself is SIGKILLed and
+    restarted on the same journal every acknowledged turn is there."""
+    keep = daemonkit.short_dir()
+    journal = str(keep / "j.sqlite3")
+    acked: list[str] = []
+    try:
+        with serving(*FAST, "--journal", journal) as d:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                with anyio.fail_after(60):
+                    for i in range(20):
+                        acked.append((await client.submit("examples.agents:noop", turn_id=f"b{i}")).turn_id)
+                    old = _writer_pid(d.pid)
+                    os.kill(old, signal.SIGKILL)
+                    i = 0
+                    while True:  # until 20 more are acknowledged (by a new writer process)
+                        try:
+                            handle = await client.submit("examples.agents:noop", turn_id=f"c{i}")
+                            acked.append(handle.turn_id)
+                        except JournalUnavailable:
+                            await anyio.sleep(0.05)  # allowed: the retry interval of a refused submit
+                        i += 1
+                        if len(acked) >= 40:
+                            break
+                    assert _writer_pid(d.pid) != old
+                    handles = [client.submit("examples.agents:noop", turn_id=f"d{j}") for j in range(200)]
+                    acked.extend(h.turn_id for h in await asyncio.gather(*handles))
+            os.kill(d.pid, signal.SIGKILL)
+            d.proc.wait(timeout=30)
+        with serving(*FAST, "--journal", journal) as again:
+            async with Client.connect(again.endpoint, timeout=30) as client:
+                with anyio.fail_after(120):
+                    missing = [t for t in acked if not await client.exists(t)]
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+    assert len(acked) >= 240
+    assert missing == [], f"{len(missing)} of {len(acked)} acknowledged turns were lost"
+
+
+@pytest.mark.anyio
+async def test_a_writer_that_dies_while_the_daemon_is_idle_is_noticed_without_spinning() -> None:
+    """J-LOOP: the writer process SIGKILLed while nothing is in flight. The end of its socket is
+    read once (the journal goes back to its thread, which starts a new writer on the next
+    commit), not left readable under the loop, which would call the reader callback forever:
+    an idle daemon stays idle, and the next submit is acknowledged."""
+    keep = daemonkit.short_dir()
+    try:
+        with serving(*FAST, "--journal", str(keep / "j.sqlite3")) as d:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                with anyio.fail_after(60):
+                    await client.run("examples.agents:noop")
+                    writer = psutil.Process(_writer_pid(d.pid))
+                    writer.kill()
+                    while writer.is_running() and writer.status() != psutil.STATUS_ZOMBIE:  # noqa: ASYNC110
+                        await anyio.sleep(0.01)  # allowed: polling another process's child's state
+                    daemon = psutil.Process(d.pid)
+                    before = sum(daemon.cpu_times()[:2])
+                    await anyio.sleep(1.0)  # allowed: the idle daemon's CPU is measured over a fixed second
+                    spent = sum(daemon.cpu_times()[:2]) - before
+                    assert spent < 0.5, f"the idle daemon used {spent:.2f} s of CPU in 1 s"
+                    handle = await client.submit("examples.agents:noop", turn_id="after")
+                    assert (await handle.result()).outcome == "completed"
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+def test_a_batch_larger_than_the_socket_buffer_is_sent_in_pieces(tmp_path: Path) -> None:
+    """J-LOOP: one pass of the loop hands over 30,000 accept rows (a frame of megabytes, far more
+    than the socket takes at once): the rest goes out as the socket drains (the loop's writer
+    callback), the writer process commits the whole batch, every ``on_commit`` runs once."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    committed: list[int] = []
+    n = 30_000
+    try:
+
+        async def main() -> bool:
+            assert journal.attach()
+            done = asyncio.Event()
+            for i in range(n):
+                journal.accepted(
+                    _record(f"t{i}"), lambda: (committed.append(1), len(committed) == n and done.set())
+                )
+            journal.hand_over()
+            partial = bool(journal._wbuf)
+            await asyncio.wait_for(done.wait(), 60)
+            return partial
+
+        assert asyncio.run(main()) is True, "the frame fitted the socket at once: nothing was tested"
+    finally:
+        assert journal.close(timeout=30)
+    assert len(committed) == n
+    assert len(read_history(path, limit=n + 1)) == n
