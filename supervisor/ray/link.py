@@ -61,6 +61,7 @@ class NodeLink:
     pending: list[RoutedTurn] = field(default_factory=list)  # waiting for the next batch
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     status: dict[str, Any] | None = None
+    late: int = 0  # results dropped because their turn had ended already (see ``settle``)
 
     def load(self) -> float:
         """Turns held or waiting, per worker: the least loaded node takes a turn with no home."""
@@ -108,7 +109,7 @@ class NodeLink:
                     batch = await ref
                     unavailable_since = None
                     for result in batch:
-                        self._on_result(result)
+                        self.settle(result)
                 if not self.running():
                     return  # closed: the stream ended after the last result
                 reason = "the node supervisor stopped"
@@ -126,10 +127,19 @@ class NodeLink:
             await self.lose(self, reason)
             return
 
-    def _on_result(self, result: TurnResult) -> None:
+    def settle(self, result: TurnResult) -> None:
+        """End a turn this node held with the result the node sent, unless it has ended already.
+
+        A result reaches the router on the results stream, and a cancelled turn's also in the
+        cancel's reply (R-ray-cancel-reply): whichever comes first ends the turn, the other is
+        counted in ``late`` and dropped. A result for a turn now held by another node (retried
+        after this one was declared lost) or already ended as lost is dropped too (R-ray-loss)."""
         turn = self.table.get(result.turn_id)
-        if turn is None or turn.node is not self or turn.done.is_set():
-            return  # not ours (a Ray-native run), or already ended (node declared lost)
+        if turn is None or turn.node is not self:
+            return  # not ours (a Ray-native run), or moved to another node
+        if turn.done.is_set():
+            self.late += 1  # its end came by the other way first, or the node was declared lost
+            return
         if turn.attempts != result.attempts:
             result = msgspec.structs.replace(result, attempts=turn.attempts)
         self.table.finish(turn, result)

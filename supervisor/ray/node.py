@@ -45,6 +45,11 @@ from .placement import new_turn_id
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
 MAX_BATCH = 4096
 
+# R-ray-cancel-reply: how long a cancel call waits for the turn's end before it replies without it
+# (then the end comes on the results stream as any other). A cooperative cancel ends in well under a
+# millisecond on the node; a stubborn turn's cancel returns after this instead of at once.
+CANCEL_REPLY_WAIT = 0.05
+
 log = logging.getLogger("turnpool.ray")
 
 
@@ -97,6 +102,9 @@ class NodeSupervisor:
         self.niceness = niceness
         self.sup: Supervisor | None = None
         self._outbox: list[TurnResult] = []
+        # Turns whose cancel call waits for their end: their result wakes the stream only once
+        # that reply is on its way, so the two Ray messages do not race for the same threads.
+        self._replying: set[str] = set()
         self._wake = asyncio.Event()
         self._closed = False
         self._stop = asyncio.Event()
@@ -146,7 +154,8 @@ class NodeSupervisor:
     def _on_result(self, turn: Any, result: TurnResult) -> None:
         if turn.parent is None:  # a spawned child's result reaches its parent, not the router
             self._outbox.append(result)
-            self._wake.set()
+            if turn.id not in self._replying:
+                self._wake.set()
 
     def _sup(self) -> Supervisor:
         if self.sup is None:
@@ -223,11 +232,33 @@ class NodeSupervisor:
         except TurnpoolError as exc:
             return _failure(exc)
 
-    async def cancel(self, turn_id: str, cause: Any) -> tuple[bool, Any]:
+    async def cancel_until_end(self, turn_id: str, cause: Any, wait: float) -> tuple[bool, Any]:
+        """Cancel, then wait up to ``wait`` seconds (at most the turn's grace) for its end; returns
+        ``(True, (winning cause, result or None))``.
+
+        R-ray-cancel-reply: a cooperative cancel's end then reaches the router in this reply, one
+        Ray call, not in a second one on the results stream (where it goes too: the router
+        settles the turn from whichever arrives first and drops the other)."""
+        sup = self._sup()
         try:
-            return (True, await self._sup().cancel(turn_id, cause))
+            winner = await sup.cancel(turn_id, cause)
         except (TurnpoolError, TypeError, ValueError) as exc:
             return _failure(exc)
+        record = sup.find(turn_id)
+        result: TurnResult | None = None
+        if record is not None and record.parent is None:
+            if record.result is not None:
+                result = record.result
+            elif wait > 0:
+                self._replying.add(turn_id)
+                try:
+                    with anyio.move_on_after(min(wait, record.grace)):
+                        result = await sup.result(turn_id)
+                finally:
+                    self._replying.discard(turn_id)
+                    if self._outbox:  # after this reply is sent (the next loop iteration)
+                        asyncio.get_running_loop().call_soon(self._wake.set)
+        return (True, (winner, result))
 
     async def cancel_session(self, session: str, cause: Any) -> tuple[bool, Any]:
         try:

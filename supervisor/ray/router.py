@@ -40,6 +40,7 @@ from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
 from .link import NodeLink
 from .membership import Membership
+from .node import CANCEL_REPLY_WAIT
 from .placement import new_turn_id, node_of, rendezvous
 from .turns import NODE_LOST, Changes, RoutedTurn, TurnTable, lost_result
 
@@ -463,14 +464,20 @@ class RaySupervisor:
         node = self._owner(turn_id)
         if node is None:
             raise UnknownTurn(turn_id)
+        # R-ray-cancel-reply: for a turn this router holds, the node waits (briefly) for the end
+        # and sends it in this reply, so a cooperative cancel costs one Ray call, not two.
+        wait = CANCEL_REPLY_WAIT if turn is not None else 0.0
         try:
-            ok, value = await node.actor.cancel.remote(turn_id, accepted)
+            ok, value = await node.actor.cancel_until_end.remote(turn_id, accepted, wait)
         except ray.exceptions.RayError:
             # The node is gone: the turn ends crashed/NodeLost (or runs again) through the router.
             return accepted
         if not ok:
             raise value
-        winner: Cause | None = value
+        winner: Cause | None
+        winner, result = value
+        if result is not None:
+            node.settle(result)  # once: the results stream's copy, before or after, is dropped
         return winner
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
@@ -553,7 +560,8 @@ class RaySupervisor:
     # ---- for tests and tools ----------------------------------------------------------------
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """The node supervisors by node key: node id, actor, pid, state, turns held."""
+        """The node supervisors by node key: node id, actor, pid, state, turns held, and
+        ``late``: results that arrived for a turn already ended (R-ray-cancel-reply)."""
         return {
             n.key: {
                 "node_id": n.node_id,
@@ -561,9 +569,15 @@ class RaySupervisor:
                 "pid": n.pid,
                 "state": n.state,
                 "held": len(n.held),
+                "late": n.late,
             }
             for n in self._members.nodes.values()
         }
+
+    def result_now(self, turn_id: str) -> TurnResult | None:
+        """The result of a turn this router sent, if it has arrived (``None`` if not yet)."""
+        turn = self._table.get(turn_id)
+        return turn.result if turn is not None and turn.done.is_set() else None
 
     def sent(self, turn_id: str) -> bool:
         """Whether this router sent (and still keeps) a turn with this id."""
