@@ -276,8 +276,11 @@ async def test_a_cancel_reply_and_the_results_stream_settle_a_turn_once(sup: Ray
             causes = await asyncio.gather(h.cancel(), h.cancel({"kind": "deadline"}))
             settled = sup.result_now(h.turn_id)
             assert settled is not None, "the cancel returned before the turn's end reached the caller"
-            assert settled.outcome == "aborted" and settled.cause == {"kind": "user"}
-            assert causes == [{"kind": "user"}, {"kind": "user"}]  # first cause wins, both say so
+            assert settled.outcome == "aborted"
+            # The first cause to reach the node wins (Ray may run an async actor's calls in either
+            # order), and both cancels return that one.
+            assert settled.cause in ({"kind": "user"}, {"kind": "deadline"})
+            assert causes == [settled.cause, settled.cause]
             # The session's next turn ends after it on the same node: once its result is in, the
             # results stream has delivered the cancelled turn's end too (results stream in order).
             after = await sup.run("tests.agents.cluster:where", session=session)

@@ -22,6 +22,7 @@ import ray.exceptions
 
 from wire import TurnResult
 
+from .batches import decode_results, encode_requests, request_row
 from .node import MAX_BATCH
 from .turns import lost_result
 
@@ -80,24 +81,28 @@ class NodeLink:
                 await self.wake.wait()
                 self.wake.clear()
                 continue
-            # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn.
+            # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn,
+            # its requests as one msgpack byte string.
             batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
             try:
-                acks = await self.actor.submit_batch.remote([t.request for t in batch])
+                data = encode_requests([request_row(t.request) for t in batch])
+                refused = await self.actor.submit_batch.remote(data)
             except ray.exceptions.RayError as exc:
                 # Sent, never acknowledged: they are held by a node that is gone, like any other.
                 for turn in batch:
                     turn.acked.set()
                 await self.lose(self, f"submit failed: {type(exc).__name__}")
                 return
-            for turn, (ok, value) in zip(batch, acks, strict=True):
-                if not ok and turn.resent:
+            for i, error in refused:
+                turn = batch[i]
+                if turn.resent:
                     # Its caller has a handle already: the turn ends, truthfully, here.
-                    message = f"sent again after its node was lost, refused: {type(value).__name__}: {value}"
+                    message = f"sent again after its node was lost, refused: {type(error).__name__}: {error}"
                     self.table.finish(turn, lost_result(turn, message))
-                elif not ok:
-                    turn.ack_error = value
+                else:
+                    turn.ack_error = error
                     self.table.drop(turn)
+            for turn in batch:
                 turn.acked.set()
 
     async def results_stream(self) -> None:
@@ -106,9 +111,9 @@ class NodeLink:
         while self.state == "live":
             try:
                 async for ref in self.actor.results.remote():
-                    batch = await ref
+                    data = await ref
                     unavailable_since = None
-                    for result in batch:
+                    for result in decode_results(data):
                         self.settle(result)
                 if not self.running():
                     return  # closed: the stream ended after the last result

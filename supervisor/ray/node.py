@@ -25,6 +25,7 @@ per node, so the class can be read and type-checked without Ray installed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -40,10 +41,12 @@ from wire import TurnResult
 from .._engine import Supervisor
 from .._errors import TurnpoolError
 from .._paths import IPC_PATH_MAX, IPC_SUFFIX_MAX, runtime_dir
+from .batches import Request, decode_requests, encode_results
 from .placement import new_turn_id
 
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
 MAX_BATCH = 4096
+ACCEPT_CHUNK = 256  # turns of a submit batch accepted per dispatch pass
 
 # R-ray-cancel-reply: how long a cancel call waits for the turn's end before it replies without it
 # (then the end comes on the results stream as any other). A cooperative cancel ends in well under a
@@ -162,26 +165,43 @@ class NodeSupervisor:
             raise RuntimeError("node supervisor not started")
         return self.sup
 
-    async def submit_batch(self, requests: list[dict[str, Any]]) -> list[tuple[bool, Any]]:
-        """Accept turns in order (a session's turns keep the order they were sent in)."""
-        sup = self._sup()
-        out: list[tuple[bool, Any]] = []
-        for req in requests:
-            kwargs = dict(req)
-            agent = kwargs.pop("agent")
-            payload = kwargs.pop("input", None)
-            if kwargs.get("turn_id") is None:
-                kwargs["turn_id"] = new_turn_id(self.key)
-            try:
-                handle = await sup.submit(agent, payload, **kwargs)
-            except (TurnpoolError, TypeError, ValueError) as exc:
-                out.append(_failure(exc))
-            else:
-                out.append((True, handle.turn_id))
-        return out
+    async def submit_batch(self, data: bytes) -> list[tuple[int, BaseException]]:
+        """Accept turns in order (a session's turns keep the order they were sent in); ``data``
+        is a msgpack batch of requests (``batches.encode_requests``). Returns the refusals only,
+        as ``(index in the batch, exception)``: an empty list when every turn was accepted.
 
-    async def results(self) -> AsyncIterator[list[TurnResult]]:
-        """Every top-level turn's result, in batches, as turns end (one consumer: the router).
+        Accepted in chunks with one dispatch pass each (``Supervisor.dispatch_once``): a batch of
+        thousands walks the queue head once per chunk, not once per turn, and the first chunk's
+        turns start while the rest are accepted."""
+        sup = self._sup()
+        requests = decode_requests(data)
+        refused: list[tuple[int, BaseException]] = []
+
+        def accept(first: int, rows: list[Request]) -> None:
+            for i, row in enumerate(rows, first):
+                agent, raw, session, timeout, grace, kill_after, turn_id, retry = row
+                try:
+                    sup.accept_encoded(
+                        agent,
+                        raw,
+                        session=session,
+                        timeout=timeout,
+                        grace=grace,
+                        kill_after=kill_after,
+                        turn_id=turn_id or new_turn_id(self.key),
+                        retry=retry,
+                    )
+                except (TurnpoolError, TypeError, ValueError) as exc:
+                    refused.append((i, exc))
+
+        for first in range(0, len(requests), ACCEPT_CHUNK):
+            rows = requests[first : first + ACCEPT_CHUNK]
+            sup.dispatch_once([functools.partial(accept, first, rows)])
+        return refused
+
+    async def results(self) -> AsyncIterator[bytes]:
+        """Every top-level turn's result, in msgpack batches (``batches.decode_results``), as
+        turns end (one consumer: the router).
 
         Also the router's liveness channel: when this actor dies, the router's iteration raises."""
         while True:
@@ -191,7 +211,7 @@ class NodeSupervisor:
                 self._wake.clear()
                 await self._wake.wait()
             batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
-            yield batch
+            yield encode_results(batch)
 
     async def follow(self, turn_id: str) -> AsyncIterator[list[Any]]:
         """The turn's events in order, in batches of what is there; ends when the turn ends."""

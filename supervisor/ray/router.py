@@ -38,6 +38,7 @@ from wire import Cause, TurnResult, validate_cause
 from .._engine.options import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
+from .batches import encode_requests, request_row
 from .link import NodeLink
 from .membership import Membership
 from .node import CANCEL_REPLY_WAIT
@@ -255,19 +256,21 @@ class RaySupervisor:
         live = self._members.live()
         if not live:
             raise SupervisorClosed("no live turnpool node on the Ray cluster")
-        by_key = {n.key: n for n in live}
         if turn.session is not None:
             # R-ray-sessions: a session stays on its node while it has turns in flight.
             pinned = self._table.pinned(turn.session)
             if pinned is not None:
                 return pinned
+            by_key = {n.key: n for n in live}
             return by_key[rendezvous(turn.session, by_key)]
-        # R-ray-ids: a router-made id names its node; a caller's id goes where its hash says.
-        named = node_of(turn.turn_id)
-        if named is not None and named in by_key and turn.attempts == 1:
-            return by_key[named]
-        if turn.request.get("turn_id") is not None and turn.attempts == 1:
-            return by_key[rendezvous(turn.turn_id, by_key)]
+        if turn.turn_id and turn.attempts == 1:
+            # R-ray-ids: a router-made id names its node; a caller's id goes where its hash says.
+            by_key = {n.key: n for n in live}
+            named = node_of(turn.turn_id)
+            if named is not None and named in by_key:
+                return by_key[named]
+            if turn.request.get("turn_id") is not None:
+                return by_key[rendezvous(turn.turn_id, by_key)]
         return min(live, key=NodeLink.load)
 
     def _place(self, turn: RoutedTurn, *, resend: bool = False, node: NodeLink | None = None) -> None:
@@ -305,7 +308,9 @@ class RaySupervisor:
         Raises as ``Supervisor.submit`` does (checked here first, then by the node)."""
         self._check_open()
         check_agent(agent)
-        wire.encode_payload(input, what="turn input")  # TypeError at the call, before any Ray call
+        # TypeError (W-IN too) or PayloadTooLarge at the call, before any Ray call; these bytes are
+        # what the node's engine gets (R-ray-streams).
+        raw = wire.encode_payload(input, what="turn input", exact=True)
         session = check_optional_str("session", session)
         turn_id = check_optional_str("turn_id", turn_id)
         for name, value in (("timeout", timeout), ("grace", grace), ("kill_after", kill_after)):
@@ -314,7 +319,7 @@ class RaySupervisor:
             raise TypeError(f"retry must be True or False, got {retry!r}")
         request = {
             "agent": agent,
-            "input": input,
+            "raw": raw,
             "session": session,
             "timeout": timeout,
             "grace": grace,
@@ -330,11 +335,11 @@ class RaySupervisor:
             node = existing.node
             if node is not None and node.state == "live":
                 try:
-                    ((ok, value),) = await node.actor.submit_batch.remote([request])
+                    refused = await node.actor.submit_batch.remote(encode_requests([request_row(request)]))
                 except ray.exceptions.RayError:
-                    ok, value = True, None  # the node is gone: the existing turn ends through the router
-                if not ok and isinstance(value, BaseException):
-                    raise value
+                    refused = []  # the node is gone: the existing turn ends through the router
+                if refused:
+                    raise refused[0][1]
             return TurnHandle(self, existing.turn_id)
         turn = RoutedTurn(
             turn_id=turn_id or "", request=request, seq=next(self._seq), session=session, retry=retry
