@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from wire import TurnResult
+from wire import Cause, TurnResult
 
 # One request: agent, encoded input, session, timeout, grace, kill_after, turn_id, retry.
 Request = tuple[str, msgspec.Raw, str | None, float | None, float | None, float | None, str, bool]
@@ -23,6 +23,7 @@ Request = tuple[str, msgspec.Raw, str | None, float | None, float | None, float 
 _encoder = msgspec.msgpack.Encoder()
 _requests = msgspec.msgpack.Decoder(list[Request])
 _results = msgspec.msgpack.Decoder(list[TurnResult])
+_cancel_reply = msgspec.msgpack.Decoder(tuple[Cause | None, TurnResult | None])
 
 
 def request_row(request: dict[str, Any]) -> Request:
@@ -53,3 +54,13 @@ def encode_results(results: list[TurnResult]) -> bytes:
 
 def decode_results(data: bytes) -> list[TurnResult]:
     return _results.decode(data)
+
+
+def encode_cancel_reply(winner: Cause | None, result: TurnResult | None) -> bytes:
+    """A cancel's reply (R-ray-cancel-reply): the winning cause and the end, if it came in time.
+    Bytes, so Ray sends the reply without pickling anything."""
+    return _encoder.encode((winner, result))
+
+
+def decode_cancel_reply(data: bytes) -> tuple[Cause | None, TurnResult | None]:
+    return _cancel_reply.decode(data)

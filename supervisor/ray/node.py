@@ -41,7 +41,7 @@ from wire import TurnResult
 from .._engine import Supervisor
 from .._errors import TurnpoolError
 from .._paths import IPC_PATH_MAX, IPC_SUFFIX_MAX, runtime_dir
-from .batches import Request, decode_requests, encode_results
+from .batches import Request, decode_requests, encode_cancel_reply, encode_results
 from .placement import new_turn_id
 
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
@@ -252,16 +252,18 @@ class NodeSupervisor:
         except TurnpoolError as exc:
             return _failure(exc)
 
-    async def cancel_until_end(self, turn_id: str, cause: Any, wait: float) -> tuple[bool, Any]:
-        """Cancel, then wait up to ``wait`` seconds (at most the turn's grace) for its end; returns
-        ``(True, (winning cause, result or None))``.
+    async def cancel_until_end(self, turn_id: str, kind: str, wait: float) -> tuple[bool, Any]:
+        """Cancel with cause ``{"kind": kind}``, then wait up to ``wait`` seconds (at most the
+        turn's grace) for its end; returns ``(True, bytes)`` (``batches.decode_cancel_reply``: the
+        winning cause and the result, or ``None`` if it did not end in time).
 
         R-ray-cancel-reply: a cooperative cancel's end then reaches the router in this reply, one
         Ray call, not in a second one on the results stream (where it goes too: the router
-        settles the turn from whichever arrives first and drops the other)."""
+        settles the turn from whichever arrives first and drops the other). Arguments and reply
+        are plain strings, numbers and bytes, which Ray sends without its pickler."""
         sup = self._sup()
         try:
-            winner = await sup.cancel(turn_id, cause)
+            winner = await sup.cancel(turn_id, {"kind": kind})
         except (TurnpoolError, TypeError, ValueError) as exc:
             return _failure(exc)
         record = sup.find(turn_id)
@@ -278,7 +280,7 @@ class NodeSupervisor:
                     self._replying.discard(turn_id)
                     if self._outbox:  # after this reply is sent (the next loop iteration)
                         asyncio.get_running_loop().call_soon(self._wake.set)
-        return (True, (winner, result))
+        return (True, encode_cancel_reply(winner, result))
 
     async def cancel_session(self, session: str, cause: Any) -> tuple[bool, Any]:
         try:

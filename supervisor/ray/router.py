@@ -38,7 +38,7 @@ from wire import Cause, TurnResult, validate_cause
 from .._engine.options import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
-from .batches import encode_requests, request_row
+from .batches import decode_cancel_reply, encode_requests, request_row
 from .link import NodeLink
 from .membership import Membership
 from .node import CANCEL_REPLY_WAIT
@@ -473,14 +473,13 @@ class RaySupervisor:
         # and sends it in this reply, so a cooperative cancel costs one Ray call, not two.
         wait = CANCEL_REPLY_WAIT if turn is not None else 0.0
         try:
-            ok, value = await node.actor.cancel_until_end.remote(turn_id, accepted, wait)
+            ok, value = await node.actor.cancel_until_end.remote(turn_id, accepted.kind, wait)
         except ray.exceptions.RayError:
             # The node is gone: the turn ends crashed/NodeLost (or runs again) through the router.
             return accepted
         if not ok:
             raise value
-        winner: Cause | None
-        winner, result = value
+        winner, result = decode_cancel_reply(value)
         if result is not None:
             node.settle(result)  # once: the results stream's copy, before or after, is dropped
         return winner
