@@ -11,8 +11,6 @@ Nothing here imports Ray: both the router and the node supervisor use it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from wire import Cause, TurnResult
@@ -24,20 +22,6 @@ _encoder = msgspec.msgpack.Encoder()
 _requests = msgspec.msgpack.Decoder(list[Request])
 _results = msgspec.msgpack.Decoder(list[TurnResult])
 _cancel_reply = msgspec.msgpack.Decoder(tuple[Cause | None, TurnResult | None])
-
-
-def request_row(request: dict[str, Any]) -> Request:
-    """The row of one of the router's request dicts (its ``raw`` input already encoded)."""
-    return (
-        request["agent"],
-        request["raw"],
-        request["session"],
-        request["timeout"],
-        request["grace"],
-        request["kill_after"],
-        request["turn_id"],
-        request["retry"],
-    )
 
 
 def encode_requests(rows: list[Request]) -> bytes:

@@ -22,8 +22,8 @@ import ray.exceptions
 
 from wire import TurnResult
 
-from .batches import decode_results, encode_requests, request_row
-from .node import MAX_BATCH
+from .batches import decode_results, encode_requests
+from .node import SUBMIT_BATCH
 from .turns import lost_result
 
 if TYPE_CHECKING:
@@ -83,14 +83,14 @@ class NodeLink:
                 continue
             # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn,
             # its requests as one msgpack byte string.
-            batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
+            batch, self.pending = self.pending[:SUBMIT_BATCH], self.pending[SUBMIT_BATCH:]
             try:
-                data = encode_requests([request_row(t.request) for t in batch])
+                data = encode_requests([t.row() for t in batch])
                 refused = await self.actor.submit_batch.remote(data)
             except ray.exceptions.RayError as exc:
                 # Sent, never acknowledged: they are held by a node that is gone, like any other.
                 for turn in batch:
-                    turn.acked.set()
+                    turn.set_acked()
                 await self.lose(self, f"submit failed: {type(exc).__name__}")
                 return
             for i, error in refused:
@@ -103,7 +103,7 @@ class NodeLink:
                     turn.ack_error = error
                     self.table.drop(turn)
             for turn in batch:
-                turn.acked.set()
+                turn.set_acked()
 
     async def results_stream(self) -> None:
         """Follows the node's results; its failure is how the router learns the node is lost."""
@@ -142,7 +142,7 @@ class NodeLink:
         turn = self.table.get(result.turn_id)
         if turn is None or turn.node is not self:
             return  # not ours (a Ray-native run), or moved to another node
-        if turn.done.is_set():
+        if turn.done:
             self.late += 1  # its end came by the other way first, or the node was declared lost
             return
         if turn.attempts != result.attempts:

@@ -69,6 +69,8 @@ class Membership:
         self._place = place
         self._running = running
         self.nodes: dict[str, NodeLink] = {}  # by node key
+        self._live: list[NodeLink] | None = None  # see live()
+        self._live_of = 0  # len(nodes) when _live was made
         # Node ids whose supervisor could not start, and when: tried again after FAILED_RETRY
         # seconds (a node still starting its Ray workers under load is not lost for good).
         self._failed: dict[str, float] = {}
@@ -78,7 +80,20 @@ class Membership:
         self.nodes_lost = 0
 
     def live(self) -> list[NodeLink]:
-        return [n for n in self.nodes.values() if n.state == "live"]
+        """The live node links (a list shared between calls: callers must not change it).
+
+        Asked once per turn placed, so it is rebuilt only when a node came, or one it holds is no
+        longer live, not made anew every time."""
+        cached = self._live
+        if cached is not None and self._live_of == len(self.nodes):
+            for node in cached:
+                if node.state != "live":
+                    break
+            else:
+                return cached
+        self._live = [n for n in self.nodes.values() if n.state == "live"]
+        self._live_of = len(self.nodes)
+        return self._live
 
     def live_by_key(self) -> dict[str, NodeLink]:
         return {n.key: n for n in self.live()}
@@ -177,25 +192,25 @@ class Membership:
         self._table.unpin_node(node)
         # Fence: a node that is only unreachable must never finish a turn that runs again elsewhere.
         await anyio.to_thread.run_sync(kill_actor, node.actor)
-        unsent = [t for t in node.pending if not t.done.is_set()]
+        unsent = [t for t in node.pending if not t.done]
         node.pending = []
         held = sorted((t for t in node.held.values() if t not in unsent), key=lambda t: t.seq)
         node.held.clear()
         for turn in held:
-            if turn.done.is_set():
+            if turn.done:
                 continue
             if turn.retry and self._running() and self.live():
                 turn.attempts += 1
-                turn.acked.set()
+                turn.set_acked()
                 self._place(turn)
             else:
-                turn.acked.set()
+                turn.set_acked()
                 self._table.finish(turn, lost_result(turn, f"node {node.key} was lost: {reason}"))
         for turn in sorted(unsent, key=lambda t: t.seq):  # never reached the node: just send elsewhere
             if self._running() and self.live():
                 self._place(turn)
             else:
-                turn.acked.set()
+                turn.set_acked()
                 self._table.finish(turn, lost_result(turn, f"node {node.key} was lost: {reason}"))
         self._changes.notify()
 

@@ -46,6 +46,11 @@ from .placement import new_turn_id
 
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
 MAX_BATCH = 4096
+# A batch of submissions or results is kept under Ray's inline limit (100 KiB,
+# ``max_direct_call_object_size``) for no-op turns (≈ 60 bytes a request, ≈ 260 a result): a
+# bigger object goes through the object stores, copied from the node's to the driver's.
+SUBMIT_BATCH = 1024
+RESULT_BATCH = 256
 ACCEPT_CHUNK = 256  # turns of a submit batch accepted per dispatch pass
 
 # R-ray-cancel-reply: how long a cancel call waits for the turn's end before it replies without it
@@ -210,7 +215,7 @@ class NodeSupervisor:
                     return
                 self._wake.clear()
                 await self._wake.wait()
-            batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+            batch, self._outbox = self._outbox[:RESULT_BATCH], self._outbox[RESULT_BATCH:]
             yield encode_results(batch)
 
     async def follow(self, turn_id: str) -> AsyncIterator[list[Any]]:

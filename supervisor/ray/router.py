@@ -38,7 +38,7 @@ from wire import Cause, TurnResult, validate_cause
 from .._engine.options import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
-from .batches import decode_cancel_reply, encode_requests, request_row
+from .batches import decode_cancel_reply, encode_requests
 from .link import NodeLink
 from .membership import Membership
 from .node import CANCEL_REPLY_WAIT
@@ -218,7 +218,7 @@ class RaySupervisor:
                 for node in live:
                     tg.start_soon(self._close_node, node)
             for turn in list(self._table.turns.values()):  # a node that could not close: nothing ran on
-                if not turn.done.is_set():
+                if not turn.done:
                     self._table.finish(turn, lost_result(turn, "the router closed"))
         # Left outside the shield: a task group is exited from the scope it was entered in.
         assert self._tg is not None
@@ -269,7 +269,7 @@ class RaySupervisor:
             named = node_of(turn.turn_id)
             if named is not None and named in by_key:
                 return by_key[named]
-            if turn.request.get("turn_id") is not None:
+            if turn.id_given:
                 return by_key[rendezvous(turn.turn_id, by_key)]
         return min(live, key=NodeLink.load)
 
@@ -282,7 +282,6 @@ class RaySupervisor:
             turn.resent = True
             # A retried turn keeps its id, so its handle keeps working; a router-made id then names
             # the node that lost it, and lookups go through this router's table.
-            turn.request = dict(turn.request, turn_id=turn.turn_id)
         node.send(turn)
 
     def _place_again(self, turn: RoutedTurn) -> None:
@@ -317,39 +316,38 @@ class RaySupervisor:
             check_seconds(name, value)
         if not isinstance(retry, bool):
             raise TypeError(f"retry must be True or False, got {retry!r}")
-        request = {
-            "agent": agent,
-            "raw": raw,
-            "session": session,
-            "timeout": timeout,
-            "grace": grace,
-            "kill_after": kill_after,
-            "turn_id": turn_id,
-            "retry": retry,
-        }
+        turn = RoutedTurn(
+            turn_id=turn_id or "",
+            agent=agent,
+            raw=raw,
+            seq=next(self._seq),
+            session=session,
+            retry=retry,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            id_given=turn_id is not None,
+        )
         existing = self._table.get(turn_id) if turn_id is not None else None
         if existing is not None:
             # R-ray-ids: the same id goes to the node that has it; that node's engine runs it once
             # (or refuses the same id with another request). Sent on its own: no order to keep.
-            await existing.acked.wait()
+            await existing.wait_acked()
             node = existing.node
             if node is not None and node.state == "live":
                 try:
-                    refused = await node.actor.submit_batch.remote(encode_requests([request_row(request)]))
+                    refused = await node.actor.submit_batch.remote(encode_requests([turn.row()]))
                 except ray.exceptions.RayError:
                     refused = []  # the node is gone: the existing turn ends through the router
                 if refused:
                     raise refused[0][1]
             return TurnHandle(self, existing.turn_id)
-        turn = RoutedTurn(
-            turn_id=turn_id or "", request=request, seq=next(self._seq), session=session, retry=retry
-        )
         node = self._choose(turn)
         if turn_id is None:
-            turn.turn_id = request["turn_id"] = new_turn_id(node.key)
+            turn.turn_id = new_turn_id(node.key)
         self._table.add(turn)
         self._place(turn, node=node)
-        await turn.acked.wait()
+        await turn.wait_acked()
         if turn.ack_error is not None:
             raise turn.ack_error
         return TurnHandle(self, turn.turn_id)
@@ -363,9 +361,9 @@ class RaySupervisor:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 turn = self._table.get(handle.turn_id)
-                if turn is not None and not turn.done.is_set():
+                if turn is not None and not turn.done:
                     await self.cancel(handle.turn_id)
-                    await turn.done.wait()
+                    await turn.wait_done()
             raise
 
     def run_ref(self, agent: str, input: Any = None, **kwargs: Any) -> Any:
@@ -377,8 +375,16 @@ class RaySupervisor:
         self._check_open()
         check_agent(agent)
         session, turn_id = kwargs.get("session"), kwargs.get("turn_id")
-        request = {"agent": agent, "turn_id": turn_id}  # a caller's id goes where its hash says
-        turn = RoutedTurn(turn_id=turn_id or "", request=request, seq=0, session=session, retry=False)
+        # A caller's id goes where its hash says.
+        turn = RoutedTurn(
+            turn_id=turn_id or "",
+            agent=agent,
+            raw=None,
+            seq=0,
+            session=session,
+            retry=False,
+            id_given=bool(turn_id),
+        )
         return self._choose(turn).actor.run.remote(agent, input, **kwargs)
 
     def handle(self, turn_id: str) -> TurnHandle:
@@ -403,7 +409,7 @@ class RaySupervisor:
         """Wait for the turn's one outcome; raises ``UnknownTurn``."""
         turn = self._table.get(turn_id)
         if turn is not None:
-            await turn.done.wait()
+            await turn.wait_done()
             assert turn.result is not None
             return turn.result
         node = self._owner(turn_id)
@@ -426,7 +432,7 @@ class RaySupervisor:
         while True:
             turn = self._table.get(turn_id)
             if turn is not None:
-                await turn.acked.wait()
+                await turn.wait_acked()
             node = self._owner(turn_id)
             if node is None or node is followed or node.state != "live":
                 if node is None and turn is None:
@@ -448,12 +454,12 @@ class RaySupervisor:
             if turn is None:
                 return
             await self._settled(turn, node)
-            if turn.done.is_set():
+            if turn.done:
                 return
 
     async def _settled(self, turn: RoutedTurn, node: NodeLink) -> None:
         """Wait until the turn's end arrived, or it moved to another node."""
-        while not turn.done.is_set() and turn.node is node:
+        while not turn.done and turn.node is node:
             await self._changes.wait()
 
     async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
@@ -462,8 +468,8 @@ class RaySupervisor:
         accepted = validate_cause(cause)
         turn = self._table.get(turn_id)
         if turn is not None:
-            await turn.acked.wait()
-            if turn.done.is_set():
+            await turn.wait_acked()
+            if turn.done:
                 assert turn.result is not None
                 return turn.result.cause
         node = self._owner(turn_id)
@@ -493,8 +499,8 @@ class RaySupervisor:
         self._check_open()
         # Turns of the session still on their way to the node are queued now too: let them arrive.
         for turn in list(self._table.turns.values()):
-            if turn.session == session and not turn.acked.is_set():
-                await turn.acked.wait()
+            if turn.session == session and not turn.acked:
+                await turn.wait_acked()
         pinned = self._table.pinned(session)
         live = self._members.live_by_key()
         if pinned is not None:
@@ -581,7 +587,7 @@ class RaySupervisor:
     def result_now(self, turn_id: str) -> TurnResult | None:
         """The result of a turn this router sent, if it has arrived (``None`` if not yet)."""
         turn = self._table.get(turn_id)
-        return turn.result if turn is not None and turn.done.is_set() else None
+        return turn.result if turn is not None and turn.done else None
 
     def sent(self, turn_id: str) -> bool:
         """Whether this router sent (and still keeps) a turn with this id."""
