@@ -57,6 +57,10 @@ ACCEPT_CHUNK = 256  # turns of a submit batch accepted per dispatch pass
 # (then the end comes on the results stream as any other). A cooperative cancel ends in well under a
 # millisecond on the node; a stubborn turn's cancel returns after this instead of at once.
 CANCEL_REPLY_WAIT = 0.05
+# ... and how long after that reply the results stream is woken for the same end: Ray sends the
+# reply from its own thread once the call's coroutine is done, so the stream's copy waits a moment
+# rather than race it to the driver.
+STREAM_AFTER_REPLY = 0.002
 
 log = logging.getLogger("turnpool.ray")
 
@@ -283,8 +287,8 @@ class NodeSupervisor:
                         result = await sup.result(turn_id)
                 finally:
                     self._replying.discard(turn_id)
-                    if self._outbox:  # after this reply is sent (the next loop iteration)
-                        asyncio.get_running_loop().call_soon(self._wake.set)
+                    if self._outbox:  # once this reply is on its way
+                        asyncio.get_running_loop().call_later(STREAM_AFTER_REPLY, self._wake.set)
         return (True, encode_cancel_reply(winner, result))
 
     async def cancel_session(self, session: str, cause: Any) -> tuple[bool, Any]:
