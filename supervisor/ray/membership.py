@@ -130,12 +130,10 @@ class Membership:
             async with anyio.create_task_group() as tg:
                 for info in starting:
                     tg.start_soon(self._start_node, info)
-        for node in self.live():
-            try:
-                with anyio.fail_after(max(self._interval, 1.0) * 5):
-                    node.status = await node.actor.status.remote()
-            except (ray.exceptions.RayError, TimeoutError):
-                pass  # the results stream decides whether the node is lost
+        # No status poll here: a node's ``status()`` walks its workers' trees in /proc (≈ 9 ms,
+        # blocking that node's loop: its turns' cancels and kills waited behind it once a second).
+        # ``RaySupervisor.status()`` asks the nodes when a caller wants it; the results stream
+        # decides whether a node is lost.
 
     async def _start_node(self, info: dict[str, Any]) -> None:
         node_id: str = info["NodeID"]
