@@ -11,6 +11,7 @@ each test no process but Ray's may be left, and at module end Ray's are stopped 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import resource
@@ -256,6 +257,40 @@ async def test_cooperative_cancel_ends_aborted_well_inside_grace(sup: RaySupervi
             result = await h.result()
             assert result.outcome == "aborted"
             assert time.monotonic() - t0 < 2.5
+
+
+async def test_a_cancel_reply_and_the_results_stream_settle_a_turn_once(sup: RaySupervisor) -> None:
+    """Promise (R-ray-cancel-reply): a cooperative cancel's end comes back in the cancel call's own
+    reply, so the turn has its result when ``cancel()`` returns; the same end also arrives in a
+    second concurrent cancel's reply and on the node's results stream, and the turn is still
+    settled exactly once: one result object for every handle, one ``aborted`` on the node."""
+    with anyio.fail_after(BOUND):
+        for key in _keys(sup):
+            session = _session_on(sup, key, "cr")
+            h = await sup.submit("tests.agents.cluster:cooperative", session=session, grace=5.0)
+            await _first_event(sup, h.turn_id)
+            late_before = sup.nodes()[key]["late"]
+            before = (await sup.status())["nodes"]
+            aborted_before = next(n for n in before if n["key"] == key).get("outcomes", {}).get("aborted", 0)
+            # Both cancel calls are sent before either reply is read: each reply carries the end.
+            causes = await asyncio.gather(h.cancel(), h.cancel({"kind": "deadline"}))
+            settled = sup.result_now(h.turn_id)
+            assert settled is not None, "the cancel returned before the turn's end reached the caller"
+            assert settled.outcome == "aborted"
+            # The first cause to reach the node wins (Ray may run an async actor's calls in either
+            # order), and both cancels return that one.
+            assert settled.cause in ({"kind": "user"}, {"kind": "deadline"})
+            assert causes == [settled.cause, settled.cause]
+            # The session's next turn ends after it on the same node: once its result is in, the
+            # results stream has delivered the cancelled turn's end too (results stream in order).
+            after = await sup.run("tests.agents.cluster:where", session=session)
+            assert after.outcome == "completed"
+            assert sup.nodes()[key]["late"] - late_before == 2  # the other reply and the stream
+            assert await h.result() is settled
+            assert await sup.handle(h.turn_id).result() is settled
+            status = await sup.status()
+            node = next(n for n in status["nodes"] if n["key"] == key)
+            assert node["outcomes"].get("aborted", 0) - aborted_before == 1
 
 
 async def test_stubborn_turn_killed_with_its_grandchildren_and_setsid_daemon(

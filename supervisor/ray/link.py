@@ -22,7 +22,8 @@ import ray.exceptions
 
 from wire import TurnResult
 
-from .node import MAX_BATCH
+from .batches import decode_results, encode_requests
+from .node import SUBMIT_BATCH
 from .turns import lost_result
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class NodeLink:
     pending: list[RoutedTurn] = field(default_factory=list)  # waiting for the next batch
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     status: dict[str, Any] | None = None
+    late: int = 0  # results dropped because their turn had ended already (see ``settle``)
 
     def load(self) -> float:
         """Turns held or waiting, per worker: the least loaded node takes a turn with no home."""
@@ -79,25 +81,29 @@ class NodeLink:
                 await self.wake.wait()
                 self.wake.clear()
                 continue
-            # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn.
-            batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
+            # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn,
+            # its requests as one msgpack byte string.
+            batch, self.pending = self.pending[:SUBMIT_BATCH], self.pending[SUBMIT_BATCH:]
             try:
-                acks = await self.actor.submit_batch.remote([t.request for t in batch])
+                data = encode_requests([t.row() for t in batch])
+                refused = await self.actor.submit_batch.remote(data)
             except ray.exceptions.RayError as exc:
                 # Sent, never acknowledged: they are held by a node that is gone, like any other.
                 for turn in batch:
-                    turn.acked.set()
+                    turn.set_acked()
                 await self.lose(self, f"submit failed: {type(exc).__name__}")
                 return
-            for turn, (ok, value) in zip(batch, acks, strict=True):
-                if not ok and turn.resent:
+            for i, error in refused:
+                turn = batch[i]
+                if turn.resent:
                     # Its caller has a handle already: the turn ends, truthfully, here.
-                    message = f"sent again after its node was lost, refused: {type(value).__name__}: {value}"
+                    message = f"sent again after its node was lost, refused: {type(error).__name__}: {error}"
                     self.table.finish(turn, lost_result(turn, message))
-                elif not ok:
-                    turn.ack_error = value
+                else:
+                    turn.ack_error = error
                     self.table.drop(turn)
-                turn.acked.set()
+            for turn in batch:
+                turn.set_acked()
 
     async def results_stream(self) -> None:
         """Follows the node's results; its failure is how the router learns the node is lost."""
@@ -105,10 +111,10 @@ class NodeLink:
         while self.state == "live":
             try:
                 async for ref in self.actor.results.remote():
-                    batch = await ref
+                    data = await ref
                     unavailable_since = None
-                    for result in batch:
-                        self._on_result(result)
+                    for result in decode_results(data):
+                        self.settle(result)
                 if not self.running():
                     return  # closed: the stream ended after the last result
                 reason = "the node supervisor stopped"
@@ -126,10 +132,19 @@ class NodeLink:
             await self.lose(self, reason)
             return
 
-    def _on_result(self, result: TurnResult) -> None:
+    def settle(self, result: TurnResult) -> None:
+        """End a turn this node held with the result the node sent, unless it has ended already.
+
+        A result reaches the router on the results stream, and a cancelled turn's also in the
+        cancel's reply (R-ray-cancel-reply): whichever comes first ends the turn, the other is
+        counted in ``late`` and dropped. A result for a turn now held by another node (retried
+        after this one was declared lost) or already ended as lost is dropped too (R-ray-loss)."""
         turn = self.table.get(result.turn_id)
-        if turn is None or turn.node is not self or turn.done.is_set():
-            return  # not ours (a Ray-native run), or already ended (node declared lost)
+        if turn is None or turn.node is not self:
+            return  # not ours (a Ray-native run), or moved to another node
+        if turn.done:
+            self.late += 1  # its end came by the other way first, or the node was declared lost
+            return
         if turn.attempts != result.attempts:
             result = msgspec.structs.replace(result, attempts=turn.attempts)
         self.table.finish(turn, result)

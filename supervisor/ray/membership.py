@@ -69,6 +69,8 @@ class Membership:
         self._place = place
         self._running = running
         self.nodes: dict[str, NodeLink] = {}  # by node key
+        self._live: list[NodeLink] | None = None  # see live()
+        self._live_of = 0  # len(nodes) when _live was made
         # Node ids whose supervisor could not start, and when: tried again after FAILED_RETRY
         # seconds (a node still starting its Ray workers under load is not lost for good).
         self._failed: dict[str, float] = {}
@@ -78,7 +80,20 @@ class Membership:
         self.nodes_lost = 0
 
     def live(self) -> list[NodeLink]:
-        return [n for n in self.nodes.values() if n.state == "live"]
+        """The live node links (a list shared between calls: callers must not change it).
+
+        Asked once per turn placed, so it is rebuilt only when a node came, or one it holds is no
+        longer live, not made anew every time."""
+        cached = self._live
+        if cached is not None and self._live_of == len(self.nodes):
+            for node in cached:
+                if node.state != "live":
+                    break
+            else:
+                return cached
+        self._live = [n for n in self.nodes.values() if n.state == "live"]
+        self._live_of = len(self.nodes)
+        return self._live
 
     def live_by_key(self) -> dict[str, NodeLink]:
         return {n.key: n for n in self.live()}
@@ -115,12 +130,10 @@ class Membership:
             async with anyio.create_task_group() as tg:
                 for info in starting:
                     tg.start_soon(self._start_node, info)
-        for node in self.live():
-            try:
-                with anyio.fail_after(max(self._interval, 1.0) * 5):
-                    node.status = await node.actor.status.remote()
-            except (ray.exceptions.RayError, TimeoutError):
-                pass  # the results stream decides whether the node is lost
+        # No status poll here: a node's ``status()`` walks its workers' trees in /proc (≈ 9 ms,
+        # blocking that node's loop: its turns' cancels and kills waited behind it once a second).
+        # ``RaySupervisor.status()`` asks the nodes when a caller wants it; the results stream
+        # decides whether a node is lost.
 
     async def _start_node(self, info: dict[str, Any]) -> None:
         node_id: str = info["NodeID"]
@@ -177,25 +190,25 @@ class Membership:
         self._table.unpin_node(node)
         # Fence: a node that is only unreachable must never finish a turn that runs again elsewhere.
         await anyio.to_thread.run_sync(kill_actor, node.actor)
-        unsent = [t for t in node.pending if not t.done.is_set()]
+        unsent = [t for t in node.pending if not t.done]
         node.pending = []
         held = sorted((t for t in node.held.values() if t not in unsent), key=lambda t: t.seq)
         node.held.clear()
         for turn in held:
-            if turn.done.is_set():
+            if turn.done:
                 continue
             if turn.retry and self._running() and self.live():
                 turn.attempts += 1
-                turn.acked.set()
+                turn.set_acked()
                 self._place(turn)
             else:
-                turn.acked.set()
+                turn.set_acked()
                 self._table.finish(turn, lost_result(turn, f"node {node.key} was lost: {reason}"))
         for turn in sorted(unsent, key=lambda t: t.seq):  # never reached the node: just send elsewhere
             if self._running() and self.live():
                 self._place(turn)
             else:
-                turn.acked.set()
+                turn.set_acked()
                 self._table.finish(turn, lost_result(turn, f"node {node.key} was lost: {reason}"))
         self._changes.notify()
 

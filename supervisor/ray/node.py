@@ -25,6 +25,7 @@ per node, so the class can be read and type-checked without Ray installed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -40,10 +41,26 @@ from wire import TurnResult
 from .._engine import Supervisor
 from .._errors import TurnpoolError
 from .._paths import IPC_PATH_MAX, IPC_SUFFIX_MAX, runtime_dir
+from .batches import Request, decode_requests, encode_cancel_reply, encode_results
 from .placement import new_turn_id
 
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
 MAX_BATCH = 4096
+# A batch of submissions or results is kept under Ray's inline limit (100 KiB,
+# ``max_direct_call_object_size``) for no-op turns (≈ 60 bytes a request, ≈ 260 a result): a
+# bigger object goes through the object stores, copied from the node's to the driver's.
+SUBMIT_BATCH = 1024
+RESULT_BATCH = 256
+ACCEPT_CHUNK = 256  # turns of a submit batch accepted per dispatch pass
+
+# R-ray-cancel-reply: how long a cancel call waits for the turn's end before it replies without it
+# (then the end comes on the results stream as any other). A cooperative cancel ends in well under a
+# millisecond on the node; a stubborn turn's cancel returns after this instead of at once.
+CANCEL_REPLY_WAIT = 0.05
+# ... and how long after that reply the results stream is woken for the same end: Ray sends the
+# reply from its own thread once the call's coroutine is done, so the stream's copy waits a moment
+# rather than race it to the driver.
+STREAM_AFTER_REPLY = 0.002
 
 log = logging.getLogger("turnpool.ray")
 
@@ -97,6 +114,9 @@ class NodeSupervisor:
         self.niceness = niceness
         self.sup: Supervisor | None = None
         self._outbox: list[TurnResult] = []
+        # Turns whose cancel call waits for their end: their result wakes the stream only once
+        # that reply is on its way, so the two Ray messages do not race for the same threads.
+        self._replying: set[str] = set()
         self._wake = asyncio.Event()
         self._closed = False
         self._stop = asyncio.Event()
@@ -146,33 +166,51 @@ class NodeSupervisor:
     def _on_result(self, turn: Any, result: TurnResult) -> None:
         if turn.parent is None:  # a spawned child's result reaches its parent, not the router
             self._outbox.append(result)
-            self._wake.set()
+            if turn.id not in self._replying:
+                self._wake.set()
 
     def _sup(self) -> Supervisor:
         if self.sup is None:
             raise RuntimeError("node supervisor not started")
         return self.sup
 
-    async def submit_batch(self, requests: list[dict[str, Any]]) -> list[tuple[bool, Any]]:
-        """Accept turns in order (a session's turns keep the order they were sent in)."""
-        sup = self._sup()
-        out: list[tuple[bool, Any]] = []
-        for req in requests:
-            kwargs = dict(req)
-            agent = kwargs.pop("agent")
-            payload = kwargs.pop("input", None)
-            if kwargs.get("turn_id") is None:
-                kwargs["turn_id"] = new_turn_id(self.key)
-            try:
-                handle = await sup.submit(agent, payload, **kwargs)
-            except (TurnpoolError, TypeError, ValueError) as exc:
-                out.append(_failure(exc))
-            else:
-                out.append((True, handle.turn_id))
-        return out
+    async def submit_batch(self, data: bytes) -> list[tuple[int, BaseException]]:
+        """Accept turns in order (a session's turns keep the order they were sent in); ``data``
+        is a msgpack batch of requests (``batches.encode_requests``). Returns the refusals only,
+        as ``(index in the batch, exception)``: an empty list when every turn was accepted.
 
-    async def results(self) -> AsyncIterator[list[TurnResult]]:
-        """Every top-level turn's result, in batches, as turns end (one consumer: the router).
+        Accepted in chunks with one dispatch pass each (``Supervisor.dispatch_once``): a batch of
+        thousands walks the queue head once per chunk, not once per turn, and the first chunk's
+        turns start while the rest are accepted."""
+        sup = self._sup()
+        requests = decode_requests(data)
+        refused: list[tuple[int, BaseException]] = []
+
+        def accept(first: int, rows: list[Request]) -> None:
+            for i, row in enumerate(rows, first):
+                agent, raw, session, timeout, grace, kill_after, turn_id, retry = row
+                try:
+                    sup.accept_encoded(
+                        agent,
+                        raw,
+                        session=session,
+                        timeout=timeout,
+                        grace=grace,
+                        kill_after=kill_after,
+                        turn_id=turn_id or new_turn_id(self.key),
+                        retry=retry,
+                    )
+                except (TurnpoolError, TypeError, ValueError) as exc:
+                    refused.append((i, exc))
+
+        for first in range(0, len(requests), ACCEPT_CHUNK):
+            rows = requests[first : first + ACCEPT_CHUNK]
+            sup.dispatch_once([functools.partial(accept, first, rows)])
+        return refused
+
+    async def results(self) -> AsyncIterator[bytes]:
+        """Every top-level turn's result, in msgpack batches (``batches.decode_results``), as
+        turns end (one consumer: the router).
 
         Also the router's liveness channel: when this actor dies, the router's iteration raises."""
         while True:
@@ -181,8 +219,8 @@ class NodeSupervisor:
                     return
                 self._wake.clear()
                 await self._wake.wait()
-            batch, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
-            yield batch
+            batch, self._outbox = self._outbox[:RESULT_BATCH], self._outbox[RESULT_BATCH:]
+            yield encode_results(batch)
 
     async def follow(self, turn_id: str) -> AsyncIterator[list[Any]]:
         """The turn's events in order, in batches of what is there; ends when the turn ends."""
@@ -223,11 +261,35 @@ class NodeSupervisor:
         except TurnpoolError as exc:
             return _failure(exc)
 
-    async def cancel(self, turn_id: str, cause: Any) -> tuple[bool, Any]:
+    async def cancel_until_end(self, turn_id: str, kind: str, wait: float) -> tuple[bool, Any]:
+        """Cancel with cause ``{"kind": kind}``, then wait up to ``wait`` seconds (at most the
+        turn's grace) for its end; returns ``(True, bytes)`` (``batches.decode_cancel_reply``: the
+        winning cause and the result, or ``None`` if it did not end in time).
+
+        R-ray-cancel-reply: a cooperative cancel's end then reaches the router in this reply, one
+        Ray call, not in a second one on the results stream (where it goes too: the router
+        settles the turn from whichever arrives first and drops the other). Arguments and reply
+        are plain strings, numbers and bytes, which Ray sends without its pickler."""
+        sup = self._sup()
         try:
-            return (True, await self._sup().cancel(turn_id, cause))
+            winner = await sup.cancel(turn_id, {"kind": kind})
         except (TurnpoolError, TypeError, ValueError) as exc:
             return _failure(exc)
+        record = sup.find(turn_id)
+        result: TurnResult | None = None
+        if record is not None and record.parent is None:
+            if record.result is not None:
+                result = record.result
+            elif wait > 0:
+                self._replying.add(turn_id)
+                try:
+                    with anyio.move_on_after(min(wait, record.grace)):
+                        result = await sup.result(turn_id)
+                finally:
+                    self._replying.discard(turn_id)
+                    if self._outbox:  # once this reply is on its way
+                        asyncio.get_running_loop().call_later(STREAM_AFTER_REPLY, self._wake.set)
+        return (True, encode_cancel_reply(winner, result))
 
     async def cancel_session(self, session: str, cause: Any) -> tuple[bool, Any]:
         try:

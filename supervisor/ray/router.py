@@ -38,8 +38,10 @@ from wire import Cause, TurnResult, validate_cause
 from .._engine.options import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
+from .batches import decode_cancel_reply, encode_requests
 from .link import NodeLink
 from .membership import Membership
+from .node import CANCEL_REPLY_WAIT
 from .placement import new_turn_id, node_of, rendezvous
 from .turns import NODE_LOST, Changes, RoutedTurn, TurnTable, lost_result
 
@@ -216,7 +218,7 @@ class RaySupervisor:
                 for node in live:
                     tg.start_soon(self._close_node, node)
             for turn in list(self._table.turns.values()):  # a node that could not close: nothing ran on
-                if not turn.done.is_set():
+                if not turn.done:
                     self._table.finish(turn, lost_result(turn, "the router closed"))
         # Left outside the shield: a task group is exited from the scope it was entered in.
         assert self._tg is not None
@@ -254,19 +256,21 @@ class RaySupervisor:
         live = self._members.live()
         if not live:
             raise SupervisorClosed("no live turnpool node on the Ray cluster")
-        by_key = {n.key: n for n in live}
         if turn.session is not None:
             # R-ray-sessions: a session stays on its node while it has turns in flight.
             pinned = self._table.pinned(turn.session)
             if pinned is not None:
                 return pinned
+            by_key = {n.key: n for n in live}
             return by_key[rendezvous(turn.session, by_key)]
-        # R-ray-ids: a router-made id names its node; a caller's id goes where its hash says.
-        named = node_of(turn.turn_id)
-        if named is not None and named in by_key and turn.attempts == 1:
-            return by_key[named]
-        if turn.request.get("turn_id") is not None and turn.attempts == 1:
-            return by_key[rendezvous(turn.turn_id, by_key)]
+        if turn.turn_id and turn.attempts == 1:
+            # R-ray-ids: a router-made id names its node; a caller's id goes where its hash says.
+            by_key = {n.key: n for n in live}
+            named = node_of(turn.turn_id)
+            if named is not None and named in by_key:
+                return by_key[named]
+            if turn.id_given:
+                return by_key[rendezvous(turn.turn_id, by_key)]
         return min(live, key=NodeLink.load)
 
     def _place(self, turn: RoutedTurn, *, resend: bool = False, node: NodeLink | None = None) -> None:
@@ -278,7 +282,6 @@ class RaySupervisor:
             turn.resent = True
             # A retried turn keeps its id, so its handle keeps working; a router-made id then names
             # the node that lost it, and lookups go through this router's table.
-            turn.request = dict(turn.request, turn_id=turn.turn_id)
         node.send(turn)
 
     def _place_again(self, turn: RoutedTurn) -> None:
@@ -304,46 +307,47 @@ class RaySupervisor:
         Raises as ``Supervisor.submit`` does (checked here first, then by the node)."""
         self._check_open()
         check_agent(agent)
-        wire.encode_payload(input, what="turn input")  # TypeError at the call, before any Ray call
+        # TypeError (W-IN too) or PayloadTooLarge at the call, before any Ray call; these bytes are
+        # what the node's engine gets (R-ray-streams).
+        raw = wire.encode_payload(input, what="turn input", exact=True)
         session = check_optional_str("session", session)
         turn_id = check_optional_str("turn_id", turn_id)
         for name, value in (("timeout", timeout), ("grace", grace), ("kill_after", kill_after)):
             check_seconds(name, value)
         if not isinstance(retry, bool):
             raise TypeError(f"retry must be True or False, got {retry!r}")
-        request = {
-            "agent": agent,
-            "input": input,
-            "session": session,
-            "timeout": timeout,
-            "grace": grace,
-            "kill_after": kill_after,
-            "turn_id": turn_id,
-            "retry": retry,
-        }
+        turn = RoutedTurn(
+            turn_id=turn_id or "",
+            agent=agent,
+            raw=raw,
+            seq=next(self._seq),
+            session=session,
+            retry=retry,
+            timeout=timeout,
+            grace=grace,
+            kill_after=kill_after,
+            id_given=turn_id is not None,
+        )
         existing = self._table.get(turn_id) if turn_id is not None else None
         if existing is not None:
             # R-ray-ids: the same id goes to the node that has it; that node's engine runs it once
             # (or refuses the same id with another request). Sent on its own: no order to keep.
-            await existing.acked.wait()
+            await existing.wait_acked()
             node = existing.node
             if node is not None and node.state == "live":
                 try:
-                    ((ok, value),) = await node.actor.submit_batch.remote([request])
+                    refused = await node.actor.submit_batch.remote(encode_requests([turn.row()]))
                 except ray.exceptions.RayError:
-                    ok, value = True, None  # the node is gone: the existing turn ends through the router
-                if not ok and isinstance(value, BaseException):
-                    raise value
+                    refused = []  # the node is gone: the existing turn ends through the router
+                if refused:
+                    raise refused[0][1]
             return TurnHandle(self, existing.turn_id)
-        turn = RoutedTurn(
-            turn_id=turn_id or "", request=request, seq=next(self._seq), session=session, retry=retry
-        )
         node = self._choose(turn)
         if turn_id is None:
-            turn.turn_id = request["turn_id"] = new_turn_id(node.key)
+            turn.turn_id = new_turn_id(node.key)
         self._table.add(turn)
         self._place(turn, node=node)
-        await turn.acked.wait()
+        await turn.wait_acked()
         if turn.ack_error is not None:
             raise turn.ack_error
         return TurnHandle(self, turn.turn_id)
@@ -357,9 +361,9 @@ class RaySupervisor:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 turn = self._table.get(handle.turn_id)
-                if turn is not None and not turn.done.is_set():
+                if turn is not None and not turn.done:
                     await self.cancel(handle.turn_id)
-                    await turn.done.wait()
+                    await turn.wait_done()
             raise
 
     def run_ref(self, agent: str, input: Any = None, **kwargs: Any) -> Any:
@@ -371,8 +375,16 @@ class RaySupervisor:
         self._check_open()
         check_agent(agent)
         session, turn_id = kwargs.get("session"), kwargs.get("turn_id")
-        request = {"agent": agent, "turn_id": turn_id}  # a caller's id goes where its hash says
-        turn = RoutedTurn(turn_id=turn_id or "", request=request, seq=0, session=session, retry=False)
+        # A caller's id goes where its hash says.
+        turn = RoutedTurn(
+            turn_id=turn_id or "",
+            agent=agent,
+            raw=None,
+            seq=0,
+            session=session,
+            retry=False,
+            id_given=bool(turn_id),
+        )
         return self._choose(turn).actor.run.remote(agent, input, **kwargs)
 
     def handle(self, turn_id: str) -> TurnHandle:
@@ -397,7 +409,7 @@ class RaySupervisor:
         """Wait for the turn's one outcome; raises ``UnknownTurn``."""
         turn = self._table.get(turn_id)
         if turn is not None:
-            await turn.done.wait()
+            await turn.wait_done()
             assert turn.result is not None
             return turn.result
         node = self._owner(turn_id)
@@ -420,7 +432,7 @@ class RaySupervisor:
         while True:
             turn = self._table.get(turn_id)
             if turn is not None:
-                await turn.acked.wait()
+                await turn.wait_acked()
             node = self._owner(turn_id)
             if node is None or node is followed or node.state != "live":
                 if node is None and turn is None:
@@ -442,12 +454,12 @@ class RaySupervisor:
             if turn is None:
                 return
             await self._settled(turn, node)
-            if turn.done.is_set():
+            if turn.done:
                 return
 
     async def _settled(self, turn: RoutedTurn, node: NodeLink) -> None:
         """Wait until the turn's end arrived, or it moved to another node."""
-        while not turn.done.is_set() and turn.node is node:
+        while not turn.done and turn.node is node:
             await self._changes.wait()
 
     async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
@@ -456,21 +468,26 @@ class RaySupervisor:
         accepted = validate_cause(cause)
         turn = self._table.get(turn_id)
         if turn is not None:
-            await turn.acked.wait()
-            if turn.done.is_set():
+            await turn.wait_acked()
+            if turn.done:
                 assert turn.result is not None
                 return turn.result.cause
         node = self._owner(turn_id)
         if node is None:
             raise UnknownTurn(turn_id)
+        # R-ray-cancel-reply: for a turn this router holds, the node waits (briefly) for the end
+        # and sends it in this reply, so a cooperative cancel costs one Ray call, not two.
+        wait = CANCEL_REPLY_WAIT if turn is not None else 0.0
         try:
-            ok, value = await node.actor.cancel.remote(turn_id, accepted)
+            ok, value = await node.actor.cancel_until_end.remote(turn_id, accepted.kind, wait)
         except ray.exceptions.RayError:
             # The node is gone: the turn ends crashed/NodeLost (or runs again) through the router.
             return accepted
         if not ok:
             raise value
-        winner: Cause | None = value
+        winner, result = decode_cancel_reply(value)
+        if result is not None:
+            node.settle(result)  # once: the results stream's copy, before or after, is dropped
         return winner
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
@@ -482,8 +499,8 @@ class RaySupervisor:
         self._check_open()
         # Turns of the session still on their way to the node are queued now too: let them arrive.
         for turn in list(self._table.turns.values()):
-            if turn.session == session and not turn.acked.is_set():
-                await turn.acked.wait()
+            if turn.session == session and not turn.acked:
+                await turn.wait_acked()
         pinned = self._table.pinned(session)
         live = self._members.live_by_key()
         if pinned is not None:
@@ -553,7 +570,8 @@ class RaySupervisor:
     # ---- for tests and tools ----------------------------------------------------------------
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """The node supervisors by node key: node id, actor, pid, state, turns held."""
+        """The node supervisors by node key: node id, actor, pid, state, turns held, and
+        ``late``: results that arrived for a turn already ended (R-ray-cancel-reply)."""
         return {
             n.key: {
                 "node_id": n.node_id,
@@ -561,9 +579,15 @@ class RaySupervisor:
                 "pid": n.pid,
                 "state": n.state,
                 "held": len(n.held),
+                "late": n.late,
             }
             for n in self._members.nodes.values()
         }
+
+    def result_now(self, turn_id: str) -> TurnResult | None:
+        """The result of a turn this router sent, if it has arrived (``None`` if not yet)."""
+        turn = self._table.get(turn_id)
+        return turn.result if turn is not None and turn.done else None
 
     def sent(self, turn_id: str) -> bool:
         """Whether this router sent (and still keeps) a turn with this id."""

@@ -10,6 +10,7 @@ HTTP front end, CURVE over tcp. ``status`` shows each node's pool (R-ray-serve).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import wire
 
 from .._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
 from ..daemon.endpoint import ClientEndpoint
+from ..daemon.run import GC_THRESHOLDS
 from .router import RaySupervisor
 
 log = logging.getLogger("turnpool.ray.serve")
@@ -199,8 +201,17 @@ def run_ray_daemon(endpoint: str, address: str, **options: Any) -> int:
     from .._errors import DaemonAlreadyRunning, WorkerStartError
 
     daemon = RayDaemon(endpoint, RaySupervisor(address, **options))
+    # B4 here too, and more so: the driver holds Ray's own tens of thousands of objects, and each
+    # full collection walked them all (≈ 90 ms a pass at load 10, several per 15k turns). They are
+    # frozen out of collection once Ray and the node supervisors are up (the ready line).
+    gc.set_threshold(*GC_THRESHOLDS)
+
+    def ready(line: str) -> None:
+        gc.freeze()
+        print(line, flush=True)
+
     try:
-        anyio.run(lambda: daemon.serve(ready=lambda line: print(line, flush=True)), backend="asyncio")
+        anyio.run(lambda: daemon.serve(ready=ready), backend="asyncio")
     except BaseException as exc:
         inner: BaseException = exc
         while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
