@@ -127,6 +127,13 @@ class Connection:
         if not self._out:
             self.batches += 1
             self._loop.call_soon(self.flush)
+            self._out.append(msg)
+            # S-PARK: a parked stale flusher must watch this batch (looked at after the append:
+            # the flusher parks only after seeing no batch waiting, see ``StaleFlusher._run``).
+            flusher = self.flusher
+            if flusher is not None and flusher.parked:
+                flusher.poke()
+            return
         self._out.append(msg)
 
     def flush(self) -> None:
@@ -320,11 +327,8 @@ class WorkerLoop:
 
     async def run_turn(self, msg: Run) -> None:
         conn = self.conn
-        flusher = conn.flusher
-        if flusher is not None:  # S1: from here on, a batch this turn holds up still leaves
-            flusher.busy = True
-            if flusher.idle:
-                flusher.poke()
+        # S1: a batch this turn holds up still leaves: the stale flusher watches every batch
+        # posted (its Started first), waking from its park for it (S-PARK).
         started_at = self.marker.mark(msg.turn_id) if self.marker is not None else 0.0  # survives the process
         # Before the post: a Started that the stale flusher sends in an earlier frame than the
         # End must make that End ask for an EndAck (P2).
@@ -334,8 +338,6 @@ class WorkerLoop:
             value = wire.decode_payload(msg.input)
         except msgspec.DecodeError as exc:
             self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
-            if flusher is not None:
-                flusher.busy = False
             return
         turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)
         self.current = turn
@@ -393,8 +395,6 @@ class WorkerLoop:
         finally:
             self.current = None
             self.current_scope = None
-            if flusher is not None:
-                flusher.busy = False
         sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
         # Started already left in an earlier frame: the supervisor sees this turn running, so its End
         # must be confirmed before a handed turn (which might crash the process) starts.

@@ -1,0 +1,35 @@
+"""Agents for ``tests/test_stream_load.py``: streaming turns that mostly wait (as an LLM turn does)."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+
+import worker
+
+WATCHER = "worker-watcher"  # worker/_flusher.py THREAD_NAME: the one thread of the worker's own
+
+
+def _watcher_wakes() -> int:
+    """How many times the worker's watcher thread has gone to sleep and woken (its voluntary
+    context switches, from /proc)."""
+    for thread in threading.enumerate():
+        if thread.name == WATCHER:
+            with open(f"/proc/self/task/{thread.native_id}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        return int(line.split()[1])
+    raise RuntimeError("no watcher thread in this worker")
+
+
+async def slow_stream(turn: worker.Turn) -> dict[str, int]:
+    """Emits ``n`` events ``period`` seconds apart, and says how often the watcher thread woke
+    meanwhile."""
+    n, period = int(turn.input["n"]), float(turn.input["period"])
+    await turn.emit({"i": -1})  # the turn's first emit and Started are out: count from here
+    before = _watcher_wakes()
+    for i in range(n):
+        await anyio.sleep(period)  # allowed: the agent's behaviour (a model streaming slowly)
+        await turn.emit({"i": i})
+    return {"wakes": _watcher_wakes() - before}
