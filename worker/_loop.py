@@ -175,9 +175,11 @@ class Connection:
         self._out.append(msg)
         self.flush()
 
-    def emit(self, turn_id: str, event: Any) -> None:
+    def emit(self, turn_id: str, event: Any) -> bool:
         """Send one event now (R18: on the wire when this returns), in one frame with whatever
-        was posted before it (a turn's ``Started``), which must not be overtaken."""
+        was posted before it (a turn's ``Started``), which must not be overtaken. True when the
+        event loop has turned since the previous emit (its look at the socket ran): the caller
+        need not yield to it (R-EMIT)."""
         data = wire.encode_payload(event, what="event")
         with self.lock:
             out = self._out
@@ -200,6 +202,8 @@ class Connection:
         if not self._recheck_due:
             self._recheck_due = True
             self._loop.call_soon(self._recheck)
+            return True
+        return False
 
     def _recheck(self) -> None:
         self._recheck_due = False
