@@ -1,13 +1,17 @@
-"""Many streaming turns at once (issue 16, the 200-streams row): what a waiting streaming turn
-costs its worker, so that a pool of them leaves the CPUs to the supervisor that delivers their
-events (docs/design.md S-PARK)."""
+"""Event streams under load (issue 16): what a waiting streaming turn costs its worker, so that a
+pool of them leaves the CPUs to the supervisor that delivers their events (docs/design.md S-PARK),
+and a follower that keeps up with a flood gets every event (G-KEEP, docs/guarantees.md)."""
 
 from __future__ import annotations
+
+from contextlib import aclosing
+from typing import Any
 
 import anyio
 import pytest
 
-from supervisor import Supervisor
+from supervisor import Client, EventsDropped, Supervisor
+from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -24,3 +28,47 @@ async def test_a_turn_waiting_between_emits_leaves_the_watcher_thread_asleep() -
             result = await sup.run("tests.agents.stream_load:slow_stream", {"n": 50, "period": 0.02})
     assert result.outcome == "completed", result
     assert result.output["wakes"] < 40, result.output
+
+
+async def _read_all(handle: Any) -> tuple[list[int], list[EventsDropped]]:
+    got: list[int] = []
+    markers: list[EventsDropped] = []
+    async with aclosing(handle.events()) as events:
+        async for event in events:
+            if isinstance(event, EventsDropped):
+                markers.append(event)
+            else:
+                got.append(event["i"])
+    return got, markers
+
+
+async def test_a_client_follower_reading_a_flood_as_fast_as_it_can_gets_every_event() -> None:
+    """G-KEEP: one turn emits 200,000 small events as fast as ``emit`` allows (faster than a
+    ``Client`` can take them for stretches: the worker, the daemon and the client share 2 cores),
+    through a daemon with the default 10,000-event buffer. The follower reads the whole time, so it
+    keeps up in the documented sense (it takes events while the buffer fills): it gets all 200,000,
+    in order, and no ``EventsDropped``. Before, it received 73-176k of them."""
+    n = 200_000
+    with serving(*FAST, "--no-journal") as d:
+        async with Client.connect(d.endpoint, timeout=60) as client:
+            handle = await client.submit("tests.agents.stream:burst", {"n": n})
+            with anyio.fail_after(BOUND * 4):
+                got, markers = await _read_all(handle)
+                result = await handle.result()
+    assert result.outcome == "completed", result
+    assert markers == [], markers[:3]
+    assert len(got) == n and got == list(range(n))
+
+
+async def test_an_embedded_follower_reading_a_flood_as_fast_as_it_can_gets_every_event() -> None:
+    """G-KEEP, embedded: the same 200,000-event flood with the default buffer, followed by
+    ``handle.events()`` in the supervisor's own process: every event, in order, no marker."""
+    n = 200_000
+    async with Supervisor(workers=1, spares=0) as sup:
+        handle = await sup.submit("tests.agents.stream:burst", {"n": n})
+        with anyio.fail_after(BOUND * 4):
+            got, markers = await _read_all(handle)
+            result = await handle.result()
+    assert result.outcome == "completed", result
+    assert markers == [], markers[:3]
+    assert got == list(range(n))

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 # R-EMIT: ``emit`` gives the event loop a turn when this long has passed since the loop last
 # turned, not on every call: a shielded checkpoint costs ≈ 4 µs (and a loop iteration), more
 # than sending the event itself. A turn that awaited something between two emits (a model
-# streaming deltas) has let the loop turn already and never pays it. What the loop must not miss is handled without it: an ``Abort``
-# that arrives while a turn streams is read right after the send (``Connection.emit``).
+# streaming deltas) has let the loop turn already and never pays it. What the loop must not
+# miss is handled without it: an ``Abort`` that arrives while a turn streams is read right after
+# the send (``Connection.emit``).
 EMIT_YIELD_INTERVAL = 0.001
 
 
