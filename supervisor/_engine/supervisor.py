@@ -63,7 +63,7 @@ from .options import (
 )
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
-from .turns import EventReader, TurnQueue, TurnRecord, TurnTable, input_known, request_differs
+from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs
 
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
 
@@ -504,17 +504,6 @@ class Supervisor:
         """
         self.table.get(turn_id)
         return self.table.follow(turn_id)
-
-    def add_reader(self, turn: TurnRecord, seq: int) -> EventReader:
-        """G-KEEP, for a front end relaying ``turn``'s events itself (a daemon's follow): its
-        place, from ``seq``. Set ``reader.seq`` to the next event to relay as it goes, and call
-        ``drop_reader`` when it stops: while it keeps moving, the events it has still to relay are
-        kept beyond ``max_events`` (within ``HOLD_BYTES``)."""
-        return self.table.add_reader(turn, seq)
-
-    def drop_reader(self, turn: TurnRecord, reader: EventReader) -> None:
-        """G-KEEP: the follower of ``add_reader`` stopped; what it held goes."""
-        self.table.drop_reader(turn, reader)
 
     def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events, decoded (``TurnHandle.events``), in order; where this follower lost

@@ -230,7 +230,7 @@ class Requests:
         assert sup is not None
         seq = turn.events_base  # a late follower starts at the oldest event kept
         sent_at = -COALESCE
-        reader = sup.add_reader(turn, seq)  # G-KEEP: while it moves, its events are kept
+        reader = sup.table.add_reader(turn, seq)  # G-KEEP: while it moves, its events are kept
         try:
             while True:
                 reader.seq = seq
@@ -289,7 +289,7 @@ class Requests:
                     return
                 await turn.changed()
         finally:
-            sup.drop_reader(turn, reader)
+            sup.table.drop_reader(turn, reader)
             if self.daemon._streams.get((ident, req)) is stream:
                 del self.daemon._streams[(ident, req)]
             streams = self.daemon._turn_streams.get(stream.turn_id)
