@@ -8,8 +8,8 @@ import that blocks) never gives the loop back, so that batch - its own ``Started
 whole tick and sends it itself (ZeroMQ's own I/O thread then writes it without the GIL).
 
 It costs nothing per turn while turns keep the loop turning (one check per tick, 5 ms), and it
-ticks only while batches are being posted (S-PARK): after ``PARK_TICKS`` ticks in which no batch
-began and none waits, it parks (sleeps without a timeout) and the next ``Connection.post`` that
+ticks only while batches are being posted (S-PARK): after ``PARK_TICKS`` ticks (50 ms) in which no
+batch began and none waits, it parks (sleeps without a timeout) and the next ``Connection.post`` that
 begins a batch wakes it through a pipe. A turn that waits between its events - a model streaming
 deltas, the common case - posts no batch at all (``emit`` sends at once), so its worker's thread
 sleeps instead of waking 200 times a second: with 200 such turns that was 40,000 thread wake-ups
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 TICK = 0.005  # seconds a batch may wait before this thread sends it
-PARK_TICKS = 2  # S-PARK: ticks in a row with no batch begun and none waiting before it parks
+PARK_TICKS = 10  # S-PARK: quiet ticks in a row (50 ms: no batch begun, none waiting) before it parks
 THREAD_NAME = "worker-watcher"  # never forks: the end-of-turn sweep skips it (``_sweep``)
 
 
