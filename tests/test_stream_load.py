@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from supervisor import Client, EventsDropped, Supervisor
+from supervisor.lowlevel import HOLD_BYTES
 from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
@@ -73,3 +74,39 @@ async def test_an_embedded_follower_reading_a_flood_as_fast_as_it_can_gets_every
     assert result.outcome == "completed", result
     assert markers == [], markers[:3]
     assert got == list(range(n))
+
+
+async def test_a_follower_that_reads_slower_than_the_agent_holds_at_most_hold_bytes() -> None:
+    """G-KEEP's bound: a follower that keeps reading, but far slower than the agent, holds the
+    turn's buffer past ``max_events`` only up to ``HOLD_BYTES``: 4,000 events of 16 KiB (64 MiB)
+    with a 100-event buffer leave at most 32 MiB (+ one event) kept; the follower is told exactly
+    what it missed (each ``EventsDropped`` where its events stop being contiguous, received +
+    dropped = emitted, in order)."""
+    n, size = 4_000, 16 * 1024
+    items: list[Any] = []
+    async with Supervisor(workers=1, spares=0, max_events=100) as sup:
+        handle = await sup.submit("tests.agents.stream_load:big_then_wait", {"n": n, "size": size})
+        with anyio.fail_after(BOUND * 2):
+            async with aclosing(handle.events()) as events:
+                async for event in events:
+                    items.append(event if isinstance(event, EventsDropped) else event["i"])
+                    if sup.turn_info(handle.turn_id)["events"] >= n:
+                        break
+                    await anyio.sleep(0.001)  # allowed: the follower's behaviour (it reads slowly)
+                record = sup.record(handle.turn_id)
+                assert record.events_bytes <= HOLD_BYTES + size + 1024, record.events_bytes
+                assert len(record.events) < n
+                await handle.cancel()
+                async for event in events:
+                    items.append(event if isinstance(event, EventsDropped) else event["i"])
+            await handle.result()
+    assert any(isinstance(i, EventsDropped) for i in items), "64 MiB behind: it loses events, and is told"
+    expected = 0
+    for item in items:
+        if isinstance(item, EventsDropped):
+            assert item.first == expected and item.count > 0, (item, expected)
+            expected += item.count
+        else:
+            assert item == expected, (item, expected)
+            expected += 1
+    assert expected == n

@@ -33,3 +33,13 @@ async def slow_stream(turn: worker.Turn) -> dict[str, int]:
         await anyio.sleep(period)  # allowed: the agent's behaviour (a model streaming slowly)
         await turn.emit({"i": i})
     return {"wakes": _watcher_wakes() - before}
+
+
+async def big_then_wait(turn: worker.Turn) -> int:
+    """Emits ``n`` events of about ``size`` bytes each as fast as it can, then waits to be
+    cancelled, so its buffer can be looked at while it is live."""
+    n, pad = int(turn.input["n"]), "x" * int(turn.input["size"])
+    for i in range(n):
+        await turn.emit({"i": i, "pad": pad})
+    await turn.signal.wait()
+    return n
