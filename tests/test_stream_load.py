@@ -4,6 +4,7 @@ and a follower that keeps up with a flood gets every event (G-KEEP, docs/guarant
 
 from __future__ import annotations
 
+import os
 from contextlib import aclosing
 from typing import Any
 
@@ -110,3 +111,21 @@ async def test_a_follower_that_reads_slower_than_the_agent_holds_at_most_hold_by
             assert item == expected, (item, expected)
             expected += 1
     assert expected == n
+
+
+async def test_workers_run_at_the_worker_nice_they_were_given() -> None:
+    """R-NICE: ``Supervisor(worker_nice=10)`` runs every worker below the supervisor: the worker's
+    threads and its session's autogroup (each worker leads a session, so without this the kernel
+    gives each worker as large a share of the CPUs as its supervisor) at niceness 10. The default
+    leaves them alone; a bad value is refused at the call."""
+    with anyio.fail_after(BOUND):
+        async with Supervisor(workers=1, spares=0, worker_nice=10) as sup:
+            got = (await sup.run("tests.agents.stream_load:niceness")).output
+        async with Supervisor(workers=1, spares=0) as sup:
+            default = (await sup.run("tests.agents.stream_load:niceness")).output
+    assert got["nice"] == 10, got
+    assert got["autogroup"] in (None, 10), got
+    assert default["nice"] == os.getpriority(os.PRIO_PROCESS, 0), default
+    for bad in (-1, 20, 1.5, True, "5"):
+        with pytest.raises((TypeError, ValueError), match="worker_nice"):
+            Supervisor(worker_nice=bad)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import anyio
@@ -43,3 +44,17 @@ async def big_then_wait(turn: worker.Turn) -> int:
         await turn.emit({"i": i, "pad": pad})
     await turn.signal.wait()
     return n
+
+
+def _autogroup_nice() -> int | None:
+    try:
+        with open("/proc/self/autogroup") as f:
+            return int(f.read().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def niceness(turn: worker.Turn) -> dict[str, object]:
+    """This worker's scheduling niceness: the main thread's and its autogroup's (if the kernel has
+    autogroups), as the kernel reports them."""
+    return {"nice": os.getpriority(os.PRIO_PROCESS, 0), "autogroup": _autogroup_nice()}
