@@ -42,10 +42,6 @@ HOLD_BYTES = 32 * 2**20
 EVENT_OVERHEAD = 64
 
 
-def event_cost(raw: msgspec.Raw) -> int:
-    return len(raw) + EVENT_OVERHEAD
-
-
 # G-KEEP: a follower that took no event while the buffer filled this many times in a row (each
 # time ``max_events // 2`` more events came: ``4 × max_events`` events in all) has stopped reading.
 HOLD_CHECKS = 8
@@ -138,7 +134,7 @@ class TurnRecord:
         self.ended_at: float | None = None
         self.events: list[msgspec.Raw] = []
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
-        self.events_bytes = 0  # G-KEEP: what ``events`` holds, counted as ``event_cost``
+        self.events_bytes = 0  # G-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
         self.trim_at = 0  # G-KEEP: the buffer is looked at again past this many events (0: max_events)
         self.readers: list[EventReader] | None = None  # G-KEEP: its followers' positions
         self.waiters: list[anyio.Event] = []
