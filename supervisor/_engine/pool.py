@@ -26,6 +26,7 @@ from worker import lowlevel
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
+from .options import check_nice
 from .zygote import Zygote
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ class WorkerPool:
         nice: int | None = None,
     ) -> None:
         self.link = link
-        self.nice = nice  # R-NICE: workers run at this niceness (None: as this process)
+        self.nice = check_nice(nice)  # R-NICE: workers run at this niceness (None: as this process)
         self.timers = timers
         self.prefix = prefix
         self.heartbeat = heartbeat

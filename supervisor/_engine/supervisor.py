@@ -57,7 +57,6 @@ from .options import (
     MAX_TURN_ID,
     check_agent,
     check_mib,
-    check_nice,
     check_seconds,
     check_sizes,
     require_seconds,
@@ -105,8 +104,7 @@ class Supervisor:
     path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file;
     four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards
     them; ``"inherit"`` shares this process's fd 2 with the workers as before (a stalled stderr
-    then stalls workers and this process alike). ``worker_nice`` (0-19) runs workers below this
-    process (R-NICE), so busy workers cannot starve the supervisor that delivers their events.
+    then stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process (R-NICE).
     """
 
     def __init__(
@@ -188,7 +186,6 @@ class Supervisor:
         self.agent_path = _procs.check_agent_path(agent_path)
         self.worker_output = _output.check_worker_output(worker_output)
         self.worker_output_max_mb = check_mib("worker_output_max_mb", worker_output_max_mb)
-        self.worker_nice = check_nice(worker_nice)  # R-NICE
 
         # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
         self._clock: Callable[[], float] = time.monotonic
@@ -223,7 +220,7 @@ class Supervisor:
             on_exit=self._exits.on_exit,
             changed=self._notify_change,
             refill=self._fill_pool,
-            nice=self.worker_nice,
+            nice=worker_nice,
         )
         self._slots = self.pool.slots  # the same dict
         # Child turns a running turn spawns (rule 7).
