@@ -239,49 +239,114 @@ async def _flood(quick: bool) -> dict[str, Any]:
     return out
 
 
-async def _tickers(quick: bool) -> dict[str, Any]:
+def _wait_s(pid: int) -> float:
+    """Seconds the threads of process ``pid`` spent runnable but waiting for a CPU (schedstat)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def _cpus(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += _cpu(pid)
+        except OSError:
+            pass
+    return total
+
+
+async def _tickers(quick: bool, nice: int | None = None) -> dict[str, Any]:
+    """200 ticking turns through the daemon: the pool's start-up and each fresh worker's first
+    turn (what a user submitting 200 turns to a fresh 200-worker pool waits for), then the steady
+    state (every worker warm): emit → delivery, submit → first event, the CPU the daemon and the
+    workers used and how long the daemon waited for a CPU; then the same load on bare processes
+    (``_tick_floor``), back to back."""
     from supervisor import Client
     from tests.support import daemonkit
+
+    from . import _tick_floor
 
     turns, rate, seconds = (50, 50, 2.0) if quick else (200, 50, 4.0)
     agent = "benchmarks._agents:ticker"
     lat: list[float] = []
+    first: list[float] = []
+    fresh: list[float] = []
     lost = 0
     opts = (*_serve_opts(turns), "--no-journal")
     opts = tuple(o if o != str(WORKERS) else str(turns) for o in opts)  # one worker per streaming turn
+    if nice is not None:
+        opts = (*opts, "--worker-nice", str(nice))  # R-NICE: the workers below the daemon
+
+    async def follow(
+        client: Any, inp: dict[str, float], firsts: list[float], into: list[float] | None
+    ) -> int:
+        t0 = time.monotonic()
+        handle = await client.submit(agent, inp)
+        got = 0
+        async for ev in handle.events():
+            if isinstance(ev, float):
+                now = time.monotonic()
+                if got == 0:
+                    firsts.append(now - t0)
+                if into is not None:
+                    into.append(now - ev)
+                got += 1
+        return got
+
+    t_start = time.monotonic()
     with daemonkit.serving(*opts) as served:
         pid = served.pid
         async with Client.connect(served.endpoint, timeout=60) as client:
-            # Every worker started and idle first: a pool of 200 still starting reaps its zygote's
-            # intermediate processes (a /proc scan each) on the same loop, and that is start-up,
-            # not streaming. Then warm each worker once.
+            # Start-up, reported on its own: every worker started and idle...
             with anyio.fail_after(120):
                 while True:
                     workers = (await client.status())["workers"]
                     if len(workers) >= turns and all(w["state"] == "idle" and w["pid"] for w in workers):
                         break
-                    await anyio.sleep(0.1)
+                    await anyio.sleep(0.05)
+            start_s = time.monotonic() - t_start
+            pids = [w["pid"] for w in workers]
+            # ... then one short turn on each fresh worker: submit → first event.
             async with anyio.create_task_group() as tg:
                 for _ in range(turns):
-                    tg.start_soon(client.run, agent, {"rate": 100, "seconds": 0.02})
+                    tg.start_soon(follow, client, {"rate": 100, "seconds": 0.02}, fresh, None)
             await anyio.sleep(1)  # let the exits and reaps of start-up settle
 
             async def one() -> None:
                 nonlocal lost
-                handle = await client.submit(agent, {"rate": rate, "seconds": seconds})
-                got = 0
-                async for ev in handle.events():
-                    if isinstance(ev, float):
-                        lat.append(time.monotonic() - ev)
-                        got += 1
+                got = await follow(client, {"rate": rate, "seconds": seconds}, first, lat)
                 lost += int(rate * seconds) - got
 
-            cpu0, t0 = _cpu(pid), time.perf_counter()
+            cpu0, wcpu0, wait0, t0 = _cpu(pid), _cpus(pids), _wait_s(pid), time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for _ in range(turns):
                     tg.start_soon(one)
-            cpu = (_cpu(pid) - cpu0) / (time.perf_counter() - t0)
-    return {"turns": turns, "rate": rate, "seconds": seconds, "lat": lat, "lost": lost, "cpu": cpu}
+            dt = time.perf_counter() - t0
+            cpu = (_cpu(pid) - cpu0) / dt
+            wcpu_us = (_cpus(pids) - wcpu0) / (turns * rate * seconds) * 1e6
+            wait = (_wait_s(pid) - wait0) / dt
+    floor = await anyio.to_thread.run_sync(_tick_floor.tickers, turns, rate, seconds) if nice is None else {}
+    return {
+        "turns": turns,
+        "rate": rate,
+        "seconds": seconds,
+        "lat": lat,
+        "lost": lost,
+        "cpu": cpu,
+        "start_s": start_s,
+        "fresh": fresh,
+        "first": first,
+        "worker_us": wcpu_us,
+        "wait": wait,
+        "floor": floor,
+        "load": os.getloadavg(),
+    }
 
 
 # ---- report -------------------------------------------------------------------------------
@@ -296,6 +361,7 @@ async def _main(quick: bool) -> str:
     lat = await _latency(quick)
     flood = await _flood(quick)
     tick = await _tickers(quick)
+    tick["nice19"] = await _tickers(quick, nice=19)
     return _report(quick, tp, lat, flood, tick, _peers(quick))
 
 
@@ -351,6 +417,8 @@ def _report(
     big_rate = med(r for _, r in flood["big"])
     replay_rate = med(r for _, r in flood["replay"])
     tl = tick["lat"]
+    fl = tick["floor"]
+    n19 = tick["nice19"]
     p50, p99 = (_pct(tl, 0.5), _pct(tl, 0.99)) if tl else (float("nan"), float("nan"))
     r_off1, r_off50 = fig["off1"][1] / emb, fig["off50"][1] / emb
     j1, j50 = fig["on1"][0] / fig["off1"][0], fig["on50"][0] / fig["off50"][0]
@@ -373,7 +441,11 @@ def _report(
         f"{_verdict(cl_rate >= 100_000 and cl_min_got == flood['count'])} (the daemon → client path "
         f"alone: {replay_rate:,.0f}/s {_verdict(replay_rate >= 100_000)})",
         f"{tick['turns']} streams × {tick['rate']:.0f} ev/s: p99 ≤ 5 ms — {p99 * 1e3:.2f} ms "
-        f"{_verdict(p99 <= 0.005)}; daemon CPU ≤ 1 core — {tick['cpu']:.2f} {_verdict(tick['cpu'] <= 1)}",
+        f"{_verdict(p99 <= 0.005)} (the floor of bare processes in the same run: "
+        f"{_pct(fl['lat'], 0.99) * 1e3:.2f} ms; with `--worker-nice 19`: "
+        f"{_pct(n19['lat'], 0.99) * 1e3:.2f} ms {_verdict(_pct(n19['lat'], 0.99) <= 0.005)}); "
+        f"daemon CPU ≤ 1 core — {tick['cpu']:.2f} "
+        f"{_verdict(tick['cpu'] <= 1)}",
     ]
     cmd = "`.venv/bin/python -m benchmarks --only production" + (" --quick`" if quick else "`")
     return (
@@ -416,9 +488,30 @@ def _report(
         + ").\n\n"
         f"{tick['turns']} concurrent turns emitting {tick['rate']:.0f} events/s each for "
         f"{tick['seconds']:.0f} s, "
-        f"each followed by a `Client` task (one client, {tick['turns']} workers): emit → delivery p50 "
+        f"each followed by a `Client` task (one client, {tick['turns']} workers, every worker started and "
+        f"warm first): emit → delivery p50 "
         f"{p50 * 1e3:.2f} ms, p99 **{p99 * 1e3:.2f} ms** ({len(tl):,} events, {tick['lost']} not received); "
-        f"daemon CPU **{tick['cpu']:.2f} cores** over the run.\n\n"
+        f"submit → first event p50 {_pct(tick['first'], 0.5) * 1e3:.1f} ms, p99 "
+        f"{_pct(tick['first'], 0.99) * 1e3:.1f} ms; "
+        f"daemon CPU **{tick['cpu']:.2f} cores** over the run, and it waited for a CPU "
+        f"{tick['wait']:.2f} s per second (its threads together); the workers used "
+        f"{tick['worker_us']:.0f} µs of CPU per event "
+        f"({tick['worker_us'] * tick['turns'] * tick['rate'] / 1e6:.2f} cores). "
+        f"Load average at the end {tick['load'][0]:.1f}.\n\n"
+        f"Start-up, apart: `turnpool serve` to {tick['turns']} workers idle {tick['start_s']:.2f} s; then "
+        f"{tick['turns']} turns submitted at once, one to each fresh worker: submit → first event p50 "
+        f"{_pct(tick['fresh'], 0.5) * 1e3:.1f} ms, p99 {_pct(tick['fresh'], 0.99) * 1e3:.1f} ms (what a user "
+        f"submitting {tick['turns']} turns to a fresh pool waits for).\n\n"
+        f"With `--worker-nice 19` (R-NICE: the workers below the daemon), right after: emit → delivery p50 "
+        f"{_pct(n19['lat'], 0.5) * 1e3:.2f} ms, p99 **{_pct(n19['lat'], 0.99) * 1e3:.2f} ms**; daemon CPU "
+        f"{n19['cpu']:.2f} cores, waiting for a CPU {n19['wait']:.2f} s per second; workers "
+        f"{n19['worker_us']:.0f} µs per event. Load average at the end {n19['load'][0]:.1f}.\n\n"
+        f"The floor, same load right after: {tick['turns']} bare Python processes (asyncio and one "
+        f"ZeroMQ DEALER each, nothing of turnpool) sending `time.monotonic()` {tick['rate']:.0f} times a "
+        f"second to one ROUTER read in a blocking loop: emit → receive p50 "
+        f"{_pct(fl['lat'], 0.5) * 1e3:.2f} ms, p99 **{_pct(fl['lat'], 0.99) * 1e3:.2f} ms**; "
+        f"{fl['cpu_us']:.0f} µs of CPU per event in the senders "
+        f"({fl['cpu_us'] * tick['turns'] * tick['rate'] / 1e6:.2f} cores).\n\n"
         "Targets: " + "; ".join(verdicts) + ".\n\n"
         f"Command: {cmd}"
     )

@@ -8,10 +8,16 @@ import that blocks) never gives the loop back, so that batch - its own ``Started
 whole tick and sends it itself (ZeroMQ's own I/O thread then writes it without the GIL).
 
 It costs nothing per turn while turns keep the loop turning (one check per tick, 5 ms), and it
-stops ticking once the worker has been idle for a second (the next turn then wakes it through a
-pipe: a thread woken per turn cost ≈ 20 µs of latency per turn, measured). A turn that holds the
-GIL in one C call from its first line, or that stops its worker with SIGSTOP, starves this thread
-too: the supervisor then reads the start marker instead (``worker/_marker.py``).
+ticks only while batches are being posted (S-PARK): after ``PARK_TICKS`` ticks (50 ms) in which no
+batch began and none waits, it parks (sleeps without a timeout) and the next ``Connection.post`` that
+begins a batch wakes it through a pipe. A turn that waits between its events - a model streaming
+deltas, the common case - posts no batch at all (``emit`` sends at once), so its worker's thread
+sleeps instead of waking 200 times a second: with 200 such turns that was 40,000 thread wake-ups
+a second on two cores, and the supervisor delivering their events waited for the CPUs behind them.
+A burst of quick turns keeps posting, so the thread keeps ticking and costs the burst no wake-up.
+A turn that holds the GIL in one C call from its first line, or that stops its worker with
+SIGSTOP, starves this thread too: the supervisor then reads the start marker instead
+(``worker/_marker.py``).
 
 K-THREADS: the same thread watches the life pipe (EOF: the supervisor is gone), in the same
 ``poll`` that times its ticks. One thread fewer than a watcher of its own: a killed worker's exit
@@ -29,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 TICK = 0.005  # seconds a batch may wait before this thread sends it
-IDLE_TICKS = 200  # idle ticks in a row (1 s) before it sleeps until the next turn
+PARK_TICKS = 10  # S-PARK: quiet ticks in a row (50 ms: no batch begun, none waiting) before it parks
 THREAD_NAME = "worker-watcher"  # never forks: the end-of-turn sweep skips it (``_sweep``)
 
 
@@ -51,8 +57,9 @@ class StaleFlusher:
         self._wake_r, self._wake_w = os.pipe()  # not inheritable: agents' children never see it
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self.idle = False  # sleeping until ``poke``: the worker had nothing to send and no turn
-        self.busy = False  # a turn is running (set by the worker loop)
+        # S-PARK: sleeping until ``poke``: no batch began for a few ticks and none waits. The
+        # worker's ``Connection.post`` pokes when it begins a batch and sees this set.
+        self.parked = False
 
     def start(self) -> None:
         threading.Thread(target=self._run, name=THREAD_NAME, daemon=True).start()
@@ -90,23 +97,21 @@ class StaleFlusher:
         if self._life_fd is not None:
             poller.register(self._life_fd, select.POLLIN)
         tick_ms = int(TICK * 1000)
-        seen = -1
-        idle_ticks = 0
+        seen = -1  # the batch number seen at the last tick
+        quiet = 0  # ticks in a row with no batch begun and none waiting
         while True:
             conn = self._conn
             timeout: int | None = tick_ms
             if conn is None:
                 timeout = None
-            elif self.busy or conn._out:
-                idle_ticks = 0
-            elif idle_ticks < IDLE_TICKS:
-                idle_ticks += 1
-            else:
-                idle_ticks = 0
-                self.idle = True
-                # Checked again after ``idle`` is set: a turn that started meanwhile either saw
-                # ``idle`` (and pokes: the byte waits in the pipe) or is seen here.
-                if not self.busy and not conn._out:
+            elif quiet >= PARK_TICKS:
+                quiet = 0
+                self.parked = True
+                # Checked again after ``parked`` is set: a batch begun meanwhile is either seen
+                # here or its ``post`` saw ``parked`` and pokes (the byte waits in the pipe).
+                if conn._out:
+                    self.parked = False
+                else:
                     timeout = None
             for fd, _ in poller.poll(timeout):
                 if fd == self._wake_r:
@@ -120,7 +125,7 @@ class StaleFlusher:
                         self._on_life_lost()  # kills the tree and exits (or another thread does)
                     return
             if timeout is None:
-                self.idle = False
+                self.parked = False
                 seen = -1
                 continue
             if conn is None:
@@ -128,4 +133,5 @@ class StaleFlusher:
             batch = conn.batches
             if batch == seen and conn._out:
                 conn.flush_stale(batch)
+            quiet = quiet + 1 if batch == seen and not conn._out else 0
             seen = batch

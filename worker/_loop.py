@@ -127,6 +127,13 @@ class Connection:
         if not self._out:
             self.batches += 1
             self._loop.call_soon(self.flush)
+            self._out.append(msg)
+            # S-PARK: a parked stale flusher must watch this batch (looked at after the append:
+            # the flusher parks only after seeing no batch waiting, see ``StaleFlusher._run``).
+            flusher = self.flusher
+            if flusher is not None and flusher.parked:
+                flusher.poke()
+            return
         self._out.append(msg)
 
     def flush(self) -> None:
@@ -168,9 +175,11 @@ class Connection:
         self._out.append(msg)
         self.flush()
 
-    def emit(self, turn_id: str, event: Any) -> None:
+    def emit(self, turn_id: str, event: Any) -> bool:
         """Send one event now (R18: on the wire when this returns), in one frame with whatever
-        was posted before it (a turn's ``Started``), which must not be overtaken."""
+        was posted before it (a turn's ``Started``), which must not be overtaken. True when the
+        event loop has turned since the previous emit (its look at the socket ran): the caller
+        need not yield to it (R-EMIT)."""
         data = wire.encode_payload(event, what="event")
         with self.lock:
             out = self._out
@@ -193,6 +202,8 @@ class Connection:
         if not self._recheck_due:
             self._recheck_due = True
             self._loop.call_soon(self._recheck)
+            return True
+        return False
 
     def _recheck(self) -> None:
         self._recheck_due = False
@@ -320,11 +331,8 @@ class WorkerLoop:
 
     async def run_turn(self, msg: Run) -> None:
         conn = self.conn
-        flusher = conn.flusher
-        if flusher is not None:  # S1: from here on, a batch this turn holds up still leaves
-            flusher.busy = True
-            if flusher.idle:
-                flusher.poke()
+        # S1: a batch this turn holds up still leaves: the stale flusher watches every batch
+        # posted (its Started first), waking from its park for it (S-PARK).
         started_at = self.marker.mark(msg.turn_id) if self.marker is not None else 0.0  # survives the process
         # Before the post: a Started that the stale flusher sends in an earlier frame than the
         # End must make that End ask for an EndAck (P2).
@@ -334,8 +342,6 @@ class WorkerLoop:
             value = wire.decode_payload(msg.input)
         except msgspec.DecodeError as exc:
             self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
-            if flusher is not None:
-                flusher.busy = False
             return
         turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)
         self.current = turn
@@ -393,8 +399,6 @@ class WorkerLoop:
         finally:
             self.current = None
             self.current_scope = None
-            if flusher is not None:
-                flusher.busy = False
         sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
         # Started already left in an earlier frame: the supervisor sees this turn running, so its End
         # must be confirmed before a handed turn (which might crash the process) starts.

@@ -16,10 +16,12 @@ from ._errors import TurnCancelled
 if TYPE_CHECKING:
     from ._loop import Connection
 
-# R-EMIT: ``emit`` gives the event loop a turn when this long has passed since it last did (and
-# on a turn's first emit), not on every call: a shielded checkpoint costs ≈ 4 µs, more than
-# sending the event itself. What the loop must not miss is handled without it: an ``Abort``
-# that arrives while a turn streams is read right after the send (``Connection.emit``).
+# R-EMIT: ``emit`` gives the event loop a turn when this long has passed since the loop last
+# turned, not on every call: a shielded checkpoint costs ≈ 4 µs (and a loop iteration), more
+# than sending the event itself. A turn that awaited something between two emits (a model
+# streaming deltas) has let the loop turn already and never pays it. What the loop must not
+# miss is handled without it: an ``Abort`` that arrives while a turn streams is read right after
+# the send (``Connection.emit``).
 EMIT_YIELD_INTERVAL = 0.001
 
 
@@ -110,7 +112,7 @@ class Turn:
         self.parent = parent
         self.signal = CancelSignal()
         self._conn = conn
-        self._yielded_at = 0.0  # when ``emit`` last gave the event loop a turn (R-EMIT)
+        self._yielded_at = 0.0  # when the event loop was last seen to turn by ``emit`` (R-EMIT)
 
     # R18: an emitted event is on the wire when emit returns.
     async def emit(self, event: Any) -> None:
@@ -122,9 +124,11 @@ class Turn:
         loop at least once a millisecond (R-EMIT), so a turn that does nothing but emit still
         lets the worker's other tasks (and the agent's own) run, without paying a loop
         iteration per event."""
-        self._conn.emit(self.id, event)
+        turned = self._conn.emit(self.id, event)
         now = time.monotonic()
-        if now - self._yielded_at >= EMIT_YIELD_INTERVAL:
+        if turned:
+            self._yielded_at = now  # the loop turned since the previous emit: no yield owed
+        elif now - self._yielded_at >= EMIT_YIELD_INTERVAL:
             self._yielded_at = now
             await anyio.lowlevel.cancel_shielded_checkpoint()
 

@@ -107,3 +107,15 @@ def check_mib(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ValueError(f"{name} must be a number of MiB > 0, got {value!r}")
     return float(value)
+
+
+def check_nice(value: Any) -> int | None:
+    """``worker_nice`` (R-NICE): ``None`` (workers keep this process's niceness) or an int from 0
+    to 19 - only ever lower than the supervisor's priority, which needs no privilege."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"worker_nice must be an int from 0 to 19 or None, got {value!r}")
+    if not 0 <= value <= 19:
+        raise ValueError(f"worker_nice must be an int from 0 to 19 or None, got {value!r}")
+    return value

@@ -26,6 +26,7 @@ from worker import lowlevel
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
+from .options import check_nice
 from .zygote import Zygote
 
 if TYPE_CHECKING:
@@ -145,8 +146,10 @@ class WorkerPool:
         on_exit: Callable[[WorkerSlot], Awaitable[None]],
         changed: Callable[[], None],
         refill: Callable[[], None],
+        nice: int | None = None,
     ) -> None:
         self.link = link
+        self.nice = check_nice(nice)  # R-NICE: workers run at this niceness (None: as this process)
         self.timers = timers
         self.prefix = prefix
         self.heartbeat = heartbeat
@@ -203,6 +206,8 @@ class WorkerPool:
             return "refused"
         if slot.timer is not None:
             slot.timer.cancel()
+        if self.nice is not None:
+            _procs.lower_priority(slot.pid, self.nice)  # R-NICE: before it runs any turn
         slot.state = "idle"
         slot.ready_at = now
         self.start_failures = 0

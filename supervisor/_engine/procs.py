@@ -138,6 +138,28 @@ def worker_env(pythonpath: str) -> dict[str, str]:
     return env
 
 
+def lower_priority(pid: int, nice: int) -> None:
+    """R-NICE: run worker ``pid`` at niceness ``nice``: its session's autogroup (the kernel weighs
+    each session as one: a worker leads its own, so it would otherwise get as large a share of the
+    CPUs as its supervisor) and each of its threads (new threads and processes inherit it). Best
+    effort: a worker already gone, or a kernel without autogroups, is skipped."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except OSError:
+            pass
+
+
 def pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)

@@ -104,7 +104,7 @@ class Supervisor:
     path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file;
     four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards
     them; ``"inherit"`` shares this process's fd 2 with the workers as before (a stalled stderr
-    then stalls workers and this process alike).
+    then stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process (R-NICE).
     """
 
     def __init__(
@@ -135,6 +135,7 @@ class Supervisor:
         worker_output: Any = _output.STDERR,
         worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
         max_grace: float = MAX_GRACE,
+        worker_nice: int | None = None,
     ) -> None:
         refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
         check_sizes(
@@ -219,6 +220,7 @@ class Supervisor:
             on_exit=self._exits.on_exit,
             changed=self._notify_change,
             refill=self._fill_pool,
+            nice=worker_nice,
         )
         self._slots = self.pool.slots  # the same dict
         # Child turns a running turn spawns (rule 7).

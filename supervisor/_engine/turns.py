@@ -34,6 +34,33 @@ if TYPE_CHECKING:
 TurnState = Literal["queued", "handed", "running", "ending", "ended", "kept"]
 
 
+# G-KEEP: events a follower that keeps up has not read yet are kept beyond ``max_events``, up to
+# this many bytes per turn (each event counted as its encoded size plus ``EVENT_OVERHEAD``, about
+# what the object holding it costs in memory): a follower slower than the agent for a while loses
+# nothing, and a turn's buffer stays bounded whatever its followers do.
+HOLD_BYTES = 32 * 2**20
+EVENT_OVERHEAD = 64
+
+
+# G-KEEP: a follower that took no event while the buffer filled this many times in a row (each
+# time ``max_events // 2`` more events came: ``4 × max_events`` events in all) has stopped reading.
+HOLD_CHECKS = 8
+
+
+class EventReader:
+    """One follower's place in a turn's events (G-KEEP): ``seq`` is the next event it takes;
+    ``mark`` is where it was when the buffer was last full, ``still`` how many times in a row
+    it had not moved by then. A reader that moved within the last ``HOLD_CHECKS`` keeps up,
+    and the events it has still to take are kept."""
+
+    __slots__ = ("seq", "mark", "still")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.mark = seq
+        self.still = 0
+
+
 class TurnRecord:
     __slots__ = (
         "id",
@@ -56,6 +83,9 @@ class TurnRecord:
         "exited_at",
         "events",
         "events_base",
+        "events_bytes",
+        "trim_at",
+        "readers",
         "waiters",
         "result",
         "done",
@@ -111,6 +141,9 @@ class TurnRecord:
         self.exited_at: float | None = None
         self.events: list[msgspec.Raw] = []
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
+        self.events_bytes = 0  # G-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
+        self.trim_at = 0  # G-KEEP: the buffer is looked at again past this many events (0: max_events)
+        self.readers: list[EventReader] | None = None  # G-KEEP: its followers' positions
         self.waiters: list[anyio.Event] = []
         self.result: TurnResult | None = None
         self.done: asyncio.Event | None = None  # set when the result is out (Supervisor.result)
@@ -258,31 +291,85 @@ class TurnTable:
                 self.held[old.id] = old
 
     def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
-        """Retain one event of ``turn`` (at most ``max_events``: the older half is dropped when
-        full, and followers skip the gap) and wake its followers."""
+        """Retain one event of ``turn`` and wake its followers. At most ``max_events`` are
+        retained (the older half is dropped when full, and followers skip the gap), except for
+        events a follower that keeps up has still to read (G-KEEP, ``_trim``)."""
         events = turn.events
         events.append(data)
-        if len(events) > self.max_events:
-            drop = len(events) - self.max_events // 2
+        turn.events_bytes += len(data) + EVENT_OVERHEAD
+        if len(events) > (turn.trim_at or self.max_events):
+            self._trim(turn)
+        turn.wake_followers()
+
+    def _trim(self, turn: TurnRecord) -> None:
+        """G-KEEP: the buffer is full. Drop its older half, but not the events that a follower
+        which keeps reading has still to take, while the turn's buffer is within ``HOLD_BYTES``.
+        A follower that took nothing while ``HOLD_CHECKS × max_events // 2`` events came has
+        stopped: it holds nothing, its events go as before and it is told (E-GAP). Looked at again
+        once another ``max_events // 2`` events came, so a flood pays this once per half buffer,
+        not per event."""
+        events = turn.events
+        keep = self.max_events // 2
+        drop = len(events) - keep
+        readers = turn.readers
+        if readers:
+            hold = -1
+            for reader in readers:
+                reader.still = 0 if reader.seq > reader.mark else reader.still + 1
+                reader.mark = reader.seq
+                if reader.still < HOLD_CHECKS:
+                    hold = reader.seq if hold < 0 else min(hold, reader.seq)
+            if hold >= 0 and turn.events_bytes <= HOLD_BYTES:
+                drop = min(drop, hold - turn.events_base)
+        if drop > 0:
+            gone = events[:drop]
+            turn.events_bytes -= sum(map(len, gone)) + EVENT_OVERHEAD * len(gone)
             del events[:drop]
             turn.events_base += drop
-        turn.wake_followers()
+        turn.trim_at = max(self.max_events, len(events) + keep)
+
+    def add_reader(self, turn: TurnRecord, seq: int) -> EventReader:
+        """G-KEEP: a follower of ``turn`` starting at ``seq``; it updates ``reader.seq`` as it
+        takes events and calls ``drop_reader`` when it stops following."""
+        reader = EventReader(seq)
+        if turn.readers is None:
+            turn.readers = [reader]
+        else:
+            turn.readers.append(reader)
+        return reader
+
+    def drop_reader(self, turn: TurnRecord, reader: EventReader) -> None:
+        """The follower is gone: what it held goes (down to the usual bound) unless another
+        follower that keeps up holds it."""
+        readers = turn.readers
+        if readers is None or reader not in readers:
+            return
+        readers.remove(reader)
+        if not readers:
+            turn.readers = None
+        if len(turn.events) > self.max_events:
+            self._trim(turn)
 
     async def follow(self, turn_id: str) -> AsyncIterator[tuple[int, msgspec.Raw]]:
         """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends."""
         turn = self.get(turn_id)
         seq = turn.events_base
-        while True:
-            if seq < turn.events_base:
-                seq = turn.events_base
-            while seq - turn.events_base < len(turn.events):
-                yield seq, turn.events[seq - turn.events_base]
-                seq += 1
+        reader = self.add_reader(turn, seq)  # G-KEEP
+        try:
+            while True:
                 if seq < turn.events_base:
                     seq = turn.events_base
-            if turn.state in ("ended", "kept") or turn.pending_result is not None:
-                return
-            await turn.changed()
+                while seq - turn.events_base < len(turn.events):
+                    yield seq, turn.events[seq - turn.events_base]
+                    seq += 1
+                    reader.seq = seq
+                    if seq < turn.events_base:
+                        seq = turn.events_base
+                if turn.state in ("ended", "kept") or turn.pending_result is not None:
+                    return
+                await turn.changed()
+        finally:
+            self.drop_reader(turn, reader)
 
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events decoded, in order, from the first; ends when the turn ends.

@@ -64,6 +64,12 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("rss_interval", float, "seconds between memory checks when --max-rss-mb is set (default 0.25)"),
     ("python", str, "interpreter that runs the workers (default: this one)"),
     (
+        "worker_nice",
+        int,
+        "run workers at this niceness, 0-19, below the daemon (default: the daemon's own), so busy "
+        "workers never starve the daemon that delivers their events",
+    ),
+    (
         "cgroups",
         _on_off,
         "on (default): each worker in its own cgroup v2 where the hierarchy is writable, "

@@ -35,6 +35,9 @@ EVENTS_BATCH_BYTES = 64 * 1024
 # A follow that has just sent waits this long before its next batch, so a flood is sent in a few
 # hundred batches a second per follower instead of one send per event; an idle stream sends at once.
 COALESCE = 0.005
+# G-KEEP: a follower with this many events waiting (or all its credit's worth) gets them at once,
+# coalesced or not: each send still carries at least this many (or a whole window).
+COALESCE_FULL = 1024
 # Bytes a windowed follow may have in flight (sent, not yet credited), whatever its window.
 STREAM_BYTES = 4 * 1024 * 1024
 # How long after a disconnect the suspects are probed (the ROUTER drops the routing id a moment

@@ -30,7 +30,7 @@ from .._errors import (
     JournalUnavailable,
     UnknownTurn,
 )
-from .clients import COALESCE, EVENTS_BATCH_BYTES, FollowStream, Gate
+from .clients import COALESCE, COALESCE_FULL, EVENTS_BATCH_BYTES, FollowStream, Gate
 
 if TYPE_CHECKING:
     from .._engine import TurnRecord
@@ -226,11 +226,14 @@ class Requests:
         (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
         workers' frames or other clients (R21).
         """
-        assert self.daemon.sup is not None
+        sup = self.daemon.sup
+        assert sup is not None
         seq = turn.events_base  # a late follower starts at the oldest event kept
         sent_at = -COALESCE
+        reader = sup.table.add_reader(turn, seq)  # G-KEEP: while it moves, its events are kept
         try:
             while True:
+                reader.seq = seq
                 base = turn.events_base
                 if seq < base:
                     if not self.daemon.speaks(ident, 3):
@@ -248,9 +251,11 @@ class Requests:
                         await stream.wait()  # the client's credit, or the turn's end (lag check above)
                         continue
                     early = sent_at + COALESCE - anyio.current_time()
-                    if early > 0 and turn.state != "ended":
+                    if early > 0 and turn.state != "ended" and kept - (seq - base) < (count or COALESCE_FULL):
                         # A busy stream sends at most one batch per COALESCE: a flood costs each
                         # follower a few hundred sends a second, whatever the event rate (R21).
+                        # G-KEEP: unless a whole batch is waiting (all the client's credit, or
+                        # COALESCE_FULL events): waiting then only lets the follower fall behind.
                         await anyio.sleep(early)
                         continue
                     batch: list[msgspec.Raw] = []
@@ -284,6 +289,7 @@ class Requests:
                     return
                 await turn.changed()
         finally:
+            sup.table.drop_reader(turn, reader)
             if self.daemon._streams.get((ident, req)) is stream:
                 del self.daemon._streams[(ident, req)]
             streams = self.daemon._turn_streams.get(stream.turn_id)
