@@ -162,7 +162,14 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
                     result = await handle.result()
                     tg.cancel_scope.cancel()
             assert result.outcome == "completed", result
-            return result.run_s, done, await _daemon_facts(client)
+            if not stopped:
+                return result.run_s, done, await _daemon_facts(client)
+            # R-NOWIN: each window-less one fills its queue (4 MiB, less than the flood) and is
+            # dropped, if not during the turn then right after it, while its socket is still open.
+            facts = await _until(
+                client, "window-less followers dropped", lambda f: f["clients_stalled"] >= (stopped + 1) // 2
+            )
+            return result.run_s, done, facts
     finally:
         for sock in socks:
             sock.close(linger=0)
@@ -173,8 +180,11 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     """20 followers that never read an event-flooding turn: the turn runs about as fast as with
     none, another client's submits and results go on at a comparable rate (generous bounds), the
     stopped followers are dropped (the daemon's memory stays bounded), and it gets back what
-    it grew once they are gone."""
-    count = 100_000
+    it grew once they are gone. R-NOWIN: each window-less one is dropped after at most
+    ``CLIENT_SNDHWM`` × 16 KiB (4 MiB) of a flood of ≈ 12 MB; before, when the daemon fell
+    behind, 256 full 64 KiB batches held the whole flood, they were never dropped, the daemon
+    pushed ≈ 12 MB to each (RSS +120-220 MiB) and the other client got 3-12 % of its rate."""
+    count = 400_000  # a window of 1-2 s (100,000 gave ≈ 0.3 s: too short to measure a rate)
     with serving(*FAST, "--no-journal") as d:
         daemon = psutil.Process(d.pid)
         async with Client.connect(d.endpoint, timeout=30) as client:
@@ -199,8 +209,12 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     # The windowed ones fell behind the kept events and were told; the window-less ones were
     # either sent everything within the socket's bound or dropped when their queue filled.
     assert facts["lagged_followers"] >= 10
+    # R-NOWIN: the 10 window-less ones filled their queues with at most 4 MiB each, and were dropped
+    # (``_flood_while`` waited for it: on the old code, when the daemon fell behind, it never came).
+    assert facts["clients_stalled"] >= 10, facts
+    assert rss_peak - rss_before < 128 * 2**20
     assert after["streams"] == 0
-    assert rss_after - rss_before < 64 * 2**20
+    assert rss_after - rss_before < 96 * 2**20
 
 
 async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None:
