@@ -217,7 +217,7 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     assert crowd_s < 2 * alone_s + 5
     # Generous: on a shared 2-core box the crowded window is short and noisy. Before the first fix
     # the other client got ~3 % of its rate alone (36/s against 1 052/s); measured after R-NOWIN
-    # 20-130 % (single rounds).
+    # 7-130 %, mostly 20-80 % (single rounds; 7 % with other tests running beside it).
     assert crowd_rate > 0.08 * alone_rate
     # The windowed ones fell behind the kept events and were told; the window-less ones were
     # either sent everything within the socket's bound or dropped when their queue filled.
