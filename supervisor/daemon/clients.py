@@ -25,6 +25,7 @@ from collections.abc import Callable, Generator
 from typing import Any, cast
 
 import anyio
+import msgspec
 
 from .._errors import JournalUnavailable
 
@@ -32,6 +33,14 @@ from .._errors import JournalUnavailable
 # a catching-up follower costs one send per batch, not one per event, and a client that never
 # reads holds at most SNDHWM such batches in the daemon.
 EVENTS_BATCH_BYTES = 64 * 1024
+# R-NOWIN: a follow without a window (no credit: nothing tells the daemon what its client read) sends
+# batches of at most this many bytes, so a client that never reads fills its CLIENT_SNDHWM-message queue
+# with 4 MiB, not 16 MiB, before the daemon drops it.
+WINDOWLESS_BATCH_BYTES = 16 * 1024
+# R-SLICE: a batch holds at most this many events (however small they are), so cutting one
+# slices a bounded part of the turn's buffer; a stream starts by slicing ``BATCH_GUESS``.
+BATCH_EVENTS = 8192
+BATCH_GUESS = 1024
 # A follow that has just sent waits this long before its next batch, so a flood is sent in a few
 # hundred batches a second per follower instead of one send per event; an idle stream sends at once.
 COALESCE = 0.005
@@ -236,7 +245,7 @@ class FollowStream:
     only by the socket's high-water mark.
     """
 
-    __slots__ = ("scope", "credit", "inflight", "inflight_bytes", "_more", "turn_id")
+    __slots__ = ("scope", "credit", "inflight", "inflight_bytes", "_more", "turn_id", "guess")
 
     def __init__(self, window: int, turn_id: str) -> None:
         self.scope = anyio.CancelScope()
@@ -245,6 +254,7 @@ class FollowStream:
         self.inflight: deque[int] = deque()  # sizes of events sent and not yet credited
         self.inflight_bytes = 0
         self._more: anyio.Event | None = None
+        self.guess = BATCH_GUESS  # R-SLICE: how many events to slice for the next batch
 
     def allowance(self) -> tuple[int | None, int | None]:
         """How many events and bytes may go now (``None``: no limit); (0, _) means wait."""
@@ -257,9 +267,10 @@ class FollowStream:
             return 0, 0
         return self.credit, max(room, 1)
 
-    def spent(self, sizes: list[int]) -> None:
+    def spent(self, batch: list[msgspec.Raw]) -> None:
         if self.credit is None:
             return
+        sizes = list(map(len, batch))
         self.credit -= len(sizes)
         self.inflight.extend(sizes)
         self.inflight_bytes += sum(sizes)
