@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -45,7 +46,11 @@ def main() -> int:
         module = importlib.import_module(f"benchmarks.bench_{name}")
         t0 = time.monotonic()
         print(f"== {name} ...", file=sys.stderr, flush=True)
-        sections.append(module.run(args.quick))
+        try:
+            sections.append(module.run(args.quick))
+        except Exception as exc:  # noqa: BLE001 - one broken bench must not lose the whole run's results
+            traceback.print_exc()
+            sections.append(f"## {name}\n\nThis bench failed in this run: `{type(exc).__name__}: {exc}`.\n")
         print(f"== {name} done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
     header = (
         "# Benchmark results\n\n"

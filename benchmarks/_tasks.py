@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -29,6 +30,16 @@ def sleepy(seconds: float = 3600.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(0.001)
+
+
+def sleepy_started(path: str, seconds: float = 3600.0) -> None:
+    """``sleepy`` that first writes ``path``: the caller cancels a task known to be running (a
+    task cancelled while still pending ends at once without having run, which is not the case
+    being measured)."""
+    with open(path + ".tmp", "w") as f:
+        f.write("started")
+    os.replace(path + ".tmp", path)
+    sleepy(seconds)
 
 
 def spin_report(path: str, seconds: float = 3600.0) -> None:
