@@ -468,6 +468,16 @@ async def test_status_shows_per_node_pools(sup: RaySupervisor) -> None:
     assert len(status["workers"]) == 2 * len(status["nodes"])
 
 
+async def test_one_at_a_time_turns_spread_over_the_nodes(sup: RaySupervisor) -> None:
+    """Promise: turns with no session or id go to the least loaded node, and among equally loaded
+    ones round robin: turns run one at a time (every node idle at each submit) still use every
+    node, rather than all landing on the first one."""
+    live = len(_keys(sup))
+    results = [await sup.run("tests.agents.cluster:where", i) for i in range(2 * live)]
+    assert {r.outcome for r in results} == {"completed"}
+    assert len({r.output["node_pid"] for r in results}) == live >= 2
+
+
 # ---- node loss -----------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ channel: its failure is how the router learns the node is lost.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,9 @@ def kill_actor(actor: Any) -> None:
         pass
 
 
+_SENDS = itertools.count(1)
+
+
 @dataclass(eq=False)
 class NodeLink:
     """A node supervisor as the router sees it, and its submit and result streams.
@@ -63,15 +67,20 @@ class NodeLink:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     status: dict[str, Any] | None = None
     late: int = 0  # results dropped because their turn had ended already (see ``settle``)
+    last_sent: int = 0  # when a turn was last sent here (``_SENDS``): ties go round robin
 
-    def load(self) -> float:
-        """Turns held or waiting, per worker: the least loaded node takes a turn with no home."""
-        return (len(self.held) + len(self.pending)) / self.workers
+    def load(self) -> tuple[float, int]:
+        """Turns held or waiting, per worker: the least loaded node takes a turn with no home;
+        among equally loaded nodes (all idle, as one-at-a-time turns leave them) the one sent a
+        turn least recently, so such turns spread over the cluster instead of all going to the
+        first node (and a node that joins takes the next one, not a backlog of them)."""
+        return (len(self.held) + len(self.pending)) / self.workers, self.last_sent
 
     def send(self, turn: RoutedTurn) -> None:
         """Hold ``turn`` here and queue it for the next batch."""
         self.held[turn.turn_id] = turn
         self.pending.append(turn)
+        self.last_sent = next(_SENDS)
         self.wake.set()
 
     async def flusher(self) -> None:
