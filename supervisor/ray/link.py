@@ -67,7 +67,7 @@ class NodeLink:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     status: dict[str, Any] | None = None
     late: int = 0  # results dropped because their turn had ended already (see ``settle``)
-    last_sent: int = 0  # when a turn was last sent here (``_SENDS``): ties go round robin
+    last_sent: int = 0  # R-ray-spread: when a turn was last sent here (``_SENDS``): ties go round robin
 
     def load(self) -> tuple[float, int]:
         """Turns held or waiting, per worker: the least loaded node takes a turn with no home;
