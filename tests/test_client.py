@@ -9,7 +9,6 @@ import socket
 import sys
 import time
 from contextlib import aclosing
-from typing import Any
 
 import anyio
 import psutil
@@ -33,16 +32,9 @@ from supervisor import (
 )
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
+from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
-
-
-async def first_event(handle: Any) -> Any:
-    with anyio.fail_after(60):
-        async with aclosing(handle.events()) as events:
-            async for event in events:
-                return event
-    raise AssertionError("the turn ended without emitting")
 
 
 def test_exports() -> None:

@@ -24,16 +24,9 @@ import wire
 from supervisor import Client, Daemon, DaemonShuttingDown
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
+from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
-
-
-async def first_event(handle: Any) -> Any:
-    with anyio.fail_after(60):
-        async with aclosing(handle.events()) as events:
-            async for event in events:
-                return event
-    raise AssertionError("the turn ended without emitting")
 
 
 def test_default_endpoint_is_private() -> None:

@@ -25,6 +25,7 @@ import pytest
 from supervisor import Client, DaemonUnavailable, EventsDropped
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
+from tests.support.events import assert_accounted
 
 pytestmark = pytest.mark.anyio
 
@@ -205,25 +206,11 @@ async def test_the_gap_marker_says_exactly_what_a_slow_or_late_follower_missed()
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert result.outcome == "completed"
-    _assert_accounted(slow, count)
+    assert_accounted(slow, count)
     markers = [e for e in slow if isinstance(e, EventsDropped)]
     assert len(markers) >= 1 and slow[0] == 0
     assert isinstance(late[0], EventsDropped) and late[0].first == 0 and late[0].count > 0
     assert late[1] == late[0].count  # the oldest event kept comes right after the marker
-
-
-def _assert_accounted(items: list[Any], count: int) -> None:
-    """Each event is the one after the last, or comes right after a marker that says exactly how
-    many were skipped; the stream ends at the last event."""
-    expected = 0
-    for item in items:
-        if isinstance(item, EventsDropped):
-            assert item.first == expected and item.count > 0, (item, expected)
-            expected += item.count
-        else:
-            assert item == expected, (item, expected)
-            expected += 1
-    assert expected == count
 
 
 def test_batch_frames_round_trip() -> None:

@@ -14,7 +14,6 @@ import signal
 import stat
 import sys
 import time
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import Supervisor, TurnHandle, WorkerStartError
+from supervisor import Supervisor, WorkerStartError
 from supervisor import lowlevel as sup_lowlevel
+from tests.support.events import first_event as _first_event
 
 pytestmark = pytest.mark.anyio
 
@@ -130,14 +130,6 @@ FAULTS: dict[str, Fault] = {
         "tests.agents.faults:garbage_writer", None, "completed", output="wrote"
     ),
 }
-
-
-async def _first_event(handle: TurnHandle) -> dict[str, Any]:
-    with anyio.fail_after(30):
-        async with aclosing(handle.events()) as events:
-            async for event in events:
-                return event
-    raise AssertionError("the turn ended without emitting")
 
 
 def _tree_of(pid: int) -> set[int]:

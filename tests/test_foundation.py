@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from contextlib import aclosing
-from typing import Any
 
 import anyio
 import psutil
@@ -15,17 +13,9 @@ import pytest
 import supervisor
 import wire
 from supervisor import Supervisor, TurnResult
+from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
-
-
-async def first_event(handle: supervisor.TurnHandle) -> Any:
-    """Wait (bounded) until the turn emitted its first event; return it."""
-    with anyio.fail_after(30):
-        async with aclosing(handle.events()) as events:
-            async for event in events:
-                return event
-    raise AssertionError("the turn ended without emitting")
 
 
 def gone(pid: int) -> bool:

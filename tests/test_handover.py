@@ -9,25 +9,17 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import aclosing
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from supervisor import Supervisor
+from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 30
-
-
-async def first_event(handle: Any) -> Any:
-    async with aclosing(handle.events()) as events:
-        async for event in events:
-            return event
-    raise AssertionError("the turn ended without an event")
 
 
 def starts(path: Path) -> list[tuple[str, int, float]]:

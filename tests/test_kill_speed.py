@@ -4,26 +4,18 @@ K-REAP, W-WARM, P-SPARE): each change keeps the tree-kill and reaping promises."
 from __future__ import annotations
 
 import signal
-from contextlib import aclosing
 from pathlib import Path
-from typing import Any
 
 import anyio
 import psutil
 import pytest
 
 from supervisor import Supervisor
+from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 30
-
-
-async def first_event(handle: Any) -> Any:
-    async with aclosing(handle.events()) as events:
-        async for event in events:
-            return event
-    raise AssertionError("the turn ended without an event")
 
 
 def _gone(pid: int) -> bool:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -20,17 +19,9 @@ import psutil
 import pytest
 
 from supervisor import Supervisor
+from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
-
-
-async def first_event(handle: Any) -> Any:
-    """Wait (bounded) until the turn emitted its first event; return it."""
-    with anyio.fail_after(30):
-        async with aclosing(handle.events()) as events:
-            async for event in events:
-                return event
-    raise AssertionError("the turn ended without emitting")
 
 
 def handed_to(sup: Supervisor, turn_id: str) -> Any:

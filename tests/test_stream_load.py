@@ -14,6 +14,7 @@ import pytest
 from supervisor import Client, EventsDropped, Supervisor
 from supervisor.lowlevel import HOLD_BYTES
 from tests.support.daemonkit import FAST, serving
+from tests.support.events import assert_accounted
 
 pytestmark = pytest.mark.anyio
 
@@ -102,15 +103,7 @@ async def test_a_follower_that_reads_slower_than_the_agent_holds_at_most_hold_by
                     items.append(event if isinstance(event, EventsDropped) else event["i"])
             await handle.result()
     assert any(isinstance(i, EventsDropped) for i in items), "64 MiB behind: it loses events, and is told"
-    expected = 0
-    for item in items:
-        if isinstance(item, EventsDropped):
-            assert item.first == expected and item.count > 0, (item, expected)
-            expected += item.count
-        else:
-            assert item == expected, (item, expected)
-            expected += 1
-    assert expected == n
+    assert_accounted(items, n)
 
 
 async def test_workers_run_at_the_worker_nice_they_were_given() -> None:
