@@ -25,7 +25,6 @@ from collections.abc import Callable, Generator
 from typing import Any, cast
 
 import anyio
-import msgspec
 
 from .._errors import JournalUnavailable
 
@@ -267,10 +266,10 @@ class FollowStream:
             return 0, 0
         return self.credit, max(room, 1)
 
-    def spent(self, batch: list[msgspec.Raw]) -> None:
+    def spent(self, sizes: list[int]) -> None:
+        """The batch of events of these sizes went out: they use credit until the client grants more."""
         if self.credit is None:
             return
-        sizes = list(map(len, batch))
         self.credit -= len(sizes)
         self.inflight.extend(sizes)
         self.inflight_bytes += sum(sizes)

@@ -279,15 +279,16 @@ class Requests:
                     # reading fills its queue (and is dropped, R21) after 4 MiB, not 16.
                     limit = WINDOWLESS_BATCH_BYTES if room is None else min(EVENTS_BATCH_BYTES, room)
                     batch: list[msgspec.Raw] = turn.events[i:want]
-                    fit = bisect_right(list(accumulate(map(len, batch))), limit) or 1  # at least one event
+                    sizes = list(map(len, batch))
+                    fit = bisect_right(list(accumulate(sizes)), limit) or 1  # at least one event
                     if fit < len(batch):
-                        del batch[fit:]
+                        del batch[fit:], sizes[fit:]
                         stream.guess = max(fit + fit // 4 + 1, 64)
                     elif want < stop:
                         stream.guess = min(2 * stream.guess, BATCH_EVENTS)
                     if not self._send(ident, wire.Events(req, seq, batch)):
                         return  # gone, or stopped reading (then it is owed a `lagged`)
-                    stream.spent(batch)
+                    stream.spent(sizes)
                     seq += len(batch)
                     sent_at = anyio.current_time()
                     await anyio.lowlevel.checkpoint()
