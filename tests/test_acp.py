@@ -19,7 +19,7 @@ import anyio.lowlevel
 import psutil
 import pytest
 
-acp = pytest.importorskip("acp")
+acp = pytest.importorskip("acp", reason="the acp extra is not installed")
 from acp.schema import AgentMessageChunk, ToolCallProgress, ToolCallStart  # noqa: E402
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("acp")
+pytest.importorskip("acp", reason="the acp extra is not installed")
 from acp.schema import AgentMessageChunk, AgentPlanUpdate, AgentThoughtChunk, ToolCallProgress, ToolCallStart  # noqa: E402
 
 from supervisor.acp.events import TurnEvents, stop_reason_of  # noqa: E402
