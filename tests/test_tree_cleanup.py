@@ -271,17 +271,22 @@ async def test_two_supervisors_in_one_process_keep_their_own_pools(tmp_path: Pat
 
 
 def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
-    """A pool cgroup named for a dead owner, holding one live process of ours."""
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # a pid that is dead: the stale pool's "owner"
+    """A pool cgroup named for a dead owner, holding one live process of ours. Its owner is alive
+    while the pool is built and dies after: a supervisor that another test starts meanwhile
+    cleans stale pools at its start, and must not find this one half-built (empty, removed)."""
+    owner = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
     own = lowlevel.cgroup_of(os.getpid())
     assert own is not None
-    stale = os.path.join(own, f"{lowlevel.CGROUP_POOL_PREFIX}{gone.pid}-0")
+    stat = Path(f"/proc/{owner.pid}/stat").read_bytes()
+    started = stat[stat.rfind(b")") + 2 :].split()[19].decode()  # a pool's name: owner pid, its start time
+    stale = os.path.join(own, f"{lowlevel.CGROUP_POOL_PREFIX}{owner.pid}-{started}")
     os.mkdir(stale)
     os.mkdir(os.path.join(stale, "w1"))
     victim = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
     with open(os.path.join(stale, "w1", "cgroup.procs"), "w") as f:
         f.write(str(victim.pid))
+    owner.kill()
+    owner.wait()  # now the pool's owner is dead: the pool is stale
     return stale, victim
 
 
