@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from wire import Cause, TurnResult
@@ -58,6 +58,21 @@ class Backend(Protocol):
     def events(self, turn_id: str) -> AsyncIterator[Any]: ...
 
     async def result(self, turn_id: str) -> TurnResult: ...
+
+    async def submit_many(
+        self,
+        agent: str,
+        inputs: Iterable[Any],
+        *,
+        session: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the turns' timeout, not this call's
+        grace: float | None = None,
+        kill_after: float | None = None,
+        turn_ids: Sequence[str | None] | None = None,
+        retry: bool = False,
+    ) -> list[TurnHandle]: ...
+
+    async def results(self, turns: Iterable[TurnHandle | str]) -> list[TurnResult]: ...
 
     async def status(self) -> dict[str, Any]: ...
 

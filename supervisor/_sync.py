@@ -22,7 +22,7 @@ import asyncio
 import atexit
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -33,6 +33,7 @@ from wire import Cause, TurnResult
 from ._errors import SupervisorClosed
 from ._handle import TurnHandle
 from ._host import refuse_inside_worker
+from ._many import turn_ids_of
 
 _FOR_THE_MAIN_THREAD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
@@ -283,6 +284,23 @@ class SyncFront:
 
     def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
         return self._call("run", agent, input, **kwargs)
+
+    def submit_many(self, agent: str, inputs: Iterable[Any], **kwargs: Any) -> list[SyncTurnHandle]:
+        """``submit_many``, blocking; a partial refusal's ``.handles`` are blocking handles too."""
+        try:
+            handles = self._call("submit_many", agent, list(inputs), **kwargs)
+        except BaseException as exc:
+            accepted = getattr(exc, "handles", None)
+            if isinstance(accepted, list) and self._loop is not None:
+                loop = self._loop
+                exc.handles = [None if h is None else SyncTurnHandle(h, loop) for h in accepted]  # type: ignore[attr-defined]
+            raise
+        assert self._loop is not None
+        return [SyncTurnHandle(h, self._loop) for h in handles]
+
+    def results(self, turns: Iterable[Any]) -> list[TurnResult]:
+        """``results``, blocking: takes handles (blocking or not) or turn ids."""
+        return self._call("results", turn_ids_of(turns))
 
     def handle(self, turn_id: str) -> SyncTurnHandle:
         handle = self._call("handle", turn_id)

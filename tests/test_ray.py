@@ -636,3 +636,18 @@ def test_serve_ray_keeps_its_client_endpoint_and_runs_turns_cluster_wide(
         if daemon.poll() is None:
             daemon.kill()
         daemon.communicate()  # reaps it and closes its pipes
+
+
+async def test_submit_many_and_results_run_each_input_once_across_the_nodes(sup: RaySupervisor) -> None:
+    """Promise (M-MANY on a cluster): ``submit_many`` of 40 echo turns returns 40 distinct
+    handles in input order, spread over the nodes; ``results`` answers in input order with each
+    input echoed back; one bad input submits nothing."""
+    with anyio.fail_after(BOUND):
+        with pytest.raises(TypeError, match="turn input #1"):
+            await sup.submit_many("examples.agents:echo", [1, object()])
+        handles = await sup.submit_many("examples.agents:echo", [{"i": i} for i in range(40)])
+        results = await sup.results(handles)
+    assert len({h.turn_id for h in handles}) == 40
+    assert len({node_of(h.turn_id) for h in handles}) == len(_keys(sup))
+    assert [r.output for r in results] == [{"i": i} for i in range(40)]
+    assert [r.turn_id for r in results] == [h.turn_id for h in handles]

@@ -14,16 +14,33 @@ it. With a journal (J6) a new turn is held back from dispatch until its accept r
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .._errors import QueueFull, SupervisorClosed, TurnIdConflict
+from .._handle import TurnHandle
+from .._many import ManyTurns
 from .options import check_agent, check_optional_str, check_seconds
 from .turns import TurnRecord, request_differs
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
+
+
+class AcceptMany(ManyTurns):
+    """The embedded pool's ``submit_many``: every input is checked first (``ManyTurns``), then each
+    is accepted as ``submit`` accepts one, from the encoding the check already made."""
+
+    _accept: Callable[..., TurnRecord]
+
+    async def _submit_checked(
+        self, agent: str, item: Any, raw: Any, turn_id: str | None, options: dict[str, Any]
+    ) -> TurnHandle:
+        turn = self._accept(agent, raw, turn_id=turn_id, parent=None, **options)
+        backend: Any = self  # a Supervisor
+        return TurnHandle(backend, turn.id, pin=turn)  # R-KEEP: the handle holds the record
 
 
 class Admission:

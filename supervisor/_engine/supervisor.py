@@ -42,7 +42,7 @@ from .._host import refuse_inside_worker
 from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
-from .admission import Admission
+from .admission import AcceptMany, Admission
 from .children import ChildTurns
 from .dispatch import Dispatcher
 from .ending import Finisher, output_of
@@ -73,7 +73,7 @@ log = logging.getLogger("turnpool.supervisor")
 DispatchGate = Callable[[list[TurnRecord]], None]
 
 
-class Supervisor:
+class Supervisor(AcceptMany):
     """Runs agent turns in a pool of worker processes and owns their cancellation.
 
     Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is

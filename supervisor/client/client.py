@@ -56,12 +56,13 @@ from .._zmqflags import EVENTS as _EVENTS
 from .._zmqflags import NOBLOCK as _NOBLOCK
 from .._zmqflags import POLLIN as _POLLIN
 from .connection import close_connection, open_connection
-from .requests import _check_turn_id, _error, _get_result, _Lost, _Replies, _Reply, _submit_request
+from .many import PipelinedMany
+from .requests import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
 
 log = logging.getLogger("turnpool.client")
 
 
-class Client:
+class Client(PipelinedMany):
     """A connection to a ``turnpool serve`` daemon, with the methods of ``Supervisor``::
 
         async with Client.connect("ipc:///run/user/1000/turnpool/supervisor.sock") as client:
@@ -104,7 +105,7 @@ class Client:
         self._mon: zmq.asyncio.Socket | None = None
         self._tg: Background | None = None
         self._reqs = itertools.count(1)
-        self._pending: dict[int, _Reply | _Replies] = {}
+        self._pending: dict[int, _Reply | _Replies | _Many] = {}
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of _sock, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
         # B1: requests made in one pass of the event loop leave as one batch frame (protocol 3).
@@ -114,7 +115,7 @@ class Client:
         self._recheck_scheduled = False
         # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
         # in order too: one timer for the oldest replaces a timer per request.
-        self._deadlines: deque[_Reply | _Replies] = deque()
+        self._deadlines: deque[_Reply | _Replies | _Many] = deque()
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._state = "new"  # new → open → closed
         self._lost: str | None = None
@@ -218,7 +219,7 @@ class Client:
             for msg in messages:
                 pending = pending_get(msg.req)
                 if pending is not None:
-                    if type(pending) is _Reply:
+                    if type(pending) is not _Replies:  # one reply per request: it is answered
                         del self._pending[msg.req]
                     pending.put(msg)
                 elif isinstance(msg, wire.Error):
@@ -231,11 +232,18 @@ class Client:
         """Send ``msg``: at once during the handshake (and to a daemon below protocol 3), else into
         the outgoing batch, flushed at the end of this pass of the event loop (B1). Raises
         ``ValueError`` for a request above the daemon's size limit, before anything is sent."""
+        self._post_frame(self._encode(msg))
+
+    def _encode(self, msg: Any) -> bytes:
+        """``msg`` encoded; ``ValueError`` if it is above the daemon's size limit."""
         frame = wire.encode(msg)
         if len(frame) > self.max_message_size:
             raise ValueError(
                 f"request of {len(frame)} bytes is above the daemon's limit of {self.max_message_size} bytes"
             )
+        return frame
+
+    def _post_frame(self, frame: bytes) -> None:
         if self.protocol < 3 or self.daemon_pid is None:
             self._write(frame)
             return
@@ -334,7 +342,7 @@ class Client:
             f"the daemon at {self.endpoint} did not answer within {self.request_timeout}s"
         )
 
-    def _bound(self, pending: _Reply | _Replies, limit: float | None) -> None:
+    def _bound(self, pending: _Reply | _Replies | _Many, limit: float | None) -> None:
         """Fail ``pending``'s wait with ``TimeoutError`` if no reply came within ``limit`` seconds."""
         assert self._loop is not None and limit is not None
         deadlines = self._deadlines

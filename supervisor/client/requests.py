@@ -102,6 +102,41 @@ class _Replies:
         return items.popleft() if isinstance(items, deque) else items.pop(0)
 
 
+class _Many:
+    """The one reply each of many requests made at once (``submit_many``, ``results``), whose ids
+    run from ``base``: one object and one future for all of them, not a future (and, in the
+    caller, a task) per request. With ``stop_on_error`` the wait ends at the first ``Error``."""
+
+    __slots__ = ("base", "replies", "left", "fut", "deadline", "stop_on_error")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, base: int, n: int, *, stop_on_error: bool) -> None:
+        self.base = base
+        self.replies: list[Any] = [None] * n
+        self.left = n
+        self.fut: asyncio.Future[Any] = loop.create_future()
+        self.deadline = 0.0
+        self.stop_on_error = stop_on_error
+
+    def put(self, msg: Any) -> None:
+        fut = self.fut
+        if isinstance(msg, _Lost):
+            self.deadline = 0.0
+            if not fut.done():
+                fut.set_result(msg)
+            return
+        i = msg.req - self.base
+        if self.replies[i] is None:
+            self.replies[i] = msg
+            self.left -= 1
+        if (self.left == 0 or (self.stop_on_error and type(msg) is wire.Error)) and not fut.done():
+            self.deadline = 0.0
+            fut.set_result(None)
+
+    def expire(self) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(TimeoutError())
+
+
 def _submit_request(
     agent: str,
     input: Any,
@@ -117,18 +152,28 @@ def _submit_request(
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
     raw = wire.encode_payload(input, what="turn input", exact=True)  # W-IN
-    session = check_optional_str("session", session)
+    session, timeout, grace, kill_after, retry = _submit_options(
+        session=session, timeout=timeout, grace=grace, kill_after=kill_after, retry=retry
+    )
     turn_id = check_optional_str("turn_id", turn_id)
-    timeout = check_seconds("timeout", timeout, positive=True)
-    grace = check_seconds("grace", grace)
-    kill_after = check_seconds("kill_after", kill_after)
-    if not isinstance(retry, bool):
-        raise TypeError(f"retry must be True or False, got {retry!r}")
     # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
     # as the request is in flight, and thousands in flight are walked by every garbage collection.
     return functools.partial(
         _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
     )
+
+
+def _submit_options(
+    *, session: Any, timeout: Any, grace: Any, kill_after: Any, retry: Any
+) -> tuple[str | None, float | None, float | None, float | None, bool]:
+    """A submit's options, checked as ``Supervisor`` checks them (``TypeError``, ``ValueError``)."""
+    session = check_optional_str("session", session)
+    timeout = check_seconds("timeout", timeout, positive=True)
+    grace = check_seconds("grace", grace)
+    kill_after = check_seconds("kill_after", kill_after)
+    if not isinstance(retry, bool):
+        raise TypeError(f"retry must be True or False, got {retry!r}")
+    return session, timeout, grace, kill_after, retry
 
 
 def _submit_message(args: tuple[Any, ...], req: int) -> wire.Submit:
