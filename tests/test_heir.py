@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -166,6 +167,33 @@ async def test_a_spare_that_cannot_watch_starts_its_held_turn_on_proceed() -> No
             record = sup.record(doomed.turn_id)
     assert out["pid"] == spare_pid and out["doomed"] in ("Z", "gone"), out
     assert record.exited_at is not None and out["t"] >= record.exited_at
+
+
+async def test_a_held_turn_imports_its_agent_only_once_the_doomed_worker_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare may look a held turn's agent up while it waits only when that runs none of the
+    agent's code; an agent module not imported yet is imported when the turn starts, after the
+    doomed worker (which survives its SIGTERM for ``kill_after``) is gone: an import is agent code."""
+    note = tmp_path / "imported"
+    monkeypatch.setenv("TURNPOOL_TEST_IMPORT_NOTE", str(note))  # read by the workers' agent module
+    with anyio.fail_after(BOUND):
+        async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=1.0) as sup:
+            await full(sup, 2)
+            doomed = await sup.submit("tests.agents.handover:survive_term")
+            doomed_pid = (await first_event(doomed))["pid"]
+            nxt = await sup.submit("tests.agents.heir_late:agent")
+            await doomed.cancel()
+            spare_pid = await held_by(sup, nxt.turn_id, doomed_pid)
+            assert proc_state(doomed_pid) not in ("Z", "gone")  # held while the doomed worker runs
+            assert (await nxt.result()).output == spare_pid
+            assert (await doomed.result()).outcome == "killed"
+            record = sup.record(doomed.turn_id)
+    (line,) = note.read_text().splitlines()
+    pid, at = line.split()
+    assert int(pid) == spare_pid
+    assert record.escalated_at is not None
+    assert float(at) >= record.escalated_at + 0.9, (at, record.escalated_at)
 
 
 def test_the_watch_names_one_process_and_a_reused_pid_is_not_it() -> None:

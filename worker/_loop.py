@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import types
 from typing import Any, cast
 
 import anyio
@@ -79,6 +80,29 @@ def load_agent(spec: str) -> Any:
             raise TypeError(GENERATOR_AGENT.format(spec=spec))
         fn = _IMPORT_CACHE[spec] = obj
     return fn
+
+
+def resolve_loaded(spec: str) -> bool:
+    """K-HEIR: look up a held turn's agent while the doomed worker dies, if that runs no code of the
+    agent: its module is imported already (``preload``, an earlier turn) and the attribute is a plain
+    function in the module's own namespace (a dict lookup: no module ``__getattr__``, no descriptor).
+    Anything else is imported when the turn starts, as always: an import runs the turn's code.
+    Measured on a spare woken by the exit: the agent's first look-up took ≈ 60-80 µs of the ≈ 200 µs
+    from its wake-up to the agent's start (cold caches), ≈ 10-15 µs once looked up. True if the agent
+    is in the cache now."""
+    if spec in _IMPORT_CACHE:
+        return True
+    module_name, _, attr = spec.partition(":")
+    module = sys.modules.get(module_name)
+    if type(module) is not types.ModuleType or "." in attr:
+        return False
+    if type(vars(module).get(attr)) is not types.FunctionType:
+        return False
+    try:
+        load_agent(spec)
+    except TypeError:  # a generator agent: its turn says so when it starts
+        return False
+    return True
 
 
 def _is_async(fn: Any) -> bool:
@@ -323,6 +347,7 @@ class WorkerLoop:
         fd = _heir.watch(msg.after_pid, msg.after_start)
         if fd == _heir.GONE:
             return
+        resolve_loaded(msg.agent)
         self.held[msg.turn_id] = fd
         if fd >= 0:
             self.conn._loop.add_reader(fd, self.proceed, msg.turn_id)
