@@ -108,7 +108,9 @@ async def test_a_held_turn_cancelled_before_it_starts_ends_aborted_unstarted() -
             nxt = await sup.submit("tests.agents.heir:note_doomed", {"doomed": doomed_pid})
             await doomed.cancel()
             spare_pid = await held_by(sup, nxt.turn_id, doomed_pid)
-            assert pidfds(spare_pid)  # the case under test: the spare watches the doomed worker
+            # The case under test: the spare watches the doomed worker (once it has read its Run).
+            while not pidfds(spare_pid):  # noqa: ASYNC110
+                await anyio.sleep(0.002)  # allowed: polling the spare's fds, bounded by fail_after
             assert await nxt.cancel() == {"kind": "user"}
             held = await nxt.result()
             assert sup.record(doomed.turn_id).state != "ended"  # before the doomed worker's end
