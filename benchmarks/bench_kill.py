@@ -142,9 +142,11 @@ async def _recovery(n: int, spares: int) -> tuple[list[float], list[float], list
     """Returns (killed → next running, cancel → next running, kill decision → next running, the
     doomed worker's exit → next running). "Killed" is the moment the supervisor delivered the
     ``killed`` result: the worker and its tree reaped. The kill decision is the SIGTERM step (grace
-    0: right after the cancel). With a spare, the doomed worker's slot goes to the spare the moment
-    that worker's exit is seen, while its tree is reaped (K-HANDOVER): exit → running is how long
-    a free slot stays unused, and the next turn may start before the ``killed`` result."""
+    0: right after the cancel). With a spare, the spare is handed the next turn at the decision,
+    held, and starts it itself the moment the doomed worker's process is gone (K-HEIR), while the
+    tree is reaped: exit → running is how long a free slot stays unused (negative when the spare
+    started it before the supervisor saw the exit), and the next turn may start before the
+    ``killed`` result."""
     from_kill, from_cancel, from_decision, from_exit = [], [], [], []
     # The agents' module preloaded in the zygote (``preload``, the documented way): a replacement
     # worker then does not import it on its first turn.
@@ -218,7 +220,8 @@ def run(quick: bool) -> str:
         rec_exit += d
     recov["turnpool, spare"] = (
         "the doomed worker's exit seen (its slot is free from here) → next queued turn running on "
-        "the warm spare (K-HANDOVER: the tree is reaped meanwhile)",
+        "the warm spare, which held it from the kill decision and watched that worker's exit itself "
+        "(K-HEIR; the tree is reaped meanwhile)",
         rec_exit,
         rec_cancel,
     )
@@ -326,18 +329,21 @@ def run(quick: bool) -> str:
         )
         + f"\n\nEmbedded one-at-a-time latency in the same run (the recovery's yardstick, 2 workers, "
         f"no-op turns, {len(lat)} samples back to back with the recovery samples): p50 {ms(med(lat))}."
-        + "\n\nWith a spare, the doomed worker's slot goes to the spare the moment that worker's exit "
-        "is seen, while its tree is reaped (K-HANDOVER), so the row times from that exit: how long a "
-        "free slot stays unused. On the same samples: from the `killed` result as before, p50 "
+        + "\n\nWith a spare, the spare is handed the next turn at the kill decision and holds it; it "
+        "starts it itself the moment the doomed worker's process is gone (its own pidfd on it, "
+        "K-HEIR), while the tree is reaped, so the row times from the supervisor seeing that exit: "
+        "how long a free slot stays unused (a sample is negative when the spare started before the "
+        "supervisor saw the exit). On the same samples: from the `killed` result as before, p50 "
         f"{ms(med(rec_kill))} (negative when the next turn was already running); from the kill "
         f"decision (the SIGTERM step), p50 {ms(med(rec_decision))}, which adds the worker's own "
         "teardown (the kill overshoot's breakdown rows). "
-        "The spare's takeover is one way (submit → agent start) on a worker that sat idle; "
-        f"measured in the same run on a warm worker, that one way is p50 {ms(med(hot))} back to back "
-        f"and {ms(med(idle))} after 50 ms idle ({len(idle)} samples each): waking an idle process's "
-        "threads (ZeroMQ's I/O thread, then the main thread) on a loaded 2-core machine costs more "
-        "than the whole hot round trip. W-WARM (no first-turn page faults) and P-SPARE (the "
-        "replacement's start held back 10 ms) take out what turnpool added on top."
+        "Before K-HEIR the takeover was one way (the supervisor's `Run` → agent start) on a worker "
+        f"that sat idle; measured in the same run on a warm worker, that one way is p50 {ms(med(hot))} "
+        f"back to back and {ms(med(idle))} after 50 ms idle ({len(idle)} samples each): waking an idle "
+        "process's threads (ZeroMQ's I/O thread, then the main thread) on a loaded 2-core machine "
+        "cost more than the whole hot round trip. With K-HEIR only the spare's main thread wakes, "
+        "on the exit itself. W-WARM (no first-turn page faults) and P-SPARE (the replacement's "
+        "start held back 10 ms) take out what turnpool added on top."
         + f"\n\nTargets: with a spare p50 ≤ 2× the embedded one-at-a-time latency — {ms(med(ts))} = "
         f"{med(ts) / med(lat):.1f}× {ms(med(lat))} {'met' if med(ts) <= 2 * med(lat) else 'MISSED'}; "
         f"with a spare p50 ≤ 2 ms — {'met' if med(ts) <= 2e-3 else 'MISSED'}; "

@@ -26,6 +26,10 @@ from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
 from ._guards import EXIT_LINK_LOST, process_role, start_guardian
 from ._guards import _take_baton as take_baton
+from ._heir import GONE as HEIR_GONE
+from ._heir import UNWATCHABLE as HEIR_UNWATCHABLE
+from ._heir import start_ticks
+from ._heir import watch as heir_watch
 from ._loop import warm_up_state
 from ._marker import path_for as marker_path_for
 from ._marker import read as marker_read
@@ -47,7 +51,9 @@ from ._tree import (
 #   so a test can write a log and damage a record as a dying worker could;
 # - ``start_guardian``, ``take_baton``, ``EXIT_LINK_LOST``: the worker's process guards (its
 #   guardian process, the baton that lets exactly one of worker and guardian kill the tree, the
-#   exit code of a worker whose link to the supervisor is lost), for tests that play the worker.
+#   exit code of a worker whose link to the supervisor is lost), for tests that play the worker;
+# - ``start_ticks``, ``heir_watch``, ``HEIR_GONE``/``HEIR_UNWATCHABLE``: K-HEIR's process identity
+#   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse.
 
 __all__ = [
     "CGROUP_POOL_PREFIX",
@@ -55,6 +61,8 @@ __all__ = [
     "ENDLOG_REC",
     "ENDLOG_SIZE",
     "EXIT_LINK_LOST",
+    "HEIR_GONE",
+    "HEIR_UNWATCHABLE",
     "CgroupPool",
     "EndLog",
     "TREE_ENV",
@@ -73,6 +81,7 @@ __all__ = [
     "endlog_read",
     "freeze_tree",
     "has_marker",
+    "heir_watch",
     "marker_path_for",
     "marker_read",
     "marker_read_noted",
@@ -81,6 +90,7 @@ __all__ = [
     "set_child_subreaper",
     "signal_all",
     "start_guardian",
+    "start_ticks",
     "take_baton",
     "thaw",
     "warm_up_state",

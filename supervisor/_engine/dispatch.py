@@ -17,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import wire
+from worker import lowlevel
 
 from .ending import output_of
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from .turns import TurnRecord
 
 log = logging.getLogger("turnpool.supervisor")
+
+# K-HEIR: how long after a doomed worker's exit the supervisor tells a heir that has not started
+# its held turn to start it (``Proceed``); a heir that watches the exit itself started long before.
+PROCEED_DELAY = 0.01
 
 
 class Dispatcher:
@@ -125,12 +130,81 @@ class Dispatcher:
             return
         del self.busy[slot]
         self.released.add(slot)
+        self._heir_may_start(slot)
         self.pump()
 
     def exited(self, slot: WorkerSlot) -> None:
         """``slot``'s worker is gone: it holds nothing any more."""
         self.busy.pop(slot, None)
         self.released.discard(slot)
+        self._heir_may_start(slot)
+
+    # K-HEIR: at the kill decision a warm spare is handed the next queued turn, held until the
+    # doomed worker's process is gone; the spare watches that process itself (its pidfd).
+    def hand_to_heir(self, doomed: WorkerSlot) -> None:
+        """The kill of ``doomed`` is decided and its handed turns came back (K-HANDOVER): if the
+        pool is full only because of it and a warm worker is idle, hand that worker the next
+        queued turn now, held: the worker starts it the moment ``doomed``'s process is gone (its
+        pidfd, with the pid's start time so a reused pid cannot fool it), not when this
+        supervisor has seen the exit and sent a ``Run``. Never more than ``workers`` agents run:
+        the held turn starts only after the doomed worker is gone, the same moment its slot is
+        given up here (``release_exited``). Until it starts it is a handed turn like any other
+        (P1): a cancel ends it ``aborted`` unstarted, its worker's death puts it back in the queue.
+        ``doomed`` stays in ``busy`` until its exit, so ``busy`` holds one slot more than the
+        pool's capacity meanwhile and ``pump`` hands nothing more."""
+        sup = self.sup
+        if (
+            doomed.ahead  # (not taken back, K-HANDOVER: its turns come back first, at its exit)
+            or doomed.heir_turn is not None
+            or doomed not in self.busy
+            or sup._state != "running"
+            or not sup._queue.has_ready()
+        ):
+            return
+        cap = sup.workers + sup._lent + self._stale_busy()
+        if len(self.busy) - self._promised() != cap:
+            return  # room without this slot (pump hands it), or none even after its exit
+        heir = next((s for s in self.idle if s.state == "idle" and not s.doomed and not s.stale), None)
+        if heir is None:
+            return
+        start = lowlevel.start_ticks(doomed.pid)  # our child, not reaped yet: still this process
+        if start is None:
+            return
+        turn = sup._queue.pop()
+        if turn is None:
+            return
+        self.idle.remove(heir)
+        heir.state = "busy"
+        self.busy[heir] = None
+        doomed.heir_turn = turn
+        self._hand(heir, turn, (doomed.pid, start))
+
+    def _promised(self) -> int:
+        """Doomed slots whose place is already promised to a held turn (counted twice in ``busy``)."""
+        n = 0
+        for slot in self.busy:
+            turn = slot.heir_turn
+            if turn is not None and turn.worker is not None and turn.state in ("handed", "running"):
+                n += 1
+        return n
+
+    def _heir_may_start(self, doomed: WorkerSlot) -> None:
+        """``doomed``'s process is gone: its heir may start its held turn. It does by itself (it
+        watches the same exit, on its own pidfd); ``Proceed`` starts it where it could not watch.
+        Sent ``PROCEED_DELAY`` later, and only if the turn has not been seen to start by then: a
+        frame sent now would wake the supervisor's and the heir's ZeroMQ threads at the very
+        moment the heir starts the turn, on a machine with two cores."""
+        turn = doomed.heir_turn
+        if turn is None:
+            return
+        doomed.heir_turn = None
+        heir = turn.worker
+        if turn.state == "handed" and heir is not None:
+            self.sup._timers.call_later(PROCEED_DELAY, self._proceed, heir, turn)
+
+    def _proceed(self, heir: WorkerSlot, turn: TurnRecord) -> None:
+        if turn.state == "handed" and turn.worker is heir and heir.state == "busy":
+            self.sup._send(heir, wire.Proceed(turn.id))
 
     def note_turn_time(self, run_s: float) -> None:
         t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
@@ -172,7 +246,7 @@ class Dispatcher:
                 return
 
     # P1: a handed turn is still queued until its worker reports it started.
-    def _hand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+    def _hand(self, slot: WorkerSlot, turn: TurnRecord, after: tuple[int, int] | None = None) -> None:
         turn.state = "handed"
         turn.worker = slot
         slot.ahead.append(turn)
@@ -181,7 +255,10 @@ class Dispatcher:
             # S1: the deadline is armed at handoff; it counts from the start the worker reports
             # or notes in its start marker, whichever the supervisor learns first.
             turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
-        self.sup._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+        if after is None:
+            self.sup._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+        else:  # K-HEIR: held until process ``after`` (pid, start time) is gone
+            self.sup._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, *after))
 
     def _handed_deadline(self, turn: TurnRecord, slot: WorkerSlot) -> None:
         """A handed turn's timeout has passed since handoff and no Started came: if the worker

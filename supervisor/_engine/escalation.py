@@ -116,7 +116,8 @@ class Escalation:
         if slot.turn is not turn or slot.state == "dead":
             return
         slot.doomed = True
-        if not turn.escalation:
+        decided = not turn.escalation
+        if decided:
             # K-HANDOVER: the kill is decided. The turn's outcome is ``killed`` from here whatever
             # its worker sends (R7): the turns handed ahead to its worker go back to the queue now
             # (another worker may take them); the slot itself is given up at the worker's exit.
@@ -141,6 +142,10 @@ class Escalation:
                 slot.pid,
                 turn.kill_after,
             )
+        if decided:
+            # K-HEIR: the signal is out first (the kill is not delayed); a warm spare now gets the
+            # next queued turn, held until this worker's process is gone.
+            sup._dispatch.hand_to_heir(slot)
 
     def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
         """``Supervisor.kill_now``: SIGKILL now to the trees of the named turns, or of every turn

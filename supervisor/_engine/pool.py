@@ -68,6 +68,7 @@ class WorkerSlot:
         "passed",
         "stale",
         "heard",
+        "heir_turn",
     )
 
     def __init__(
@@ -105,6 +106,9 @@ class WorkerSlot:
         # K-HANDOVER: the running turn's ``Started`` came over the wire (not only its start marker):
         # its End then asks for an ``EndAck`` (P2), so no turn handed ahead can start before one.
         self.heard = False
+        # K-HEIR: the turn handed, at this doomed worker's kill decision, to a warm spare that
+        # starts it once this worker's process is gone (the spare's own pidfd on it).
+        self.heir_turn: TurnRecord | None = None
 
     @property
     def inflight(self) -> int:
