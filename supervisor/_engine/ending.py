@@ -132,8 +132,11 @@ class Finisher:
         if result.cause is not None:
             self.causes[result.cause.kind] += 1
         sup._active -= 1
-        if turn.done is not None:
-            turn.done.set()
+        done = turn.done
+        if done is not None:
+            # T-LEAN: its waiters hold it; the record, kept for ``keep_results`` turns, need not.
+            turn.done = None
+            done.set()
         turn.wake_followers()
         for hook in sup._hooks.result:
             hook(turn, result)
@@ -150,7 +153,8 @@ class Finisher:
         if turn.parent is not None:
             parent = sup._turns.get(turn.parent)
             if parent is not None:
-                parent.children.discard(turn.id)
+                if turn.id in parent.children:  # (a parent with no child holds the shared empty set)
+                    parent.children.discard(turn.id)
                 if parent.pending_result is not None and not any(
                     sup._turns.get(c) is not None and sup._turns[c].state != "ended" for c in parent.children
                 ):

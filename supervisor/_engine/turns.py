@@ -14,7 +14,7 @@ import asyncio
 import collections
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 import msgspec
@@ -59,6 +59,18 @@ class EventReader:
         self.seq = seq
         self.mark = seq
         self.still = 0
+
+
+# T-LEAN: what a turn without events, followers or children holds: one shared empty value each,
+# never mutated (immutable underneath: a stray ``append`` or ``add`` raises instead of sharing).
+# Every turn used to bring three empty containers of its own, kept with its record for the last
+# ``keep_results`` turns: three of the five objects per turn that Python's cyclic garbage collector
+# tracks. Each collection walks what it tracks, and at thousands of turns a second the collections
+# cost the supervisor more CPU per turn than any other single step of its path (docs/design.md,
+# T-LEAN; tests/test_turn_cpu.py).
+_NO_EVENTS: list[msgspec.Raw] = cast("list[msgspec.Raw]", ())
+_NO_WAITERS: list[anyio.Event] = cast("list[anyio.Event]", ())
+_NO_CHILDREN: set[str] = cast("set[str]", frozenset())
 
 
 class TurnRecord:
@@ -139,15 +151,15 @@ class TurnRecord:
         # slot goes to another worker there, while the tree is reaped).
         self.escalated_at: float | None = None
         self.exited_at: float | None = None
-        self.events: list[msgspec.Raw] = []
+        self.events: list[msgspec.Raw] = _NO_EVENTS  # T-LEAN: a list of its own from the first event
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
         self.events_bytes = 0  # G-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
         self.trim_at = 0  # G-KEEP: the buffer is looked at again past this many events (0: max_events)
         self.readers: list[EventReader] | None = None  # G-KEEP: its followers' positions
-        self.waiters: list[anyio.Event] = []
+        self.waiters: list[anyio.Event] = _NO_WAITERS  # T-LEAN: a list of its own from the first wait
         self.result: TurnResult | None = None
         self.done: asyncio.Event | None = None  # set when the result is out (Supervisor.result)
-        self.children: set[str] = set()
+        self.children: set[str] = _NO_CHILDREN  # T-LEAN: a set of its own from the first child
         self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
         self.pending_result: TurnResult | None = None  # held until live children have ended
         self.timer: Timer | None = None  # the deadline (timeout), armed when the turn starts
@@ -169,14 +181,24 @@ class TurnRecord:
     async def changed(self) -> None:
         """Wait until the turn has news for its followers (an event, its end): ``wake_followers``."""
         ev = anyio.Event()
-        self.waiters.append(ev)
+        if self.waiters:
+            self.waiters.append(ev)
+        else:
+            self.waiters = [ev]
         await ev.wait()
 
     def wake_followers(self) -> None:
         if self.waiters:
-            waiters, self.waiters = self.waiters, []
+            waiters, self.waiters = self.waiters, _NO_WAITERS
             for ev in waiters:
                 ev.set()
+
+    def add_child(self, child_id: str) -> None:
+        """A child turn spawned by this one (the only way a child is recorded: T-LEAN)."""
+        if self.children:
+            self.children.add(child_id)
+        else:
+            self.children = {child_id}
 
 
 # R-ID: what makes two submits under one id the same request.
@@ -295,6 +317,8 @@ class TurnTable:
         retained (the older half is dropped when full, and followers skip the gap), except for
         events a follower that keeps up has still to read (G-KEEP, ``_trim``)."""
         events = turn.events
+        if events is _NO_EVENTS:
+            events = turn.events = []  # T-LEAN: the turn's first event
         events.append(data)
         turn.events_bytes += len(data) + EVENT_OVERHEAD
         if len(events) > (turn.trim_at or self.max_events):

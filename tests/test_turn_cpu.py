@@ -1,0 +1,87 @@
+"""What cutting the per-turn CPU could break (issue 16): the worker's cancel scope, the lean turn
+record (T-LEAN) and the release of a turn's ``done`` event once its result is out."""
+
+from __future__ import annotations
+
+import gc
+
+import anyio
+import pytest
+
+from supervisor import Supervisor
+from supervisor._engine import turns as engine_turns
+from tests.support.events import first_event
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_abort_keeps_a_level_triggered_scope_with_shield() -> None:
+    """W-SCOPE: the worker builds each turn's cancel scope from a cached class. It must still be
+    anyio's own scope: an agent that swallows the first cancellation is cancelled again at its
+    next await, a shielded cleanup inside it runs to its end, the outcome is ``aborted``; the
+    next turn on that worker gets a fresh scope (it completes, nothing stale cancels it)."""
+    async with Supervisor(workers=1, spares=0, grace=30) as sup:
+        for _ in range(2):  # twice on the same worker: the cached class builds a new scope each time
+            handle = await sup.submit("tests.agents.turncpu:level_cancel")
+            assert await first_event(handle) == {"step": "running"}
+            await handle.cancel()
+            with anyio.fail_after(60):
+                events = [e async for e in handle.events()]
+                result = await handle.result()
+            assert result.outcome == "aborted", result
+            assert result.cause is not None and result.cause.kind == "user"
+            assert events == [{"step": "running"}, {"step": "cleaned"}]
+        with anyio.fail_after(60):
+            after = await sup.run("examples.agents:echo", {"x": 1})
+        assert after.outcome == "completed" and after.output == {"x": 1}
+        assert after.worker_pid == result.worker_pid
+
+
+async def test_a_kept_turn_holds_few_objects_the_collector_tracks() -> None:
+    """T-LEAN: a kept turn without events, followers or children holds at most two objects that
+    Python's cyclic collector tracks (its record and its result): no empty containers of its own,
+    and no ``done`` event once its result is out, even when ``result()`` was awaited before the
+    turn ended (as each lane of ``run_batch`` does). Before: five to seven per turn, which made the
+    collections cost the supervisor more CPU per turn than any step of its path."""
+    n = 400
+    async with Supervisor(workers=2, spares=0) as sup:
+        with anyio.fail_after(120):
+            for _ in range(20):
+                await sup.run("examples.agents:echo", {"i": 0})
+            gc.collect()
+            before = len(gc.get_objects())
+            results = []
+
+            async def one(i: int) -> None:
+                handle = await sup.submit("examples.agents:echo", {"i": i}, turn_id=f"lean-{i}")
+                results.append(await handle.result())  # awaited before the turn ends
+
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
+            del one
+            gc.collect()
+            per_turn = (len(gc.get_objects()) - before) / n
+    assert len(results) == n and {r.outcome for r in results} == {"completed"}
+    assert per_turn <= 2.5, f"{per_turn:.2f} tracked objects per kept turn"
+
+
+async def test_shared_empties_stay_empty_and_turns_keep_their_own() -> None:
+    """T-LEAN: turns with events, followers and children get containers of their own; the shared
+    empty values of the turns without stay empty (a stray write would raise, never be shared),
+    so a turn that emits nothing follows as empty while another streams."""
+    async with Supervisor(workers=3, spares=0) as sup:
+        with anyio.fail_after(120):
+            streaming = await sup.submit("tests.agents.turncpu:emits", 5)
+            quiet = await sup.submit("tests.agents.turncpu:emits", 0)
+            parent = await sup.submit("tests.agents.turncpu:two_children")
+            got = [e async for e in streaming.events()]
+            none = [e async for e in quiet.events()]
+            rp = await parent.result()
+            rs = await streaming.result()
+            rq = await quiet.result()
+    assert got == [{"i": i} for i in range(5)] and rs.output == 5
+    assert none == [] and rq.output == 0
+    assert rp.outcome == "completed" and rp.output == ["completed", "completed"]
+    assert engine_turns._NO_EVENTS == () and engine_turns._NO_WAITERS == ()
+    assert engine_turns._NO_CHILDREN == frozenset()
