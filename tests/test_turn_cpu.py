@@ -6,10 +6,11 @@ from __future__ import annotations
 import gc
 
 import anyio
+import msgspec
 import pytest
 
 from supervisor import Supervisor
-from supervisor._engine import turns as engine_turns
+from supervisor.lowlevel import TurnRecord
 from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
@@ -83,5 +84,60 @@ async def test_shared_empties_stay_empty_and_turns_keep_their_own() -> None:
     assert got == [{"i": i} for i in range(5)] and rs.output == 5
     assert none == [] and rq.output == 0
     assert rp.outcome == "completed" and rp.output == ["completed", "completed"]
-    assert engine_turns._NO_EVENTS == () and engine_turns._NO_WAITERS == ()
-    assert engine_turns._NO_CHILDREN == frozenset()
+    # The shared empties: one value for every record, still empty, and a write to one raises.
+    records = [
+        TurnRecord(
+            turn_id=f"r{i}",
+            agent="m:a",
+            input=msgspec.Raw(b"\xc0"),
+            session=None,
+            parent=None,
+            timeout=None,
+            grace=1.0,
+            kill_after=1.0,
+            now=0.0,
+        )
+        for i in range(2)
+    ]
+    a, b = records
+    assert a.events is b.events and a.waiters is b.waiters and a.children is b.children
+    assert len(a.events) == 0 and len(a.waiters) == 0 and len(a.children) == 0
+    with pytest.raises(AttributeError):
+        a.events.append(msgspec.Raw(b"\xc0"))
+    with pytest.raises(AttributeError):
+        a.children.add("x")
+    a.add_child("c1")
+    assert a.children == {"c1"} and len(b.children) == 0
+
+
+@pytest.mark.parametrize("agent", ["examples.agents:crasher", "examples.agents:stubborn"])
+async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agent: str) -> None:
+    """T-LEAN drops a turn's ``done`` event from its record once set. Several ``result()``
+    waiters that started before the end (one of them cancelled while waiting) and a
+    ``result()`` after the end all see the turn's one outcome - ``crashed`` for a worker that
+    dies on its own, ``killed`` for one that ignores its cancel - and the next turn runs."""
+    async with Supervisor(workers=1, spares=0, grace=0.2, kill_after=0.2) as sup:
+        with anyio.fail_after(120):
+            handle = await sup.submit(agent)
+            got: list[object] = []
+
+            async def wait_result() -> None:
+                got.append(await handle.result())
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(wait_result)
+                with anyio.move_on_after(0) as gone:  # cancelled at its first wait: only it ends
+                    await handle.result()
+                assert gone.cancelled_caught
+                if agent.endswith("stubborn"):
+                    first = await first_event(handle)  # running (a crasher may die before its
+                    await handle.cancel()  # event leaves: ZeroMQ sends after the call returns)
+            again = await handle.result()
+            nxt = await sup.run("examples.agents:echo", 7)
+    want = "crashed" if agent.endswith("crasher") else "killed"
+    assert again.outcome == want, again
+    assert len(got) == 3 and all(r == again for r in got)
+    if agent.endswith("stubborn"):
+        assert first.get("type") == "started"
+    assert nxt.outcome == "completed" and nxt.output == 7
