@@ -9,7 +9,7 @@ import anyio
 import msgspec
 import pytest
 
-from supervisor import Supervisor
+from supervisor import Supervisor, UnknownTurn
 from supervisor.lowlevel import TurnRecord
 from tests.support.events import first_event
 
@@ -141,3 +141,19 @@ async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agen
     if agent.endswith("stubborn"):
         assert first.get("type") == "started"
     assert nxt.outcome == "completed" and nxt.output == 7
+
+
+async def test_an_evicted_turn_stays_reachable_exactly_while_something_holds_it() -> None:
+    """T-LEAN: an ended turn pushed out of ``keep_results`` is weakly held only when something
+    else still refers to it. A turn whose handle is kept still answers by id and gives its
+    result; one nobody holds is forgotten at once (``UnknownTurn``), as the bound promises."""
+    async with Supervisor(workers=1, spares=0, keep_results=2) as sup:
+        with anyio.fail_after(60):
+            kept = await sup.submit("examples.agents:echo", "kept")
+            dropped_id = (await sup.submit("examples.agents:echo", "dropped")).turn_id
+            await kept.result()
+            for i in range(6):  # pushes both out of the last two kept
+                await sup.run("examples.agents:echo", i)
+            assert (await sup.handle(kept.turn_id).result()).output == "kept"
+            with pytest.raises(UnknownTurn):
+                sup.handle(dropped_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -71,6 +72,7 @@ class EventReader:
 _NO_EVENTS: list[msgspec.Raw] = cast("list[msgspec.Raw]", ())
 _NO_WAITERS: list[anyio.Event] = cast("list[anyio.Event]", ())
 _NO_CHILDREN: set[str] = cast("set[str]", frozenset())
+_UNHELD_REFS = 2  # ``sys.getrefcount`` of a record only a local name refers to (and the call's argument)
 
 
 class TurnRecord:
@@ -310,7 +312,12 @@ class TurnTable:
             if old is not None and old.state == "ended":
                 del self.records[old.id]
                 # R-KEEP: a handle may still hold it; then its result (and its id) stay reachable.
-                self.held[old.id] = old
+                # T-LEAN: only then is it worth a weak reference. With the table's entry deleted,
+                # two references (``old`` and ``getrefcount``'s argument) mean nobody else has it:
+                # it is freed on return, and a weak reference (made, then removed by its callback
+                # at once) would only cost every evicted turn its churn.
+                if sys.getrefcount(old) > _UNHELD_REFS:
+                    self.held[old.id] = old
 
     def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
         """Retain one event of ``turn`` and wake its followers. At most ``max_events`` are
