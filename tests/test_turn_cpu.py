@@ -112,8 +112,9 @@ async def test_shared_empties_stay_empty_and_turns_keep_their_own() -> None:
 
 @pytest.mark.parametrize("agent", ["examples.agents:crasher", "examples.agents:stubborn"])
 async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agent: str) -> None:
-    """T-LEAN drops a turn's ``done`` event from its record once set. Several ``result()``
-    waiters that started before the end (one of them cancelled while waiting) and a
+    """T-WAIT, T-LEAN: ``result()`` waits on a future of its own, and the record drops the
+    waiters' list once set. Several ``result()`` waiters that started before the end (fifty
+    more cancelled while waiting, which leave nothing behind) and a
     ``result()`` after the end all see the turn's one outcome - ``crashed`` for a worker that
     dies on its own, ``killed`` for one that ignores its cancel - and the next turn runs."""
     async with Supervisor(workers=1, spares=0, grace=0.2, kill_after=0.2) as sup:
@@ -127,9 +128,16 @@ async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agen
             async with anyio.create_task_group() as tg:
                 for _ in range(3):
                     tg.start_soon(wait_result)
-                with anyio.move_on_after(0) as gone:  # cancelled at its first wait: only it ends
+                with anyio.move_on_after(0):  # (the crasher's result may already be out)
                     await handle.result()
-                assert gone.cancelled_caught
+                if agent.endswith("stubborn"):  # runs until cancelled: every wait below waits
+                    for _ in range(50):  # cancelled at their first wait: only they end
+                        with anyio.move_on_after(0) as gone:
+                            await handle.result()
+                        assert gone.cancelled_caught
+                    # T-WAIT: a cancelled wait leaves nothing behind; the three live ones wait.
+                    (record,) = [r for r in sup.records() if r.id == handle.turn_id]
+                    assert record.done is not None and len(record.done) == 3
                 if agent.endswith("stubborn"):
                     first = await first_event(handle)  # running (a crasher may die before its
                     await handle.cancel()  # event leaves: ZeroMQ sends after the call returns)

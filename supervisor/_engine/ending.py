@@ -20,7 +20,7 @@ import msgspec
 import wire
 from wire import DISPOSED, PARENT, TurnError, TurnResult
 
-from .turns import seal_input
+from .turns import seal_input, set_done, wait_done
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -58,10 +58,8 @@ class Finisher:
         interrupted: BaseException | None = None
         with anyio.CancelScope(shield=True):
             while turn.result is None and turn.state != "kept":  # (D-KEEP: set aside, never ends here)
-                if turn.done is None:
-                    turn.done = asyncio.Event()
                 try:
-                    await turn.done.wait()
+                    await wait_done(turn)
                 except asyncio.CancelledError as exc:
                     interrupted = exc
         if interrupted is not None:
@@ -132,11 +130,7 @@ class Finisher:
         if result.cause is not None:
             self.causes[result.cause.kind] += 1
         sup._active -= 1
-        done = turn.done
-        if done is not None:
-            # T-LEAN: its waiters hold it; the record, kept for ``keep_results`` turns, need not.
-            turn.done = None
-            done.set()
+        set_done(turn)  # T-WAIT, T-LEAN: the waiters' list goes with it
         turn.wake_followers()
         for hook in sup._hooks.result:
             hook(turn, result)
