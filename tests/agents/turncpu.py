@@ -18,7 +18,7 @@ async def level_cancel(turn: worker.Turn) -> dict[str, Any]:
     except anyio.get_cancelled_exc_class():
         pass  # swallowed: a cancel scope is level-triggered, the next await raises again
     try:
-        await anyio.sleep(60)
+        await anyio.sleep(60)  # allowed: the agent waits to be cancelled (level-triggered)
         return {"escaped": True}  # the scope let a second await run to its end: not anyio's scope
     finally:
         with anyio.CancelScope(shield=True):
