@@ -118,8 +118,16 @@ def test_running_and_ended_rows_of_one_batch_are_one_update_with_both_rows_value
 
 
 def _writer_pid(daemon_pid: int) -> int:
+    """The daemon's live journal writer. A child that is a zombie (the writer just killed, or any
+    short-lived child the daemon has not reaped yet) has no command line to read and is no
+    writer: skipped, not an error (psutil raises ``ZombieProcess`` for it; seen under the full
+    suite)."""
     for child in psutil.Process(daemon_pid).children():
-        if any("journal_writer" in part for part in child.cmdline()):
+        try:
+            cmdline = child.cmdline()
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+        if any("journal_writer" in part for part in cmdline):
             return child.pid
     raise AssertionError("the daemon has no journal writer process")
 

@@ -64,7 +64,7 @@ class ChildTurns:
         except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
             sup._send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
             return
-        parent.children.add(child.id)
+        parent.add_child(child.id)
         child.spawn_origin = (slot, msg.req)
         slot.spawns[msg.req] = child.id
         # The parent waits on its child: it lends its slot, so the pool can never deadlock.

@@ -20,7 +20,7 @@ import msgspec
 import wire
 from wire import DISPOSED, PARENT, TurnError, TurnResult
 
-from .turns import seal_input
+from .turns import seal_input, set_done, wait_done
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -58,10 +58,8 @@ class Finisher:
         interrupted: BaseException | None = None
         with anyio.CancelScope(shield=True):
             while turn.result is None and turn.state != "kept":  # (D-KEEP: set aside, never ends here)
-                if turn.done is None:
-                    turn.done = asyncio.Event()
                 try:
-                    await turn.done.wait()
+                    await wait_done(turn)
                 except asyncio.CancelledError as exc:
                     interrupted = exc
         if interrupted is not None:
@@ -132,8 +130,7 @@ class Finisher:
         if result.cause is not None:
             self.causes[result.cause.kind] += 1
         sup._active -= 1
-        if turn.done is not None:
-            turn.done.set()
+        set_done(turn)  # T-WAIT, T-LEAN: the waiters' list goes with it
         turn.wake_followers()
         for hook in sup._hooks.result:
             hook(turn, result)
@@ -150,7 +147,8 @@ class Finisher:
         if turn.parent is not None:
             parent = sup._turns.get(turn.parent)
             if parent is not None:
-                parent.children.discard(turn.id)
+                if turn.id in parent.children:  # (a parent with no child holds the shared empty set)
+                    parent.children.discard(turn.id)
                 if parent.pending_result is not None and not any(
                     sup._turns.get(c) is not None and sup._turns[c].state != "ended" for c in parent.children
                 ):

@@ -20,6 +20,7 @@ from wire import DISPOSED
 from .._errors import WorkerStartError
 from .._host import Background, require_asyncio
 from .memory import MemoryWatchdog
+from .turns import set_done
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -126,8 +127,7 @@ class Lifecycle:
             turn.state = "kept"
             kept.append(turn.id)
             sup._active -= 1
-            if turn.done is not None:
-                turn.done.set()
+            set_done(turn)
             turn.wake_followers()
         sup._ending.wake_if_idle()
         sup._notify_change()

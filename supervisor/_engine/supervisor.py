@@ -21,7 +21,6 @@ parts, each an object with its own state:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -63,7 +62,7 @@ from .options import (
 )
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
-from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs
+from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
 
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
 
@@ -483,12 +482,9 @@ class Supervisor(AcceptMany):
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         turn = self.table.get(turn_id)
         if turn.result is None:
-            if turn.done is None:
-                # An asyncio.Event, not anyio's: this engine runs on asyncio only, and anyio's
-                # constructor looks the backend up on every call (≈ 5 µs per awaited result: a
-                # tenth of a batch's per-job cost on top of the pool's).
-                turn.done = asyncio.Event()
-            await turn.done.wait()
+            # A bare asyncio future (T-WAIT), not anyio's event: this engine runs on asyncio only,
+            # and anyio's constructor looks the backend up on every call.
+            await wait_done(turn)
         if turn.result is None and turn.state == "kept":  # D-KEEP: set aside for the next start
             raise SupervisorClosed(
                 f"turn {shown_id(turn.id)} was still queued when the supervisor stopped: it stays in the "

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 import msgspec
@@ -59,6 +60,19 @@ class EventReader:
         self.seq = seq
         self.mark = seq
         self.still = 0
+
+
+# T-LEAN: what a turn without events, followers or children holds: one shared empty value each,
+# never mutated (immutable underneath: a stray ``append`` or ``add`` raises instead of sharing).
+# Every turn used to bring three empty containers of its own, kept with its record for the last
+# ``keep_results`` turns: three of the five objects per turn that Python's cyclic garbage collector
+# tracks. Each collection walks what it tracks, and at thousands of turns a second the collections
+# cost the supervisor more CPU per turn than any other single step of its path (docs/design.md,
+# T-LEAN; tests/test_turn_cpu.py).
+_NO_EVENTS: list[msgspec.Raw] = cast("list[msgspec.Raw]", ())
+_NO_WAITERS: list[anyio.Event] = cast("list[anyio.Event]", ())
+_NO_CHILDREN: set[str] = cast("set[str]", frozenset())
+_UNHELD_REFS = 2  # ``sys.getrefcount`` of a record only a local name refers to (and the call's argument)
 
 
 class TurnRecord:
@@ -139,15 +153,17 @@ class TurnRecord:
         # slot goes to another worker there, while the tree is reaped).
         self.escalated_at: float | None = None
         self.exited_at: float | None = None
-        self.events: list[msgspec.Raw] = []
+        self.events: list[msgspec.Raw] = _NO_EVENTS  # T-LEAN: a list of its own from the first event
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
         self.events_bytes = 0  # G-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
         self.trim_at = 0  # G-KEEP: the buffer is looked at again past this many events (0: max_events)
         self.readers: list[EventReader] | None = None  # G-KEEP: its followers' positions
-        self.waiters: list[anyio.Event] = []
+        self.waiters: list[anyio.Event] = _NO_WAITERS  # T-LEAN: a list of its own from the first wait
         self.result: TurnResult | None = None
-        self.done: asyncio.Event | None = None  # set when the result is out (Supervisor.result)
-        self.children: set[str] = set()
+        # The futures of the ``result()`` calls waiting for it (``wait_done``), each its own; set
+        # and dropped when the result is out (``set_done``).
+        self.done: list[asyncio.Future[None]] | None = None
+        self.children: set[str] = _NO_CHILDREN  # T-LEAN: a set of its own from the first child
         self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
         self.pending_result: TurnResult | None = None  # held until live children have ended
         self.timer: Timer | None = None  # the deadline (timeout), armed when the turn starts
@@ -169,14 +185,57 @@ class TurnRecord:
     async def changed(self) -> None:
         """Wait until the turn has news for its followers (an event, its end): ``wake_followers``."""
         ev = anyio.Event()
-        self.waiters.append(ev)
+        if self.waiters:
+            self.waiters.append(ev)
+        else:
+            self.waiters = [ev]
         await ev.wait()
 
     def wake_followers(self) -> None:
         if self.waiters:
-            waiters, self.waiters = self.waiters, []
+            waiters, self.waiters = self.waiters, _NO_WAITERS
             for ev in waiters:
                 ev.set()
+
+    def add_child(self, child_id: str) -> None:
+        """A child turn spawned by this one (the only way a child is recorded: T-LEAN)."""
+        if self.children:
+            self.children.add(child_id)
+        else:
+            self.children = {child_id}
+
+
+# T-WAIT: ``result()`` waits on a bare future of its own per call, not an ``asyncio.Event``: an
+# event per awaited turn cost its construction, a loop check under a lock and a deque, ≈ 1 µs more
+# per waiter (wake-up and re-wait: 1.9 µs against 0.85 µs, 100k rounds). Each waiter's future is
+# its own, so a waiter that is cancelled cancels only its own, as with an event.
+async def wait_done(turn: TurnRecord) -> None:
+    """Wait until ``set_done(turn)``; cancelling this wait leaves the other waiters waiting."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiters = turn.done
+    if waiters is None:
+        turn.done = [fut]
+    else:
+        waiters.append(fut)
+    try:
+        await fut
+    finally:
+        if fut.cancelled() and turn.done is not None:
+            try:
+                turn.done.remove(fut)
+            except ValueError:
+                pass
+
+
+def set_done(turn: TurnRecord) -> None:
+    """The turn's result is out (or it was set aside, D-KEEP): wake every ``wait_done``. The
+    list is dropped from the record (T-LEAN): a kept record holds no spent waiters."""
+    waiters = turn.done
+    if waiters is not None:
+        turn.done = None
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
 
 # R-ID: what makes two submits under one id the same request.
@@ -288,13 +347,20 @@ class TurnTable:
             if old is not None and old.state == "ended":
                 del self.records[old.id]
                 # R-KEEP: a handle may still hold it; then its result (and its id) stay reachable.
-                self.held[old.id] = old
+                # T-LEAN: only then is it worth a weak reference. With the table's entry deleted,
+                # two references (``old`` and ``getrefcount``'s argument) mean nobody else has it:
+                # it is freed on return, and a weak reference (made, then removed by its callback
+                # at once) would only cost every evicted turn its churn.
+                if sys.getrefcount(old) > _UNHELD_REFS:
+                    self.held[old.id] = old
 
     def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
         """Retain one event of ``turn`` and wake its followers. At most ``max_events`` are
         retained (the older half is dropped when full, and followers skip the gap), except for
         events a follower that keeps up has still to read (G-KEEP, ``_trim``)."""
         events = turn.events
+        if events is _NO_EVENTS:
+            events = turn.events = []  # T-LEAN: the turn's first event
         events.append(data)
         turn.events_bytes += len(data) + EVENT_OVERHEAD
         if len(events) > (turn.trim_at or self.max_events):

@@ -460,7 +460,10 @@ class BatchRun:
         handle: Any = None
         try:
             while True:
-                handle = await self._submit(job, turn_id)
+                try:
+                    handle = await self._submit_call(job, turn_id)
+                except QueueFull:
+                    handle = await self._submit_when_room(job, turn_id)  # B-FULL
                 if handle is None:  # stopped while the backend was full: this attempt never ran
                     if earlier:
                         self._write(
@@ -521,32 +524,38 @@ class BatchRun:
                 self._write(job, None, turn_id, attempt, earlier, submitted_wall, submitted, final=False)
             raise
 
-    async def _submit(self, job: Job, turn_id: str) -> Any:
-        """Submit one attempt; while the backend is full (``QueueFull``: a daemon's ``--max-queue``
-        shared with other clients) wait and try again, backing off from 50 ms to 2 s, for as long
-        as it takes (B-FULL). ``None`` when the run was stopped while waiting."""
+    def _submit_call(self, job: Job, turn_id: str) -> Any:
+        """The backend's submit of one attempt, not yet awaited (B-DIRECT: the caller awaits it
+        itself, so a job's submit costs no coroutine of the engine's own)."""
+        return self.backend.submit(
+            job.agent,
+            job.input,
+            session=job.session,
+            timeout=job.timeout if job.timeout is not None else self.timeout,
+            grace=self.grace,
+            kill_after=self.kill_after,
+            turn_id=turn_id,
+        )
+
+    async def _submit_when_room(self, job: Job, turn_id: str) -> Any:
+        """The submit was refused because the backend is full (``QueueFull``: a daemon's
+        ``--max-queue`` shared with other clients): wait and try again, backing off from 50 ms to
+        2 s, for as long as it takes (B-FULL). ``None`` when the run was stopped while waiting."""
         delay = QUEUE_FULL_FIRST_WAIT
         while True:
+            if self._stopping is not None:
+                return None
+            self._full_waits += 1
+            if self._full_waits == 1:
+                log.warning("the pool's queue is full: waiting and retrying (the batch goes on)")
+            await anyio.sleep(delay * (0.5 + random.random()))  # jitter: lanes do not retry in step
+            delay = min(delay * 2, QUEUE_FULL_MAX_WAIT)
+            if self._stopping is not None:
+                return None
             try:
-                return await self.backend.submit(
-                    job.agent,
-                    job.input,
-                    session=job.session,
-                    timeout=job.timeout if job.timeout is not None else self.timeout,
-                    grace=self.grace,
-                    kill_after=self.kill_after,
-                    turn_id=turn_id,
-                )
+                return await self._submit_call(job, turn_id)
             except QueueFull:
-                if self._stopping is not None:
-                    return None
-                self._full_waits += 1
-                if self._full_waits == 1:
-                    log.warning("the pool's queue is full: waiting and retrying (the batch goes on)")
-                await anyio.sleep(delay * (0.5 + random.random()))  # jitter: lanes do not retry in step
-                delay = min(delay * 2, QUEUE_FULL_MAX_WAIT)
-                if self._stopping is not None:
-                    return None
+                continue
 
     def _write(
         self,
