@@ -677,9 +677,12 @@ class Daemon:
         for hook in self.end_hooks:
             hook(turn, result)
         # B2: the journal's "ended" row goes to its writer before any client is told the result.
-        for before in self.before_reply:
-            before()
-        self._answer_waiters(turn, result)
+        # Only when someone is told here: batched replies go out in ``_flush``, which hands the
+        # rows over first anyway (a hand-over per ended turn cost the journal more than its row).
+        if turn.id in self._result_waiters:
+            for before in self.before_reply:
+                before()
+            self._answer_waiters(turn, result)
 
     def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
         """When the cancellation that ended ``turn`` was asked (``None``: not known)."""
