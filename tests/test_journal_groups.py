@@ -113,18 +113,26 @@ def test_a_conflict_in_the_middle_of_a_grouped_batch_is_reported_for_its_own_tur
 
 
 def test_rows_of_one_turn_in_one_pass_reach_the_file_in_their_order(tmp_path: Path) -> None:
-    """J-GROUP runs a batch's statements grouped (accept, dispatched, queued again, running,
+    """J-GROUP runs a batch's statements grouped (accept, queued again, dispatched, running,
     running + ended, ended): a turn whose every row is written in one pass — interleaved with
     other turns' rows, its end written before another turn's accept — ends ``ended`` with its
-    start's pid and time, and the other turns' rows are all there too."""
+    start's pid and time; a turn that ran, requeued by recovery and cleared again in the same
+    batch, is ``dispatched`` with its new attempt (cleared first, it stayed ``queued`` and a crash
+    would have run it again as if it never had); the other turns' rows are all there too."""
     file = tmp_path / "j.sqlite3"
     journal = Journal.open(file)
     try:
         journal.accepted(_record("old"))
+        journal.accepted(_record("again"))
+        journal.dispatched(["again"], lambda: None)
+        journal.started("again", 5)
         journal.flush()
         before = time.time()
 
         async def one_pass() -> None:
+            # Recovery requeues a turn that may have run, and readmitting it clears it at once.
+            journal.requeued("again", 2)
+            journal.dispatched(["again"], lambda: None)
             journal.ended(_result("old"))  # an end first, of a turn accepted earlier
             journal.accepted(_record("k"))
             journal.accepted(_record("other"))
@@ -144,6 +152,7 @@ def test_rows_of_one_turn_in_one_pass_reach_the_file_in_their_order(tmp_path: Pa
     assert k["state"] == "ended" and k["outcome"] == "completed" and k["worker_pid"] == 77
     assert k["started_at"] >= before
     assert rows["other"]["state"] == "dispatched"
+    assert rows["again"]["state"] == "dispatched" and rows["again"]["attempts"] == 2
 
 
 @pytest.mark.anyio

@@ -69,7 +69,7 @@ class Rows:
     """J-GROUP: a batch of journal rows, grouped per statement as they are written, so that neither
     the daemon nor the writer process loops in Python over the rows of a batch: the writer runs one
     ``executemany`` per group. Groups run in the order a turn's rows must be applied — accept,
-    dispatched, queued again, running, running + ended, ended — then any other statement in the
+    queued again, dispatched, running, running + ended, ended — then any other statement in the
     order first written: rows of one turn keep their order whichever turns they share a batch
     with, and rows of different turns never depended on each other's order.
 
@@ -151,7 +151,10 @@ class Rows:
         started = Group(_STARTED, False)
         started.params = list(self.started.values())
         started.commits = self.started_calls
-        order = [self.accept, self.dispatched, self.requeued, started, self.started_ended, self.ended]
+        # "queued again" before "dispatched": recovery requeues a turn that may have run, and its
+        # readmission can clear it for dispatch in the same batch (the update that clears it only
+        # takes a queued row).
+        order = [self.accept, self.requeued, self.dispatched, started, self.started_ended, self.ended]
         order.extend(self.other.values())
         return [g for g in order if g.params or g.commits]
 
