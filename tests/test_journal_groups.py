@@ -168,18 +168,20 @@ async def test_the_gate_walk_stays_exact_with_cancels_and_turns_back_at_the_fron
     async with Supervisor(workers=2, spares=0, grace=0.5, kill_after=0.5, max_queue=10_000) as sup:
         bound = sup.workers * sup.prefetch
 
+        cleared: set[str] = set()  # given to the gate, not started or ended yet
+
         def gate(turns: list[Any]) -> None:
             nonlocal worst
-            waiting = sum(
-                1
-                for t in sup._turns.values()
-                if t.state in ("queued", "handed") and (t.dispatchable or t.clearing)
-            )
-            worst = max(worst, waiting)
+            worst = max(worst, len(cleared) + len(turns))
+            cleared.update(t.id for t in turns)
             loop.call_soon(sup.clear_for_dispatch, turns)
 
         sup.set_dispatch_gate(gate)
-        sup.add_hooks(on_accept=lambda turn: loop.call_soon(sup.mark_recorded, turn))
+        sup.add_hooks(
+            on_accept=lambda turn: loop.call_soon(sup.mark_recorded, turn),
+            on_start=lambda turn, pid: cleared.discard(turn.id),
+            on_result=lambda turn, result: cleared.discard(turn.id),
+        )
         handles = []
         with anyio.fail_after(120):
             for i in range(600):
