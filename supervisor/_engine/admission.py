@@ -118,5 +118,9 @@ class Admission:
         for accept_hook in sup._hooks.accept:
             accept_hook(turn)
         sup._queue.push(turn)
-        sup._pump()
+        if turn.recorded:
+            # J6-SKIP: behind the dispatch gate a new turn cannot be cleared before its accept row
+            # is committed (``mark_recorded`` pumps then): a pump per accept walked the gate for
+            # nothing, once per submit. Without a gate every turn is recorded from the start.
+            sup._pump()
         return turn

@@ -13,6 +13,7 @@ and queue through its back-reference.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,12 @@ class Dispatcher:
         # queue, has answered ``clear_for_dispatch``: a row saying they may run is committed. Intent
         # before effect, in batches (group commit).
         self.gate: DispatchGate | None = None
+        # J6-SKIP: the head of the ready queue that the gate's walk already went through: its
+        # first ``skip`` entries are all cleared (or on their way) or ended, ``live`` of them
+        # still queued; ``seen`` is the queue's (taken, dropped, gone, fronts) counts then.
+        self.skip = 0
+        self.live = 0
+        self.seen = (0, 0, 0, 0)
 
     def end_deferral(self) -> None:
         """The receive batch is handled: run the pump it asked for, once."""
@@ -396,26 +403,59 @@ class Dispatcher:
 
     def _request_clearance(self) -> None:
         """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
-        the workers could take now (running + handed ahead + cleared ≤ capacity × depth)."""
+        the workers could take now (running + handed ahead + cleared ≤ capacity × depth).
+
+        J6-SKIP: the cleared turns at the head are not walked again at every pump: ``skip`` and
+        ``live`` are brought up to date from what the queue counted since the last walk (turns
+        taken or dropped from the head, cleared turns cancelled), and the walk goes on from there.
+        Only a turn pushed back to the front (rare: a revoked or taken-back turn) makes it start
+        again from the head. Walking the cleared head every pump was 7 % of the daemon's busy
+        time with the journal on (py-spy, 20,000 submits in flight)."""
         gate = self.gate
         assert gate is not None
-        capacity = self.sup.workers + self.sup._lent + self._stale_busy()
+        sup = self.sup
+        queue = sup._queue
+        taken, dropped, gone, fronts = self.seen
+        if fronts != queue.fronts:
+            skip = live = 0
+        else:
+            t = queue.taken - taken
+            skip = self.skip - t - (queue.dropped - dropped)
+            live = self.live - t - (queue.gone - gone)
+            if skip < 0:
+                skip = 0
+            if live > skip:
+                live = skip
+            elif live < 0:
+                live = 0
+        self.seen = (queue.taken, queue.dropped, queue.gone, queue.fronts)
+        capacity = sup.workers + sup._lent + self._stale_busy()
         # (A released doomed worker's turn still counts in ``_running``, not against capacity.)
-        want = capacity * self.depth - self.sup._running - self.handed + len(self.released)
+        want = capacity * self.depth - sup._running - self.handed + len(self.released) - live
+        if want <= 0:
+            self.skip, self.live = skip, live
+            return
         batch: list[TurnRecord] = []
-        for turn in self.sup._queue.ready:
+        ready = queue.ready
+        for turn in itertools.islice(ready, skip, None) if skip else ready:
             if want <= 0:
                 break
             if turn.state != "queued":
+                skip += 1
                 continue
             if turn.dispatchable or turn.clearing:
+                skip += 1
+                live += 1
                 want -= 1  # already cleared (or on its way): counts against what workers can take
                 continue
             if not turn.recorded:
                 break  # in order: no turn is cleared ahead of an earlier one
             turn.clearing = True
             batch.append(turn)
+            skip += 1
+            live += 1
             want -= 1
+        self.skip, self.live = skip, live
         if batch:
             gate(batch)
 

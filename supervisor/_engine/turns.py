@@ -490,6 +490,13 @@ class TurnQueue:
         self.waiting: dict[str, collections.deque[TurnRecord]] = {}
         self.active: dict[str, str] = {}  # session -> id of its turn that is ready or running
         self.count = 0  # turns in state "queued"
+        # J6-SKIP: how the head of ``ready`` changed, for the dispatch gate's walk (``Dispatcher``
+        # remembers how far the cleared turns at the head reach and keeps that up to date from
+        # these counts instead of walking them again at every pump).
+        self.taken = 0  # turns ``pop`` returned (from the head)
+        self.dropped = 0  # ended turns dropped from the head
+        self.fronts = 0  # turns pushed back to the front
+        self.gone = 0  # cleared turns (J6) cancelled while queued
 
     def __len__(self) -> int:
         return self.count
@@ -503,6 +510,7 @@ class TurnQueue:
                 return
             self.active[session] = turn.id
         if front:
+            self.fronts += 1
             self.ready.appendleft(turn)
         else:
             self.ready.append(turn)
@@ -515,11 +523,13 @@ class TurnQueue:
             turn = ready[0]
             if turn.state != "queued":
                 ready.popleft()
+                self.dropped += 1
                 continue
             if not turn.dispatchable:
                 return None
             ready.popleft()
             self.count -= 1
+            self.taken += 1
             return turn
         return None
 
@@ -527,11 +537,14 @@ class TurnQueue:
         ready = self.ready
         while ready and ready[0].state != "queued":
             ready.popleft()
+            self.dropped += 1
         return bool(ready) and ready[0].dispatchable
 
     def discard(self, turn: TurnRecord) -> None:
         """The turn left the queue by cancellation; the caller sets its state."""
         self.count -= 1
+        if turn.dispatchable or turn.clearing:
+            self.gone += 1
 
     # R5: a session's next turn becomes ready only once the current one is quiescent.
     def session_quiescent(self, turn: TurnRecord) -> None:

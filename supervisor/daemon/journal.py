@@ -49,7 +49,7 @@ import msgspec
 from wire import TurnResult
 
 from . import journal_writer as _journal_writer
-from .journal_link import _ENDED, _REQUEUED, _STARTED, JournalLink
+from .journal_link import _DISPATCHED, _REQUEUED, JournalLink, Rows
 from .journal_read import (
     RecoveredTurn,
     decode_result,
@@ -133,8 +133,9 @@ class Journal(JournalLink):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # B2: rows written during one pass of the event loop reach the writer thread as one item
         # (a put per row woke the thread per row, and the two fought over the GIL a row at a time).
-        self._held: list[Any] = []
+        self._held = Rows()  # J-GROUP: grouped per statement as they are written
         self._held_lock = threading.Lock()
+        self._scheduled = False  # a hand-over of the held rows is on its way (``_schedule``)
         # B3: when set, the ``on_commit`` callbacks of a committed batch are passed to it as one list
         # (the daemon runs them on its loop) instead of being called one by one in the writer thread.
         self.deliver: Callable[[list[Callable[[], None]]], None] | None = None
@@ -144,9 +145,10 @@ class Journal(JournalLink):
         # failure the journal goes back to the thread (``_detach``), which knows how to retry.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._pending: list[Any] = []  # rows handed over, not yet sent
+        self._pending: Rows | None = None  # rows handed over, not yet sent
         self._pending_waiters: list[Callable[[], None]] = []  # ``flush`` waiters behind them
-        self._inflight: list[Any] | None = None  # the batch sent, its reply not read yet
+        self._inflight: Rows | None = None  # the batch sent, its reply not read yet
+        self._inflight_groups: list[Any] = []  # as it was sent (conflicts are indexes into it)
         self._inflight_waiters: list[Callable[[], None]] = []
         self._wbuf = b""  # what of the batch's frame the socket did not take yet
         self._rbuf = bytearray()
@@ -277,7 +279,7 @@ class Journal(JournalLink):
         deadline = None if timeout is None else time.monotonic() + timeout
         ok = True
         if self._loop is not None:
-            self._detach(self._take_pending(), pause=False)  # the loop is gone: the thread finishes
+            self._detach(*self._take_pending(), pause=False)  # the loop is gone: the thread finishes
         if self._thread is not None:
             self.hand_over()
             self._queue.put(("stop", lambda: None))
@@ -310,19 +312,30 @@ class Journal(JournalLink):
         failed (``conflict``: the row was not inserted because the id was already there).
 
         On an event loop the row is held until the end of the loop's pass, then handed over with
-        every other row of that pass (B2); elsewhere it is handed over at once."""
-        item = ("row", sql, params, on_commit, on_fail)
+        every other row of that pass (B2); elsewhere it is handed over at once. Rows are grouped per
+        statement as they are written (J-GROUP, ``journal_link.Rows``)."""
         with self._held_lock:
-            held = self._held
-            held.append(item)
-            if len(held) > 1:
-                return  # a hand-over is already on its way
+            self._held.add(sql, params, on_commit, on_fail)
+            first, self._scheduled = not self._scheduled, True
+        if first:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """The first row of a pass was held: hand the pass's rows over at its end (B2). Once per
+        pass: the daemon also hands rows over before each reply (``before_reply``), and a row
+        written after that is taken by the next one or by this call at the end of the pass (a
+        ``call_soon`` per reply cost more than the rows it handed over)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.hand_over()
+            self._scheduled_hand_over()
             return
-        loop.call_soon(self.hand_over)
+        loop.call_soon(self._scheduled_hand_over)
+
+    def _scheduled_hand_over(self) -> None:
+        with self._held_lock:
+            self._scheduled = False
+        self.hand_over()
 
     def accepted(
         self,
@@ -332,55 +345,68 @@ class Journal(JournalLink):
     ) -> None:
         """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
         An id already in the journal is never silently kept (J8): ``on_fail(why, True)``."""
-        self.write(
-            "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
-            " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
-            " ON CONFLICT(turn_id) DO NOTHING",
-            (
-                turn.id,
-                turn.agent,
-                bytes(turn.input),
-                turn.session,
-                turn.parent,
-                turn.timeout,
-                turn.grace,
-                turn.kill_after,
-                int(turn.retry),
-                turn.attempts,
-                time.time(),
-            ),
-            on_commit,
-            on_fail or _ignore_failure,
+        params = (
+            turn.id,
+            turn.agent,
+            bytes(turn.input),
+            turn.session,
+            turn.parent,
+            turn.timeout,
+            turn.grace,
+            turn.kill_after,
+            int(turn.retry),
+            turn.attempts,
+            time.time(),
         )
+        # J-GROUP: straight into the batch's accept group (the per-row work of ``write``, inlined:
+        # this runs once per submit).
+        with self._held_lock:
+            held = self._held
+            held.size += 1
+            group = held.accept
+            group.params.append(params)
+            group.commits.append(on_commit)
+            group.fails.append(on_fail or _ignore_failure)
+            first, self._scheduled = not self._scheduled, True
+        if first:
+            self._schedule()
 
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
         """J6: record that these turns may now run (committed before any worker gets them)."""
-        self.write(
-            "UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'",
-            [(t,) for t in turn_ids],
-            on_commit,
-        )
+        self.write(_DISPATCHED, [(t,) for t in turn_ids], on_commit)
 
     def started(self, turn_id: str, worker_pid: int) -> None:
-        self.write(_STARTED, (time.time(), worker_pid, turn_id))
+        params = (time.time(), worker_pid, turn_id)
+        with self._held_lock:
+            held = self._held
+            held.size += 1
+            held.started[turn_id] = params
+            first, self._scheduled = not self._scheduled, True
+        if first:
+            self._schedule()
 
     def requeued(self, turn_id: str, attempts: int) -> None:
         self.write(_REQUEUED, (attempts, turn_id))
 
     # J2: the durable record is coarse: outcome, error type and message, cause kind.
     def ended(self, result: TurnResult) -> None:
-        self.write(
-            _ENDED,
-            (
-                result.ended_at or time.time(),
-                result.outcome,
-                result.cause.kind if result.cause else None,
-                result.error.type if result.error else None,
-                result.error.message if result.error else None,
-                _encode(result),
-                result.turn_id,
-            ),
+        cause, error = result.cause, result.error
+        params = (
+            result.ended_at or time.time(),
+            result.outcome,
+            cause.kind if cause else None,
+            error.type if error else None,
+            error.message if error else None,
+            _encode(result),
+            result.turn_id,
         )
+        with self._held_lock:
+            held = self._held
+            held.size += 1
+            held.add_ended(params)
+            first, self._scheduled = not self._scheduled, True
+        if first:
+            self._schedule()
 
     def event(self, turn_id: str, seq: int, data: bytes) -> None:
         if self.journal_events:

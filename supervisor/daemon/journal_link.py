@@ -12,6 +12,7 @@ A turn's "running" and "ended" rows in one batch go as one statement (J-ROWS, ``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import queue
@@ -36,40 +37,191 @@ _ENDED = (
     "UPDATE turns SET state='ended', ended_at=?, outcome=?, cause=?, error_type=?, error_message=?,"
     " result=? WHERE turn_id=?"
 )
+_ACCEPT = (
+    "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
+    " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
+    " ON CONFLICT(turn_id) DO NOTHING"
+)
+_DISPATCHED = "UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'"
 _STARTED_ENDED = (
     "UPDATE turns SET state='ended', started_at=?, worker_pid=?, ended_at=?, outcome=?, cause=?,"
     " error_type=?, error_message=?, result=? WHERE turn_id=?"
 )
 
 
-def merge_rows(rows: list[Any]) -> list[Any]:
-    """J-ROWS: a turn's "running" row and its "ended" row in one batch become one ``UPDATE`` (in
-    the ended row's place): a trivial turn's start and end reach the daemon in one frame, and
-    SQLite then finds and rewrites the row once, not twice. A "queued again" row of the turn in
-    between keeps both. Rows with callbacks are never merged. ``rows`` itself is not changed."""
-    running: dict[str, int] = {}
-    out: list[Any] | None = None
-    for i, row in enumerate(rows):
-        sql = row[1]
-        if sql is _STARTED:
-            if row[3] is None:
-                running[row[2][2]] = i
-        elif sql is _ENDED:
-            j = running.pop(row[2][6], None)
-            if j is not None and row[3] is None:
-                if out is None:
-                    out = list(rows)
-                start = rows[j][2]
-                out[i] = ("row", _STARTED_ENDED, (start[0], start[1], *row[2]), None, None)
-                out[j] = None
-        elif sql is _REQUEUED:
-            running.pop(row[2][1], None)
-    return rows if out is None else [row for row in out if row is not None]
+class Group:
+    """The rows of one statement in a batch (J-GROUP): their parameters in order and the callbacks
+    to run once they are committed. For an accept group (rows that report a conflict instead of
+    being retried, J8) ``commits`` and ``fails`` hold one entry per row (``None``: nobody waits);
+    for any other group ``commits`` holds only the callbacks given."""
+
+    __slots__ = ("accept", "commits", "fails", "params", "sql")
+
+    def __init__(self, sql: str, accept: bool) -> None:
+        self.sql = sql
+        self.accept = accept
+        self.params: list[Any] = []
+        self.commits: list[Any] = []
+        self.fails: list[Any] = []
 
 
-def _wire_rows(rows: list[Any]) -> list[tuple[str, Any, bool, bool]]:
-    """What the writer process gets of each row: ``(sql, params, many, accept)``."""
-    return [(r[1], r[2], type(r[2]) is list, r[4] is not None) for r in rows]
+class Rows:
+    """J-GROUP: a batch of journal rows, grouped per statement as they are written, so that neither
+    the daemon nor the writer process loops in Python over the rows of a batch: the writer runs one
+    ``executemany`` per group. Groups run in the order a turn's rows must be applied — accept,
+    queued again, dispatched, running, running + ended, ended — then any other statement in the
+    order first written: rows of one turn keep their order whichever turns they share a batch
+    with, and rows of different turns never depended on each other's order.
+
+    J-ROWS: a turn's "running" row and its "ended" row in one batch become one ``UPDATE`` (kept by
+    turn id until its end comes): a trivial turn's start and end reach the daemon in one frame, and
+    SQLite then finds and rewrites the row once, not twice. A "queued again" row supersedes a
+    "running" row of the same turn still in the batch (it clears what the start set)."""
+
+    __slots__ = (
+        "accept",
+        "dispatched",
+        "ended",
+        "other",
+        "requeued",
+        "size",
+        "started",
+        "started_calls",
+        "started_ended",
+    )
+
+    def __init__(self) -> None:
+        self.accept = Group(_ACCEPT, True)
+        self.dispatched = Group(_DISPATCHED, False)
+        self.requeued = Group(_REQUEUED, False)
+        self.started: dict[str, Any] = {}  # turn id -> the params of its "running" row
+        self.started_calls: list[Any] = []
+        self.started_ended = Group(_STARTED_ENDED, False)
+        self.ended = Group(_ENDED, False)
+        self.other: dict[tuple[str, bool], Group] = {}
+        self.size = 0  # writes added (a write of no rows counts: its callback must still run)
+
+    def add(self, sql: str, params: Any, on_commit: Any, on_fail: Any) -> None:
+        """Add one write: ``params`` a tuple (one row) or a list of tuples (one row each)."""
+        self.size += 1
+        many = params if type(params) is list else (params,)
+        if on_fail is not None:
+            group = self.accept if sql == _ACCEPT else self._other(sql, True)
+            for p in many:
+                group.params.append(p)
+                group.commits.append(on_commit)
+                group.fails.append(on_fail)
+            return
+        if sql == _STARTED:
+            for p in many:
+                self.started[p[2]] = p
+            if on_commit is not None:
+                self.started_calls.append(on_commit)
+            return
+        if sql == _ENDED:
+            for p in many:
+                self.add_ended(p)
+            group = self.ended
+        elif sql == _REQUEUED:
+            for p in many:
+                self.started.pop(p[1], None)
+            group = self.requeued
+            group.params.extend(many)
+        else:
+            group = self.dispatched if sql == _DISPATCHED else self._other(sql, False)
+            group.params.extend(many)
+        if on_commit is not None:
+            group.commits.append(on_commit)
+
+    def add_ended(self, p: Any) -> None:
+        start = self.started.pop(p[6], None)
+        if start is None:
+            self.ended.params.append(p)
+        else:
+            self.started_ended.params.append((start[0], start[1], *p))
+
+    def _other(self, sql: str, accept: bool) -> Group:
+        group = self.other.get((sql, accept))
+        if group is None:
+            group = self.other[(sql, accept)] = Group(sql, accept)
+        return group
+
+    def groups(self) -> list[Group]:
+        """The non-empty groups, in the order they run."""
+        started = Group(_STARTED, False)
+        started.params = list(self.started.values())
+        started.commits = self.started_calls
+        # "queued again" before "dispatched": recovery requeues a turn that may have run, and its
+        # readmission can clear it for dispatch in the same batch (the update that clears it only
+        # takes a queued row).
+        order = [self.accept, self.requeued, self.dispatched, started, self.started_ended, self.ended]
+        order.extend(self.other.values())
+        return [g for g in order if g.params or g.commits]
+
+    def extend(self, later: Rows) -> None:
+        """Add the rows of a batch written after this one (the writer thread merges what it
+        takes from its queue, and what is retried with what came meanwhile)."""
+        self.size += later.size
+        for mine, theirs in (
+            (self.accept, later.accept),
+            (self.dispatched, later.dispatched),
+            (self.started_ended, later.started_ended),
+        ):
+            mine.params.extend(theirs.params)
+            mine.commits.extend(theirs.commits)
+            mine.fails.extend(theirs.fails)
+        for p in later.requeued.params:
+            self.started.pop(p[1], None)
+        self.requeued.params.extend(later.requeued.params)
+        self.requeued.commits.extend(later.requeued.commits)
+        self.started.update(later.started)
+        self.started_calls.extend(later.started_calls)
+        for p in later.ended.params:
+            self.add_ended(p)
+        self.ended.commits.extend(later.ended.commits)
+        for key, theirs in later.other.items():
+            mine = self._other(*key)
+            mine.params.extend(theirs.params)
+            mine.commits.extend(theirs.commits)
+            mine.fails.extend(theirs.fails)
+
+    def refuse(self, why: str) -> None:
+        """The batch failed: its accept rows are refused (never acknowledged, never run) and
+        dropped; every other row stays, to be retried."""
+        for group in [self.accept, *self.other.values()]:
+            if group.accept:
+                for fn in group.fails:
+                    fn(why, False)
+        self.accept = Group(_ACCEPT, True)
+        self.other = {key: g for key, g in self.other.items() if not g.accept}
+
+    def has_probe(self) -> bool:
+        return (_PROBE, False) in self.other
+
+
+def _callbacks(groups: list[Group], conflicts: list[Any]) -> list[Any]:
+    """The commit callbacks of a committed batch, in order; an accept row that inserted nothing
+    (``conflicts``: ``(group, row)`` indexes) is refused instead, in its place (J8)."""
+    done: list[Any] = []
+    conflicted = set(map(tuple, conflicts)) if conflicts else None
+    for k, group in enumerate(groups):
+        if not group.accept:
+            done.extend(group.commits)
+        elif conflicted is None:
+            done.extend([fn for fn in group.commits if fn is not None])
+        else:
+            for i, fn in enumerate(group.commits):
+                if (k, i) in conflicted:  # refused in its place, in order
+                    why = f"turn id {group.params[i][0]!r} is already in the journal"
+                    done.append(functools.partial(group.fails[i], why, True))
+                elif fn is not None:
+                    done.append(fn)
+    return done
+
+
+def _wire(groups: list[Group]) -> list[tuple[str, list[Any], bool]]:
+    """What the writer process gets: one ``(sql, rows, accept)`` per group."""
+    return [(g.sql, g.params, g.accept) for g in groups]
 
 
 class JournalLink:
@@ -86,14 +238,15 @@ class JournalLink:
     error: str | None
     broken: bool
     _queue: queue.SimpleQueue[Any]
-    _held: list[Any]
+    _held: Rows
     _held_lock: threading.Lock
     _thread: threading.Thread | None
     _loop: asyncio.AbstractEventLoop | None
     _loop_thread: int
-    _pending: list[Any]
+    _pending: Rows | None
     _pending_waiters: list[Callable[[], None]]
-    _inflight: list[Any] | None
+    _inflight: Rows | None
+    _inflight_groups: list[Group]
     _inflight_waiters: list[Callable[[], None]]
     _wbuf: bytes
     _rbuf: bytearray
@@ -111,20 +264,27 @@ class JournalLink:
         """Give the writer every row held so far, in order: the writer thread as one item, or
         (J-LOOP) the writer process at once when no commit is in flight, else with the next batch."""
         loop = self._loop
-        if loop is not None and threading.get_ident() != self._loop_thread:
-            try:
-                loop.call_soon_threadsafe(self.hand_over)
-            except RuntimeError:
-                pass  # the loop is closed: ``close`` hands the rows to the thread
-            return
-        with self._held_lock:
-            if not self._held:
+        if loop is not None:
+            if threading.get_ident() != self._loop_thread:
+                try:
+                    loop.call_soon_threadsafe(self.hand_over)
+                except RuntimeError:
+                    pass  # the loop is closed: ``close`` hands the rows to the thread
                 return
-            rows, self._held = self._held, []
+            if self._inflight is not None:
+                # J-LOOP: a commit is in flight; the rows held go as the next batch, taken when its
+                # reply comes (``_on_reply``). Moving them aside at every reply the daemon sends
+                # (``before_reply``) only cost a new batch object and a merge each time: on the
+                # loop, held and handed over are the same memory until the batch is sent.
+                return
+        with self._held_lock:
+            if not self._held.size:
+                return
+            rows, self._held = self._held, Rows()
         if self._loop is None:
             self._queue.put(("rows", rows))
             return
-        if self._pending:
+        if self._pending is not None:
             self._pending.extend(rows)
         else:
             self._pending = rows
@@ -152,7 +312,7 @@ class JournalLink:
             self._queue.put(("sync", fn))
             return
         self.hand_over()
-        if self._inflight is None and not self._pending:
+        if self._inflight is None and self._pending is None:
             fn()
             return
         self._pending_waiters.append(fn)
@@ -179,24 +339,24 @@ class JournalLink:
             return f"the journal file {self.path} was replaced while the daemon was using it"
         return None
 
-    def _commit(self, rows: list[Any]) -> str | None:
+    def _commit(self, rows: Rows) -> str | None:
         """Run ``rows`` in one transaction in the writer process; the error as text when it failed
         (then nothing of the batch was written)."""
+        groups = rows.groups()
         try:
             if self._child is None or self._child.poll() is not None:
                 self._stop_child(0)
                 self._spawn()
             assert self._sock is not None
-            rows = merge_rows(rows)
-            _journal_writer.send(self._sock, _wire_rows(rows))
+            _journal_writer.send(self._sock, _wire(groups))
             reply = _journal_writer.recv(self._sock)
         except (OSError, JournalError) as exc:
             reply = (str(exc), [])
-        return self._finish(rows, reply)
+        return self._finish(groups, reply)
 
-    def _finish(self, rows: list[Any], reply: Any) -> str | None:
-        """Act on the writer's reply to ``rows`` (``None``: it died): the callbacks of a commit, in
-        order (B3: handed to ``deliver`` as one list), or the error as text."""
+    def _finish(self, groups: list[Group], reply: Any) -> str | None:
+        """Act on the writer's reply to ``groups`` (``None``: it died): the callbacks of a commit,
+        in order (B3: handed to ``deliver`` as one list), or the error as text."""
         if reply is None:
             self._stop_child(0)
             reply = ("the journal writer process died", [])
@@ -204,109 +364,104 @@ class JournalLink:
         if error is not None:
             return f"cannot write the journal {self.path}: {error}"
         self.commits += 1
-        self.rows_written += len(rows)
-        deliver = self.deliver
-        done = []
-        if conflicts:
-            conflicted = set(conflicts)
-            for i, row in enumerate(rows):
-                if i in conflicted:
-                    row[4](f"turn id {row[2][0]!r} is already in the journal", True)
-                elif row[3] is None:
-                    continue
-                elif deliver is not None:
-                    done.append(row[3])
-                else:
-                    row[3]()  # in the writer thread, in order
-            if done and deliver is not None:
-                deliver(done)
+        self.rows_written += sum(len(g.params) for g in groups)
+        done = _callbacks(groups, conflicts)
+        if not done:
             return None
-        else:
-            done = [row[3] for row in rows if row[3] is not None]
+        deliver = self.deliver
         if deliver is not None:
-            if done:
-                deliver(done)  # B3: the batch's callbacks, handed over at once
+            deliver(done)  # B3: the batch's callbacks, handed over at once
         else:
             for fn in done:
                 fn()  # in the writer thread, in order
         return None
 
-    def _fail(self, rows: list[Any], waiters: list[Any], why: str) -> list[Any]:
+    def _fail(self, rows: Rows | None, waiters: list[Any], why: str) -> tuple[Rows | None, list[Any]]:
         """A batch could not be committed: refuse its accept rows (never acknowledged, never run),
-        and return what is to be retried — its other rows, its waiters and a probe row that tells
-        when the disk is back (nothing when the journal is broken: the waiters are released)."""
+        and return what is to be retried — its other rows with a probe row that tells when the
+        disk is back, and its waiters (nothing when the journal is broken: the waiters are released)."""
         self.failures += 1
         self._set_error(why)
-        held = []
-        for row in rows:
-            if row[4] is not None:
-                row[4](why, False)  # never acknowledged, never run: the submit is refused
-            elif not self.broken:
-                held.append(row)
+        if rows is not None:
+            rows.refuse(why)  # never acknowledged, never run: the submits are refused
         if self.broken:
             for item in waiters:
                 item[1]()
-            return []
-        held.extend(waiters)
-        held.append(("row", _PROBE, (time.time(),), None, None))  # tells when the disk is back
-        return held
+            return None, []
+        if rows is None:
+            rows = Rows()
+        if not rows.has_probe():
+            rows.add(_PROBE, (time.time(),), None, None)  # tells when the disk is back
+        return rows, waiters
 
-    def _writer(self, held: list[Any] | None = None, pause: bool = False, inflight: Any = None) -> None:
+    def _writer(
+        self,
+        rows: Rows | None = None,
+        waiters: list[Any] | None = None,
+        pause: bool = False,
+        inflight: Any = None,
+    ) -> None:
         try:
-            self._write_loop(held or [], pause, inflight)
+            self._write_loop(rows, waiters or [], pause, inflight)
         except BaseException as exc:  # a bug must not leave submits waiting forever unanswered
             self.broken = True
             self._set_error(f"the journal writer failed: {type(exc).__name__}: {exc}")
             raise
 
-    def _write_loop(self, held: list[Any], pause: bool, inflight: Any) -> None:
+    def _write_loop(self, rows: Rows | None, waiters: list[Any], pause: bool, inflight: Any) -> None:
         """The writer thread: batches from the queue, one transaction each; a failed batch (rows
-        and flush waiters) is retried in order every ``retry_interval``. Started by ``_detach``
-        with what the loop left: ``held`` to retry (after a pause when it failed) or, at close,
-        the batch in flight (``inflight``: its rows, unsent bytes and reply bytes read so far)."""
+        and flush waiters) is retried, with what came meanwhile, every ``retry_interval``. Started
+        by ``_detach`` with what the loop left: ``rows`` and ``waiters`` to retry (after a pause
+        when they failed) or, at close, the batch in flight (``inflight``: its unsent bytes and
+        reply bytes read so far)."""
         if pause:
             time.sleep(self.retry_interval)
         while True:
-            batch, held = held, []
-            if not batch:
-                batch.append(self._queue.get())
+            batch, ws = rows, waiters
+            rows, waiters = None, []
+            items = [self._queue.get()] if batch is None and not ws else []
             if inflight is None:
                 while True:
                     try:
-                        batch.append(self._queue.get_nowait())
+                        items.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-            if any(item[0] == "rows" for item in batch):
-                batch = [row for item in batch for row in (item[1] if item[0] == "rows" else (item,))]
-            rows = [item for item in batch if item[0] == "row"]
-            waiters = [item for item in batch if item[0] != "row"]
-            stop = any(item[0] == "stop" for item in waiters)
+            for item in items:
+                if item[0] != "rows":
+                    ws.append(item)
+                elif batch is None:
+                    batch = item[1]
+                else:
+                    batch.extend(item[1])
+            stop = any(item[0] == "stop" for item in ws)
             if inflight is not None:
-                why = self._complete(rows, *inflight)
+                assert batch is not None
+                why = self._complete(batch, *inflight)
                 inflight = None
             else:
                 why = self.error if self.broken else self._identity_lost()
                 if why is not None:
                     self.broken = True
-                elif rows:
-                    why = self._commit(rows)
+                elif batch is not None and batch.size:
+                    why = self._commit(batch)
             if why is None:
                 self._set_error(None)
-                for item in waiters:
+                for item in ws:
                     item[1]()
                 if stop:
                     return
                 continue
-            held = self._fail(rows, waiters, why)
+            rows, waiters = self._fail(batch, ws, why)
             if self.broken:
                 if stop:
                     return
                 continue
             time.sleep(self.retry_interval)  # the disk is failing: try again later, not in a spin
 
-    def _complete(self, rows: list[Any], unsent: bytes, got: bytes) -> str | None:
+    def _complete(self, rows: Rows, unsent: bytes, got: bytes) -> str | None:
         """Finish, blocking, a batch the loop had sent when it detached (``close`` after the loop
         ended): send what the socket had not taken, read the reply."""
+        groups = rows.groups()
         sock = self._sock
         try:
             if sock is None:
@@ -316,7 +471,7 @@ class JournalLink:
             reply = _journal_writer.recv_after(sock, got)
         except OSError as exc:
             reply = (str(exc), [])
-        return self._finish(rows, reply)
+        return self._finish(groups, reply)
 
     # ---- J-LOOP: the event loop talks to the writer process ----------------------------
 
@@ -342,29 +497,38 @@ class JournalLink:
         loop.add_reader(self._sock.fileno(), self._on_readable)
         return True
 
-    def _take_pending(self) -> list[Any]:
-        items = self._pending + [("sync", fn) for fn in self._pending_waiters]
-        self._pending, self._pending_waiters = [], []
-        return items
+    def _take_pending(self) -> tuple[Rows | None, list[Any]]:
+        """Everything not sent yet (handed over, then still held), for a writer thread."""
+        rows, waiters = self._pending, [("sync", fn) for fn in self._pending_waiters]
+        self._pending, self._pending_waiters = None, []
+        with self._held_lock:
+            held = self._held
+            if held.size:
+                self._held = Rows()
+                if rows is None:
+                    rows = held
+                else:
+                    rows.extend(held)
+        return rows, waiters
 
     def _send_pending(self) -> None:
         """Send every row handed over as one batch (on the loop; nothing is in flight)."""
         rows, waiters = self._pending, self._pending_waiters
-        if not rows:
+        if rows is None:
             if waiters:
                 self._pending_waiters = []
                 for fn in waiters:
                     fn()
             return
-        self._pending, self._pending_waiters = [], []
+        self._pending, self._pending_waiters = None, []
         sock, child = self._sock, self._child
         if sock is None or child is None or child.poll() is not None or self._identity_lost() is not None:
             # Not the happy path: the thread respawns the writer or notices the broken file.
-            self._detach(rows + [("sync", fn) for fn in waiters], pause=False)
+            self._detach(rows, [("sync", fn) for fn in waiters], pause=False)
             return
-        rows = merge_rows(rows)
-        frame = _journal_writer.frame(_wire_rows(rows))
-        self._inflight, self._inflight_waiters = rows, waiters
+        groups = rows.groups()
+        frame = _journal_writer.frame(_wire(groups))
+        self._inflight, self._inflight_groups, self._inflight_waiters = rows, groups, waiters
         try:
             sent = sock.send(frame)
         except BlockingIOError:
@@ -407,7 +571,7 @@ class JournalLink:
             # Nothing asked: the writer's end of the socket closed (it died while idle). Left
             # readable, it would call this callback on every pass of the loop: the thread takes
             # over now and starts a new writer with the next batch.
-            self._detach(self._take_pending(), pause=False)
+            self._detach(*self._take_pending(), pause=False)
             return
         if not chunk:
             self._on_reply(None)
@@ -419,22 +583,29 @@ class JournalLink:
             self._on_reply(reply)
 
     def _on_reply(self, reply: Any) -> None:
-        rows, waiters = self._inflight, self._inflight_waiters
+        rows, groups, waiters = self._inflight, self._inflight_groups, self._inflight_waiters
         assert rows is not None
-        self._inflight, self._inflight_waiters = None, []
+        self._inflight, self._inflight_groups, self._inflight_waiters = None, [], []
         if reply is None:
             self._unwatch()
-        why = self._finish(rows, reply)
+        why = self._finish(groups, reply)
         if why is None:
             self._set_error(None)
             for fn in waiters:
                 fn()
             if self._loop is not None and self._inflight is None:
-                self._send_pending()
+                self.hand_over()  # what was held meanwhile goes now, as one batch (group commit)
+                if self._inflight is None:
+                    self._send_pending()  # no rows: releases ``flush`` waiters
             return
         # A failed batch: as the thread does, then the thread takes over and retries.
-        held = self._fail(rows, [("sync", fn) for fn in waiters], why)
-        self._detach(held + self._take_pending(), pause=not self.broken)
+        held, ws = self._fail(rows, [("sync", fn) for fn in waiters], why)
+        later, later_ws = self._take_pending()
+        if held is None:
+            held = later
+        elif later is not None:
+            held.extend(later)
+        self._detach(held, ws + later_ws, pause=not self.broken)
 
     def _unwatch(self) -> None:
         loop, sock = self._loop, self._sock
@@ -442,25 +613,36 @@ class JournalLink:
             loop.remove_reader(sock.fileno())
             loop.remove_writer(sock.fileno())
 
-    def _detach(self, items: list[Any], pause: bool) -> None:
-        """Hand the journal back to a writer thread: ``items`` first (after a pause when they just
-        failed), then what is handed over later; a batch still in flight is finished first."""
+    def _detach(self, rows: Rows | None, waiters: list[Any], pause: bool) -> None:
+        """Hand the journal back to a writer thread: ``rows`` and ``waiters`` first (after a pause
+        when they just failed), then what is handed over later; a batch still in flight is
+        finished first."""
         if self._loop is None:
             return
         self._unwatch()
         self._loop = None
+        with self._held_lock:  # rows still held (J-LOOP: they wait there while a batch is in flight)
+            held = self._held
+            if held.size:
+                self._held = Rows()
+                if rows is None:
+                    rows = held
+                else:
+                    rows.extend(held)
         inflight = None
         if self._inflight is not None:
-            first = self._inflight + [("sync", fn) for fn in self._inflight_waiters]
+            first, first_ws = self._inflight, [("sync", fn) for fn in self._inflight_waiters]
             inflight = (self._wbuf, bytes(self._rbuf))
-            self._inflight, self._inflight_waiters = None, []
-            if items:
-                self._queue.put(("rows", items))
-            items = first
+            self._inflight, self._inflight_groups, self._inflight_waiters = None, [], []
+            if rows is not None:
+                self._queue.put(("rows", rows))
+            for item in waiters:
+                self._queue.put(item)
+            rows, waiters = first, first_ws
         self._wbuf, self._rbuf = b"", bytearray()
         if self._sock is not None:
             self._sock.setblocking(True)
         self._thread = threading.Thread(
-            target=self._writer, args=(items, pause, inflight), name="turnpool-journal", daemon=True
+            target=self._writer, args=(rows, waiters, pause, inflight), name="turnpool-journal", daemon=True
         )
         self._thread.start()

@@ -11,8 +11,8 @@ daemon opens the journal while a stuck writer might still write to it; it dies w
 Run as a script (``python -I _journal_writer.py FD``) so it imports nothing but the standard
 library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
 answered ``(None, None)`` or ``(error, None)``; then one frame per batch, a list of
-``(sql, params, many, accept)``, answered ``(error or None, [indexes of accept rows that inserted
-nothing])``. A batch runs in one transaction: all or nothing.
+``(sql, rows, accept)`` (one per statement, J-GROUP), answered ``(error or None, [(group, row)
+indexes of accept rows that inserted nothing])``. A batch runs in one transaction: all or nothing.
 """
 
 from __future__ import annotations
@@ -122,45 +122,36 @@ class Writer:
             con.execute(f"PRAGMA user_version={int(init['version'])}")
         return con
 
-    def commit(self, rows: list[tuple[str, Any, bool, bool]]) -> tuple[str | None, list[int]]:
-        conflicts: list[int] = []
+    def commit(self, groups: list[tuple[str, list[Any], bool]]) -> tuple[str | None, list[tuple[int, int]]]:
+        """Run a batch in one transaction: one ``executemany`` per group (J-GROUP: the daemon
+        sends its rows grouped per statement, so nothing here loops over rows in Python). Returns
+        the error as text (nothing written) or ``None`` and the ``(group, row)`` indexes of accept
+        rows that inserted nothing (J8)."""
+        conflicts: list[tuple[int, int]] = []
         try:
             if self.con is None:
                 self.con = self.connect()
             con = self.con
             con.execute("BEGIN")
-            i, n = 0, len(rows)
-            while i < n:
-                sql, params, many, accept = rows[i]
-                if many:
+            for k, (sql, params, accept) in enumerate(groups):
+                if not accept:
                     con.executemany(sql, params)
-                    i += 1
-                    continue
-                # B2: a run of the same single-row statement (a burst of accepts, starts or ends)
-                # goes to SQLite as one executemany.
-                j = i + 1
-                while j < n and rows[j][0] == sql and not rows[j][2] and rows[j][3] == accept:
-                    j += 1
-                if j - i == 1:
-                    cur = con.execute(sql, params)
-                    if accept and cur.rowcount == 0:
-                        conflicts.append(i)
-                elif not accept:
-                    con.executemany(sql, [row[1] for row in rows[i:j]])
+                elif len(params) == 1:
+                    if con.execute(sql, params[0]).rowcount == 0:
+                        conflicts.append((k, 0))
                 else:
-                    # Accept rows report conflicts row by row: try the run at once, and only if
+                    # Accept rows report conflicts row by row: try the group at once, and only if
                     # some row inserted nothing, redo it one row at a time to say which.
                     con.execute("SAVEPOINT run")
-                    cur = con.executemany(sql, [row[1] for row in rows[i:j]])
-                    if cur.rowcount == j - i:
+                    cur = con.executemany(sql, params)
+                    if cur.rowcount == len(params):
                         con.execute("RELEASE run")
                     else:
                         con.execute("ROLLBACK TO run")
                         con.execute("RELEASE run")
-                        for k in range(i, j):
-                            if con.execute(sql, rows[k][1]).rowcount == 0:
-                                conflicts.append(k)
-                i = j
+                        for i, p in enumerate(params):
+                            if con.execute(sql, p).rowcount == 0:
+                                conflicts.append((k, i))
             con.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
             failed, self.con = self.con, None  # reconnect next time: a failed connection may stay failed

@@ -323,8 +323,10 @@ class Daemon:
         are dropped and it is owed an error each, R21)."""
         peer = self._clients.peers.get(ident)
         if peer is not None and peer.version >= 3:
-            self._queue_reply(peer, msg)
+            self._queue_reply(peer, msg)  # goes in ``_flush``, which hands journal rows over first
             return True
+        for before in self.before_reply:  # B2: this reply leaves now; the journal's rows first
+            before()
         sent = self._put(ident, msg, peer)
         if sent == "gone":
             self._forget(ident)
@@ -676,9 +678,10 @@ class Daemon:
             self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
         for hook in self.end_hooks:
             hook(turn, result)
-        # B2: the journal's "ended" row goes to its writer before any client is told the result.
-        for before in self.before_reply:
-            before()
+        # B2: the journal's "ended" row goes to its writer before any client is told the result:
+        # a reply that leaves at once (``_send``, a client before version 3) hands the rows over
+        # first, and batched replies leave in ``_flush``, which does too (a hand-over per ended
+        # turn here cost the journal more than the turn's row).
         self._answer_waiters(turn, result)
 
     def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
