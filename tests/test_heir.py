@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from supervisor import Supervisor
+from tests.agents.heir import proc_state
 from tests.support.events import first_event
 from worker import lowlevel
 
@@ -48,15 +50,6 @@ async def held_by(sup: Supervisor, turn_id: str, doomed_pid: int) -> int:
         await anyio.sleep(0.002)  # allowed: polling the turn's own state, bounded by fail_after
 
 
-def proc_state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return "gone"
-    return data[data.rfind(b")") + 2 :].split()[0].decode()
-
-
 def pidfds(pid: int) -> list[str]:
     """The pidfds process ``pid`` holds open (a held turn's watch is one)."""
     found = []
@@ -67,6 +60,17 @@ def pidfds(pid: int) -> list[str]:
         except OSError:
             continue
     return found
+
+
+async def held_behind_a_survivor(sup: Supervisor, agent: str) -> tuple[Any, int, Any, int]:
+    """A turn of an agent that survives SIGTERM, then a turn of ``agent`` queued behind it (its
+    input names the doomed worker), then a cancel of the first: returns (doomed handle, doomed
+    worker's pid, next handle, pid of the spare that holds the next turn)."""
+    doomed = await sup.submit("tests.agents.handover:survive_term")
+    doomed_pid = (await first_event(doomed))["pid"]
+    nxt = await sup.submit(agent, {"doomed": doomed_pid})
+    await doomed.cancel()
+    return doomed, doomed_pid, nxt, await held_by(sup, nxt.turn_id, doomed_pid)
 
 
 async def test_the_spare_holds_the_next_turn_from_the_decision_and_starts_it_once_the_doomed_is_gone() -> (
@@ -103,11 +107,9 @@ async def test_a_held_turn_cancelled_before_it_starts_ends_aborted_unstarted() -
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=2.0) as sup:
             await full(sup, 2)
-            doomed = await sup.submit("tests.agents.handover:survive_term")
-            doomed_pid = (await first_event(doomed))["pid"]
-            nxt = await sup.submit("tests.agents.heir:note_doomed", {"doomed": doomed_pid})
-            await doomed.cancel()
-            spare_pid = await held_by(sup, nxt.turn_id, doomed_pid)
+            doomed, doomed_pid, nxt, spare_pid = await held_behind_a_survivor(
+                sup, "tests.agents.heir:note_doomed"
+            )
             # The case under test: the spare watches the doomed worker (once it has read its Run).
             while not pidfds(spare_pid):  # noqa: ASYNC110
                 await anyio.sleep(0.002)  # allowed: polling the spare's fds, bounded by fail_after
@@ -130,11 +132,9 @@ async def test_a_spare_that_dies_holding_a_turn_gives_it_back_unharmed() -> None
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=1.0) as sup:
             await full(sup, 2)
-            doomed = await sup.submit("tests.agents.handover:survive_term")
-            doomed_pid = (await first_event(doomed))["pid"]
-            nxt = await sup.submit("tests.agents.heir:note_doomed", {"doomed": doomed_pid})
-            await doomed.cancel()
-            spare_pid = await held_by(sup, nxt.turn_id, doomed_pid)
+            doomed, doomed_pid, nxt, spare_pid = await held_behind_a_survivor(
+                sup, "tests.agents.heir:note_doomed"
+            )
             assert proc_state(doomed_pid) not in ("Z", "gone")  # held, not handed after the exit
             os.kill(spare_pid, signal.SIGKILL)
             result = await nxt.result()
@@ -157,11 +157,9 @@ async def test_a_spare_that_cannot_watch_starts_its_held_turn_on_proceed() -> No
             while blinded != pids:  # idle workers take turns in rotation: both get one
                 blinded.add((await sup.run("tests.agents.heir:blind")).output)
                 assert blinded <= pids
-            doomed = await sup.submit("tests.agents.handover:survive_term")
-            doomed_pid = (await first_event(doomed))["pid"]
-            nxt = await sup.submit("tests.agents.heir:note_doomed", {"doomed": doomed_pid})
-            await doomed.cancel()
-            spare_pid = await held_by(sup, nxt.turn_id, doomed_pid)
+            doomed, doomed_pid, nxt, spare_pid = await held_behind_a_survivor(
+                sup, "tests.agents.heir:note_doomed"
+            )
             assert proc_state(doomed_pid) not in ("Z", "gone")  # held, not handed after the exit
             assert pidfds(spare_pid) == []  # (blind: it waits for the supervisor's word)
             out = (await nxt.result()).output
@@ -182,11 +180,9 @@ async def test_a_held_turn_imports_its_agent_only_once_the_doomed_worker_is_gone
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=1.0) as sup:
             await full(sup, 2)
-            doomed = await sup.submit("tests.agents.handover:survive_term")
-            doomed_pid = (await first_event(doomed))["pid"]
-            nxt = await sup.submit("tests.agents.heir_late:agent")
-            await doomed.cancel()
-            spare_pid = await held_by(sup, nxt.turn_id, doomed_pid)
+            doomed, doomed_pid, nxt, spare_pid = await held_behind_a_survivor(
+                sup, "tests.agents.heir_late:agent"
+            )
             assert proc_state(doomed_pid) not in ("Z", "gone")  # held while the doomed worker runs
             assert (await nxt.result()).output == spare_pid
             assert (await doomed.result()).outcome == "killed"

@@ -16,23 +16,7 @@ import pytest
 
 import wire
 from supervisor.daemon.journal import Journal, JournalError, read_history, read_result
-from supervisor.lowlevel import TurnRecord
-
-
-def record(turn_id: str, session: str | None = None, retry: bool = False) -> TurnRecord:
-    t = TurnRecord(
-        turn_id=turn_id,
-        agent="examples.agents:echo",
-        input=wire.encode_payload({"id": turn_id}),
-        session=session,
-        parent=None,
-        timeout=None,
-        grace=5.0,
-        kill_after=2.0,
-        now=0.0,
-    )
-    t.retry = retry
-    return t
+from tests.support.journalkit import record
 
 
 def digest(path: Path) -> str:

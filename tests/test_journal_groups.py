@@ -33,27 +33,9 @@ import pytest
 import wire
 from supervisor import Client, Supervisor
 from supervisor.daemon.journal import Journal, read_history
-from supervisor.lowlevel import TurnRecord
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
-
-
-def _record(turn_id: str, tag: bytes = b"") -> TurnRecord:
-    return TurnRecord(
-        turn_id=turn_id,
-        agent="examples.agents:echo",
-        input=wire.encode_payload({"id": turn_id, "tag": tag.hex()}),
-        session=None,
-        parent=None,
-        timeout=None,
-        grace=5.0,
-        kill_after=2.0,
-        now=0.0,
-    )
-
-
-def _result(turn_id: str) -> wire.TurnResult:
-    return wire.TurnResult(turn_id=turn_id, outcome="completed", output={"out": turn_id}, started=True)
+from tests.support.journalkit import completed, record
 
 
 @pytest.mark.parametrize("path", ["thread", "loop"])
@@ -69,8 +51,8 @@ def test_a_conflict_in_the_middle_of_a_grouped_batch_is_reported_for_its_own_tur
     journal = Journal.open(file)
     calls: list[tuple[str, object]] = []
     try:
-        journal.accepted(_record("dup", b"first"))
-        journal.accepted(_record("x"))
+        journal.accepted(record("dup", tag=b"first"))
+        journal.accepted(record("x"))
         journal.flush()
 
         def commit(name: str) -> Any:
@@ -83,15 +65,13 @@ def test_a_conflict_in_the_middle_of_a_grouped_batch_is_reported_for_its_own_tur
             if path == "loop":
                 assert journal.attach() is True
             done = asyncio.get_running_loop().create_future()
-            journal.accepted(_record("a"), commit("a"), fail("a"))
+            journal.accepted(record("a"), commit("a"), fail("a"))
             journal.started("x", 4242)
-            journal.accepted(_record("dup", b"second"), commit("dup"), fail("dup"))
+            journal.accepted(record("dup", tag=b"second"), commit("dup"), fail("dup"))
             journal.dispatched(["a"], commit("dispatched a"))
-            journal.ended(_result("x"))
+            journal.ended(completed("x"))
             loop = asyncio.get_running_loop()
-            journal.accepted(
-                _record("c"), lambda: loop.call_soon_threadsafe(done.set_result, None), fail("c")
-            )
+            journal.accepted(record("c"), lambda: loop.call_soon_threadsafe(done.set_result, None), fail("c"))
             journal.hand_over()  # the whole pass as one batch
             with anyio.fail_after(30):
                 await done
@@ -122,8 +102,8 @@ def test_rows_of_one_turn_in_one_pass_reach_the_file_in_their_order(tmp_path: Pa
     file = tmp_path / "j.sqlite3"
     journal = Journal.open(file)
     try:
-        journal.accepted(_record("old"))
-        journal.accepted(_record("again"))
+        journal.accepted(record("old"))
+        journal.accepted(record("again"))
         journal.dispatched(["again"], lambda: None)
         journal.started("again", 5)
         journal.flush()
@@ -133,13 +113,13 @@ def test_rows_of_one_turn_in_one_pass_reach_the_file_in_their_order(tmp_path: Pa
             # Recovery requeues a turn that may have run, and readmitting it clears it at once.
             journal.requeued("again", 2)
             journal.dispatched(["again"], lambda: None)
-            journal.ended(_result("old"))  # an end first, of a turn accepted earlier
-            journal.accepted(_record("k"))
-            journal.accepted(_record("other"))
+            journal.ended(completed("old"))  # an end first, of a turn accepted earlier
+            journal.accepted(record("k"))
+            journal.accepted(record("other"))
             journal.dispatched(["k"], lambda: None)
             journal.started("k", 77)
             journal.dispatched(["other"], lambda: None)
-            journal.ended(_result("k"))
+            journal.ended(completed("k"))
             journal.hand_over()
 
         asyncio.run(one_pass())

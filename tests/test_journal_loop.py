@@ -25,31 +25,12 @@ import anyio
 import psutil
 import pytest
 
-import wire
 from supervisor import Client, JournalUnavailable
 from supervisor.daemon import journal_link
 from supervisor.daemon.journal import Journal, read_history
-from supervisor.lowlevel import TurnRecord
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
-
-
-def _record(turn_id: str) -> TurnRecord:
-    return TurnRecord(
-        turn_id=turn_id,
-        agent="examples.agents:echo",
-        input=wire.encode_payload({"id": turn_id}),
-        session=None,
-        parent=None,
-        timeout=None,
-        grace=5.0,
-        kill_after=2.0,
-        now=0.0,
-    )
-
-
-def _result(turn_id: str) -> wire.TurnResult:
-    return wire.TurnResult(turn_id=turn_id, outcome="completed", output={"out": turn_id}, started=True)
+from tests.support.journalkit import completed, record
 
 
 def test_a_batch_in_flight_when_the_loop_ends_is_committed_by_close(tmp_path: Path) -> None:
@@ -68,7 +49,7 @@ def test_a_batch_in_flight_when_the_loop_ends_is_committed_by_close(tmp_path: Pa
         assert loop.run_until_complete(attach()) is True
         # The loop does not run again: the first batch's reply is never read by it.
         for i in range(200):
-            journal.accepted(_record(f"t{i}"), lambda i=i: committed.append(f"t{i}"))
+            journal.accepted(record(f"t{i}"), lambda i=i: committed.append(f"t{i}"))
             if i % 50 == 49:
                 journal.hand_over()  # the first batch goes out; the next ones wait behind it
         assert journal._inflight is not None and journal._held.size
@@ -90,17 +71,17 @@ def test_running_and_ended_rows_of_one_batch_are_one_update_with_both_rows_value
     journal = Journal.open(path)
     try:
         for tid in ("a", "b"):
-            journal.accepted(_record(tid))
+            journal.accepted(record(tid))
         journal.flush()
         before = time.time()
 
         async def one_pass() -> list[tuple[str, list[str]]]:  # one pass: handed over together
             journal.started("a", 111)
-            journal.ended(_result("a"))
+            journal.ended(completed("a"))
             journal.started("b", 222)
             journal.requeued("b", 2)
             journal.started("b", 333)
-            journal.ended(_result("b"))
+            journal.ended(completed("b"))
             groups = journal._held.groups()
             journal.hand_over()
             return [(g.sql, [p[-1] for p in g.params]) for g in groups]
@@ -220,7 +201,7 @@ def test_a_batch_larger_than_the_socket_buffer_is_sent_in_pieces(tmp_path: Path)
             done = asyncio.Event()
             for i in range(n):
                 journal.accepted(
-                    _record(f"t{i}"), lambda: (committed.append(1), len(committed) == n and done.set())
+                    record(f"t{i}"), lambda: (committed.append(1), len(committed) == n and done.set())
                 )
             journal.hand_over()
             partial = bool(journal._wbuf)

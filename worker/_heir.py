@@ -14,22 +14,9 @@ from __future__ import annotations
 
 import os
 
+from ._tree import start_time
 
-def start_ticks(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22),
-    or None if there is no such process. With the pid, it names one process: a pid reused by a
-    later process comes with a later start time. A zombie (exited, not reaped) still has it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces or ")": split after the last.
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])  # field 22; the fields after the name start at field 3
-    except (IndexError, ValueError):
-        return None
+start_ticks = start_time  # (the name ``worker.lowlevel`` gives it)
 
 
 GONE = -1  # ``watch``: the process is already gone, the turn may start

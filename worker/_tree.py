@@ -133,32 +133,36 @@ def thaw(pids: list[int]) -> None:
     signal_all(pids, signal.SIGCONT)
 
 
-def session_of(pid: int) -> int | None:
-    """The session id of ``pid`` from /proc (works on zombies too), or None."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` from field 3 (state) on, or None if there is no such
+    process (a zombie still has them). The command name (field 2) is in parentheses and may hold
+    spaces or ")": the fields start after the last ")"."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    # comm may contain spaces and parentheses: fields start after the last ')'.
-    fields = data[data.rfind(b")") + 2 :].split()
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def _stat_int(pid: int, index: int) -> int | None:
+    fields = stat_fields(pid)
     try:
-        return int(fields[3])
+        return None if fields is None else int(fields[index])
     except (IndexError, ValueError):
         return None
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` from /proc (works on zombies too), or None."""
+    return _stat_int(pid, 3)  # field 6
 
 
 def start_time(pid: int) -> int | None:
-    """``pid``'s start time in clock ticks since boot (tells a pid from its reuse), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        return int(data[data.rfind(b")") + 2 :].split()[19])
-    except (IndexError, ValueError):
-        return None
+    """``pid``'s start time in clock ticks since boot (tells a pid from its reuse), or None. With
+    the pid, it names one process: a pid reused by a later process comes with a later start time.
+    A zombie (exited, not reaped) still has it."""
+    return _stat_int(pid, 19)  # field 22
 
 
 # ---- tree markers ---------------------------------------------------------------------

@@ -501,15 +501,19 @@ class JournalLink:
         """Everything not sent yet (handed over, then still held), for a writer thread."""
         rows, waiters = self._pending, [("sync", fn) for fn in self._pending_waiters]
         self._pending, self._pending_waiters = None, []
+        return self._with_held(rows), waiters
+
+    def _with_held(self, rows: Rows | None) -> Rows | None:
+        """``rows`` followed by the rows still held (J-LOOP: they wait there while a batch is in
+        flight), which are taken."""
         with self._held_lock:
             held = self._held
             if held.size:
                 self._held = Rows()
                 if rows is None:
-                    rows = held
-                else:
-                    rows.extend(held)
-        return rows, waiters
+                    return held
+                rows.extend(held)
+        return rows
 
     def _send_pending(self) -> None:
         """Send every row handed over as one batch (on the loop; nothing is in flight)."""
@@ -621,14 +625,7 @@ class JournalLink:
             return
         self._unwatch()
         self._loop = None
-        with self._held_lock:  # rows still held (J-LOOP: they wait there while a batch is in flight)
-            held = self._held
-            if held.size:
-                self._held = Rows()
-                if rows is None:
-                    rows = held
-                else:
-                    rows.extend(held)
+        rows = self._with_held(rows)
         inflight = None
         if self._inflight is not None:
             first, first_ws = self._inflight, [("sync", fn) for fn in self._inflight_waiters]

@@ -11,7 +11,7 @@ from typing import Any
 import worker
 
 
-def _state(pid: int) -> str:
+def proc_state(pid: int) -> str:
     """The process state letter of ``pid`` (``R``, ``S``, ``Z`` ...), or ``gone``."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -26,7 +26,7 @@ async def note_doomed(turn: worker.Turn) -> dict[str, Any]:
     being killed when this turn was queued): ``Z`` (exited, not reaped yet) or ``gone`` once it no
     longer runs; anything else means it still ran beside this turn."""
     doomed = turn.input["doomed"]
-    return {"pid": os.getpid(), "t": time.monotonic(), "doomed": _state(doomed)}
+    return {"pid": os.getpid(), "t": time.monotonic(), "doomed": proc_state(doomed)}
 
 
 async def blind(turn: worker.Turn) -> int:
