@@ -37,17 +37,20 @@ def turn_ids_of(turns: Iterable[Any]) -> list[str]:
     return ids
 
 
-def check_many(inputs: Iterable[Any], turn_ids: Sequence[str | None] | None) -> tuple[list[Any], list[Any]]:
+def check_many(
+    inputs: Iterable[Any], turn_ids: Sequence[str | None] | None
+) -> tuple[list[Any], list[Any], list[Any]]:
     """Every input and its turn id (``None``: one is made), checked before any is submitted:
     ``TypeError`` for a bad ``turn_ids`` or a non-encodable input, ``ValueError`` for a length
-    mismatch or an input above the size limit. Returns (encoded inputs, turn ids)."""
+    mismatch or an input above the size limit. Returns (inputs, encoded inputs, turn ids)."""
     if isinstance(inputs, str | bytes | dict):
         raise TypeError(
             f"submit_many() takes an iterable of inputs (one turn each), not a {type(inputs).__name__}"
         )
-    raws = [wire.encode_payload(item, what=f"turn input #{i}", exact=True) for i, item in enumerate(inputs)]
+    items = list(inputs)
+    raws = [wire.encode_payload(item, what=f"turn input #{i}", exact=True) for i, item in enumerate(items)]
     if turn_ids is None:
-        return raws, [None] * len(raws)
+        return items, raws, [None] * len(raws)
     if isinstance(turn_ids, str | bytes):
         raise TypeError("turn_ids must be a sequence of turn ids (one per input), not one string")
     ids = list(turn_ids)
@@ -56,20 +59,19 @@ def check_many(inputs: Iterable[Any], turn_ids: Sequence[str | None] | None) -> 
     for tid in ids:
         if tid is not None and (not isinstance(tid, str) or not tid):
             raise TypeError(f"each of turn_ids must be a non-empty string or None, got {shown_id(tid)}")
-    return raws, ids
+    return items, raws, ids
 
 
-def refused(first: BaseException, handles: list[TurnHandle | None]) -> BaseException:
+def refused(first: Exception, handles: list[TurnHandle | None]) -> Exception:
     """The error ``submit_many`` raises when some submits were refused: the first refusal, with
     ``.handles`` (in input order: the handle of each turn that was accepted, ``None`` for each
     that was not). The accepted turns run as if submitted one by one."""
     accepted = sum(h is not None for h in handles)
-    if isinstance(first, TurnpoolError | ValueError | TypeError):
-        first.handles = handles  # type: ignore[union-attr]
-        first.add_note(
-            f"submit_many: {accepted} of {len(handles)} turns were accepted and run; "
-            "their handles are in this error's .handles (None where refused)"
-        )
+    first.handles = handles  # type: ignore[attr-defined]
+    first.add_note(
+        f"submit_many: {accepted} of {len(handles)} turns were accepted and run; "
+        "their handles are in this error's .handles (None where refused)"
+    )
     return first
 
 
@@ -104,8 +106,7 @@ class ManyTurns:
         makes each submit idempotent as ``submit``'s ``turn_id`` does. If some are refused
         (``QueueFull``, shutting down), the first refusal is raised with ``.handles``: the
         accepted turns' handles (``None`` where refused); the accepted turns run."""
-        items = list(inputs) if not isinstance(inputs, str | bytes | dict) else inputs
-        raws, ids = check_many(items, turn_ids)
+        items, raws, ids = check_many(inputs, turn_ids)
         handles: list[TurnHandle | None] = []
         options = dict(session=session, timeout=timeout, grace=grace, kill_after=kill_after, retry=retry)
         for item, raw, tid in zip(items, raws, ids, strict=True):

@@ -64,7 +64,7 @@ class PipelinedMany(ManyTurns):
         session, timeout, grace, kill_after, retry = _submit_options(
             session=session, timeout=timeout, grace=grace, kill_after=kill_after, retry=retry
         )
-        raws, ids = check_many(inputs, turn_ids)
+        _, raws, ids = check_many(inputs, turn_ids)
         self._check_open()
         if not raws:
             return []
