@@ -303,6 +303,10 @@ async def test_full_disk_refuses_submits_then_recovers() -> None:
                 with anyio.fail_after(60):
                     after = await client.run(AGENT, {"log": str(log)}, turn_id="refused-small")
                 assert after.outcome == "completed" and after.attempts == 1
+                # A result leaves once its end row is handed to the writer, not once committed
+                # (guarantees, "Known limits"): wait for the row, so the kill below tests what is
+                # recorded, not that race.
+                await _in_journal(journal, "refused-small", "ended")
         finally:
             served.proc.kill()
             served.proc.wait(timeout=60)
