@@ -15,11 +15,14 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   directory in it (mode 0700, checked).
 - ``Timers``: the engine's timer heap (grace, kill-after, deadlines), precise through a timerfd
   where the clock allows (T-PRECISE), else on the loop's timeout.
+- ``CLEAR_AHEAD``: how many windows of short turns (capacity × prefetch depth) a journal's dispatch
+  gate clears ahead of the workers (J6-AHEAD).
 - ``HOLD_BYTES``: how much of a turn's events a follower that keeps up may hold past
   ``max_events`` (G-KEEP).
 """
 
 from ._engine import TurnRecord, procs
+from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
 from ._engine.procs import orphans_of
 from ._engine.timers import Timers
@@ -28,6 +31,7 @@ from ._errors import SUBMIT_ERROR_CODES
 from ._paths import private_dir, runtime_dir
 
 __all__ = [
+    "CLEAR_AHEAD",
     "HOLD_BYTES",
     "MAX_HANDOVERS",
     "SUBMIT_ERROR_CODES",

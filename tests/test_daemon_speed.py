@@ -4,6 +4,8 @@ serve`` and real ``Client``\\ s:
 
 * pipelined submits (many in flight on one connection, packed into one frame) keep the client's
   order, stay idempotent by ``turn_id``, and a cancel sent right behind a submit still wins;
+* a burst handled a slice at a time (J-PIPE) keeps each client's order beside another client's
+  burst, and a daemon stopped in the middle of one answers every request it had read;
 * an acknowledged submit is durable: SIGKILL the daemon the moment an ack arrives, restart it on
   the same journal, and every acknowledged turn is there;
 * ``handle.events()`` yields ``EventsDropped`` exactly where events were dropped (a follower that
@@ -22,7 +24,8 @@ import anyio
 import msgspec
 import pytest
 
-from supervisor import Client, DaemonUnavailable, EventsDropped
+from supervisor import Client, DaemonShuttingDown, DaemonUnavailable, EventsDropped
+from supervisor.daemon.journal import read_history
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.events import assert_accounted
@@ -250,3 +253,93 @@ async def test_thousands_of_submits_in_flight_on_one_client_are_all_acknowledged
                 outcomes = {(await h.result()).outcome for h in handles}
     assert len(handles) == n and len({h.turn_id for h in handles}) == n
     assert outcomes == {"completed"}
+
+
+@pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
+async def test_bursts_handled_in_slices_keep_each_clients_order(journal: bool) -> None:
+    """J-PIPE: two clients each ``submit_many`` 2,000 turns of their own session at once, so the
+    daemon handles both bursts a slice at a time (its budget per reader callback is far below a
+    burst) with the slices interleaved. Each session's turns run in exactly the order its client
+    listed them, and every turn runs once."""
+    home = daemonkit.short_dir()
+    n = 2000
+    store = ("--journal", str(home / "j.sqlite3")) if journal else ("--no-journal",)
+    paths = [home / "a.txt", home / "b.txt"]
+    try:
+        with serving(*FAST, *store, "--max-queue", "10000", "--keep-results", "10000") as d:
+            async with (
+                Client.connect(d.endpoint, timeout=30, request_timeout=120) as a,
+                Client.connect(d.endpoint, timeout=30, request_timeout=120) as b,
+            ):
+                got: dict[int, list[Any]] = {}
+
+                async def burst(k: int, client: Client) -> None:
+                    inputs = [{"path": str(paths[k]), "mark": i} for i in range(n)]
+                    handles = await client.submit_many("tests.agents.speed:record", inputs, session=f"s{k}")
+                    got[k] = await client.results(handles)
+
+                with anyio.fail_after(120):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(burst, 0, a)
+                        tg.start_soon(burst, 1, b)
+        lines = [p.read_text().split() for p in paths]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    for k in (0, 1):
+        assert [r.outcome for r in got[k]] == ["completed"] * n
+        assert lines[k] == [str(i) for i in range(n)], f"client {k}'s session ran out of order"
+
+
+async def test_a_daemon_stopped_mid_burst_answers_every_request_it_read() -> None:
+    """J-PIPE: SIGTERM reaches the daemon while it is still handling a burst of 20,000 submits a
+    slice at a time (another client saw the first of them arrive). ``submit_many`` comes back well
+    inside its request timeout: accepted, refused with ``DaemonShuttingDown`` past the point where
+    the daemon stopped accepting, or ``DaemonUnavailable`` for requests still unread when it went.
+    Whatever the client heard, the journal holds exactly a prefix of the burst (requests are handled
+    in order, and none the daemon read is left half-done in its backlog), every acknowledged turn
+    is in it, the daemon exits 0, and restarted on the journal it ends every recorded turn."""
+    home = daemonkit.short_dir()
+    n = 20_000
+    journal = str(home / "j.sqlite3")
+    opts = (*FAST, "--journal", journal, "--max-queue", str(2 * n), "--keep-results", str(2 * n))
+    ids = [f"b-{i}" for i in range(n)]
+    try:
+        with serving(*opts) as d:
+            async with (
+                Client.connect(d.endpoint, timeout=30, request_timeout=600) as burster,
+                Client.connect(d.endpoint, timeout=30) as watcher,
+            ):
+                acked: list[str] = []
+
+                async def burst() -> None:
+                    try:
+                        handles = await burster.submit_many("examples.agents:noop", [None] * n, turn_ids=ids)
+                    except DaemonShuttingDown as exc:
+                        handles = [h for h in exc.handles if h is not None]
+                    except DaemonUnavailable:
+                        handles = []  # the daemon went with requests unread: the journal tells
+                    acked.extend(h.turn_id for h in handles)
+
+                with anyio.fail_after(60):  # far inside request_timeout: an unanswered submit hangs
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(burst)
+                        while True:
+                            status = await watcher.status()
+                            if status["queue"] or status["daemon"]["turns_kept"]:
+                                break
+                        os.kill(d.pid, signal.SIGTERM)
+                assert d.proc.wait(timeout=60) == 0
+        recorded = sorted(
+            (row["turn_id"] for row in read_history(journal, limit=2 * n)), key=lambda t: int(t[2:])
+        )
+        assert 0 < len(recorded) <= n
+        assert recorded == ids[: len(recorded)], "the journal holds no prefix of the burst"
+        assert set(acked) <= set(recorded)
+        with serving(*opts) as again:
+            async with Client.connect(again.endpoint, timeout=30, request_timeout=120) as client:
+                with anyio.fail_after(120):
+                    results = await client.results([client.handle(t) for t in recorded])
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert [r.turn_id for r in results] == recorded
+    assert {r.outcome for r in results} <= {"completed", "aborted"}, {r.outcome for r in results}

@@ -9,7 +9,8 @@ real writer process, real SQLite files, a real pool and a real ``turnpool serve`
   rows, reach the file in their order: the turn ends ``ended`` with its start's values;
 * behind a gate, with queued turns cancelled whether cleared or not and workers crashing (their
   handed turns go back to the front of the queue), every other turn still runs and the gate never
-  has more turns cleared and waiting than the workers can take;
+  has more turns cleared and waiting than its bound: ``CLEAR_AHEAD`` windows of the workers'
+  prefetch while turns are short (J6-AHEAD), the workers alone while turns are long;
 * the daemon SIGKILLed the moment ``submit_many`` returned (every ack in): after a restart every
   acknowledged turn is there, and none ran twice (each agent run notes itself in a file).
 """
@@ -33,6 +34,7 @@ import pytest
 import wire
 from supervisor import Client, Supervisor
 from supervisor.daemon.journal import Journal, read_history
+from supervisor.lowlevel import CLEAR_AHEAD
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.journalkit import completed, record
@@ -142,11 +144,12 @@ async def test_the_gate_walk_stays_exact_with_cancels_and_turns_back_at_the_fron
     seventh a while later (cleared or not by then), and every 97th crashes its worker (the turns
     handed ahead to it go back to the front of the queue). Every other turn completes — a gate
     whose count of cleared turns drifted up would stop clearing, and the run would hang — and at
-    no call does the gate have more turns cleared and waiting than capacity × prefetch."""
+    no call does the gate have more turns cleared and waiting than ``CLEAR_AHEAD`` × capacity ×
+    prefetch (J6-AHEAD)."""
     loop = asyncio.get_running_loop()
     worst = 0
     async with Supervisor(workers=2, spares=0, grace=0.5, kill_after=0.5, max_queue=10_000) as sup:
-        bound = sup.workers * sup.prefetch
+        bound = CLEAR_AHEAD * sup.workers * sup.prefetch
 
         cleared: set[str] = set()  # given to the gate, not started or ended yet
 
@@ -188,6 +191,35 @@ async def test_the_gate_walk_stays_exact_with_cancels_and_turns_back_at_the_fron
             assert result.outcome == "completed" and result.output == {"i": i}, (i, result)
     assert sum(r.outcome == "completed" for r in results) > 300
     assert worst <= bound, f"{worst} turns cleared and waiting, more than {bound}"
+
+
+@pytest.mark.anyio
+async def test_long_turns_get_no_cleared_reserve() -> None:
+    """J6-AHEAD is for short turns only: turns longer than the prefetch window are not handed ahead
+    (depth 1), and behind a gate no more of them are cleared than the workers run at once. Were the
+    reserve applied to them, turns would be cleared that wait long behind running ones, and a
+    daemon killed meanwhile would end them ``crashed`` though they never ran."""
+    loop = asyncio.get_running_loop()
+    worst = 0
+    async with Supervisor(workers=2, spares=0, grace=0.5, kill_after=0.5, prefetch_window=0.002) as sup:
+        cleared: set[str] = set()  # cleared, not ended yet (running included)
+
+        def gate(turns: list[Any]) -> None:
+            nonlocal worst
+            cleared.update(t.id for t in turns)
+            worst = max(worst, len(cleared))
+            loop.call_soon(sup.clear_for_dispatch, turns)
+
+        sup.set_dispatch_gate(gate)
+        sup.add_hooks(
+            on_accept=lambda turn: loop.call_soon(sup.mark_recorded, turn),
+            on_result=lambda turn, result: cleared.discard(turn.id),
+        )
+        with anyio.fail_after(60):
+            handles = [await sup.submit("examples.agents:slow", {"seconds": 0.03}) for _ in range(12)]
+            results = [await h.result() for h in handles]
+    assert [r.outcome for r in results] == ["completed"] * 12
+    assert 1 <= worst <= 2, f"{worst} long turns cleared at once on 2 workers"
 
 
 def _runs(log: str) -> list[str]:

@@ -33,6 +33,12 @@ log = logging.getLogger("turnpool.supervisor")
 # its held turn to start it (``Proceed``); a heir that watches the exit itself started long before.
 PROCEED_DELAY = 0.01
 
+# J6-AHEAD: while turns are short enough to be handed ahead (depth > 1), the dispatch gate clears
+# up to this many windows of turns (capacity × depth each): the next window's "may run" rows are
+# committed while the workers run the current one, so a worker never waits for a journal commit.
+# Long turns (depth 1) get no reserve: at most ``capacity`` turns are cleared, running included.
+CLEAR_AHEAD = 2
+
 
 class Dispatcher:
     """Hands queued turns to workers; see the module docstring."""
@@ -403,7 +409,10 @@ class Dispatcher:
 
     def _request_clearance(self) -> None:
         """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
-        the workers could take now (running + handed ahead + cleared ≤ capacity × depth).
+        the workers could take now (running + handed ahead + cleared ≤ capacity × depth), and
+        while turns are short (depth > 1) ``CLEAR_AHEAD`` times that (J6-AHEAD): with one window
+        only, the workers ran out of cleared turns while each clearance waited for its commit (2
+        workers, journal on: 33k turns/s between the commits against 52k/s with no journal).
 
         J6-SKIP: the cleared turns at the head are not walked again at every pump: ``skip`` and
         ``live`` are brought up to date from what the queue counted since the last walk (turns
@@ -431,7 +440,9 @@ class Dispatcher:
         self.seen = (queue.taken, queue.dropped, queue.gone, queue.fronts)
         capacity = sup.workers + sup._lent + self._stale_busy()
         # (A released doomed worker's turn still counts in ``_running``, not against capacity.)
-        want = capacity * self.depth - sup._running - self.handed + len(self.released) - live
+        depth = self.depth
+        window = capacity * depth * (CLEAR_AHEAD if depth > 1 else 1)
+        want = window - sup._running - self.handed + len(self.released) - live
         if want <= 0:
             self.skip, self.live = skip, live
             return

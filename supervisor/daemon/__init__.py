@@ -1,9 +1,10 @@
 """The serve daemon: ``server`` (``Daemon``: a ROUTER in front of a ``Supervisor``), ``run`` (start-up,
-signals, shutdown, ``run_daemon``), ``requests`` (the answer to each client request), ``endpoint``
-(claiming and binding its address), ``clients`` (per-client bookkeeping and flow control),
-``client_watch`` (freeing what a client that abandons, goes or stops reading held),
-``metrics`` (Prometheus), ``journal`` and ``journal_writer`` (the SQLite journal and its writer
-process), ``recovery`` (the journal on the daemon's hooks; restart recovery)."""
+signals, shutdown, ``run_daemon``), ``intake`` (reading requests off the client link, a slice at a
+time), ``requests`` (the answer to each client request), ``endpoint`` (claiming and binding its
+address), ``clients`` (per-client bookkeeping and flow control), ``client_watch`` (freeing what a
+client that abandons, goes or stops reading held), ``metrics`` (Prometheus), ``journal`` and
+``journal_writer`` (the SQLite journal and its writer process), ``recovery`` (the journal on the
+daemon's hooks; restart recovery)."""
 
 from .server import Daemon
 

@@ -65,7 +65,6 @@ from .._zmqflags import EVENTS as _EVENTS
 from .._zmqflags import NOBLOCK as _NOBLOCK
 from .._zmqflags import NOBLOCK_MORE as _NOBLOCK_MORE
 from .._zmqflags import POLLIN as _POLLIN
-from .._zmqflags import RCVMORE as _RCVMORE
 from .client_watch import ClientWatch
 from .clients import (
     Ack,
@@ -77,14 +76,12 @@ from .clients import (
     gate_error,
 )
 from .endpoint import ClientEndpoint
+from .intake import Intake
 from .metrics import Metrics
 from .requests import Requests
 from .run import READY_PREFIX, run_daemon, serve_until_stopped
 
 log = logging.getLogger("turnpool.daemon")
-
-# Frames read from clients per reader callback before the loop gets a turn (B1).
-READ_BATCH = 512
 
 
 class Daemon:
@@ -161,7 +158,7 @@ class Daemon:
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._recheck_scheduled = False
+        self._intake = Intake(self)  # reads the requests (B1, J-PIPE)
         self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (B1)
         # B1: result requests waiting for a live turn, answered from the end hook (no task each):
         # turn id -> [(client, req, the scope registered under the client)].
@@ -233,74 +230,16 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._loop = loop
         fd = cast(int, self._sync.getsockopt(zmq.FD))
-        loop.add_reader(fd, self._on_readable)
-        self._on_readable()  # frames that arrived before the reader was registered
+        intake = self._intake
+        intake.loop = loop
+        loop.add_reader(fd, intake.on_readable)
+        intake.on_readable()  # frames that arrived before the reader was registered
         try:
             await anyio.sleep_forever()
         finally:
             loop.remove_reader(fd)
+            intake.drain(None)  # read from the socket: every one of them is answered
             self._flush()
-
-    def _on_readable(self) -> None:
-        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
-        # of frames per call (then again from the loop), so a flood never starves other work.
-        self._recheck_scheduled = False
-        sync = self._sync
-        if sync is None or sync.closed:
-            return
-        # B6: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
-        getsockopt: Callable[[int], int] = sync.getsockopt  # type: ignore[assignment]
-        recv = sync.recv
-        peers = self._clients.peers
-        for _ in range(READ_BATCH):
-            if not getsockopt(_EVENTS) & _POLLIN:
-                return
-            try:
-                ident = recv(_NOBLOCK)
-                fd = None
-                if ident in peers:
-                    body = recv(_NOBLOCK)
-                else:
-                    # A new client: its first frame tells which descriptor it came in on, which is
-                    # how a disconnect reported by the monitor finds its client (R20).
-                    frame = recv(_NOBLOCK, copy=False)
-                    try:
-                        fd = frame.get(zmq.SRCFD)
-                    except zmq.ZMQError:
-                        fd = -1
-                    body = frame.bytes
-                extra = 0
-                while getsockopt(_RCVMORE):
-                    recv(_NOBLOCK)  # a request is one frame: a multipart one is refused whole
-                    extra += 1
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return
-            self._on_frame(ident, body, fd, extra)
-        self._recheck()
-
-    def _recheck(self) -> None:
-        if not self._recheck_scheduled and self._loop is not None:
-            self._recheck_scheduled = True
-            self._loop.call_soon(self._on_readable)
-
-    def _on_frame(self, ident: bytes, body: bytes, fd: int | None, extra: int) -> None:
-        peer = self._clients.peers.get(ident)
-        if peer is None:
-            peer = self._clients.get(ident, -1 if fd is None else fd)
-        if peer.owed:
-            self._pay(peer)  # it sends again: it may read again
-        if extra:
-            self._malformed(ident, f"a request is one frame, got {extra + 1}")
-            return
-        try:
-            messages = wire.decode_to_daemon_frame(body)
-        except msgspec.DecodeError as exc:
-            self._malformed(ident, f"undecodable request: {exc}")
-            return
-        for msg in messages:
-            self._handle(ident, msg)
 
     def _handle(self, ident: bytes, msg: Any) -> None:
         try:
@@ -425,7 +364,7 @@ class Daemon:
         finally:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
             if cast(int, self._sync.getsockopt(_EVENTS)) & _POLLIN:
-                self._recheck()
+                self._intake.recheck()
 
     @staticmethod
     def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
