@@ -15,9 +15,11 @@ real ``turnpool serve``:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -62,11 +64,11 @@ def test_a_batch_in_flight_when_the_loop_ends_is_committed_by_close(tmp_path: Pa
     assert len(read_history(path, limit=1000)) == 200
 
 
-def test_running_and_ended_rows_of_one_batch_are_one_update_with_both_rows_values(tmp_path: Path) -> None:
-    """J-ROWS: a turn started and ended in one batch is written by one statement that sets what
-    the two would have (state ``ended``, ``started_at``, ``worker_pid``, outcome, result); a turn
-    queued again between its start and its end keeps its rows apart (its final row shows the
-    second start); rows of other turns and statements are untouched."""
+def test_a_turn_started_and_ended_in_one_batch_is_one_row_with_both_rows_values(tmp_path: Path) -> None:
+    """J-ROWS: a turn started and ended in one batch is written as one end row that carries what
+    the two would have (state ``ended``, ``started_at``, ``worker_pid``, outcome, result), its
+    "running" row dropped; a turn queued again between its start and its end keeps its "queued
+    again" row (its end shows the second start); rows of other turns and statements are untouched."""
     path = tmp_path / "j.sqlite3"
     journal = Journal.open(path)
     try:
@@ -74,8 +76,10 @@ def test_running_and_ended_rows_of_one_batch_are_one_update_with_both_rows_value
             journal.accepted(record(tid))
         journal.flush()
         before = time.time()
+        with contextlib.closing(sqlite3.connect(path)) as con:
+            seq = dict(con.execute("SELECT turn_id, seq FROM turns"))
 
-        async def one_pass() -> list[tuple[str, list[str]]]:  # one pass: handed over together
+        async def one_pass() -> list[tuple[str, list[int]]]:  # one pass: handed over together
             journal.started("a", 111)
             journal.ended(completed("a"))
             journal.started("b", 222)
@@ -86,10 +90,10 @@ def test_running_and_ended_rows_of_one_batch_are_one_update_with_both_rows_value
             journal.hand_over()
             return [(g.sql, [p[-1] for p in g.params]) for g in groups]
 
-        # a: one row; b: queued again (which supersedes its first start), then started+ended.
+        # a: one row; b: queued again (which supersedes its first start), then its end.
         assert asyncio.run(one_pass()) == [
-            (journal_link._REQUEUED, ["b"]),
-            (journal_link._STARTED_ENDED, ["a", "b"]),
+            (journal_link._REQUEUED, [seq["b"]]),
+            (journal_link._ENDED, [seq["a"], seq["b"]]),
         ]
         journal.flush()
     finally:

@@ -49,7 +49,16 @@ import msgspec
 from wire import TurnResult
 
 from . import journal_writer as _journal_writer
-from .journal_link import _DISPATCHED, _REQUEUED, JournalLink, Rows
+from .journal_link import (
+    _DISPATCHED,
+    _ENDED_BY_ID,
+    _REQUEUED,
+    _REQUEUED_BY_ID,
+    _STARTED_BY_ID,
+    JournalLink,
+    Rows,
+    runs,
+)
 from .journal_read import (
     RecoveredTurn,
     decode_result,
@@ -62,6 +71,7 @@ from .journal_read import (
 )
 from .journal_schema import (
     APP_ID,
+    MIGRATE_FROM_1,
     SCHEMA,
     SCHEMA_VERSION,
     JournalError,
@@ -111,6 +121,20 @@ def _ignore_failure(why: str, conflict: bool) -> None:
     """An accept row nobody waits on (a child turn's): the supervisor's hook handles it."""
 
 
+def _last_seq(path: Path) -> int:
+    """The highest seq the journal file has used (J-APPEND: the daemon gives each accepted turn
+    the next one; a seq in a cleared run is never given again)."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = con.execute(
+            "SELECT MAX(COALESCE((SELECT MAX(seq) FROM turns), 0),"
+            " COALESCE((SELECT MAX(hi) FROM cleared), 0), COALESCE((SELECT MAX(seq) FROM ends), 0))"
+        ).fetchone()
+    finally:
+        con.close()
+    return int(row[0])
+
+
 class Journal(JournalLink):
     """The durable record of every turn a daemon accepted. Thread-safe; writes are batched."""
 
@@ -134,6 +158,10 @@ class Journal(JournalLink):
         # B2: rows written during one pass of the event loop reach the writer thread as one item
         # (a put per row woke the thread per row, and the two fought over the GIL a row at a time).
         self._held = Rows()  # J-GROUP: grouped per statement as they are written
+        # J-APPEND: every open turn this object accepted or recovered: turn id -> [seq, started_at,
+        # worker_pid] (its end row carries its start). Guarded by ``_held_lock``.
+        self._live: dict[str, list[Any]] = {}
+        self._next_seq = 1
         self._held_lock = threading.Lock()
         self._scheduled = False  # a hand-over of the held rows is on its way (``_schedule``)
         # B3: when set, the ``on_commit`` callbacks of a committed batch are passed to it as one list
@@ -211,6 +239,7 @@ class Journal(JournalLink):
                     os.chmod(side, 0o600)  # made private by the writer's umask; files of old versions too
             st = path.stat()
             self._identity = (st.st_dev, st.st_ino)
+            self._next_seq = _last_seq(path) + 1
         except BaseException:
             self._stop_child(0)
             self._release_lock()
@@ -236,6 +265,7 @@ class Journal(JournalLink):
             "synchronous": DURABILITY[self.durability],
             "keep_days": self.keep_days,
             "schema": SCHEMA,  # idempotent: IF NOT EXISTS
+            "migrate_from_1": MIGRATE_FROM_1,  # J-APPEND: a schema-1 file is upgraded at open
             "app_id": APP_ID,
             "version": SCHEMA_VERSION,
         }
@@ -345,7 +375,8 @@ class Journal(JournalLink):
     ) -> None:
         """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
         An id already in the journal is never silently kept (J8): ``on_fail(why, True)``."""
-        params = (
+        params = [
+            0,  # the seq, given under the lock
             turn.id,
             turn.agent,
             bytes(turn.input),
@@ -357,10 +388,13 @@ class Journal(JournalLink):
             int(turn.retry),
             turn.attempts,
             time.time(),
-        )
+        ]
         # J-GROUP: straight into the batch's accept group (the per-row work of ``write``, inlined:
         # this runs once per submit).
         with self._held_lock:
+            seq = params[0] = self._next_seq
+            self._next_seq = seq + 1
+            self._live[turn.id] = [seq, None, None]
             held = self._held
             held.size += 1
             group = held.accept
@@ -371,39 +405,74 @@ class Journal(JournalLink):
         if first:
             self._schedule()
 
+    def _forget(self, accepts: list[Any]) -> None:
+        # Kept, with no seq, until the turn's end (its withdrawal, right after): that end writes
+        # nothing, not even by id (the id may be another turn's, J8).
+        with self._held_lock:
+            live = self._live
+            for p in accepts:
+                entry = live.get(p[1])
+                if entry is not None and entry[0] == p[0]:
+                    entry[0] = None
+
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
-        """J6: record that these turns may now run (committed before any worker gets them)."""
-        self.write(_DISPATCHED, [(t,) for t in turn_ids], on_commit)
+        """J6: record that these turns may now run (committed before any worker gets them): one
+        ``cleared`` row per run of consecutive seqs (J-APPEND)."""
+        with self._held_lock:
+            known = [e[0] for e in map(self._live.get, turn_ids) if e is not None and e[0] is not None]
+        self.write(_DISPATCHED, runs(known), on_commit)
 
     def started(self, turn_id: str, worker_pid: int) -> None:
-        params = (time.time(), worker_pid, turn_id)
+        now = time.time()
         with self._held_lock:
-            held = self._held
-            held.size += 1
-            held.started[turn_id] = params
+            entry = self._live.get(turn_id)
+            if entry is None:
+                self._held.add(_STARTED_BY_ID, (now, worker_pid, turn_id), None, None)
+            elif entry[0] is None:
+                return  # refused: not in the journal
+            else:
+                entry[1], entry[2] = now, worker_pid
+                held = self._held
+                held.size += 1
+                held.started[entry[0]] = (now, worker_pid, entry[0])
             first, self._scheduled = not self._scheduled, True
         if first:
             self._schedule()
 
     def requeued(self, turn_id: str, attempts: int) -> None:
-        self.write(_REQUEUED, (attempts, turn_id))
+        """Recovery queues a turn that may have run again (``retry=True``): ``attempts`` + 1, no
+        longer started nor cleared (the schema's trigger)."""
+        with self._held_lock:
+            entry = self._live.get(turn_id)
+            if entry is not None:
+                entry[1] = entry[2] = None
+        if entry is not None and entry[0] is None:
+            return  # refused: not in the journal
+        if entry is None:
+            self.write(_REQUEUED_BY_ID, (attempts, turn_id))
+        else:
+            self.write(_REQUEUED, (attempts, entry[0]))
 
     # J2: the durable record is coarse: outcome, error type and message, cause kind.
     def ended(self, result: TurnResult) -> None:
         cause, error = result.cause, result.error
-        params = (
-            result.ended_at or time.time(),
-            result.outcome,
-            cause.kind if cause else None,
-            error.type if error else None,
-            error.message if error else None,
-            _encode(result),
-            result.turn_id,
-        )
+        ended_at = result.ended_at or time.time()
+        outcome = result.outcome
+        kind = cause.kind if cause else None
+        etype = error.type if error else None
+        emsg = error.message if error else None
+        data = _encode(result)
         with self._held_lock:
+            entry = self._live.pop(result.turn_id, None)
             held = self._held
-            held.size += 1
-            held.add_ended(params)
+            if entry is not None and entry[0] is None:
+                return  # refused: not in the journal (and its id may be another turn's, J8)
+            if entry is None:
+                params: tuple[Any, ...] = (result.worker_pid, ended_at, outcome, kind, etype, emsg, data)
+                held.add(_ENDED_BY_ID, (*params, result.turn_id), None, None)
+            else:
+                held.size += 1
+                held.add_ended((entry[1], entry[2], ended_at, outcome, kind, etype, emsg, data, entry[0]))
             first, self._scheduled = not self._scheduled, True
         if first:
             self._schedule()
@@ -435,16 +504,20 @@ class Journal(JournalLink):
         return lookup_on(self._reader, turn_id)
 
     def recover(self) -> list[RecoveredTurn]:
-        """Unfinished turns (queued or running when the daemon died), in acceptance order."""
-        return list(unfinished(self.path))
+        """Unfinished turns (queued or running when the daemon died), in acceptance order; from now
+        on this journal writes their rows by seq."""
+        turns = list(unfinished(self.path))
+        with self._held_lock:
+            for t in turns:
+                self._live[t.turn_id] = [t.seq, t.started_at, t.worker_pid]
+        return turns
 
     def recent_results(self, limit: int) -> list[TurnResult]:
         """The results of the ``limit`` most recently ended turns, oldest first."""
         con = open_reader(self.path)
         try:
             rows = con.execute(
-                "SELECT result FROM turns WHERE state='ended' AND result IS NOT NULL"
-                " ORDER BY seq DESC LIMIT ?",
+                "SELECT result FROM ends WHERE result IS NOT NULL ORDER BY seq DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         finally:

@@ -6,7 +6,7 @@ caller; the failure path: retries every ``retry_interval``, respawns a dead writ
 replaced file); and, once the daemon calls ``attach``, the **event loop** itself (J-LOOP): one
 batch in flight over a non-blocking socket, the reply read in a reader callback, what is handed
 over meanwhile sent as the next batch. Any failure on the loop hands everything back to a thread.
-A turn's "running" and "ended" rows in one batch go as one statement (J-ROWS, ``merge_rows``).
+A turn's end carries its start: its "running" row in the same batch is dropped (J-ROWS).
 """
 
 from __future__ import annotations
@@ -31,22 +31,43 @@ log = logging.getLogger("turnpool.journal")
 
 _PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
 
-_STARTED = "UPDATE turns SET state='running', started_at=?, worker_pid=? WHERE turn_id=?"
-_REQUEUED = "UPDATE turns SET state='queued', attempts=?, started_at=NULL, worker_pid=NULL WHERE turn_id=?"
-_ENDED = (
-    "UPDATE turns SET state='ended', ended_at=?, outcome=?, cause=?, error_type=?, error_message=?,"
-    " result=? WHERE turn_id=?"
-)
+# J-APPEND (schema 2): rows are inserted, not rewritten, and name their turn by its ``seq`` (given
+# by the daemon when it accepts the turn, ``Journal.accepted``). A turn's end carries its start
+# (the journal keeps both in memory), so a trivial turn costs one accept row and one end row.
+# The ``_BY_ID`` forms find a turn by its id: for a turn that this journal object neither accepted
+# nor recovered (a test feeding a journal directly, say). A turn whose accept row was refused is
+# forgotten before its refusal is delivered (``JournalLink._forget``), so no end is written for it.
 _ACCEPT = (
-    "INSERT INTO turns (turn_id, agent, input, session, parent, timeout, grace, kill_after,"
-    " retry, attempts, state, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'queued', ?)"
-    " ON CONFLICT(turn_id) DO NOTHING"
+    "INSERT INTO turns (seq, turn_id, agent, input, session, parent, timeout, grace, kill_after,"
+    " retry, attempts, accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(turn_id) DO NOTHING"
 )
-_DISPATCHED = "UPDATE turns SET state='dispatched' WHERE turn_id=? AND state='queued'"
-_STARTED_ENDED = (
-    "UPDATE turns SET state='ended', started_at=?, worker_pid=?, ended_at=?, outcome=?, cause=?,"
-    " error_type=?, error_message=?, result=? WHERE turn_id=?"
+_REQUEUED = "UPDATE turns SET attempts=? WHERE seq=?"  # the trigger un-starts and un-clears it
+_DISPATCHED = "INSERT INTO cleared (lo, hi) VALUES (?, ?)"
+_STARTED = "UPDATE open_turns SET started_at=?, worker_pid=? WHERE seq=?"
+_ENDED = (
+    "INSERT OR IGNORE INTO ends (started_at, worker_pid, ended_at, outcome, cause, error_type,"
+    " error_message, result, seq) VALUES (?,?,?,?,?,?,?,?,?)"
 )
+_REQUEUED_BY_ID = "UPDATE turns SET attempts=? WHERE turn_id=?"
+_STARTED_BY_ID = (
+    "UPDATE open_turns SET started_at=?, worker_pid=? WHERE seq=(SELECT seq FROM turns WHERE turn_id=?)"
+)
+_ENDED_BY_ID = (
+    "INSERT OR IGNORE INTO ends (seq, started_at, worker_pid, ended_at, outcome, cause, error_type,"
+    " error_message, result) SELECT t.seq, o.started_at, COALESCE(o.worker_pid, ?), ?, ?, ?, ?, ?, ?"
+    " FROM turns t LEFT JOIN open_turns o ON o.seq = t.seq WHERE t.turn_id=?"
+)
+
+
+def runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """``seqs`` as runs of consecutive numbers ``(lo, hi)``: one ``cleared`` row per run (J6)."""
+    out: list[tuple[int, int]] = []
+    for seq in sorted(seqs):
+        if out and seq == out[-1][1] + 1:
+            out[-1] = (out[-1][0], seq)
+        else:
+            out.append((seq, seq))
+    return out
 
 
 class Group:
@@ -69,34 +90,23 @@ class Rows:
     """J-GROUP: a batch of journal rows, grouped per statement as they are written, so that neither
     the daemon nor the writer process loops in Python over the rows of a batch: the writer runs one
     ``executemany`` per group. Groups run in the order a turn's rows must be applied — accept,
-    queued again, dispatched, running, running + ended, ended — then any other statement in the
-    order first written: rows of one turn keep their order whichever turns they share a batch
-    with, and rows of different turns never depended on each other's order.
+    queued again, dispatched, running, ended — then any other statement in the order first
+    written: rows of one turn keep their order whichever turns they share a batch with, and rows
+    of different turns never depended on each other's order.
 
-    J-ROWS: a turn's "running" row and its "ended" row in one batch become one ``UPDATE`` (kept by
-    turn id until its end comes): a trivial turn's start and end reach the daemon in one frame, and
-    SQLite then finds and rewrites the row once, not twice. A "queued again" row supersedes a
-    "running" row of the same turn still in the batch (it clears what the start set)."""
+    J-ROWS: an end carries its turn's start, so a turn's "running" row in the same batch as its
+    end is dropped (kept by seq until its end comes): a trivial turn's start and end reach the
+    daemon in one frame, and SQLite then writes one row for both. A "queued again" row supersedes
+    a "running" row of the same turn still in the batch."""
 
-    __slots__ = (
-        "accept",
-        "dispatched",
-        "ended",
-        "other",
-        "requeued",
-        "size",
-        "started",
-        "started_calls",
-        "started_ended",
-    )
+    __slots__ = ("accept", "dispatched", "ended", "other", "requeued", "size", "started", "started_calls")
 
     def __init__(self) -> None:
         self.accept = Group(_ACCEPT, True)
         self.dispatched = Group(_DISPATCHED, False)
         self.requeued = Group(_REQUEUED, False)
-        self.started: dict[str, Any] = {}  # turn id -> the params of its "running" row
+        self.started: dict[int, Any] = {}  # seq -> the params of its "running" row
         self.started_calls: list[Any] = []
-        self.started_ended = Group(_STARTED_ENDED, False)
         self.ended = Group(_ENDED, False)
         self.other: dict[tuple[str, bool], Group] = {}
         self.size = 0  # writes added (a write of no rows counts: its callback must still run)
@@ -134,11 +144,8 @@ class Rows:
             group.commits.append(on_commit)
 
     def add_ended(self, p: Any) -> None:
-        start = self.started.pop(p[6], None)
-        if start is None:
-            self.ended.params.append(p)
-        else:
-            self.started_ended.params.append((start[0], start[1], *p))
+        self.started.pop(p[-1], None)  # the end carries the start (J-ROWS)
+        self.ended.params.append(p)
 
     def _other(self, sql: str, accept: bool) -> Group:
         group = self.other.get((sql, accept))
@@ -151,10 +158,9 @@ class Rows:
         started = Group(_STARTED, False)
         started.params = list(self.started.values())
         started.commits = self.started_calls
-        # "queued again" before "dispatched": recovery requeues a turn that may have run, and its
-        # readmission can clear it for dispatch in the same batch (the update that clears it only
-        # takes a queued row).
-        order = [self.accept, self.requeued, self.dispatched, started, self.started_ended, self.ended]
+        # "queued again" before "dispatched": recovery requeues a turn that may have run (which
+        # takes it out of its cleared run), and its readmission can clear it again in the same batch.
+        order = [self.accept, self.requeued, self.dispatched, started, self.ended]
         order.extend(self.other.values())
         return [g for g in order if g.params or g.commits]
 
@@ -162,11 +168,7 @@ class Rows:
         """Add the rows of a batch written after this one (the writer thread merges what it
         takes from its queue, and what is retried with what came meanwhile)."""
         self.size += later.size
-        for mine, theirs in (
-            (self.accept, later.accept),
-            (self.dispatched, later.dispatched),
-            (self.started_ended, later.started_ended),
-        ):
+        for mine, theirs in ((self.accept, later.accept), (self.dispatched, later.dispatched)):
             mine.params.extend(theirs.params)
             mine.commits.extend(theirs.commits)
             mine.fails.extend(theirs.fails)
@@ -212,16 +214,17 @@ def _callbacks(groups: list[Group], conflicts: list[Any]) -> list[Any]:
         else:
             for i, fn in enumerate(group.commits):
                 if (k, i) in conflicted:  # refused in its place, in order
-                    why = f"turn id {group.params[i][0]!r} is already in the journal"
+                    why = f"turn id {group.params[i][1]!r} is already in the journal"
                     done.append(functools.partial(group.fails[i], why, True))
                 elif fn is not None:
                     done.append(fn)
     return done
 
 
-def _wire(groups: list[Group]) -> list[tuple[str, list[Any], bool]]:
-    """What the writer process gets: one ``(sql, rows, accept)`` per group."""
-    return [(g.sql, g.params, g.accept) for g in groups]
+def _wire(groups: list[Group]) -> list[tuple[str, list[Any], bool | str]]:
+    """What the writer process gets: one ``(sql, rows, accept)`` per group; ``accept`` is ``"seq"``
+    for the turns' accept rows, which lead with their seq (the writer finds a conflict by it)."""
+    return [(g.sql, g.params, "seq" if g.sql is _ACCEPT else g.accept) for g in groups]
 
 
 class JournalLink:
@@ -256,6 +259,10 @@ class JournalLink:
 
     def _spawn(self) -> None:
         raise NotImplementedError
+
+    def _forget(self, accepts: list[Any]) -> None:
+        """J-APPEND: these accept rows were refused: their turns are not in the journal (so no row
+        of theirs is written by seq any more). ``Journal`` keeps the open turns."""
 
     def _stop_child(self, timeout: float | None) -> bool:
         raise NotImplementedError
@@ -363,6 +370,8 @@ class JournalLink:
         error, conflicts = reply
         if error is not None:
             return f"cannot write the journal {self.path}: {error}"
+        if conflicts:
+            self._forget([groups[k].params[i] for k, i in conflicts])
         self.commits += 1
         self.rows_written += sum(len(g.params) for g in groups)
         done = _callbacks(groups, conflicts)
@@ -383,6 +392,7 @@ class JournalLink:
         self.failures += 1
         self._set_error(why)
         if rows is not None:
+            self._forget(rows.accept.params)
             rows.refuse(why)  # never acknowledged, never run: the submits are refused
         if self.broken:
             for item in waiters:

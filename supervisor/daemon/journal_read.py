@@ -16,7 +16,7 @@ import msgspec
 
 from wire import TurnResult
 
-from .journal_schema import JournalError, check_existing
+from .journal_schema import JOINED, STATE, JournalError, check_existing
 
 decode_result = msgspec.msgpack.Decoder(TurnResult).decode
 
@@ -36,6 +36,9 @@ class RecoveredTurn:
     retry: bool
     attempts: int
     state: str
+    seq: int = 0  # J-APPEND: the journal's own number for the turn
+    started_at: float | None = None
+    worker_pid: int | None = None
 
 
 def open_reader(path: Path) -> sqlite3.Connection:
@@ -47,11 +50,21 @@ def open_reader(path: Path) -> sqlite3.Connection:
     return con
 
 
+def _schema(con: sqlite3.Connection) -> int:
+    """1 for a journal written by a turnpool before J-APPEND (one rewritten row per turn), else 2."""
+    return 1 if con.execute("PRAGMA user_version").fetchone()[0] == 1 else 2
+
+
 def unfinished(path: Path) -> Iterator[RecoveredTurn]:
-    """The turns not ended (queued or running when the daemon died), in acceptance order."""
+    """The turns not ended (queued or running when the daemon died), in acceptance order. Read
+    after the daemon's writer opened the file (so it has schema 2)."""
     con = open_reader(path)
     try:
-        for r in con.execute("SELECT * FROM turns WHERE state != 'ended' ORDER BY seq"):
+        query = (
+            f"SELECT t.*, o.started_at, o.worker_pid, {STATE} AS state FROM open_turns o"
+            " JOIN turns t ON t.seq = o.seq LEFT JOIN ends e ON e.seq = o.seq ORDER BY o.seq"
+        )
+        for r in con.execute(query):
             yield RecoveredTurn(
                 r["turn_id"],
                 r["agent"],
@@ -64,6 +77,9 @@ def unfinished(path: Path) -> Iterator[RecoveredTurn]:
                 bool(r["retry"]),
                 r["attempts"],
                 r["state"],
+                r["seq"],
+                r["started_at"],
+                r["worker_pid"],
             )
     finally:
         con.close()
@@ -81,7 +97,10 @@ def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | Non
 
 def lookup_on(con: sqlite3.Connection, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
     """``lookup`` on an open connection."""
-    row = con.execute("SELECT agent, input, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+    row = con.execute(
+        "SELECT t.agent, t.input, e.result FROM turns t LEFT JOIN ends e ON e.seq = t.seq WHERE t.turn_id=?",
+        (turn_id,),
+    ).fetchone()
     if row is None:
         return None
     return row[0], bytes(row[1]), decode_result(row[2]) if row[2] is not None else None
@@ -91,7 +110,13 @@ def read_result(path: Path | str, turn_id: str) -> TurnResult | None:
     """The recorded result of one turn (exactly what the client saw), or None if it has not ended."""
     con = open_reader(Path(path))
     try:
-        row = con.execute("SELECT state, result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+        if _schema(con) == 1:
+            row = con.execute("SELECT result FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+        else:
+            row = con.execute(
+                "SELECT e.result FROM turns t LEFT JOIN ends e ON e.seq = t.seq WHERE t.turn_id=?",
+                (turn_id,),
+            ).fetchone()
     finally:
         con.close()
     if row is None:
@@ -112,24 +137,33 @@ def read_history(
     """Turns newest first, filtered; each a dict of the journal's columns (input left out)."""
     clauses: list[str] = []
     params: list[Any] = []
-    if session is not None:
-        clauses.append("session = ?")
-        params.append(session)
-    if outcome is not None:
-        clauses.append("outcome = ?")
-        params.append(outcome)
-    if since is not None:
-        clauses.append("accepted_at >= ?")
-        params.append(since)
-    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
     con = open_reader(Path(path))
     try:
-        rows = con.execute(
-            "SELECT turn_id, agent, session, parent, state, attempts, accepted_at, started_at, ended_at,"
-            " worker_pid, outcome, cause, error_type, error_message"
-            f" FROM turns {where} ORDER BY seq DESC LIMIT ?",
-            (*params, limit),
-        ).fetchall()
+        old = _schema(con) == 1  # a schema-1 file no daemon has opened since the upgrade
+        if session is not None:
+            clauses.append("session = ?" if old else "t.session = ?")
+            params.append(session)
+        if outcome is not None:
+            clauses.append("outcome = ?" if old else "e.outcome = ?")
+            params.append(outcome)
+        if since is not None:
+            clauses.append("accepted_at >= ?" if old else "t.accepted_at >= ?")
+            params.append(since)
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        if old:
+            query = (
+                "SELECT turn_id, agent, session, parent, state, attempts, accepted_at, started_at, ended_at,"
+                " worker_pid, outcome, cause, error_type, error_message"
+                f" FROM turns {where} ORDER BY seq DESC LIMIT ?"
+            )
+        else:
+            query = (
+                f"SELECT t.turn_id, t.agent, t.session, t.parent, {STATE} AS state, t.attempts,"
+                " t.accepted_at, COALESCE(e.started_at, o.started_at) AS started_at, e.ended_at,"
+                " COALESCE(e.worker_pid, o.worker_pid) AS worker_pid, e.outcome, e.cause, e.error_type,"
+                f" e.error_message FROM {JOINED} {where} ORDER BY t.seq DESC LIMIT ?"
+            )
+        rows = con.execute(query, (*params, limit)).fetchall()
     finally:
         con.close()
     return [dict(r) for r in rows]

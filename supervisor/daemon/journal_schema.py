@@ -1,11 +1,13 @@
 """The journal file: its schema, how a file is recognised as a journal, and where it lives.
 
-``SCHEMA`` is the one definition of the tables (``turns``: one row per accepted turn, its
-acceptance, start and end; ``events``; ``health``: the row the writer rewrites to learn that a
-failed disk is back). A file is a turnpool journal when its SQLite ``application_id`` is
-``APP_ID``; ``check_existing`` refuses, read-only and without touching the file, a corrupt file, a
-file from a newer schema or another application's database. ``check_private_dir`` refuses a
-directory other users can read or write (the journal holds every turn's input and output).
+``SCHEMA`` is the one definition of the tables (schema 2, J-APPEND: ``turns``, one row per accepted
+turn written once; ``ends``, one row per ended turn; ``open_turns`` and ``cleared``, what is still
+open and what may run; ``events``; ``health``: the row the writer rewrites to learn that a failed
+disk is back); ``MIGRATE_FROM_1`` brings a schema-1 file to it. A file is a turnpool journal
+when its SQLite ``application_id`` is ``APP_ID``; ``check_existing`` refuses, read-only and
+without touching the file, a corrupt file, a file from a newer schema or another application's
+database. ``check_private_dir`` refuses a directory other users can read or write (the journal
+holds every turn's input and output).
 ``Journal`` (``journal.py``) writes the file; ``journal_read.py`` reads it.
 """
 
@@ -18,12 +20,19 @@ from pathlib import Path
 
 from .._errors import TurnpoolError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
 
-SCHEMA = """
+# J-APPEND (schema 2): rows are inserted, not rewritten. A turn's acceptance is one ``turns`` row
+# (``seq`` given by the daemon, in acceptance order), its end one ``ends`` row; while it is open
+# it has an ``open_turns`` row (made and removed by the triggers), which its start fills in; the
+# turns cleared to run (J6) are runs of seqs in ``cleared``. A turn's state is derived: ``ended``
+# (an ``ends`` row), ``running`` (started), ``dispatched`` (in a cleared run), else ``queued``.
+# Schema 1 kept one row per turn and rewrote it at every step (three updates of a row and of four
+# indexes per turn): twice the writer's work.
+TABLES = """
 CREATE TABLE IF NOT EXISTS turns (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,           -- given by the daemon: acceptance order
     turn_id TEXT NOT NULL UNIQUE,
     agent TEXT NOT NULL,
     input BLOB NOT NULL,
@@ -33,21 +42,31 @@ CREATE TABLE IF NOT EXISTS turns (
     grace REAL,
     kill_after REAL,
     retry INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 1,
-    state TEXT NOT NULL,               -- queued | running | ended
-    accepted_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 1,  -- rewritten only when recovery queues a turn again
+    accepted_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session) WHERE session IS NOT NULL;
+CREATE TABLE IF NOT EXISTS open_turns (  -- accepted, not ended; started_at and worker_pid once running
+    seq INTEGER PRIMARY KEY,
+    started_at REAL,
+    worker_pid INTEGER
+);
+CREATE TABLE IF NOT EXISTS cleared (     -- J6: turns seq lo..hi (inclusive) may run
+    lo INTEGER NOT NULL,
+    hi INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ends (
+    seq INTEGER PRIMARY KEY,
     started_at REAL,
     worker_pid INTEGER,
-    ended_at REAL,
-    outcome TEXT,
+    ended_at REAL NOT NULL,
+    outcome TEXT NOT NULL,
     cause TEXT,
     error_type TEXT,
     error_message TEXT,
     result BLOB                        -- the TurnResult as the client saw it (msgpack)
 );
-CREATE INDEX IF NOT EXISTS turns_state ON turns(state);
-CREATE INDEX IF NOT EXISTS turns_session ON turns(session);
-CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
+CREATE INDEX IF NOT EXISTS ends_by_time ON ends(ended_at);
 CREATE TABLE IF NOT EXISTS health (   -- one row the writer rewrites to learn that a failed disk is back
     id INTEGER PRIMARY KEY,
     at REAL NOT NULL
@@ -59,6 +78,62 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (turn_id, seq)
 );
 """
+
+TRIGGERS = """
+CREATE TRIGGER IF NOT EXISTS turn_opens AFTER INSERT ON turns
+BEGIN
+    INSERT INTO open_turns (seq) VALUES (NEW.seq);
+END;
+CREATE TRIGGER IF NOT EXISTS turn_closes AFTER INSERT ON ends
+BEGIN
+    DELETE FROM open_turns WHERE seq = NEW.seq;
+END;
+-- Recovery queues a turn that may have run again (retry=True): it is no longer started, and no
+-- longer cleared (every other turn of its run is decided by the same recovery: ended or queued
+-- again), so a second crash before it runs sees it as never started.
+CREATE TRIGGER IF NOT EXISTS turn_queued_again AFTER UPDATE OF attempts ON turns
+BEGIN
+    UPDATE open_turns SET started_at = NULL, worker_pid = NULL WHERE seq = NEW.seq;
+    DELETE FROM cleared WHERE lo <= NEW.seq AND NEW.seq <= hi;
+END;
+"""
+
+SCHEMA = TABLES + TRIGGERS
+
+# Schema 1 -> 2, in the writer's first transaction on a schema-1 file (J4's checks passed first).
+MIGRATE_FROM_1 = (
+    """
+ALTER TABLE turns RENAME TO turns_v1;
+DROP INDEX IF EXISTS turns_state;
+DROP INDEX IF EXISTS turns_session;
+DROP INDEX IF EXISTS turns_ended;
+"""
+    + TABLES
+    + """
+INSERT INTO turns (seq, turn_id, agent, input, session, parent, timeout, grace, kill_after, retry,
+                   attempts, accepted_at)
+    SELECT seq, turn_id, agent, input, session, parent, timeout, grace, kill_after, retry, attempts,
+           accepted_at FROM turns_v1;
+INSERT INTO ends (seq, started_at, worker_pid, ended_at, outcome, cause, error_type, error_message, result)
+    SELECT seq, started_at, worker_pid, COALESCE(ended_at, accepted_at), COALESCE(outcome, 'crashed'),
+           cause, error_type, error_message, result FROM turns_v1 WHERE state = 'ended';
+INSERT INTO open_turns (seq, started_at, worker_pid)
+    SELECT seq, CASE WHEN state = 'running' THEN started_at END,
+           CASE WHEN state = 'running' THEN worker_pid END FROM turns_v1 WHERE state != 'ended';
+INSERT INTO cleared (lo, hi) SELECT seq, seq FROM turns_v1 WHERE state IN ('dispatched', 'running');
+DROP TABLE turns_v1;
+"""
+    + TRIGGERS
+)
+
+# The state of a turn row ``t`` (with ``e`` its ``ends`` row and ``o`` its ``open_turns`` row,
+# both LEFT JOINed), as schema 1 stored it.
+STATE = (
+    "CASE WHEN e.seq IS NOT NULL THEN 'ended' WHEN o.started_at IS NOT NULL THEN 'running'"
+    " WHEN EXISTS (SELECT 1 FROM cleared c WHERE c.lo <= t.seq AND t.seq <= c.hi) THEN 'dispatched'"
+    " ELSE 'queued' END"
+)
+JOINED = "turns t LEFT JOIN ends e ON e.seq = t.seq LEFT JOIN open_turns o ON o.seq = t.seq"
 
 
 class JournalError(TurnpoolError):

@@ -11,7 +11,8 @@ daemon opens the journal while a stuck writer might still write to it; it dies w
 Run as a script (``python -I _journal_writer.py FD``) so it imports nothing but the standard
 library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
 answered ``(None, None)`` or ``(error, None)``; then one frame per batch, a list of
-``(sql, rows, accept)`` (one per statement, J-GROUP), answered ``(error or None, [(group, row)
+``(sql, rows, accept)`` (one per statement, J-GROUP; ``accept`` is ``"seq"`` for rows that lead with
+the seq of the turn they insert, J-APPEND), answered ``(error or None, [(group, row)
 indexes of accept rows that inserted nothing])``. A batch runs in one transaction: all or nothing.
 """
 
@@ -109,6 +110,7 @@ class Writer:
         self.keep_days: float | None = init["keep_days"]
         self.con: sqlite3.Connection | None = None
         self.last_compaction = time.monotonic()
+        self.batches = 0
 
     def connect(self, init: dict[str, Any] | None = None) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, isolation_level=None)
@@ -117,12 +119,26 @@ class Writer:
         con.execute(f"PRAGMA synchronous={self.synchronous}")
         con.execute("PRAGMA busy_timeout=5000")
         if init is not None:
+            version = int(init["version"])
+            if con.execute("PRAGMA user_version").fetchone()[0] == 1:
+                # J-APPEND: a schema-1 journal (J4 checked it) is brought to schema 2 in one
+                # transaction: all of it or, on any error, none of it.
+                try:
+                    con.executescript(
+                        f"BEGIN IMMEDIATE;\n{init['migrate_from_1']}\nPRAGMA user_version={version};\nCOMMIT;"
+                    )
+                except sqlite3.Error:
+                    if con.in_transaction:
+                        con.execute("ROLLBACK")
+                    raise
             con.executescript(init["schema"])
             con.execute(f"PRAGMA application_id={int(init['app_id'])}")
-            con.execute(f"PRAGMA user_version={int(init['version'])}")
+            con.execute(f"PRAGMA user_version={version}")
         return con
 
-    def commit(self, groups: list[tuple[str, list[Any], bool]]) -> tuple[str | None, list[tuple[int, int]]]:
+    def commit(
+        self, groups: list[tuple[str, list[Any], bool | str]]
+    ) -> tuple[str | None, list[tuple[int, int]]]:
         """Run a batch in one transaction: one ``executemany`` per group (J-GROUP: the daemon
         sends its rows grouped per statement, so nothing here loops over rows in Python). Returns
         the error as text (nothing written) or ``None`` and the ``(group, row)`` indexes of accept
@@ -136,6 +152,12 @@ class Writer:
             for k, (sql, params, accept) in enumerate(groups):
                 if not accept:
                     con.executemany(sql, params)
+                elif accept == "seq":
+                    # J-APPEND: an accept row that inserted nothing left its (fresh) seq unused:
+                    # the rows whose seq is not in the table are the conflicts. (A savepoint to undo
+                    # and redo them one by one cost more than the inserts once the schema had triggers.)
+                    if con.executemany(sql, params).rowcount != len(params):
+                        conflicts.extend((k, i) for i in _missing(con, [p[0] for p in params]))
                 elif len(params) == 1:
                     if con.execute(sql, params[0]).rowcount == 0:
                         conflicts.append((k, 0))
@@ -162,6 +184,12 @@ class Writer:
                     pass
                 failed.close()
             return f"{type(exc).__name__}: {exc}", []
+        self.batches += 1
+        if self.batches % PRUNE_EVERY == 0:
+            try:
+                prune_cleared(con)
+            except sqlite3.Error:
+                pass  # the batch is committed all the same; pruned next time
         if self.keep_days is not None and time.monotonic() - self.last_compaction > 60:
             self.last_compaction = time.monotonic()
             try:
@@ -171,22 +199,53 @@ class Writer:
         return None, conflicts
 
 
+def _missing(con: sqlite3.Connection, seqs: list[int]) -> list[int]:
+    """The indexes of ``seqs`` that have no ``turns`` row."""
+    present: set[int] = set()
+    for k in range(0, len(seqs), 500):
+        chunk = seqs[k : k + 500]
+        marks = ",".join("?" * len(chunk))
+        present.update(r[0] for r in con.execute(f"SELECT seq FROM turns WHERE seq IN ({marks})", chunk))
+    return [i for i, seq in enumerate(seqs) if seq not in present]
+
+
+PRUNE_EVERY = 256
+"""Batches between two prunings of the ``cleared`` runs whose turns have all ended."""
+
+
+def prune_cleared(con: sqlite3.Connection) -> None:
+    """J-APPEND: forget the cleared runs (J6) that hold no open turn: every turn in them has ended,
+    so they no longer tell anything (and the state of a turn is looked up in what is left). A long
+    turn still open keeps its own run only, not every run after it."""
+    con.execute(
+        "DELETE FROM cleared WHERE NOT EXISTS"
+        " (SELECT 1 FROM open_turns o WHERE o.seq BETWEEN cleared.lo AND cleared.hi)"
+    )
+
+
 # J5: retention in chunks, so it never blocks serving.
 def compact(con: sqlite3.Connection, keep_days: float) -> int:
-    """Delete ended turns older than ``keep_days`` in chunks of 500 (each its own statement, so a
+    """Delete ended turns older than ``keep_days`` in chunks of 500 (each its own transaction, so a
     reader never waits long); returns how many."""
     cutoff = time.time() - keep_days * 86400
     removed = 0
     while True:
-        cur = con.execute(
-            "DELETE FROM turns WHERE seq IN"
-            " (SELECT seq FROM turns WHERE state='ended' AND ended_at < ? LIMIT 500)",
-            (cutoff,),
-        )
-        removed += cur.rowcount
-        if cur.rowcount < 500:
+        seqs = [r[0] for r in con.execute("SELECT seq FROM ends WHERE ended_at < ? LIMIT 500", (cutoff,))]
+        if seqs:
+            marks = ",".join("?" * len(seqs))
+            con.execute("BEGIN")
+            try:
+                con.execute(f"DELETE FROM turns WHERE seq IN ({marks})", seqs)
+                con.execute(f"DELETE FROM ends WHERE seq IN ({marks})", seqs)
+                con.execute("COMMIT")
+            except sqlite3.Error:
+                con.execute("ROLLBACK")
+                raise
+        removed += len(seqs)
+        if len(seqs) < 500:
             break
     con.execute("DELETE FROM events WHERE turn_id NOT IN (SELECT turn_id FROM turns)")
+    prune_cleared(con)
     return removed
 
 

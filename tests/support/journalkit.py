@@ -32,3 +32,41 @@ def record(
 def completed(turn_id: str) -> wire.TurnResult:
     """A completed result for ``turn_id``."""
     return wire.TurnResult(turn_id=turn_id, outcome="completed", output={"out": turn_id}, started=True)
+
+
+# A frozen copy of the journal's schema 1 (turnpool before J-APPEND: one row per turn, rewritten at
+# each step), to build the files an upgrade must read and convert.
+SCHEMA_1 = """
+CREATE TABLE turns (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL UNIQUE,
+    agent TEXT NOT NULL,
+    input BLOB NOT NULL,
+    session TEXT,
+    parent TEXT,
+    timeout REAL,
+    grace REAL,
+    kill_after REAL,
+    retry INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    state TEXT NOT NULL,
+    accepted_at REAL NOT NULL,
+    started_at REAL,
+    worker_pid INTEGER,
+    ended_at REAL,
+    outcome TEXT,
+    cause TEXT,
+    error_type TEXT,
+    error_message TEXT,
+    result BLOB
+);
+CREATE INDEX turns_state ON turns(state);
+CREATE INDEX turns_session ON turns(session);
+CREATE INDEX turns_ended ON turns(ended_at);
+CREATE TABLE health (id INTEGER PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE events (
+    turn_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (turn_id, seq)
+);
+PRAGMA application_id = 1414548017;  -- APP_ID, "TPJ1"
+PRAGMA user_version = 1;
+"""
