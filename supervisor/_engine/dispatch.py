@@ -69,6 +69,7 @@ class Dispatcher:
         self.skip = 0
         self.live = 0
         self.seen = (0, 0, 0, 0)
+        self.full = False  # J6-WITH: the last walk left no room in the gate's window
 
     def end_deferral(self) -> None:
         """The receive batch is handled: run the pump it asked for, once."""
@@ -417,7 +418,10 @@ class Dispatcher:
         It is still handed to a worker only once both are committed (``mark_recorded``,
         ``clear_for_dispatch``; ``TurnQueue.pop`` asks for both)."""
         turn.written = True
-        if turn.state == "queued":
+        if turn.state == "queued" and not self.full:
+            # (When the last walk found the gate's window full, a pump here is for nothing - a
+            # microsecond per submit in a burst; the next turn's end pumps, and so does
+            # ``mark_recorded``: a turn this skips wrongly only waits for its record, as before.)
             self.sup._pump()
 
     def _request_clearance(self) -> None:
@@ -458,7 +462,7 @@ class Dispatcher:
         window = capacity * depth * (CLEAR_AHEAD if depth > 1 else 1)
         want = window - sup._running - self.handed + len(self.released) - live
         if want <= 0:
-            self.skip, self.live = skip, live
+            self.skip, self.live, self.full = skip, live, True
             return
         batch: list[TurnRecord] = []
         ready = queue.ready
@@ -483,7 +487,7 @@ class Dispatcher:
             skip += 1
             live += 1
             want -= 1
-        self.skip, self.live = skip, live
+        self.skip, self.live, self.full = skip, live, want <= 0
         if batch:
             gate(batch)
 
