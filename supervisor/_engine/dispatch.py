@@ -419,9 +419,9 @@ class Dispatcher:
         ``clear_for_dispatch``; ``TurnQueue.pop`` asks for both)."""
         turn.written = True
         if turn.state == "queued" and not self.full:
-            # (When the last walk found the gate's window full, a pump here is for nothing - a
-            # microsecond per submit in a burst; the next turn's end pumps, and so does
-            # ``mark_recorded``: a turn this skips wrongly only waits for its record, as before.)
+            # (When the last walk found the gate's window full, a pump here is for nothing - 0.5 µs
+            # per submit in a burst; the next turn's end pumps, and so does ``mark_recorded``: a
+            # turn this skips wrongly only waits for its record, as before J6-WITH.)
             self.sup._pump()
 
     def _request_clearance(self) -> None:
