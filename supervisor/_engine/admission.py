@@ -111,16 +111,17 @@ class Admission:
         turn.attempts = attempts
         turn.id_chosen = chosen
         if sup._dispatch.gate is not None:
-            turn.recorded = readmit  # a readmitted turn's row is already in the journal
+            turn.recorded = turn.written = readmit  # a readmitted turn's row is already in the journal
             turn.dispatchable = False
         sup._turns[turn_id] = turn
         sup._active += 1
         for accept_hook in sup._hooks.accept:
             accept_hook(turn)
         sup._queue.push(turn)
-        if turn.recorded:
-            # J6-SKIP: behind the dispatch gate a new turn cannot be cleared before its accept row
-            # is committed (``mark_recorded`` pumps then): a pump per accept walked the gate for
-            # nothing, once per submit. Without a gate every turn is recorded from the start.
+        if turn.written:
+            # J6-SKIP, J6-WITH: behind the dispatch gate a new turn cannot be cleared before its
+            # accept row is written (``mark_written`` pumps then; an accept hook that writes it
+            # calls that before the turn is queued, so the pump is here): a pump per accept walked
+            # the gate for nothing. Without a gate every turn is written from the start.
             sup._pump()
         return turn

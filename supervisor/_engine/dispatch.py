@@ -58,9 +58,10 @@ class Dispatcher:
         self.released: set[WorkerSlot] = set()
         # J6, the dispatch gate. When set (a journal sets it, ``Supervisor.set_dispatch_gate``), a
         # new turn is handed to a worker only once (1) ``mark_recorded(turn)`` says its accept row is
-        # committed and (2) the gate, called with a batch of recorded turns from the head of the
-        # queue, has answered ``clear_for_dispatch``: a row saying they may run is committed. Intent
-        # before effect, in batches (group commit).
+        # committed and (2) the gate, called with a batch of turns from the head of the queue whose
+        # accept row is written (J6-WITH: ``written``, committed or not), has answered
+        # ``clear_for_dispatch``: a row saying they may run is committed. Intent before effect, in
+        # batches (group commit).
         self.gate: DispatchGate | None = None
         # J6-SKIP: the head of the ready queue that the gate's walk already went through: its
         # first ``skip`` entries are all cleared (or on their way) or ended, ``live`` of them
@@ -68,6 +69,7 @@ class Dispatcher:
         self.skip = 0
         self.live = 0
         self.seen = (0, 0, 0, 0)
+        self.full = False  # J6-WITH: the last walk left no room in the gate's window
 
     def end_deferral(self) -> None:
         """The receive batch is handled: run the pump it asked for, once."""
@@ -407,8 +409,24 @@ class Dispatcher:
                     turn.revoking = True
                     self.sup._send(slot, wire.Revoke(turn.id))
 
+    def written(self, turn: TurnRecord) -> None:
+        """J6-WITH (``Supervisor.mark_written``): the journal has ``turn``'s accept row written -
+        handed to it, not committed yet. Every row written from now on commits with that row or
+        after it (a batch runs its accept rows before its "dispatched" rows, and batches commit in
+        order, one at a time), so the gate may already clear ``turn``: for a turn at the head of an
+        idle pool its accept row and its "may run" row share one commit instead of two in a row.
+        It is still handed to a worker only once both are committed (``mark_recorded``,
+        ``clear_for_dispatch``; ``TurnQueue.pop`` asks for both)."""
+        turn.written = True
+        if turn.state == "queued" and not self.full:
+            # (When the last walk found the gate's window full, a pump here is for nothing - 0.5 µs
+            # per submit in a burst; the next turn's end pumps, and so does ``mark_recorded``: a
+            # turn this skips wrongly only waits for its record, as before J6-WITH.)
+            self.sup._pump()
+
     def _request_clearance(self) -> None:
-        """J6: ask the gate to clear the recorded turns at the head of the queue, as many as
+        """J6: ask the gate to clear the written turns at the head of the queue (J6-WITH: their
+        accept row handed to the journal, committed or not), as many as
         the workers could take now (running + handed ahead + cleared ≤ capacity × depth), and
         while turns are short (depth > 1) ``CLEAR_AHEAD`` times that (J6-AHEAD): with one window
         only, the workers ran out of cleared turns while each clearance waited for its commit (2
@@ -444,7 +462,7 @@ class Dispatcher:
         window = capacity * depth * (CLEAR_AHEAD if depth > 1 else 1)
         want = window - sup._running - self.handed + len(self.released) - live
         if want <= 0:
-            self.skip, self.live = skip, live
+            self.skip, self.live, self.full = skip, live, True
             return
         batch: list[TurnRecord] = []
         ready = queue.ready
@@ -459,14 +477,17 @@ class Dispatcher:
                 live += 1
                 want -= 1  # already cleared (or on its way): counts against what workers can take
                 continue
-            if not turn.recorded:
+            if not turn.written:
                 break  # in order: no turn is cleared ahead of an earlier one
+            # J6-WITH: a written turn is cleared whether or not its accept row is committed yet;
+            # its "may run" row is written after the accept row (same batch or a later one), and
+            # ``TurnQueue.pop`` hands it only once both are committed.
             turn.clearing = True
             batch.append(turn)
             skip += 1
             live += 1
             want -= 1
-        self.skip, self.live = skip, live
+        self.skip, self.live, self.full = skip, live, want <= 0
         if batch:
             gate(batch)
 

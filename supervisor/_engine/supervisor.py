@@ -68,7 +68,7 @@ __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor"
 
 log = logging.getLogger("turnpool.supervisor")
 
-# J6: what a journal sets to clear recorded turns for dispatch (``Supervisor.set_dispatch_gate``).
+# J6: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
 DispatchGate = Callable[[list[TurnRecord]], None]
 
 
@@ -612,8 +612,8 @@ class Supervisor(AcceptMany):
 
     def set_dispatch_gate(self, gate: DispatchGate) -> None:
         """J6: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
-        accept row is committed and ``gate`` (called with a batch of recorded turns from the head
-        of the queue) answered ``clear_for_dispatch`` for it. Set before the first submit."""
+        accept row is committed and ``gate`` (called with turns from the head of the queue whose
+        row is written, J6-WITH) answered ``clear_for_dispatch``. Set before the first submit."""
         self._dispatch.gate = gate
 
     def dispatch_once(self, calls: Iterable[Callable[[], Any]]) -> None:
@@ -633,9 +633,13 @@ class Supervisor(AcceptMany):
         finally:
             dispatch.end_deferral()
 
+    def mark_written(self, turn: TurnRecord) -> None:
+        """J6-WITH: the journal wrote ``turn``'s accept row, not committed yet (``Dispatcher.written``)."""
+        self._dispatch.written(turn)
+
     def mark_recorded(self, turn: TurnRecord) -> None:
         """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
-        turn.recorded = True
+        turn.recorded = turn.written = True
         self._pump()
 
     def clear_for_dispatch(self, turns: list[TurnRecord]) -> None:
@@ -648,7 +652,7 @@ class Supervisor(AcceptMany):
     def withdraw(self, turn: TurnRecord, why: str) -> None:
         """J6: a turn whose accept row could not be committed: it was never acknowledged and never
         ran (the gate held it); it ends ``failed`` (``JournalUnavailable``) and its id is forgotten."""
-        if turn.state == "queued" and not turn.dispatchable:
+        if turn.state == "queued" and not turn.recorded:  # (J6-WITH: cleared or not, never handed)
             self._queue.discard(turn)
             self._finish(turn, "failed", error=TurnError("JournalUnavailable", why))
         if turn.parent is None and turn.state == "ended":

@@ -112,6 +112,7 @@ class TurnRecord:
         "retry",
         "revoking",
         "recorded",
+        "written",
         "dispatchable",
         "clearing",
         "digest",
@@ -172,9 +173,13 @@ class TurnRecord:
         self.retry = False
         self.revoking = False  # a Revoke for this handed turn is on its way to the worker
         # The dispatch gate (J6, ``Supervisor.set_dispatch_gate``): with a journal a turn is handed
-        # to a worker only once its accept row is committed (``recorded``) and then a row saying
-        # it may run is committed (``dispatchable``). Without a gate both are true from the start.
+        # to a worker only once its accept row is committed (``recorded``) and a row saying it may
+        # run is committed (``dispatchable``: cleared). J6-WITH: the gate may ask for that row as
+        # soon as the accept row is written (``written``: queued to the journal, so any row
+        # written later commits with it or after it), before it is committed; both rows are then
+        # committed before the turn is handed. Without a gate all three are true from the start.
         self.recorded = True
+        self.written = True
         self.dispatchable = True
         self.clearing = False  # its "may run" row is being written
         # R-ID: the input's digest once the input itself is freed (the turn ended), so a later
@@ -517,7 +522,8 @@ class TurnQueue:
 
     def pop(self) -> TurnRecord | None:
         """The next turn that may be handed to a worker now; ``None`` when the head of the queue
-        still waits for the dispatch gate (turns pass it in order, so none overtakes another)."""
+        still waits for the dispatch gate - its "may run" row or its accept row not committed yet
+        (turns pass it in order, so none overtakes another)."""
         ready = self.ready
         while ready:
             turn = ready[0]
@@ -525,8 +531,8 @@ class TurnQueue:
                 ready.popleft()
                 self.dropped += 1
                 continue
-            if not turn.dispatchable:
-                return None
+            if not (turn.dispatchable and turn.recorded):
+                return None  # J6 (J6-WITH: a turn may be cleared before its accept row is committed)
             ready.popleft()
             self.count -= 1
             self.taken += 1
@@ -538,7 +544,10 @@ class TurnQueue:
         while ready and ready[0].state != "queued":
             ready.popleft()
             self.dropped += 1
-        return bool(ready) and ready[0].dispatchable
+        if not ready:
+            return False
+        head = ready[0]
+        return head.dispatchable and head.recorded
 
     def discard(self, turn: TurnRecord) -> None:
         """The turn left the queue by cancellation; the caller sets its state."""

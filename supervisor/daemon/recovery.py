@@ -99,6 +99,9 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
         # The row's callbacks are one object (J-GATE): ``committed`` runs on the loop (B3, J-LOOP).
         row = _AcceptRow(daemon, turn, gate, on_loop)
         journal.accepted(turn, row, row)
+        sup = daemon.sup
+        assert sup is not None
+        sup.mark_written(turn)  # J6-WITH: its "dispatched" row may now share this row's commit
 
     def accepted(turn: TurnRecord) -> Any:
         gate = Gate()
