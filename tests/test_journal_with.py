@@ -36,7 +36,7 @@ import anyio.to_thread
 import pytest
 
 from supervisor import Client, Daemon, JournalUnavailable, Supervisor
-from supervisor.daemon.journal import Journal, read_history
+from supervisor.daemon.journal import Journal, read_history, read_result
 from supervisor.daemon.recovery import attach_journal
 from supervisor.lowlevel import CLEAR_AHEAD
 from tests.support.daemonkit import FAST, short_dir, start, stop_process
@@ -290,7 +290,8 @@ async def test_an_id_already_in_the_journal_with_its_dispatched_row_in_the_same_
     lookup missing it (the race J8's insert-time check is for: here the lookup is made to miss).
     Its turn is cleared at once, so its "dispatched" row shares the batch of its conflicting
     accept row: the submit is refused (``ValueError``), the turn never runs, the existing row is
-    not made "dispatched" (after a crash that would end it a second time), and the gate, whose
+    not made "dispatched" (after a crash that would end it a second time) and keeps its own result
+    (schema 1 overwrote it with the refused turn's end), and the gate, whose
     window is the two workers alone (``prefetch=1``), still clears turn after turn."""
     home = short_dir()
     log = home / "runs.log"
@@ -311,11 +312,14 @@ async def test_an_id_already_in_the_journal_with_its_dispatched_row_in_the_same_
                 await _gate_still_clears(client, log)
                 await _quiet(journal)
                 rows = [r for r in read_history(home / "j.sqlite3", limit=1000) if r["turn_id"] == "dup"]
+                recorded = read_result(home / "j.sqlite3", "dup")
         counted = runs(log)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert counted["dup"] == 1
-    assert [r["state"] for r in rows] == ["ended"]
+    assert [(r["state"], r["outcome"]) for r in rows] == [("ended", "completed")]
+    # J-APPEND: the refused turns' ends ("failed") wrote nothing, least of all onto this turn's record.
+    assert recorded == first
 
 
 def _ended(journal: Path) -> set[str]:
