@@ -22,13 +22,14 @@ import signal
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
 import pytest
 
 from supervisor import Client, JournalUnavailable
-from supervisor.daemon import journal_link
+from supervisor.daemon import journal_link, journal_writer
 from supervisor.daemon.journal import Journal, read_history
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
@@ -119,6 +120,98 @@ def _writer_pid(daemon_pid: int) -> int:
         if any("journal_writer" in part for part in cmdline):
             return child.pid
     raise AssertionError("the daemon has no journal writer process")
+
+
+def _die_after_reply(journal: Journal, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """J-LOST, made exact: the next time the journal reads a whole reply from its writer (through
+    ``journal_writer.<name>``: ``recv`` on the thread, ``parse`` on the loop), the writer process
+    is SIGKILLed and the reply dropped — the writer died after its commit, before its answer."""
+    real = getattr(journal_writer, name)
+
+    def dying(*args: Any) -> Any:
+        reply = real(*args)
+        if reply is journal_writer.INCOMPLETE:
+            return reply
+        monkeypatch.setattr(journal_writer, name, real)
+        child = journal._child
+        assert child is not None
+        child.kill()
+        child.wait(30)
+        return None
+
+    monkeypatch.setattr(journal_writer, name, dying)
+
+
+def _accept(journal: Journal, tid: str, said: dict[str, str]) -> None:
+    journal.accepted(
+        record(tid),
+        lambda: said.__setitem__(tid, "committed"),
+        lambda why, conflict: said.__setitem__(tid, f"refused: {why}"),
+    )
+
+
+def test_a_writer_that_dies_after_its_commit_keeps_the_acks_of_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J-LOST on the writer thread: the writer commits a batch of accept rows and dies before its
+    reply. The rows are in the file, so the submits are acknowledged, not refused: a refusal says
+    "not recorded, never run", and the next daemon on this journal would run them. A new writer
+    takes the next batch."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    said: dict[str, str] = {}
+    try:
+        _die_after_reply(journal, monkeypatch, "recv")
+        for tid in ("a", "b"):
+            _accept(journal, tid, said)
+        journal.flush()
+        _accept(journal, "c", said)
+        journal.flush()
+    finally:
+        assert journal.close(timeout=30)
+    assert said == dict.fromkeys(("a", "b", "c"), "committed")
+    again = Journal.open(path)
+    try:
+        assert [(t.turn_id, t.state) for t in again.recover()] == [
+            ("a", "queued"),
+            ("b", "queued"),
+            ("c", "queued"),
+        ]
+    finally:
+        assert again.close(timeout=30)
+
+
+def test_a_writer_that_dies_after_its_commit_keeps_the_acks_of_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J-LOST on the event loop (J-LOOP): the reply of a committed batch never comes, the writer is
+    dead. The loop hands the batch to a writer thread, which reads the file (not the loop: the disk
+    may be why the writer died), finds the rows and acknowledges them; rows written meanwhile go
+    after it, to a new writer; every accept is acknowledged exactly once."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    said: dict[str, str] = {}
+
+    async def run() -> None:
+        assert journal.attach()
+        _die_after_reply(journal, monkeypatch, "parse")
+        for i in range(50):
+            _accept(journal, f"t{i}", said)
+        journal.hand_over()
+        assert journal._inflight is not None
+        for i in range(50, 80):  # held behind the batch in flight
+            _accept(journal, f"t{i}", said)
+        with anyio.fail_after(30):
+            while len(said) < 80:  # noqa: ASYNC110 - the commit callbacks come from the writer thread
+                await anyio.sleep(0.01)  # allowed: bounded wait for the journal's thread to answer
+
+    try:
+        asyncio.run(run())
+    finally:
+        assert journal.close(timeout=30)
+    assert said == {f"t{i}": "committed" for i in range(80)}
+    with contextlib.closing(sqlite3.connect(path)) as con:
+        assert con.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 80
 
 
 @pytest.mark.anyio

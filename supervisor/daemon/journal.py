@@ -50,6 +50,7 @@ from wire import TurnResult
 
 from . import journal_writer as _journal_writer
 from .journal_link import (
+    _ACCEPT,
     _DISPATCHED,
     _ENDED_BY_ID,
     _REQUEUED,
@@ -179,6 +180,7 @@ class Journal(JournalLink):
         self._inflight_groups: list[Any] = []  # as it was sent (conflicts are indexes into it)
         self._inflight_waiters: list[Callable[[], None]] = []
         self._wbuf = b""  # what of the batch's frame the socket did not take yet
+        self._lost = False  # J-LOST: the batch in flight lost its writer before its reply
         self._rbuf = bytearray()
         self._lock: socket.socket | None = None
         self._sock: socket.socket | None = None  # to the writer process
@@ -414,6 +416,30 @@ class Journal(JournalLink):
                 entry = live.get(p[1])
                 if entry is not None and entry[0] == p[0]:
                     entry[0] = None
+
+    def _landed(self, groups: list[Any]) -> list[tuple[int, int]] | None:
+        accepts = [
+            (k, i, p[0]) for k, g in enumerate(groups) if g.sql is _ACCEPT for i, p in enumerate(g.params)
+        ]
+        if not accepts:
+            return None
+        present: set[int] = set()
+        try:
+            con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+            try:
+                for k in range(0, len(accepts), 500):
+                    chunk = [a[2] for a in accepts[k : k + 500]]
+                    marks = ",".join("?" * len(chunk))
+                    query = f"SELECT seq FROM turns WHERE seq IN ({marks})"
+                    present.update(r[0] for r in con.execute(query, chunk))
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return None  # cannot tell: refused, as any failed batch (the thread retries the rest)
+        if not present:
+            return None
+        log.warning("journal %s: the writer died after committing a batch; its acks stand", self.path)
+        return [(k, i) for k, i, seq in accepts if seq not in present]
 
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
         """J6: record that these turns may now run (committed before any worker gets them): one

@@ -59,6 +59,11 @@ _ENDED_BY_ID = (
 )
 
 
+LOST: Any = object()
+"""J-LOST: a batch was sent and its writer died before it replied; a writer thread finds out from the
+file whether it was committed (``JournalLink._finish``)."""
+
+
 def runs(seqs: list[int]) -> list[tuple[int, int]]:
     """``seqs`` as runs of consecutive numbers ``(lo, hi)``: one ``cleared`` row per run (J6)."""
     out: list[tuple[int, int]] = []
@@ -253,6 +258,7 @@ class JournalLink:
     _inflight_waiters: list[Callable[[], None]]
     _wbuf: bytes
     _rbuf: bytearray
+    _lost: bool
     _sock: socket.socket | None
     _child: subprocess.Popen[bytes] | None
     _identity: tuple[int, int]
@@ -263,6 +269,11 @@ class JournalLink:
     def _forget(self, accepts: list[Any]) -> None:
         """J-APPEND: these accept rows were refused: their turns are not in the journal (so no row
         of theirs is written by seq any more). ``Journal`` keeps the open turns."""
+
+    def _landed(self, groups: list[Group]) -> list[tuple[int, int]] | None:
+        """J-LOST: the writer died before it replied to ``groups``: if the file shows the batch was
+        committed, its accept rows that inserted nothing (J8), else ``None``. ``Journal`` reads it."""
+        return None
 
     def _stop_child(self, timeout: float | None) -> bool:
         raise NotImplementedError
@@ -366,7 +377,12 @@ class JournalLink:
         in order (B3: handed to ``deliver`` as one list), or the error as text."""
         if reply is None:
             self._stop_child(0)
-            reply = ("the journal writer process died", [])
+            # J-LOST: it may have died after its commit, before its reply: a batch is all or
+            # nothing, so its accept rows in the file say it was committed. Refusing them then
+            # would tell a client "not recorded, never run" of a turn that the next daemon on this
+            # journal runs. (A batch without accept rows is retried: every other row is idempotent.)
+            landed = self._landed(groups)
+            reply = ("the journal writer process died", []) if landed is None else (None, landed)
         error, conflicts = reply
         if error is not None:
             return f"cannot write the journal {self.path}: {error}"
@@ -446,7 +462,10 @@ class JournalLink:
             stop = any(item[0] == "stop" for item in ws)
             if inflight is not None:
                 assert batch is not None
-                why = self._complete(batch, *inflight)
+                if inflight is LOST:
+                    why = self._finish(batch.groups(), None)
+                else:
+                    why = self._complete(batch, *inflight)
                 inflight = None
             else:
                 why = self.error if self.broken else self._identity_lost()
@@ -602,6 +621,13 @@ class JournalLink:
         self._inflight, self._inflight_groups, self._inflight_waiters = None, [], []
         if reply is None:
             self._unwatch()
+            if any(g.sql is _ACCEPT and g.params for g in groups):
+                # J-LOST: whether the dead writer committed it is read from the file, by a writer
+                # thread (never the loop: the disk may be the reason the writer died).
+                self._inflight, self._inflight_groups, self._inflight_waiters = rows, groups, waiters
+                self._wbuf, self._rbuf, self._lost = b"", bytearray(), True
+                self._detach(*self._take_pending(), pause=False)
+                return
         why = self._finish(groups, reply)
         if why is None:
             self._set_error(None)
@@ -639,7 +665,8 @@ class JournalLink:
         inflight = None
         if self._inflight is not None:
             first, first_ws = self._inflight, [("sync", fn) for fn in self._inflight_waiters]
-            inflight = (self._wbuf, bytes(self._rbuf))
+            inflight = LOST if self._lost else (self._wbuf, bytes(self._rbuf))
+            self._lost = False
             self._inflight, self._inflight_groups, self._inflight_waiters = None, [], []
             if rows is not None:
                 self._queue.put(("rows", rows))
