@@ -211,3 +211,26 @@ def test_a_conflicting_accept_writes_nothing_and_never_touches_the_turn_with_its
     assert journal.close(timeout=30)
     assert read_result(path, "same") == completed("same")
     assert [(r["turn_id"], r["state"]) for r in read_history(path)] == [("same", "ended")]
+
+
+def test_an_upgrade_says_how_many_turns_and_is_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upgrade of a schema-1 file takes time in proportion to it (one transaction over every
+    turn): the writer first says how many turns it converts, the daemon logs it and waits for that
+    many instead of its usual start-up bound (a big journal would otherwise be refused at every
+    start, its upgrade rolled back each time). Opening the upgraded file again converts nothing."""
+    path = tmp_path / "j" / "j.sqlite3"
+    path.parent.mkdir()
+    _schema_1_file(path)
+    with caplog.at_level("WARNING", logger="turnpool.journal"):
+        journal = Journal.open(path)
+        assert journal.close(timeout=30)
+    assert [r.getMessage() for r in caplog.records if "upgrading" in r.getMessage()] == [
+        f"journal {path}: upgrading 4 turns to schema 2"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="turnpool.journal"):
+        again = Journal.open(path)
+        assert again.close(timeout=30)
+    assert not [r for r in caplog.records if "upgrading" in r.getMessage()]

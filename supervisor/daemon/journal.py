@@ -116,6 +116,7 @@ _encode = msgspec.msgpack.Encoder().encode
 
 
 _START_TIMEOUT = 30.0  # seconds the writer process has to open the database
+UPGRADE_TURNS_PER_S = 13_000.0  # J-APPEND: the slowest upgrade waited for (≈ 260,000 turns/s measured)
 
 
 def _ignore_failure(why: str, conflict: bool) -> None:
@@ -275,6 +276,14 @@ class Journal(JournalLink):
         try:
             _journal_writer.send(mine, init)
             reply = _journal_writer.recv(mine)
+            if reply is not None and reply[0] == "upgrading":
+                # J-APPEND: a schema-1 file is converted first, in one transaction; its time grows
+                # with the file, so the bound does too (a twentieth of the rate measured here).
+                log.warning(
+                    "journal %s: upgrading %d turns to schema %d", self.path, reply[1], SCHEMA_VERSION
+                )
+                mine.settimeout(_START_TIMEOUT + reply[1] / UPGRADE_TURNS_PER_S)
+                reply = _journal_writer.recv(mine)
         except OSError as exc:
             reply = (f"the journal writer did not start: {exc}", None)
         mine.settimeout(None)

@@ -10,7 +10,8 @@ daemon opens the journal while a stuck writer might still write to it; it dies w
 
 Run as a script (``python -I _journal_writer.py FD``) so it imports nothing but the standard
 library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
-answered ``(None, None)`` or ``(error, None)``; then one frame per batch, a list of
+answered ``(None, None)`` or ``(error, None)`` (after ``("upgrading", turns)`` when a schema-1 file is
+converted first); then one frame per batch, a list of
 ``(sql, rows, accept)`` (one per statement, J-GROUP; ``accept`` is ``"seq"`` for rows that lead with
 the seq of the turn they insert, J-APPEND), answered ``(error or None, [(group, row)
 indexes of accept rows that inserted nothing])``. A batch runs in one transaction: all or nothing.
@@ -27,6 +28,7 @@ import sqlite3
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 _LEN = struct.Struct("<I")
@@ -112,7 +114,11 @@ class Writer:
         self.last_compaction = time.monotonic()
         self.batches = 0
 
-    def connect(self, init: dict[str, Any] | None = None) -> sqlite3.Connection:
+    def connect(
+        self, init: dict[str, Any] | None = None, upgrading: Callable[[int], None] | None = None
+    ) -> sqlite3.Connection:
+        """Open the database; with ``init`` (the first time) create or upgrade its schema, calling
+        ``upgrading`` with the number of turns before a schema-1 file is converted."""
         con = sqlite3.connect(self.path, isolation_level=None)
         if init is not None:
             con.execute("PRAGMA journal_mode=WAL")
@@ -123,6 +129,8 @@ class Writer:
             if con.execute("PRAGMA user_version").fetchone()[0] == 1:
                 # J-APPEND: a schema-1 journal (J4 checked it) is brought to schema 2 in one
                 # transaction: all of it or, on any error, none of it.
+                if upgrading is not None:
+                    upgrading(con.execute("SELECT COUNT(*) FROM turns").fetchone()[0])
                 try:
                     con.executescript(
                         f"BEGIN IMMEDIATE;\n{init['migrate_from_1']}\nPRAGMA user_version={version};\nCOMMIT;"
@@ -260,7 +268,9 @@ def main() -> int:
     os.umask(0o077)  # SQLite makes -wal and -shm with the umask: private from the start
     writer = Writer(init)
     try:
-        writer.con = writer.connect(init)
+        # J-APPEND: an upgrade takes time in proportion to the file (≈ 260,000 turns a second
+        # here): the daemon is told how many turns, and waits for them instead of its usual bound.
+        writer.con = writer.connect(init, lambda turns: send(sock, ("upgrading", turns)))
     except (sqlite3.Error, OSError) as exc:
         send(sock, (f"{type(exc).__name__}: {exc}", None))
         return 1
