@@ -432,23 +432,18 @@ class Journal(JournalLink):
         ]
         if not accepts:
             return None
-        present: set[int] = set()
         try:
             con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
             try:
-                for k in range(0, len(accepts), 500):
-                    chunk = [a[2] for a in accepts[k : k + 500]]
-                    marks = ",".join("?" * len(chunk))
-                    query = f"SELECT seq FROM turns WHERE seq IN ({marks})"
-                    present.update(r[0] for r in con.execute(query, chunk))
+                absent = _journal_writer.missing(con, [a[2] for a in accepts])
             finally:
                 con.close()
         except sqlite3.Error:
             return None  # cannot tell: refused, as any failed batch (the thread retries the rest)
-        if not present:
+        if len(absent) == len(accepts):
             return None
         log.warning("journal %s: the writer died after committing a batch; its acks stand", self.path)
-        return [(k, i) for k, i, seq in accepts if seq not in present]
+        return [accepts[j][:2] for j in absent]
 
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
         """J6: record that these turns may now run (committed before any worker gets them): one

@@ -165,7 +165,7 @@ class Writer:
                     # the rows whose seq is not in the table are the conflicts. (A savepoint to undo
                     # and redo them one by one cost more than the inserts once the schema had triggers.)
                     if con.executemany(sql, params).rowcount != len(params):
-                        conflicts.extend((k, i) for i in _missing(con, [p[0] for p in params]))
+                        conflicts.extend((k, i) for i in missing(con, [p[0] for p in params]))
                 elif len(params) == 1:
                     if con.execute(sql, params[0]).rowcount == 0:
                         conflicts.append((k, 0))
@@ -207,8 +207,9 @@ class Writer:
         return None, conflicts
 
 
-def _missing(con: sqlite3.Connection, seqs: list[int]) -> list[int]:
-    """The indexes of ``seqs`` that have no ``turns`` row."""
+def missing(con: sqlite3.Connection, seqs: list[int]) -> list[int]:
+    """The indexes of ``seqs`` that have no ``turns`` row (J-APPEND: an accept row that inserted
+    nothing, here and in ``Journal._landed``)."""
     present: set[int] = set()
     for k in range(0, len(seqs), 500):
         chunk = seqs[k : k + 500]
