@@ -23,7 +23,10 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+import zmq
+import zmq.asyncio
 
+import wire
 from supervisor import Client, DaemonShuttingDown, DaemonUnavailable, EventsDropped
 from supervisor.daemon.journal import read_history
 from tests.support import daemonkit
@@ -31,6 +34,8 @@ from tests.support.daemonkit import FAST, serving
 from tests.support.events import assert_accounted
 
 pytestmark = pytest.mark.anyio
+
+LONG_TURN = "tests.agents.client:wait_for_cancel"
 
 
 @pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
@@ -343,3 +348,68 @@ async def test_a_daemon_stopped_mid_burst_answers_every_request_it_read() -> Non
         shutil.rmtree(home, ignore_errors=True)
     assert [r.turn_id for r in results] == recorded
     assert {r.outcome for r in results} <= {"completed", "aborted"}, {r.outcome for r in results}
+
+
+@pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
+async def test_a_client_that_vanishes_behind_its_backlog_leaves_nothing_held(journal: bool) -> None:
+    """J-PIPE-FAIR and R-GONE attacked: a raw client sends 10,000 submits of a long turn in one
+    frame, each asking for its result too (``wait``), reads the first ack (the rest wait in the
+    daemon's backlog, a slice per loop pass) and vanishes while the daemon is still working through
+    them. Another client's ``status()`` is answered while the backlog drains (before, it waited
+    behind the whole frame). The daemon handles every request it read, each turn exactly once, and
+    holds nothing for the vanished client (status: 0 waits, one client left); after a cancel of the
+    session every turn ends ``aborted`` (with the journal: recorded with that one end)."""
+    home = daemonkit.short_dir()
+    n = 10_000
+    path = str(home / "j.sqlite3")
+    store = ("--journal", path) if journal else ("--no-journal",)
+    opts = (*FAST, *store, "--max-queue", str(2 * n), "--keep-results", str(2 * n))
+    ids = [f"v-{i}" for i in range(n)]
+    noinput = msgspec.Raw(msgspec.msgpack.encode(None))
+    frame = wire.encode_batch(
+        [
+            wire.encode(wire.Submit(i + 2, LONG_TURN, noinput, session="vanish", turn_id=t, wait=True))
+            for i, t in enumerate(ids)
+        ]
+    )
+    try:
+        with serving(*opts) as d:
+            async with Client.connect(d.endpoint, timeout=30) as watcher:
+                ctx = zmq.asyncio.Context()
+                sock = ctx.socket(zmq.DEALER)
+                try:
+                    sock.connect(d.endpoint)
+                    await sock.send(wire.encode(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION)))
+                    with anyio.fail_after(30):
+                        welcome = wire.decode_from_daemon_frame(await sock.recv())
+                        assert isinstance(welcome[0], wire.Welcome), welcome
+                        await sock.send(frame)
+                        first = wire.decode_from_daemon_frame(await sock.recv())
+                    assert any(isinstance(m, wire.Accepted) for m in first), first
+                finally:
+                    sock.close(linger=0)  # gone, with most of its frame still unhandled
+                    ctx.term()
+                seen: list[tuple[int, int, int, int]] = []
+                with anyio.fail_after(120):
+                    while True:
+                        status = await watcher.status()
+                        facts = status["daemon"]
+                        seen.append(
+                            (facts["turns_kept"], facts["waits"], facts["clients"], facts["clients_gone"])
+                        )
+                        if facts["turns_kept"] >= n and (facts["waits"], facts["clients"]) == (0, 1):
+                            break
+                        await anyio.sleep(0.05)  # allowed: pacing a bounded poll of the daemon's status
+                assert seen[0][0] < n, f"the watcher waited behind the whole backlog: {seen[:3]}"
+                assert seen[-1][3] >= 1, seen[-1]  # the vanished client was noticed and freed
+                assert status["queue"] + status["running"] == n, status
+                await watcher.cancel_session("vanish")
+                with anyio.fail_after(120):
+                    results = await watcher.results([watcher.handle(t) for t in ids])
+                assert {r.outcome for r in results} == {"aborted"}, {r.outcome for r in results}
+        if journal:
+            rows = read_history(path, limit=2 * n)
+            assert sorted(r["turn_id"] for r in rows) == sorted(ids)
+            assert {r["outcome"] for r in rows} == {"aborted"}, {r["outcome"] for r in rows}
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

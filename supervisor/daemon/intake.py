@@ -1,7 +1,8 @@
 """Reading clients' requests off the daemon's ROUTER: frames in a reader callback on the socket's
 edge-triggered FD (B1), a bounded slice of requests per call (J-PIPE), the rest of a frame kept
-in a backlog that goes first at the next call. Each request goes to ``Daemon._handle``; a frame
-that is not one well-formed request batch costs one error reply (``Daemon._malformed``, D5).
+in a backlog that shares each later call with what other clients sent meanwhile (J-PIPE-FAIR; a
+client's own later frames wait behind its backlog). Each request goes to ``Daemon._handle``; a
+frame that is not one well-formed request batch costs one error reply (``Daemon._malformed``, D5).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ READ_BATCH = 512
 # the journal's commit replies and hands it the next rows: the writer commits while the daemon
 # accepts, instead of waiting for the whole burst and then holding every dispatch behind one commit.
 READ_MESSAGES = 256
+# J-PIPE-FAIR: while a backlog waits, it gets this share of a call's budget and frames read meanwhile
+# the rest: a client whose frame is not in the backlog is answered within a slice, not after the
+# whole backlog (one frame of a raw client may hold a hundred thousand requests). A client with
+# requests in the backlog has its later frames queued behind them (its own order).
+BACKLOG_SHARE = READ_MESSAGES // 2
+# ... and at most this many frames wait in the backlog: past that, nothing more is read until it
+# shrinks (ZeroMQ's queue, bounded by its high-water mark, holds the rest, as before J-PIPE-FAIR).
+BACKLOG_FRAMES = 64
 
 
 class Intake:
@@ -43,6 +52,7 @@ class Intake:
         # J-PIPE: requests decoded but not handled yet (the rest of a frame past the budget of one
         # call), in arrival order: (client, the frame's requests, the first not handled).
         self.backlog: collections.deque[tuple[bytes, list[Any], int]] = collections.deque()
+        self.behind: dict[bytes, int] = {}  # J-PIPE-FAIR: client -> its frames in the backlog
 
     def on_readable(self) -> None:
         # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
@@ -53,8 +63,9 @@ class Intake:
             return
         budget = READ_MESSAGES
         if self.backlog:
-            budget = self.drain(budget)
-            if budget <= 0:
+            # J-PIPE-FAIR: part of the slice for the backlog, the rest for what other clients sent.
+            budget = self.drain(BACKLOG_SHARE) + READ_MESSAGES - BACKLOG_SHARE
+            if len(self.backlog) >= BACKLOG_FRAMES:
                 self.recheck()
                 return
         # B6: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
@@ -62,9 +73,11 @@ class Intake:
         recv = sync.recv
         peers = self.daemon._clients.peers
         for _ in range(READ_BATCH):
-            if budget <= 0:
+            if budget <= 0 or len(self.backlog) >= BACKLOG_FRAMES:
                 break
             if not getsockopt(_EVENTS) & _POLLIN:
+                if self.backlog:
+                    self.recheck()  # J-PIPE-FAIR: nothing new, the backlog goes on at the next call
                 return
             try:
                 ident = recv(_NOBLOCK)
@@ -115,9 +128,15 @@ class Intake:
             daemon._malformed(ident, f"undecodable request: {exc}")
             return budget - 1
         handle = daemon._handle
+        behind = self.behind
+        if ident in behind:  # J-PIPE-FAIR: behind its own requests still in the backlog
+            behind[ident] += 1
+            self.backlog.append((ident, messages, 0))
+            return budget - 1
         if len(messages) > budget:
             for msg in messages[:budget]:
                 handle(ident, msg)
+            behind[ident] = 1
             self.backlog.append((ident, messages, budget))
             return 0
         for msg in messages:
@@ -129,6 +148,7 @@ class Intake:
         them, as the daemon stops: every request it read is answered); returns what is left of
         the budget."""
         backlog = self.backlog
+        behind = self.behind
         handle = self.daemon._handle
         while backlog:
             ident, messages, start = backlog.popleft()
@@ -138,6 +158,9 @@ class Intake:
             if end < len(messages):
                 backlog.appendleft((ident, messages, end))
                 return 0
+            left = behind.pop(ident) - 1
+            if left:
+                behind[ident] = left
             if budget is not None:
                 budget -= end - start
                 if budget <= 0:

@@ -261,7 +261,9 @@ class Daemon:
         says ``EHOSTUNREACH``: its state is freed) or its queue is full (``SNDHWM``: its requests
         are dropped and it is owed an error each, R21)."""
         peer = self._clients.peers.get(ident)
-        if peer is not None and peer.version >= 3:
+        if peer is None:
+            return False  # R-GONE: every client has a peer from its first frame on; this one went
+        if peer.version >= 3:
             self._queue_reply(peer, msg)  # goes in ``_flush``, which hands journal rows over first
             return True
         for before in self.before_reply:  # B2: this reply leaves now; the journal's rows first
@@ -478,18 +480,21 @@ class Daemon:
         """Run a request that waits (result, follow, when_idle) as a task; with ``key`` it is
         registered under its client, so an ``Abandon``, a disconnect or a full queue cancels it."""
         assert self._tg is not None
+        peer = None
+        if key is not None:
+            peer = self._clients.peers.get(key[0])
+            if peer is None:
+                return  # R-GONE: its client is gone (a request read before it went): nobody waits
         self._inflight += 1
         if self._inflight == 1:
             self._inflight_zero = anyio.Event()
         scope = scope or anyio.CancelScope()
-        if key is not None:
-            ident, req, kind = key
-            peer = self._clients.peers.get(ident)
-            if peer is not None:
-                old = peer.tasks.get(req)
-                if old is not None:
-                    old[0].cancel()  # a client reusing a live request id replaces that request
-                peer.tasks[req] = (scope, kind)
+        if key is not None and peer is not None:
+            req, kind = key[1], key[2]
+            old = peer.tasks.get(req)
+            if old is not None:
+                old[0].cancel()  # a client reusing a live request id replaces that request
+            peer.tasks[req] = (scope, kind)
         self._tg.start_soon(self._run_task, fn, args, scope, key)
 
     async def _run_task(
@@ -534,13 +539,14 @@ class Daemon:
         if turn.result is not None:
             self._send(ident, wire.Result(req, turn.result))
             return
-        scope = Waiter()
         peer = self._clients.peers.get(ident)
-        if peer is not None:
-            old = peer.tasks.get(req)
-            if old is not None:
-                old[0].cancel()  # a client reusing a live request id replaces that request
-            peer.tasks[req] = (scope, "result")
+        if peer is None:
+            return  # R-GONE: the client is gone; nothing is held for it until the turn ends
+        scope = Waiter()
+        old = peer.tasks.get(req)
+        if old is not None:
+            old[0].cancel()  # a client reusing a live request id replaces that request
+        peer.tasks[req] = (scope, "result")
         self._result_waiters.setdefault(turn_id, []).append((ident, req, scope))
 
     def ack_when_done(
