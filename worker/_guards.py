@@ -31,6 +31,7 @@ _BATON_FD = -1  # set by start_guardian: see _take_baton
 _SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
 _KILLING = False  # this process has begun killing its tree
 _PARENT_PID = -1  # the supervisor's pid (set by install_process_guards)
+_JOIN: threading.Thread | None = None  # W-JOIN: the move into the worker's cgroup, while it starts
 _WATCHER: _flusher.StaleFlusher | None = None  # the life-pipe watcher, later the stale flusher
 
 # H3: which turnpool process this is ("worker", "zygote"; a zygote's fork inherits it), or None
@@ -179,8 +180,14 @@ def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | N
     if life_fd is not None:
         # First: no thread and no ZeroMQ context exist yet, and it stays outside the cgroup.
         guardian = start_guardian(life_fd, cgroup=cgroup, marker=os.environ.get(_tree.TREE_ENV))
-    if cgroup is not None and not _cgroup.join(cgroup):
-        print(f"turnpool worker: could not join cgroup {cgroup}; the tree markers stand in", file=sys.stderr)
+    if cgroup is not None:
+        # W-JOIN: the move into the cgroup waits in the kernel for an RCU grace period (6-12 ms
+        # here) when no migration happened just before; a thread waits for it while the worker
+        # starts its link and warm-up, and ``cgroup_joined`` (before Ready) waits for the thread.
+        # Nothing forks meanwhile, and the move takes every thread of the process with it.
+        global _JOIN
+        _JOIN = threading.Thread(target=_join, args=(cgroup,), name="turnpool-cgroup-join", daemon=True)
+        _JOIN.start()
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     _tree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
@@ -196,6 +203,20 @@ def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | N
         )
         _WATCHER.start()
     _SWEEP = _sweep.TurnSweep(guardian)
+
+
+def _join(cgroup: str) -> None:
+    if not _cgroup.join(cgroup):
+        print(f"turnpool worker: could not join cgroup {cgroup}; the tree markers stand in", file=sys.stderr)
+
+
+def cgroup_joined() -> None:
+    """W-JOIN: return once the worker is in its cgroup (or could not join it): before ``Ready``,
+    so no turn's code runs, and nothing forks, outside it."""
+    global _JOIN
+    if _JOIN is not None:
+        _JOIN.join()
+        _JOIN = None
 
 
 def watcher() -> _flusher.StaleFlusher | None:

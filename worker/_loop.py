@@ -29,7 +29,14 @@ from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply,
 from . import _endlog, _heir, _marker
 from ._errors import SpawnError, TurnCancelled
 from ._flusher import StaleFlusher
-from ._guards import EXIT_LINK_LOST, PARENT_DEATH_SIGNAL, kill_own_tree_and_exit, sweep_leftovers, watcher
+from ._guards import (
+    EXIT_LINK_LOST,
+    PARENT_DEATH_SIGNAL,
+    cgroup_joined,
+    kill_own_tree_and_exit,
+    sweep_leftovers,
+    watcher,
+)
 from ._turn import Turn
 
 _IMPORT_CACHE: dict[str, Any] = {}
@@ -595,6 +602,7 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     # end again, so it must not stay up deaf. Watch for the disconnection and exit.
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     await loop.warm_up()  # W-WARM: the first real turn finds the worker's pages its own
+    cgroup_joined()  # W-JOIN: in its cgroup before any turn of the supervisor's can run
     conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
     aloop = asyncio.get_running_loop()
     stop = aloop.create_future()

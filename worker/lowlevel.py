@@ -24,7 +24,7 @@ from ._endlog import SIZE as ENDLOG_SIZE
 from ._endlog import EndLog
 from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
-from ._guards import EXIT_LINK_LOST, process_role, start_guardian
+from ._guards import EXIT_LINK_LOST, cgroup_joined, install_process_guards, process_role, start_guardian
 from ._guards import _take_baton as take_baton
 from ._heir import GONE as HEIR_GONE
 from ._heir import UNWATCHABLE as HEIR_UNWATCHABLE
@@ -66,6 +66,7 @@ __all__ = [
     "CgroupPool",
     "EndLog",
     "TREE_ENV",
+    "cgroup_joined",
     "cgroup_kill",
     "cgroup_kill_and_remove",
     "cgroup_of",
@@ -82,6 +83,7 @@ __all__ = [
     "freeze_tree",
     "has_marker",
     "heir_watch",
+    "install_process_guards",
     "marker_path_for",
     "marker_read",
     "marker_read_noted",

@@ -106,3 +106,26 @@ async def next_turn_children(turn: worker.Turn) -> dict[str, Any]:
 
     me = psutil.Process()
     return {"worker": os.getpid(), "children": [p.pid for p in me.children(recursive=True)]}
+
+
+def _unified(path: str) -> str:
+    with open(path) as f:
+        return next(line.strip() for line in f if line.startswith("0::"))
+
+
+async def where_am_i(turn: worker.Turn) -> dict[str, Any]:
+    """W-JOIN: the cgroup v2 line of this worker, of each of its threads and of a child it runs."""
+    threads = {tid: _unified(f"/proc/self/task/{tid}/cgroup") for tid in os.listdir("/proc/self/task")}
+    child = (await anyio.run_process(["cat", "/proc/self/cgroup"])).stdout.decode()
+    return {
+        "self": _unified("/proc/self/cgroup"),
+        "threads": threads,
+        "child": next(line.strip() for line in child.splitlines() if line.startswith("0::")),
+    }
+
+
+async def announce_then_spin(turn: worker.Turn) -> None:
+    """Says it runs, then spins without awaiting: only the kill ends it."""
+    await turn.emit({"pid": os.getpid()})
+    while True:
+        pass
