@@ -279,6 +279,34 @@ async def test_a_replacement_worker_is_in_its_cgroup_with_every_thread_before_it
                 assert got.output["child"] == got.output["self"], got.output
 
 
+@pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
+async def test_a_replacement_workers_first_turn_forking_without_exec_is_killed_whole(tmp_path: Path) -> None:
+    """W-JOIN attacked: the very first turn of a fresh replacement (queued behind a kill, so it
+    runs the moment the worker says ``Ready``) forks without exec a setsid daemon and a plain
+    child, then never awaits. Both were forked inside the worker's cgroup, and once the turn is
+    ``killed`` neither is alive."""
+    pid_file = tmp_path / "pids"
+    for zygote in (True, False):
+        pid_file.unlink(missing_ok=True)
+        with anyio.fail_after(60):
+            async with Supervisor(workers=1, spares=0, grace=0.0, kill_after=0.2, zygote=zygote) as sup:
+                doomed = await sup.submit("tests.agents.tree:announce_then_spin")
+                async for _ in doomed.events():
+                    break  # it runs
+                first = await sup.submit("tests.agents.tree:daemonize_then_hang", {"pid_file": str(pid_file)})
+                await doomed.cancel()
+                async for _ in first.events():
+                    break  # its tree is made
+                (fresh,) = [w for w in (await sup.status())["workers"] if w["turn_id"] == first.turn_id]
+                own = lowlevel.cgroup_of(fresh["pid"])
+                pids = _pids(pid_file)
+                assert own is not None and {lowlevel.cgroup_of(p) for p in pids} == {own}, (pids, own)
+                await first.cancel()
+                result = await first.result()
+                assert result.outcome == "killed", result
+                assert _alive(pids) == []
+
+
 _JOIN_PROBE = """
 import os, sys
 from worker import lowlevel
