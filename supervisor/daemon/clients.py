@@ -81,6 +81,13 @@ class Peer:
         self.out: list[bytes] = []
         self.out_bytes = 0
 
+    def hold(self, req: int, scope: anyio.CancelScope | Waiter, kind: str) -> None:
+        """Register a request that waits (R20); a client reusing a live request id replaces that request."""
+        old = self.tasks.get(req)
+        if old is not None:
+            old[0].cancel()
+        self.tasks[req] = (scope, kind)
+
 
 class Waiter:
     """A request answered by a callback rather than a task (a result wait, an ack waiting for the

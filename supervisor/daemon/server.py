@@ -490,11 +490,7 @@ class Daemon:
             self._inflight_zero = anyio.Event()
         scope = scope or anyio.CancelScope()
         if key is not None and peer is not None:
-            req, kind = key[1], key[2]
-            old = peer.tasks.get(req)
-            if old is not None:
-                old[0].cancel()  # a client reusing a live request id replaces that request
-            peer.tasks[req] = (scope, kind)
+            peer.hold(key[1], scope, key[2])
         self._tg.start_soon(self._run_task, fn, args, scope, key)
 
     async def _run_task(
@@ -543,10 +539,7 @@ class Daemon:
         if peer is None:
             return  # R-GONE: the client is gone; nothing is held for it until the turn ends
         scope = Waiter()
-        old = peer.tasks.get(req)
-        if old is not None:
-            old[0].cancel()  # a client reusing a live request id replaces that request
-        peer.tasks[req] = (scope, "result")
+        peer.hold(req, scope, "result")
         self._result_waiters.setdefault(turn_id, []).append((ident, req, scope))
 
     def ack_when_done(
@@ -562,13 +555,11 @@ class Daemon:
         """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: one
         ``Ack`` registered under the client and on its gates, not a task per submit (B1, J-GATE).
         A gate that failed answers the error instead; the turn never ran (J7)."""
-        ack = Ack(self, ident, req, turn_id, gates, wait, existing, fallback)
         peer = self._clients.peers.get(ident)
-        if peer is not None:
-            old = peer.tasks.get(req)
-            if old is not None:
-                old[0].cancel()
-            peer.tasks[req] = (ack, "result")
+        if peer is None:
+            return  # R-GONE: nobody to acknowledge (the submit is accepted all the same)
+        ack = Ack(self, ident, req, turn_id, gates, wait, existing, fallback)
+        peer.hold(req, ack, "result")
         for gate in gates:
             gate.add_done_callback(ack)
 
