@@ -179,6 +179,22 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
         ctx.term()
 
 
+# M-TRIM: how close to its RSS before the crowd the daemon comes back once the followers are gone.
+RSS_BACK = 64 * 2**20
+
+
+async def _rss_back(proc: psutil.Process, below: int, limit: float = 30.0) -> int:
+    """Wait (bounded) until ``proc``'s RSS is under ``below``; returns it (the last reading when
+    it never came, for the assertion to report)."""
+    with anyio.move_on_after(limit):
+        while True:
+            rss = proc.memory_info().rss
+            if rss < below:
+                return rss
+            await anyio.sleep(0.1)  # allowed: pacing a bounded poll of the daemon's memory (no event)
+    return proc.memory_info().rss
+
+
 async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() -> None:
     """20 followers that never read an event-flooding turn: the turn runs about as fast as with
     none, another client's submits and results go on at a comparable rate (generous bounds), the
@@ -198,7 +214,11 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
         rss_peak = daemon.memory_info().rss
         async with Client.connect(d.endpoint, timeout=30) as client:
             after = await _until(client, "followers freed", lambda f: f["streams"] == 0 and f["clients"] <= 1)
-        rss_after = daemon.memory_info().rss
+            # M-TRIM: what the daemon grew goes back to the system once they are gone: it looks
+            # once a second. Before, it stayed resident at its peak (+258 MiB in CI, 8 MiB of
+            # it in use), so a snapshot here measured the allocator, not what the daemon holds.
+            rss_after = await _rss_back(daemon, rss_before + RSS_BACK)
+            trims = (await _daemon_facts(client))["memory_trims"]
         # A second round for the rates: on the shared 2-core machine the echo rate alone itself
         # varies 10x from one second to the next (130 to 2,000/s), so the best of two of each is
         # compared. The stopped followers' cost is checked exactly above (dropped after 4 MiB).
@@ -211,7 +231,8 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
         f"{alone2_done / alone2_s:.0f} echo/s; with 20 stopped followers {crowd_s:.1f}s, "
         f"{crowd2_s:.1f}s with "
         f"{crowd_done / crowd_s:.0f}, {crowd2_done / crowd2_s:.0f} echo/s; "
-        f"RSS +{(rss_peak - rss_before) >> 20} MiB, after they left +{(rss_after - rss_before) >> 20} MiB; "
+        f"RSS +{(rss_peak - rss_before) >> 20} MiB, after they left +{(rss_after - rss_before) >> 20} MiB "
+        f"({trims} trims); "
         f"{facts}"
     )
     assert crowd_s < 2 * alone_s + 5
@@ -226,10 +247,10 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     # (``_flood_while`` waited for it: on the old code, when the daemon fell behind, it never came).
     assert facts["clients_stalled"] >= 10, facts
     assert after["streams"] == 0
-    # Generous: besides the window-less followers' 4 MiB each, a daemon that falls behind the flood
-    # (under load) holds the worker's frames not yet read and the turn's kept events (G-KEEP, while
-    # a follower still moves): +126 MiB was measured with the suite running beside it.
-    assert rss_after - rss_before < 192 * 2**20
+    # M-TRIM: back within ``RSS_BACK`` of where it stood before the crowd (+5 to +39 MiB measured, two
+    # CPU hogs beside it; what stays is in use: Python's arenas, the other client's kept turns).
+    # ``_rss_back`` waited for it: the daemon hands freed memory back once a second.
+    assert rss_after - rss_before < RSS_BACK, (rss_after - rss_before, f"{trims} trims")
 
 
 async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None:

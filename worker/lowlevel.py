@@ -1,6 +1,6 @@
 """The worker side's low-level public face: what the supervisor, tests and benchmarks may use of
-the process-tree, start-marker, End-log, cgroup and process-guard helpers (``_tree``, ``_marker``,
-``_endlog``, ``_cgroup``, ``_guards``).
+the process-tree, start-marker, End-log, cgroup, process-guard and heap helpers (``_tree``,
+``_marker``, ``_endlog``, ``_cgroup``, ``_guards``, ``_heap``).
 
 Those modules stay private (their layout may change); this list is the approved way in, so the
 supervisor never imports ``worker._x``. Linux only, like the rest of the worker. Agents have no
@@ -26,6 +26,8 @@ from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
 from ._guards import EXIT_LINK_LOST, cgroup_joined, install_process_guards, process_role, start_guardian
 from ._guards import _take_baton as take_baton
+from ._heap import TRIM_SLACK, HeapKeeper
+from ._heap import trim as heap_trim
 from ._heir import GONE as HEIR_GONE
 from ._heir import UNWATCHABLE as HEIR_UNWATCHABLE
 from ._heir import start_ticks
@@ -66,6 +68,9 @@ __all__ = [
     "CgroupPool",
     "EndLog",
     "TREE_ENV",
+    "TRIM_SLACK",
+    "HeapKeeper",
+    "heap_trim",
     "cgroup_joined",
     "cgroup_kill",
     "cgroup_kill_and_remove",

@@ -380,17 +380,43 @@ class Dispatcher:
                 sup.pool.retire(slot)
                 continue
             busy += 1
-            slot.stale = True
-            self.recycling = True
-            for turn in list(slot.ahead):
-                if not turn.revoking and turn.cause is None:
-                    turn.revoking = True
-                    sup._send(slot, wire.Revoke(turn.id))
+            self._make_stale(slot)
             if slot.turn is None and not slot.ahead:
                 self.after_turn(slot)
         sup._fill_pool()
         self.pump()
         return {"workers": workers, "busy": busy}
+
+    def _make_stale(self, slot: WorkerSlot) -> None:
+        """``slot`` takes no new turn and is retired once it holds none (``after_turn``); the turns
+        handed ahead to it are revoked (``Revoked`` brings each back to the queue)."""
+        slot.stale = True
+        self.recycling = True
+        for turn in list(slot.ahead):
+            if not turn.revoking and turn.cause is None:
+                turn.revoking = True
+                self.sup._send(slot, wire.Revoke(turn.id))
+
+    # M-KEPT: memory a worker kept is not the next turn's.
+    def retire_if_kept(self, slot: WorkerSlot, turn: TurnRecord | None, turn_id: str) -> None:
+        """The End of ``turn_id`` came from ``slot``: if it is the turn it runs, cancelled for memory
+        and not being killed, its worker may still hold what put it over ``max_rss_mb`` (a cache, a
+        leak: M-TRIM hands back only what was freed). It is not reused: the turns handed ahead to it
+        are revoked and it is replaced once they are back. Called before the ``EndAck`` goes, so a
+        worker waiting for it (P2) reads the ``Revoke`` first and starts none of them."""
+        if (
+            turn is not None
+            and turn.cause is not None
+            and turn.id == turn_id
+            and turn.cause.kind == "memory"
+            and not turn.escalation
+            and not slot.stale
+        ):
+            log.info(
+                "worker %s (pid %s) ended turn %s cancelled for memory: replaced", slot.id, slot.pid, turn_id
+            )
+            self._make_stale(slot)
+            self.sup._fill_pool()
 
     def _rebalance(self) -> None:
         """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a

@@ -6,7 +6,6 @@ parts, each an object with its own state:
 
 * starting and disposing (``lifecycle.py``): the link bound, the pool up; every turn disposed,
   every worker reaped; D-KEEP's queued turns set aside at a daemon's graceful stop;
-
 * the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs;
 * the pool (``pool.py``): ``workers`` slots running turns plus ``spares`` warm workers; exits are
   pidfd events, settled by the exit handler (``exits.py``: E1, S1, R13);
@@ -708,6 +707,7 @@ class Supervisor(AcceptMany):
     def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
         turn = slot.turn
         turn_id = msg.turn_id
+        self._dispatch.retire_if_kept(slot, turn, turn_id)  # M-KEPT: before the EndAck lets it go on
         if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
             # The worker holds back its next handed turn until this End is known here. A worker
             # being killed never gets it (K-HANDOVER): it starts nothing more.
