@@ -22,7 +22,7 @@ import msgspec
 from .._errors import QueueFull, SupervisorClosed, TurnIdConflict
 from .._handle import TurnHandle
 from .._many import ManyTurns
-from .options import check_agent, check_optional_str, check_seconds
+from .options import check_agent, check_grace, check_optional_str, check_seconds
 from .turns import TurnRecord, request_differs
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class Admission:
         session = check_optional_str("session", session)
         turn_id = check_optional_str("turn_id", turn_id)
         timeout = check_seconds("timeout", timeout, positive=True)
-        grace = sup._check_grace("grace", check_seconds("grace", grace))
-        kill_after = sup._check_grace("kill_after", check_seconds("kill_after", kill_after))
+        grace = check_grace("grace", check_seconds("grace", grace), sup.max_grace)
+        kill_after = check_grace("kill_after", check_seconds("kill_after", kill_after), sup.max_grace)
         if sup._state != "running":
             raise SupervisorClosed(
                 "the supervisor is shutting down"

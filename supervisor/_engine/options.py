@@ -102,6 +102,15 @@ def check_sizes(*, cgroups: Any, max_turns_per_worker: Any, **counts: Any) -> No
         raise ValueError(f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}")
 
 
+def check_grace(name: str, value: float | None, max_grace: float) -> float | None:
+    """R-GRACE: ``value`` (a grace or kill_after) within the supervisor's ``max_grace``."""
+    if value is not None and value > max_grace:
+        raise ValueError(
+            f"{name} must be at most this supervisor's max_grace ({max_grace:g} s), got {value:g}"
+        )
+    return value
+
+
 def check_mib(name: str, value: Any) -> float:
     """A finite number of MiB > 0 (``bool`` refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):

@@ -54,6 +54,7 @@ from .options import (
     MAX_GRACE,
     MAX_TURN_ID,
     check_agent,
+    check_grace,
     check_mib,
     check_seconds,
     check_sizes,
@@ -61,7 +62,7 @@ from .options import (
 )
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
-from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
+from .turns import KEEP_EVENT_BYTES, TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
 
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
 
@@ -118,6 +119,7 @@ class Supervisor(AcceptMany):
         max_queue: int = 100_000,
         max_events: int = 10_000,
         keep_results: int = 10_000,
+        keep_events_mb: float = KEEP_EVENT_BYTES / 2**20,
         heartbeat: float = 1.0,
         start_timeout: float = 30.0,
         rss_interval: float = 0.25,
@@ -152,9 +154,9 @@ class Supervisor(AcceptMany):
         # S4: shutdown is bounded whatever a client asks for.
         self.max_grace = require_seconds("max_grace", max_grace, positive=True)
         self.grace = require_seconds("grace", grace)
-        self._check_grace("grace", self.grace)
         self.kill_after = require_seconds("kill_after", kill_after)
-        self._check_grace("kill_after", self.kill_after)
+        check_grace("grace", self.grace, self.max_grace)
+        check_grace("kill_after", self.kill_after, self.max_grace)
         self.spares = spares
         self.max_turns_per_worker = max_turns_per_worker
         self.max_rss_mb = check_seconds("max_rss_mb", max_rss_mb, positive=True)
@@ -190,7 +192,8 @@ class Supervisor(AcceptMany):
         self._timers = Timers(self._clock)
         self._prefix = secrets.token_hex(4)
         # The composed parts: the turn table, the queue, the worker link and the worker pool.
-        self.table = TurnTable(keep=keep_results, max_events=max_events)
+        keep_events = int(check_mib("keep_events_mb", keep_events_mb) * 2**20)  # E-BUDGET
+        self.table = TurnTable(keep=keep_results, max_events=max_events, keep_event_bytes=keep_events)
         self._turns = self.table.records  # the same dict: read on every message
         self.queue = TurnQueue()
         self._queue = self.queue
@@ -292,13 +295,6 @@ class Supervisor(AcceptMany):
         supervisor's event loop. Unknown or ended ids are skipped.
         """
         self._ladder.kill_now(turn_ids)
-
-    def _check_grace(self, name: str, value: float | None) -> float | None:
-        if value is not None and value > self.max_grace:
-            raise ValueError(
-                f"{name} must be at most this supervisor's max_grace ({self.max_grace:g} s), got {value:g}"
-            )
-        return value
 
     async def _wait_change(self) -> None:
         await self._slots_changed.wait()
@@ -495,9 +491,10 @@ class Supervisor(AcceptMany):
     def follow_raw(self, turn_id: str) -> AsyncIterator[tuple[int, msgspec.Raw]]:
         """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends.
 
-        At most ``max_events`` events are retained per turn: a follower that starts late or
-        falls further behind than that skips the dropped ones (``seq`` shows the gap; ``events``
-        yields an ``EventsDropped`` marker there). Raises ``UnknownTurn`` at once.
+        At most ``max_events`` events are retained per turn, and ``keep_events_mb`` in all for ended
+        turns (E-BUDGET): a follower that starts late or falls further behind skips the dropped
+        ones (``seq`` shows the gap; ``events`` yields an ``EventsDropped`` marker there). Raises
+        ``UnknownTurn`` at once.
         """
         self.table.get(turn_id)
         return self.table.follow(turn_id)

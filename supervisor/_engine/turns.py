@@ -43,6 +43,13 @@ HOLD_BYTES = 32 * 2**20
 EVENT_OVERHEAD = 64
 
 
+# E-BUDGET: the events of ended turns kept in all (each counted as in ``HOLD_BYTES``), for late
+# followers: past it the oldest turns' events go first (their results stay). 2,000 turns of 1,000
+# 60-byte events had grown a supervisor by 327 MiB; the default ``keep_results`` × ``max_events`` allows
+# a hundred million events.
+KEEP_EVENT_BYTES = 256 * 2**20
+
+
 # G-KEEP: a follower that took no event while the buffer filled this many times in a row (each
 # time ``max_events // 2`` more events came: ``4 × max_events`` events in all) has stopped reading.
 HOLD_CHECKS = 8
@@ -308,18 +315,33 @@ class TurnTable:
 
     ``records`` maps turn id to record; ``ended`` lists ended ids oldest first, so the oldest
     ended record is forgotten once more than ``keep`` have ended (results retention, one place
-    for turns that end here and for results restored from a journal).
+    for turns that end here and for results restored from a journal). E-BUDGET: the events of
+    ended turns are kept within ``keep_event_bytes`` in all, the oldest turns' dropped first.
     """
 
-    __slots__ = ("records", "ended", "keep", "max_events", "held")
+    __slots__ = (
+        "records",
+        "ended",
+        "keep",
+        "max_events",
+        "held",
+        "keep_event_bytes",
+        "ended_events",
+        "ended_bytes",
+    )
 
-    def __init__(self, *, keep: int, max_events: int) -> None:
+    def __init__(self, *, keep: int, max_events: int, keep_event_bytes: int = KEEP_EVENT_BYTES) -> None:
         self.records: dict[str, TurnRecord] = {}
         # R-KEEP: ended records evicted from ``records`` that a handle still holds (weakly here).
         self.held: weakref.WeakValueDictionary[str, TurnRecord] = weakref.WeakValueDictionary()
         self.ended: collections.deque[str] = collections.deque()
         self.keep = keep
         self.max_events = max_events
+        # E-BUDGET: ended turns that kept events, oldest first, each with the bytes it was counted
+        # for (``events_bytes`` at its end); ``ended_bytes`` is their sum.
+        self.keep_event_bytes = keep_event_bytes
+        self.ended_events: collections.deque[tuple[TurnRecord, int]] = collections.deque()
+        self.ended_bytes = 0
 
     def __len__(self) -> int:
         return len(self.records)
@@ -347,9 +369,17 @@ class TurnTable:
         beyond ``keep``."""
         ended = self.ended
         ended.append(turn_id)
+        record = self.records.get(turn_id)
+        if record is not None and record.events and record.state == "ended":
+            self.ended_events.append((record, record.events_bytes))
+            self.ended_bytes += record.events_bytes
+            if self.ended_bytes > self.keep_event_bytes:
+                self._shed_events()
         if len(ended) > self.keep:
             old = self.records.get(ended.popleft())
             if old is not None and old.state == "ended":
+                if self.ended_events and self.ended_events[0][0] is old:
+                    self._shed_oldest()  # E-BUDGET: forgotten, so no longer counted
                 del self.records[old.id]
                 # R-KEEP: a handle may still hold it; then its result (and its id) stay reachable.
                 # T-LEAN: only then is it worth a weak reference. With the table's entry deleted,
@@ -358,6 +388,35 @@ class TurnTable:
                 # at once) would only cost every evicted turn its churn.
                 if sys.getrefcount(old) > _UNHELD_REFS:
                     self.held[old.id] = old
+
+    def _shed_events(self) -> None:
+        """E-BUDGET: the events of ended turns passed ``keep_event_bytes``: drop the oldest turns'
+        events until they fit. A turn a follower is reading now is passed over, in its place (G-KEEP:
+        a follower that reads keeps what it reads); a follower that comes later gets one
+        ``EventsDropped`` for them, then the turn's last event. Results are untouched."""
+        pending = self.ended_events
+        passed: list[tuple[TurnRecord, int]] = []
+        while self.ended_bytes > self.keep_event_bytes and pending:
+            if pending[0][0].readers:
+                passed.append(pending.popleft())
+            else:
+                self._shed_oldest()
+        pending.extendleft(reversed(passed))  # still the oldest: shed first once their readers go
+
+    def _shed_oldest(self) -> None:
+        """Drop the events of the oldest ended turn counted, all but its last: a follower then
+        reads one ``EventsDropped`` and that event (E-GAP's form: the gap, then the oldest kept;
+        with nothing after the gap it would pass unseen). The last one is copied: a decoded event
+        is a view of the whole frame it came in, which it would keep alive."""
+        turn, counted = self.ended_events.popleft()
+        self.ended_bytes -= counted
+        events = turn.events
+        if len(events) > 1:
+            last = msgspec.Raw(bytes(events[-1]))
+            turn.events_base += len(events) - 1
+            turn.events = [last]
+            turn.events_bytes = len(last) + EVENT_OVERHEAD
+            turn.trim_at = 0
 
     def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
         """Retain one event of ``turn`` and wake its followers. At most ``max_events`` are

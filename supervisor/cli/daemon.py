@@ -58,6 +58,12 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("max_queue", int, "queued turns before submits get QueueFull (default 100000)"),
     ("max_events", int, "events kept per turn for late followers (default 10000)"),
     ("keep_results", int, "ended turns kept for result/follow, oldest evicted first (default 10000)"),
+    (
+        "keep_events_mb",
+        float,
+        "MiB of events kept in all for ended turns' late followers, the oldest turns' dropped "
+        "first (default 256)",
+    ),
     ("heartbeat", float, "worker heartbeat interval in seconds (default 1)"),
     ("start_timeout", float, "seconds a worker has to become ready (default 30)"),
     ("stop_timeout", float, "seconds an idle worker has to exit when retired (default 5)"),

@@ -1,0 +1,109 @@
+"""E-BUDGET: the events of ended turns are kept within ``keep_events_mb`` in all.
+
+Before, each of the last ``keep_results`` ended turns kept up to ``max_events`` events for late
+followers: 2,000 turns of 1,000 small events grew a supervisor by 327 MiB, and the defaults allow a
+hundred million events. Attacks: many event-heavy turns past a small budget (embedded and through a
+daemon, whose memory is measured), and a follower reading an old turn while the budget sheds.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from supervisor import Client, EventsDropped, Supervisor
+from tests.support.daemonkit import FAST, serving
+
+pytestmark = pytest.mark.anyio
+
+FLOOD = "tests.agents.client:flood"
+EVENTS = 2_000
+# Each event is counted as its encoded size + 64 bytes: at least 128 KB per turn of 2,000, so a
+# 1 MiB budget keeps the events of 8 such turns at most.
+MOST_KEPT = 2**20 // (EVENTS * 64)
+
+
+async def _replay(handle: Any) -> list[Any]:
+    """Every event the turn's handle replays, markers included (bounded)."""
+    with anyio.fail_after(60):
+        async with aclosing(handle.events()) as events:
+            return [event async for event in events]
+
+
+async def test_ended_turns_keep_their_events_within_the_budget_newest_first() -> None:
+    """12 turns of 2,000 events under ``keep_events_mb=1``: every result stays; the newest turns
+    replay every event; the oldest ones replay one ``EventsDropped`` for all but their last event,
+    then that event."""
+    async with Supervisor(workers=2, spares=0, keep_events_mb=1) as sup:
+        with anyio.fail_after(120):
+            results = [await sup.run(FLOOD, {"count": EVENTS}) for _ in range(12)]
+        assert all(r.outcome == "completed" and r.output == {"events": EVENTS} for r in results)
+        replays = [await _replay(sup.handle(r.turn_id)) for r in results]
+    kept = [len(r) == EVENTS and r == [{"i": i, "p": "p" * 16} for i in range(EVENTS)] for r in replays]
+    last = {"i": EVENTS - 1, "p": "p" * 16}
+    shed = [len(r) == 2 and isinstance(r[0], EventsDropped) and r[1] == last for r in replays]
+    assert all(k or s for k, s in zip(kept, shed, strict=True)), [len(r) for r in replays]
+    first_kept = kept.index(True)
+    assert kept[first_kept:] == [True] * (12 - first_kept), kept  # the newest ones, in a row
+    assert 1 <= 12 - first_kept <= MOST_KEPT, kept
+    marker = replays[0][0]
+    assert (marker.count, marker.first) == (EVENTS - 1, 0)
+
+
+async def test_a_follower_reading_an_old_turn_keeps_it_while_the_budget_sheds() -> None:
+    """A follower reads the first event of an ended turn and pauses while 12 more event-heavy turns
+    end: the budget sheds around it, and it still reads every event of its turn. Once it is gone,
+    the next turn's end sheds that turn too."""
+    async with Supervisor(workers=2, spares=0, keep_events_mb=1) as sup:
+        with anyio.fail_after(120):
+            old = await sup.run(FLOOD, {"count": EVENTS})
+            handle: Any = sup.handle(old.turn_id)
+            async with aclosing(handle.events()) as events:
+                got = [await anext(events)]
+                for _ in range(12):
+                    await sup.run(FLOOD, {"count": EVENTS})
+                got += [event async for event in events]
+            assert got == [{"i": i, "p": "p" * 16} for i in range(EVENTS)]
+            await sup.run(FLOOD, {"count": EVENTS})
+            replay = await _replay(sup.handle(old.turn_id))
+    assert len(replay) == 2 and isinstance(replay[0], EventsDropped), replay[:3]
+    assert (replay[0].count, replay[0].first, replay[1]) == (EVENTS - 1, 0, {"i": EVENTS - 1, "p": "p" * 16})
+
+
+async def test_a_daemon_running_event_heavy_turns_stays_within_its_event_budget() -> None:
+    """600 turns of 1,000 events through ``turnpool serve --keep-events-mb 8``: the daemon grows by
+    less than 40 MiB (+14 MiB measured; waited for: M-TRIM hands back what was shed), where without
+    a budget it kept them all (+80 MiB measured, ``--keep-events-mb 100000``). The newest turn
+    replays in full; the oldest replays a marker, then its last event."""
+    turns, events = 600, 1_000
+    with serving(*FAST, "--no-journal", "--keep-events-mb", "8") as d:
+        daemon = psutil.Process(d.pid)
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            await client.run(FLOOD, {"count": 1})
+            before = daemon.memory_info().rss
+            with anyio.fail_after(300):
+                handles = await client.submit_many(FLOOD, [{"count": events}] * turns)
+                for handle in handles:
+                    assert (await handle.result()).outcome == "completed"
+            grown = await _grown_below(daemon, before, 40 * 2**20)
+            newest, oldest = await _replay(handles[-1]), await _replay(handles[0])
+    print(f"daemon RSS +{grown / 2**20:.1f} MiB after {turns} turns of {events} events")
+    assert grown < 40 * 2**20, grown
+    assert newest == [{"i": i, "p": "p" * 16} for i in range(events)]
+    assert len(oldest) == 2 and isinstance(oldest[0], EventsDropped), oldest[:3]
+    assert (oldest[0].count, oldest[0].first, oldest[1]) == (events - 1, 0, {"i": events - 1, "p": "p" * 16})
+
+
+async def _grown_below(proc: psutil.Process, before: int, bound: int, limit: float = 30.0) -> int:
+    """How much ``proc`` grew over ``before``, waited for (bounded) to fall under ``bound``."""
+    with anyio.move_on_after(limit):
+        while True:
+            grown = proc.memory_info().rss - before
+            if grown < bound:
+                return grown
+            await anyio.sleep(0.1)  # allowed: pacing a bounded poll of the daemon's memory (no event)
+    return proc.memory_info().rss - before
