@@ -169,7 +169,9 @@ async def test_fault_matrix(name: str) -> None:
         with anyio.fail_after(60):
             after = await sup.run("examples.agents:echo", "next")
         status = await sup.status()
+        held = sup.input_bytes  # I-BUDGET: every ended turn gave its input back, whatever its end
 
+    assert held == 0, held
     assert result.outcome == fault.outcome, result
     assert result.exit_code in fault.exit_codes, result
     assert (result.cause.kind if result.cause else None) == fault.cause

@@ -92,6 +92,9 @@ class Admission:
                 return known
         if not readmit and len(sup._queue) + sup._dispatch.handed >= sup.max_queue:
             raise QueueFull(f"the queue already holds {sup.max_queue} turns")
+        size = len(raw)
+        if not readmit and sup.input_bytes + size > sup.max_input_bytes:
+            _refuse_input(size, sup.input_bytes, sup.max_input_bytes)
         chosen = turn_id is not None
         if turn_id is None:
             turn_id = f"{sup._prefix}-{next(self.ids)}"
@@ -115,6 +118,7 @@ class Admission:
             turn.dispatchable = False
         sup._turns[turn_id] = turn
         sup._active += 1
+        sup.input_bytes += size  # I-BUDGET: until its result is delivered (``Ending.deliver``)
         for accept_hook in sup._hooks.accept:
             accept_hook(turn)
         sup._queue.push(turn)
@@ -125,3 +129,17 @@ class Admission:
             # the gate for nothing. Without a gate every turn is written from the start.
             sup._pump()
         return turn
+
+
+def _refuse_input(size: int, held: int, most: int) -> None:
+    """I-BUDGET: an input that can never fit is bad input (``ValueError``); one that does not fit
+    now waits for turns to end (``QueueFull``, which ``turnpool batch`` retries)."""
+    mib = 2**20
+    if size > most:
+        raise ValueError(
+            f"the input is {size / mib:.1f} MiB; this supervisor's max_input_mb is {most / mib:g}"
+        )
+    raise QueueFull(
+        f"the turns not ended yet hold {held / mib:.1f} MiB of inputs; this one ({size / mib:.1f} MiB) "
+        f"would pass max_input_mb ({most / mib:g})"
+    )

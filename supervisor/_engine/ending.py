@@ -125,6 +125,7 @@ class Finisher:
         turn.state = "ended"
         turn.ended_at = sup._clock()
         seal_input(turn)  # R-ID: a digest stays, so a later submit under this id is still told apart
+        sup.input_bytes -= len(turn.input)  # I-BUDGET
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self.outcomes[result.outcome] += 1
         if result.cause is not None:

@@ -5,7 +5,7 @@ things with the same message."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 import wire
 
@@ -102,7 +102,15 @@ def check_sizes(*, cgroups: Any, max_turns_per_worker: Any, **counts: Any) -> No
         raise ValueError(f"max_turns_per_worker must be a positive int or None, got {max_turns_per_worker!r}")
 
 
-def check_grace(name: str, value: float | None, max_grace: float) -> float | None:
+_Grace = TypeVar("_Grace", bound=float | None)
+
+
+# I-BUDGET: the inputs held by turns not ended yet (queued or running), in bytes; a submit past it gets
+# ``QueueFull``. ``max_queue`` alone let 100,000 queued turns hold up to 32 MiB of input each.
+MAX_INPUT_BYTES = 2048 * 2**20
+
+
+def check_grace(name: str, value: _Grace, max_grace: float) -> _Grace:
     """R-GRACE: ``value`` (a grace or kill_after) within the supervisor's ``max_grace``."""
     if value is not None and value > max_grace:
         raise ValueError(
@@ -116,6 +124,11 @@ def check_mib(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ValueError(f"{name} must be a number of MiB > 0, got {value!r}")
     return float(value)
+
+
+def mib_bytes(name: str, value: Any) -> int:
+    """``check_mib``'s number of MiB, in bytes."""
+    return int(check_mib(name, value) * 2**20)
 
 
 def check_nice(value: Any) -> int | None:

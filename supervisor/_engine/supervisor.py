@@ -52,12 +52,14 @@ from .link import WorkerLink
 from .options import (
     AGENT_RE,
     MAX_GRACE,
+    MAX_INPUT_BYTES,
     MAX_TURN_ID,
     check_agent,
     check_grace,
     check_mib,
     check_seconds,
     check_sizes,
+    mib_bytes,
     require_seconds,
 )
 from .pool import WorkerPool, WorkerSlot
@@ -117,6 +119,7 @@ class Supervisor(AcceptMany):
         *,
         timeout: float | None = None,
         max_queue: int = 100_000,
+        max_input_mb: float = MAX_INPUT_BYTES / 2**20,
         max_events: int = 10_000,
         keep_results: int = 10_000,
         keep_events_mb: float = KEEP_EVENT_BYTES / 2**20,
@@ -153,15 +156,15 @@ class Supervisor(AcceptMany):
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
         # S4: shutdown is bounded whatever a client asks for.
         self.max_grace = require_seconds("max_grace", max_grace, positive=True)
-        self.grace = require_seconds("grace", grace)
-        self.kill_after = require_seconds("kill_after", kill_after)
-        check_grace("grace", self.grace, self.max_grace)
-        check_grace("kill_after", self.kill_after, self.max_grace)
+        self.grace = check_grace("grace", require_seconds("grace", grace), self.max_grace)
+        self.kill_after = check_grace("kill_after", require_seconds("kill_after", kill_after), self.max_grace)
         self.spares = spares
         self.max_turns_per_worker = max_turns_per_worker
         self.max_rss_mb = check_seconds("max_rss_mb", max_rss_mb, positive=True)
         self.timeout = check_seconds("timeout", timeout, positive=True)
         self.max_queue = max_queue
+        self.max_input_bytes = mib_bytes("max_input_mb", max_input_mb)  # I-BUDGET
+        self.input_bytes = 0  # the inputs of turns not ended: added at admission, taken at delivery
         self.max_events = max_events
         self.keep_results = keep_results
         self.heartbeat = require_seconds("heartbeat", heartbeat)
@@ -192,7 +195,7 @@ class Supervisor(AcceptMany):
         self._timers = Timers(self._clock)
         self._prefix = secrets.token_hex(4)
         # The composed parts: the turn table, the queue, the worker link and the worker pool.
-        keep_events = int(check_mib("keep_events_mb", keep_events_mb) * 2**20)  # E-BUDGET
+        keep_events = mib_bytes("keep_events_mb", keep_events_mb)  # E-BUDGET
         self.table = TurnTable(keep=keep_results, max_events=max_events, keep_event_bytes=keep_events)
         self._turns = self.table.records  # the same dict: read on every message
         self.queue = TurnQueue()

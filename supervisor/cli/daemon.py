@@ -56,6 +56,11 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ),
     ("timeout", float, "default turn timeout in seconds (default: none)"),
     ("max_queue", int, "queued turns before submits get QueueFull (default 100000)"),
+    (
+        "max_input_mb",
+        float,
+        "MiB of inputs the turns not ended yet may hold; a submit past it gets QueueFull (default 2048)",
+    ),
     ("max_events", int, "events kept per turn for late followers (default 10000)"),
     ("keep_results", int, "ended turns kept for result/follow, oldest evicted first (default 10000)"),
     (

@@ -1,9 +1,11 @@
-"""E-BUDGET: the events of ended turns are kept within ``keep_events_mb`` in all.
+"""Byte budgets beside the count bounds: the events of ended turns (E-BUDGET, ``keep_events_mb``) and
+the inputs of turns not ended yet (I-BUDGET, ``max_input_mb``).
 
 Before, each of the last ``keep_results`` ended turns kept up to ``max_events`` events for late
 followers: 2,000 turns of 1,000 small events grew a supervisor by 327 MiB, and the defaults allow a
-hundred million events. Attacks: many event-heavy turns past a small budget (embedded and through a
-daemon, whose memory is measured), and a follower reading an old turn while the budget sheds.
+hundred million events; and ``max_queue`` let 100,000 queued turns hold up to 32 MiB of input each.
+Attacks: many event-heavy turns past a small budget (embedded and through a daemon, whose memory is
+measured), a follower reading an old turn while the budget sheds, and clients queueing big inputs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import Client, EventsDropped, Supervisor
+from supervisor import Client, EventsDropped, QueueFull, Supervisor
 from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
@@ -107,3 +109,63 @@ async def _grown_below(proc: psutil.Process, before: int, bound: int, limit: flo
                 return grown
             await anyio.sleep(0.1)  # allowed: pacing a bounded poll of the daemon's memory (no event)
     return proc.memory_info().rss - before
+
+
+MIB_INPUT = "x" * (2**20 + 64)  # encodes to just over 1 MiB
+LONG = "tests.agents.client:wait_for_cancel"
+
+
+async def _first(handle: Any) -> None:
+    with anyio.fail_after(60):
+        async with aclosing(handle.events()) as events:
+            async for _ in events:
+                return
+
+
+async def test_inputs_past_max_input_mb_are_refused_until_turns_end() -> None:
+    """``max_input_mb=4``: a running turn and two queued ones hold just over 3 MiB of inputs; a fourth
+    1 MiB input (or a ``submit_many`` of two) is refused with ``QueueFull`` naming the budget, changing
+    nothing (the queue as it was, no turn made); an input larger than the budget is a ``ValueError``;
+    once the running turn ends its input is released and the same submit is accepted."""
+    async with Supervisor(workers=1, spares=0, max_input_mb=4, prefetch=1) as sup:
+        running = await sup.submit(LONG, MIB_INPUT)
+        await _first(running)
+        queued = [await sup.submit("examples.agents:echo", MIB_INPUT) for _ in range(2)]
+        before = await sup.status()
+        with pytest.raises(QueueFull, match="max_input_mb"):
+            await sup.submit("examples.agents:echo", MIB_INPUT)
+        with pytest.raises(QueueFull):  # refused at its first input: the plain error, nothing accepted
+            await sup.submit_many("examples.agents:echo", [MIB_INPUT, MIB_INPUT])
+        with pytest.raises(ValueError, match="max_input_mb is 4"):
+            await sup.submit("examples.agents:echo", "x" * (5 * 2**20))
+        after = await sup.status()
+        assert (after["queue"], after["running"]) == (before["queue"], before["running"]) == (2, 1), after
+        assert await running.cancel() == {"kind": "user"}
+        with anyio.fail_after(60):
+            assert (await running.result()).outcome == "aborted"
+            late = await sup.submit("examples.agents:echo", MIB_INPUT)
+            for handle in [*queued, late]:
+                assert (await handle.result()).output == MIB_INPUT
+        assert sup.input_bytes == 0  # every input given back at its turn's end
+        disposed = [await sup.submit(LONG, MIB_INPUT), await sup.submit("examples.agents:echo", MIB_INPUT)]
+    assert [(await h.result()).cause for h in disposed] == [{"kind": "disposed"}] * 2
+    assert sup.input_bytes == 0  # disposal ends them too: nothing is held
+
+
+async def test_a_daemon_refuses_inputs_past_its_budget_with_queue_full() -> None:
+    """``serve --max-input-mb 3``: a client's third 1 MiB input while two turns hold theirs gets
+    ``QueueFull`` (code ``queue_full``); one larger than the budget gets a ``ValueError``; after the
+    turns end the daemon takes it."""
+    with serving(*FAST, "--no-journal", "--max-input-mb", "3") as d:
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            held = [await client.submit(LONG, MIB_INPUT) for _ in range(2)]
+            with pytest.raises(QueueFull, match="max_input_mb"):
+                await client.submit("examples.agents:echo", MIB_INPUT)
+            with pytest.raises(ValueError, match="max_input_mb is 3"):
+                await client.submit("examples.agents:echo", "x" * (4 * 2**20))
+            for handle in held:
+                await handle.cancel()
+            with anyio.fail_after(60):
+                for handle in held:
+                    assert (await handle.result()).outcome == "aborted"
+                assert (await client.run("examples.agents:echo", MIB_INPUT)).output == MIB_INPUT
