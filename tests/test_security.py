@@ -106,6 +106,13 @@ async def test_spawn_tokens_are_per_spawn_and_hidden_from_agents() -> None:
     """Each worker gets its own token; it is not on any command line, and neither agent code nor
     the agent's child processes can read it from their environment."""
     async with Supervisor(workers=2, spares=1) as sup:
+        # The block opens once ``workers`` are ready; the spare may still be starting (pid 0 until
+        # the zygote reports it: CI read /proc/0/cmdline under load). Wait for it, bounded.
+        with anyio.fail_after(60):
+            while True:
+                if all(w["pid"] for w in (await sup.status())["workers"]):
+                    break
+                await anyio.sleep(0.02)  # allowed: pacing a bounded poll of the pool (no public event)
         slots = list(sup.pool.slots.values())
         tokens = {s.token for s in slots}
         assert len(tokens) == len(slots) == 3 and all(len(t) == 32 for t in tokens)
