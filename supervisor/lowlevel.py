@@ -19,6 +19,9 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   gate clears ahead of the workers (J6-AHEAD).
 - ``HOLD_BYTES``: how much of a turn's events a follower that keeps up may hold past
   ``max_events`` (G-KEEP).
+- ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
+  (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
+  ``keep_results_mb`` defaults equal.
 """
 
 from ._engine import TurnRecord, procs
@@ -26,13 +29,15 @@ from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
 from ._engine.procs import orphans_of
 from ._engine.timers import Timers
-from ._engine.turns import HOLD_BYTES
+from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._errors import SUBMIT_ERROR_CODES
 from ._paths import private_dir, runtime_dir
 
 __all__ = [
     "CLEAR_AHEAD",
     "HOLD_BYTES",
+    "KEEP_EVENT_BYTES",
+    "KEEP_RESULT_BYTES",
     "MAX_HANDOVERS",
     "SUBMIT_ERROR_CODES",
     "Timers",

@@ -10,6 +10,7 @@ measured), a follower reading an old turn while the budget sheds, and clients qu
 
 from __future__ import annotations
 
+import inspect
 from contextlib import aclosing
 from typing import Any
 
@@ -17,7 +18,8 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import Client, EventsDropped, QueueFull, Supervisor
+from supervisor import Client, EventsDropped, QueueFull, Supervisor, UnknownTurn
+from supervisor import lowlevel as sup_lowlevel
 from tests.support.daemonkit import FAST, serving
 
 pytestmark = pytest.mark.anyio
@@ -169,3 +171,31 @@ async def test_a_daemon_refuses_inputs_past_its_budget_with_queue_full() -> None
                 for handle in held:
                     assert (await handle.result()).outcome == "aborted"
                 assert (await client.run("examples.agents:echo", MIB_INPUT)).output == MIB_INPUT
+
+
+async def test_ended_turns_outputs_are_kept_within_keep_results_mb_newest_first() -> None:
+    """10 turns returning 1 MiB each under ``keep_results_mb=4``: the newest results are answered by
+    id, the oldest forgotten (``UnknownTurn``), at most 4 MiB of them kept; a handle still held keeps
+    its own result (R-KEEP), whatever the budget forgot."""
+    async with Supervisor(workers=2, spares=0, keep_results_mb=4) as sup:
+        held = await sup.submit("examples.agents:echo", MIB_INPUT)
+        with anyio.fail_after(120):
+            ids = [(await sup.run("examples.agents:echo", MIB_INPUT)).turn_id for _ in range(10)]
+        answered = []
+        for turn_id in ids:
+            try:
+                answered.append((await sup.result(turn_id)).output == MIB_INPUT)
+            except UnknownTurn:
+                answered.append(False)
+        first = answered.index(True)
+        assert answered[first:] == [True] * (10 - first), answered  # the newest, in a row
+        assert 1 <= 10 - first <= 4, answered
+        assert (await held.result()).output == MIB_INPUT
+
+
+def test_the_supervisors_byte_budget_defaults_are_the_tables() -> None:
+    """``Supervisor``'s ``keep_events_mb`` and ``keep_results_mb`` defaults are written out in its
+    signature; they are the turn table's budgets."""
+    defaults = inspect.signature(Supervisor).parameters
+    assert defaults["keep_events_mb"].default * 2**20 == sup_lowlevel.KEEP_EVENT_BYTES
+    assert defaults["keep_results_mb"].default * 2**20 == sup_lowlevel.KEEP_RESULT_BYTES

@@ -64,7 +64,7 @@ from .options import (
 )
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
-from .turns import KEEP_EVENT_BYTES, TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
+from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
 
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
 
@@ -80,32 +80,31 @@ class Supervisor(AcceptMany):
     Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is
     cancelled with cause ``disposed``, escalated as needed, and every worker reaped.
 
-    Speed knobs (keyword-only): ``prefetch`` caps the turns a worker holds at once (running +
-    handed ahead; 1 turns it off) and ``prefetch_window`` is how much work, at the recent mean
-    turn time, may wait handed ahead behind a running turn (2 ms: trivial turns are prefetched
-    deeply, long agent turns not at all); a handed-ahead turn still counts as queued until it
-    starts. ``zygote`` forks workers from a preloaded process (a few ms instead of a fresh
-    interpreter; workers inherit the environment as it was when the supervisor started) and
-    ``preload`` names agent modules that process imports once for every worker.
+    Speed knobs (keyword-only): ``prefetch`` caps the turns a worker holds at once (running + handed
+    ahead; 1 turns it off) and ``prefetch_window`` is how much work, at the recent mean turn time, may
+    wait handed ahead behind a running turn (2 ms: trivial turns are prefetched deeply, long agent turns
+    not at all); a handed-ahead turn still counts as queued until it starts. ``zygote`` forks workers
+    from a preloaded process (a few ms instead of a fresh interpreter; workers inherit the environment
+    as it was when the supervisor started); ``preload`` names modules it imports for every worker.
 
-    ``cgroups`` (default True) puts each worker in a cgroup v2 of its own where the unified
-    hierarchy is writable (root, or a delegated subtree), so a worker's tree is killed at once
-    with ``cgroup.kill`` and nothing escapes it; ``False`` forces the fallback (subreaper,
-    freeze-and-signal, tree markers), which is also what runs where cgroups cannot be used.
-    ``max_rss_mb`` is compared with the tree's proportional set size (PSS, shared pages split
-    between the processes mapping them).
-    Isolation (keyword-only): ``agent_path`` is where workers import agents from (R-PATH): a
-    sequence of directories, searched first and exactly, then the interpreter's own path
-    (installed packages); the default ``None`` mirrors this process's ``sys.path``, the embedding
-    program's choice. Workers run in ``python -P`` safe-path mode, from this supervisor's private
-    runtime directory, so a module planted in a working directory never runs.
+    ``cgroups`` (default True): each worker in a cgroup v2 of its own where the hierarchy is writable (root,
+    or a delegated subtree), its tree killed at once with ``cgroup.kill``; ``False`` forces the fallback
+    (subreaper, freeze-and-signal, tree markers), used where cgroups cannot be.
+    ``max_rss_mb`` is compared with the tree's PSS (shared pages split between the processes mapping them).
+    Memory bounds in bytes beside the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns
+    not ended (``QueueFull`` past it); ``keep_events_mb``, ended turns' events; ``keep_results_mb``,
+    the outputs of the ended turns kept (the oldest forgotten first).
+    Isolation (keyword-only): ``agent_path`` is where workers import agents from (R-PATH): directories
+    searched first and exactly, then installed packages; ``None`` (default) mirrors this process's
+    ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private runtime
+    directory: a module planted in a working directory never runs.
     ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this
     process's stderr: ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this
     process's stderr through a thread, so a stalled stderr never blocks the supervisor; a file
-    path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file;
-    four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards
-    them; ``"inherit"`` shares this process's fd 2 with the workers as before (a stalled stderr
-    then stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process (R-NICE).
+    path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file; four
+    files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this
+    process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
+    ``worker_nice`` (0-19): workers below this process (R-NICE).
     """
 
     def __init__(
@@ -122,7 +121,8 @@ class Supervisor(AcceptMany):
         max_input_mb: float = MAX_INPUT_BYTES / 2**20,
         max_events: int = 10_000,
         keep_results: int = 10_000,
-        keep_events_mb: float = KEEP_EVENT_BYTES / 2**20,
+        keep_events_mb: float = 256.0,  # turns.KEEP_EVENT_BYTES (tests/test_memory_budgets.py checks)
+        keep_results_mb: float = 1024.0,  # turns.KEEP_RESULT_BYTES
         heartbeat: float = 1.0,
         start_timeout: float = 30.0,
         rss_interval: float = 0.25,
@@ -195,8 +195,8 @@ class Supervisor(AcceptMany):
         self._timers = Timers(self._clock)
         self._prefix = secrets.token_hex(4)
         # The composed parts: the turn table, the queue, the worker link and the worker pool.
-        keep_events = mib_bytes("keep_events_mb", keep_events_mb)  # E-BUDGET
-        self.table = TurnTable(keep=keep_results, max_events=max_events, keep_event_bytes=keep_events)
+        budgets = mib_bytes("keep_events_mb", keep_events_mb), mib_bytes("keep_results_mb", keep_results_mb)
+        self.table = TurnTable(keep_results, max_events, *budgets)  # E-BUDGET, R-BUDGET
         self._turns = self.table.records  # the same dict: read on every message
         self.queue = TurnQueue()
         self._queue = self.queue

@@ -50,6 +50,27 @@ EVENT_OVERHEAD = 64
 KEEP_EVENT_BYTES = 256 * 2**20
 
 
+# R-BUDGET: the outputs of the ended turns kept, in bytes (encoded): past it the oldest ended turns are
+# forgotten first, as past ``keep_results`` (through a journal their results are still answered).
+# ``keep_results`` alone let 10,000 results of up to 32 MiB each stay. Outputs under ``SIZED_OUTPUT``
+# are not counted (``keep_results`` bounds them: 10 MiB at most with the defaults).
+KEEP_RESULT_BYTES = 1024 * 2**20
+SIZED_OUTPUT = 1024
+
+
+def output_size(output: Any) -> int:
+    """About how many bytes ``output`` takes encoded (R-BUDGET): exact for strings and bytes, an
+    encoding for containers, 0 for scalars and what cannot be encoded."""
+    if output is None or isinstance(output, (bool, int, float)):
+        return 0
+    if isinstance(output, (str, bytes, bytearray)):
+        return len(output)
+    try:
+        return len(msgspec.msgpack.encode(output))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 # G-KEEP: a follower that took no event while the buffer filled this many times in a row (each
 # time ``max_events // 2`` more events came: ``4 × max_events`` events in all) has stopped reading.
 HOLD_CHECKS = 8
@@ -328,9 +349,18 @@ class TurnTable:
         "keep_event_bytes",
         "ended_events",
         "ended_bytes",
+        "keep_result_bytes",
+        "output_sizes",
+        "result_bytes",
     )
 
-    def __init__(self, *, keep: int, max_events: int, keep_event_bytes: int = KEEP_EVENT_BYTES) -> None:
+    def __init__(
+        self,
+        keep: int,
+        max_events: int,
+        keep_event_bytes: int = KEEP_EVENT_BYTES,
+        keep_result_bytes: int = KEEP_RESULT_BYTES,
+    ) -> None:
         self.records: dict[str, TurnRecord] = {}
         # R-KEEP: ended records evicted from ``records`` that a handle still holds (weakly here).
         self.held: weakref.WeakValueDictionary[str, TurnRecord] = weakref.WeakValueDictionary()
@@ -342,6 +372,11 @@ class TurnTable:
         self.keep_event_bytes = keep_event_bytes
         self.ended_events: collections.deque[tuple[TurnRecord, int]] = collections.deque()
         self.ended_bytes = 0
+        # R-BUDGET: the outputs of at least ``SIZED_OUTPUT`` bytes of the kept ended turns, by id
+        # (smaller ones are bounded by ``keep``), and their sum.
+        self.keep_result_bytes = keep_result_bytes
+        self.output_sizes: dict[str, int] = {}
+        self.result_bytes = 0
 
     def __len__(self) -> int:
         return len(self.records)
@@ -365,21 +400,29 @@ class TurnTable:
         return record if record is not None else self.held.get(turn_id)
 
     def note_ended(self, turn_id: str) -> None:
-        """``turn_id`` ended (or was restored ended): keep it, forgetting the oldest ended turn
-        beyond ``keep``."""
+        """``turn_id`` ended (or was restored ended): keep it, forgetting the oldest ended turns
+        beyond ``keep``, or while the outputs kept pass ``keep_result_bytes`` (R-BUDGET: never the
+        turn that just ended)."""
         ended = self.ended
         ended.append(turn_id)
         record = self.records.get(turn_id)
-        if record is not None and record.events and record.state == "ended":
-            self.ended_events.append((record, record.events_bytes))
-            self.ended_bytes += record.events_bytes
-            if self.ended_bytes > self.keep_event_bytes:
-                self._shed_events()
-        if len(ended) > self.keep:
+        if record is not None and record.state == "ended":
+            if record.events:
+                self.ended_events.append((record, record.events_bytes))
+                self.ended_bytes += record.events_bytes
+                if self.ended_bytes > self.keep_event_bytes:
+                    self._shed_events()
+            size = output_size(record.result.output) if record.result is not None else 0
+            if size >= SIZED_OUTPUT:
+                self.output_sizes[turn_id] = size
+                self.result_bytes += size
+        while len(ended) > self.keep or (self.result_bytes > self.keep_result_bytes and len(ended) > 1):
             old = self.records.get(ended.popleft())
             if old is not None and old.state == "ended":
                 if self.ended_events and self.ended_events[0][0] is old:
                     self._shed_oldest()  # E-BUDGET: forgotten, so no longer counted
+                if self.output_sizes:
+                    self.result_bytes -= self.output_sizes.pop(old.id, 0)
                 del self.records[old.id]
                 # R-KEEP: a handle may still hold it; then its result (and its id) stay reachable.
                 # T-LEAN: only then is it worth a weak reference. With the table's entry deleted,

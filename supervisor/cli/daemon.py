@@ -69,6 +69,11 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         "MiB of events kept in all for ended turns' late followers, the oldest turns' dropped "
         "first (default 256)",
     ),
+    (
+        "keep_results_mb",
+        float,
+        "MiB of outputs kept for the ended turns; past it the oldest are forgotten first (default 1024)",
+    ),
     ("heartbeat", float, "worker heartbeat interval in seconds (default 1)"),
     ("start_timeout", float, "seconds a worker has to become ready (default 30)"),
     ("stop_timeout", float, "seconds an idle worker has to exit when retired (default 5)"),
