@@ -1,6 +1,7 @@
 """A batch killed outright (SIGKILL of the batch process, mid-run) and resumed still runs each job
-once: result lines are written whole (several per ``write(2)`` since B-LINES) and a job with a
-final line never runs again."""
+once: result lines are written whole (several per ``write(2)`` since B-LINES; only a write the
+kernel cut at the SIGKILL can leave a torn last line, which ``--resume`` truncates) and a job with a
+whole final line never runs again."""
 
 from __future__ import annotations
 
@@ -24,8 +25,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
+def _lines(path: Path, *, torn_ok: bool = False) -> list[dict[str, Any]]:
+    """The whole result lines of ``path``. Only right after a SIGKILL may the last one be torn
+    (``torn_ok``): Linux stops a write to a regular file between pages when its writer gets a fatal
+    signal, so a batch of lines that crossed a page boundary can be cut (seen once in CI); it is
+    left out here, as ``--resume`` truncates it."""
     data = path.read_bytes() if path.exists() else b""
+    if torn_ok:
+        data = data[: data.rfind(b"\n") + 1]
     assert not data or data.endswith(b"\n"), "the last result line is torn"
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
@@ -38,8 +45,9 @@ def _count_lines(path: Path) -> int:
 
 
 def test_sigkilled_batch_resumed_runs_each_finished_job_once(tmp_path: Path) -> None:
-    """SIGKILL the batch process while results stream in: no torn line, and ``--resume`` runs
-    exactly the jobs without a final line - never one whose line was written - so every job ends
+    """SIGKILL the batch process while results stream in: whole lines, but for a last one the kernel
+    cut (``_lines``), which ``--resume`` truncates; it runs exactly the jobs without a whole final
+    line - never one whose line was written whole - and leaves the file whole, so every job ends
     with one final ``completed`` line, and only the few that were in flight at the kill can have
     run to completion twice (their line had not been written: the batch promises at least once
     for those, and at most one final line for every job)."""
@@ -67,7 +75,7 @@ def test_sigkilled_batch_resumed_runs_each_finished_job_once(tmp_path: Path) -> 
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-    first = _lines(out)
+    first = _lines(out, torn_ok=True)
     assert n // 3 <= len(first) < n, "the batch finished before the kill"
     done_before = {rec["id"] for rec in first if rec["final"]}
     assert len(done_before) == len(first)  # a killed runner records nothing as interrupted

@@ -42,9 +42,11 @@ class ResultLog:
     ``write`` appends one line now. ``add`` (what the batch engine uses) appends it in the same
     event-loop iteration: the lines of every job that ended in that iteration go to the kernel in
     one ``write(2)`` (B-LINES). Still whole lines only, in the order the jobs ended, so a runner
-    killed at any instant leaves whole lines; what it loses is at most the lines of jobs that
-    ended in the iteration it died in, whose jobs then have no final line and run again on
-    ``--resume`` - as a job that ended an instant before its line was written always did."""
+    killed at any instant leaves whole lines, but for one case: Linux stops a write to a regular
+    file between pages when its writer gets SIGKILL, so the last write can be cut and its last line
+    torn (``read_previous`` truncates it on ``--resume``). What it loses is at most the lines of
+    jobs that ended in the iteration it died in, whose jobs then have no final line and run again
+    on ``--resume`` - as a job that ended an instant before its line was written always did."""
 
     def __init__(self, path: str | PathLike[str], *, fsync: bool = False) -> None:
         self.path = os.fspath(path)
@@ -131,7 +133,8 @@ class Previous:
 
 def read_previous(path: str | PathLike[str], *, repair: bool) -> Previous:
     """Scan an existing output file. With ``repair``, an incomplete last line (no newline: a
-    write cut short by a crash outside our control, e.g. a full disk) is truncated away so the
+    write cut short by a crash outside our control, e.g. a full disk, or by the kernel when the
+    runner got SIGKILL in the middle of a write spanning pages) is truncated away so the
     next append starts on a fresh line; its job has no final line and runs again."""
     prev = Previous()
     try:
