@@ -47,6 +47,8 @@ async def test_ended_turns_keep_their_events_within_the_budget_newest_first() ->
             results = [await sup.run(FLOOD, {"count": EVENTS}) for _ in range(12)]
         assert all(r.outcome == "completed" and r.output == {"events": EVENTS} for r in results)
         replays = [await _replay(sup.handle(r.turn_id)) for r in results]
+        memory = (await sup.status())["memory"]
+    assert 0 < memory["ended_events_mb"] <= memory["keep_events_mb"] == 1.0, memory
     kept = [len(r) == EVENTS and r == [{"i": i, "p": "p" * 16} for i in range(EVENTS)] for r in replays]
     last = {"i": EVENTS - 1, "p": "p" * 16}
     shed = [len(r) == 2 and isinstance(r[0], EventsDropped) and r[1] == last for r in replays]
@@ -134,6 +136,7 @@ async def test_inputs_past_max_input_mb_are_refused_until_turns_end() -> None:
         await _first(running)
         queued = [await sup.submit("examples.agents:echo", MIB_INPUT) for _ in range(2)]
         before = await sup.status()
+        assert before["memory"]["inputs_mb"] == 3.0 and before["memory"]["max_input_mb"] == 4.0, before
         with pytest.raises(QueueFull, match="max_input_mb"):
             await sup.submit("examples.agents:echo", MIB_INPUT)
         with pytest.raises(QueueFull):  # refused at its first input: the plain error, nothing accepted
@@ -149,6 +152,7 @@ async def test_inputs_past_max_input_mb_are_refused_until_turns_end() -> None:
             for handle in [*queued, late]:
                 assert (await handle.result()).output == MIB_INPUT
         assert sup.input_bytes == 0  # every input given back at its turn's end
+        assert (await sup.status())["memory"]["inputs_mb"] == 0
         disposed = [await sup.submit(LONG, MIB_INPUT), await sup.submit("examples.agents:echo", MIB_INPUT)]
     assert [(await h.result()).cause for h in disposed] == [{"kind": "disposed"}] * 2
     assert sup.input_bytes == 0  # disposal ends them too: nothing is held

@@ -146,4 +146,17 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "last_start_error": sup.pool.last_start_error,
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
+        # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
+        "memory": {
+            "inputs_mb": _mib(sup.input_bytes),
+            "max_input_mb": _mib(sup.max_input_bytes),
+            "ended_events_mb": _mib(sup.table.ended_bytes),
+            "keep_events_mb": _mib(sup.table.keep_event_bytes),
+            "ended_outputs_mb": _mib(sup.table.result_bytes),
+            "keep_results_mb": _mib(sup.table.keep_result_bytes),
+        },
     }
+
+
+def _mib(n: int) -> float:
+    return round(n / 2**20, 1)
