@@ -555,7 +555,9 @@ class Dispatcher:
         handed = next((t for t in slot.ahead if t.id == msg.turn_id), None)
         if handed is not None and handed.id in slot.passed and handed.started:
             self.unhand(slot, handed)
-            sup._finish(handed, msg.outcome, output=output_of(msg), error=msg.error, worker_pid=slot.pid)
+            sup._finish(
+                handed, msg.outcome, output=output_of(msg, handed), error=msg.error, worker_pid=slot.pid
+            )
             slot.turns_run += 1
             self.after_turn(slot)
             return True

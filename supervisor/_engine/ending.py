@@ -165,8 +165,10 @@ class Finisher:
             sup._fill_pool()
 
 
-def output_of(msg: wire.End) -> Any:
-    """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands)."""
+def output_of(msg: wire.End, turn: TurnRecord) -> Any:
+    """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands). Notes
+    its encoded size on ``turn`` (R-BUDGET), which the frame gives for free."""
+    turn.output_bytes = len(msg.output)
     try:
         return wire.decode_payload(msg.output)
     except msgspec.DecodeError:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import msgspec
-
-import wire
+from .ending import output_of
 
 if TYPE_CHECKING:
     from .pool import WorkerSlot
@@ -174,10 +172,7 @@ class ExitHandler:
             else:
                 sup._dispatch.start_turn(slot, t, min(max(at, t.submitted_at), now))
                 slot.turn = None
-            try:
-                output = wire.decode_payload(end.output)
-            except msgspec.DecodeError:
-                output = None
+            output = output_of(end, t)
             log.info(
                 "turn %s: ended %s per worker %s's End log (its frame died with the worker)",
                 t.id,

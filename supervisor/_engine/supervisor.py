@@ -725,7 +725,7 @@ class Supervisor(AcceptMany):
         slot.turns_run += 1
         if turn.started_at is not None:
             self._dispatch.note_turn_time(self._clock() - turn.started_at)
-        self._finish(turn, msg.outcome, output=output_of(msg), error=msg.error, worker_pid=slot.pid)
+        self._finish(turn, msg.outcome, output=output_of(msg, turn), error=msg.error, worker_pid=slot.pid)
         self._dispatch.after_turn(slot)
 
     def _on_ready(self, slot: WorkerSlot, msg: wire.Ready) -> None:

@@ -59,7 +59,8 @@ SIZED_OUTPUT = 1024
 
 
 def output_size(output: Any) -> int:
-    """About how many bytes ``output`` takes encoded (R-BUDGET): exact for strings and bytes, an
+    """About how many bytes ``output`` takes encoded (R-BUDGET), for a result restored from a
+    journal (a worker's End carries its size: ``output_of``): exact for strings and bytes, an
     encoding for containers, 0 for scalars and what cannot be encoded."""
     if output is None or isinstance(output, (bool, int, float)):
         return 0
@@ -145,6 +146,7 @@ class TurnRecord:
         "clearing",
         "digest",
         "id_chosen",
+        "output_bytes",
         "__weakref__",  # R-KEEP: the table finds a record evicted by id while a handle holds it
     )
 
@@ -214,6 +216,7 @@ class TurnRecord:
         # submit under this id can still be told apart; None while the input is held, or unknown.
         self.digest: int | None = None
         self.id_chosen = False  # the caller chose the id (the idempotency case): canonical digest
+        self.output_bytes = 0  # R-BUDGET: its output's encoded size, as the worker sent it (``output_of``)
 
     async def changed(self) -> None:
         """Wait until the turn has news for its followers (an event, its end): ``wake_followers``."""
@@ -412,7 +415,7 @@ class TurnTable:
                 self.ended_bytes += record.events_bytes
                 if self.ended_bytes > self.keep_event_bytes:
                     self._shed_events()
-            size = output_size(record.result.output) if record.result is not None else 0
+            size = record.output_bytes
             if size >= SIZED_OUTPUT:
                 self.output_sizes[turn_id] = size
                 self.result_bytes += size
@@ -577,6 +580,7 @@ class TurnTable:
         )
         turn.state = "ended"
         turn.result = result
+        turn.output_bytes = output_size(result.output)  # R-BUDGET: not from a worker's frame here
         turn.cause = result.cause
         turn.started = result.started
         turn.attempts = result.attempts
