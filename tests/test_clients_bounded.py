@@ -24,6 +24,7 @@ import wire
 from supervisor import AuthenticationFailed, Client, DaemonUnavailable, EventsDropped, InvalidAgent
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
+from tests.support.memkit import rss_under
 
 pytestmark = pytest.mark.anyio
 
@@ -54,18 +55,6 @@ async def _first_event(client: Client, turn_id: str) -> Any:
 
 # M-TRIM: how close to its RSS before an attack the daemon comes back once the attackers are gone.
 RSS_BACK = 64 * 2**20
-
-
-async def _rss_back(proc: psutil.Process, below: int, limit: float = 30.0) -> int:
-    """Wait (bounded) until ``proc``'s RSS is under ``below``; returns it (the last reading when
-    it never came, for the assertion to report)."""
-    with anyio.move_on_after(limit):
-        while True:
-            rss = proc.memory_info().rss
-            if rss < below:
-                return rss
-            await anyio.sleep(0.1)  # allowed: pacing a bounded poll of the daemon's memory (no event)
-    return proc.memory_info().rss
 
 
 async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
@@ -106,7 +95,7 @@ async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
                 ctx.term()
             # Waited for (bounded): a snapshot right after the frees reads what the allocator has not
             # handed back yet, which the daemon does within a second or two (M-TRIM).
-            rss_after = await _rss_back(daemon, rss_before + RSS_BACK)
+            rss_after = await rss_under(daemon, rss_before + RSS_BACK)
             status = await client.status()
             assert status["running"] == 1, status  # the turn was never touched
             grown = (rss_after - rss_before) / 2**20
@@ -219,7 +208,7 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
             # M-TRIM: what the daemon grew goes back to the system once they are gone: it looks
             # once a second. Before, it stayed resident at its peak (+258 MiB in CI, 8 MiB of
             # it in use), so a snapshot here measured the allocator, not what the daemon holds.
-            rss_after = await _rss_back(daemon, rss_before + RSS_BACK)
+            rss_after = await rss_under(daemon, rss_before + RSS_BACK)
             trims = (await _daemon_facts(client))["memory_trims"]
         # A second round for the rates: on the shared 2-core machine the echo rate alone itself
         # varies 10x from one second to the next (130 to 2,000/s), so the best of two of each is
@@ -251,7 +240,7 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     assert after["streams"] == 0
     # M-TRIM: back within ``RSS_BACK`` of where it stood before the crowd (+5 to +39 MiB measured, two
     # CPU hogs beside it; what stays is in use: Python's arenas, the other client's kept turns).
-    # ``_rss_back`` waited for it: the daemon hands freed memory back once a second.
+    # ``rss_under`` waited for it: the daemon hands freed memory back once a second.
     assert rss_after - rss_before < RSS_BACK, (rss_after - rss_before, f"{trims} trims")
 
 

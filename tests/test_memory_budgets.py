@@ -21,6 +21,8 @@ import pytest
 from supervisor import Client, EventsDropped, QueueFull, Supervisor, UnknownTurn
 from supervisor import lowlevel as sup_lowlevel
 from tests.support.daemonkit import FAST, serving
+from tests.support.events import first_event
+from tests.support.memkit import rss_under
 
 pytestmark = pytest.mark.anyio
 
@@ -95,7 +97,7 @@ async def test_a_daemon_running_event_heavy_turns_stays_within_its_event_budget(
                 handles = await client.submit_many(FLOOD, [{"count": events}] * turns)
                 for handle in handles:
                     assert (await handle.result()).outcome == "completed"
-            grown = await _grown_below(daemon, before, 40 * 2**20)
+            grown = await rss_under(daemon, before + 40 * 2**20) - before
             newest, oldest = await _replay(handles[-1]), await _replay(handles[0])
     print(f"daemon RSS +{grown / 2**20:.1f} MiB after {turns} turns of {events} events")
     assert grown < 40 * 2**20, grown
@@ -104,26 +106,8 @@ async def test_a_daemon_running_event_heavy_turns_stays_within_its_event_budget(
     assert (oldest[0].count, oldest[0].first, oldest[1]) == (events - 1, 0, {"i": events - 1, "p": "p" * 16})
 
 
-async def _grown_below(proc: psutil.Process, before: int, bound: int, limit: float = 30.0) -> int:
-    """How much ``proc`` grew over ``before``, waited for (bounded) to fall under ``bound``."""
-    with anyio.move_on_after(limit):
-        while True:
-            grown = proc.memory_info().rss - before
-            if grown < bound:
-                return grown
-            await anyio.sleep(0.1)  # allowed: pacing a bounded poll of the daemon's memory (no event)
-    return proc.memory_info().rss - before
-
-
 MIB_INPUT = "x" * (2**20 + 64)  # encodes to just over 1 MiB
 LONG = "tests.agents.client:wait_for_cancel"
-
-
-async def _first(handle: Any) -> None:
-    with anyio.fail_after(60):
-        async with aclosing(handle.events()) as events:
-            async for _ in events:
-                return
 
 
 async def test_inputs_past_max_input_mb_are_refused_until_turns_end() -> None:
@@ -133,7 +117,7 @@ async def test_inputs_past_max_input_mb_are_refused_until_turns_end() -> None:
     once the running turn ends its input is released and the same submit is accepted."""
     async with Supervisor(workers=1, spares=0, max_input_mb=4, prefetch=1) as sup:
         running = await sup.submit(LONG, MIB_INPUT)
-        await _first(running)
+        await first_event(running)
         queued = [await sup.submit("examples.agents:echo", MIB_INPUT) for _ in range(2)]
         before = await sup.status()
         assert before["memory"]["inputs_mb"] == 3.0 and before["memory"]["max_input_mb"] == 4.0, before
