@@ -126,9 +126,9 @@ def status(sup: Supervisor) -> dict[str, Any]:
                 "turn_id": slot.turn.id if slot.turn else None,
                 "turns_run": slot.turns_run,
                 "rss": rss,
-                "rss_mb": round(rss / 2**20, 1),
+                "rss_mb": _mib(rss),
                 "pss": pss,
-                "pss_mb": round(pss / 2**20, 1),
+                "pss_mb": _mib(pss),
                 "cgroup": slot.cgroup,
             }
         )

@@ -66,13 +66,12 @@ async def give_back_memory(daemon: Daemon) -> None:
     daemon grew by ``lowlevel.TRIM_SLACK`` since it last did and that much is free
     (``lowlevel.HeapKeeper``). The trim runs in a thread (up to ≈ 16 ms for 100 MiB): the event
     loop goes on."""
-    keeper = lowlevel.HeapKeeper()
+    keeper = daemon.heap
     while True:
         await anyio.sleep(TRIM_EVERY)
         if keeper.due():
             await anyio.to_thread.run_sync(lowlevel.heap_trim)
             keeper.trimmed()
-            daemon.memory_trims = keeper.trims
 
 
 async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str], None] | None) -> None:

@@ -53,6 +53,7 @@ import zmq.asyncio
 
 import wire
 from wire import Cause, TurnResult
+from worker import lowlevel
 
 from .._engine import Supervisor, TurnRecord
 from .._errors import (
@@ -170,7 +171,7 @@ class Daemon:
         self._mon: zmq.asyncio.Socket | None = None
         self.lagged_followers = 0
         self.too_large_replies = 0
-        self.memory_trims = 0  # M-TRIM: times freed memory was handed back (``run.give_back_memory``)
+        self.heap = lowlevel.HeapKeeper()  # M-TRIM: when to hand freed memory back (``run.give_back_memory``)
         self._inflight = 0
         self._inflight_zero = anyio.Event()
         self._cancel_times: dict[str, float] = {}
@@ -660,7 +661,7 @@ class Daemon:
             "turns_kept": len(self.sup.table),
             "keep_results": self.sup.keep_results,
             "metrics_port": self.metrics_bound,
-            "memory_trims": self.memory_trims,
+            "memory_trims": self.heap.trims,
         }
         return st
 
