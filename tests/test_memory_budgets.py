@@ -82,6 +82,32 @@ async def test_a_follower_reading_an_old_turn_keeps_it_while_the_budget_sheds() 
     assert (replay[0].count, replay[0].first, replay[1]) == (EVENTS - 1, 0, {"i": EVENTS - 1, "p": "p" * 16})
 
 
+async def test_a_follower_whose_client_vanishes_mid_replay_holds_nothing_back() -> None:
+    """A ``Client`` reads the first event of an old ended turn through ``turnpool serve --keep-events-mb
+    1`` and vanishes without a word, its follow still open, while event-heavy turns end. Once the
+    daemon has freed it, the next turn's end sheds the old turn: a new follower reads one marker and
+    the last event, so a vanished follower held nothing for good."""
+    with serving(*FAST, "--no-journal", "--keep-events-mb", "1") as d:
+        async with Client.connect(d.endpoint, timeout=30) as client:
+            old = await client.run(FLOOD, {"count": EVENTS})
+            gone = await Client.connect(d.endpoint, timeout=30).__aenter__()
+            stream = gone.handle(old.turn_id).events()
+            with anyio.fail_after(60):
+                assert await anext(stream) == {"i": 0, "p": "p" * 16}
+            await gone.__aexit__(None, None, None)  # the socket closes; the daemon was told nothing
+            with anyio.fail_after(120):
+                for _ in range(12):
+                    await client.run(FLOOD, {"count": EVENTS})
+                while True:  # the daemon sees the client gone (its disconnect monitor) and frees the follow
+                    if not (await client.status())["daemon"]["streams"]:
+                        break
+                    await anyio.sleep(0.05)  # allowed: pacing a bounded poll of the daemon's status
+                await client.run(FLOOD, {"count": EVENTS})
+            replay = await _replay(client.handle(old.turn_id))
+    assert len(replay) == 2 and isinstance(replay[0], EventsDropped), replay[:3]
+    assert (replay[0].count, replay[1]) == (EVENTS - 1, {"i": EVENTS - 1, "p": "p" * 16})
+
+
 async def test_a_daemon_running_event_heavy_turns_stays_within_its_event_budget() -> None:
     """600 turns of 1,000 events through ``turnpool serve --keep-events-mb 8``: the daemon grows by
     less than 40 MiB (+14 MiB measured; waited for: M-TRIM hands back what was shed), where without
