@@ -17,6 +17,7 @@ from wire import Cause, TurnResult
 
 if TYPE_CHECKING:
     from ._handle import TurnHandle
+    from ._stream import TurnStream
 
 
 @runtime_checkable
@@ -50,6 +51,10 @@ class Backend(Protocol):
     ) -> TurnResult: ...
 
     def handle(self, turn_id: str) -> TurnHandle: ...
+
+    def stream(
+        self, agent: str, input: Any = None, **options: Any
+    ) -> contextlib.AbstractAsyncContextManager[TurnStream]: ...
 
     async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None: ...
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -34,6 +35,7 @@ from ._errors import SupervisorClosed
 from ._handle import TurnHandle
 from ._host import refuse_inside_worker
 from ._many import turn_ids_of
+from ._stream import SyncTurnStream, open_sync_stream
 
 _FOR_THE_MAIN_THREAD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
@@ -284,6 +286,13 @@ class SyncFront:
 
     def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
         return self._call("run", agent, input, **kwargs)
+
+    def stream(
+        self, agent: str, input: Any = None, **kwargs: Any
+    ) -> contextlib.AbstractContextManager[SyncTurnStream]:
+        """``stream``, blocking: ``with sup.stream(agent, input) as events: for event in events: ...``;
+        leaving the block before the turn ended cancels it (cause ``user``) and waits for it."""
+        return open_sync_stream(self, agent, input, **kwargs)
 
     def submit_many(self, agent: str, inputs: Iterable[Any], **kwargs: Any) -> list[SyncTurnHandle]:
         """``submit_many``, blocking; a partial refusal's ``.handles`` are blocking handles too."""

@@ -6,9 +6,8 @@ parts, each an object with its own state:
 
 * starting and disposing (``lifecycle.py``): the link bound, the pool up; every turn disposed,
   every worker reaped; D-KEEP's queued turns set aside at a daemon's graceful stop;
-* the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs;
-* the pool (``pool.py``): ``workers`` slots running turns plus ``spares`` warm workers; exits are
-  pidfd events, settled by the exit handler (``exits.py``: E1, S1, R13);
+* the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs; the
+  pool (``pool.py``): ``workers`` slots plus ``spares`` warm workers; exits settled by ``exits.py``;
 * the turn table (``TurnRecord`` per turn: the one cancellation holder) and the ``TurnQueue``
   (``turns.py``); turns come in through admission (``admission.py``), children through
   ``children.py``, and go to workers through the dispatcher (``dispatch.py``: prefetch, J6, S1);
@@ -37,6 +36,7 @@ from wire import USER, Cause, TurnError, TurnResult, validate_cause
 from .._errors import SupervisorClosed, shown_id
 from .._handle import TurnHandle
 from .._host import refuse_inside_worker
+from .._stream import OwnedStreams
 from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
@@ -74,7 +74,7 @@ log = logging.getLogger("turnpool.supervisor")
 DispatchGate = Callable[[list[TurnRecord]], None]
 
 
-class Supervisor(AcceptMany):
+class Supervisor(AcceptMany, OwnedStreams):
     """Runs agent turns in a pool of worker processes and owns their cancellation.
 
     Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is

@@ -52,6 +52,7 @@ from .._events import EventsDropped
 from .._handle import TurnHandle
 from .._host import Background
 from .._paths import check_endpoint, default_endpoint
+from .._stream import OwnedStreams
 from .._zmqflags import EVENTS as _EVENTS
 from .._zmqflags import NOBLOCK as _NOBLOCK
 from .._zmqflags import POLLIN as _POLLIN
@@ -62,7 +63,7 @@ from .requests import _check_turn_id, _error, _get_result, _Lost, _Many, _Replie
 log = logging.getLogger("turnpool.client")
 
 
-class Client(PipelinedMany):
+class Client(PipelinedMany, OwnedStreams):
     """A connection to a ``turnpool serve`` daemon, with the methods of ``Supervisor``::
 
         async with Client.connect("ipc:///run/user/1000/turnpool/supervisor.sock") as client:

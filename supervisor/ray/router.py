@@ -39,6 +39,7 @@ from .._engine.options import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
 from .._many import ManyTurns
+from .._stream import OwnedStreams
 from .batches import decode_cancel_reply, encode_requests
 from .link import NodeLink
 from .membership import Membership
@@ -53,7 +54,7 @@ log = logging.getLogger("turnpool.ray")
 NAMESPACE = "turnpool"
 
 
-class RaySupervisor(ManyTurns):
+class RaySupervisor(ManyTurns, OwnedStreams):
     """Runs turns on every node of a Ray cluster, with turnpool's contract on each node.
 
     ``async with RaySupervisor(address="auto", workers_per_node=4, grace=5) as sup:`` connects
