@@ -338,6 +338,41 @@ async def test_agent_output_never_reaches_the_channel(tmp_path: Path) -> None:
     assert "agent print() on stdout" in log and "child says hi on stdout" in log
 
 
+async def test_stdio_may_be_files_and_dev_null(tmp_path: Path) -> None:
+    """S-ACP-FILES: ``turnpool acp < in.jsonl > out.jsonl`` answers every request of the file into the
+    file (asyncio's pipe transports refuse regular files: this was "Pipe transport is for
+    pipes/sockets only"), and ``< /dev/null`` exits 0 at once (this was an asyncio traceback)."""
+    import json
+
+    frames = [
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "session/new",
+            "params": {"cwd": str(tmp_path), "mcpServers": []},
+        },
+    ]
+    given = tmp_path / "in.jsonl"
+    given.write_text("".join(json.dumps(frame) + "\n" for frame in frames))
+    command = [str(TURNPOOL), "acp", "--agent", "examples.acp_agents:echo", *ONE]
+    with anyio.fail_after(60):
+        with given.open("rb") as stdin, (tmp_path / "out.jsonl").open("wb") as stdout:
+            answered = await anyio.run_process(command, check=False, stdin=stdin, stdout=stdout, cwd=ROOT)
+        idle = await anyio.run_process(command, check=False, stdin=subprocess.DEVNULL, cwd=ROOT)
+    replies = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert answered.returncode == 0, answered.stderr.decode()
+    assert [reply["id"] for reply in replies] == [0, 1] and all("result" in reply for reply in replies)
+    assert replies[1]["result"]["sessionId"]
+    assert idle.returncode == 0 and b"Traceback" not in idle.stderr, idle.stderr.decode()
+    assert b"Traceback" not in answered.stderr
+
+
 async def test_command_line_errors_are_clear() -> None:
     """A malformed ``--agent`` exits 2 naming the expected syntax; ``--connect`` on a build
     without ``supervisor.Client`` exits 1 saying what is missing; stdout stays empty."""

@@ -20,10 +20,13 @@ import asyncio
 import logging
 import os
 import signal
+import stat
 import sys
+import threading
 from typing import Any, cast
 
 import anyio
+import anyio.to_thread
 
 from .._backend import open_backend
 from ..cli.exits import EXIT_OK
@@ -34,6 +37,9 @@ log = logging.getLogger("turnpool.acp")
 # One ACP message is one line: the reader must hold the largest one. Above the largest frame
 # the pool carries (wire.MAX_MESSAGE_SIZE, 32 MiB), far above asyncio's default of 64 KiB.
 STREAM_LIMIT = 64 * 1024 * 1024
+
+# Seconds allowed at exit for a bridged output file to take what was written (S-ACP-FILES).
+FLUSH_BOUND = 30.0
 
 
 def claim_stdio() -> tuple[int, int]:
@@ -53,15 +59,58 @@ def claim_stdio() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-async def open_stdio(proto_in: int, proto_out: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """asyncio streams on the claimed descriptors, the reader's limit set to ``STREAM_LIMIT``."""
+def _pollable(fd: int) -> bool:
+    """Whether asyncio can watch ``fd`` itself: a pipe or a socket. A regular file (``< in.jsonl``,
+    ``> out.jsonl``), ``/dev/null`` or a terminal is bridged through a pipe instead (S-ACP-FILES)."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _copy(src: int, dst: int) -> None:
+    """Copy ``src`` to ``dst`` until EOF (or either end fails), then close both."""
+    try:
+        while chunk := os.read(src, 1 << 16):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(dst, view) :]
+    except OSError:
+        pass  # the other end is gone: nothing more can be carried
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
+def _bridge(src: int, dst: int, name: str) -> threading.Thread:
+    thread = threading.Thread(target=_copy, args=(src, dst), name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+async def open_stdio(
+    proto_in: int, proto_out: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, list[threading.Thread]]:
+    """asyncio streams on the claimed descriptors, the reader's limit set to ``STREAM_LIMIT``.
+
+    S-ACP-FILES: a side that is not a pipe or a socket (a file, ``/dev/null``, a terminal) is carried
+    by a thread through a pipe of our own, since asyncio's pipe transports refuse it. The returned
+    threads are the output's copiers: join them after closing the writer, so nothing written is lost.
+    """
     loop = asyncio.get_running_loop()
+    flushers: list[threading.Thread] = []
+    if not _pollable(proto_in):
+        read_end, write_end = os.pipe()
+        _bridge(proto_in, write_end, "acp-stdin")
+        proto_in = read_end
+    if not _pollable(proto_out):
+        read_end, write_end = os.pipe()
+        flushers.append(_bridge(read_end, proto_out, "acp-stdout"))
+        proto_out = write_end
     reader = asyncio.StreamReader(limit=STREAM_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(proto_in, "rb", 0))
     transport, protocol = await loop.connect_write_pipe(
         asyncio.streams.FlowControlMixin, os.fdopen(proto_out, "wb", 0)
     )
-    return reader, asyncio.StreamWriter(transport, protocol, None, loop)
+    return reader, asyncio.StreamWriter(transport, protocol, None, loop), flushers
 
 
 async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
@@ -82,7 +131,7 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
     ) as backend:
         # Given explicitly, the times go with every turn: they then hold on a daemon too.
         agent = TurnpoolAgent(backend, args.agent, grace=args.grace, kill_after=args.kill_after)
-        reader, writer = await open_stdio(proto_in, proto_out)
+        reader, writer, flushers = await open_stdio(proto_in, proto_out)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             # Returns at EOF on stdin (the editor went away); in-flight prompts are then cancelled.
@@ -92,7 +141,9 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
         with anyio.CancelScope(shield=True):
             if agent.cleanup:
                 await asyncio.gather(*agent.cleanup, return_exceptions=True)
-            writer.close()
+            writer.close()  # flushes what is buffered, then closes (a bridged file's copier sees EOF)
+            for flusher in flushers:
+                await anyio.to_thread.run_sync(flusher.join, FLUSH_BOUND)
     # Leaving the backend disposes the embedded pool: every turn stopped, every worker reaped.
     return EXIT_OK
 
