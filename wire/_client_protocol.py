@@ -115,6 +115,7 @@ class Submit(_CMsg, tag="submit", frozen=True):
     turn_id: str | None = None
     wait: bool = False
     retry: bool = False  # with a journal: run again if a daemon restart interrupted it
+    trace: str | None = None  # the caller's W3C trace context (``traceparent``), carried to the worker
 
 
 class Cancel(_CMsg, tag="cancel", frozen=True):

@@ -81,6 +81,7 @@ class Run(_Msg, tag="run", frozen=True):
     parent: str | None = None
     after_pid: int = 0
     after_start: int = 0
+    trace: str | None = None  # W3C ``traceparent`` the agent's own spans nest under (T-TRACE)
 
 
 class Abort(_Msg, tag="abort", frozen=True):

@@ -38,6 +38,7 @@ from ._guards import (
     sweep_leftovers,
     watcher,
 )
+from ._trace import traced
 from ._turn import Turn
 
 _IMPORT_CACHE: dict[str, Any] = {}
@@ -480,7 +481,7 @@ class WorkerLoop:
                 outcome, error = "failed", _error(exc)
             else:
                 self.current_async = is_async
-                with _new_scope() as scope:
+                with _new_scope() as scope, traced(msg.trace):
                     self.current_scope = scope
                     try:
                         # R17: async agents on the main thread, plain def agents in a thread.

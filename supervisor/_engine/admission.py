@@ -22,6 +22,7 @@ import msgspec
 from .._errors import QueueFull, SupervisorClosed, TurnIdConflict
 from .._handle import TurnHandle
 from .._many import ManyTurns
+from .._tracing import caller_trace
 from .options import check_agent, check_grace, check_optional_str, check_seconds
 from .turns import TurnRecord, request_differs
 
@@ -112,6 +113,10 @@ class Admission:
         )
         turn.retry = retry
         turn.attempts = attempts
+        # T-TRACE: the caller's trace context (a child turn: its parent's), the turn span's once an
+        # accept hook of ``TurnSpans`` has opened it.
+        parent_turn = sup._turns.get(parent) if parent is not None else None
+        turn.trace = parent_turn.trace if parent_turn is not None else caller_trace()
         turn.id_chosen = chosen
         if sup._dispatch.gate is not None:
             turn.recorded = turn.written = readmit  # a readmitted turn's row is already in the journal

@@ -271,9 +271,14 @@ class Dispatcher:
             # or notes in its start marker, whichever the supervisor learns first.
             turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
         if after is None:
-            self.sup._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent))
+            self.sup._send(
+                slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace)
+            )
         else:  # K-HEIR: held until process ``after`` (pid, start time) is gone
-            self.sup._send(slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, *after))
+            run = wire.Run(
+                turn.id, turn.agent, turn.input, turn.session, turn.parent, *after, trace=turn.trace
+            )
+            self.sup._send(slot, run)
 
     def _handed_deadline(self, turn: TurnRecord, slot: WorkerSlot) -> None:
         """A handed turn's timeout has passed since handoff and no Started came: if the worker

@@ -64,6 +64,7 @@ class Escalation:
             slot = turn.worker
             assert slot is not None
             sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            sup._hooks.stepped(turn, "abort")
             sup._note_marked_start(slot)
             if turn.esc_timer is None:  # (armed already if the marker showed it running)
                 self.arm(turn, slot)
@@ -71,6 +72,7 @@ class Escalation:
             slot = turn.worker
             assert slot is not None
             sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            sup._hooks.stepped(turn, "abort")
             self.arm(turn, slot)
         return turn.cause
 
@@ -128,6 +130,7 @@ class Escalation:
             turn.escalation = 1
             self.counts["sigterm"] += 1
             _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
+            sup._hooks.stepped(turn, "sigterm")
             turn.esc_timer = sup._timers.call_later(turn.kill_after, self.escalate, turn, slot, 2)
             log.warning(
                 "escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace
@@ -136,6 +139,7 @@ class Escalation:
             turn.escalation = 2
             self.counts["sigkill"] += 1
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+            sup._hooks.stepped(turn, "sigkill")
             log.warning(
                 "escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs",
                 turn.id,

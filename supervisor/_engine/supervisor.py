@@ -37,6 +37,7 @@ from .._errors import SupervisorClosed, shown_id
 from .._handle import TurnHandle
 from .._host import refuse_inside_worker
 from .._stream import OwnedStreams
+from .._tracing import TurnSpans
 from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
@@ -104,7 +105,7 @@ class Supervisor(AcceptMany, OwnedStreams):
     path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file; four
     files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this
     process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
-    ``worker_nice`` (0-19): workers below this process (R-NICE).
+    ``worker_nice`` (0-19): workers below this process (R-NICE). ``tracing``: a span per turn (T-TRACE).
     """
 
     def __init__(
@@ -139,6 +140,7 @@ class Supervisor(AcceptMany, OwnedStreams):
         worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
         max_grace: float = MAX_GRACE,
         worker_nice: int | None = None,
+        tracing: bool = False,
     ) -> None:
         refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
         check_sizes(
@@ -173,12 +175,8 @@ class Supervisor(AcceptMany, OwnedStreams):
         self.stop_timeout = require_seconds("stop_timeout", stop_timeout)
         self.python = python
         self.worker_args = tuple(worker_args)
-        # Turns a worker may hold at once (running + handed ahead): hides the round trip between
-        # one turn's end and the next one's start. 1 turns prefetching off.
-        self.prefetch = prefetch
-        # How much work (seconds, at the recent mean turn time) a worker may hold beyond its current
-        # turn: trivial turns are handed up to ``prefetch`` at a time, turns longer than the window
-        # are not handed ahead at all, so a long agent turn never holds others behind it.
+        self.prefetch = prefetch  # turns a worker may hold at once (running + handed ahead); 1: off
+        # Work (seconds, at the recent mean turn time) a worker may hold beyond its current turn.
         self.prefetch_window = require_seconds("prefetch_window", prefetch_window)
         # Fork workers from a preloaded zygote (a few ms) instead of starting interpreters (≈50 ms+);
         # ``preload`` names agent modules the zygote imports once for every worker.
@@ -260,6 +258,8 @@ class Supervisor(AcceptMany, OwnedStreams):
         self.bad_frames = 0  # frames from workers refused: unknown sender, undecodable, out of order
         self._slots_changed = anyio.Event()
         self._hooks = Hooks()
+        if tracing:
+            TurnSpans().install(self._hooks)  # ValueError without OpenTelemetry (the otel extra)
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False

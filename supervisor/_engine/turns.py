@@ -133,6 +133,7 @@ class TurnRecord:
         "result",
         "done",
         "children",
+        "trace",
         "spawn_origin",
         "pending_result",
         "timer",
@@ -195,6 +196,7 @@ class TurnRecord:
         # and dropped when the result is out (``set_done``).
         self.done: list[asyncio.Future[None]] | None = None
         self.children: set[str] = _NO_CHILDREN  # T-LEAN: a set of its own from the first child
+        self.trace: str | None = None  # T-TRACE: the ``traceparent`` its agent's spans nest under
         self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
         self.pending_result: TurnResult | None = None  # held until live children have ended
         self.timer: Timer | None = None  # the deadline (timeout), armed when the turn starts

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import tomllib
@@ -20,6 +21,7 @@ import anyio
 import msgspec
 
 from .._errors import InvalidAgent, TurnpoolError
+from .._tracing import CALLER_TRACE, valid_traceparent
 from . import cluster, options
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
@@ -84,6 +86,12 @@ SUPERVISOR_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
         int,
         "run workers at this niceness, 0-19, below the daemon (default: the daemon's own), so busy "
         "workers never starve the daemon that delivers their events",
+    ),
+    (
+        "tracing",
+        _on_off,
+        "on: an OpenTelemetry span per turn, and the turn's context carried to its agent (default off; "
+        "needs the otel extra; OTEL_TRACES_EXPORTER=console writes spans to stderr)",
     ),
     (
         "cgroups",
@@ -460,6 +468,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 return EXIT_OK
             return await _submit_and_wait(client, args, data)
 
+    # T-TRACE: a trace context handed down the environment (W3C's TRACEPARENT; an invalid one is ignored).
+    CALLER_TRACE.set(valid_traceparent(os.environ.get("TRACEPARENT")))
     return _run(main)
 
 

@@ -20,6 +20,7 @@ from .._engine import check_agent
 from .._errors import DaemonUnavailable, ProtocolError
 from .._handle import TurnHandle
 from .._many import ManyTurns, check_many, refused, turn_ids_of
+from .._tracing import caller_trace
 from .requests import _error, _Lost, _Many, _Replies, _Reply, _submit_options
 
 if TYPE_CHECKING:
@@ -69,9 +70,11 @@ class PipelinedMany(ManyTurns):
         if not raws:
             return []
         base = self._take_reqs(len(raws))
-        submit, encode = wire.Submit, self._encode
+        submit, encode, trace = wire.Submit, self._encode, caller_trace()  # T-TRACE
         frames = [
-            encode(submit(base + i, agent, raw, session, timeout, grace, kill_after, tid, False, retry))
+            encode(
+                submit(base + i, agent, raw, session, timeout, grace, kill_after, tid, False, retry, trace)
+            )
             for i, (raw, tid) in enumerate(zip(raws, ids, strict=True))
         ]
         many = self._send_many(base, frames, stop_on_error=False)

@@ -26,6 +26,7 @@ from .._errors import (
     UnknownTurn,
     shown_id,
 )
+from .._tracing import caller_trace
 
 
 class _Lost:
@@ -158,8 +159,9 @@ def _submit_request(
     turn_id = check_optional_str("turn_id", turn_id)
     # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
     # as the request is in flight, and thousands in flight are walked by every garbage collection.
+    trace = caller_trace()  # T-TRACE: None at once when no trace context is in force
     return functools.partial(
-        _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry)
+        _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry, trace)
     )
 
 

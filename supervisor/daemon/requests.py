@@ -32,6 +32,7 @@ from .._errors import (
     JournalUnavailable,
     UnknownTurn,
 )
+from .._tracing import CALLER_TRACE, valid_traceparent
 from .clients import (
     BATCH_EVENTS,
     COALESCE,
@@ -143,6 +144,8 @@ class Requests:
 
     def _submit(self, ident: bytes, msg: wire.Submit) -> None:
         req = msg.req
+        # T-TRACE: the client's trace context, for the acceptance below (an invalid one is ignored).
+        traced = CALLER_TRACE.set(valid_traceparent(msg.trace)) if msg.trace is not None else None
         try:
             turn_id, existed, gates = self.daemon._admit(
                 msg.agent,
@@ -158,6 +161,9 @@ class Requests:
             code = next(code for kind, code in SUBMIT_ERROR_CODES if isinstance(exc, kind))
             self._send(ident, wire.Error(req, code, str(exc)))
             return
+        finally:
+            if traced is not None:
+                CALLER_TRACE.reset(traced)
         if gates and all(type(gate) is Gate or isinstance(gate, asyncio.Future) for gate in gates):
             self.daemon.ack_when_done(ident, req, turn_id, gates, msg.wait, existed, self._fallback)
         elif gates:

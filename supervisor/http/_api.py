@@ -23,6 +23,7 @@ from starlette.routing import Route
 import wire
 
 from .._errors import InvalidAgent, QueueFull, SupervisorClosed, TurnIdConflict, TurnpoolError, UnknownTurn
+from .._tracing import CALLER_TRACE, valid_traceparent
 from . import _schema
 from ._guard import Guard
 from ._sse import EventStream
@@ -133,6 +134,8 @@ async def submit(request: Request) -> Response:
                 f"turn {req.turn_id!r} exists with another "
                 f"{' and '.join(differs)}: a turn_id names one request",
             )
+    # T-TRACE: the caller's W3C trace context, carried to the agent (an invalid one is ignored).
+    CALLER_TRACE.set(valid_traceparent(request.headers.get("traceparent")))
     try:
         turn_id, existed = await front.daemon.submit(
             req.agent,
