@@ -19,7 +19,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from .._errors import TurnpoolError
+from .._errors import DaemonAlreadyRunning, TurnpoolError
 
 SCHEMA_VERSION = 2
 APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
@@ -145,6 +145,11 @@ class JournalError(TurnpoolError):
     """Raised by ``Journal.open`` (and ``turnpool serve --journal``) when the journal file is corrupt,
     damaged (a table gone), from a newer version, not a turnpool journal, locked by another live
     daemon, or in a directory other users can read or write."""
+
+
+class JournalLocked(JournalError, DaemonAlreadyRunning):
+    """The journal is held by another live daemon (J-OWN): a ``JournalError`` and a
+    ``DaemonAlreadyRunning``."""
 
 
 # J4: a bad journal is refused untouched (read-only checks).
