@@ -237,3 +237,31 @@ def test_a_filesystem_that_cannot_lock_is_refused_in_one_line(tmp_path: Path, mo
     assert not isinstance(raised.value, DaemonAlreadyRunning)
     monkeypatch.undo()
     Journal.open(tmp_path / "j.sqlite3").close()  # the abstract socket was released too
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_journal_path_that_is_not_a_file_is_refused_at_once(kind: str) -> None:
+    """A FIFO or a directory given as ``serve --journal`` is refused at start with one line saying what
+    is wrong, exit 1 (it was "disk I/O error"); the FIFO is opened without blocking."""
+    home = short_dir()
+    try:
+        path = home / "journal"
+        if kind == "fifo":
+            os.mkfifo(path, 0o600)
+        else:
+            path.mkdir(mode=0o700)
+        done = subprocess.run(
+            daemonkit.turnpool_argv(
+                "serve", *FAST, "--journal", str(path), "--endpoint", f"ipc://{home}/s.sock"
+            ),
+            env=daemonkit.env_for(home, None),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert f"journal {path} is not a regular file" in lines[0], lines[0]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -92,11 +92,16 @@ def lock_socket(path: Path) -> socket.socket:
 def lock_file(path: Path) -> int:
     """Open the journal file (created empty, 0600, when missing) and take its OFD write lock; the
     descriptor, to be kept open for the daemon's life. ``JournalLocked`` when another daemon holds
-    it, ``JournalError`` when the filesystem cannot lock."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0o600)
+    it, ``JournalError`` when the filesystem cannot lock or the path is not a regular file."""
+    not_a_file = JournalError(f"journal {path} is not a regular file (a directory, FIFO or device?)")
+    try:
+        # Without blocking: a FIFO given as the journal must not hang the start.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0o600)
+    except IsADirectoryError:
+        raise not_a_file from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise JournalError(f"journal {path} is not a regular file")
+        raise not_a_file
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, LOCK_OFFSET, 1, 0))
     except OSError as exc:
