@@ -38,7 +38,8 @@ from .journal_schema import JournalError, JournalLocked
 # J-OWN: the byte locked in the journal file. SQLite's locks sit at 0x40000000 .. 0x40000000 + 512;
 # this one is at 1 TiB, a range SQLite never locks (and a lock past the end of a file is allowed).
 LOCK_OFFSET = 1 << 40
-# ``struct flock`` on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding.
+# ``struct flock`` on 64-bit Linux (64-bit ``off_t``): l_type, l_whence, l_start, l_len, l_pid (0 for
+# OFD locks), padding.
 _FLOCK = struct.Struct("hhqqi4x")
 # What a filesystem (or kernel) that cannot take the lock answers.
 _CANNOT_LOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
@@ -94,6 +95,11 @@ def lock_file(path: Path) -> int:
     descriptor, to be kept open for the daemon's life. ``JournalLocked`` when another daemon holds
     it, ``JournalError`` when the filesystem cannot lock or the path is not a regular file."""
     not_a_file = JournalError(f"journal {path} is not a regular file (a directory, FIFO or device?)")
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise not_a_file  # a device is not even opened
+    except FileNotFoundError:
+        pass  # made below
     try:
         # Without blocking: a FIFO given as the journal must not hang the start.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0o600)
