@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 import wire
 from supervisor.daemon.journal import Journal, JournalError, read_history, read_result
+from tests.support.daemonkit import turnpool_argv
 from tests.support.journalkit import record
 
 
@@ -125,6 +127,45 @@ def test_corrupt_newer_and_foreign_files_are_refused_untouched(tmp_path: Path) -
         with pytest.raises(JournalError, match=message):
             Journal.open(path)
         assert digest(path) == before
+
+
+@pytest.mark.parametrize("table", ["turns", "ends", "open_turns", "cleared", "events"])
+def test_a_journal_missing_a_table_is_refused_untouched_never_recreated(tmp_path: Path, table: str) -> None:
+    """J4: a journal with a turn in it whose ``table`` was dropped (quick_check still says ok) is
+    refused at open, by ``turnpool serve`` and by ``turnpool history``, with one line naming the table;
+    the file is left as it was (before, the writer recreated the table empty and the turns were gone)."""
+    path = tmp_path / "j.sqlite3"
+    journal = Journal.open(path)
+    done = threading.Event()
+    journal.accepted(record("t1"), done.set)
+    assert done.wait(30)
+    journal.close()
+    with sqlite3.connect(path) as con:
+        con.execute(f"DROP TABLE {table}")
+    before = digest(path)
+    with pytest.raises(JournalError, match=f"is damaged: its table {table} is missing"):
+        Journal.open(path)
+    assert digest(path) == before
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
+    for argv in (
+        ["serve", "--workers", "1", "--journal", str(path), "--endpoint", f"ipc://{tmp_path}/s.sock"],
+        ["history", "--journal", str(path)],
+    ):
+        done_cli = subprocess.run(
+            turnpool_argv(*argv),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        lines = done_cli.stderr.strip().splitlines()
+        assert done_cli.returncode != 0 and len(lines) == 1, done_cli.stderr
+        assert f"table {table} is missing" in lines[0], lines[0]
+    assert digest(path) == before
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert table not in tables
 
 
 def test_retention_removes_old_ended_turns(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ then resolves the waiters. A submit is acknowledged once its row is committed; a
 concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (J6) is
 committed before any worker gets the turn.
 
-One live daemon per journal: a Linux abstract-namespace unix socket named from the journal's
-real path is bound for the daemon's lifetime (nothing on disk, so deleting files cannot free it).
+One live daemon per journal (J-OWN, ``journal_lock.py``): an OFD lock on the journal file itself
+(whatever namespace, link or mount reaches it) and an abstract unix socket named from its real path
+(nothing on disk, so deleting files cannot free it), both held for the daemon's lifetime.
 A corrupt file, a file from a newer schema, or a locked journal is refused at open with a clear
 error, and the file is left untouched.
 
@@ -29,8 +30,6 @@ the path) is permanent: nothing more is written and ``error`` stays set.
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
 import logging
 import os
 import queue
@@ -60,6 +59,7 @@ from .journal_link import (
     Rows,
     runs,
 )
+from .journal_lock import lock_file, lock_name, lock_socket
 from .journal_read import (
     RecoveredTurn,
     decode_result,
@@ -85,29 +85,6 @@ from .journal_schema import (
 # J10: durability is chosen, and said.
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 """``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
-
-
-def lock_name(path: Path) -> bytes:
-    """The abstract unix socket that stands for "a daemon owns this journal" (J7): named from
-    the journal's real path, so it cannot be deleted from under the daemon like a lock file."""
-    real = os.path.realpath(path)
-    return b"\0turnpool-journal-" + hashlib.sha256(real.encode()).hexdigest()[:32].encode()
-
-
-def _holder(path: Path) -> str:
-    """The pid of the daemon holding ``path``'s lock (its socket's peer credentials), or ``?``."""
-    import struct
-
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(lock_name(path))
-        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return str(struct.unpack("3i", creds)[0])
-    except OSError:
-        return "?"
-    finally:
-        probe.close()
 
 
 log = logging.getLogger("turnpool.journal")
@@ -183,7 +160,8 @@ class Journal(JournalLink):
         self._wbuf = b""  # what of the batch's frame the socket did not take yet
         self._lost = False  # J-LOST: the batch in flight lost its writer before its reply
         self._rbuf = bytearray()
-        self._lock: socket.socket | None = None
+        self._lock: socket.socket | None = None  # J-OWN: the abstract lock socket
+        self._lock_fd = -1  # J-OWN: the journal file, OFD-locked
         self._sock: socket.socket | None = None  # to the writer process
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: sqlite3.Connection | None = None  # for ``lookup``
@@ -222,17 +200,13 @@ class Journal(JournalLink):
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_private_dir(path.parent)
-        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        # J-OWN: the journal's two locks (``journal_lock``), held for the daemon's life.
+        self._lock = lock_socket(path)
         try:
-            lock.bind(lock_name(path))
-        except OSError as exc:
-            lock.close()
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            holder = _holder(path)
-            raise JournalError(f"journal {path} is locked by another live daemon (pid {holder})") from None
-        lock.listen(8)
-        self._lock = lock
+            self._lock_fd = lock_file(path)
+        except BaseException:
+            self._release_lock()
+            raise
         try:
             if path.exists() and path.stat().st_size > 0:
                 check_existing(path)
@@ -240,7 +214,9 @@ class Journal(JournalLink):
             for side in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 if side.exists():
                     os.chmod(side, 0o600)  # made private by the writer's umask; files of old versions too
-            st = path.stat()
+            st, locked = path.stat(), os.fstat(self._lock_fd)
+            if (st.st_dev, st.st_ino) != (locked.st_dev, locked.st_ino):
+                raise JournalError(f"journal {path} was replaced while it was being opened")
             self._identity = (st.st_dev, st.st_ino)
             self._next_seq = _last_seq(path) + 1
         except BaseException:
@@ -252,12 +228,12 @@ class Journal(JournalLink):
 
     def _spawn(self) -> None:
         """Start the writer process (J7: see ``_journal_writer``) and open the database in it."""
-        assert self._lock is not None
+        assert self._lock is not None and self._lock_fd >= 0
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             child = subprocess.Popen(
                 [sys.executable, "-I", _journal_writer.__file__, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(), self._lock.fileno()),
+                pass_fds=(theirs.fileno(), self._lock.fileno(), self._lock_fd),
                 stdin=subprocess.DEVNULL,
             )
         finally:
@@ -310,6 +286,9 @@ class Journal(JournalLink):
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush what is queued, stop the writer, close the file and release the lock.

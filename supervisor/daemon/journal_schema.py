@@ -5,20 +5,21 @@ turn written once; ``ends``, one row per ended turn; ``open_turns`` and ``cleare
 open and what may run; ``events``; ``health``: the row the writer rewrites to learn that a failed
 disk is back); ``MIGRATE_FROM_1`` brings a schema-1 file to it. A file is a turnpool journal
 when its SQLite ``application_id`` is ``APP_ID``; ``check_existing`` refuses, read-only and
-without touching the file, a corrupt file, a file from a newer schema or another application's
-database. ``check_private_dir`` refuses a directory other users can read or write (the journal
-holds every turn's input and output).
+without touching the file, a corrupt file, a file from a newer schema, a damaged journal (a
+table of its schema gone) or another application's database. ``check_private_dir`` refuses a
+directory other users can read or write (the journal holds every turn's input and output).
 ``Journal`` (``journal.py``) writes the file; ``journal_read.py`` reads it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 from pathlib import Path
 
-from .._errors import TurnpoolError
+from .._errors import DaemonAlreadyRunning, TurnpoolError
 
 SCHEMA_VERSION = 2
 APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
@@ -99,6 +100,10 @@ END;
 """
 
 SCHEMA = TABLES + TRIGGERS
+# J4: the tables every journal of a schema has (a schema-1 file had ``turns`` and ``events`` from
+# its first version; ``health`` came later).
+REQUIRED = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES))
+REQUIRED_V1 = frozenset({"turns", "events"})
 
 # Schema 1 -> 2, in the writer's first transaction on a schema-1 file (J4's checks passed first).
 MIGRATE_FROM_1 = (
@@ -138,8 +143,13 @@ JOINED = "turns t LEFT JOIN ends e ON e.seq = t.seq LEFT JOIN open_turns o ON o.
 
 class JournalError(TurnpoolError):
     """Raised by ``Journal.open`` (and ``turnpool serve --journal``) when the journal file is corrupt,
-    from a newer version, not a turnpool journal, locked by another live daemon, or in a directory
-    other users can read or write."""
+    damaged (a table gone), from a newer version, not a turnpool journal, locked by another live
+    daemon, or in a directory other users can read or write."""
+
+
+class JournalLocked(JournalError, DaemonAlreadyRunning):
+    """The journal is held by another live daemon (J-OWN): a ``JournalError`` and a
+    ``DaemonAlreadyRunning``."""
 
 
 # J4: a bad journal is refused untouched (read-only checks).
@@ -164,6 +174,15 @@ def check_existing(path: Path) -> None:
             check = con.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise JournalError(f"journal {path} is corrupt: {check}")
+            # J4: a table gone from a journal is damage, not a fresh start: the writer's
+            # ``CREATE TABLE IF NOT EXISTS`` would make it again, empty, and its turns would be lost.
+            missing = sorted((REQUIRED_V1 if version == 1 else REQUIRED) - tables)
+            if missing:
+                raise JournalError(
+                    f"journal {path} is damaged: its table{'s' if len(missing) > 1 else ''} "
+                    f"{', '.join(missing)} {'are' if len(missing) > 1 else 'is'} missing; restore it from "
+                    "a backup, or move it aside to start an empty journal"
+                )
     except sqlite3.DatabaseError as exc:
         raise JournalError(f"journal {path} is corrupt or not an SQLite file: {exc}") from None
     finally:

@@ -4,7 +4,7 @@ Why a process and not a thread (J7): a write to a stalled filesystem (frozen, a 
 disk) puts the writing thread in uninterruptible sleep, and the kernel cannot end a process while
 one of its threads is in that state: a writer *thread* would keep ``turnpool serve`` from exiting
 after SIGTERM for as long as the disk stalls. A stuck writer *process* only keeps itself; the
-daemon stops on time. The process holds the journal's lock socket too (inherited), so no second
+daemon stops on time. The process holds the journal's locks too (inherited, J-OWN), so no second
 daemon opens the journal while a stuck writer might still write to it; it dies with the daemon
 (parent-death signal) or at the end of its pipe.
 

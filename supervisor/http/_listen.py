@@ -14,6 +14,8 @@ import stat
 from pathlib import Path
 
 MIN_TOKEN = 16
+# The largest token file read: a token is one line; anything bigger is not one.
+MAX_TOKEN_FILE = 4096
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -60,17 +62,56 @@ def is_loopback(host: str) -> bool:
 def read_token(path: str | os.PathLike[str]) -> str:
     """The bearer token in ``path`` (surrounding whitespace removed).
 
-    Refused with ``ValueError``: a file others may read (like an ssh key), an empty token, or one
-    shorter than 16 characters (a token that short is guessable)."""
+    Refused with ``ValueError``: anything but a regular file (a FIFO would block the daemon's start
+    for ever, a device or a directory has no token), a file over ``MAX_TOKEN_FILE`` bytes, a file
+    others may read (like an ssh key), an empty token, or one shorter than 16 characters (a token
+    that short is guessable). The file is opened without blocking and checked on its open
+    descriptor, so a file swapped for a FIFO after the first look is refused too."""
     file = Path(path)
-    mode = file.stat().st_mode  # OSError when missing: the caller reports it
-    if stat.S_IMODE(mode) & 0o077:
+    _regular(file, file.stat().st_mode)  # OSError when missing: the caller reports it
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        _regular(file, st.st_mode)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            raise ValueError(
+                f"--http-token {file}: the file is readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                "chmod 600 it"
+            )
+        if st.st_size > MAX_TOKEN_FILE:
+            raise ValueError(
+                f"--http-token {file}: the file holds {st.st_size} bytes, more than a token "
+                f"({MAX_TOKEN_FILE} bytes at most)"
+            )
+        data = os.read(fd, MAX_TOKEN_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOKEN_FILE:  # it grew since fstat
         raise ValueError(
-            f"--http-token {file}: the file is readable by others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
+            f"--http-token {file}: the file holds more than a token ({MAX_TOKEN_FILE} bytes at most)"
         )
-    token = file.read_text(encoding="utf-8").strip()
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"--http-token {file}: the token is not UTF-8 text") from None
     if len(token) < MIN_TOKEN:
         raise ValueError(f"--http-token {file}: the token must be at least {MIN_TOKEN} characters")
     if any(ch.isspace() or not ch.isprintable() for ch in token):
         raise ValueError(f"--http-token {file}: the token must be one line of printable characters")
     return token
+
+
+def _regular(file: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a directory"
+            if stat.S_ISDIR(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a regular file"
+        )
+        raise ValueError(f"--http-token {file}: the path is {kind}; give a regular file holding the token")
