@@ -52,7 +52,9 @@ class ClientWatch:
         peer = self.daemon._clients.forget(ident)
         if peer is None:
             return
-        self.daemon._clients.gone += 1
+        self.daemon._clients.disconnected_total += 1
+        if peer.tasks:
+            self.daemon._clients.gone += 1  # something it asked for was still pending: dropped
         for scope, _ in peer.tasks.values():
             scope.cancel()
         peer.tasks.clear()

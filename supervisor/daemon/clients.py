@@ -207,7 +207,8 @@ class ClientTable:
         self.peers: dict[bytes, Peer] = {}
         self.by_fd: dict[int, set[bytes]] = {}
         self.suspects: set[bytes] = set()
-        self.gone = 0  # clients freed because they disconnected
+        self.disconnected_total = 0  # clients freed because they disconnected (ordinary)
+        self.gone = 0  # of those, clients that still had requests pending: dropped work
         self.stalled = 0  # clients whose requests were dropped because they stopped reading
 
     def get(self, ident: bytes, fd: int) -> Peer:

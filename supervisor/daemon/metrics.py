@@ -5,15 +5,10 @@ scrape never races the engine (no lock, no copy kept up to date). ``prometheus-c
 renders the text format; the HTTP side is a few lines of anyio (GET only, one response per
 connection).
 
-Exposed (all prefixed ``turnpool_``): ``turns_total{outcome,cause}`` (cause ``none`` when the turn
-was not cancelled), ``turns_accepted_total`` (submitted by clients; child turns are not
-counted), ``queue_depth``, ``turns_running``,
-``workers{state}`` (busy, idle, starting, stopping), ``escalations_total{step}`` (sigterm,
-sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, worker),
-``clients``, ``client_waits``, ``client_streams`` (gauges), ``clients_dropped_total{why}`` (gone,
-stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
-asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
-``memory`` are not timed).
+Every metric, its type, labels and meaning is in the reference table of ``docs/observability.md``
+(``tests/test_metrics.py`` checks that table against what a scrape shows). M-AGENT: per-agent
+series carry an ``agent`` label bounded to the first ``AGENT_LABELS`` agent names the daemon sees;
+later names share ``other``, so a client naming agents at will cannot grow the scrape.
 """
 
 from __future__ import annotations
@@ -40,6 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.daemon")
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Queue and run times of agent turns span milliseconds to hours.
+TURN_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+AGENT_LABELS = 20  # M-AGENT: agent names with a label of their own; the rest are "other"
 
 
 class MetricsUnavailable(OSError):
@@ -54,6 +52,8 @@ class Metrics:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.by_agent: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.agents: dict[str, str] = {}  # M-AGENT: agent name -> its label
         self.accepted = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(
@@ -62,10 +62,37 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.queued = Histogram(
+            "turnpool_queue_seconds",
+            "Seconds turns waited from acceptance to their start (or end, never started), by agent",
+            ["agent"],
+            buckets=TURN_BUCKETS,
+            registry=self.registry,
+        )
+        self.ran = Histogram(
+            "turnpool_run_seconds",
+            "Seconds turns ran, from their start to their end, by agent",
+            ["agent"],
+            buckets=TURN_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(self)
+
+    def agent_label(self, agent: str) -> str:
+        label = self.agents.get(agent)
+        if label is None:
+            label = agent if len(self.agents) < AGENT_LABELS else "other"
+            if label != "other":
+                self.agents[agent] = label
+        return label
 
     def turn_ended(self, turn: TurnRecord, result: TurnResult, asked_at: float | None) -> None:
         self.ended[(result.outcome, result.cause.kind if result.cause is not None else "none")] += 1
+        agent = self.agent_label(result.agent or turn.agent)
+        self.by_agent[(agent, result.outcome)] += 1
+        self.queued.labels(agent).observe(result.queued_s)
+        if result.started:
+            self.ran.labels(agent).observe(result.run_s)
         if asked_at is not None and turn.ended_at is not None:
             self.latency.observe(max(0.0, turn.ended_at - asked_at))
 
@@ -77,6 +104,12 @@ class Metrics:
         for (outcome, cause), n in sorted(self.ended.items()):
             turns.add_metric([outcome, cause], n)
         yield turns
+        agent_turns = CounterMetricFamily(
+            "turnpool_agent_turns", "Turns ended, by agent and outcome", labels=["agent", "outcome"]
+        )
+        for (agent, outcome), n in sorted(self.by_agent.items()):
+            agent_turns.add_metric([agent, outcome], n)
+        yield agent_turns
         malformed = CounterMetricFamily(
             "turnpool_malformed_frames", "Frames that did not decode", labels=["link"]
         )
@@ -94,8 +127,15 @@ class Metrics:
             "turnpool_client_waits", "Pending result, follow and when_idle requests", value=facts["waits"]
         )
         yield GaugeMetricFamily("turnpool_client_streams", "Open follows", value=facts["streams"])
+        yield CounterMetricFamily(
+            "turnpool_clients_disconnected",
+            "Clients that went away (ordinary: their state is freed)",
+            value=facts["clients_disconnected"],
+        )
         dropped = CounterMetricFamily(
-            "turnpool_clients_dropped", "Clients whose state was freed, by why", labels=["why"]
+            "turnpool_clients_dropped",
+            "Clients whose pending requests were dropped: gone with requests pending, or stalled",
+            labels=["why"],
         )
         dropped.add_metric(["gone"], facts["clients_gone"])
         dropped.add_metric(["stalled"], facts["clients_stalled"])

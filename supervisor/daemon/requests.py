@@ -204,19 +204,7 @@ class Requests:
             await self._result(ident, req, turn_id)
 
     def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
-        """Run a cancel and note when it was asked, for the cancel-to-end latency."""
-        assert self.daemon.sup is not None
-        now = anyio.current_time()
-        self.daemon._cancelling_at = now  # turns that end inside the call (queued ones) see it
-        try:
-            out = do()
-        finally:
-            self.daemon._cancelling_at = None
-        for turn_id in ids:
-            turn = self.daemon.sup.find(turn_id)
-            if turn is not None and turn.state != "ended":
-                self.daemon._cancel_times.setdefault(turn_id, now)
-        return out
+        return self.daemon.cancel_timed(do, ids)
 
     async def _result(self, ident: bytes, req: int, turn_id: str) -> None:
         assert self.daemon.sup is not None

@@ -622,6 +622,22 @@ class Daemon:
         # turn here cost the journal more than the turn's row).
         self._answer_waiters(turn, result)
 
+    def cancel_timed(self, do: Callable[[], Any], ids: list[str]) -> Any:
+        """Run a cancel (``do``) of the turns ``ids`` and note when it was asked, for the cancel-to-end
+        latency: every front end's cancels go through here (the client link's and HTTP's)."""
+        assert self.sup is not None
+        now = anyio.current_time()
+        self._cancelling_at = now  # turns that end inside the call (queued ones) see it
+        try:
+            out = do()
+        finally:
+            self._cancelling_at = None
+        for turn_id in ids:
+            turn = self.sup.find(turn_id)
+            if turn is not None and turn.state != "ended":
+                self._cancel_times.setdefault(turn_id, now)
+        return out
+
     def _cancel_asked_at(self, turn: TurnRecord, cause: Cause | None, asked: float | None) -> float | None:
         """When the cancellation that ended ``turn`` was asked (``None``: not known)."""
         if cause is None:
@@ -641,6 +657,7 @@ class Daemon:
             "clients": len(self._clients.peers),
             "waits": self._clients.waits(),  # pending result/follow/when_idle requests of all clients
             "clients_gone": self._clients.gone,
+            "clients_disconnected": self._clients.disconnected_total,
             "clients_stalled": self._clients.stalled,
             "lagged_followers": self.lagged_followers,
             "too_large_replies": self.too_large_replies,

@@ -261,18 +261,24 @@ async def outcomes(request: Request) -> Response:
 async def cancel(request: Request) -> Response:
     front = _front(request)
     turn_id = request.path_params["turn_id"]
-    try:
-        cause = await front.sup.cancel(turn_id)
-    except UnknownTurn as exc:
-        raise ApiError(404, "unknown_turn", str(exc)) from None
+    sup = front.sup
+    turn = sup.find(turn_id)
+    if turn is None:
+        raise ApiError(404, "unknown_turn", str(UnknownTurn(turn_id)))
+    # Timed like a client's cancel: HTTP cancels feed turnpool_cancel_to_end_seconds too.
+    cause = front.daemon.cancel_timed(lambda: sup.cancel_record(turn, wire.USER), [turn_id])
     return _respond({"turn_id": turn_id, "cause": cause})
 
 
 async def cancel_session(request: Request) -> Response:
     front = _front(request)
     session = request.path_params["session"]
+    sup = front.sup
+    if not session:
+        raise ApiError(400, "bad_value", "session must be a non-empty string")
+    ids: list[str] = []  # filled by the cancel, then timed (as the client link does)
     try:
-        ids = await front.sup.cancel_session(session)
+        front.daemon.cancel_timed(lambda: ids.extend(sup.cancel_session_now(session, wire.USER)), ids)
     except (TypeError, ValueError) as exc:
         raise ApiError(400, "bad_value", str(exc)) from None
     return _respond({"session": session, "cancelled": ids})
