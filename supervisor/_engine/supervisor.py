@@ -41,6 +41,7 @@ from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
 from .admission import AcceptMany, Admission
+from .allowlist import AgentAllowlist
 from .children import ChildTurns
 from .dispatch import Dispatcher
 from .ending import Finisher, output_of
@@ -91,20 +92,19 @@ class Supervisor(AcceptMany):
     or a delegated subtree), its tree killed at once with ``cgroup.kill``; ``False`` forces the fallback
     (subreaper, freeze-and-signal, tree markers), used where cgroups cannot be.
     ``max_rss_mb`` is compared with the tree's PSS (shared pages split between the processes mapping them).
-    Memory bounds in bytes beside the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns
-    not ended (``QueueFull`` past it); ``keep_events_mb``, ended turns' events; ``keep_results_mb``,
-    the outputs of the ended turns kept (the oldest forgotten first).
-    Isolation (keyword-only): ``agent_path`` is where workers import agents from (R-PATH): directories
-    searched first and exactly, then installed packages; ``None`` (default) mirrors this process's
-    ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private runtime
-    directory: a module planted in a working directory never runs.
-    ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this
-    process's stderr: ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this
-    process's stderr through a thread, so a stalled stderr never blocks the supervisor; a file
-    path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file; four
-    files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this
-    process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
-    ``worker_nice`` (0-19): workers below this process (R-NICE).
+    Memory bounds in bytes beside the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns not
+    ended (``QueueFull`` past it); ``keep_events_mb``, ended turns' events; ``keep_results_mb``, the outputs
+    of the ended turns kept (the oldest forgotten first). Isolation (keyword-only): ``agent_path`` is where
+    workers import agents from (R-PATH): directories searched first and exactly, then installed packages;
+    ``None`` (default) mirrors this process's ``sys.path``. Workers run in ``python -P`` safe-path mode from
+    this supervisor's private runtime directory: a module planted in a working directory never runs.
+    ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this process's stderr:
+    ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this process's stderr through a
+    thread, so a stalled stderr never blocks the supervisor; a file path writes them to that log, rotated by
+    size (``worker_output_max_mb``, default 16, per file; four files at most: ``PATH``, ``PATH.1`` …
+    ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this process's fd 2 with the workers (a stalled
+    stderr then stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process
+    (R-NICE). ``allow_agents``: glob patterns of the agents turns and their children may name (A-ALLOW).
     """
 
     def __init__(
@@ -139,6 +139,7 @@ class Supervisor(AcceptMany):
         worker_output_max_mb: float = _output.MAX_BYTES / 2**20,
         max_grace: float = MAX_GRACE,
         worker_nice: int | None = None,
+        allow_agents: Any = None,
     ) -> None:
         refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
         check_sizes(
@@ -173,8 +174,7 @@ class Supervisor(AcceptMany):
         self.stop_timeout = require_seconds("stop_timeout", stop_timeout)
         self.python = python
         self.worker_args = tuple(worker_args)
-        # Turns a worker may hold at once (running + handed ahead): hides the round trip between
-        # one turn's end and the next one's start. 1 turns prefetching off.
+        # Turns a worker may hold at once (running + handed ahead; 1: none ahead): hides a round trip.
         self.prefetch = prefetch
         # How much work (seconds, at the recent mean turn time) a worker may hold beyond its current
         # turn: trivial turns are handed up to ``prefetch`` at a time, turns longer than the window
@@ -189,6 +189,7 @@ class Supervisor(AcceptMany):
         self.agent_path = _procs.check_agent_path(agent_path)
         self.worker_output = _output.check_worker_output(worker_output)
         self.worker_output_max_mb = check_mib("worker_output_max_mb", worker_output_max_mb)
+        self.allow_agents = AgentAllowlist.of(allow_agents)  # A-ALLOW
 
         # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
         self._clock: Callable[[], float] = time.monotonic
@@ -198,8 +199,7 @@ class Supervisor(AcceptMany):
         budgets = mib_bytes("keep_events_mb", keep_events_mb), mib_bytes("keep_results_mb", keep_results_mb)
         self.table = TurnTable(keep_results, max_events, *budgets)  # E-BUDGET, R-BUDGET
         self._turns = self.table.records  # the same dict: read on every message
-        self.queue = TurnQueue()
-        self._queue = self.queue
+        self._queue = self.queue = TurnQueue()
         self.link = WorkerLink(
             on_message=self._on_message,
             on_batch_start=self._batch_started,

@@ -1,8 +1,9 @@
 """Where the HTTP front end listens, and whether it may listen there without a token.
 
-A listener on a loopback address is reachable only from this machine; any other address needs a
-bearer token (``--http-token FILE``), checked at start so a daemon never comes up open to the
-network by mistake.
+A listener on a loopback address is reachable only from this machine, and serves only the daemon's
+own user (``_peer``: each connection's uid is checked); any other address is reachable by other
+users and other hosts: it needs a bearer token (``--http-token FILE``) and an agent allowlist
+(``--allow-agent``), checked at start so a daemon never comes up open to the network by mistake.
 """
 
 from __future__ import annotations
@@ -74,3 +75,12 @@ def read_token(path: str | os.PathLike[str]) -> str:
     if any(ch.isspace() or not ch.isprintable() for ch in token):
         raise ValueError(f"--http-token {file}: the token must be one line of printable characters")
     return token
+
+
+def check_shared_listener(host: str, port: int, loopback: bool, allow_agents: object) -> None:
+    """A-SHARED: a listener others can reach (off loopback) needs an agent allowlist too."""
+    if not loopback and allow_agents is None:
+        raise ValueError(
+            f"--http {host}:{port} is reachable by other users and hosts: it needs --allow-agent PATTERN "
+            "(e.g. 'myapp.agents:*') besides --http-token"
+        )
