@@ -20,8 +20,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``HOLD_BYTES``: how much of a turn's events a follower that keeps up may hold past
   ``max_events`` (G-KEEP).
 - ``AgentAllowlist``: the glob patterns of ``allow_agents`` (A-ALLOW), as admission reads them.
-- ``connection_uid``, ``socket_peer_uid``: the local uid owning the client end of a TCP connection,
-  from ``/proc/net/tcp{,6}`` (A-PEER).
+- ``connection_uid``, ``socket_peer_uid``: the local uid owning the client end of a TCP connection
+  (A-PEER), asked through ``sock_diag`` (``diag_uid``) or read from ``/proc/net/tcp{,6}`` (``proc_uid``).
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
@@ -36,7 +36,7 @@ from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._errors import SUBMIT_ERROR_CODES
 from ._paths import private_dir, runtime_dir
-from ._peers import connection_uid, socket_peer_uid
+from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
 __all__ = [
     "AgentAllowlist",
@@ -49,8 +49,10 @@ __all__ = [
     "Timers",
     "TurnRecord",
     "connection_uid",
+    "diag_uid",
     "orphans_of",
     "private_dir",
+    "proc_uid",
     "procs",
     "runtime_dir",
     "socket_peer_uid",

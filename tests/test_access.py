@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from supervisor import Client, InvalidAgent, Supervisor, SyncClient
-from supervisor.lowlevel import AgentAllowlist, connection_uid, socket_peer_uid
+from supervisor.lowlevel import AgentAllowlist, diag_uid, proc_uid, socket_peer_uid
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
@@ -91,19 +91,25 @@ def test_another_uid_is_refused_on_the_loopback_http_listener() -> None:
 
 
 def test_the_peer_of_a_loopback_connection_is_found_by_uid(tmp_path: Path) -> None:
-    """The kernel's TCP table names the uid owning a connection's client end; a TIME_WAIT row (owned
-    by nobody, uid 0, inode 0) or a missing table never matches (fail closed)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    try:
-        client = socket.create_connection(server.getsockname())
-        accepted, _ = server.accept()
+    """The kernel names the uid owning a connection's client end, through ``sock_diag`` and through
+    ``/proc/net/tcp{,6}`` alike, over IPv4 and IPv6; a TIME_WAIT row (owned by nobody: uid 0, inode
+    0), a client that is gone or a missing table never match (fail closed)."""
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        server = socket.create_server((host, 0), family=family)
         try:
-            assert socket_peer_uid(accepted) == os.geteuid()
+            client = socket.create_connection(server.getsockname()[:2])
+            accepted, _ = server.accept()
+            try:
+                ends = accepted.getpeername(), accepted.getsockname()
+                assert socket_peer_uid(accepted) == os.geteuid()
+                assert diag_uid(*ends) == proc_uid(*ends) == os.geteuid()
+                client.close()  # orphaned now: no inode, no owner
+                assert diag_uid(*ends) is None and proc_uid(*ends) is None
+            finally:
+                accepted.close()
+                client.close()
         finally:
-            accepted.close()
-            client.close()
-    finally:
-        server.close()
+            server.close()
     fake = tmp_path / "net"
     fake.mkdir()
     header = (
@@ -114,10 +120,10 @@ def test_the_peer_of_a_loopback_connection_is_found_by_uid(tmp_path: Path) -> No
         header + row.format(st="06", uid=0, ino=0) + row.format(st="01", uid=1234, ino=99)
     )
     peer, local = ("127.0.0.1", 0x1F90), ("127.0.0.1", 0x50)
-    assert connection_uid(peer, local, root=str(fake)) == 1234
+    assert proc_uid(peer, local, root=str(fake)) == 1234
     (fake / "tcp").write_text(header + row.format(st="06", uid=0, ino=0))
-    assert connection_uid(peer, local, root=str(fake)) is None
-    assert connection_uid(peer, local, root=str(tmp_path / "none")) is None
+    assert proc_uid(peer, local, root=str(fake)) is None
+    assert proc_uid(peer, local, root=str(tmp_path / "none")) is None
 
 
 # An agent module whose import leaves a trace: if anything imported it, the file exists.
