@@ -21,12 +21,15 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   ``max_events`` (G-KEEP).
 - ``AgentAllowlist``: the glob patterns of ``allow_agents`` (A-ALLOW), as admission reads them.
 - ``connection_uid``, ``socket_peer_uid``: the local uid owning the client end of a TCP connection
-  (A-PEER), asked through ``sock_diag`` (``diag_uid``) or read from ``/proc/net/tcp{,6}`` (``proc_uid``).
+  (A-PEER), asked through ``sock_diag`` (``diag_uid``) or read from ``/proc/net/tcp{,6}`` (``proc_uid``);
+  ``peers`` is their module, which the HTTP front end calls through its attributes (a test can
+  replace ``peers.diag_uid`` or ``peers.socket_peer_uid``).
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
 """
 
+from . import _peers as peers
 from ._engine import TurnRecord, procs
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
@@ -51,6 +54,7 @@ __all__ = [
     "connection_uid",
     "diag_uid",
     "orphans_of",
+    "peers",
     "private_dir",
     "proc_uid",
     "procs",

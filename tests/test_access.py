@@ -24,7 +24,7 @@ import anyio
 import httpx
 import pytest
 
-from supervisor import Client, InvalidAgent, Supervisor, SyncClient
+from supervisor import Client, InvalidAgent, Supervisor, SyncClient, lowlevel
 from supervisor.lowlevel import AgentAllowlist, diag_uid, proc_uid, socket_peer_uid
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, HTTP, ROOT, serving
@@ -90,7 +90,9 @@ def test_another_uid_is_refused_on_the_loopback_http_listener() -> None:
         assert status["http"]["refused"] >= 3  # counted where an operator sees it
 
 
-def test_the_peer_of_a_loopback_connection_is_found_by_uid(tmp_path: Path) -> None:
+def test_the_peer_of_a_loopback_connection_is_found_by_uid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The kernel names the uid owning a connection's client end, through ``sock_diag`` and through
     ``/proc/net/tcp{,6}`` alike, over IPv4 and IPv6; a TIME_WAIT row (owned by nobody: uid 0, inode
     0), a client that is gone or a missing table never match (fail closed)."""
@@ -103,6 +105,9 @@ def test_the_peer_of_a_loopback_connection_is_found_by_uid(tmp_path: Path) -> No
                 ends = accepted.getpeername(), accepted.getsockname()
                 assert socket_peer_uid(accepted) == os.geteuid()
                 assert diag_uid(*ends) == proc_uid(*ends) == os.geteuid()
+                with monkeypatch.context() as patch:  # netlink refused (a sandbox): /proc answers
+                    patch.setattr(lowlevel.peers, "diag_uid", _refused_netlink)
+                    assert lowlevel.connection_uid(*ends) == os.geteuid()
                 client.close()  # orphaned now: no inode, no owner
                 assert diag_uid(*ends) is None and proc_uid(*ends) is None
             finally:
@@ -124,6 +129,29 @@ def test_the_peer_of_a_loopback_connection_is_found_by_uid(tmp_path: Path) -> No
     (fake / "tcp").write_text(header + row.format(st="06", uid=0, ino=0))
     assert proc_uid(peer, local, root=str(fake)) is None
     assert proc_uid(peer, local, root=str(tmp_path / "none")) is None
+
+
+def _refused_netlink(*args: Any) -> None:
+    raise PermissionError(1, "netlink refused")
+
+
+def test_a_loopback_listener_is_refused_at_start_where_no_owner_can_be_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A-PEER at start: where the system cannot say who owns a loopback connection, a loopback
+    listener would refuse everyone: ``--http`` is refused at once with one line instead."""
+    from supervisor.daemon import Daemon
+    from supervisor.http import attach_http
+
+    home = daemonkit.short_dir()
+    try:
+        daemon = Daemon(f"ipc://{home}/s.sock", supervisor={"workers": 1, "spares": 0})
+        attach_http(daemon, "127.0.0.1:0")  # here the owner is known: accepted
+        monkeypatch.setattr(lowlevel.peers, "socket_peer_uid", lambda sock: None)
+        with pytest.raises(ValueError, match="does not say which user owns a loopback connection"):
+            attach_http(daemon, "127.0.0.1:0")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # An agent module whose import leaves a trace: if anything imported it, the file exists.

@@ -14,6 +14,8 @@ import socket
 import stat
 from pathlib import Path
 
+from ._peer import check_peer_lookup
+
 MIN_TOKEN = 16
 
 
@@ -77,9 +79,12 @@ def read_token(path: str | os.PathLike[str]) -> str:
     return token
 
 
-def check_shared_listener(host: str, port: int, loopback: bool, allow_agents: object) -> None:
-    """A-SHARED: a listener others can reach (off loopback) needs an agent allowlist too."""
-    if not loopback and allow_agents is None:
+def check_access(host: str, port: int, loopback: bool, allow_agents: object) -> None:
+    """A loopback listener can tell its clients' uid (A-PEER, probed now); a listener others can
+    reach (off loopback) needs an agent allowlist besides its token (A-SHARED)."""
+    if loopback:
+        check_peer_lookup(f"{host}:{port}")
+    elif allow_agents is None:
         raise ValueError(
             f"--http {host}:{port} is reachable by other users and hosts: it needs --allow-agent PATTERN "
             "(e.g. 'myapp.agents:*') besides --http-token"

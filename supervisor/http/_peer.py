@@ -13,9 +13,10 @@ where no uid can be known: they need a token and an agent allowlist instead (``_
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
-from .._peers import socket_peer_uid
+from .. import _peers
 from ._guard import Scope, reply_error
 
 
@@ -43,7 +44,33 @@ class SameUserOnly:
         if not getattr(self.front, "same_user_only", False):
             return
         sock = transport.get_extra_info("socket")
-        uid = socket_peer_uid(sock) if sock is not None else None
+        uid = _peers.socket_peer_uid(sock) if sock is not None else None
         if uid != os.geteuid():  # A-PEER
             self.app = _refusal(uid)
             self.front.guard.refused += 1
+
+
+def check_peer_lookup(listen: str) -> None:
+    """A-PEER at start: a loopback listener is served only if this system says who owns a loopback
+    connection (``sock_diag`` or ``/proc/net/tcp``): else every request, the daemon user's too,
+    would get 403. Probed on a throwaway loopback connection; ``ValueError`` saying so."""
+    try:
+        server = socket.create_server(("127.0.0.1", 0))
+    except OSError:
+        return  # no IPv4 loopback to probe on: each connection is still checked (and refused if unknown)
+    try:
+        client = socket.create_connection(server.getsockname(), timeout=5)
+        accepted, _ = server.accept()
+        try:
+            uid = _peers.socket_peer_uid(accepted)
+        finally:
+            accepted.close()
+            client.close()
+    finally:
+        server.close()
+    if uid != os.geteuid():
+        raise ValueError(
+            f"--http {listen}: this system does not say which user owns a loopback connection (neither "
+            "netlink sock_diag nor /proc/net/tcp answers), so a loopback listener would refuse everyone; "
+            "serve HTTP off loopback with --http-token and --allow-agent instead"
+        )

@@ -34,7 +34,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from wire import TurnResult
 
 from ._api import build_app
-from ._listen import check_shared_listener, is_loopback, parse_listen, read_token
+from ._listen import check_access, is_loopback, parse_listen, read_token
 from ._peer import SameUserOnly
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class HttpFrontEnd:
                 f"--http {host}:{port} is not a loopback address: it needs --http-token FILE "
                 "(every request then carries Authorization: Bearer <token>)"
             )
-        check_shared_listener(host, port, self.loopback, daemon.sup_kwargs.get("allow_agents"))
+        check_access(host, port, self.loopback, daemon.sup_kwargs.get("allow_agents"))
         self.same_user_only = self.loopback  # A-PEER: loopback serves the daemon's uid only (_peer)
         self.stall = stall
         self.sse_buffer = sse_buffer
