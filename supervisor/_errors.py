@@ -52,6 +52,12 @@ class InvalidAgent(TurnpoolError, ValueError):
     """Raised by ``submit``/``run`` when the agent is not written ``"package.module:attr"``."""
 
 
+class AgentNotAllowed(InvalidAgent):
+    """Raised by ``submit``/``run`` (and refused to ``turn.spawn``) when the agent is well written but
+    matches none of the pool's ``allow_agents`` patterns (``serve --allow-agent``): it is never
+    imported. Through a daemon the client raises ``InvalidAgent`` with the same message."""
+
+
 class TurnIdConflict(TurnpoolError, ValueError):
     """Raised by ``submit``/``run`` (``Supervisor``, ``Client`` and the blocking twins) when the
     ``turn_id`` is already used by another request: another agent, input or session (``differs``

@@ -19,12 +19,19 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   gate clears ahead of the workers (J6-AHEAD).
 - ``HOLD_BYTES``: how much of a turn's events a follower that keeps up may hold past
   ``max_events`` (G-KEEP).
+- ``AgentAllowlist``: the glob patterns of ``allow_agents`` (A-ALLOW), as admission reads them.
+- ``connection_uid``, ``socket_peer_uid``: the local uid owning the client end of a TCP connection
+  (A-PEER), asked through ``sock_diag`` (``diag_uid``) or read from ``/proc/net/tcp{,6}`` (``proc_uid``);
+  ``peers`` is their module, which the HTTP front end calls through its attributes (a test can
+  replace ``peers.diag_uid`` or ``peers.socket_peer_uid``).
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
 """
 
+from . import _peers as peers
 from ._engine import TurnRecord, procs
+from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
 from ._engine.procs import orphans_of
@@ -32,8 +39,10 @@ from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._errors import SUBMIT_ERROR_CODES
 from ._paths import private_dir, runtime_dir
+from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
 __all__ = [
+    "AgentAllowlist",
     "CLEAR_AHEAD",
     "HOLD_BYTES",
     "KEEP_EVENT_BYTES",
@@ -42,8 +51,13 @@ __all__ = [
     "SUBMIT_ERROR_CODES",
     "Timers",
     "TurnRecord",
+    "connection_uid",
+    "diag_uid",
     "orphans_of",
+    "peers",
     "private_dir",
+    "proc_uid",
     "procs",
     "runtime_dir",
+    "socket_peer_uid",
 ]

@@ -362,6 +362,8 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
         server_sec,
         "--curve-clients",
         str(allowed),
+        "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
+        "examples.agents:*",
         home=home,
         endpoint="tcp://127.0.0.1:0",
     ) as d:

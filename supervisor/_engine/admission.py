@@ -72,6 +72,8 @@ class Admission:
         if not isinstance(retry, bool):
             raise TypeError(f"retry must be True or False, got {retry!r}")
         check_agent(agent)
+        if sup.allow_agents is not None:
+            sup.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
         session = check_optional_str("session", session)
         turn_id = check_optional_str("turn_id", turn_id)
         timeout = check_seconds("timeout", timeout, positive=True)

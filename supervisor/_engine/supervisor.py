@@ -42,6 +42,7 @@ from . import output as _output
 from . import procs as _procs
 from . import turninfo as _turninfo
 from .admission import AcceptMany, Admission
+from .allowlist import AgentAllowlist
 from .children import ChildTurns
 from .dispatch import Dispatcher
 from .ending import Finisher, output_of
@@ -92,20 +93,19 @@ class Supervisor(AcceptMany, OwnedStreams):
     or a delegated subtree), its tree killed at once with ``cgroup.kill``; ``False`` forces the fallback
     (subreaper, freeze-and-signal, tree markers), used where cgroups cannot be.
     ``max_rss_mb`` is compared with the tree's PSS (shared pages split between the processes mapping them).
-    Memory bounds in bytes beside the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns
-    not ended (``QueueFull`` past it); ``keep_events_mb``, ended turns' events; ``keep_results_mb``,
-    the outputs of the ended turns kept (the oldest forgotten first).
-    Isolation (keyword-only): ``agent_path`` is where workers import agents from (R-PATH): directories
-    searched first and exactly, then installed packages; ``None`` (default) mirrors this process's
-    ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private runtime
-    directory: a module planted in a working directory never runs.
-    ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this
-    process's stderr: ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this
-    process's stderr through a thread, so a stalled stderr never blocks the supervisor; a file
-    path writes them to that log, rotated by size (``worker_output_max_mb``, default 16, per file; four
-    files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this
-    process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
-    ``worker_nice`` (0-19): workers below this process (R-NICE). ``tracing``: a span per turn (T-TRACE).
+    Memory bounds in bytes beside the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns not
+    ended (``QueueFull`` past it); ``keep_events_mb``, ended turns' events; ``keep_results_mb``, the outputs
+    of the ended turns kept (the oldest forgotten first). Isolation (keyword-only): ``agent_path`` is where
+    workers import agents from (R-PATH): directories searched first and exactly, then installed packages;
+    ``None`` (default) mirrors this process's ``sys.path``. Workers run in ``python -P`` safe-path mode from
+    this supervisor's private runtime directory: a module planted in a working directory never runs.
+    ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this process's stderr:
+    ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this process's stderr through a
+    thread, so a stalled stderr never blocks the supervisor; a file path writes them to that log, rotated by
+    size (``worker_output_max_mb``, default 16, per file; four files at most: ``PATH``, ``PATH.1`` …
+    ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this process's fd 2 with the workers (a stalled
+    stderr then stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process
+    (R-NICE). ``allow_agents``: agent globs turns and their children may name (A-ALLOW). ``tracing``: T-TRACE.
     """
 
     def __init__(
@@ -141,6 +141,7 @@ class Supervisor(AcceptMany, OwnedStreams):
         max_grace: float = MAX_GRACE,
         worker_nice: int | None = None,
         tracing: bool = False,
+        allow_agents: Any = None,
     ) -> None:
         refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
         check_sizes(
@@ -178,8 +179,7 @@ class Supervisor(AcceptMany, OwnedStreams):
         self.prefetch = prefetch  # turns a worker may hold at once (running + handed ahead); 1: off
         # Work (seconds, at the recent mean turn time) a worker may hold beyond its current turn.
         self.prefetch_window = require_seconds("prefetch_window", prefetch_window)
-        # Fork workers from a preloaded zygote (a few ms) instead of starting interpreters (≈50 ms+);
-        # ``preload`` names agent modules the zygote imports once for every worker.
+        # Fork workers from a preloaded zygote (a few ms, not ≈50 ms+); ``preload``: modules it imports.
         # A custom interpreter or interpreter flags are honoured per worker: fresh interpreters then.
         self.use_zygote = bool(zygote) and python is None and not worker_args
         self.preload = tuple(preload)
@@ -187,6 +187,7 @@ class Supervisor(AcceptMany, OwnedStreams):
         self.agent_path = _procs.check_agent_path(agent_path)
         self.worker_output = _output.check_worker_output(worker_output)
         self.worker_output_max_mb = check_mib("worker_output_max_mb", worker_output_max_mb)
+        self.allow_agents = AgentAllowlist.of(allow_agents)  # A-ALLOW
 
         # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
         self._clock: Callable[[], float] = time.monotonic
@@ -196,8 +197,7 @@ class Supervisor(AcceptMany, OwnedStreams):
         budgets = mib_bytes("keep_events_mb", keep_events_mb), mib_bytes("keep_results_mb", keep_results_mb)
         self.table = TurnTable(keep_results, max_events, *budgets)  # E-BUDGET, R-BUDGET
         self._turns = self.table.records  # the same dict: read on every message
-        self.queue = TurnQueue()
-        self._queue = self.queue
+        self._queue = self.queue = TurnQueue()
         self.link = WorkerLink(
             on_message=self._on_message,
             on_batch_start=self._batch_started,

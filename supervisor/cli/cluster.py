@@ -44,6 +44,7 @@ def ray_conflict(args: argparse.Namespace) -> str | None:
 _LOCAL_ONLY = (
     "workers", "journal", "no_journal", "journal_events", "keep_days", "durability", "http", "http_token",
     "metrics_port", "curve_secret_key", "curve_clients", "insecure_tcp", "worker_log", "config",
+    "allow_agents",
 )  # fmt: skip
 
 

@@ -174,6 +174,17 @@ def register(subparsers: Any) -> None:
         help="record the turns' events in the journal too",
     )
     serve.add_argument(
+        "--allow-agent",
+        dest="allow_agents",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="an agent clients may name, as a glob on package.module:attr (e.g. 'myapp.agents:*'); "
+        "repeatable; any other is refused at submit and never imported. Required when another user "
+        "can reach a front end (tcp://, abstract ipc://@, --http off loopback); default: every agent, "
+        "for front ends only this user can reach",
+    )
+    serve.add_argument(
         "--insecure-tcp",
         dest="insecure_tcp",
         action="store_const",
@@ -280,6 +291,7 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     known["journal_events"] = bool
     known["no_journal"] = bool
     known["insecure_tcp"] = bool
+    known["allow_agents"] = list
     known["path"] = list
     known["worker_log"] = str
     known["worker_log_max_mb"] = float
@@ -341,6 +353,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
+    if "allow_agents" in opts:  # A-ALLOW: the supervisor refuses other agents, spawned ones too
+        sup["allow_agents"] = opts.pop("allow_agents")
     try:
         sup.update(_isolation_options(opts))
     except (TypeError, ValueError) as exc:

@@ -11,6 +11,10 @@
 * ``tcp://``: the bind itself refuses a second daemon (``EADDRINUSE``); ``:0`` picks a free port.
   With a CURVE secret key and a directory of allowed client certificates, only those clients
   get in (``zmq.auth``'s asyncio authenticator).
+* Who can reach it (A-SHARED): an ``ipc://`` path is private (the socket 0600 in a 0700
+  directory, so only this uid connects). ``tcp://`` and abstract ``ipc://@name`` are reachable by
+  every local user: they need CURVE (or ``--insecure-tcp``) **and** an agent allowlist
+  (``--allow-agent``); without them the daemon refuses to start.
 * Every client-link socket, both sides: ``LINGER`` 0, ``MAXMSGSIZE``; the ROUTER also
   ``ROUTER_MANDATORY`` (a reply to a client that is gone fails instead of vanishing) and a send
   high-water mark of ``CLIENT_SNDHWM`` messages per client, so a client that stops reading makes
@@ -52,6 +56,13 @@ def ipc_path(endpoint: str) -> Path | None:
     return None
 
 
+def reachable_by_others(endpoint: str) -> bool:
+    """Whether another uid can connect to ``endpoint``: ``tcp://`` (any local user, and other hosts
+    unless bound to loopback) and abstract ``ipc://@name`` sockets (no file mode: any user in the
+    network namespace). An ``ipc://`` path is the daemon's own: its socket file is 0600."""
+    return endpoint.startswith(("tcp://", "ipc://@"))
+
+
 def socket_options(sock: zmq.Socket[Any]) -> None:
     """The options every client-link socket gets, on both sides."""
     sock.setsockopt(zmq.LINGER, 0)
@@ -70,15 +81,23 @@ class ClientEndpoint:
         curve_secret_key: str | os.PathLike[str] | None = None,
         curve_clients: str | os.PathLike[str] | None = None,
         insecure_tcp: bool = False,
+        agents_restricted: bool = False,
     ) -> None:
         check_endpoint(address, bind=True)  # R-EP
         if curve_secret_key is not None and curve_clients is None:
             raise ValueError("CURVE needs the directory of allowed client certificates (--curve-clients)")
-        if address.startswith("tcp://") and curve_secret_key is None and not insecure_tcp:
+        if reachable_by_others(address) and curve_secret_key is None and not insecure_tcp:
             raise ValueError(
-                f"refusing to serve {address} without CURVE: anyone who can reach the port could run code as "
-                "this user. Give --curve-secret-key FILE and --curve-clients DIR (see zmq.auth), use ipc://, "
-                "or pass --insecure-tcp on a trusted network"
+                f"refusing to serve {address} without CURVE: anyone who can reach it could run code as "
+                "this user. Give --curve-secret-key FILE and --curve-clients DIR (see zmq.auth), use an "
+                "ipc:// path, or pass --insecure-tcp on a trusted network"
+            )
+        # A-SHARED: an endpoint other users can reach names only allowed agents.
+        if reachable_by_others(address) and not agents_restricted:
+            raise ValueError(
+                f"refusing to serve {address} without an agent allowlist: other users (and, over tcp, "
+                "other hosts) can reach it. Give --allow-agent PATTERN (e.g. 'myapp.agents:*'), or use "
+                "a private ipc:// path"
             )
         self.address = address
         self.curve_secret_key = curve_secret_key

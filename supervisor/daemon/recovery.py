@@ -201,7 +201,7 @@ def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: Tu
     now = time.time()
     return TurnResult(
         turn_id=turn.turn_id,
-        outcome=outcome,  # type: ignore[arg-type]  # "crashed" or "aborted", from this module
+        outcome=outcome,  # type: ignore[arg-type]  # "crashed", "aborted" or "failed", from here
         cause=cause,
         error=error,
         started=turn.state in ("dispatched", "running"),
@@ -215,7 +215,7 @@ def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: Tu
 
 def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
     """Bring ``sup`` back to what the journal says; returns counts of what was done."""
-    counts = {"results": 0, "requeued": 0, "retried": 0, "crashed": 0, "orphaned": 0}
+    counts = {"results": 0, "requeued": 0, "retried": 0, "crashed": 0, "orphaned": 0, "refused": 0}
     for result in journal.recent_results(sup.keep_results):
         sup.restore_result(result)
         counts["results"] += 1
@@ -229,6 +229,14 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             journal.ended(result)
             sup.restore_result(result)
             counts["orphaned"] += 1
+            continue
+        if sup.allow_agents is not None and not sup.allow_agents.allows(turn.agent):
+            # A-ALLOW: a daemon restarted with a narrower allowlist never imports what it refuses.
+            why = f"agent {turn.agent!r} is no longer allowed by this daemon (--allow-agent)"
+            result = _lost(turn, "failed", None, TurnError("AgentNotAllowed", why))
+            journal.ended(result)
+            sup.restore_result(result)
+            counts["refused"] += 1
             continue
         attempts = turn.attempts
         if may_have_run:
@@ -257,6 +265,6 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             readmit=True,
         )
     journal.flush()
-    if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned")):
+    if any(counts[k] for k in ("requeued", "retried", "crashed", "orphaned", "refused")):
         log.warning("journal %s: recovered after a restart: %s", journal.path, counts)
     return counts

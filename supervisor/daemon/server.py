@@ -55,7 +55,7 @@ import wire
 from wire import Cause, TurnResult
 from worker import lowlevel
 
-from .._engine import Supervisor, TurnRecord
+from .._engine import Supervisor, TurnRecord, check_agent
 from .._errors import (
     DaemonShuttingDown,
     JournalUnavailable,
@@ -107,16 +107,17 @@ class Daemon:
         curve_clients: str | os.PathLike[str] | None = None,
         insecure_tcp: bool = False,
     ) -> None:
+        self.sup_kwargs = dict(supervisor or {})
+        Supervisor(**self.sup_kwargs)  # validate the options now, before binding anything
         self._endpoint = ClientEndpoint(
             endpoint or default_endpoint(),
             curve_secret_key=curve_secret_key,
             curve_clients=curve_clients,
             insecure_tcp=insecure_tcp,
+            agents_restricted=self.sup_kwargs.get("allow_agents") is not None,  # A-SHARED
         )
         if drain < 0:
             raise ValueError(f"drain must be >= 0 seconds, got {drain}")
-        self.sup_kwargs = dict(supervisor or {})
-        Supervisor(**self.sup_kwargs)  # validate the options now, before binding anything
         self.drain = drain
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -419,6 +420,8 @@ class Daemon:
         agent, input or session (R-ID), and what ``Supervisor.submit`` raises."""
         sup = self.sup
         assert sup is not None
+        if sup.allow_agents is not None:
+            sup.allow_agents.check(check_agent(agent))  # A-ALLOW: before any id is looked up
         turn_id = options["turn_id"]
         # D3: submit is idempotent by turn_id (for the same request: R-ID).
         known = sup.find(turn_id) if turn_id is not None else None

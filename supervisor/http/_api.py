@@ -22,7 +22,15 @@ from starlette.routing import Route
 
 import wire
 
-from .._errors import InvalidAgent, QueueFull, SupervisorClosed, TurnIdConflict, TurnpoolError, UnknownTurn
+from .._errors import (
+    AgentNotAllowed,
+    InvalidAgent,
+    QueueFull,
+    SupervisorClosed,
+    TurnIdConflict,
+    TurnpoolError,
+    UnknownTurn,
+)
 from .._tracing import CALLER_TRACE, valid_traceparent
 from . import _schema
 from ._guard import Guard
@@ -147,6 +155,8 @@ async def submit(request: Request) -> Response:
             turn_id=req.turn_id,
             retry=req.retry,
         )
+    except AgentNotAllowed as exc:  # A-ALLOW
+        raise ApiError(403, "agent_not_allowed", str(exc)) from None
     except InvalidAgent as exc:
         raise ApiError(400, "invalid_agent", str(exc)) from None
     except TurnIdConflict as exc:  # R-ID, found by the daemon (e.g. an id known from the journal)

@@ -1,8 +1,9 @@
 """Where the HTTP front end listens, and whether it may listen there without a token.
 
-A listener on a loopback address is reachable only from this machine; any other address needs a
-bearer token (``--http-token FILE``), checked at start so a daemon never comes up open to the
-network by mistake.
+A listener on a loopback address is reachable only from this machine, and serves only the daemon's
+own user (``_peer``: each connection's uid is checked); any other address is reachable by other
+users and other hosts: it needs a bearer token (``--http-token FILE``) and an agent allowlist
+(``--allow-agent``), checked at start so a daemon never comes up open to the network by mistake.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import socket
 import stat
 from pathlib import Path
+
+from ._peer import check_peer_lookup
 
 MIN_TOKEN = 16
 # The largest token file read: a token is one line; anything bigger is not one.
@@ -115,3 +118,15 @@ def _regular(file: Path, mode: int) -> None:
             else "not a regular file"
         )
         raise ValueError(f"--http-token {file}: the path is {kind}; give a regular file holding the token")
+
+
+def check_access(host: str, port: int, loopback: bool, allow_agents: object) -> None:
+    """A loopback listener can tell its clients' uid (A-PEER, probed now); a listener others can
+    reach (off loopback) needs an agent allowlist besides its token (A-SHARED)."""
+    if loopback:
+        check_peer_lookup(f"{host}:{port}")
+    elif allow_agents is None:
+        raise ValueError(
+            f"--http {host}:{port} is reachable by other users and hosts: it needs --allow-agent PATTERN "
+            "(e.g. 'myapp.agents:*') besides --http-token"
+        )

@@ -100,6 +100,7 @@ ErrorCode = Literal[
     "bad_type",
     "bad_value",
     "invalid_agent",
+    "agent_not_allowed",
     "unknown_turn",
     "not_found",
     "method_not_allowed",

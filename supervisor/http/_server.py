@@ -34,7 +34,8 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from wire import TurnResult
 
 from ._api import build_app
-from ._listen import is_loopback, parse_listen, read_token
+from ._listen import check_access, is_loopback, parse_listen, read_token
+from ._peer import SameUserOnly
 
 if TYPE_CHECKING:
     from .._engine import TurnRecord
@@ -189,6 +190,8 @@ class HttpFrontEnd:
                 f"--http {host}:{port} is not a loopback address: it needs --http-token FILE "
                 "(every request then carries Authorization: Bearer <token>)"
             )
+        check_access(host, port, self.loopback, daemon.sup_kwargs.get("allow_agents"))
+        self.same_user_only = self.loopback  # A-PEER: loopback serves the daemon's uid only (_peer)
         self.stall = stall
         self.sse_buffer = sse_buffer
         self.stats: collections.Counter[str] = collections.Counter()
@@ -250,7 +253,9 @@ class HttpFrontEnd:
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.bound_port}/"
         protocol = type(
-            "TurnpoolHTTPProtocol", (_StallMixin, AutoHTTPProtocol), {"stall": self.stall, "front": self}
+            "TurnpoolHTTPProtocol",
+            (SameUserOnly, _StallMixin, AutoHTTPProtocol),
+            {"stall": self.stall, "front": self},
         )
         config = uvicorn.Config(
             self.app,
