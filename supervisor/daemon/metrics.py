@@ -9,7 +9,9 @@ Exposed (all prefixed ``turnpool_``): ``turns_total{outcome,cause}`` (cause ``no
 was not cancelled), ``turns_accepted_total`` (submitted by clients; child turns are not
 counted), ``queue_depth``, ``turns_running``,
 ``workers{state}`` (busy, idle, starting, stopping), ``escalations_total{step}`` (sigterm,
-sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, worker),
+sigkill), ``worker_restarts_total``, ``worker_output_dropped_bytes_total`` and
+``worker_output_dropped_lines_total`` (workers' output lost), ``malformed_frames_total{link}``
+(client, worker),
 ``clients``, ``client_waits``, ``client_streams`` (gauges), ``clients_dropped_total{why}`` (gone,
 stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
 asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
@@ -133,6 +135,17 @@ class Metrics:
             "turnpool_worker_restarts",
             "Workers replaced after dying or being killed",
             value=sup.worker_restarts,
+        )
+        out = sup.pool.output
+        yield CounterMetricFamily(
+            "turnpool_worker_output_dropped_bytes",
+            "Bytes of workers' output lost (a log file that could not be written, a stderr not read)",
+            value=out.dropped if out is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "turnpool_worker_output_dropped_lines",
+            "Lines of workers' output lost",
+            value=out.dropped_lines if out is not None else 0,
         )
 
     def render(self) -> bytes:
