@@ -83,6 +83,52 @@ async def test_a_finished_turn_leaves_no_process(
         assert _alive(left) == []
 
 
+def _in_session(leader: int) -> list[int]:
+    """Processes (zombies included) in the session ``leader`` led: what a worker's threads forked."""
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    return [p for p in pids if p != leader and lowlevel.session_of(p) == leader]
+
+
+@pytest.mark.parametrize("cgroups", MODES)
+@pytest.mark.parametrize("agent", ["thread_forker", "thread_forker_sync"])
+async def test_a_thread_forking_after_its_turn_retires_the_worker(
+    tmp_path: Path, cgroups: bool, agent: str
+) -> None:
+    """R-sweep-threads: the agent leaves a thread that forks a child every few ms after the turn
+    returned. The turn still ends ``completed`` with its output, but only once its worker, which
+    cannot stop that thread, is gone with every process the thread forked (none alive, none left
+    in the worker's session); the next turn runs on a fresh worker with nothing of the last one,
+    and nothing is forked after the result."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
+            result = await sup.run(f"tests.agents.tree:{agent}", {"pid_file": str(pid_file)})
+            assert result.outcome == "completed", result
+            assert result.output == {"worker": result.worker_pid}
+            forked = _pids(pid_file)
+            assert forked
+            assert _alive([*forked, result.worker_pid]) == [], "alive when the result arrived"
+            assert _in_session(result.worker_pid) == []
+            nxt = await sup.run("tests.agents.tree:next_turn_children")
+            assert nxt.outcome == "completed"
+            assert nxt.output["worker"] != result.worker_pid
+            assert len(nxt.output["children"]) <= 1  # the new worker's guardian, nothing else
+            assert _pids(pid_file) == forked  # nothing forked after the result
+            assert (await sup.status())["worker_restarts"] == 1
+
+
+async def test_an_idle_thread_pool_does_not_retire_its_worker() -> None:
+    """R-sweep-threads, the other side: a turn that used asyncio's default thread pool (whose idle
+    thread stays) leaves its worker serving the next turn."""
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0) as sup:
+            first = await sup.run("tests.agents.tree:used_to_thread")
+            second = await sup.run("tests.agents.tree:used_to_thread")
+            assert first.outcome == second.outcome == "completed", (first, second)
+            assert first.output == second.output == first.worker_pid
+            assert (await sup.status())["worker_restarts"] == 0
+
+
 @pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
 @pytest.mark.parametrize("cgroups", MODES)
 async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, zygote: bool) -> None:

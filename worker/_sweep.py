@@ -13,12 +13,26 @@ the set of Python threads changes), instead of listing tasks or scanning process
 
 from __future__ import annotations
 
+import concurrent.futures.thread
 import os
+import sys
 import threading
 
 from . import _flusher, _tree
 
 _THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
+# What an idle ``ThreadPoolExecutor`` thread runs (blocked in its queue's C ``get``): asyncio's
+# default executor (``asyncio.to_thread``) keeps such threads between calls.
+_POOL_WORKER = concurrent.futures.thread._worker.__code__
+
+
+def _idle_pool_thread(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is a thread pool's worker waiting for work (it runs nothing of a turn)."""
+    idle = getattr(thread, "idle_workers", None)
+    if idle is not None and type(thread).__name__ == "WorkerThread":
+        return thread in idle  # anyio's: back in the idle deque once its call returned
+    frame = sys._current_frames().get(thread.ident or -1)
+    return frame is not None and frame.f_code is _POOL_WORKER
 
 
 # R-sweep: a turn's end sweeps its processes.
@@ -31,6 +45,28 @@ class TurnSweep:
         self._fds: list[int] = []
         self._threads = -1
         self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
+        self._engine: frozenset[int] | None = None  # the engine's threads (R-sweep-threads)
+
+    def mark_engine_threads(self) -> None:
+        """Note the threads alive now as the engine's own (once the turn loop runs, before any
+        turn of the supervisor's): any other thread alive after a turn is the turn's."""
+        self._engine = frozenset(_THREADS)
+
+    # R-sweep-threads: a thread a turn left running retires its worker.
+    def agent_threads(self) -> list[threading.Thread]:
+        """Threads a turn left running: neither the engine's nor a thread pool's idle worker.
+
+        Python cannot stop a thread; one that forks (or does anything) after its turn returned
+        would go on doing it in an idle worker and in the next turn. Usually one set comparison
+        (no thread besides the engine's)."""
+        engine = self._engine
+        if engine is None or _THREADS.keys() <= engine:
+            return []
+        return [
+            t
+            for ident, t in list(_THREADS.items())
+            if ident not in engine and not _idle_pool_thread(t) and t.is_alive()
+        ]
 
     def _refresh(self) -> None:
         for fd in self._fds:
@@ -74,3 +110,9 @@ class TurnSweep:
         if not self.leftovers():
             return []
         return _tree.kill_descendants(self.me, exclude=frozenset({self.guardian}))
+
+    def still_forking(self) -> bool:
+        """After a sweep that killed something: whether a child appeared since (something in
+        this process - a thread Python does not know, a C library's - forks on). Every thread's
+        children are listed, not only the Python threads' the quick check reads."""
+        return bool(set(_tree.children(self.me)) - {self.guardian})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -129,3 +130,40 @@ async def announce_then_spin(turn: worker.Turn) -> None:
     await turn.emit({"pid": os.getpid()})
     while True:
         pass
+
+
+def _fork_forever(pid_file: str, forked: threading.Event) -> None:
+    """Forks a child that pauses, notes its pid in ``pid_file`` (one per line), and again, for ever."""
+    fd = os.open(pid_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            while True:
+                signal.pause()
+        os.write(fd, f"{pid}\n".encode())
+        forked.set()
+        time.sleep(0.002)  # allowed: the attacker's pace (a fork every few ms, as in the report)
+
+
+async def thread_forker(turn: worker.Turn) -> dict[str, int]:
+    """Leaves a thread that keeps forking children after the turn returned (outcome ``completed``)."""
+    forked = threading.Event()
+    threading.Thread(target=_fork_forever, args=(turn.input["pid_file"], forked), daemon=True).start()
+    forked.wait()
+    return {"worker": os.getpid()}
+
+
+def thread_forker_sync(turn: worker.Turn) -> dict[str, int]:
+    """The same from a plain ``def`` agent (it runs in a pool thread itself)."""
+    forked = threading.Event()
+    threading.Thread(target=_fork_forever, args=(turn.input["pid_file"], forked), daemon=True).start()
+    forked.wait()
+    return {"worker": os.getpid()}
+
+
+async def used_to_thread(turn: worker.Turn) -> int:
+    """Runs a call in asyncio's default thread pool, whose idle thread stays after the turn."""
+    import asyncio
+
+    await asyncio.to_thread(time.sleep, 0)
+    return os.getpid()
