@@ -142,6 +142,30 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, z
             assert _alive(_pids(pid_file)) == []
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or lowlevel.cgroup_of() is None,
+    reason="moving to the root cgroup needs root and cgroup v2",
+)
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
+@pytest.mark.parametrize("cgroups", MODES)
+async def test_a_crashed_turn_leaves_no_escapee(tmp_path: Path, cgroups: bool, zygote: bool) -> None:
+    """A root agent's ``fork → setsid → fork`` grandchild moves itself to the root cgroup and closes
+    every descriptor (the tree marker's memfd too), then the agent kills its worker: the result is
+    ``crashed`` and the grandchild is not alive when it arrives (it is gone from its worker's session,
+    its cgroup and its fds: the marker it still carries is the mapping a fork inherits)."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups, zygote=zygote) as sup:
+            result = await sup.run("tests.agents.tree:escape_then_crash", {"pid_file": str(pid_file)})
+            assert result.outcome == "crashed", result
+            escapee = _pids(pid_file)
+            try:
+                assert _alive(escapee) == [], "the escapee outlived its crashed turn"
+            finally:
+                for pid in _alive(escapee):  # the test's own clean-up, if the promise broke
+                    os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
 def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     """The crashed-turn race, made deterministic: the guardian kills and removes its dead
