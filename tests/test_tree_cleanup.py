@@ -117,6 +117,26 @@ async def test_a_thread_forking_after_its_turn_retires_the_worker(
             assert (await sup.status())["worker_restarts"] == 1
 
 
+async def test_turns_around_a_retiring_worker_end_once_each(tmp_path: Path) -> None:
+    """R-sweep-threads with prefetch: quick turns run before the thread forker (their ends may still
+    be batched when the worker retires) and turns handed to it behind the forker each end once with
+    their own output; those behind it run on the replacement worker, never beside the thread."""
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0) as sup:
+            await sup.run("examples.agents:echo", "warm")
+            before = [await sup.submit("examples.agents:echo", f"b{i}") for i in range(2)]
+            forker = await sup.submit("tests.agents.tree:thread_forker", {"pid_file": str(tmp_path / "p")})
+            after = [await sup.submit("examples.agents:echo", f"a{i}") for i in range(4)]
+            done = [await h.result() for h in [*before, forker, *after]]
+            assert [(r.outcome, r.output) for r in done] == [
+                *[("completed", f"b{i}") for i in range(2)],
+                ("completed", {"worker": done[2].worker_pid}),
+                *[("completed", f"a{i}") for i in range(4)],
+            ]
+            assert all(r.worker_pid != done[2].worker_pid for r in done[3:])
+            assert (await sup.status())["outcomes"] == {"completed": 8}
+
+
 async def test_an_idle_thread_pool_does_not_retire_its_worker() -> None:
     """R-sweep-threads, the other side: a turn that used asyncio's default thread pool (whose idle
     thread stays) leaves its worker serving the next turn."""
