@@ -90,7 +90,7 @@ def _in_session(leader: int) -> list[int]:
 
 
 @pytest.mark.parametrize("cgroups", MODES)
-@pytest.mark.parametrize("agent", ["thread_forker", "thread_forker_sync"])
+@pytest.mark.parametrize("agent", ["thread_forker", "thread_forker_sync", "thread_forker_raw"])
 async def test_a_thread_forking_after_its_turn_retires_the_worker(
     tmp_path: Path, cgroups: bool, agent: str
 ) -> None:
@@ -138,14 +138,15 @@ async def test_turns_around_a_retiring_worker_end_once_each(tmp_path: Path) -> N
 
 
 async def test_an_idle_thread_pool_does_not_retire_its_worker() -> None:
-    """R-sweep-threads, the other side: a turn that used asyncio's default thread pool (whose idle
-    thread stays) leaves its worker serving the next turn."""
+    """R-sweep-threads, the other side: turns that used asyncio's default thread pool (whose idle
+    thread stays, and may still be on its way back to its queue when the turn's await returns:
+    19 of 300 such turns retired their worker before that was allowed for) leave their worker
+    serving the next turn."""
     with anyio.fail_after(60):
         async with Supervisor(workers=1, spares=0) as sup:
-            first = await sup.run("tests.agents.tree:used_to_thread")
-            second = await sup.run("tests.agents.tree:used_to_thread")
-            assert first.outcome == second.outcome == "completed", (first, second)
-            assert first.output == second.output == first.worker_pid
+            results = [await sup.run("tests.agents.tree:used_to_thread") for _ in range(50)]
+            assert {r.outcome for r in results} == {"completed"}, results
+            assert {r.output for r in results} == {results[0].worker_pid}
             assert (await sup.status())["worker_restarts"] == 0
 
 

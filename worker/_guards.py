@@ -224,6 +224,10 @@ def watcher() -> _flusher.StaleFlusher | None:
     return _WATCHER
 
 
+THREAD_SETTLE = 0.05  # seconds a thread seen after a turn has to end or go idle before the worker retires
+EXIT_RETIRED = 76  # R-sweep-threads: the worker retired itself after its turn's End was logged
+
+
 def mark_engine_threads() -> None:
     """R-sweep-threads: the threads alive now are the engine's (called once the loop runs)."""
     if _SWEEP is not None:
@@ -237,8 +241,16 @@ def sweep_leftovers() -> bool:
     if _SWEEP is None:
         return True
     left = _SWEEP.agent_threads()
+    # A pool's thread that has just handed back its result (the turn's await returned) may still
+    # be on its way back to its queue, and a helper thread may be ending: give them a moment.
+    # No event tells another thread's idleness, so this is a bounded poll, paid only when a
+    # thread besides the engine's is seen at all.
+    settle = time.monotonic() + THREAD_SETTLE
+    while left and time.monotonic() < settle:
+        time.sleep(0.0005)
+        left = _SWEEP.agent_threads()
     if left:
-        names = ", ".join(sorted({t.name for t in left}))
+        names = ", ".join(sorted(set(left)))
         print(
             f"turnpool worker: the turn left {len(left)} thread(s) running ({names}); retiring",
             file=sys.stderr,
@@ -258,9 +270,6 @@ def sweep_leftovers() -> bool:
             )
             return False
     return True
-
-
-EXIT_RETIRED = 76  # R-sweep-threads: the worker retired itself after its turn's End was logged
 
 
 def retire() -> None:

@@ -161,6 +161,16 @@ def thread_forker_sync(turn: worker.Turn) -> dict[str, int]:
     return {"worker": os.getpid()}
 
 
+async def thread_forker_raw(turn: worker.Turn) -> dict[str, int]:
+    """The same from a thread started with ``_thread`` (not in ``threading``'s table of threads)."""
+    import _thread
+
+    forked = threading.Event()
+    _thread.start_new_thread(_fork_forever, (turn.input["pid_file"], forked))
+    forked.wait()
+    return {"worker": os.getpid()}
+
+
 async def used_to_thread(turn: worker.Turn) -> int:
     """Runs a call in asyncio's default thread pool, whose idle thread stays after the turn."""
     import asyncio
