@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from . import _cgroup, _flusher, _guardian, _sweep, _tree
 
@@ -272,9 +272,10 @@ def sweep_leftovers() -> bool:
     return True
 
 
-def retire() -> None:
+def retire() -> NoReturn:
     """R-sweep-threads: end this worker now. Its descendants are frozen and SIGKILLed (not waited
     for: a thread that forks on would keep a reaping loop busy), then the process exits, which
     ends every thread at once; what a thread forked meanwhile is left to the supervisor (its
     subreaper: the worker's cgroup, session and tree markers name it) and the guardian."""
     kill_own_tree_and_exit(signal.SIGKILL, exit_code=EXIT_RETIRED, reap=False)
+    os._exit(EXIT_RETIRED)  # a signal handler was killing the tree already: never serve on

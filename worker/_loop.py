@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import anyio
 import msgspec
@@ -522,7 +522,7 @@ class WorkerLoop:
             self.retire(end, started_at)
         self.post_end(end, started_at)
 
-    def retire(self, end: End, started_at: float) -> None:
+    def retire(self, end: End, started_at: float) -> NoReturn:
         """R-sweep-threads: the turn left a thread running (or something forking): this worker can
         never be made clean again. Its End goes to the End log only, and the worker exits: the
         supervisor reaps the whole tree (R13) and then ends the turn as logged (E1), so the result
