@@ -362,3 +362,78 @@ def test_serve_refuses_a_worker_log_it_cannot_write(home: Path) -> None:
     finally:
         daemonkit.stop_process(served.proc)
     assert "cannot write the workers' output log /proc/no/such/workers.log" in served.stderr()
+
+
+@pytest.fixture
+def small_disk(home: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs mounted for the test (root with CAP_SYS_ADMIN only), unmounted after."""
+    mnt = home / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _scrape(url: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_serve_counts_worker_output_lost_to_a_full_disk(home: Path, small_disk: Path) -> None:
+    """Promise: output a ``--worker-log`` on a full disk cannot take is counted, never silently
+    lost: an agent printing 3 MiB (3072 lines) onto a 1 MiB filesystem leaves the difference in
+    ``status()["worker_output_dropped"]`` (bytes), ``["worker_output_dropped_lines"]`` and the
+    ``turnpool_worker_output_dropped_{bytes,lines}_total`` metrics; the daemon keeps serving."""
+    log = small_disk / "workers.log"
+    served = daemonkit.start(
+        *daemonkit.FAST,
+        "--worker-log",
+        str(log),
+        "--worker-log-max-mb",
+        "16",
+        "--metrics-port",
+        "0",
+        home=home,
+    )
+    try:
+        sub = served.cli("submit", "tests.agents.isolation:dump", "--input", '{"mib": 3}', "--wait")
+        assert sub.returncode == 0 and json.loads(sub.stdout)["outcome"] == "completed", sub
+        # The pump thread writes after the turn ended: a bounded wait for it to reach the count.
+        deadline = time.monotonic() + BOUND
+        while True:
+            status = json.loads(served.cli("status", "--json").stdout)
+            if status["worker_output_dropped"] >= 2 * 2**20 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # allowed: bounded poll of a count the daemon's pump thread raises
+        written = log.stat().st_size
+        assert written <= 2**20
+        dropped = status["worker_output_dropped"]
+        # Each 1 KiB line gets a prefix in the log: all but what fitted on the disk was lost.
+        assert dropped >= 3 * 2**20 - written, (dropped, written)
+        lines = status["worker_output_dropped_lines"]
+        assert 3072 - written // 1024 - 1 <= lines <= 3072, (lines, written)
+        metrics = _scrape(served.metrics_url)
+        assert metrics["turnpool_worker_output_dropped_bytes_total"] == dropped
+        assert metrics["turnpool_worker_output_dropped_lines_total"] == lines
+        again = served.cli("submit", "tests.agents.isolation:hello", "--input", '"x"', "--wait")
+        assert json.loads(again.stdout)["outcome"] == "completed", again
+    finally:
+        served.signal(signal.SIGTERM)
+        served.wait(BOUND)
+        daemonkit.stop_process(served.proc)

@@ -83,6 +83,73 @@ async def test_a_finished_turn_leaves_no_process(
         assert _alive(left) == []
 
 
+def _in_session(leader: int) -> list[int]:
+    """Processes (zombies included) in the session ``leader`` led: what a worker's threads forked."""
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    return [p for p in pids if p != leader and lowlevel.session_of(p) == leader]
+
+
+@pytest.mark.parametrize("cgroups", MODES)
+@pytest.mark.parametrize("agent", ["thread_forker", "thread_forker_sync", "thread_forker_raw"])
+async def test_a_thread_forking_after_its_turn_retires_the_worker(
+    tmp_path: Path, cgroups: bool, agent: str
+) -> None:
+    """R-sweep-threads: the agent leaves a thread that forks a child every few ms after the turn
+    returned. The turn still ends ``completed`` with its output, but only once its worker, which
+    cannot stop that thread, is gone with every process the thread forked (none alive, none left
+    in the worker's session); the next turn runs on a fresh worker with nothing of the last one,
+    and nothing is forked after the result."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups) as sup:
+            result = await sup.run(f"tests.agents.tree:{agent}", {"pid_file": str(pid_file)})
+            assert result.outcome == "completed", result
+            assert result.output == {"worker": result.worker_pid}
+            forked = _pids(pid_file)
+            assert forked
+            assert _alive([*forked, result.worker_pid]) == [], "alive when the result arrived"
+            assert _in_session(result.worker_pid) == []
+            nxt = await sup.run("tests.agents.tree:next_turn_children")
+            assert nxt.outcome == "completed"
+            assert nxt.output["worker"] != result.worker_pid
+            assert len(nxt.output["children"]) <= 1  # the new worker's guardian, nothing else
+            assert _pids(pid_file) == forked  # nothing forked after the result
+            assert (await sup.status())["worker_restarts"] == 1
+
+
+async def test_turns_around_a_retiring_worker_end_once_each(tmp_path: Path) -> None:
+    """R-sweep-threads with prefetch: quick turns run before the thread forker (their ends may still
+    be batched when the worker retires) and turns handed to it behind the forker each end once with
+    their own output; those behind it run on the replacement worker, never beside the thread."""
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0) as sup:
+            await sup.run("examples.agents:echo", "warm")
+            before = [await sup.submit("examples.agents:echo", f"b{i}") for i in range(2)]
+            forker = await sup.submit("tests.agents.tree:thread_forker", {"pid_file": str(tmp_path / "p")})
+            after = [await sup.submit("examples.agents:echo", f"a{i}") for i in range(4)]
+            done = [await h.result() for h in [*before, forker, *after]]
+            assert [(r.outcome, r.output) for r in done] == [
+                *[("completed", f"b{i}") for i in range(2)],
+                ("completed", {"worker": done[2].worker_pid}),
+                *[("completed", f"a{i}") for i in range(4)],
+            ]
+            assert all(r.worker_pid != done[2].worker_pid for r in done[3:])
+            assert (await sup.status())["outcomes"] == {"completed": 8}
+
+
+async def test_an_idle_thread_pool_does_not_retire_its_worker() -> None:
+    """R-sweep-threads, the other side: turns that used asyncio's default thread pool (whose idle
+    thread stays, and may still be on its way back to its queue when the turn's await returns:
+    19 of 300 such turns retired their worker before that was allowed for) leave their worker
+    serving the next turn."""
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0) as sup:
+            results = [await sup.run("tests.agents.tree:used_to_thread") for _ in range(50)]
+            assert {r.outcome for r in results} == {"completed"}, results
+            assert {r.output for r in results} == {results[0].worker_pid}
+            assert (await sup.status())["worker_restarts"] == 0
+
+
 @pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
 @pytest.mark.parametrize("cgroups", MODES)
 async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, zygote: bool) -> None:
@@ -94,6 +161,30 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, z
             result = await sup.run("tests.agents.tree:daemonize_then_crash", {"pid_file": str(pid_file)})
             assert result.outcome == "crashed", result
             assert _alive(_pids(pid_file)) == []
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or lowlevel.cgroup_of() is None,
+    reason="moving to the root cgroup needs root and cgroup v2",
+)
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
+@pytest.mark.parametrize("cgroups", MODES)
+async def test_a_crashed_turn_leaves_no_escapee(tmp_path: Path, cgroups: bool, zygote: bool) -> None:
+    """A root agent's ``fork → setsid → fork`` grandchild moves itself to the root cgroup and closes
+    every descriptor (the tree marker's memfd too), then the agent kills its worker: the result is
+    ``crashed`` and the grandchild is not alive when it arrives (it is gone from its worker's session,
+    its cgroup and its fds: the marker it still carries is the mapping a fork inherits)."""
+    pid_file = tmp_path / "pids"
+    with anyio.fail_after(60):
+        async with Supervisor(workers=1, spares=0, cgroups=cgroups, zygote=zygote) as sup:
+            result = await sup.run("tests.agents.tree:escape_then_crash", {"pid_file": str(pid_file)})
+            assert result.outcome == "crashed", result
+            escapee = _pids(pid_file)
+            try:
+                assert _alive(escapee) == [], "the escapee outlived its crashed turn"
+            finally:
+                for pid in _alive(escapee):  # the test's own clean-up, if the promise broke
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")

@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from . import _cgroup, _flusher, _guardian, _sweep, _tree
 
@@ -224,13 +224,58 @@ def watcher() -> _flusher.StaleFlusher | None:
     return _WATCHER
 
 
-def sweep_leftovers() -> None:
-    """Kill and reap what the turn that just ended left running (R-sweep: before its End)."""
+THREAD_SETTLE = 0.05  # seconds a thread seen after a turn has to end or go idle before the worker retires
+EXIT_RETIRED = 76  # R-sweep-threads: the worker retired itself after its turn's End was logged
+
+
+def mark_engine_threads() -> None:
+    """R-sweep-threads: the threads alive now are the engine's (called once the loop runs)."""
     if _SWEEP is not None:
-        killed = _SWEEP.sweep()
-        if killed:
+        _SWEEP.mark_engine_threads()
+
+
+def sweep_leftovers() -> bool:
+    """Kill and reap what the turn that just ended left running (R-sweep: before its End).
+    False when this worker cannot be made clean and must retire (``retire``): the turn left a
+    thread running (R-sweep-threads), or something went on forking through the sweep."""
+    if _SWEEP is None:
+        return True
+    left = _SWEEP.agent_threads()
+    # A pool's thread that has just handed back its result (the turn's await returned) may still
+    # be on its way back to its queue, and a helper thread may be ending: give them a moment.
+    # No event tells another thread's idleness, so this is a bounded poll, paid only when a
+    # thread besides the engine's is seen at all.
+    settle = time.monotonic() + THREAD_SETTLE
+    while left and time.monotonic() < settle:
+        time.sleep(0.0005)
+        left = _SWEEP.agent_threads()
+    if left:
+        names = ", ".join(sorted(set(left)))
+        print(
+            f"turnpool worker: the turn left {len(left)} thread(s) running ({names}); retiring",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    killed = _SWEEP.sweep()
+    if killed:
+        print(
+            f"turnpool worker: killed {len(killed)} process(es) left by the turn",
+            file=sys.stderr,
+            flush=True,
+        )
+        if _SWEEP.still_forking():
             print(
-                f"turnpool worker: killed {len(killed)} process(es) left by the turn",
-                file=sys.stderr,
-                flush=True,
+                "turnpool worker: processes appeared during the sweep; retiring", file=sys.stderr, flush=True
             )
+            return False
+    return True
+
+
+def retire() -> NoReturn:
+    """R-sweep-threads: end this worker now. Its descendants are frozen and SIGKILLed (not waited
+    for: a thread that forks on would keep a reaping loop busy), then the process exits, which
+    ends every thread at once; what a thread forked meanwhile is left to the supervisor (its
+    subreaper: the worker's cgroup, session and tree markers name it) and the guardian."""
+    kill_own_tree_and_exit(signal.SIGKILL, exit_code=EXIT_RETIRED, reap=False)
+    os._exit(EXIT_RETIRED)  # a signal handler was killing the tree already: never serve on

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import anyio
 import msgspec
@@ -35,6 +35,8 @@ from ._guards import (
     PARENT_DEATH_SIGNAL,
     cgroup_joined,
     kill_own_tree_and_exit,
+    mark_engine_threads,
+    retire,
     sweep_leftovers,
     watcher,
 )
@@ -512,11 +514,26 @@ class WorkerLoop:
         finally:
             self.current = None
             self.current_scope = None
-        sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
+        clean = sweep_leftovers()  # nothing the turn started outlives its End (any outcome)
         # Started already left in an earlier frame: the supervisor sees this turn running, so its End
         # must be confirmed before a handed turn (which might crash the process) starts.
         ack = conn.frames != frames_at_start
-        self.post_end(End(msg.turn_id, outcome, output, error, ack), started_at)  # type: ignore[arg-type]
+        end = End(msg.turn_id, outcome, output, error, ack)  # type: ignore[arg-type]
+        if not clean:
+            self.retire(end, started_at)
+        self.post_end(end, started_at)
+
+    def retire(self, end: End, started_at: float) -> NoReturn:
+        """R-sweep-threads: the turn left a thread running (or something forking): this worker can
+        never be made clean again. Its End goes to the End log only, and the worker exits: the
+        supervisor reaps the whole tree (R13) and then ends the turn as logged (E1), so the result
+        comes after quiescence, and no other turn ever runs here. Without an End log (a non-ipc
+        link) the End is sent on the link: its result may then come just before the exit."""
+        data = wire.encode(end)
+        if self.endlog is None or not self.endlog.append(data, started_at):
+            self.conn.post(msgspec.Raw(data))
+        self.conn.flush()  # the turns ended before it, and its Started, go now; the log has them too
+        retire()
 
     async def warm_up(self) -> None:
         """W-WARM: run one private no-op turn through the whole turn path before ``Ready``.
@@ -691,6 +708,7 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
         flusher.start()
     conn.flusher = flusher
     flusher.attach(conn)
+    mark_engine_threads()  # R-sweep-threads: every thread alive now is the engine's
     fd = cast(int, sync_sock.getsockopt(zmq.FD))  # pyzmq types every option int | bytes
     try:
         async with anyio.create_task_group() as tg:

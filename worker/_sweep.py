@@ -13,12 +13,37 @@ the set of Python threads changes), instead of listing tasks or scanning process
 
 from __future__ import annotations
 
+import _thread
+import concurrent.futures.thread
 import os
+import sys
 import threading
+from types import CodeType, FrameType
 
 from . import _flusher, _tree
 
 _THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
+# What an idle ``ThreadPoolExecutor`` thread runs (blocked in its queue's C ``get``): asyncio's
+# default executor (``asyncio.to_thread``) keeps such threads between calls.
+_POOL_WORKER = concurrent.futures.thread._worker.__code__
+
+
+_BOOTSTRAP = threading.Thread._bootstrap.__code__  # type: ignore[attr-defined]  # every threading thread's first frame
+
+
+def _outermost(frame: FrameType) -> CodeType:
+    while frame.f_back is not None:
+        frame = frame.f_back
+    return frame.f_code
+
+
+def _idle_pool_thread(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is a thread pool's worker waiting for work (it runs nothing of a turn)."""
+    idle = getattr(thread, "idle_workers", None)
+    if idle is not None and type(thread).__name__ == "WorkerThread":
+        return thread in idle  # anyio's: back in the idle deque once its call returned
+    frame = sys._current_frames().get(thread.ident or -1)
+    return frame is not None and frame.f_code is _POOL_WORKER
 
 
 # R-sweep: a turn's end sweeps its processes.
@@ -31,6 +56,40 @@ class TurnSweep:
         self._fds: list[int] = []
         self._threads = -1
         self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
+        self._engine: frozenset[int] | None = None  # the engine's threads (R-sweep-threads)
+
+    def mark_engine_threads(self) -> None:
+        """Note the threads alive now as the engine's own (once the turn loop runs, before any
+        turn of the supervisor's): any other thread alive after a turn is the turn's."""
+        self._engine = frozenset(sys._current_frames())
+
+    # R-sweep-threads: a thread a turn left running retires its worker.
+    def agent_threads(self) -> list[str]:
+        """The names of the threads a turn left running: neither the engine's nor a thread pool's
+        idle worker. Threads started with ``_thread`` (not in ``threading``'s table) count too.
+
+        Python cannot stop a thread; one that forks (or does anything) after its turn returned
+        would go on doing it in an idle worker and in the next turn. Usually one set comparison
+        and one count (no thread besides the engine's)."""
+        engine = self._engine
+        if engine is None:
+            return []
+        if _THREADS.keys() <= engine and _thread._count() == len(_THREADS) - 1:
+            return []  # every running thread is threading's (the main one is not counted), all the engine's
+        left = []
+        for ident, frame in sys._current_frames().items():
+            if ident in engine:
+                continue
+            thread = _THREADS.get(ident)
+            if thread is None:
+                # Not in threading's table: started with ``_thread``, or a threading thread that
+                # has finished and is being torn down (start() returns only once a thread is in
+                # the table, so it is not one still starting).
+                if _outermost(frame) is not _BOOTSTRAP:
+                    left.append("a _thread thread")
+            elif not _idle_pool_thread(thread):
+                left.append(thread.name)
+        return left
 
     def _refresh(self) -> None:
         for fd in self._fds:
@@ -74,3 +133,9 @@ class TurnSweep:
         if not self.leftovers():
             return []
         return _tree.kill_descendants(self.me, exclude=frozenset({self.guardian}))
+
+    def still_forking(self) -> bool:
+        """After a sweep that killed something: whether a child appeared since (something in
+        this process - a thread Python does not know, a C library's - forks on). Every thread's
+        children are listed, not only the Python threads' the quick check reads."""
+        return bool(set(_tree.children(self.me)) - {self.guardian})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import signal
 import sys
@@ -176,6 +177,7 @@ def start_time(pid: int) -> int | None:
 
 TREE_ENV = "TURNPOOL_TREE"
 _MARKER_FD = -1
+_MARKER_MAP: object = None  # the memfd's mapping, kept for the life of the process (R-markers)
 
 
 def memfd_name(marker: str) -> str:
@@ -185,18 +187,24 @@ def memfd_name(marker: str) -> str:
 # R-markers: a marker that forks inherit (memfd) besides the environment one.
 def mark_tree(marker: str) -> None:
     """Set both markers in this process (a worker, before it forks anything)."""
-    global _MARKER_FD
+    global _MARKER_FD, _MARKER_MAP
     os.environ[TREE_ENV] = marker
     if _MARKER_FD < 0 and hasattr(os, "memfd_create"):
         try:
             # Close-on-exec (exec'd children carry the environment marker instead); a fork keeps it.
             _MARKER_FD = os.memfd_create(memfd_name(marker), os.MFD_CLOEXEC)
+            # Mapped too: a fork inherits the mapping, which closing every descriptor does not
+            # remove (a setsid escapee that also left the worker's cgroup still shows it in
+            # /proc/PID/maps). One page of the page cache, never touched.
+            os.ftruncate(_MARKER_FD, mmap.PAGESIZE)
+            _MARKER_MAP = mmap.mmap(_MARKER_FD, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ)
         except OSError:
             pass
 
 
 def has_marker(pid: int, marker: str) -> bool:
-    """Whether ``pid`` carries ``marker`` in its environment or holds the marker memfd."""
+    """Whether ``pid`` carries ``marker`` in its environment, holds the marker memfd, or has it
+    mapped (a fork-only descendant that closed its descriptors)."""
     needle = f"{TREE_ENV}={marker}".encode()
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -208,14 +216,18 @@ def has_marker(pid: int, marker: str) -> bool:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return False
+        fds = []
     for fd in fds:
         try:
             if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
                 return True
         except OSError:
             continue
-    return False
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return f" {link}\n".encode() in f.read()
+    except OSError:
+        return False
 
 
 def all_pids() -> list[int]:

@@ -57,12 +57,17 @@ def check_worker_output(value: Any) -> str | Path | None:
 
 
 class RotatingLog:
-    """An append-only log file rotated by size; written by the pump thread only."""
+    """An append-only log file rotated by size; written by the pump thread only.
+
+    A write the file cannot take (a full disk, an I/O error) loses that output, never the pump:
+    what was lost is counted in ``dropped`` (bytes) and ``dropped_lines``."""
 
     def __init__(self, path: Path, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
+        self.dropped = 0
+        self.dropped_lines = 0
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._fd = self._open()
         self._size = os.fstat(self._fd).st_size
@@ -72,17 +77,26 @@ class RotatingLog:
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            room = max(self.max_bytes - self._size, 0)
-            if room == 0:
-                self._rotate()
-                continue
-            n = os.write(self._fd, view[:room])
-            self._size += n
-            view = view[n:]
+        try:
+            while view:
+                if self._fd < 0:  # a reopen after a rotation failed: try again
+                    self._fd = self._open()
+                    self._size = os.fstat(self._fd).st_size
+                room = max(self.max_bytes - self._size, 0)
+                if room == 0:
+                    self._rotate()
+                    continue
+                n = os.write(self._fd, view[:room])
+                self._size += n
+                view = view[n:]
+        except OSError:
+            # R-OUT-LOST: ENOSPC, EIO, EFBIG...: the rest of this write is lost, and counted.
+            self.dropped += len(view)
+            self.dropped_lines += bytes(view).count(b"\n")
 
     def _rotate(self) -> None:
         os.close(self._fd)
+        self._fd = -1  # never write to a closed (maybe reused) descriptor number
         try:
             for i in range(self.backups - 1, 0, -1):
                 with contextlib.suppress(FileNotFoundError):
@@ -116,6 +130,7 @@ class _StderrSink:
 
     def __init__(self) -> None:
         self.dropped = 0
+        self.dropped_lines = 0
         self._sock: socket.socket | None = None
         self._fd = -1
         self._pipe_size = 0
@@ -133,22 +148,23 @@ class _StderrSink:
             os.set_inheritable(self._fd, False)
 
     def write(self, data: bytes) -> None:
+        view = memoryview(data)
         try:
             if self._sock is not None:
-                self._sock.send(data, socket.MSG_DONTWAIT)
+                view = view[self._sock.send(data, socket.MSG_DONTWAIT) :]
+                if view:
+                    raise BlockingIOError
                 return
             if self._pipe_size:
                 unread = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
                 if unread + len(data) > self._pipe_size // 2:
-                    self.dropped += len(data)
-                    return
-            view = memoryview(data)
+                    raise BlockingIOError
             while view:
                 view = view[os.write(self._fd, view) :]
-        except BlockingIOError:
-            self.dropped += len(data)
         except OSError:
-            self.dropped += len(data)  # stderr closed or broken: the output is lost, never the pump
+            # Full (BlockingIOError), closed or broken: the output is lost, never the pump.
+            self.dropped += len(view)
+            self.dropped_lines += bytes(view).count(b"\n")
 
     def close(self) -> None:
         if self._sock is not None:
@@ -192,8 +208,14 @@ class WorkerOutput:
 
     @property
     def dropped(self) -> int:
-        """Bytes of output dropped because this process's stderr was not being read."""
-        return self._sink.dropped if isinstance(self._sink, _StderrSink) else 0
+        """Bytes of output lost: a stderr nobody reads could not take them, or the log file
+        could not (a full disk, an I/O error)."""
+        return self._sink.dropped if self._sink is not None else 0
+
+    @property
+    def dropped_lines(self) -> int:
+        """Lines of output lost (the newlines among the ``dropped`` bytes)."""
+        return self._sink.dropped_lines if self._sink is not None else 0
 
     def open(self, label: str) -> int:
         """A new write fd (close-on-exec) for one worker, labelled in the log as ``label``."""
@@ -323,10 +345,7 @@ class WorkerOutput:
         prefix = time.strftime("%Y-%m-%dT%H:%M:%S ").encode() + stream.label + b": "
         body = prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
         assert self._sink is not None
-        try:
-            self._sink.write(body)
-        except OSError:
-            pass  # a full disk loses output, never the pump
+        self._sink.write(body)  # never raises: what it cannot write it counts as dropped
 
     def _drain_all(self) -> None:
         """At close: read what every pipe still holds; a pipe some escaped process keeps open for

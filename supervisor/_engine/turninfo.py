@@ -146,6 +146,7 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "last_start_error": sup.pool.last_start_error,
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
+        "worker_output_dropped_lines": sup.pool.output.dropped_lines if sup.pool.output is not None else 0,
         # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
         "memory": {
             "inputs_mb": _mib(sup.input_bytes),

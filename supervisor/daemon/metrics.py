@@ -174,6 +174,17 @@ class Metrics:
             "Workers replaced after dying or being killed",
             value=sup.worker_restarts,
         )
+        out = sup.pool.output
+        yield CounterMetricFamily(
+            "turnpool_worker_output_dropped_bytes",
+            "Bytes of workers' output lost (a log file that could not be written, a stderr not read)",
+            value=out.dropped if out is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "turnpool_worker_output_dropped_lines",
+            "Lines of workers' output lost",
+            value=out.dropped_lines if out is not None else 0,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

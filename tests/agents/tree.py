@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -129,3 +130,101 @@ async def announce_then_spin(turn: worker.Turn) -> None:
     await turn.emit({"pid": os.getpid()})
     while True:
         pass
+
+
+def _fork_forever(pid_file: str, forked: threading.Event) -> None:
+    """Forks a child that pauses, notes its pid in ``pid_file`` (one per line), and again, for ever."""
+    fd = os.open(pid_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            while True:
+                signal.pause()
+        os.write(fd, f"{pid}\n".encode())
+        forked.set()
+        time.sleep(0.002)  # allowed: the attacker's pace (a fork every few ms, as in the report)
+
+
+async def thread_forker(turn: worker.Turn) -> dict[str, int]:
+    """Leaves a thread that keeps forking children after the turn returned (outcome ``completed``)."""
+    forked = threading.Event()
+    threading.Thread(target=_fork_forever, args=(turn.input["pid_file"], forked), daemon=True).start()
+    forked.wait()
+    return {"worker": os.getpid()}
+
+
+def thread_forker_sync(turn: worker.Turn) -> dict[str, int]:
+    """The same from a plain ``def`` agent (it runs in a pool thread itself)."""
+    forked = threading.Event()
+    threading.Thread(target=_fork_forever, args=(turn.input["pid_file"], forked), daemon=True).start()
+    forked.wait()
+    return {"worker": os.getpid()}
+
+
+async def thread_forker_raw(turn: worker.Turn) -> dict[str, int]:
+    """The same from a thread started with ``_thread`` (not in ``threading``'s table of threads)."""
+    import _thread
+
+    forked = threading.Event()
+    _thread.start_new_thread(_fork_forever, (turn.input["pid_file"], forked))
+    forked.wait()
+    return {"worker": os.getpid()}
+
+
+async def used_to_thread(turn: worker.Turn) -> int:
+    """Runs a call in asyncio's default thread pool, whose idle thread stays after the turn."""
+    import asyncio
+
+    await asyncio.to_thread(time.sleep, 0)
+    return os.getpid()
+
+
+def _root_cgroup_procs() -> str:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            if post.split(" ", 1)[0] == "cgroup2":
+                return os.path.join(pre.split(" ")[4], "cgroup.procs")
+    raise RuntimeError("no cgroup v2 hierarchy")
+
+
+async def escape_then_crash(turn: worker.Turn) -> None:
+    """``fork → setsid → fork``, without exec; the grandchild moves itself to the root cgroup (as
+    root), notes its pid in ``pid_file``, closes every descriptor it has (the tree marker's
+    memfd among them) and pauses; then the agent kills its own worker (outcome ``crashed``)."""
+    _escape(turn.input["pid_file"])
+    os._exit(3)
+
+
+def _escape(pid_file: str) -> None:
+    procs = _root_cgroup_procs()
+    r, w = os.pipe()
+    mid = os.fork()
+    if mid == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() == 0:
+                try:
+                    fd = os.open(procs, os.O_WRONLY)
+                    os.write(fd, b"0")
+                    os.close(fd)
+                    fd = os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    os.write(fd, f"{os.getpid()}\n".encode())
+                    os.close(fd)
+                    os.closerange(0, w)
+                    os.closerange(w + 1, 1 << 16)
+                    os.write(w, b"x")
+                    os.close(w)
+                    while True:
+                        signal.pause()
+                finally:
+                    os._exit(1)
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(mid, 0)
+    ok = os.read(r, 1)
+    os.close(r)
+    if ok != b"x":
+        raise RuntimeError("the escapee did not get ready")
