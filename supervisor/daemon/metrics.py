@@ -9,7 +9,8 @@ Exposed (all prefixed ``turnpool_``): ``turns_total{outcome,cause}`` (cause ``no
 was not cancelled), ``turns_accepted_total`` (submitted by clients; child turns are not
 counted), ``queue_depth``, ``turns_running``,
 ``workers{state}`` (busy, idle, starting, stopping), ``escalations_total{step}`` (sigterm,
-sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, worker),
+sigkill), ``worker_restarts_total``, ``worker_endpoint_rebinds_total``, ``worker_start_failures``
+(starts failed in a row), ``malformed_frames_total{link}`` (client, worker),
 ``clients``, ``client_waits``, ``client_streams`` (gauges), ``clients_dropped_total{why}`` (gone,
 stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
 asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
@@ -133,6 +134,16 @@ class Metrics:
             "turnpool_worker_restarts",
             "Workers replaced after dying or being killed",
             value=sup.worker_restarts,
+        )
+        yield CounterMetricFamily(
+            "turnpool_worker_endpoint_rebinds",
+            "Times the worker endpoint was bound again after its socket file was deleted (W-BIND)",
+            value=sup.link.rebinds,
+        )
+        yield GaugeMetricFamily(
+            "turnpool_worker_start_failures",
+            "Worker starts that failed in a row (0: the last one succeeded; the reason is in status)",
+            value=sup.pool.start_failures,
         )
 
     def render(self) -> bytes:
