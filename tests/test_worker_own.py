@@ -111,3 +111,49 @@ async def test_an_endpoint_that_cannot_be_made_again_is_reported() -> None:
             assert not any(s["state"] in ("idle", "busy") for s in (await sup.status())["workers"])
             sup.pool.runtime_dir.unlink()
             assert (await handle.result()).outcome == "completed"
+
+
+@pytest.mark.parametrize("zygote", [True, False])
+async def test_a_workers_token_and_own_files_are_not_readable_through_proc(zygote: bool) -> None:
+    """Promise: a worker's spawn token is not in its ``/proc/<pid>/environ`` (nor on its command
+    line), with the zygote or as a fresh interpreter, and its start marker and End log are memory
+    files of mode 0 that no descriptor of the worker's or the supervisor's leads to once it runs:
+    re-opening one through ``/proc/<pid>/fd`` would need the right to trace the process."""
+    with anyio.fail_after(BOUND):
+        async with Supervisor(workers=1, spares=0, zygote=zygote) as sup:
+            assert (await sup.run("examples.agents:echo", {"text": "x"})).outcome == "completed"
+            slot = next(iter(sup.pool.slots.values()))
+            for name in ("environ", "cmdline"):
+                with open(f"/proc/{slot.pid}/{name}", "rb") as f:  # noqa: ASYNC230 - /proc, instant
+                    assert slot.token.encode() not in f.read(), name
+            for pid in (slot.pid, os.getpid()):
+                links = _fd_links(pid)
+                assert not [t for t in links if "-started" in t or "-ends" in t], (pid, links)
+
+
+def _fd_links(pid: int) -> list[str]:
+    """What ``pid``'s open descriptors point at (one closed while listed is skipped)."""
+    links = []
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+        except FileNotFoundError:
+            continue
+    return links
+
+
+def test_own_files_have_mode_zero_and_hold_no_descriptor() -> None:
+    """W-OWN, as policy: a worker's own file is born with mode 0 (no re-open through ``/proc``
+    without the right to trace its holder), and a mapping of it keeps no descriptor (Python's
+    ``mmap.mmap`` would keep a duplicate open)."""
+    from worker import lowlevel
+
+    fd = lowlevel.own_file("w0-ends", lowlevel.ENDLOG_SIZE)
+    try:
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0
+        before = set(os.listdir("/proc/self/fd"))
+        view = lowlevel.own_file_view(fd, lowlevel.ENDLOG_SIZE)
+        assert set(os.listdir("/proc/self/fd")) <= before
+        view.close()
+    finally:
+        os.close(fd)

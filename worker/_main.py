@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     start_marker, endlog = own_files(args.marker_fd, args.endlog_fd)  # W-OWN: before the guardian's fork
     if args.cwd:
         os.chdir(args.cwd)  # before any agent is imported or run
-    token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")
+    token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")  # a worker started by hand (tests)
+    if start_marker is not None:
+        token = start_marker.take_token() or token  # W-OWN: not in /proc/<pid>/environ
     marker = os.environ.get(_tree.TREE_ENV)
     if marker:
         _tree.mark_tree(marker)

@@ -22,13 +22,17 @@ a torn write reads as "nothing started".
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 
 from . import _ownfile
 
 HEAD = 4 + 8  # length, start time
-SIZE = HEAD + 1024  # turn ids are at most 256 characters
+ID_MAX = 1024  # turn ids are at most 256 characters
+TOKEN_AT = HEAD + ID_MAX  # the spawn token, for a worker started as a fresh interpreter (W-OWN)
+TOKEN_MAX = 64
+SIZE = TOKEN_AT + TOKEN_MAX
 _len = struct.Struct("<I")
 _at = struct.Struct("<d")
 
@@ -40,6 +44,14 @@ class StartMarker:
         """Map the marker the supervisor made (``fd``, of ``SIZE`` bytes); ``fd`` is closed."""
         self._map = _ownfile.take(fd, SIZE)
 
+    def take_token(self) -> str:
+        """The spawn token the supervisor left in the marker (empty if none), erased as it is read:
+        unlike an environment variable it is not in ``/proc/<pid>/environ`` for anyone to read."""
+        m = self._map
+        raw = bytes(m[TOKEN_AT:SIZE]).split(b"\0", 1)[0]
+        m[TOKEN_AT:SIZE] = bytes(TOKEN_MAX)
+        return raw.decode(errors="replace")
+
     def prime(self) -> None:
         """Write "nothing started" (what a new file reads as anyway): the page is then this
         process's own and writable, so the first ``mark`` takes no page fault (W-WARM)."""
@@ -48,7 +60,7 @@ class StartMarker:
     def mark(self, turn_id: str) -> float:
         """Note ``turn_id`` as starting now; returns the start time noted (the End log records the
         same value with the turn's end: rule E1 tells a current end from a stale one by it)."""
-        data = turn_id.encode()[: SIZE - HEAD]
+        data = turn_id.encode()[:ID_MAX]
         m = self._map
         now = time.monotonic()
         m[0:4] = b"\0\0\0\0"
@@ -56,6 +68,14 @@ class StartMarker:
         m[HEAD : HEAD + len(data)] = data
         _len.pack_into(m, 0, len(data))
         return now
+
+
+def give_token(fd: int, token: str) -> None:
+    """The supervisor's side: leave ``token`` in the new marker ``fd`` for the worker to take."""
+    data = token.encode()
+    if len(data) >= TOKEN_MAX:
+        raise ValueError("a spawn token is at most 63 bytes")
+    os.pwrite(fd, data, TOKEN_AT)
 
 
 def read_noted(view: memoryview | bytes) -> tuple[str, float] | None:
@@ -68,7 +88,7 @@ def read_noted(view: memoryview | bytes) -> tuple[str, float] | None:
     if len(head) < HEAD:
         return None
     (n,) = struct.unpack("<I", head[:4])
-    if n == 0 or n > SIZE - HEAD or len(head) < HEAD + n:
+    if n == 0 or n > ID_MAX or len(head) < HEAD + n:
         return None
     (at,) = struct.unpack("<d", head[4:HEAD])
     return head[HEAD : HEAD + n].decode(errors="replace"), at

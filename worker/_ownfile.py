@@ -42,6 +42,10 @@ def create(name: str, size: int) -> int:
             fd = os.dup(f.fileno())
     try:
         os.ftruncate(fd, size)
+        # Mode 0: the descriptors handed out are the only way in. A process of the same user that
+        # is not allowed to trace the holder cannot open it again through ``/proc/<pid>/fd/<n>``
+        # (that open checks the file's mode), even in the moments a descriptor is still open.
+        os.fchmod(fd, 0)
     except BaseException:
         os.close(fd)
         raise

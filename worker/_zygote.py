@@ -120,6 +120,8 @@ def _become_worker(
     _take_output(out_fd)
     _guards.mark_role("worker")  # H3
     own = _loop.own_files(marker_fd, endlog_fd)  # W-OWN: before the guardian's fork
+    if own[0] is not None:
+        own[0].take_token()  # (ours came with the request: erase the copy the supervisor left there)
     os.fchdir(cwd_fd)  # W-CWD: its own directory, before any agent code
     os.close(cwd_fd)
     if not reparented:

@@ -33,6 +33,7 @@ from ._heir import start_ticks
 from ._heir import watch as heir_watch
 from ._loop import warm_up_state
 from ._marker import SIZE as MARKER_SIZE
+from ._marker import give_token as marker_give_token
 from ._marker import read as marker_read
 from ._marker import read_noted as marker_read_noted
 from ._ownfile import Mapping as OwnFileView
@@ -92,6 +93,7 @@ __all__ = [
     "has_marker",
     "heir_watch",
     "install_process_guards",
+    "marker_give_token",
     "marker_read",
     "marker_read_noted",
     "own_file",

@@ -391,7 +391,7 @@ class WorkerPool:
             # W-BIND: the endpoint it will connect to is there (made again if it was deleted).
             self.link.ensure_bound()
             # W-OWN, W-CWD: its start marker and End log (no name anywhere), its own directory.
-            files = WorkerFiles(worker_id)
+            files = WorkerFiles(worker_id, token)
         except OSError as exc:
             self.start_failed(f"could not prepare worker {worker_id}: {exc}")
             return

@@ -83,7 +83,8 @@ def spawn_worker(
         *own_args,
     ]
     env = worker_env(pythonpath)
-    env[TOKEN_ENV] = token
+    if own_fds[0] < 0:
+        env[TOKEN_ENV] = token  # no start marker to carry it (W-OWN: it is carried there otherwise)
     env[TREE_ENV] = marker
     # An empty signal mask, whatever the spawning thread blocks (a blocking front's loop thread
     # blocks SIGINT so Ctrl-C reaches the main thread; Ray's workers start with SIGINT blocked).

@@ -35,12 +35,14 @@ class WorkerFiles:
 
     __slots__ = ("marker_fd", "endlog_fd", "marker", "endlog")
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, worker_id: str, token: str) -> None:
         self.marker_fd = self.endlog_fd = -1
         self.marker: lowlevel.OwnFileView | None = None
         self.endlog: lowlevel.OwnFileView | None = None
         try:
             self.marker_fd = lowlevel.own_file(f"{worker_id}-started", lowlevel.MARKER_SIZE)
+            # A fresh interpreter takes its spawn token from here, not from its environment.
+            lowlevel.marker_give_token(self.marker_fd, token)
             self.endlog_fd = lowlevel.own_file(f"{worker_id}-ends", lowlevel.ENDLOG_SIZE)
             self.marker = lowlevel.own_file_view(self.marker_fd, lowlevel.MARKER_SIZE)
             self.endlog = lowlevel.own_file_view(self.endlog_fd, lowlevel.ENDLOG_SIZE)
