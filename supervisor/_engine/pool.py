@@ -291,14 +291,15 @@ class WorkerPool:
         self.life_r = self.life_w = -1
 
     async def release(self) -> None:
-        """After every worker is reaped: close the life pipe, remove the runtime directory, and
-        drain what workers left in their output and stop its pump, off the event loop."""
+        """After every worker is reaped: close the life pipe, remove the engine's directory and the
+        workers' (W-CWD), and drain what workers left in their output and stop its pump, off the
+        event loop."""
         self.close_pipe()
-        for directory in (self.runtime_dir, self.work_dir):
-            if directory is not None:
-                await anyio.to_thread.run_sync(remove_tree, str(directory))
-        if self.output is not None:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            for directory in (self.runtime_dir, self.work_dir):
+                if directory is not None:
+                    await anyio.to_thread.run_sync(remove_tree, str(directory))
+            if self.output is not None:
                 await anyio.to_thread.run_sync(self.output.close)
 
     # ---- sizing ------------------------------------------------------------------------
