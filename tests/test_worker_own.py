@@ -8,15 +8,19 @@ directory deleted from outside (a temp cleaner).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import stat
+import urllib.request
 from pathlib import Path
 
 import anyio
 import pytest
 
 from supervisor import Supervisor
+from tests.support import daemonkit
 from tests.support.events import first_event
 
 pytestmark = pytest.mark.anyio
@@ -157,3 +161,26 @@ def test_own_files_have_mode_zero_and_hold_no_descriptor() -> None:
         view.close()
     finally:
         os.close(fd)
+
+
+def test_a_daemon_survives_a_wiped_cwd_and_an_emptied_runtime_dir() -> None:
+    """Promise, through ``turnpool serve``: an agent's ``rm -rf ./*`` and a temp cleaner that empties the
+    daemon's runtime directory (``$XDG_RUNTIME_DIR/turnpool``: the engine's and the workers' directories)
+    leave the daemon running turns, each on a new worker (``--max-turns-per-worker 1``); its metrics count
+    the re-binding."""
+    served = daemonkit.start(*daemonkit.FAST, "--max-turns-per-worker", "1", "--metrics-port", "0")
+    try:
+        out = served.cli("submit", "tests.agents.own:wipe_cwd", "--wait")
+        assert out.returncode == 0 and json.loads(out.stdout)["outcome"] == "completed", out
+        runtime = served.home / "turnpool"
+        assert any(p.name.startswith("sup-") for p in runtime.iterdir())
+        for path in list(runtime.iterdir()):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for i in range(3):
+            out = served.cli("submit", "examples.agents:echo", "--input", json.dumps({"text": i}), "--wait")
+            assert out.returncode == 0 and json.loads(out.stdout)["outcome"] == "completed", out
+        with urllib.request.urlopen(served.metrics_url, timeout=30) as reply:
+            metrics = reply.read().decode()
+        assert re.search(r"^turnpool_worker_endpoint_rebinds_total [1-9]", metrics, re.M), metrics
+    finally:
+        daemonkit.stop_process(served.proc)
