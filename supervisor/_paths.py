@@ -158,9 +158,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale(base: Path) -> list[Path]:
-    """Remove ``sup-<pid>-*`` directories whose supervisor is dead (killed with SIGKILL)."""
+    """Remove ``sup-<pid>-*`` and ``work-<pid>-*`` directories whose supervisor is dead (killed
+    with SIGKILL)."""
     removed = []
-    for entry in base.glob("sup-*"):
+    for entry in [*base.glob("sup-*"), *base.glob("work-*")]:
         try:
             pid = int(entry.name.split("-")[1])
         except (IndexError, ValueError):
@@ -171,8 +172,9 @@ def clean_stale(base: Path) -> list[Path]:
     return removed
 
 
-def private_dir(base: Path | None = None) -> Path:
-    """A fresh 0700 directory for one supervisor's private worker endpoint."""
+def private_dir(base: Path | None = None, *, kind: str = "sup") -> Path:
+    """A fresh 0700 directory for one supervisor: ``sup-<pid>-*`` for its private worker endpoint,
+    ``work-<pid>-*`` for its workers' own working directories (W-CWD)."""
     base = base or runtime_dir()
     clean_stale(base)
-    return Path(tempfile.mkdtemp(prefix=f"sup-{os.getpid()}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=base))

@@ -223,6 +223,7 @@ async def test_metrics_over_http_show_the_counts() -> None:
     assert m['turnpool_workers{state="idle"}'] + m['turnpool_workers{state="starting"}'] == 2
     assert m['turnpool_escalations_total{step="sigterm"}'] == 1
     assert m["turnpool_worker_restarts_total"] == 1
+    assert m["turnpool_worker_endpoint_rebinds_total"] == 0 and m["turnpool_worker_start_failures"] == 0
     assert m["turnpool_cancel_to_end_seconds_count"] == 2
     assert m['turnpool_malformed_frames_total{link="client"}'] == 1
 

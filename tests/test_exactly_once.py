@@ -98,26 +98,34 @@ async def test_ends_too_big_for_the_log_still_run_once(tmp_path: Path) -> None:
     await _run_mix(tmp_path, 80, 0.25, 300_000, bound=60)
 
 
-def test_end_log_shows_only_whole_records_of_its_own_worker(tmp_path: Path) -> None:
+def test_end_log_shows_only_whole_records_of_its_own_worker() -> None:
     """The supervisor reads a log only if the pid in it is the dead worker's; it sees records
     only up to the committed length (a record written but not committed is not there), and
-    nothing after ``clear()``."""
+    nothing after ``clear()``. The log is a memory file without a name (W-OWN): the writer maps
+    the descriptor it is handed and closes it; the reader keeps a read-only mapping."""
     import wire
 
-    path = str(tmp_path / "w1.ends")
-    endlog = lowlevel.EndLog(path)
+    fd = lowlevel.own_file("w1-ends", lowlevel.ENDLOG_SIZE)
+    view = lowlevel.own_file_view(fd, lowlevel.ENDLOG_SIZE)
+    endlog = lowlevel.EndLog(os.dup(fd))
+    log = view.buf
     a = wire.End("a", "completed", wire.encode_payload({"x": 1}))
     b = wire.End("b", "failed", error=wire.TurnError(type="E", message="m"))
     assert endlog.append(wire.encode(a), 1.5) and endlog.append(wire.encode(b), 2.5)
-    assert lowlevel.endlog_read(path, os.getpid()) == [(1.5, a), (2.5, b)]
-    assert lowlevel.endlog_read(path, os.getpid() + 1) == []  # another worker's (or generation's) log
+    assert lowlevel.endlog_read(log, os.getpid()) == [(1.5, a), (2.5, b)]
+    assert lowlevel.endlog_read(log, os.getpid() + 1) == []  # another worker's (or generation's) log
     # A record written without its commit (a death between the two) is invisible.
     used = endlog._used
     at = lowlevel.ENDLOG_HEAD + used
     endlog._map[at : at + lowlevel.ENDLOG_REC] = (5).to_bytes(4, "little") + bytes(8)
-    assert [e.turn_id for _, e in lowlevel.endlog_read(path, os.getpid())] == ["a", "b"]
+    assert [e.turn_id for _, e in lowlevel.endlog_read(log, os.getpid())] == ["a", "b"]
     assert not endlog.append(b"x" * lowlevel.ENDLOG_SIZE, 3.0)  # does not fit: nothing written
     endlog.clear()
-    assert lowlevel.endlog_read(path, os.getpid()) == []
-    # A new worker starts empty.
-    assert lowlevel.EndLog(path) and lowlevel.endlog_read(path, os.getpid()) == []
+    assert lowlevel.endlog_read(log, os.getpid()) == []
+    view.close()
+    os.close(fd)
+    # A new worker's log starts empty.
+    fd = lowlevel.own_file("w2-ends", lowlevel.ENDLOG_SIZE)
+    view = lowlevel.own_file_view(fd, lowlevel.ENDLOG_SIZE)
+    assert lowlevel.EndLog(fd) and lowlevel.endlog_read(view.buf, os.getpid()) == []
+    view.close()

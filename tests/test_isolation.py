@@ -156,7 +156,8 @@ def test_embedded_flood_with_unread_stderr_never_blocks_supervisor(tmp_path: Pat
 async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None:
     """Promise: with ``worker_output=PATH`` each line a worker prints (stdout or stderr) lands in
     PATH as ``<time> w<n>[<pid>]: line``, the log is rotated at ``worker_output_max_mb`` (4 files at
-    most) and the host's stderr gets none of it; workers run in the private runtime dir."""
+    most) and the host's stderr gets none of it; each worker runs in a 0700 directory of its own
+    (W-CWD), not the host's cwd nor the engine's private directory."""
     log = tmp_path / "w.log"
     with anyio.fail_after(BOUND):
         async with Supervisor(
@@ -170,7 +171,7 @@ async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None
         ) as sup:
             r = await sup.run("tests.agents.isolation:hello", "hi")
             assert r.outcome == "completed", r
-            assert r.output == str(sup.pool.runtime_dir) != os.getcwd()
+            assert r.output == str(sup.pool.work_dir / "w1") != os.getcwd()
             assert stat.S_IMODE(os.stat(r.output).st_mode) == 0o700
             for stream in ("stdout", "stderr"):  # the pump thread writes them soon after
                 line = re.compile(rf"^\S+ w1\[{r.worker_pid}\]: hello-{stream} hi$", re.M)

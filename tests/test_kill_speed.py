@@ -68,13 +68,11 @@ async def test_the_warm_up_turn_runs_before_ready_and_leaves_no_trace() -> None:
     """W-WARM: a worker runs one private no-op turn before it says it is ready; the supervisor
     never hears of it (no frame, no turn, no bad frame), the start marker names no turn, and the
     warm-up agent is not left in the worker's agent cache."""
-    from worker import lowlevel
 
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=0) as sup:
             slot = next(iter(sup.pool.slots.values()))
-            path = sup.pool.marker_path(slot)
-            assert path is None or lowlevel.marker_read_noted(path) is None
+            assert sup.pool.read_noted(slot) is None
             result = await sup.run("tests.agents.kill_speed:warm_state")
     assert result.outcome == "completed", result
     assert result.output == {"ran": True, "cached": False}
@@ -105,19 +103,16 @@ async def test_a_second_kill_before_the_spare_is_replaced_still_recovers() -> No
 
 async def test_a_killed_worker_leaves_no_marker_or_end_log_behind() -> None:
     """K-SETTLE: a killed worker that held only its escalated turn is settled without reading its
-    start marker and End log; the turn is still ``killed``, the next turn runs, and both files are
-    removed (after the result, in a loop callback), never left in the runtime directory."""
-    from worker import lowlevel
-
+    start marker and End log; the turn is still ``killed``, the next turn runs, and both are
+    dropped (after the result, in a loop callback): the supervisor keeps no mapping of them."""
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=0, grace=0.0, kill_after=1.0) as sup:
             handle = await sup.submit("benchmarks._agents:spin")
             await first_event(handle)
             slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
-            files = [sup.pool.marker_path(slot), lowlevel.endlog_path_for(sup.link.endpoint, slot.id)]
-            paths = [p for p in files if p is not None]
-            assert paths and all(Path(p).exists() for p in paths), paths  # noqa: ASYNC240 - tmpfs stat
+            files = slot.files
+            assert files is not None and files.marker is not None and files.endlog is not None
             await handle.cancel()
             assert (await handle.result()).outcome == "killed"
             assert (await sup.run("examples.agents:noop")).outcome == "completed"
-            assert [p for p in paths if Path(p).exists()] == []  # noqa: ASYNC240 - tmpfs stat
+            assert slot.files is None and files.marker is None and files.endlog is None

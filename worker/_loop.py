@@ -620,7 +620,23 @@ def _is_cancellation(exc: BaseException, turn: Turn) -> bool:
     return False
 
 
-async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> None:
+def own_files(marker_fd: int, endlog_fd: int) -> tuple[_marker.StartMarker | None, _endlog.EndLog | None]:
+    """W-OWN: map the start marker and End log the supervisor made for this worker and close their
+    descriptors (-1: none), before the worker forks anything (its guardian) or runs any agent code."""
+    marker = _marker.StartMarker(marker_fd) if marker_fd >= 0 else None
+    endlog = _endlog.EndLog(endlog_fd) if endlog_fd >= 0 else None
+    return marker, endlog
+
+
+async def serve(
+    endpoint: str,
+    worker_id: str,
+    token: str,
+    heartbeat: float,
+    marker: _marker.StartMarker | None = None,
+    endlog: _endlog.EndLog | None = None,
+) -> None:
+    """Run the worker's turn loop, noting each turn in ``marker`` and each end in ``endlog``."""
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -631,13 +647,7 @@ async def serve(endpoint: str, worker_id: str, token: str, heartbeat: float) -> 
     sock.connect(endpoint)
     sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
     conn = Connection(sync_sock, sock, asyncio.get_running_loop())
-    marker_path = _marker.path_for(endpoint, worker_id)
-    endlog_path = _endlog.path_for(endpoint, worker_id)
-    loop = WorkerLoop(
-        conn,
-        _marker.StartMarker(marker_path) if marker_path else None,
-        _endlog.EndLog(endlog_path) if endlog_path else None,
-    )
+    loop = WorkerLoop(conn, marker, endlog)
     # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
     # protocol) and does not reconnect it: a worker left like that could never report a turn's
     # end again, so it must not stay up deaf. Watch for the disconnection and exit.

@@ -1,4 +1,4 @@
-"""The start marker: a tiny shared file in which a worker notes the turn it is starting.
+"""The start marker: a tiny shared memory file in which a worker notes the turn it is starting.
 
 ZeroMQ sends are asynchronous: a frame queued just before the process dies (an agent that
 calls ``os._exit`` at once, a segfault) can die with it, ``Started`` included. The marker is a
@@ -12,6 +12,9 @@ holds the GIL in one C call from its first line) is still known to have started,
 marker carries the ``CLOCK_MONOTONIC`` time of the start, which is the same clock in every
 process of the machine (the supervisor's event loop runs on it).
 
+The file has no name (``worker/_ownfile.py``, rule W-OWN): the supervisor creates it, keeps a
+read-only mapping and hands the worker its descriptor, which the worker maps and closes.
+
 Layout: a 4-byte little-endian length, the start time (8-byte little-endian double, seconds of
 ``time.monotonic()``), then the turn id in UTF-8. The length is zeroed first and written last, so
 a torn write reads as "nothing started".
@@ -19,34 +22,35 @@ a torn write reads as "nothing started".
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import time
 
+from . import _ownfile
+
 HEAD = 4 + 8  # length, start time
-SIZE = HEAD + 1024  # turn ids are at most 256 characters
+ID_MAX = 1024  # turn ids are at most 256 characters
+TOKEN_AT = HEAD + ID_MAX  # the spawn token, for a worker started as a fresh interpreter (W-OWN)
+TOKEN_MAX = 64
+SIZE = TOKEN_AT + TOKEN_MAX
 _len = struct.Struct("<I")
 _at = struct.Struct("<d")
-
-
-def path_for(endpoint: str, worker_id: str) -> str | None:
-    """Beside the private worker endpoint (``ipc://DIR/workers.sock``), or None (not ipc)."""
-    if not endpoint.startswith("ipc://"):
-        return None
-    return os.path.join(os.path.dirname(endpoint[len("ipc://") :]), f"{worker_id}.started")
 
 
 class StartMarker:
     """The worker's side: ``mark(turn_id)`` before the agent runs."""
 
-    def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, SIZE)
-            self._map = mmap.mmap(fd, SIZE)
-        finally:
-            os.close(fd)
+    def __init__(self, fd: int) -> None:
+        """Map the marker the supervisor made (``fd``, of ``SIZE`` bytes); ``fd`` is closed."""
+        self._map = _ownfile.take(fd, SIZE)
+
+    def take_token(self) -> str:
+        """The spawn token the supervisor left in the marker (empty if none), erased as it is read:
+        unlike an environment variable it is not in ``/proc/<pid>/environ`` for anyone to read."""
+        m = self._map
+        raw = bytes(m[TOKEN_AT:SIZE]).split(b"\0", 1)[0]
+        m[TOKEN_AT:SIZE] = bytes(TOKEN_MAX)
+        return raw.decode(errors="replace")
 
     def prime(self) -> None:
         """Write "nothing started" (what a new file reads as anyway): the page is then this
@@ -56,7 +60,7 @@ class StartMarker:
     def mark(self, turn_id: str) -> float:
         """Note ``turn_id`` as starting now; returns the start time noted (the End log records the
         same value with the turn's end: rule E1 tells a current end from a stale one by it)."""
-        data = turn_id.encode()[: SIZE - HEAD]
+        data = turn_id.encode()[:ID_MAX]
         m = self._map
         now = time.monotonic()
         m[0:4] = b"\0\0\0\0"
@@ -66,24 +70,31 @@ class StartMarker:
         return now
 
 
-def read_noted(path: str) -> tuple[str, float] | None:
-    """The supervisor's side: the last turn the worker noted as starting and when
-    (``time.monotonic()`` seconds), if any."""
+def give_token(fd: int, token: str) -> None:
+    """The supervisor's side: leave ``token`` in the new marker ``fd`` for the worker to take."""
+    data = token.encode()
+    if len(data) >= TOKEN_MAX:
+        raise ValueError("a spawn token is at most 63 bytes")
+    os.pwrite(fd, data, TOKEN_AT)
+
+
+def read_noted(view: memoryview | bytes) -> tuple[str, float] | None:
+    """The supervisor's side, from its mapping of the marker: the last turn the worker noted as
+    starting and when (``time.monotonic()`` seconds), if any."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(SIZE)
-    except OSError:
+        head = bytes(view[:SIZE])
+    except ValueError:  # a closed mapping
         return None
     if len(head) < HEAD:
         return None
     (n,) = struct.unpack("<I", head[:4])
-    if n == 0 or n > SIZE - HEAD or len(head) < HEAD + n:
+    if n == 0 or n > ID_MAX or len(head) < HEAD + n:
         return None
     (at,) = struct.unpack("<d", head[4:HEAD])
     return head[HEAD : HEAD + n].decode(errors="replace"), at
 
 
-def read(path: str) -> str | None:
+def read(view: memoryview | bytes) -> str | None:
     """The last turn the worker noted as starting, if any."""
-    noted = read_noted(path)
+    noted = read_noted(view)
     return noted[0] if noted is not None else None

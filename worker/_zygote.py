@@ -25,9 +25,10 @@ is then one pipe write away from a worker; the next embryo is prepared once requ
 An embryo whose zygote dies sees EOF on that pipe and exits.
 
 Protocol: the supervisor sends ``"<id> <token> <marker> <heartbeat>"`` as one message on a unix
-seqpacket socket, with the worker's output fd attached (``SCM_RIGHTS``): the worker makes it its
-fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output. The answer on the
-response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
+seqpacket socket, with four fds attached (``SCM_RIGHTS``): the worker's output, which it makes its
+fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output; its start marker and
+End log, which it maps and closes (W-OWN); and its own working directory, which it enters (W-CWD).
+The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
 embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
 the imports are done.
 """
@@ -108,14 +109,21 @@ def _become_worker(
     token: str,
     marker: str,
     heartbeat: float,
-    out_fd: int,
+    fds: list[int],
     reparented: bool = False,
 ) -> None:
-    """In the grandchild: wait to be re-parented to the supervisor, then run the worker."""
+    """In the grandchild: wait to be re-parented to the supervisor, then run the worker. ``fds``:
+    its output, start marker, End log and working directory, from the request."""
     from . import _guards, _loop, _tree
 
+    out_fd, marker_fd, endlog_fd, cwd_fd = fds
     _take_output(out_fd)
     _guards.mark_role("worker")  # H3
+    own = _loop.own_files(marker_fd, endlog_fd)  # W-OWN: before the guardian's fork
+    if own[0] is not None:
+        own[0].take_token()  # (ours came with the request: erase the copy the supervisor left there)
+    os.fchdir(cwd_fd)  # W-CWD: its own directory, before any agent code
+    os.close(cwd_fd)
     if not reparented:
         os.setsid()
     # putenv alone would not do: a child forked without exec keeps the environment block this
@@ -132,7 +140,7 @@ def _become_worker(
         _guards.install_process_guards(parent_pid, life_fd, cgroup)
         import anyio
 
-        anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, backend="asyncio")
+        anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, *own, backend="asyncio")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
         sys.stdout.flush()
@@ -149,6 +157,7 @@ def _become_worker(
     os._exit(0)
 
 
+REQUEST_FDS = 4  # output, start marker, End log, working directory
 EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this long (s)
 
 
@@ -166,14 +175,14 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket)
     _tree.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(70)
-    data, fds, _, _ = socket.recv_fds(assign, 4096, 1)
-    if not data or not fds:
+    data, fds, _, _ = socket.recv_fds(assign, 4096, REQUEST_FDS)
+    if not data or len(fds) != REQUEST_FDS:
         os._exit(0)  # the zygote is gone: never assigned
     assign.close()
     worker_id, token, marker, heartbeat = data.decode().strip().split(" ")
     _tree.set_parent_death_signal(0)
     _become_worker(
-        parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), fds[0], reparented=True
+        parent_pid, life_fd, endpoint, worker_id, token, marker, float(heartbeat), fds, reparented=True
     )
 
 
@@ -232,34 +241,34 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
             if not ready:
                 embryo = _prepare_embryo(parent_pid, life_fd, endpoint, req_fd, resp_fd)
                 continue
-        line, fds, _, _ = socket.recv_fds(req, 4096, 1)
+        line, fds, _, _ = socket.recv_fds(req, 4096, REQUEST_FDS)
         if not line:
             return  # EOF: the supervisor closed the socket (or died); an embryo sees EOF too
         try:
             worker_id, token, marker, heartbeat = line.decode().split(" ")
             hb = float(heartbeat)
-            if len(fds) != 1:
-                raise ValueError("a request carries exactly one output fd")
+            if len(fds) != REQUEST_FDS:
+                raise ValueError("a request carries the worker's output, marker, End log and cwd")
         except ValueError:
             for fd in fds:
                 os.close(fd)
             continue
-        out_fd = fds[0]
         try:
             if embryo is not None:
                 pid, ew = embryo
                 embryo = None
                 try:
-                    socket.send_fds(ew, [line], [out_fd])
+                    socket.send_fds(ew, [line], fds)
                     os.write(resp_fd, f"{worker_id} {pid}\n".encode())
                     continue
                 except OSError:
                     pass  # the embryo died: fork one the direct way
                 finally:
                     ew.close()
-            _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd, out_fd)
+            _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd, fds)
         finally:
-            os.close(out_fd)  # the worker has its own copy now
+            for fd in fds:
+                os.close(fd)  # the worker has its own copies now
 
 
 def _fork_worker(
@@ -272,7 +281,7 @@ def _fork_worker(
     marker: str,
     heartbeat: float,
     req_fd: int,
-    out_fd: int,
+    fds: list[int],
 ) -> None:
     try:
         mid = os.fork()
@@ -287,7 +296,7 @@ def _fork_worker(
             if pid == 0:
                 os.close(resp_fd)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat, out_fd)
+                _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat, fds)
                 os._exit(1)  # not reached
             os.write(resp_fd, f"{worker_id} {pid}\n".encode())
         except BaseException:  # noqa: BLE001
@@ -310,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cgroup-pool", default="", help="cgroup v2 pool directory; each worker joins <pool>/<worker id>"
     )
-    parser.add_argument("--cwd", default=None, help="directory to run in (the supervisor's private one)")
+    parser.add_argument("--cwd", default=None, help="directory to run in (the pool's work directory)")
     args = parser.parse_args(argv)
     from ._guards import mark_role
 

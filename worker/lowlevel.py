@@ -22,7 +22,6 @@ from ._endlog import HEAD as ENDLOG_HEAD
 from ._endlog import REC as ENDLOG_REC
 from ._endlog import SIZE as ENDLOG_SIZE
 from ._endlog import EndLog
-from ._endlog import path_for as endlog_path_for
 from ._endlog import read as endlog_read
 from ._guards import EXIT_LINK_LOST, cgroup_joined, install_process_guards, process_role, start_guardian
 from ._guards import _take_baton as take_baton
@@ -33,9 +32,13 @@ from ._heir import UNWATCHABLE as HEIR_UNWATCHABLE
 from ._heir import start_ticks
 from ._heir import watch as heir_watch
 from ._loop import warm_up_state
-from ._marker import path_for as marker_path_for
+from ._marker import SIZE as MARKER_SIZE
+from ._marker import give_token as marker_give_token
 from ._marker import read as marker_read
 from ._marker import read_noted as marker_read_noted
+from ._ownfile import Mapping as OwnFileView
+from ._ownfile import create as own_file
+from ._ownfile import view as own_file_view
 from ._tree import (
     TREE_ENV,
     children,
@@ -67,6 +70,8 @@ __all__ = [
     "HEIR_UNWATCHABLE",
     "CgroupPool",
     "EndLog",
+    "MARKER_SIZE",
+    "OwnFileView",
     "TREE_ENV",
     "TRIM_SLACK",
     "HeapKeeper",
@@ -83,15 +88,16 @@ __all__ = [
     "cgroups_usable",
     "children",
     "descendants",
-    "endlog_path_for",
     "endlog_read",
     "freeze_tree",
     "has_marker",
     "heir_watch",
     "install_process_guards",
-    "marker_path_for",
+    "marker_give_token",
     "marker_read",
     "marker_read_noted",
+    "own_file",
+    "own_file_view",
     "process_role",
     "session_of",
     "set_child_subreaper",

@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import signal
+import stat
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -34,6 +37,7 @@ from .._zmqflags import POLLIN as _POLLIN
 from .._zmqflags import RCVMORE as _RCVMORE
 from . import procs as _procs
 from .pool import WorkerSlot
+from .workspace import ensure_private
 
 log = logging.getLogger("turnpool.supervisor")
 
@@ -67,6 +71,8 @@ class WorkerLink:
         # Identity frame -> slot: a frame from an identity not here is a bad frame (S3).
         self.peers: dict[bytes, WorkerSlot] = {}
         self.endpoint = ""
+        self._bound: tuple[int, int] | None = None  # W-BIND: the socket file we bound (device, inode)
+        self.rebinds = 0  # W-BIND: times the endpoint was bound again after its file was deleted
         self.batching = False  # inside the receive loop: frames go out once the batch is handled
         self._dirty: list[WorkerSlot] = []  # slots with messages waiting in slot.out
         self._ctx: zmq.asyncio.Context | None = None
@@ -98,6 +104,44 @@ class WorkerLink:
         sock.bind(endpoint)
         self.socket = sock
         self._sync = zmq.Socket.shadow(sock.underlying)
+        self._bound = self._where()
+
+    def _path(self) -> str | None:
+        """The socket file of an ``ipc://`` endpoint (None: abstract or not ipc)."""
+        if not self.endpoint.startswith("ipc://") or self.endpoint.startswith("ipc://@"):
+            return None
+        return self.endpoint[len("ipc://") :]
+
+    def _where(self) -> tuple[int, int] | None:
+        path = self._path()
+        if path is None:
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+    # W-BIND: the endpoint a new worker connects to is there, made again if it was deleted.
+    def ensure_bound(self) -> None:
+        """Before a worker starts: if the endpoint's socket file is gone or is not the one we bound
+        (an agent or a temp cleaner deleted it, or the private directory with it), make the
+        directory again (0700, ours) and bind the endpoint anew. The old binding stays: the workers
+        connected through it stay connected. ``OSError`` (with the reason) if that is impossible."""
+        path = self._path()
+        if path is None or self.socket is None:
+            return
+        where = self._where()
+        if where is not None and where == self._bound:
+            return
+        log.warning("the worker endpoint %s was removed: binding it again", path)
+        ensure_private(Path(path).parent)
+        try:
+            self.socket.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            raise OSError(exc.errno, f"cannot bind the worker endpoint {path} again: {exc}") from None
+        self._bound = self._where()
+        self.rebinds += 1
 
     def close(self) -> None:
         if self.socket is not None:

@@ -27,6 +27,7 @@ from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
 from .options import check_nice
+from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class WorkerSlot:
         "stale",
         "heard",
         "heir_turn",
+        "files",
+        "workdir",
     )
 
     def __init__(
@@ -109,6 +112,8 @@ class WorkerSlot:
         # K-HEIR: the turn handed, at this doomed worker's kill decision, to a warm spare that
         # starts it once this worker's process is gone (the spare's own pidfd on it).
         self.heir_turn: TurnRecord | None = None
+        self.files: WorkerFiles | None = None  # W-OWN: its start marker and End log
+        self.workdir: str | None = None  # W-CWD: the directory its agents run in
 
     @property
     def inflight(self) -> int:
@@ -171,7 +176,8 @@ class WorkerPool:
         self.zygote: Zygote | None = None
         self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
-        self.runtime_dir: Path | None = None  # the private directory workers run from (R-PATH)
+        self.runtime_dir: Path | None = None  # the engine's private directory: the worker endpoint
+        self.work_dir: Path | None = None  # W-CWD: where each worker gets a directory of its own
         self.pythonpath = ""
         self.start_failures = 0
         self.last_start_error: str | None = None
@@ -221,14 +227,18 @@ class WorkerPool:
 
     def prepare(self, *, worker_output: Any, max_bytes: int, agent_path: Any) -> None:
         """Before anything starts: the workers' output (R-OUT: a log that cannot be written fails
-        here, before anything exists), the private runtime directory workers run from (R-PATH),
-        this process as child subreaper, and the import path workers get."""
+        here, before anything exists), the engine's private directory (the worker endpoint) and the
+        one workers' own directories go in (W-CWD), this process as child subreaper, and the
+        import path workers get (R-PATH)."""
         output = _output.WorkerOutput(worker_output, max_bytes=max_bytes)
         output.start()
         self.output = output
         try:
             self.runtime_dir = private_dir()
+            self.work_dir = private_dir(self.runtime_dir.parent, kind="work")
         except BaseException:
+            if self.runtime_dir is not None:
+                shutil.rmtree(self.runtime_dir, ignore_errors=True)
             output.close()
             raise
         lowlevel.set_child_subreaper()
@@ -256,7 +266,7 @@ class WorkerPool:
                     extra_args=self.worker_args,
                     preload=self.preload,
                     out_fd=out_fd,
-                    cwd=str(self.runtime_dir),
+                    cwd=str(self.work_dir),
                     pythonpath=self.pythonpath,
                     cgroup_pool=self.cgroups.path if self.cgroups else None,
                 )
@@ -281,13 +291,15 @@ class WorkerPool:
         self.life_r = self.life_w = -1
 
     async def release(self) -> None:
-        """After every worker is reaped: close the life pipe, remove the runtime directory, and
-        drain what workers left in their output and stop its pump, off the event loop."""
+        """After every worker is reaped: close the life pipe, remove the engine's directory and the
+        workers' (W-CWD), and drain what workers left in their output and stop its pump, off the
+        event loop."""
         self.close_pipe()
-        if self.runtime_dir is not None:
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
-        if self.output is not None:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            for directory in (self.runtime_dir, self.work_dir):
+                if directory is not None:
+                    await anyio.to_thread.run_sync(remove_tree, str(directory))
+            if self.output is not None:
                 await anyio.to_thread.run_sync(self.output.close)
 
     # ---- sizing ------------------------------------------------------------------------
@@ -375,14 +387,38 @@ class WorkerPool:
         worker_id = f"w{next(self._worker_ids)}"
         token = secrets.token_hex(16)
         marker = f"{os.getpid()}-{self.prefix}-{worker_id}"
+        assert self.output is not None and self.work_dir is not None
+        try:
+            # W-BIND: the endpoint it will connect to is there (made again if it was deleted).
+            self.link.ensure_bound()
+            # W-OWN, W-CWD: its start marker and End log (no name anywhere), its own directory.
+            files = WorkerFiles(worker_id, token)
+        except OSError as exc:
+            self.start_failed(f"could not prepare worker {worker_id}: {exc}")
+            return
+        try:
+            workdir = make_worker_dir(self.work_dir, worker_id)
+            dir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            files.close()
+            self.start_failed(f"could not make worker {worker_id}'s directory: {exc}")
+            return
         # Made before the worker exists: it joins it before it forks anything.
         cgroup = self.cgroups.worker_dir(worker_id) if self.cgroups is not None else None
-        assert self.output is not None
         out_fd = self.output.open(worker_id)
         try:
-            self._spawn_with(worker_id, token, marker, self.zygote, out_fd, cgroup)
+            slot = self._spawn_with(
+                worker_id, token, marker, self.zygote, out_fd, cgroup, files, workdir, dir_fd
+            )
         finally:
             os.close(out_fd)  # the worker holds its own copy as fds 1 and 2
+            os.close(dir_fd)
+            files.handed()  # the worker maps its own copies; no descriptor of ours leads to them
+        if slot is None:
+            files.close()
+            remove_tree(workdir)
+        else:
+            slot.files, slot.workdir = files, workdir
 
     def _add(self, slot: WorkerSlot, cgroup: str | None) -> None:
         slot.cgroup = cgroup
@@ -391,18 +427,26 @@ class WorkerPool:
         slot.timer = self.timers.call_later(self.start_timeout, self._start_timed_out, slot)
 
     def _spawn_with(
-        self, worker_id: str, token: str, marker: str, zygote: Zygote | None, out_fd: int, cgroup: str | None
-    ) -> None:
+        self,
+        worker_id: str,
+        token: str,
+        marker: str,
+        zygote: Zygote | None,
+        out_fd: int,
+        cgroup: str | None,
+        files: WorkerFiles,
+        workdir: str,
+        dir_fd: int,
+    ) -> WorkerSlot | None:
         assert self.tg is not None
         now = self.timers.clock()
         if zygote is not None and not zygote.lost:
-            if zygote.request(worker_id, token, marker, self.heartbeat, out_fd):
+            fds = [out_fd, files.marker_fd, files.endlog_fd, dir_fd]
+            if zygote.request(worker_id, token, marker, self.heartbeat, fds):
                 # The pid comes back from the zygote (``_zygote_pids``); until then it is 0.
-                self._add(
-                    WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now),
-                    cgroup,
-                )
-                return
+                slot = WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now)
+                self._add(slot, cgroup)
+                return slot
             self._zygote_lost(zygote)
         try:
             pid = _procs.spawn_worker(
@@ -416,14 +460,15 @@ class WorkerPool:
                 extra_args=self.worker_args,
                 cgroup=cgroup,
                 out_fd=out_fd,
-                cwd=str(self.runtime_dir),
+                cwd=workdir,
                 pythonpath=self.pythonpath,
+                own_fds=(files.marker_fd, files.endlog_fd),
             )
         except OSError as exc:
             if cgroup is not None:
                 lowlevel.cgroup_remove(cgroup)
             self.start_failed(f"could not start a worker: {exc}")
-            return
+            return None
         if self.output is not None:
             self.output.name(worker_id, pid)
         slot = WorkerSlot(
@@ -433,6 +478,7 @@ class WorkerPool:
             _procs.CGROUPS[pid] = cgroup
         self._add(slot, cgroup)
         self.tg.start_soon(self._watch, slot)
+        return slot
 
     # ---- the zygote --------------------------------------------------------------------
 
@@ -478,6 +524,7 @@ class WorkerPool:
             slot.timer.cancel()
         if slot.cgroup is not None:
             lowlevel.cgroup_remove(slot.cgroup)
+        self._drop_own(slot)
         slot.state = "dead"
         self.slots.pop(slot.id, None)
         self.link.peers.pop(slot.ident, None)
@@ -620,48 +667,43 @@ class WorkerPool:
             lowlevel.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
         del self.slots[slot.id]
         slot.out = []
+        if slot.workdir is not None:
+            # W-CWD: what its agents left in their directory goes with it, off the event loop.
+            assert self.tg is not None
+            self.tg.start_soon(anyio.to_thread.run_sync, remove_tree, slot.workdir)
+            slot.workdir = None
         return code
 
-    def marker_path(self, slot: WorkerSlot) -> str | None:
-        """Where ``slot``'s worker notes each turn it starts (S1), if it has a start marker."""
-        return lowlevel.marker_path_for(self.link.endpoint, slot.id)
+    def _drop_own(self, slot: WorkerSlot) -> None:
+        """A worker that never ran: drop its marker, End log and directory at once."""
+        if slot.files is not None:
+            slot.files.close()
+            slot.files = None
+        if slot.workdir is not None:
+            remove_tree(slot.workdir)
+            slot.workdir = None
 
     def read_noted(self, slot: WorkerSlot) -> tuple[str, float] | None:
         """S1: the turn ``slot``'s worker last noted it started, and when; ``None`` if none."""
-        path = self.marker_path(slot)
-        return lowlevel.marker_read_noted(path) if path is not None else None
+        return slot.files.noted() if slot.files is not None else None
 
     def drop_files_later(self, slot: WorkerSlot) -> None:
-        """K-SETTLE: remove a dead worker's start marker and End log unread, in a loop callback
-        after the one delivering its turn's result (tmpfs unlinks: ≈ 0.1 ms under load)."""
-        paths = [lowlevel.marker_path_for(self.link.endpoint, slot.id)]
-        paths.append(lowlevel.endlog_path_for(self.link.endpoint, slot.id))
-        asyncio.get_running_loop().call_soon(_unlink_all, [p for p in paths if p is not None])
+        """K-SETTLE: drop a dead worker's start marker and End log unread, in a loop callback
+        after the one delivering its turn's result."""
+        files, slot.files = slot.files, None
+        if files is not None:
+            asyncio.get_running_loop().call_soon(files.close)
 
     def take_noted(self, slot: WorkerSlot) -> tuple[str, float] | None:
-        """After the worker exited: the turn its start marker names and when it started it (S1),
-        and remove the marker file."""
-        path = self.marker_path(slot)
-        if path is None:
-            return None
-        noted = lowlevel.marker_read_noted(path)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return noted
+        """After the worker exited: the turn its start marker names and when it started it (S1)."""
+        return self.read_noted(slot)
 
     def take_end_log(self, slot: WorkerSlot) -> list[tuple[float, Any]]:
         """After the worker exited: the ends it logged (E1) as ``(start time, End)``, oldest first,
-        checked against the worker's pid; the log file is removed."""
-        path = lowlevel.endlog_path_for(self.link.endpoint, slot.id)
-        if path is None:
+        checked against the worker's pid; its marker and log are then dropped."""
+        files, slot.files = slot.files, None
+        if files is None:
             return []
-        records = lowlevel.endlog_read(path, slot.pid) if slot.pid else []
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        records = files.ends(slot.pid)
+        files.close()
         return records
-
-
-def _unlink_all(paths: list[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(path)

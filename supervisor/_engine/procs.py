@@ -44,11 +44,23 @@ def spawn_worker(
     python: str | None = None,
     extra_args: Iterable[str] = (),
     cgroup: str | None = None,
+    own_fds: tuple[int, int] = (-1, -1),
 ) -> int:
     """Start ``python -P -m worker`` in its own session with ``out_fd`` as its stdout and stderr
     (never our stderr: ``_output``), importing from ``pythonpath`` only (R-PATH), and moving to
-    ``cwd`` (a directory only we can write) before it imports anything of an agent."""
+    ``cwd`` (its own directory: W-CWD) before it imports anything of an agent. ``own_fds``: its
+    start marker and End log (W-OWN), inherited at numbers above every fd it is given."""
     exe = python or sys.executable
+    actions = output_actions(out_fd)
+    own_args: list[str] = []
+    target = max(2, out_fd, life_fd, *own_fds) + 1
+    for flag, fd in zip(("--marker-fd", "--endlog-fd"), own_fds, strict=True):
+        if fd >= 0:
+            # dup2 to a number no other source uses: the copy is inherited (no close-on-exec),
+            # while our own descriptor stays close-on-exec for every other child.
+            actions.append((os.POSIX_SPAWN_DUP2, fd, target))
+            own_args += [flag, str(target)]
+            target += 1
     argv = [
         exe,
         *SAFE_FLAGS,
@@ -68,13 +80,15 @@ def spawn_worker(
         "--cwd",
         cwd,
         *(("--cgroup", cgroup) if cgroup else ()),
+        *own_args,
     ]
     env = worker_env(pythonpath)
-    env[TOKEN_ENV] = token
+    if own_fds[0] < 0:
+        env[TOKEN_ENV] = token  # no start marker to carry it (W-OWN: it is carried there otherwise)
     env[TREE_ENV] = marker
     # An empty signal mask, whatever the spawning thread blocks (a blocking front's loop thread
     # blocks SIGINT so Ctrl-C reaches the main thread; Ray's workers start with SIGINT blocked).
-    return os.posix_spawn(exe, argv, env, setsid=True, setsigmask=(), file_actions=output_actions(out_fd))
+    return os.posix_spawn(exe, argv, env, setsid=True, setsigmask=(), file_actions=actions)
 
 
 # ``-P`` (Python ≥ 3.11 safe-path mode): ``-m`` no longer puts the current directory first on

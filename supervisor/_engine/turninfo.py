@@ -143,6 +143,7 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "escalations": dict(sup._ladder.counts),
         "bad_frames": sup.bad_frames,
         "worker_restarts": sup.worker_restarts,
+        "worker_endpoint_rebinds": sup.link.rebinds,  # W-BIND
         "last_start_error": sup.pool.last_start_error,
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,

@@ -90,13 +90,14 @@ class Zygote:
         os.close(resp_w)
         return cls(pid, req, resp_r)
 
-    def request(self, worker_id: str, token: str, marker: str, heartbeat: float, out_fd: int) -> bool:
-        """Ask for a worker whose stdout and stderr are ``out_fd`` (the caller still closes its
-        copy); False if the zygote is gone or not reading (the caller starts one another way)."""
+    def request(self, worker_id: str, token: str, marker: str, heartbeat: float, fds: list[int]) -> bool:
+        """Ask for a worker given ``fds``: its stdout and stderr, its start marker, its End log and
+        its working directory (the caller still closes its copies); False if the zygote is gone or
+        not reading (the caller starts one another way)."""
         if self.lost or self._req is None:
             return False
         try:
-            socket.send_fds(self._req, [f"{worker_id} {token} {marker} {heartbeat!r}".encode()], [out_fd])
+            socket.send_fds(self._req, [f"{worker_id} {token} {marker} {heartbeat!r}".encode()], fds)
             return True
         except OSError:
             self.lost = True

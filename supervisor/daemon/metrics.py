@@ -185,6 +185,16 @@ class Metrics:
             "Lines of workers' output lost",
             value=out.dropped_lines if out is not None else 0,
         )
+        yield CounterMetricFamily(
+            "turnpool_worker_endpoint_rebinds",
+            "Times the worker endpoint was bound again after its socket file was deleted (W-BIND)",
+            value=sup.link.rebinds,
+        )
+        yield GaugeMetricFamily(
+            "turnpool_worker_start_failures",
+            "Worker starts that failed in a row (0: the last one succeeded; the reason is in status)",
+            value=sup.pool.start_failures,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
