@@ -14,7 +14,7 @@ from wire import Cause, TurnResult
 from ._errors import TurnCancelled
 
 if TYPE_CHECKING:
-    from ._loop import Connection
+    from ._connection import Connection
 
 # R-EMIT: ``emit`` gives the event loop a turn when this long has passed since the loop last
 # turned, not on every call: a shielded checkpoint costs ≈ 4 µs (and a loop iteration), more
