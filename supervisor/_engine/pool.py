@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -23,6 +24,7 @@ import anyio.to_thread
 import wire
 from worker import lowlevel
 
+from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.supervisor")
 
+# P-FD: a worker is started only while this many descriptors are free: its connection to the worker
+# link is accepted by libzmq, which aborts the process when that accept finds none.
+SPAWN_HEADROOM = 16
 # P-SPARE: how long a replacement for a spare that took over waits before it starts (seconds).
 SPARE_REFILL_DELAY = 0.01
 
@@ -175,6 +180,7 @@ class WorkerPool:
         self.pythonpath = ""
         self.start_failures = 0
         self.last_start_error: str | None = None
+        self.shortage = FdShortage()  # EMFILE/ENFILE met starting workers (P-FD), by where
         self.ready_event: anyio.Event | None = None
         self.tg: anyio.abc.TaskGroup | None = None
         self.closing = False  # the supervisor is shutting down: a lost zygote is expected
@@ -345,7 +351,10 @@ class WorkerPool:
                 self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
             return
         while live < target:
-            self._spawn()
+            if not self._spawn():  # P-FD: backed off; fill again once the back-off is over
+                if self._refill_timer is None:
+                    self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
+                return
             live += 1
 
     def _after_backoff(self) -> None:
@@ -371,18 +380,38 @@ class WorkerPool:
 
     # ---- spawning ----------------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    # P-FD: a worker start that finds no file descriptor (EMFILE/ENFILE) backs off and is retried.
+    def _spawn(self) -> bool:
+        """Start one worker; ``False`` when it could not be (the failure is recorded and the pool
+        backs off: ``start_failed`` sets the timer that fills it again)."""
         worker_id = f"w{next(self._worker_ids)}"
         token = secrets.token_hex(16)
         marker = f"{os.getpid()}-{self.prefix}-{worker_id}"
-        # Made before the worker exists: it joins it before it forks anything.
-        cgroup = self.cgroups.worker_dir(worker_id) if self.cgroups is not None else None
-        assert self.output is not None
-        out_fd = self.output.open(worker_id)
+        cgroup = None
         try:
-            self._spawn_with(worker_id, token, marker, self.zygote, out_fd, cgroup)
+            used = open_fds()
+            if used is None or used + SPAWN_HEADROOM > nofile_limit():
+                raise OSError(errno.EMFILE, f"fewer than {SPAWN_HEADROOM} file descriptors are free")
+            # Made before the worker exists: it joins it before it forks anything.
+            cgroup = self.cgroups.worker_dir(worker_id) if self.cgroups is not None else None
+            assert self.output is not None
+            out_fd = self.output.open(worker_id)
+        except OSError as exc:
+            # Raised here, in a loop callback, it would reach no one and the pool would stay short
+            # for good: every failure to start is a failed start, backed off and retried.
+            if cgroup is not None:
+                lowlevel.cgroup_remove(cgroup)
+            self._start_error(exc)
+            return False
+        try:
+            return self._spawn_with(worker_id, token, marker, self.zygote, out_fd, cgroup)
         finally:
             os.close(out_fd)  # the worker holds its own copy as fds 1 and 2
+
+    def _start_error(self, exc: OSError) -> None:
+        if is_shortage(exc):
+            self.shortage.count("worker_start", exc)
+        self.start_failed(f"could not start a worker: {exc}")
 
     def _add(self, slot: WorkerSlot, cgroup: str | None) -> None:
         slot.cgroup = cgroup
@@ -392,7 +421,7 @@ class WorkerPool:
 
     def _spawn_with(
         self, worker_id: str, token: str, marker: str, zygote: Zygote | None, out_fd: int, cgroup: str | None
-    ) -> None:
+    ) -> bool:
         assert self.tg is not None
         now = self.timers.clock()
         if zygote is not None and not zygote.lost:
@@ -402,7 +431,7 @@ class WorkerPool:
                     WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now),
                     cgroup,
                 )
-                return
+                return True
             self._zygote_lost(zygote)
         try:
             pid = _procs.spawn_worker(
@@ -422,8 +451,8 @@ class WorkerPool:
         except OSError as exc:
             if cgroup is not None:
                 lowlevel.cgroup_remove(cgroup)
-            self.start_failed(f"could not start a worker: {exc}")
-            return
+            self._start_error(exc)
+            return False
         if self.output is not None:
             self.output.name(worker_id, pid)
         slot = WorkerSlot(
@@ -433,6 +462,7 @@ class WorkerPool:
             _procs.CGROUPS[pid] = cgroup
         self._add(slot, cgroup)
         self.tg.start_soon(self._watch, slot)
+        return True
 
     # ---- the zygote --------------------------------------------------------------------
 

@@ -144,6 +144,8 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "bad_frames": sup.bad_frames,
         "worker_restarts": sup.worker_restarts,
         "last_start_error": sup.pool.last_start_error,
+        # P-FD: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
+        "fd_shortage": dict(sup.pool.shortage.counts),
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
         # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
