@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -34,6 +35,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from wire import TurnResult
 
 from ._api import build_app
+from ._bounds import BoundsMixin, HttpLimits
 from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
@@ -176,6 +178,7 @@ class HttpFrontEnd:
         token: str | None = None,
         stall: float = DEFAULT_STALL,
         sse_buffer: int = 256,
+        limits: HttpLimits | None = None,
     ) -> None:
         if stall <= 0 or stall != stall:
             raise ValueError(f"--http-stall must be > 0 seconds, got {stall}")
@@ -191,6 +194,8 @@ class HttpFrontEnd:
             )
         self.stall = stall
         self.sse_buffer = sse_buffer
+        self.limits = limits or HttpLimits()  # H-BOUND: what a connection may cost before auth
+        self.bounded: collections.Counter[str] = collections.Counter()  # refusals by why
         self.stats: collections.Counter[str] = collections.Counter()
         self.history = OutcomeHistory()
         self.inputs = InputCache()
@@ -220,6 +225,8 @@ class HttpFrontEnd:
             "sse_total": self.stats["sse_total"],
             "dropped_slow": self.stats["dropped_slow"],
             "refused": self.guard.refused,
+            "limits": dataclasses.asdict(self.limits),
+            "bounded": dict(self.bounded),  # H-BOUND: connections refused or closed, by why
         }
 
     def _bind(self) -> socket.socket:
@@ -250,7 +257,9 @@ class HttpFrontEnd:
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.bound_port}/"
         protocol = type(
-            "TurnpoolHTTPProtocol", (_StallMixin, AutoHTTPProtocol), {"stall": self.stall, "front": self}
+            "TurnpoolHTTPProtocol",
+            (BoundsMixin, _StallMixin, AutoHTTPProtocol),
+            {"stall": self.stall, "front": self, "limits": self.limits, "counts": self.bounded},
         )
         config = uvicorn.Config(
             self.app,
@@ -261,10 +270,10 @@ class HttpFrontEnd:
             ws="none",
             proxy_headers=False,
             server_header=False,
-            timeout_keep_alive=5,
+            timeout_keep_alive=self.limits.keep_alive,  # type: ignore[arg-type]  # call_later takes a float
             timeout_graceful_shutdown=2,
             h11_max_incomplete_event_size=64 * 1024,
-            limit_concurrency=4096,
+            limit_concurrency=self.limits.connections + 1,  # H-BOUND: the cap is BoundsMixin's
         )
         server = _Server(config)
         self.server = server
@@ -304,6 +313,7 @@ def attach_http(
     *,
     token_file: str | os.PathLike[str] | None = None,
     stall: float | None = None,
+    limits: HttpLimits | None = None,
 ) -> HttpFrontEnd:
     """Serve the HTTP API and dashboard of ``daemon`` on ``listen`` (``PORT`` or ``HOST:PORT``).
 
@@ -312,5 +322,10 @@ def attach_http(
     host, port = parse_listen(listen)
     token = read_token(token_file) if token_file is not None else None
     return HttpFrontEnd(
-        daemon, host, port, token=token, stall=DEFAULT_STALL if stall is None else float(stall)
+        daemon,
+        host,
+        port,
+        token=token,
+        stall=DEFAULT_STALL if stall is None else float(stall),
+        limits=limits,
     )
