@@ -14,14 +14,23 @@ import contextlib
 import errno
 import os
 import resource
+import select
+import shutil
 import signal
+import socket
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import zmq
+import zmq.auth
 
-from supervisor import Supervisor
+from supervisor import AuthenticationFailed, Client, DaemonUnavailable, Supervisor
+from tests.support import daemonkit
+from tests.support.daemonkit import FAST, HTTP
 
 pytestmark = pytest.mark.anyio
 
@@ -79,3 +88,138 @@ async def test_the_pool_refills_by_itself_after_running_out_of_descriptors() -> 
         with anyio.fail_after(30):
             after = await sup.run("examples.agents:echo", 2)
         assert after.outcome == "completed" and after.worker_pid != first.worker_pid
+
+
+def _curve_keys(home: Path) -> tuple[str, str, str, Path]:
+    """(server public, server secret, client secret files, allowed clients directory)."""
+    keys, allowed = home / "keys", home / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_pub, server_sec = zmq.auth.create_certificates(str(keys), "server")
+    client_pub, client_sec = zmq.auth.create_certificates(str(keys), "client")
+    os.rename(client_pub, allowed / "client.key")
+    return server_pub, server_sec, client_sec, allowed
+
+
+def _open_many(host: str, port: int, count: int, first: bytes) -> list[socket.socket]:
+    """``count`` TCP connections to ``host:port`` that each send ``first`` (once connected, within a
+    few seconds) and then nothing; none is waited for longer, whether the server accepts it or not."""
+    out = []
+    for _ in range(count):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        out.append(s)
+    if first:
+        pending = {s.fileno(): s for s in out}
+        poller = select.poll()
+        for fd in pending:
+            poller.register(fd, select.POLLOUT)
+        with contextlib.suppress(TimeoutError), deadline(5.0) as left:
+            while pending and left() > 0:
+                for fd, _ in poller.poll(left() * 1000):
+                    poller.unregister(fd)
+                    with contextlib.suppress(OSError):
+                        pending.pop(fd).send(first)
+    return out
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[Callable[[], float]]:
+    """A deadline for blocking code: yields a function giving the seconds left."""
+    end = time.monotonic() + seconds
+    yield lambda: max(0.0, end - time.monotonic())
+
+
+async def _connect_when_let_in(endpoint: str, options: dict[str, Any]) -> Client:
+    """A client connected once the daemon lets it in: while the flood holds the clients' share
+    (until its connections' handshakes time out) a new connection is closed, as a busy server's is."""
+    with anyio.fail_after(60):
+        while True:
+            try:
+                return await Client.connect(endpoint, **options)
+            except (AuthenticationFailed, DaemonUnavailable):
+                continue
+
+
+async def test_a_daemon_at_a_low_descriptor_limit_survives_connection_floods() -> None:
+    """D-FD: a daemon limited to 256 descriptors (soft and hard: it cannot raise them) meets 300
+    half-open HTTP connections and 300 raw TCP connections to its CURVE endpoint while one of its
+    workers dies. Each front end closes what it accepts past its share: the daemon lives, an
+    ordinary CURVE client's turn completes, the pool is full again and the refusals are counted in
+    ``status()``. (Before: the descriptors stayed taken — half-open HTTP connections for good, raw
+    TCP ones for libzmq's 30 s handshake default — and no client got in within 60 s.)"""
+    home = daemonkit.short_dir()
+    server_pub, server_sec, client_sec, allowed = _curve_keys(home)
+    flood: list[socket.socket] = []
+    d = daemonkit.start(
+        *FAST,
+        "--no-journal",
+        *HTTP,
+        "--curve-secret-key",
+        server_sec,
+        "--curve-clients",
+        str(allowed),
+        home=home,
+        endpoint="tcp://127.0.0.1:0",
+        limit_fds=256,
+    )
+    try:
+        connect = {"timeout": 30, "curve_server_key": server_pub, "curve_secret_key": client_sec}
+        async with Client.connect(d.endpoint, **connect) as client:
+            before = await client.status()
+        victim = before["workers"][0]["pid"]
+        http_host, http_port = d.http_url.split("//")[1].rstrip("/").split(":")
+        zmq_port = int(d.endpoint.rsplit(":", 1)[1])
+        flood += _open_many(http_host, int(http_port), 300, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+        flood += _open_many("127.0.0.1", zmq_port, 300, b"")
+        os.kill(victim, signal.SIGKILL)
+        flood += _open_many("127.0.0.1", zmq_port, 100, b"\xff" + b"\x00" * 8 + b"\x01\x7f")
+        assert d.proc.poll() is None, d.stderr()[-2000:]
+        client = await _connect_when_let_in(d.endpoint, connect)
+        try:
+            with anyio.fail_after(90):
+                result = await client.run("examples.agents:echo", "still serving")
+            assert result.outcome == "completed"
+            with anyio.fail_after(60):
+                while True:
+                    status = await client.status()
+                    ready = [w for w in status["workers"] if w["state"] in ("idle", "busy")]
+                    if len(ready) >= 2 and victim not in [w["pid"] for w in ready]:
+                        break
+                    await anyio.sleep(0.05)  # allowed: pacing a bounded poll of the daemon's status
+        finally:
+            await client.aclose()
+        fds = status["daemon"]["fds"]
+        assert fds["limit"] == 256 and fds["open"] < 256
+        assert fds["refused"]["http"] > 0 and fds["refused"]["clients"] > 0, fds
+        assert d.proc.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+        daemonkit.stop_process(d.proc)
+        stderr = d.stderr()
+        shutil.rmtree(home, ignore_errors=True)
+    assert d.proc.returncode == 0, stderr[-3000:]
+    assert "Too many open files (src/" not in stderr
+
+
+async def test_a_half_open_http_flood_leaves_room_for_ipc_clients() -> None:
+    """D-FD: a daemon limited to 128 descriptors on its default ``ipc://`` endpoint meets 200
+    half-open HTTP connections; the HTTP front end keeps to its share, so an ordinary client still
+    connects and its turn completes. (Before: the flood took every descriptor and the client's
+    connection made libzmq abort the daemon: SIGABRT, "Too many open files (src/ipc_listener.cpp)".)"""
+    with daemonkit.serving(*FAST, "--no-journal", *HTTP, limit_fds=128) as d:
+        host, port = d.http_url.split("//")[1].rstrip("/").split(":")
+        flood = _open_many(host, int(port), 200, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
+        try:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                with anyio.fail_after(60):
+                    result = await client.run("examples.agents:echo", "still serving")
+                status = await client.status()
+            assert result.outcome == "completed"
+            assert status["daemon"]["fds"]["refused"]["http"] > 0
+            assert d.proc.poll() is None
+        finally:
+            for s in flood:
+                s.close()

@@ -18,8 +18,7 @@ import psutil
 import pytest
 
 from supervisor.daemon.server import Daemon
-from supervisor.http import attach_http
-from supervisor.http._bounds import HttpLimits
+from supervisor.http import HttpLimits, attach_http
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, HTTP, serving
 

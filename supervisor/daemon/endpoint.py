@@ -14,7 +14,8 @@
 * Every client-link socket, both sides: ``LINGER`` 0, ``MAXMSGSIZE``; the ROUTER also
   ``ROUTER_MANDATORY`` (a reply to a client that is gone fails instead of vanishing) and a send
   high-water mark of ``CLIENT_SNDHWM`` messages per client, so a client that stops reading makes
-  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (R21).
+  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (R21), and a
+  handshake deadline (``HANDSHAKE_IVL``, D-FD).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import wire
 
 from .._errors import DaemonAlreadyRunning
 from .._paths import check_endpoint
+from .conn_guard import HANDSHAKE_SECONDS
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -135,6 +137,8 @@ class ClientEndpoint:
         socket_options(sock)
         sock.setsockopt(zmq.SNDHWM, CLIENT_SNDHWM)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # D-FD: a connection that has not finished its handshake (CURVE's included) in time is closed.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
         if self.curve_secret_key is not None:
             self._setup_curve(sock)
         elif self.address.startswith("tcp://"):

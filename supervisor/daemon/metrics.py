@@ -13,7 +13,10 @@ sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, w
 ``clients``, ``client_waits``, ``client_streams`` (gauges), ``clients_dropped_total{why}`` (gone,
 stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
 asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
-``memory`` are not timed).
+``memory`` are not timed); ``fds_open``, ``fds_limit`` (gauges), ``fd_shortage_total{where}``
+(``EMFILE``/``ENFILE`` met, each backed off and retried: ``worker_start``) and
+``connections_refused_total{front_end}`` (``clients``, ``http``: closed past the front end's share
+of descriptors, D-FD).
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class Metrics:
             "1 while the journal can be written (submits are acknowledged), 0 when not",
             value=0 if self.daemon.unavailable is not None else 1,
         )
+        yield from self._fds()
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup.queue))
@@ -134,6 +138,32 @@ class Metrics:
             "Workers replaced after dying or being killed",
             value=sup.worker_restarts,
         )
+
+    def _fds(self) -> Iterator[Metric]:
+        """D-FD: descriptors open and allowed, shortages met, connections refused past a share."""
+        fds = self.daemon.fd_facts()
+        yield GaugeMetricFamily(
+            "turnpool_fds_open", "File descriptors the daemon has open", value=fds["open"] or 0
+        )
+        yield GaugeMetricFamily(
+            "turnpool_fds_limit", "The daemon's file descriptor limit", value=fds["limit"]
+        )
+        short = CounterMetricFamily(
+            "turnpool_fd_shortage",
+            "EMFILE/ENFILE met (each backed off and retried), by where",
+            labels=["where"],
+        )
+        for where in sorted({"worker_start", *fds["shortage"]}):
+            short.add_metric([where], fds["shortage"].get(where, 0))
+        yield short
+        refused = CounterMetricFamily(
+            "turnpool_connections_refused",
+            "Connections closed at once past a front end's share of file descriptors",
+            labels=["front_end"],
+        )
+        for front_end, n in sorted(fds["refused"].items()):
+            refused.add_metric([front_end], n)
+        yield refused
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

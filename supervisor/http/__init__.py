@@ -13,6 +13,7 @@ It is one more front end against public methods of the engine (``Daemon.submit``
 Needs the ``http`` extra (``pip install 'turnpool[http]'``). See ``docs/http.md``.
 """
 
+from ._bounds import HttpLimits
 from ._listen import is_loopback, parse_listen, read_token
 from ._schema import ErrorReply, Submitted, TurnList, TurnState
 from ._server import HttpFrontEnd, attach_http
@@ -21,6 +22,7 @@ from ._server import HttpFrontEnd, attach_http
 __all__ = [
     "ErrorReply",
     "HttpFrontEnd",
+    "HttpLimits",
     "Submitted",
     "TurnList",
     "TurnState",

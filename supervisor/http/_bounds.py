@@ -9,7 +9,8 @@ by a protocol mixin that sees every byte before ``httptools`` does — all of th
 Host and Origin checks (``_guard``) and before the app:
 
 * **connections**: at most ``connections`` open at once (the HTTP share of the descriptor budget,
-  ``supervisor/_fds.py``); one more is answered ``503`` and closed at once;
+  ``supervisor/_fds.py``); one more is answered ``503`` and closed at once, by the listening socket
+  itself (``CappedSocket``), before the event loop makes a transport of it;
 * **request line**: at most ``request_line`` bytes, else ``414``;
 * **headers**: at most ``header_bytes`` bytes from the first byte of the request to the blank line
   that ends its headers, and at most ``header_count`` header lines, else ``431``; the bytes past the
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
+import socket
 from typing import Any
 
 import msgspec
@@ -78,12 +81,46 @@ def _response(status: int, code: str, message: str) -> bytes:
     return head + body
 
 
+class AcceptGate:
+    """How many connections are open (accepted, not yet lost) against the cap."""
+
+    def __init__(self, cap: int, counts: collections.Counter[str]) -> None:
+        self.cap = cap
+        self.open = 0
+        self.counts = counts
+
+
+class CappedSocket(socket.socket):
+    """A listening socket whose ``accept`` hands the event loop no connection past ``gate.cap``.
+
+    asyncio accepts up to its backlog (100) connections in one pass before any protocol sees one,
+    so a cap checked in ``connection_made`` comes too late: the descriptors are taken already, and
+    libzmq aborts the process when one of its own accepts then finds none. Here each connection past
+    the cap is answered 503 (best effort, non-blocking) and closed before the next is accepted: a
+    flood holds at most one descriptor more than the cap."""
+
+    gate: AcceptGate
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        while True:
+            conn, addr = super().accept()  # BlockingIOError when none is waiting: asyncio's "done"
+            if self.gate.open < self.gate.cap:
+                self.gate.open += 1
+                return conn, addr
+            self.gate.counts["connections"] += 1
+            with contextlib.suppress(OSError):
+                conn.setblocking(False)
+                conn.send(_response(503, "busy", f"this server holds {self.gate.cap} connections already"))
+            conn.close()
+
+
 class BoundsMixin:
     """Put before uvicorn's ``HttpToolsProtocol`` in a protocol class with ``limits`` and ``counts``
     (a ``Counter`` of refusals by why) as class attributes."""
 
     limits: HttpLimits
     counts: collections.Counter[str]
+    gate: AcceptGate
     transport: asyncio.Transport
     connections: set[Any]
     cycle: Any
@@ -99,13 +136,11 @@ class BoundsMixin:
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        if len(self.connections) > self.limits.connections:
-            self._refuse(503, "busy", f"this server holds {self.limits.connections} connections already")
-            return
         self._arm_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.gate.open -= 1  # taken by ``CappedSocket.accept``
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:

@@ -35,7 +35,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from wire import TurnResult
 
 from ._api import build_app
-from ._bounds import BoundsMixin, HttpLimits
+from ._bounds import AcceptGate, BoundsMixin, CappedSocket, HttpLimits
 from ._listen import is_loopback, parse_listen, read_token
 
 if TYPE_CHECKING:
@@ -196,6 +196,7 @@ class HttpFrontEnd:
         self.sse_buffer = sse_buffer
         self.limits = limits or HttpLimits()  # H-BOUND: what a connection may cost before auth
         self.bounded: collections.Counter[str] = collections.Counter()  # refusals by why
+        self.gate = AcceptGate(self.limits.connections, self.bounded)  # open connections vs the cap
         self.stats: collections.Counter[str] = collections.Counter()
         self.history = OutcomeHistory()
         self.inputs = InputCache()
@@ -233,7 +234,8 @@ class HttpFrontEnd:
         try:
             infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             family, kind, proto, _, addr = infos[0]
-            sock = socket.socket(family, kind, proto)
+            sock = CappedSocket(family, kind, proto)  # H-BOUND: no connection accepted past the cap
+            sock.gate = self.gate
         except OSError as exc:
             raise OSError(
                 f"cannot listen for HTTP on {self.host}:{self.port}: {exc.strerror or exc}"
@@ -252,6 +254,12 @@ class HttpFrontEnd:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started`` gets the ready line's addition."""
+        # D-FD: at most the HTTP share of the daemon's descriptors (``supervisor/_fds.py``).
+        share = self.daemon.fd_budget.share
+        if share < self.limits.connections:
+            self.limits = dataclasses.replace(self.limits, connections=share)
+        self.daemon.fd_refused["http"] = lambda: self.bounded["connections"]
+        self.gate.cap = self.limits.connections
         sock = self._bind()
         self.bound_port = sock.getsockname()[1]
         shown = f"[{self.host}]" if ":" in self.host else self.host
@@ -259,7 +267,13 @@ class HttpFrontEnd:
         protocol = type(
             "TurnpoolHTTPProtocol",
             (BoundsMixin, _StallMixin, AutoHTTPProtocol),
-            {"stall": self.stall, "front": self, "limits": self.limits, "counts": self.bounded},
+            {
+                "stall": self.stall,
+                "front": self,
+                "limits": self.limits,
+                "counts": self.bounded,
+                "gate": self.gate,
+            },
         )
         config = uvicorn.Config(
             self.app,
