@@ -223,3 +223,38 @@ async def test_a_half_open_http_flood_leaves_room_for_ipc_clients() -> None:
         finally:
             for s in flood:
                 s.close()
+
+
+async def test_a_flood_of_zeromq_clients_is_refused_never_the_daemon() -> None:
+    """D-FD: 150 ZeroMQ clients (DEALERs that reconnect at once when closed) on the ``ipc://``
+    endpoint of a daemon limited to 128 descriptors: connections past the clients' share are shut
+    down, and near the limit the endpoint stops listening for a moment. The daemon lives; once the
+    flood goes, an ordinary client's turn completes and the refusals are counted. (Before: libzmq
+    aborted the daemon, SIGABRT, "Too many open files (src/ipc_listener.cpp)".)"""
+    with daemonkit.serving(*FAST, "--no-journal", limit_fds=128) as d:
+        ctx = zmq.Context()
+        flood = []
+        try:
+            for _ in range(150):
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(d.endpoint)
+                flood.append(s)
+            log = d.home / "stderr.log"
+            # Until the daemon refused some (or died: libzmq's abort).
+            await until(lambda: d.proc.poll() is not None or "past the" in log.read_text(errors="replace"))
+            assert d.proc.poll() is None, d.stderr()[-2000:]
+        finally:
+            for s in flood:
+                s.close()
+            ctx.term()
+        client = await _connect_when_let_in(d.endpoint, {"timeout": 5})
+        try:
+            with anyio.fail_after(60):
+                result = await client.run("examples.agents:echo", "still serving")
+            fds = (await client.status())["daemon"]["fds"]
+        finally:
+            await client.aclose()
+        assert result.outcome == "completed"
+        assert fds["refused"]["clients"] > 0 and fds["open"] < 128, fds
+        assert d.proc.poll() is None

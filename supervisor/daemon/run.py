@@ -110,6 +110,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
                         await started
                 daemon._sock = daemon._endpoint.bind()
                 daemon.conns.bound(daemon._sock)
+                daemon.conns.pause, daemon.conns.resume = daemon._endpoint.pause, daemon._endpoint.resume
                 daemon._sync = zmq.Socket.shadow(daemon._sock.underlying)
                 daemon._mon = daemon._watch.open_monitor(daemon._sock)
                 tg.start_soon(daemon._receive)

@@ -681,6 +681,7 @@ class Daemon:
             **self.fd_budget.facts(),
             "shortage": dict(sup.pool.shortage.counts) if sup is not None else {},
             "refused": {"clients": self.conns.refused, **{k: f() for k, f in self.fd_refused.items()}},
+            "client_endpoint_pauses": self.conns.pauses,
         }
 
 
