@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import resource
 import select
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 import zmq
 import zmq.auth
@@ -209,7 +211,7 @@ async def test_a_half_open_http_flood_leaves_room_for_ipc_clients() -> None:
     half-open HTTP connections; the HTTP front end keeps to its share, so an ordinary client still
     connects and its turn completes. (Before: the flood took every descriptor and the client's
     connection made libzmq abort the daemon: SIGABRT, "Too many open files (src/ipc_listener.cpp)".)"""
-    with daemonkit.serving(*FAST, "--no-journal", *HTTP, limit_fds=128) as d:
+    with daemonkit.serving(*FAST, "--no-journal", *HTTP, "--metrics-port", "0", limit_fds=128) as d:
         host, port = d.http_url.split("//")[1].rstrip("/").split(":")
         flood = _open_many(host, int(port), 200, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n")
         try:
@@ -220,6 +222,14 @@ async def test_a_half_open_http_flood_leaves_room_for_ipc_clients() -> None:
             assert result.outcome == "completed"
             assert status["daemon"]["fds"]["refused"]["http"] > 0
             assert d.proc.poll() is None
+            async with httpx.AsyncClient(timeout=30) as http:
+                metrics = (await http.get(d.metrics_url)).text
+            refused = re.search(
+                r'^turnpool_connections_refused_total\{front_end="http"\} (\S+)$', metrics, re.M
+            )
+            assert refused is not None and float(refused.group(1)) > 0, metrics
+            assert 'turnpool_fd_shortage_total{where="worker_start"}' in metrics
+            assert re.search(r"^turnpool_fds_limit 128", metrics, re.M)
         finally:
             for s in flood:
                 s.close()

@@ -31,7 +31,7 @@ from typing import Any
 
 import zmq
 
-from .._fds import FdBudget, open_fds
+from .._fds import SHORTAGE, FdBudget, open_fds
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -54,6 +54,7 @@ class ClientConnections:
         self.pause: Any = None
         self.resume: Any = None
         self.pauses = 0
+        self.shortage = 0  # accepts that failed with EMFILE/ENFILE (libzmq's tcp listener retries them)
         self._resume_at: asyncio.TimerHandle | None = None
 
     def bound(self, sock: Any) -> None:
@@ -85,6 +86,10 @@ class ClientConnections:
             # without a disconnect event each: none is left to count.
             self.open.clear()
             self._resume_at = asyncio.get_running_loop().call_later(PAUSE_SECONDS, self._resume)
+
+    def accept_failed(self, err: int) -> None:
+        if err in SHORTAGE:
+            self.shortage += 1
 
     def closed(self, fd: int) -> None:
         self.open.discard(fd)

@@ -14,7 +14,8 @@ sigkill), ``worker_restarts_total``, ``malformed_frames_total{link}`` (client, w
 stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from the cancel being
 asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
 ``memory`` are not timed); ``fds_open``, ``fds_limit`` (gauges), ``fd_shortage_total{where}``
-(``EMFILE``/``ENFILE`` met, each backed off and retried: ``worker_start``) and
+(``EMFILE``/``ENFILE`` met, each backed off and retried: ``worker_start``, ``accept_http``,
+``accept_clients``) and
 ``connections_refused_total{front_end}`` (``clients``, ``http``: closed past the front end's share
 of descriptors, D-FD).
 """
@@ -153,7 +154,7 @@ class Metrics:
             "EMFILE/ENFILE met (each backed off and retried), by where",
             labels=["where"],
         )
-        for where in sorted({"worker_start", *fds["shortage"]}):
+        for where in sorted({"worker_start", "accept_http", "accept_clients", *fds["shortage"]}):
             short.add_metric([where], fds["shortage"].get(where, 0))
         yield short
         refused = CounterMetricFamily(

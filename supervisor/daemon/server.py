@@ -158,6 +158,7 @@ class Daemon:
         self.fd_budget = FdBudget(limit=nofile_limit(), workers=1)
         self.conns = ClientConnections(self.fd_budget)
         self.fd_refused: dict[str, Callable[[], int]] = {}
+        self.fd_shortages: dict[str, Callable[[], int]] = {"accept_clients": lambda: self.conns.shortage}
         self.malformed = 0
         self.accepting = False
         self.metrics: Metrics | None = None
@@ -679,7 +680,10 @@ class Daemon:
         sup = self.sup
         return {
             **self.fd_budget.facts(),
-            "shortage": dict(sup.pool.shortage.counts) if sup is not None else {},
+            "shortage": {
+                **(dict(sup.pool.shortage.counts) if sup is not None else {}),
+                **{where: f() for where, f in self.fd_shortages.items()},
+            },
             "refused": {"clients": self.conns.refused, **{k: f() for k, f in self.fd_refused.items()}},
             "client_endpoint_pauses": self.conns.pauses,
         }

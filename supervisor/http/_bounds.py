@@ -32,6 +32,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import errno
 import logging
 import socket
 from typing import Any
@@ -103,7 +104,12 @@ class CappedSocket(socket.socket):
 
     def accept(self) -> tuple[socket.socket, Any]:
         while True:
-            conn, addr = super().accept()  # BlockingIOError when none is waiting: asyncio's "done"
+            try:
+                conn, addr = super().accept()  # BlockingIOError when none is waiting: asyncio's "done"
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self.gate.counts["accept_shortage"] += 1  # asyncio retries the accept a second later
+                raise
             if self.gate.open < self.gate.cap:
                 self.gate.open += 1
                 return conn, addr

@@ -259,6 +259,7 @@ class HttpFrontEnd:
         if share < self.limits.connections:
             self.limits = dataclasses.replace(self.limits, connections=share)
         self.daemon.fd_refused["http"] = lambda: self.bounded["connections"]
+        self.daemon.fd_shortages["accept_http"] = lambda: self.bounded["accept_shortage"]
         self.gate.cap = self.limits.connections
         sock = self._bind()
         self.bound_port = sock.getsockname()[1]
