@@ -194,7 +194,10 @@ async def test_a_daemon_at_a_low_descriptor_limit_survives_connection_floods() -
             await client.aclose()
         fds = status["daemon"]["fds"]
         assert fds["limit"] == 256 and fds["open"] < 256
-        assert fds["refused"]["http"] > 0 and fds["refused"]["clients"] > 0, fds
+        # HTTP's half-open connections all stay until their 10 s header bound: past the share for sure.
+        # The raw TCP ones reach libzmq through a backlog of 16 and SYN retries, so how many are open at
+        # once (and whether any is past the share) depends on the machine's load: not asserted.
+        assert fds["refused"]["http"] > 0, fds
         assert d.proc.poll() is None
     finally:
         for s in flood:
@@ -268,3 +271,34 @@ async def test_a_flood_of_zeromq_clients_is_refused_never_the_daemon() -> None:
         assert result.outcome == "completed"
         assert fds["refused"]["clients"] > 0 and fds["open"] < 128, fds
         assert d.proc.poll() is None
+
+
+async def test_a_flood_of_metrics_connections_leaves_room_for_clients() -> None:
+    """D-FD: 200 connections to the metrics port that never send a request, on a daemon limited to
+    128 descriptors: the metrics listener holds at most 16 and closes the rest at once, so an
+    ordinary client's turn completes and a scrape still answers once the flood goes. (Before: the
+    listener's accept raised EMFILE out of the daemon, which exited with "Too many open files".)"""
+    with daemonkit.serving(*FAST, "--no-journal", "--metrics-port", "0", limit_fds=128) as d:
+        host, port = d.metrics_url.split("//")[1].split("/")[0].split(":")
+        flood = _open_many(host, int(port), 200, b"")
+        try:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                with anyio.fail_after(60):
+                    result = await client.run("examples.agents:echo", "still serving")
+                fds = (await client.status())["daemon"]["fds"]
+            assert result.outcome == "completed"
+            assert fds["refused"]["metrics"] > 0, fds
+            assert d.proc.poll() is None
+        finally:
+            for s in flood:
+                s.close()
+        async with httpx.AsyncClient(timeout=30) as http:
+            with anyio.fail_after(30):
+                while True:  # the scrapes the flood held end within their 10 s bound
+                    try:
+                        r = await http.get(d.metrics_url)
+                    except httpx.TransportError:
+                        continue
+                    if r.status_code == 200:
+                        break
+        assert "turnpool_fds_limit 128" in r.text

@@ -15,7 +15,7 @@ stalled), ``lagged_followers_total``, ``cancel_to_end_seconds`` (histogram: from
 asked — a client's cancel, the deadline, or disposal — to the turn's end; cancels by ``parent`` or
 ``memory`` are not timed); ``fds_open``, ``fds_limit`` (gauges), ``fd_shortage_total{where}``
 (``EMFILE``/``ENFILE`` met, each backed off and retried: ``worker_start``, ``accept_http``,
-``accept_clients``) and
+``accept_clients``, ``accept_metrics``) and
 ``connections_refused_total{front_end}`` (``clients``, ``http``: closed past the front end's share
 of descriptors, D-FD).
 """
@@ -37,12 +37,17 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from wire import TurnResult
 
+from .._fds import is_shortage
+
 if TYPE_CHECKING:
     from .._engine import TurnRecord
     from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")
 
+# D-FD: scrapes served at once (each holds a descriptor for up to 10 s); one more is closed at once.
+METRICS_CONNECTIONS = 16
+ACCEPT_RETRY = 0.1
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -67,6 +72,11 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(self)
+        self.active = 0  # scrape connections open
+        self.refused = 0  # closed at once, past METRICS_CONNECTIONS
+        self.accept_shortage = 0  # accepts that met EMFILE/ENFILE
+        daemon.fd_refused["metrics"] = lambda: self.refused
+        daemon.fd_shortages["accept_metrics"] = lambda: self.accept_shortage
 
     def turn_ended(self, turn: TurnRecord, result: TurnResult, asked_at: float | None) -> None:
         self.ended[(result.outcome, result.cause.kind if result.cause is not None else "none")] += 1
@@ -154,7 +164,9 @@ class Metrics:
             "EMFILE/ENFILE met (each backed off and retried), by where",
             labels=["where"],
         )
-        for where in sorted({"worker_start", "accept_http", "accept_clients", *fds["shortage"]}):
+        for where in sorted(
+            {"worker_start", "accept_http", "accept_clients", "accept_metrics", *fds["shortage"]}
+        ):
             short.add_metric([where], fds["shortage"].get(where, 0))
         yield short
         refused = CounterMetricFamily(
@@ -192,9 +204,36 @@ class Metrics:
             bound = listener.extra(SocketAttribute.local_port)
             log.info("metrics on http://%s:%s/metrics", host, bound)
             task_status.started(bound)
-            await listener.serve(self._http)
+            # D-FD: one connection accepted at a time, at most METRICS_CONNECTIONS open; an accept that
+            # finds no descriptor is counted and retried after a pause, never raised out of the daemon.
+            async with anyio.create_task_group() as tg:
+                for one in getattr(listener, "listeners", [listener]):
+                    tg.start_soon(self._accept, one, tg)
+
+    async def _accept(self, listener: Any, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if not is_shortage(exc):
+                    raise
+                self.accept_shortage += 1
+                await anyio.sleep(ACCEPT_RETRY)  # a back-off: descriptors are freed elsewhere
+                continue
+            if self.active >= METRICS_CONNECTIONS:
+                self.refused += 1
+                await stream.aclose()
+                continue
+            self.active += 1
+            tg.start_soon(self._http, stream)
 
     async def _http(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            await self._answer(stream)
+        finally:
+            self.active -= 1
+
+    async def _answer(self, stream: anyio.abc.SocketStream) -> None:
         try:
             async with stream:
                 with anyio.fail_after(10):
