@@ -51,7 +51,8 @@ def _documented() -> set[str]:
 def test_agent_labels_are_bounded_and_stable() -> None:
     """M-AGENT, the policy alone: the first ``AGENT_LABELS`` names keep their label for good; every
     later one is ``other``, however many there are."""
-    metrics = Metrics(SimpleNamespace())  # type: ignore[arg-type]  # the collector is not scraped here
+    daemon = SimpleNamespace(fd_refused={}, fd_shortages={})  # the collector is not scraped here
+    metrics = Metrics(daemon)  # type: ignore[arg-type]
     names = [f"pkg.mod:agent{i}" for i in range(AGENT_LABELS + 50)]
     labels = [metrics.agent_label(name) for name in names]
     assert labels[:AGENT_LABELS] == names[:AGENT_LABELS]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -23,6 +24,7 @@ import anyio.to_thread
 import wire
 from worker import lowlevel
 
+from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.supervisor")
 
+# P-FD: a worker is started only while this many descriptors are free: its connection to the worker
+# link is accepted by libzmq, which aborts the process when that accept finds none.
+SPAWN_HEADROOM = 16
 # P-SPARE: how long a replacement for a spare that took over waits before it starts (seconds).
 SPARE_REFILL_DELAY = 0.01
 
@@ -181,6 +186,7 @@ class WorkerPool:
         self.pythonpath = ""
         self.start_failures = 0
         self.last_start_error: str | None = None
+        self.shortage = FdShortage()  # EMFILE/ENFILE met starting workers (P-FD), by where
         self.ready_event: anyio.Event | None = None
         self.tg: anyio.abc.TaskGroup | None = None
         self.closing = False  # the supervisor is shutting down: a lost zygote is expected
@@ -357,7 +363,10 @@ class WorkerPool:
                 self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
             return
         while live < target:
-            self._spawn()
+            if not self._spawn():  # P-FD: backed off; fill again once the back-off is over
+                if self._refill_timer is None:
+                    self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
+                return
             live += 1
 
     def _after_backoff(self) -> None:
@@ -383,29 +392,47 @@ class WorkerPool:
 
     # ---- spawning ----------------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    # P-FD: a worker start that finds no file descriptor (EMFILE/ENFILE) backs off and is retried.
+    def _spawn(self) -> bool:
+        """Start one worker; ``False`` when it could not be (the failure is recorded and the pool
+        backs off: ``start_failed`` sets the timer that fills it again)."""
         worker_id = f"w{next(self._worker_ids)}"
         token = secrets.token_hex(16)
         marker = f"{os.getpid()}-{self.prefix}-{worker_id}"
         assert self.output is not None and self.work_dir is not None
         try:
+            used = open_fds()
+            if used is None or used + SPAWN_HEADROOM > nofile_limit():
+                raise OSError(errno.EMFILE, f"fewer than {SPAWN_HEADROOM} file descriptors are free")
             # W-BIND: the endpoint it will connect to is there (made again if it was deleted).
             self.link.ensure_bound()
             # W-OWN, W-CWD: its start marker and End log (no name anywhere), its own directory.
             files = WorkerFiles(worker_id, token)
         except OSError as exc:
-            self.start_failed(f"could not prepare worker {worker_id}: {exc}")
-            return
+            # Raised here, in a loop callback, it would reach no one and the pool would stay short
+            # for good: every failure to start is a failed start, backed off and retried (P-FD).
+            self._start_error(exc, f"could not prepare worker {worker_id}")
+            return False
         try:
             workdir = make_worker_dir(self.work_dir, worker_id)
             dir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             files.close()
-            self.start_failed(f"could not make worker {worker_id}'s directory: {exc}")
-            return
-        # Made before the worker exists: it joins it before it forks anything.
-        cgroup = self.cgroups.worker_dir(worker_id) if self.cgroups is not None else None
-        out_fd = self.output.open(worker_id)
+            self._start_error(exc, f"could not make worker {worker_id}'s directory")
+            return False
+        cgroup = None
+        try:
+            # Made before the worker exists: it joins it before it forks anything.
+            cgroup = self.cgroups.worker_dir(worker_id) if self.cgroups is not None else None
+            out_fd = self.output.open(worker_id)
+        except OSError as exc:
+            if cgroup is not None:
+                lowlevel.cgroup_remove(cgroup)
+            os.close(dir_fd)
+            files.close()
+            remove_tree(workdir)
+            self._start_error(exc, f"could not start worker {worker_id}")
+            return False
         try:
             slot = self._spawn_with(
                 worker_id, token, marker, self.zygote, out_fd, cgroup, files, workdir, dir_fd
@@ -417,8 +444,14 @@ class WorkerPool:
         if slot is None:
             files.close()
             remove_tree(workdir)
-        else:
-            slot.files, slot.workdir = files, workdir
+            return False
+        slot.files, slot.workdir = files, workdir
+        return True
+
+    def _start_error(self, exc: OSError, what: str = "could not start a worker") -> None:
+        if is_shortage(exc):
+            self.shortage.count("worker_start", exc)
+        self.start_failed(f"{what}: {exc}")
 
     def _add(self, slot: WorkerSlot, cgroup: str | None) -> None:
         slot.cgroup = cgroup
@@ -467,7 +500,7 @@ class WorkerPool:
         except OSError as exc:
             if cgroup is not None:
                 lowlevel.cgroup_remove(cgroup)
-            self.start_failed(f"could not start a worker: {exc}")
+            self._start_error(exc)
             return None
         if self.output is not None:
             self.output.name(worker_id, pid)

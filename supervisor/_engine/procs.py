@@ -345,7 +345,7 @@ def rss_of_tree(pid: int) -> int:
             except psutil.Error:
                 pass
         return total
-    except psutil.Error:
+    except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc (P-FD)
         return 0
 
 
@@ -365,4 +365,7 @@ def memory_of_tree(pid: int) -> int:
     """Proportional set size (PSS) of the worker's whole tree, in bytes: each shared page is
     split between the processes that map it, so 500 forked children of a 46 MiB worker count
     about 46 MiB, not 500 times that. What ``max_rss_mb`` is compared with."""
-    return lowlevel.cgroup_pss_bytes(tree_pids(pid))
+    try:
+        return lowlevel.cgroup_pss_bytes(tree_pids(pid))
+    except OSError:  # no descriptor free to read /proc (P-FD): unknown now, read again next time
+        return 0

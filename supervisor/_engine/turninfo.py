@@ -145,6 +145,8 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "worker_restarts": sup.worker_restarts,
         "worker_endpoint_rebinds": sup.link.rebinds,  # W-BIND
         "last_start_error": sup.pool.last_start_error,
+        # P-FD: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
+        "fd_shortage": dict(sup.pool.shortage.counts),
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
         "worker_output_dropped_lines": sup.pool.output.dropped_lines if sup.pool.output is not None else 0,

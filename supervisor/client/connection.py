@@ -92,7 +92,8 @@ async def open_connection(client: Client) -> None:
             raise AuthenticationFailed(
                 f"the turnpool daemon at {client.endpoint} refused this client: the CURVE handshake failed "
                 "(is this client's public key in the daemon's --curve-clients directory, and is "
-                "curve_server_key the daemon's public key?)"
+                "curve_server_key the daemon's public key? A daemon at its connection limit also closes "
+                "new connections during the handshake: then try again)"
             )
         if welcome is None:
             why = client._lost or f"no answer within {client.timeout}s"

@@ -99,7 +99,8 @@ class ClientWatch:
         """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
         thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
         address = f"inproc://turnpool-clients-monitor-{id(self.daemon)}"
-        sock.monitor(address, zmq.EVENT_DISCONNECTED)
+        # D-FD: connections accepted are counted (and failed accepts), disconnects free clients.
+        sock.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED)
         mon = sock.context.socket(zmq.PAIR)
         mon.setsockopt(zmq.RCVHWM, 0)
         mon.setsockopt(zmq.LINGER, 0)
@@ -114,7 +115,12 @@ class ClientWatch:
                 event = parse_monitor_message(await mon.recv_multipart())
             except (zmq.ZMQError, RuntimeError):
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.daemon.conns.accepted(event["value"])
+            elif event["event"] == zmq.EVENT_ACCEPT_FAILED:
+                self.daemon.conns.accept_failed(event["value"])
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.daemon.conns.closed(event["value"])
                 self.daemon._clients.disconnected(event["value"], anyio.current_time())
                 self.probe_now.set()
 

@@ -18,7 +18,8 @@
 * Every client-link socket, both sides: ``LINGER`` 0, ``MAXMSGSIZE``; the ROUTER also
   ``ROUTER_MANDATORY`` (a reply to a client that is gone fails instead of vanishing) and a send
   high-water mark of ``CLIENT_SNDHWM`` messages per client, so a client that stops reading makes
-  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (R21).
+  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (R21), and a
+  handshake deadline (``HANDSHAKE_IVL``, D-FD).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import wire
 
 from .._errors import DaemonAlreadyRunning
 from .._paths import check_endpoint
+from .conn_guard import HANDSHAKE_SECONDS, LISTEN_BACKLOG
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -107,6 +109,7 @@ class ClientEndpoint:
         self._auth: Any = None
         self._lock_fd = -1
         self._owns_socket_file = False
+        self.paused = False  # D-FD: unbound while the clients hold their whole share of descriptors
 
     # D1: one daemon per endpoint (flock on <socket>.lock), private by default.
     def claim(self) -> None:
@@ -154,6 +157,9 @@ class ClientEndpoint:
         socket_options(sock)
         sock.setsockopt(zmq.SNDHWM, CLIENT_SNDHWM)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # D-FD: a connection that has not finished its handshake (CURVE's included) in time is closed.
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
+        sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)  # fewer accepted in one burst before a pause
         if self.curve_secret_key is not None:
             self._setup_curve(sock)
         elif self.address.startswith("tcp://"):
@@ -179,6 +185,38 @@ class ClientEndpoint:
             self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = sock
         return sock
+
+    # D-FD: libzmq accepts every connection it is offered and aborts when an ipc accept finds no
+    # descriptor: while the clients hold their share, the endpoint stops listening.
+    def pause(self) -> None:
+        """Stop listening (connected clients stay; new ones are refused and ZeroMQ retries)."""
+        if self._sock is None or self.paused:
+            return
+        try:
+            self._sock.unbind(self.address)
+        except zmq.ZMQError as exc:
+            log.warning("could not stop listening on %s: %s", self.address, exc)
+            return
+        self.paused = True
+        log.warning("client connections reached their share of file descriptors: not listening for now")
+
+    def resume(self) -> None:
+        """Listen again after ``pause`` (the socket file is made again, 0600)."""
+        if self._sock is None or not self.paused:
+            return
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(self.address)
+        except zmq.ZMQError as exc:
+            log.error("could not listen again on %s: %s", self.address, exc)
+            return
+        finally:
+            os.umask(old)
+        self.paused = False
+        path = ipc_path(self.address)
+        if path is not None:
+            os.chmod(path, 0o600)
+        log.info("listening again on %s", self.address)
 
     def _setup_curve(self, sock: zmq.asyncio.Socket) -> None:
         import zmq.auth

@@ -28,12 +28,17 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from wire import TurnResult
 
+from .._fds import is_shortage
+
 if TYPE_CHECKING:
     from .._engine import TurnRecord
     from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")
 
+# D-FD: scrapes served at once (each holds a descriptor for up to 10 s); one more is closed at once.
+METRICS_CONNECTIONS = 16
+ACCEPT_RETRY = 0.1
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Queue and run times of agent turns span milliseconds to hours.
 TURN_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -77,6 +82,11 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(self)
+        self.active = 0  # scrape connections open
+        self.refused = 0  # closed at once, past METRICS_CONNECTIONS
+        self.accept_shortage = 0  # accepts that met EMFILE/ENFILE
+        daemon.fd_refused["metrics"] = lambda: self.refused
+        daemon.fd_shortages["accept_metrics"] = lambda: self.accept_shortage
 
     def agent_label(self, agent: str) -> str:
         label = self.agents.get(agent)
@@ -150,6 +160,7 @@ class Metrics:
             "1 while the journal can be written (submits are acknowledged), 0 when not",
             value=0 if self.daemon.unavailable is not None else 1,
         )
+        yield from self._fds()
         if sup is None:
             return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup.queue))
@@ -196,6 +207,34 @@ class Metrics:
             value=sup.pool.start_failures,
         )
 
+    def _fds(self) -> Iterator[Metric]:
+        """D-FD: descriptors open and allowed, shortages met, connections refused past a share."""
+        fds = self.daemon.fd_facts()
+        yield GaugeMetricFamily(
+            "turnpool_fds_open", "File descriptors the daemon has open", value=fds["open"] or 0
+        )
+        yield GaugeMetricFamily(
+            "turnpool_fds_limit", "The daemon's file descriptor limit", value=fds["limit"]
+        )
+        short = CounterMetricFamily(
+            "turnpool_fd_shortage",
+            "EMFILE/ENFILE met (each backed off and retried), by where",
+            labels=["where"],
+        )
+        for where in sorted(
+            {"worker_start", "accept_http", "accept_clients", "accept_metrics", *fds["shortage"]}
+        ):
+            short.add_metric([where], fds["shortage"].get(where, 0))
+        yield short
+        refused = CounterMetricFamily(
+            "turnpool_connections_refused",
+            "Connections closed at once past a front end's share of file descriptors",
+            labels=["front_end"],
+        )
+        for front_end, n in sorted(fds["refused"].items()):
+            refused.add_metric([front_end], n)
+        yield refused
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -222,9 +261,36 @@ class Metrics:
             bound = listener.extra(SocketAttribute.local_port)
             log.info("metrics on http://%s:%s/metrics", host, bound)
             task_status.started(bound)
-            await listener.serve(self._http)
+            # D-FD: one connection accepted at a time, at most METRICS_CONNECTIONS open; an accept that
+            # finds no descriptor is counted and retried after a pause, never raised out of the daemon.
+            async with anyio.create_task_group() as tg:
+                for one in getattr(listener, "listeners", [listener]):
+                    tg.start_soon(self._accept, one, tg)
+
+    async def _accept(self, listener: Any, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if not is_shortage(exc):
+                    raise
+                self.accept_shortage += 1
+                await anyio.sleep(ACCEPT_RETRY)  # a back-off: descriptors are freed elsewhere
+                continue
+            if self.active >= METRICS_CONNECTIONS:
+                self.refused += 1
+                await stream.aclose()
+                continue
+            self.active += 1
+            tg.start_soon(self._http, stream)
 
     async def _http(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            await self._answer(stream)
+        finally:
+            self.active -= 1
+
+    async def _answer(self, stream: anyio.abc.SocketStream) -> None:
         try:
             async with stream:
                 with anyio.fail_after(10):

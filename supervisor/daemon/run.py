@@ -26,6 +26,8 @@ from worker import lowlevel
 
 from .._engine import Supervisor
 from .._errors import DaemonAlreadyRunning
+from .._fds import FdBudget, raise_nofile_limit
+from .conn_guard import ClientConnections
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -80,6 +82,10 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
     ready line; wait for ``stop``; shut down; and close the sockets whatever happened."""
     sup = Supervisor(**daemon.sup_kwargs)
     daemon.sup = sup
+    # D-FD: the soft descriptor limit up to the hard one, and each front end's share of it.
+    limit, _ = raise_nofile_limit()
+    daemon.fd_budget = FdBudget(limit=limit, workers=sup.workers + sup.spares)
+    daemon.conns = ClientConnections(daemon.fd_budget)
     sup.add_hooks(on_start=daemon._on_start, on_result=daemon._on_end)
     for hook in daemon.event_hooks:
         sup.add_hooks(on_event=hook)
@@ -103,6 +109,8 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
                     if inspect.isawaitable(started):
                         await started
                 daemon._sock = daemon._endpoint.bind()
+                daemon.conns.bound(daemon._sock)
+                daemon.conns.pause, daemon.conns.resume = daemon._endpoint.pause, daemon._endpoint.resume
                 daemon._sync = zmq.Socket.shadow(daemon._sock.underlying)
                 daemon._mon = daemon._watch.open_monitor(daemon._sock)
                 tg.start_soon(daemon._receive)

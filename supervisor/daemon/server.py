@@ -61,6 +61,7 @@ from .._errors import (
     JournalUnavailable,
     TurnIdConflict,
 )
+from .._fds import FdBudget, nofile_limit
 from .._paths import default_endpoint
 from .._zmqflags import EVENTS as _EVENTS
 from .._zmqflags import NOBLOCK as _NOBLOCK
@@ -76,6 +77,7 @@ from .clients import (
     Waiter,
     gate_error,
 )
+from .conn_guard import ClientConnections
 from .endpoint import ClientEndpoint
 from .intake import Intake
 from .metrics import Metrics
@@ -152,6 +154,12 @@ class Daemon:
         self.unrecorded: dict[str, Awaitable[Any]] = {}
 
         self.sup: Supervisor | None = None
+        # D-FD: the descriptor limit's shares (set at start), the client endpoint's connections, and
+        # each other front end's count of connections refused past its share (by name).
+        self.fd_budget = FdBudget(limit=nofile_limit(), workers=1)
+        self.conns = ClientConnections(self.fd_budget)
+        self.fd_refused: dict[str, Callable[[], int]] = {}
+        self.fd_shortages: dict[str, Callable[[], int]] = {"accept_clients": lambda: self.conns.shortage}
         self.malformed = 0
         self.accepting = False
         self.metrics: Metrics | None = None
@@ -682,8 +690,23 @@ class Daemon:
             "keep_results": self.sup.keep_results,
             "metrics_port": self.metrics_bound,
             "memory_trims": self.heap.trims,
+            "fds": self.fd_facts(),
         }
         return st
+
+    def fd_facts(self) -> dict[str, Any]:
+        """D-FD: the descriptor limit, how many are open, the reserve and each front end's share, the
+        shortages met (``EMFILE``/``ENFILE``, by where) and the connections refused past a share."""
+        sup = self.sup
+        return {
+            **self.fd_budget.facts(),
+            "shortage": {
+                **(dict(sup.pool.shortage.counts) if sup is not None else {}),
+                **{where: f() for where, f in self.fd_shortages.items()},
+            },
+            "refused": {"clients": self.conns.refused, **{k: f() for k, f in self.fd_refused.items()}},
+            "client_endpoint_pauses": self.conns.pauses,
+        }
 
 
 __all__ = ["Daemon", "READY_PREFIX", "run_daemon"]

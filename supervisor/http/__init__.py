@@ -2,7 +2,8 @@
 and a live dashboard, on the daemon's own event loop (Starlette routes served by uvicorn).
 
 Layers: ``_listen`` (where to listen, loopback or token, the token file), ``_guard`` (bearer
-token, Host and Origin checks), ``_schema`` (request and reply types; the OpenAPI document is
+token, Host and Origin checks), ``_bounds`` (what a connection may cost before those: size and time of
+request line, headers and body, connections), ``_schema`` (request and reply types; the OpenAPI document is
 generated from them), ``_sse`` (a turn's events as an event stream), ``_api`` (the routes),
 ``_server`` (``HttpFrontEnd``: uvicorn inside the daemon's task group; ``attach_http``),
 ``static/`` (the dashboard: one HTML page, one script, one stylesheet; no build step, no CDN).
@@ -12,6 +13,7 @@ It is one more front end against public methods of the engine (``Daemon.submit``
 Needs the ``http`` extra (``pip install 'turnpool[http]'``). See ``docs/http.md``.
 """
 
+from ._bounds import HttpLimits
 from ._listen import is_loopback, parse_listen, read_token
 from ._schema import ErrorReply, Submitted, TurnList, TurnState
 from ._server import HttpFrontEnd, attach_http
@@ -20,6 +22,7 @@ from ._server import HttpFrontEnd, attach_http
 __all__ = [
     "ErrorReply",
     "HttpFrontEnd",
+    "HttpLimits",
     "Submitted",
     "TurnList",
     "TurnState",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -34,6 +35,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from wire import TurnResult
 
 from ._api import build_app
+from ._bounds import AcceptGate, BoundsMixin, CappedSocket, HttpLimits
 from ._listen import check_access, is_loopback, parse_listen, read_token
 from ._peer import SameUserOnly
 
@@ -177,6 +179,7 @@ class HttpFrontEnd:
         token: str | None = None,
         stall: float = DEFAULT_STALL,
         sse_buffer: int = 256,
+        limits: HttpLimits | None = None,
     ) -> None:
         if stall <= 0 or stall != stall:
             raise ValueError(f"--http-stall must be > 0 seconds, got {stall}")
@@ -194,6 +197,9 @@ class HttpFrontEnd:
         self.same_user_only = self.loopback  # A-PEER: loopback serves the daemon's uid only (_peer)
         self.stall = stall
         self.sse_buffer = sse_buffer
+        self.limits = limits or HttpLimits()  # H-BOUND: what a connection may cost before auth
+        self.bounded: collections.Counter[str] = collections.Counter()  # refusals by why
+        self.gate = AcceptGate(self.limits.connections, self.bounded)  # open connections vs the cap
         self.stats: collections.Counter[str] = collections.Counter()
         self.history = OutcomeHistory()
         self.inputs = InputCache()
@@ -223,13 +229,16 @@ class HttpFrontEnd:
             "sse_total": self.stats["sse_total"],
             "dropped_slow": self.stats["dropped_slow"],
             "refused": self.guard.refused,
+            "limits": dataclasses.asdict(self.limits),
+            "bounded": dict(self.bounded),  # H-BOUND: connections refused or closed, by why
         }
 
     def _bind(self) -> socket.socket:
         try:
             infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             family, kind, proto, _, addr = infos[0]
-            sock = socket.socket(family, kind, proto)
+            sock = CappedSocket(family, kind, proto)  # H-BOUND: no connection accepted past the cap
+            sock.gate = self.gate
         except OSError as exc:
             raise OSError(
                 f"cannot listen for HTTP on {self.host}:{self.port}: {exc.strerror or exc}"
@@ -248,14 +257,27 @@ class HttpFrontEnd:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started`` gets the ready line's addition."""
+        # D-FD: at most the HTTP share of the daemon's descriptors (``supervisor/_fds.py``).
+        share = self.daemon.fd_budget.share
+        if share < self.limits.connections:
+            self.limits = dataclasses.replace(self.limits, connections=share)
+        self.daemon.fd_refused["http"] = lambda: self.bounded["connections"]
+        self.daemon.fd_shortages["accept_http"] = lambda: self.bounded["accept_shortage"]
+        self.gate.cap = self.limits.connections
         sock = self._bind()
         self.bound_port = sock.getsockname()[1]
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.bound_port}/"
         protocol = type(
             "TurnpoolHTTPProtocol",
-            (SameUserOnly, _StallMixin, AutoHTTPProtocol),
-            {"stall": self.stall, "front": self},
+            (BoundsMixin, SameUserOnly, _StallMixin, AutoHTTPProtocol),  # H-BOUND first: every byte
+            {
+                "stall": self.stall,
+                "front": self,
+                "limits": self.limits,
+                "counts": self.bounded,
+                "gate": self.gate,
+            },
         )
         config = uvicorn.Config(
             self.app,
@@ -266,10 +288,10 @@ class HttpFrontEnd:
             ws="none",
             proxy_headers=False,
             server_header=False,
-            timeout_keep_alive=5,
+            timeout_keep_alive=self.limits.keep_alive,  # type: ignore[arg-type]  # call_later takes a float
             timeout_graceful_shutdown=2,
             h11_max_incomplete_event_size=64 * 1024,
-            limit_concurrency=4096,
+            limit_concurrency=self.limits.connections + 1,  # H-BOUND: the cap is BoundsMixin's
         )
         server = _Server(config)
         self.server = server
@@ -309,6 +331,7 @@ def attach_http(
     *,
     token_file: str | os.PathLike[str] | None = None,
     stall: float | None = None,
+    limits: HttpLimits | None = None,
 ) -> HttpFrontEnd:
     """Serve the HTTP API and dashboard of ``daemon`` on ``listen`` (``PORT`` or ``HOST:PORT``).
 
@@ -317,5 +340,10 @@ def attach_http(
     host, port = parse_listen(listen)
     token = read_token(token_file) if token_file is not None else None
     return HttpFrontEnd(
-        daemon, host, port, token=token, stall=DEFAULT_STALL if stall is None else float(stall)
+        daemon,
+        host,
+        port,
+        token=token,
+        stall=DEFAULT_STALL if stall is None else float(stall),
+        limits=limits,
     )

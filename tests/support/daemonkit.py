@@ -105,12 +105,14 @@ def start(
     cwd: str | Path | None = None,
     stderr_pipe: bool = False,
     env_extra: dict[str, str | None] | None = None,
+    limit_fds: int | None = None,
 ) -> Served:
     """Start ``turnpool serve`` and wait (bounded) for its ready line.
 
     ``paths`` become ``--path`` flags; ``cwd`` is the daemon's working directory; with
     ``stderr_pipe`` its stderr is a pipe the caller may leave unread (``proc.stderr``);
-    ``env_extra`` overrides variables (``None`` removes one)."""
+    ``env_extra`` overrides variables (``None`` removes one); ``limit_fds`` sets the daemon's soft
+    and hard ``RLIMIT_NOFILE`` (so it cannot raise it)."""
     home = home or short_dir()
     if endpoint == "default":
         endpoint = f"ipc://{home}/s.sock"
@@ -130,6 +132,7 @@ def start(
             stderr=err,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
+            preexec_fn=(lambda: _limit_fds(limit_fds)) if limit_fds is not None else None,  # noqa: PLW1509
         )
     finally:
         if not isinstance(err, int):
@@ -143,6 +146,12 @@ def start(
         raise AssertionError(f"serve did not get ready: {line!r}\n{log.read_text() if log.exists() else ''}")
     actual = line[len(READY_PREFIX) :].split(" ", 1)[0]
     return Served(proc, actual, env, home, line)
+
+
+def _limit_fds(n: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
