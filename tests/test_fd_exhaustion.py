@@ -162,6 +162,8 @@ async def test_a_daemon_at_a_low_descriptor_limit_survives_connection_floods() -
         server_sec,
         "--curve-clients",
         str(allowed),
+        "--allow-agent",
+        "examples.agents:*",  # A-SHARED: a tcp endpoint names the agents its clients may run
         home=home,
         endpoint="tcp://127.0.0.1:0",
         limit_fds=256,
