@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from supervisor.daemon.server import READY_PREFIX
@@ -105,12 +105,16 @@ def start(
     cwd: str | Path | None = None,
     stderr_pipe: bool = False,
     env_extra: dict[str, str | None] | None = None,
+    wrap: Sequence[str] = (),
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Served:
     """Start ``turnpool serve`` and wait (bounded) for its ready line.
 
     ``paths`` become ``--path`` flags; ``cwd`` is the daemon's working directory; with
     ``stderr_pipe`` its stderr is a pipe the caller may leave unread (``proc.stderr``);
-    ``env_extra`` overrides variables (``None`` removes one)."""
+    ``env_extra`` overrides variables (``None`` removes one); ``wrap`` is a command that execs the
+    daemon (``unshare --net``: the pid stays the daemon's); ``preexec_fn`` runs in the child
+    before the exec (e.g. to lower a resource limit)."""
     home = home or short_dir()
     if endpoint == "default":
         endpoint = f"ipc://{home}/s.sock"
@@ -124,8 +128,9 @@ def start(
     err = subprocess.PIPE if stderr_pipe else open(home / "stderr.log", "ab")  # noqa: SIM115
     try:
         proc = subprocess.Popen(
-            turnpool_argv("serve", *flags, *args),
+            [*wrap, *turnpool_argv("serve", *flags, *args)],
             env=env,
+            preexec_fn=preexec_fn,
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
