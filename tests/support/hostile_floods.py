@@ -192,3 +192,35 @@ def second_daemons(journal: Path, pids: list[int]) -> dict[str, str]:
         finally:
             link.unlink(missing_ok=True)
     return seen
+
+
+def http_probe(host: str, port: int, token: str, stop: threading.Event, stats: dict[str, int]) -> None:
+    """An ordinary HTTP client beside the floods: about once a second, an authenticated
+    ``GET /v1/turns/warm`` on a fresh connection; counts the answers (``ok``), what got no answer
+    within 5 s (``failed``) and the slowest answer (``slowest_ms``)."""
+    import time
+
+    request = (
+        f"GET /v1/turns/warm HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    while not stop.is_set():
+        t0 = time.monotonic()
+        s = connect(host, port)
+        try:
+            if s is None:
+                stats["failed"] += 1
+            else:
+                s.sendall(request)
+                line = s.recv(64)
+                if line.startswith(b"HTTP/1.1 200"):
+                    stats["ok"] += 1
+                    stats["slowest_ms"] = max(stats["slowest_ms"], int((time.monotonic() - t0) * 1000))
+                else:
+                    stats["failed"] += 1
+        except OSError:
+            stats["failed"] += 1
+        finally:
+            if s is not None:
+                s.close()
+        stop.wait(1.0)  # the probe's pace, not a synchronisation
