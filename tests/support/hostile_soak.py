@@ -4,25 +4,27 @@ A real daemon (its own runtime dir, a journal, a CURVE ``tcp://`` client endpoin
 loopback with a token) starts with RLIMIT_NOFILE lowered to ``--fd-limit`` (soft and hard). For
 ``--duration`` seconds, all at once:
 
-- floods, each bounded in count, bytes and time, loopback only: half-open HTTP connections (a
-  request line and one header, never finished), connections streaming one endless header, raw TCP
-  connections to the CURVE endpoint that never handshake;
+- floods (``tests/support/hostile_floods.py``), each bounded in count, bytes and time, loopback
+  only: half-open HTTP connections (a request line and one header, never finished), connections
+  streaming one endless header, raw TCP connections to the CURVE endpoint that never handshake;
+  beside them an authenticated HTTP client asks for a turn about once a second;
 - a second ``turnpool serve`` on the same journal from another network namespace
-  (``unshare --net``, root only: skipped with the reason otherwise), then one through a hard link
-  to the journal; each is recorded as refused (and why) or started;
+  (``unshare --net``, root only: skipped with the reason otherwise) and one through a hard link to
+  the journal; each is recorded as refused (and why) or started (and then stopped);
 - hostile agents (``tests/agents/hostile_neighbour.py``): a forger aiming at another worker's
-  long ``victim`` turn, one that wipes its working directory, one whose thread keeps forking after
-  it returned, a setsid double fork that leaves its cgroup before the turn crashes, one that
-  SIGKILLs its own worker;
-- an ordinary client submitting small turns with unique ids throughout, every few turns through a
-  fresh connection, as CLI users do.
+  long ``victim`` turn, one that wipes its working directory (once, half-way), one whose thread
+  keeps forking after it returned, a setsid double fork that leaves its cgroup before the turn
+  crashes, one that SIGKILLs its own worker;
+- ordinary clients submitting small turns with unique ids throughout: one connected from before
+  the floods, the others through a fresh connection every few turns, as CLI users do.
 
 Every agent appends its turn id to a run log before anything else, so executions are counted by
-the agents themselves. At the end the daemon is stopped (SIGTERM) and the report gives: turns
-acknowledged, turns that ran twice, turns lost (acknowledged, no result in the journal), forged
-results, processes left (the check of ``tests/conftest.py``, plus every pid an agent left
-behind), the daemon's fds and RSS before, at peak and after, whether it stayed alive, and what
-each flood and each second daemon met. ``Report.invariants()`` names every check; the CI version
+the agents themselves. At the end the daemon is stopped (SIGTERM; if that goes wrong, it is
+restarted once on its journal, as an operator would, before anything is counted) and the report
+gives: turns acknowledged, turns that ran twice, turns lost (acknowledged, no result in the
+journal), forged results, processes left (the check of ``tests/conftest.py``, plus every pid an
+agent left behind), the daemon's fds and RSS before, at peak and after, whether it stayed alive,
+and what each flood and each second daemon met. ``Report.invariants()`` names every check; the CI version
 (``tests/test_hostile_soak.py``) asserts the ones listed there.
 
 ``make soak-hostile`` (``python -m tests.support.hostile_soak``) runs it and appends its figures
@@ -527,7 +529,7 @@ def _account(
                     report.agents_said.append({kind: output})
                 if kind == "ordinary" and result.outcome != "completed":
                     err = f"{result.error.type}: {result.error.message}"[:80] if result.error else ""
-                    report.ordinary_unfinished.append(f"{tid}: {result.outcome} {err}")
+                    report.ordinary_unfinished.append(f"{tid}: {result.outcome} {err} cause={result.cause}")
         finally:
             record.close()
     # What is left: descendants of this process (the conftest check), then every pid noted by an
@@ -625,21 +627,29 @@ def summary(report: Report) -> str:
 
 def markdown(report: Report, command: str) -> str:
     p = report.plan
+    late = f" ({p.half_open_late} more at 60 % of the run)" if p.half_open_late else ""
+    skipped = f"\n- left out: {', '.join(sorted(p.skip))}" if p.skip else ""
     return f"""
 ## Hostile-neighbour soak
 
-Command: `{command}`, run at {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {os.cpu_count()}
-cores (shared), Python {sys.version.split()[0]}; {report.seconds:.1f} s in all. One `turnpool serve`
-(journal on, CURVE `tcp://` client endpoint, `--http` on loopback with a token, {p.workers} workers + 1
-spare) started with RLIMIT_NOFILE {p.fd_limit} (soft and hard), for {p.duration:.0f} s under:
-{p.half_open} half-open HTTP connections ({p.half_open_late} more at 60 % of the run),
-{p.header_streams} endless-header connections (up to {p.header_mib} MiB each), {p.raw_tcp} raw TCP
-connections to the CURVE endpoint; a second daemon on the same journal from another network namespace
-and through a hard link; agents that forge another worker's end, wipe their working directory, fork
-from a thread after returning, escape to the root cgroup before crashing, and SIGKILL their own worker
-(one hostile turn every {p.hostile_every:g} s; the wipe once, half-way); {p.submitters} ordinary clients
-submitting throughout (one connected throughout, the others a fresh connection every
-{p.fresh_client_every} turns). Every agent counts its own executions.
+Command: {command}. Run at {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {os.cpu_count()} cores
+(shared), Python {sys.version.split()[0]}; {report.seconds:.1f} s in all. One `turnpool serve` (journal on,
+CURVE `tcp://` client endpoint, `--http` on loopback with a token, {p.workers} workers + 1 spare) started
+with RLIMIT_NOFILE {p.fd_limit} (soft and hard), for {p.duration:.0f} s under all of these at once:
+
+- {p.half_open} half-open HTTP connections{late}, {p.header_streams} endless-header connections (up to
+  {p.header_mib} MiB each), {p.raw_tcp} raw TCP connections to the CURVE endpoint; an authenticated HTTP
+  client asking for a turn about once a second;
+- a second `turnpool serve` on the same journal from another network namespace, and one through a hard
+  link to the journal;
+- one hostile turn every {p.hostile_every:g} s, in turn: a forger aiming at another worker's long turn, a
+  thread that keeps forking after its turn returned, a setsid grandchild that leaves for the root cgroup
+  before its turn crashes, a SIGKILL of its own worker; once, half-way, an `rm -rf ./*` of its working
+  directory;
+- {p.submitters} ordinary clients submitting throughout (one connected from the start, the others through a
+  fresh connection every {p.fresh_client_every} turns).{skipped}
+
+Every agent counts its own executions; "lost" is read from the journal after the stop.
 
 {summary(report)}"""
 
@@ -673,12 +683,8 @@ def main() -> int:
     plan.skip = frozenset(args.skip)
     print(f"hostile-neighbour soak: {plan}", file=sys.stderr)
     report = anyio.run(lambda: hostile_soak(plan, progress=True, keep_home=args.keep))
-    command = (
-        "make soak-hostile (python -m tests.support.hostile_soak"
-        + (" --quick" if args.quick else "")
-        + (f" --duration {args.duration:g}" if args.duration else "")
-        + ")"
-    )
+    flags = " ".join(sys.argv[1:])
+    command = f"`make soak-hostile` (`.venv/bin/python -m tests.support.hostile_soak {flags}`)"
     text = markdown(report, command)
     print(text)
     if args.report != "-":
