@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-quick soak venv clean
+.PHONY: demo test lint bench bench-quick soak soak-hostile venv clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,12 @@ bench-quick: $(BENCH_STAMP)
 # writes benchmarks/SOAK.md. The CI version is tests/test_soak.py.
 soak: $(STAMP)
 	$(BIN)/python -m tests.support.soak --turns 30000
+
+# The hostile-neighbour soak: one daemon with a lowered fd limit under HTTP and raw TCP floods, a
+# second daemon on its journal, agents that forge, wipe, fork and kill, and an ordinary client
+# throughout; appends its figures to benchmarks/SOAK.md. The CI version is tests/test_hostile_soak.py.
+soak-hostile: $(STAMP)
+	$(BIN)/python -m tests.support.hostile_soak --duration 120
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from supervisor.daemon.server import READY_PREFIX
@@ -106,13 +106,17 @@ def start(
     stderr_pipe: bool = False,
     env_extra: dict[str, str | None] | None = None,
     limit_fds: int | None = None,
+    wrap: Sequence[str] = (),
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Served:
     """Start ``turnpool serve`` and wait (bounded) for its ready line.
 
     ``paths`` become ``--path`` flags; ``cwd`` is the daemon's working directory; with
     ``stderr_pipe`` its stderr is a pipe the caller may leave unread (``proc.stderr``);
     ``env_extra`` overrides variables (``None`` removes one); ``limit_fds`` sets the daemon's soft
-    and hard ``RLIMIT_NOFILE`` (so it cannot raise it)."""
+    and hard ``RLIMIT_NOFILE`` (so it cannot raise it); ``wrap`` is a command that execs the
+    daemon (``unshare --net``: the pid stays the daemon's); ``preexec_fn`` runs in the child
+    before the exec (e.g. to lower a resource limit)."""
     home = home or short_dir()
     if endpoint == "default":
         endpoint = f"ipc://{home}/s.sock"
@@ -126,13 +130,13 @@ def start(
     err = subprocess.PIPE if stderr_pipe else open(home / "stderr.log", "ab")  # noqa: SIM115
     try:
         proc = subprocess.Popen(
-            turnpool_argv("serve", *flags, *args),
+            [*wrap, *turnpool_argv("serve", *flags, *args)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
-            preexec_fn=(lambda: _limit_fds(limit_fds)) if limit_fds is not None else None,  # noqa: PLW1509
+            preexec_fn=_before_exec(limit_fds, preexec_fn),  # noqa: PLW1509
         )
     finally:
         if not isinstance(err, int):
@@ -146,6 +150,18 @@ def start(
         raise AssertionError(f"serve did not get ready: {line!r}\n{log.read_text() if log.exists() else ''}")
     actual = line[len(READY_PREFIX) :].split(" ", 1)[0]
     return Served(proc, actual, env, home, line)
+
+
+def _before_exec(limit_fds: int | None, then: Callable[[], None] | None) -> Callable[[], None] | None:
+    if limit_fds is None:
+        return then
+
+    def run() -> None:
+        _limit_fds(limit_fds)
+        if then is not None:
+            then()
+
+    return run
 
 
 def _limit_fds(n: int) -> None:

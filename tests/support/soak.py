@@ -367,7 +367,10 @@ spare), SIGKILLed {args.kill_rounds} times; time until every worker, guardian an
 
 {fuzz}
 """
-    Path(args.report).write_text(text)
+    # The hostile-neighbour soak (make soak-hostile) appends its own sections: keep them.
+    old = Path(args.report).read_text() if os.path.exists(args.report) else ""
+    kept = old.find("\n## Hostile-neighbour soak")
+    Path(args.report).write_text(text + (old[kept:] if kept >= 0 else ""))
     print(f"wrote {args.report}", file=sys.stderr)
     return 0 if ok else 1
 
