@@ -17,10 +17,22 @@ from tests.support.hostile_soak import Plan, hostile_soak, summary
 
 pytestmark = pytest.mark.anyio
 
-# The checks of ``Report.invariants()`` this test asserts. Every other check is run and printed
-# (``pytest -s``) but not asserted: it names a promise still being made. Move a name here once the
-# promise holds, so that it stays held.
-REQUIRED = ("turns_lost_0", "daemon_alive_throughout", "no_process_left_but_escapes")
+# The checks of ``Report.invariants()`` this test asserts: every promise of the hostile-neighbour
+# round. The others (``idle_within_settle``, ``fds_back_near_start``, ``rss_bounded``) are figures
+# under the machine's load, printed (``pytest -s``) and written to benchmarks/SOAK.md by the full soak.
+REQUIRED = (
+    "turns_lost_0",
+    "ran_twice_0",
+    "daemon_alive_throughout",
+    "daemon_exit_0",
+    "no_process_left",
+    "no_forged_result",
+    "second_daemon_refused",
+    "ordinary_turns_all_completed",
+    "no_emfile_in_stderr",
+    "endless_header_cut",
+    "http_served_under_flood",
+)
 
 
 @pytest.mark.slow
