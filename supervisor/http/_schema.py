@@ -148,18 +148,25 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    what = {
-        400: "bad input",
-        401: "no or wrong bearer token",
-        404: "unknown turn",
-        409: "turn_id conflict",
-        413: "body too large",
-        415: "not JSON",
-        429: "queue full",
-        503: "shutting down",
-    }
-    return {str(c): _json(_ref("ErrorReply"), what[c]) for c in codes}
+_WHAT = {
+    400: "bad input",
+    401: "no or wrong bearer token",
+    403: "another user's connection, a foreign Host or Origin, or (submit) an agent outside --allow-agent",
+    404: "unknown turn",
+    409: "turn_id conflict",
+    413: "body too large",
+    415: "not JSON",
+    429: "queue full",
+    500: "an unexpected error (a bug: the message names it)",
+    503: "shutting down, or the journal cannot record the turn",
+}
+
+
+def _errors(*codes: int, api: bool = True) -> dict[str, Any]:
+    """The error answers of an operation: ``codes``, plus what the guard in front of every route may
+    answer (403; 401 under /v1, when a token is set) and the catch-all 500."""
+    every = {*codes, 403, 500, *((401,) if api else ())}
+    return {str(c): _json(_ref("ErrorReply"), _WHAT[c]) for c in sorted(every)}
 
 
 def openapi() -> dict[str, Any]:
@@ -183,7 +190,7 @@ def openapi() -> dict[str, Any]:
                 "responses": {
                     "201": _json(_ref("Submitted"), "accepted"),
                     "200": _json(_ref("Submitted"), "the same request under a known turn_id"),
-                    **_errors(400, 401, 409, 413, 415, 429, 503),
+                    **_errors(400, 409, 413, 415, 429, 503),
                 },
             },
             "get": {
@@ -200,7 +207,7 @@ def openapi() -> dict[str, Any]:
                         "schema": {"type": "integer", "minimum": 0, "maximum": 1000},
                     },
                 ],
-                "responses": {"200": _json(_ref("TurnList"), "the turns"), **_errors(400, 401)},
+                "responses": {"200": _json(_ref("TurnList"), "the turns"), **_errors(400)},
             },
         },
         "/v1/turns/{turn_id}": {
@@ -218,7 +225,7 @@ def openapi() -> dict[str, Any]:
                 "responses": {
                     "200": _json(_ref("TurnResult"), "the turn ended"),
                     "202": _json(_ref("TurnState"), "the turn has not ended"),
-                    **_errors(400, 401, 404),
+                    **_errors(400, 404),
                 },
             },
         },
@@ -229,14 +236,14 @@ def openapi() -> dict[str, Any]:
                     turn_id,
                     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer", "minimum": -1}},
                 ],
-                "responses": {"200": sse, **_errors(400, 401, 404)},
+                "responses": {"200": sse, **_errors(400, 404)},
             },
         },
         "/v1/turns/{turn_id}/cancel": {
             "post": {
                 "summary": "Cancel the turn (cause user); returns the winning cause",
                 "parameters": [turn_id],
-                "responses": {"200": _json(_ref("CancelReply"), "cancelled"), **_errors(401, 404)},
+                "responses": {"200": _json(_ref("CancelReply"), "cancelled"), **_errors(404)},
             },
         },
         "/v1/sessions/{session}/cancel": {
@@ -245,13 +252,13 @@ def openapi() -> dict[str, Any]:
                 "parameters": [
                     {"name": "session", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],
-                "responses": {"200": _json(_ref("SessionCancelReply"), "cancelled"), **_errors(400, 401)},
+                "responses": {"200": _json(_ref("SessionCancelReply"), "cancelled"), **_errors(400)},
             },
         },
         "/v1/status": {
             "get": {
                 "summary": "What `turnpool status --json` prints",
-                "responses": {"200": _json({"type": "object"}, "workers, queue, counts"), **_errors(401)},
+                "responses": {"200": _json({"type": "object"}, "workers, queue, counts"), **_errors()},
             }
         },
         "/v1/outcomes": {
@@ -264,14 +271,37 @@ def openapi() -> dict[str, Any]:
                         "schema": {"type": "integer", "minimum": 1, "maximum": 600},
                     }
                 ],
-                "responses": {"200": _json(_ref("OutcomeSeries"), "the series"), **_errors(400, 401)},
+                "responses": {"200": _json(_ref("OutcomeSeries"), "the series"), **_errors(400)},
             }
         },
         "/v1/openapi.json": {
             "get": {
                 "summary": "This document",
-                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"), **_errors()},
             }
+        },
+        "/v1/turns/{turn_id}/state": {
+            "get": {
+                "summary": "The turn's state (and input, while kept), whether or not it has ended",
+                "parameters": [turn_id],
+                "responses": {"200": _json(_ref("TurnState"), "the turn's state"), **_errors(404)},
+            },
+        },
+        **{
+            path: {
+                "get": {
+                    "summary": f"The dashboard: {what}",
+                    "responses": {
+                        "200": {"description": what, "content": {kind: {"schema": {"type": "string"}}}}
+                    }
+                    | _errors(api=False),
+                }
+            }
+            for path, what, kind in (
+                ("/", "its page", "text/html"),
+                ("/static/dashboard.js", "its script", "text/javascript"),
+                ("/static/dashboard.css", "its style sheet", "text/css"),
+            )
         },
     }
     return {
