@@ -9,13 +9,18 @@ framework (already imported by the user's module that built the object). One mod
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
 from typing import Any
+
+import anyio
 
 from .._errors import WorkerError
 
-__all__ = ["InvalidAgent", "adapt", "split_input"]
+__all__ = ["InvalidAgent", "TurnThreads", "adapt", "split_input"]
 
 
 class InvalidAgent(WorkerError, TypeError):
@@ -105,3 +110,42 @@ def load_named(name: str, what: str) -> Any:
     if not callable(obj):
         raise TypeError(f"{what} {name!r} is not callable")
     return obj
+
+
+class TurnThreads(ThreadPoolExecutor):
+    """The threads one framework turn runs sync code in (tools, nodes), as the event loop's default
+    executor for the turn (``run_in_executor(None, ...)``: LangGraph and LangChain) and the
+    framework's own executor where it takes one (pydantic-ai).
+
+    A framework's cancelled run abandons sync code running in a thread: the run ends at once while
+    the thread goes on. Leaving this context waits, shielded, until every thread of the turn has
+    returned, so the turn ends only once nothing of it runs: sync code that never returns holds the
+    turn until the ladder kills the worker after the grace (``killed``, never a false ``aborted``)."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="turnpool-framework")
+        self.running: set[Future[Any]] = set()
+        self._previous: Any = None
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = super().submit(fn, *args, **kwargs)
+        self.running.add(future)
+        future.add_done_callback(self.running.discard)
+        return future
+
+    async def __aenter__(self) -> TurnThreads:
+        loop = asyncio.get_running_loop()
+        self._previous = getattr(loop, "_default_executor", None)
+        loop.set_default_executor(self)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        # Not set_default_executor: it takes no None, and the previous executor may be None.
+        loop._default_executor = self._previous  # type: ignore[attr-defined]
+        self.shutdown(wait=False)
+        with anyio.CancelScope(shield=True):
+            if self.running:
+                await asyncio.wait([asyncio.wrap_future(f) for f in self.running])

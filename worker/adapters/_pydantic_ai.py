@@ -6,25 +6,23 @@ the factory (sync or async) is called with ``deps_args`` as keyword arguments an
 the run's ``deps``.
 
 Cancel: the turn's Abort calls the run handle's own ``cancel()`` and cancels the turn's scope;
-leaving the event stream cancels the run task and waits (shielded) until it has unwound. A sync
-tool running in a thread holds that wait until it returns: the turn stays running and the ladder
-kills the worker after the grace, so the turn never reports ``aborted`` while a tool still runs.
+leaving the event stream cancels the run task. pydantic-ai then abandons a sync tool running in
+its thread: ``TurnThreads`` (its thread executor for the turn) holds the turn until every such
+thread has returned, so a tool that never returns ends the turn ``killed`` by the ladder after
+the grace, never ``aborted`` while it still runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import anyio
 import pydantic_ai
 from pydantic_ai import messages as m
 from pydantic_core import to_jsonable_python
 
 from .._turn import Turn
-from . import AgentFn, load_named, split_input, too_old
+from . import AgentFn, TurnThreads, load_named, split_input, too_old
 
 FRAMEWORK = "a pydantic-ai Agent"
 KEYS = ("deps", "deps_args")
@@ -54,8 +52,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
                 deps = await deps
         elif "deps_args" in extras:
             raise ValueError("'deps_args' needs 'deps' (the factory that takes them)")
-        threads = ToolThreads()
-        try:
+        async with TurnThreads() as threads:
             with pydantic_ai.Agent.using_thread_executor(threads):
                 async with obj.run_stream_events(prompt, deps=deps) as events:
                     turn.signal.add_callback(lambda cause: events.cancel())
@@ -66,33 +63,8 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
                         if mapped is not None:
                             await turn.emit(mapped)
             raise RuntimeError("the pydantic-ai run ended without a result")
-        finally:
-            await threads.quiesce()
 
     return run
-
-
-class ToolThreads(ThreadPoolExecutor):
-    """The threads one turn's sync tools run in. A cancelled run leaves a sync tool running in its
-    thread (pydantic-ai abandons it); ``quiesce`` waits until every one has returned, shielded, so
-    the turn ends only once nothing of it runs: a tool that never returns holds the turn until the
-    ladder kills the worker."""
-
-    def __init__(self) -> None:
-        super().__init__(thread_name_prefix="turnpool-pydantic-ai-tool")
-        self.running: set[Future[Any]] = set()
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future = super().submit(fn, *args, **kwargs)
-        self.running.add(future)
-        future.add_done_callback(self.running.discard)
-        return future
-
-    async def quiesce(self) -> None:
-        self.shutdown(wait=False)
-        with anyio.CancelScope(shield=True):
-            if self.running:
-                await asyncio.wait([asyncio.wrap_future(f) for f in self.running])
 
 
 def map_event(event: Any) -> dict[str, Any] | None:
