@@ -112,6 +112,7 @@ def load_named(name: str, what: str) -> Any:
     return obj
 
 
+# A-QUIET: a framework turn ends only once the sync code it started in threads has returned.
 class TurnThreads(ThreadPoolExecutor):
     """The threads one framework turn runs sync code in (tools, nodes), as the event loop's default
     executor for the turn (``run_in_executor(None, ...)``: LangGraph and LangChain) and the
