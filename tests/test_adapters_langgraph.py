@@ -182,3 +182,23 @@ def test_in_a_batch(tmp_path: Path) -> None:
         "kind": "deadline"
     }
     assert lines["bad"]["outcome"] == "failed" and "'nope'" in lines["bad"]["error"]["message"]
+
+
+async def test_in_an_editor_through_acp(tmp_path: Path) -> None:
+    """``turnpool acp --agent`` naming the graph: the editor's prompt is the user's message, tokens
+    arrive as message chunks and the tool call as a tool call, answered ``end_turn``."""
+    from acp import text_block
+    from acp.schema import ToolCallProgress, ToolCallStart
+
+    from tests.test_acp import ONE, acp_agent
+
+    async with acp_agent(tmp_path, A + "chat", *ONE) as (conn, rec, sid, _):
+        with anyio.fail_after(60):
+            answer = await conn.prompt(session_id=sid, prompt=[text_block("What is the answer?")])
+    assert answer.stop_reason == "end_turn" and rec.text() == "Let me check.The answer is 42."
+    assert [(u.tool_call_id, u.title) for u in rec.updates if isinstance(u, ToolCallStart)] == [
+        ("call_1", "lookup")
+    ]
+    assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
+        ("call_1", "completed")
+    ]

@@ -79,11 +79,31 @@ def too_old(spec: str, obj: Any, extra: str, missing: str) -> InvalidAgent:
     )
 
 
+ACP_KEYS = frozenset(("text", "prompt", "session_id", "cwd"))
+
+
+def acp_prompt(value: Any) -> tuple[str, str] | None:
+    """(text, session id) if ``value`` is the input ``turnpool acp`` gives a prompt's turn
+    (``{"text", "prompt": [content blocks], "session_id", "cwd"}``), else None."""
+    if (
+        isinstance(value, dict)
+        and value.keys() == ACP_KEYS
+        and isinstance(value["text"], str)
+        and isinstance(value["prompt"], list)
+    ):
+        return value["text"], str(value["session_id"])
+    return None
+
+
 def split_input(value: Any, framework: str, keys: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
     """The turn's input as (prompt, the other keys): a ``str`` is the prompt, a dict
-    ``{"prompt": str, ...}`` may add ``keys``; anything else, or another key, is refused."""
+    ``{"prompt": str, ...}`` may add ``keys``, an editor's prompt through ``turnpool acp`` gives its
+    text; anything else, or another key, is refused."""
     if isinstance(value, str):
         return value, {}
+    acp = acp_prompt(value)
+    if acp is not None:
+        return acp[0], {}
     if isinstance(value, dict) and isinstance(value.get("prompt"), str):
         unknown = sorted(str(k) for k in value if k != "prompt" and k not in keys)
         if unknown:

@@ -4,8 +4,9 @@
 
 Input: a ``str`` is the user's message (``{"messages": [{"role": "user", "content": str}]}``);
 ``{"prompt": str, "config": {...}}`` the same with the run's config (``thread_id`` under
-``configurable``); ``{"input": value, "config": {...}}`` any graph input with a config; anything
-else is the graph's input value as it is.
+``configurable``); ``{"input": value, "config": {...}}`` any graph input with a config; an
+editor's prompt through ``turnpool acp`` is the user's message (its session the thread, for a
+checkpointed graph); anything else is the graph's input value as it is.
 
 Cancel: the turn's Abort cancels the turn's scope, which cancels ``astream`` (LangGraph cancels its
 node tasks). Sync nodes and tools run in the loop's default executor, which is the turn's
@@ -20,7 +21,7 @@ from langgraph.pregel import Pregel
 from pydantic_core import to_jsonable_python
 
 from .._turn import Turn
-from . import AgentFn, TurnThreads, too_old
+from . import AgentFn, TurnThreads, acp_prompt, too_old
 
 FRAMEWORK = "a LangGraph graph"
 MODES = ["messages", "updates", "custom", "values"]
@@ -31,10 +32,16 @@ def jsonable(value: Any) -> Any:
     return to_jsonable_python(value, fallback=str)
 
 
-def graph_input(value: Any) -> tuple[Any, dict[str, Any] | None]:
-    """The turn's input as (graph input, config)."""
+def graph_input(value: Any, checkpointed: bool = False) -> tuple[Any, dict[str, Any] | None]:
+    """The turn's input as (graph input, config). An editor's prompt through ``turnpool acp`` is the
+    user's message; for a graph with a checkpointer its ACP session is the thread."""
     if isinstance(value, str):
         return {"messages": [{"role": "user", "content": value}]}, None
+    acp = acp_prompt(value)
+    if acp is not None:
+        text, session = acp
+        config = {"configurable": {"thread_id": session}} if checkpointed else None
+        return {"messages": [{"role": "user", "content": text}]}, config
     if isinstance(value, dict) and ("prompt" in value or "input" in value):
         unknown = sorted(str(k) for k in value if k not in ("prompt", "input", "config"))
         if unknown or ("prompt" in value and "input" in value):
@@ -62,7 +69,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
         raise too_old(spec, obj, extra, "astream")
 
     async def run(turn: Turn) -> Any:
-        value, config = graph_input(turn.input)
+        value, config = graph_input(turn.input, getattr(obj, "checkpointer", None) not in (None, False))
         state: Any = None
         async with TurnThreads():
             async for mode, chunk in obj.astream(value, config, stream_mode=MODES):  # type: ignore[arg-type]
