@@ -142,7 +142,8 @@ async def test_sync_tool_blocked_in_c_is_killed_after_the_grace_with_nothing_lef
     """A sync tool (in a thread) that started a child and sleeps in C: the cancel reaches pydantic-ai
     but not the tool, so the turn never reports ``aborted`` while the tool runs; it ends ``killed``
     after the grace, the tool's child is gone, a new worker serves the next turn. The deps come
-    from the factory named in the input."""
+    from the factory named in the input. An async tool that swallows every cancellation ends
+    ``killed`` too."""
     pidfile = tmp_path / "child.pid"
     async with Supervisor(workers=1, spares=0, grace=0.3, kill_after=1.0, preload=PRELOAD) as sup:
         handle = await sup.submit(
@@ -155,10 +156,17 @@ async def test_sync_tool_blocked_in_c_is_killed_after_the_grace_with_nothing_lef
         with anyio.fail_after(60):
             result = await handle.result()
             after = await sup.run(A + "thinker", "again")
+        stubborn = await sup.submit(A + "stubborn", "go")
+        await wait_for_event(stubborn, "tool_call")
+        await stubborn.cancel()
+        with anyio.fail_after(60):
+            ignored = await stubborn.result()
     assert call["title"] == "block"
     assert result.outcome == "killed" and result.cause == {"kind": "user"}, result
     assert gone(child)
     assert after.outcome == "completed" and after.worker_pid != result.worker_pid
+    # An async tool that swallows every cancellation: the run never unwinds, the ladder ends it.
+    assert ignored.outcome == "killed" and ignored.cause == {"kind": "user"}, ignored
 
 
 async def test_through_the_daemon() -> None:

@@ -96,4 +96,21 @@ def block(ctx: RunContext[Files]) -> str:
     return "unreachable"
 
 
+async def _call_stubborn(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+    yield {0: DeltaToolCall(name="stubborn_tool", json_args="{}", tool_call_id="call_stubborn")}
+
+
+stubborn = Agent(FunctionModel(stream_function=_call_stubborn))
+
+
+@stubborn.tool_plain
+async def stubborn_tool() -> str:
+    """An async tool that swallows every cancellation: the run can never unwind."""
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            continue
+
+
 not_an_agent = {"model": "gpt"}
