@@ -35,7 +35,7 @@ def jsonable(value: Any) -> Any:
 def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
     if not isinstance(obj, agents.Agent):
         return None
-    if not hasattr(agents.Runner, "run_streamed"):
+    if not hasattr(getattr(agents, "Runner", None), "run_streamed"):
         raise too_old(spec, obj, extra, "Runner.run_streamed")
 
     async def run(turn: Turn) -> Any:
