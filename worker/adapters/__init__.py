@@ -59,7 +59,10 @@ def adapt(spec: str, obj: Any) -> Any:
                         f"agent {spec!r} is {what} ({_type_name(obj)}), which workers cannot run yet; "
                         f"supported: {SUPPORTED}"
                     )
-                adapter = importlib.import_module(f"{__name__}.{module}")
+                try:
+                    adapter = importlib.import_module(f"{__name__}.{module}")
+                except ImportError as exc:  # the installed framework lacks what the adapter imports
+                    raise too_old(spec, obj, extra, f"what turnpool's adapter imports ({exc})") from None
                 wrapped: AgentFn | None = adapter.adapt(spec, obj, extra)
                 if wrapped is not None:
                     return wrapped

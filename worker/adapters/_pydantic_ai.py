@@ -34,10 +34,16 @@ def jsonable(value: Any) -> Any:
 
 
 def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
-    if not isinstance(obj, pydantic_ai.agent.AbstractAgent):
+    base = getattr(getattr(pydantic_ai, "agent", None), "AbstractAgent", None)
+    if base is None or not isinstance(obj, base):
+        if base is None:
+            raise too_old(spec, obj, extra, "pydantic_ai.agent.AbstractAgent")
         return None
-    if not hasattr(obj, "run_stream_events"):
-        raise too_old(spec, obj, extra, "Agent.run_stream_events")
+    for owner, name in ((obj, "run_stream_events"), (pydantic_ai, "AgentRunResultEvent")):
+        if not hasattr(owner, name):
+            raise too_old(spec, obj, extra, name)
+    if not hasattr(getattr(pydantic_ai, "Agent", None), "using_thread_executor"):
+        raise too_old(spec, obj, extra, "Agent.using_thread_executor")
 
     async def run(turn: Turn) -> Any:
         prompt, extras = split_input(turn.input, FRAMEWORK, KEYS)
