@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from supervisor import Client, Supervisor, TurnHandle
-from tests.support.daemonkit import FAST, ROOT, serving
+from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -169,10 +169,16 @@ async def test_sync_tool_blocked_in_c_is_killed_after_the_grace_with_nothing_lef
     assert ignored.outcome == "killed" and ignored.cause == {"kind": "user"}, ignored
 
 
-async def test_through_the_daemon() -> None:
-    """The same agents through ``turnpool serve`` and a ``Client``: streamed events, output,
-    cancel mid-stream ``aborted`` with cause ``user``."""
-    with serving(*FAST) as d:
+async def test_through_the_daemon_and_over_http() -> None:
+    """The same agents through ``turnpool serve``: a ``Client`` gets the streamed events and the
+    output, and a cancel mid-stream ends ``aborted`` with cause ``user``; over HTTP, a submit's
+    Server-Sent Events carry the same vocabulary and the result its output."""
+    from tests.test_http import client as http_client
+    from tests.test_http import follow_all
+    from tests.test_http import result as http_result
+    from tests.test_http import submit as http_submit
+
+    with serving(*FAST, *HTTP) as d:
         async with Client.connect(d.endpoint) as client:
             handle = await client.submit(A + "thinker", "What is the answer?")
             with anyio.fail_after(60):
@@ -183,10 +189,17 @@ async def test_through_the_daemon() -> None:
             await endless.cancel()
             with anyio.fail_after(60):
                 aborted = await endless.result()
+        async with http_client(d) as http:
+            turn_id = await http_submit(http, A + "thinker", {"prompt": "What is the answer?"})
+            streamed = await follow_all(http, turn_id)
+            over_http = await http_result(http, turn_id)
     assert result.outcome == "completed" and result.output == "The answer is 42."
     assert "".join(e["text"] for e in seen if e["type"] == "delta") == "The answer is 42."
     assert [e["type"] for e in seen].count("tool_call") == 1
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}
+    data = [item[2] for item in streamed if item[0] == "event"]
+    assert data == seen, streamed
+    assert over_http["outcome"] == "completed" and over_http["output"] == "The answer is 42."
 
 
 def test_in_a_batch(tmp_path: Path) -> None:
