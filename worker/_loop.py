@@ -26,7 +26,7 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _endlog, _heap, _heir, _marker
+from . import _endlog, _heap, _heir, _marker, adapters
 from ._connection import Connection
 from ._errors import TurnCancelled
 from ._flusher import StaleFlusher
@@ -106,8 +106,7 @@ def load_agent(spec: str) -> Any:
             ) from None
         for part in attr.split("."):
             obj = getattr(obj, part)
-        if not callable(obj):
-            raise TypeError(f"agent {spec!r} is not callable")
+        obj = adapters.adapt(spec, obj)  # A-ADAPT: a framework object runs through its adapter
         call = getattr(obj, "__call__", None)  # noqa: B004 - an instance with a generator __call__ too
         if any(inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f) for f in (obj, call)):
             raise TypeError(GENERATOR_AGENT.format(spec=spec))

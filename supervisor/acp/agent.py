@@ -205,7 +205,8 @@ class TurnpoolAgent:
                 await self._send(session.id, update)
             return acp.PromptResponse(stop_reason="cancelled", field_meta=_meta(result))
         if result.outcome == "completed":
-            if isinstance(result.output, str) and result.output:
+            # A framework agent streams its text as deltas and returns the same text: sent once.
+            if isinstance(result.output, str) and result.output and result.output != events.text:
                 await self._send(session.id, acp.update_agent_message_text(result.output))
             for update in events.close_open_tools(cancelled=False, reason="the turn ended"):
                 await self._send(session.id, update)

@@ -63,6 +63,7 @@ class TurnEvents:
 
     def __init__(self) -> None:
         self.open_tools: dict[str, str] = {}  # tool call id → last status, for unfinished ones
+        self.text = ""  # the message text streamed so far (a str output equal to it is not sent again)
 
     def update(self, event: Any) -> Any | None:
         """The ACP update for one turn event, or ``None`` to skip it."""
@@ -74,12 +75,15 @@ class TurnEvents:
 
     def _update(self, event: Any) -> Any | None:
         if isinstance(event, str):
+            self.text += event
             return acp.update_agent_message_text(event) if event else None
         if not isinstance(event, dict):
             return None
         kind = event.get("type")
         if kind == "delta":
             text = _text(event.get("text"))
+            if text:
+                self.text += text
             return acp.update_agent_message_text(text) if text else None
         if kind == "thought":
             text = _text(event.get("text"))

@@ -1,0 +1,53 @@
+"""The loopback Chat Completions server (tests.support.openai_server) answering by what the
+conversation asks for, so turns in any order get their own script: the first user message names
+it ("tool", "block", "forever"; anything else: a plain answer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.openai_server import FakeOpenAIServer, Plan, chunk
+
+
+def tool_call(name: str, arguments: str) -> list[dict[str, Any]]:
+    call = {"index": 0, "id": f"call_{name}", "type": "function", "function": {"name": name, "arguments": ""}}
+    return [
+        chunk({"role": "assistant", "tool_calls": [call]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}),
+        chunk({}, finish="tool_calls"),
+    ]
+
+
+def text(*pieces: str, stall: bool = False) -> Plan:
+    chunks = [chunk({"role": "assistant", "content": pieces[0]})]
+    chunks += [chunk({"content": p}) for p in pieces[1:]]
+    if not stall:
+        chunks.append(chunk({}, finish="stop"))
+    return Plan(chunks, stall=stall)
+
+
+class _ByConversation:
+    """Stands in for the server's list of plans: ``pop(0)`` reads the request just received."""
+
+    def __init__(self, server: FakeOpenAIServer) -> None:
+        self.server = server
+
+    def pop(self, index: int) -> Plan:
+        messages = self.server.requests[-1][1]["messages"]
+        ask = next(m["content"] for m in messages if m["role"] == "user")
+        answered = any(m["role"] == "tool" for m in messages)
+        if ask == "forever":
+            return text("Once ", "upon ", stall=True)
+        if ask == "block":
+            return Plan(tool_call("block", "{}"))
+        if ask == "tool":
+            return (
+                text("The answer ", "is 42.") if answered else Plan(tool_call("lookup", '{"key": "answer"}'))
+            )
+        return text("Hello ", "there.")
+
+
+def agents_server() -> FakeOpenAIServer:
+    server = FakeOpenAIServer([])
+    server.plans = _ByConversation(server)  # type: ignore[assignment]
+    return server

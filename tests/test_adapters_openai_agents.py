@@ -1,0 +1,199 @@
+"""An OpenAI Agents SDK ``agents.Agent`` named as a turn's agent runs unchanged in a real worker,
+its model the SDK's own ``OpenAIChatCompletionsModel`` against a loopback streaming Chat
+Completions server started by each test: embedded, through the daemon and in ``turnpool batch``.
+Its stream becomes the common event vocabulary and the output is ``final_output``; a cancel
+mid-stream ends ``aborted`` (cause ``user``), a sync tool blocked in C ends ``killed`` after the
+grace with its child process gone, a deadline ends with cause ``deadline``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from supervisor import Client, Supervisor, TurnHandle
+from tests.support.agents_server import agents_server
+from tests.support.daemonkit import FAST, ROOT, serving
+from tests.support.openai_server import FakeOpenAIServer
+
+pytestmark = pytest.mark.anyio
+
+A = "tests.agents.openai_agents_agents:assistant"
+PRELOAD = ("tests.agents.openai_agents_agents",)  # imported once, in the zygote
+URL_VAR = "TURNPOOL_TEST_OPENAI_URL"
+
+
+@asynccontextmanager
+async def model_server() -> AsyncIterator[FakeOpenAIServer]:
+    server = agents_server()
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        yield server
+        tg.cancel_scope.cancel()
+
+
+async def events_of(handle: TurnHandle) -> list[dict[str, Any]]:
+    with anyio.fail_after(60):
+        async with aclosing(handle.events()) as events:
+            return [event async for event in events]
+
+
+async def wait_for_event(handle: TurnHandle, kind: str) -> dict[str, Any]:
+    with anyio.fail_after(60):
+        async with aclosing(handle.events()) as events:
+            async for event in events:
+                if event["type"] == kind:
+                    return event
+    raise AssertionError(f"the turn ended without a {kind} event")
+
+
+def wait_for_file(path: Path, bound: float = 60.0) -> str:
+    """Bounded poll of a file another process writes."""
+    deadline = time.monotonic() + bound
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} was never written"
+        time.sleep(0.01)  # allowed: bounded poll of a file written in another process
+    return path.read_text()
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_agent_completes_streaming_the_common_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool-calling run: the tool call and its output (the run's context from the input reaches
+    the tool), the answer's tokens as deltas adding up to ``final_output``; unknown keys are
+    refused."""
+    async with model_server() as server:
+        monkeypatch.setenv(URL_VAR, server.base_url)
+        async with Supervisor(workers=1, spares=0, preload=PRELOAD) as sup:
+            handle = await sup.submit(A, {"prompt": "tool", "context": {"user": 7}})
+            with anyio.fail_after(60):
+                result = await handle.result()
+                plain = await sup.run(A, "hi")
+                unknown = await sup.run(A, {"prompt": "hi", "temperature": 0})
+            seen = await events_of(handle)
+    assert result.outcome == "completed" and result.output == "The answer is 42.", result
+    assert seen == [
+        {"type": "framework", "name": "agent_updated", "data": {"agent": "assistant"}},
+        {"type": "tool_call", "id": "call_lookup", "title": "lookup", "input": {"key": "answer"}},
+        {
+            "type": "tool_call_update",
+            "id": "call_lookup",
+            "status": "completed",
+            "output": {"key": "answer", "value": 42, "context": {"user": 7}},
+        },
+        {"type": "delta", "text": "The answer "},
+        {"type": "delta", "text": "is 42."},
+    ]
+    assert plain.outcome == "completed" and plain.output == "Hello there."
+    assert unknown.outcome == "failed" and unknown.error is not None
+    assert unknown.error.type == "ValueError" and "'temperature'" in unknown.error.message
+    assert "'context'" in unknown.error.message
+
+
+async def test_cancel_deadline_and_a_blocked_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(One supervisor for the three: importing the SDK costs seconds per worker here.)
+
+    A model stream that never ends, cancelled after its first delta: the run's own cancel and the
+    turn's scope stop it, ``aborted`` with cause ``user`` well inside the grace, the HTTP stream is
+    closed, the same worker runs the next turn. Past its deadline it ends with cause ``deadline``.
+    A sync function tool (in a thread) that started a child and sleeps in C: the run's cancel does
+    not reach it, so the turn never reports ``aborted`` while it runs; it ends ``killed`` after the
+    grace, the tool's child is gone, a new worker serves the next turn."""
+    pidfile = tmp_path / "child.pid"
+    async with model_server() as server:
+        monkeypatch.setenv(URL_VAR, server.base_url)
+        async with Supervisor(workers=1, spares=0, grace=20, preload=PRELOAD) as sup:
+            handle = await sup.submit(A, "forever")
+            first = await wait_for_event(handle, "delta")
+            t0 = time.monotonic()
+            assert await handle.cancel() == {"kind": "user"}
+            with anyio.fail_after(60):
+                result = await handle.result()
+                await server.disconnected.wait()
+                after = await sup.run(A, "hi")
+                late = await sup.run(A, "forever", timeout=0.5)
+            elapsed = time.monotonic() - t0
+
+            blocked = await sup.submit(
+                A, {"prompt": "block", "context": {"pidfile": str(pidfile)}}, grace=0.3, kill_after=1.0
+            )
+            call = await wait_for_event(blocked, "tool_call")
+            child = int(await anyio.to_thread.run_sync(wait_for_file, pidfile))
+            await blocked.cancel()
+            with anyio.fail_after(60):
+                killed = await blocked.result()
+                fresh = await sup.run(A, "hi")
+    assert first == {"type": "delta", "text": "Once "}
+    assert result.outcome == "aborted" and result.cause == {"kind": "user"}, result
+    assert elapsed < 10
+    assert after.outcome == "completed" and after.worker_pid == result.worker_pid
+    assert late.outcome == "aborted" and late.cause == {"kind": "deadline"}, late
+    assert call["title"] == "block"
+    assert killed.outcome == "killed" and killed.cause == {"kind": "user"}, killed
+    assert gone(child)
+    assert fresh.outcome == "completed" and fresh.worker_pid != killed.worker_pid
+
+
+async def test_through_the_daemon() -> None:
+    """The same agent through ``turnpool serve`` and a ``Client``: streamed events, the output,
+    cancel mid-stream ``aborted`` with cause ``user``."""
+    async with model_server() as server:
+        with serving(*FAST, "--workers", "1", env_extra={URL_VAR: server.base_url}) as d:
+            async with Client.connect(d.endpoint) as client:
+                handle = await client.submit(A, "tool")
+                with anyio.fail_after(60):
+                    result = await handle.result()
+                seen = await events_of(handle)
+                endless = await client.submit(A, "forever")
+                await wait_for_event(endless, "delta")
+                await endless.cancel()
+                with anyio.fail_after(60):
+                    aborted = await endless.result()
+    assert result.outcome == "completed" and result.output == "The answer is 42."
+    assert "".join(e["text"] for e in seen if e["type"] == "delta") == "The answer is 42."
+    assert [e["type"] for e in seen].count("tool_call") == 1
+    assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}
+
+
+async def test_in_a_batch(tmp_path: Path) -> None:
+    """``turnpool batch``: a job completes with the agent's output, one past its deadline ends
+    with cause ``deadline``, a bad input fails: one final line each."""
+    jobs = tmp_path / "jobs.jsonl"
+    out = tmp_path / "out.jsonl"
+    jobs.write_text(
+        "\n".join(
+            json.dumps(j)
+            for j in [
+                {"id": "ok", "agent": A, "input": "tool"},
+                {"id": "late", "agent": A, "input": "forever", "timeout": 0.5},
+                {"id": "bad", "agent": A, "input": {"prompt": "q", "nope": 1}},
+            ]
+        )
+        + "\n"
+    )
+    argv = [sys.executable, "-P", "-c", "from supervisor.cli.main import entry; entry()", "batch"]
+    argv += [str(jobs), "-o", str(out), "--workers", "1", "--path", ROOT, "--grace", "1", "--kill-after", "1"]
+    async with model_server() as server:
+        with anyio.fail_after(120):
+            proc = await anyio.run_process(argv, check=False, env={**os.environ, URL_VAR: server.base_url})
+    assert proc.returncode == 1, proc.stderr
+    lines = {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines()) if rec["final"]}
+    assert lines["ok"]["outcome"] == "completed" and lines["ok"]["output"] == "The answer is 42."
+    assert lines["late"]["outcome"] in ("aborted", "killed") and lines["late"]["cause"] == {
+        "kind": "deadline"
+    }
+    assert lines["bad"]["outcome"] == "failed" and "'nope'" in lines["bad"]["error"]["message"]

@@ -1,0 +1,113 @@
+"""An OpenAI Agents SDK ``agents.Agent`` as a turnpool agent: ``Runner.run_streamed``, its stream
+events mapped onto turnpool's vocabulary (docs/adapters.md), ``final_output`` made encodable.
+
+Input: a ``str`` prompt, or ``{"prompt": str, "context": value, "max_turns": int}``: ``context`` (any
+JSON value) is the run's context object, which tools see as ``ctx.context``.
+
+Cancel: the turn's Abort calls the run's own ``cancel(mode="immediate")`` and cancels the turn's
+scope; on the way out the run's task is waited for (shielded). The SDK runs sync function tools
+with ``asyncio.to_thread``, in the loop's default executor, which is the turn's ``TurnThreads``:
+the turn ends only once they have returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import agents
+import anyio
+from pydantic_core import to_jsonable_python
+
+from .._errors import TurnCancelled
+from .._turn import Turn
+from . import AgentFn, TurnThreads, split_input, too_old
+
+FRAMEWORK = "an OpenAI Agents SDK Agent"
+KEYS = ("context", "max_turns")
+
+
+def jsonable(value: Any) -> Any:
+    return to_jsonable_python(value, fallback=str)
+
+
+def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
+    if not isinstance(obj, agents.Agent):
+        return None
+    if not hasattr(getattr(agents, "Runner", None), "run_streamed"):
+        raise too_old(spec, obj, extra, "Runner.run_streamed")
+
+    async def run(turn: Turn) -> Any:
+        prompt, extras = split_input(turn.input, FRAMEWORK, KEYS)
+        kwargs: dict[str, Any] = {"context": extras.get("context")}
+        if "max_turns" in extras:
+            max_turns = extras["max_turns"]
+            if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+                raise ValueError(f"'max_turns' is a positive int, got {max_turns!r}")
+            kwargs["max_turns"] = max_turns
+        async with TurnThreads():
+            result = agents.Runner.run_streamed(obj, prompt, **kwargs)
+            turn.signal.add_callback(lambda cause: result.cancel(mode="immediate"))
+            try:
+                async for event in result.stream_events():
+                    mapped = map_event(event)
+                    if mapped is not None:
+                        await turn.emit(mapped)
+            finally:
+                if not result.is_complete:
+                    result.cancel(mode="immediate")
+                task = result.run_loop_task
+                if task is not None and not task.done():
+                    with anyio.CancelScope(shield=True):
+                        await asyncio.wait([task])
+            if turn.signal.cancelled:
+                # A cancelled run's stream ends quietly: the turn honoured the cancel.
+                raise TurnCancelled(turn.signal.cause)
+            return jsonable(result.final_output)
+
+    return run
+
+
+def _arguments(raw: Any) -> Any:
+    text = getattr(raw, "arguments", None)
+    if not isinstance(text, str):
+        return jsonable(text)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def map_event(event: Any) -> dict[str, Any] | None:
+    """One SDK stream event as a turnpool event, or None (whole messages: their text was streamed)."""
+    kind = getattr(event, "type", None)
+    if kind == "raw_response_event":
+        data = event.data
+        data_type = getattr(data, "type", "")
+        if data_type == "response.output_text.delta":
+            return {"type": "delta", "text": data.delta} if data.delta else None
+        if data_type in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
+            return {"type": "thought", "text": data.delta} if data.delta else None
+        return None
+    if kind == "agent_updated_stream_event":
+        return {"type": "framework", "name": "agent_updated", "data": {"agent": event.new_agent.name}}
+    if kind != "run_item_stream_event":
+        return {"type": "framework", "name": str(kind), "data": jsonable(event)}
+    item = event.item
+    raw = getattr(item, "raw_item", None)
+    if event.name == "tool_called":
+        call_id = getattr(raw, "call_id", None) or getattr(raw, "id", None)
+        title = getattr(raw, "name", None) or getattr(raw, "type", "tool")
+        return {"type": "tool_call", "id": call_id, "title": title, "input": _arguments(raw)}
+    if event.name == "tool_output":
+        call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
+        return {
+            "type": "tool_call_update",
+            "id": call_id,
+            "status": "completed",
+            "output": jsonable(item.output),
+        }
+    if event.name in ("message_output_created", "reasoning_item_created"):
+        return None
+    return {"type": "framework", "name": event.name, "data": jsonable(raw)}
