@@ -13,9 +13,10 @@ It is one more front end against public methods of the engine (``Daemon.submit``
 Needs the ``http`` extra (``pip install 'turnpool[http]'``). See ``docs/http.md``.
 """
 
+from ._api import build_app
 from ._bounds import HttpLimits
 from ._listen import is_loopback, parse_listen, read_token
-from ._schema import ErrorReply, Submitted, TurnList, TurnState
+from ._schema import ErrorReply, Submitted, TurnList, TurnState, openapi
 from ._server import HttpFrontEnd, attach_http
 
 # The reply types are the API's own documents (the OpenAPI schema is generated from them).
@@ -27,7 +28,9 @@ __all__ = [
     "TurnList",
     "TurnState",
     "attach_http",
+    "build_app",
     "is_loopback",
+    "openapi",
     "parse_listen",
     "read_token",
 ]
