@@ -534,3 +534,80 @@ def test_sighup_drains_like_sigterm() -> None:
         d.signal(signal.SIGHUP)
         assert handle.result().outcome == "completed"
         assert d.wait(timeout=60) == 0
+
+
+# ---- every path one line; a closed pipe is quiet (C-ONE) -------------------------------------
+
+
+WAITED_BAD: tuple[tuple[str, ...], ...] = (
+    ("nope",),
+    ("__main__:x",),
+    ("examples.agents:echo", "--timeout", "1e999"),
+    ("examples.agents:echo", "--turn-id", "a\nb"),
+    ("examples.agents:echo", "--session", "tab\there"),
+    ("examples.agents:echo", "--turn-id", "\udcff"),  # a non-UTF-8 argument byte
+)
+
+
+@pytest.mark.parametrize("mode", ["--wait", "--follow"])
+def test_submit_wait_and_follow_answer_bad_input_as_submit_does(mode: str) -> None:
+    """C-ONE: ``submit BAD --wait`` / ``--follow`` (a bad agent name, ``__main__:x``, a timeout
+    of ``1e999``, a turn id or session R-TID refuses) prints the same one line and exit 2 as
+    ``submit BAD`` (was: a 53-line ExceptionGroup traceback and exit 1)."""
+    home = daemonkit.short_dir()
+    with serving(*FAST, "--no-journal", home=home) as d:
+        for bad in WAITED_BAD:
+            plain = d.cli("submit", *bad)
+            waited = d.cli("submit", *bad, mode)
+            assert plain.returncode == waited.returncode == 2, (bad, plain.stderr, waited.stderr)
+            assert one_line_error(waited) == one_line_error(plain), bad
+        status = d.cli("status", "--json")
+        assert msgspec.json.decode(status.stdout)["outcomes"] == {}, status.stdout  # nothing ran
+
+
+def _closed_stdout(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``turnpool ARGS`` with a stdout whose reader has gone (``| head -1`` after its line)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            daemonkit.turnpool_argv(*args),
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=BOUND * 2,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_pipe_is_quiet_with_exit_141() -> None:
+    """C-ONE: every command that prints, writing into a pipe whose reader is gone (``turnpool
+    history | head -1``), ends quietly with exit 141 (128 + SIGPIPE, as a shell tool ends) and
+    nothing on stderr (was: a BrokenPipeError traceback)."""
+    home = daemonkit.short_dir()
+    with serving(*FAST, "--journal", str(home / "j.sqlite3"), home=home) as d:
+        assert d.cli("submit", "examples.agents:echo", "--wait", "--turn-id", "p-1").returncode == 0
+        for args in (
+            ("history",),
+            ("history", "--json"),
+            ("result", "p-1"),
+            ("status",),
+            ("submit", "examples.agents:echo", "--input", "1", "--wait"),
+            ("submit", "examples.agents:echo", "--input", "2", "--follow"),
+            ("submit", "examples.agents:echo"),
+        ):
+            out = _closed_stdout(*args, env=d.env)
+            assert out.returncode == 141 and out.stderr.strip() in ("", *_ids_said(out.stderr)), (args, out)
+
+    for args in (("--version",), ("--help",)):  # argparse drops what it cannot write: quiet, exit 0
+        out = _closed_stdout(*args, env=d.env)
+        assert out.returncode == 0 and out.stderr == "", (args, out)
+
+
+def _ids_said(err: str) -> list[str]:
+    """``submit --wait`` names its turn on stderr before waiting (C-INT): allowed, nothing else."""
+    lines = err.strip().splitlines()
+    return [err.strip()] if lines and all("submitted; waiting" in line for line in lines) else []

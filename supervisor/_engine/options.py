@@ -73,6 +73,7 @@ def require_seconds(name: str, value: Any, *, positive: bool = False) -> float:
 # terminal), line or paragraph separators, or surrogate code points (a lone surrogate is not text:
 # it cannot be written as UTF-8, so no journal, JSON body or URL could carry it). Anything else -
 # spaces, ``/``, ``%``, any script, emoji - is accepted, and HTTP addresses it percent-encoded.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _NOT_IN_IDS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
@@ -91,6 +92,14 @@ def id_problem(name: str, value: str) -> str | None:
         f"{name} must be printable text: it holds {kind} (U+{ord(char):04X}) at position {bad.start()}, "
         f"got {shown_id(value)}"
     )
+
+
+def check_known_id(name: str, value: str) -> None:
+    """R-TID for a look-up (result, cancel, follow): an id holding a surrogate can never have been
+    accepted, nor be sent or stored, so it is bad input (``ValueError``), said as the rule says
+    it. Other ids are looked up as given (a journal may hold ids accepted under an older rule)."""
+    if not value.isascii() and _SURROGATE.search(value) is not None:
+        raise ValueError(id_problem(name, value))
 
 
 def check_optional_str(name: str, value: Any) -> str | None:

@@ -21,7 +21,7 @@ import msgspec
 
 from .._errors import InvalidAgent, TurnpoolError
 from . import cluster, options
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, innermost
 
 
 def _on_off(value: str) -> bool:
@@ -438,10 +438,16 @@ def _run(fn: Callable[[], Any]) -> int:
     """Run an async command; map turnpool's errors to messages and exit codes."""
     try:
         return int(anyio.run(fn, backend="asyncio"))
-    except (InvalidAgent, TypeError, ValueError) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except TurnpoolError as exc:
-        return _fail(str(exc))
+    except BaseException as exc:  # C-ONE: the same one line whether or not a task group wrapped it
+        if innermost(exc, (BrokenPipeError, KeyboardInterrupt)) is not None:
+            raise  # ``main`` ends those (quietly, 141; 130)
+        usage = innermost(exc, (InvalidAgent, TypeError, ValueError))
+        if usage is not None:
+            return _fail(str(usage), EXIT_USAGE)
+        refused = innermost(exc, TurnpoolError)
+        if refused is not None:
+            return _fail(str(refused))
+        raise
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
