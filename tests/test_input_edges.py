@@ -10,6 +10,7 @@ reply, and what a refused submit carried never runs.
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 from urllib.parse import quote
@@ -48,6 +49,11 @@ ODD_IDS = [
 def id_segment(value: str) -> str:
     """An id as one path segment, as a client writes it (and as the daemon's ``Location`` is)."""
     return "%2E" * len(value) if value.strip(".") == "" else quote(value, safe="")
+
+
+def obeys_the_id_rule(value: str) -> bool:
+    """R-TID as docs/guarantees.md words it (written here again, not imported from the code)."""
+    return 1 <= len(value) <= 256 and not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]", value)
 
 
 def _error(r: httpx.Response, status: int) -> str:
@@ -223,3 +229,86 @@ def test_fuzzed_requests_are_acknowledged_or_refused_never_a_500() -> None:
         ]
         assert {t["turn_id"] for t in listed} == accepted
         assert http.get("/v1/status").status_code == 200
+
+
+# ---- the Python API and the daemon's clients ------------------------------------------------------
+
+
+_odd = st.sampled_from(["a\x00b", "\ud800", "日本", "a/b", "", "x" * 300, "..", "\n"])
+_value = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=8)
+    | _odd
+    | st.binary(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner)
+        | st.frozensets(st.integers(), max_size=2)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_numbers = (
+    st.none() | st.floats(allow_nan=True) | st.integers(-5, 10**9) | st.booleans() | st.text(max_size=3)
+)
+_submits = st.fixed_dictionaries(
+    {
+        "agent": st.sampled_from(
+            [ECHO, "examples.agents:noop", "examples.agents:missing", "nope", "__main__:x"]
+        )
+    },
+    optional={
+        "input": _value,
+        "session": st.none() | _odd | st.text(max_size=8) | st.integers(),
+        "turn_id": st.none() | _odd | st.text(max_size=8) | st.integers(),
+        "timeout": _numbers,
+        "grace": _numbers,
+        "kill_after": _numbers,
+        "retry": st.booleans() | st.none() | st.integers(0, 2),
+    },
+)
+
+
+def test_fuzzed_submits_are_acknowledged_or_refused_the_same_embedded_and_through_a_client() -> None:
+    """Hypothesis: ``submit`` with any agent, input, session, turn id, times and retry, on a
+    ``SyncSupervisor`` and on a ``SyncClient`` of a daemon: each call either returns a handle whose
+    turn ends (and a repeat under its id is that turn), or raises ``TypeError``/``ValueError`` at
+    the call; both backends decide alike, what they accept obeys R-TID, and neither knows a turn it
+    did not acknowledge."""
+    from supervisor import SyncClient, SyncSupervisor
+
+    accepted: list[set[str]] = [set(), set()]
+    with (
+        serving(*ONE) as d,
+        SyncClient.connect(d.endpoint) as client,
+        SyncSupervisor(workers=1, spares=0, grace=0.5, kill_after=0.5) as sup,
+    ):
+        backends = (sup, client)
+
+        @FUZZ
+        @given(call=_submits)
+        def submits(call: dict[str, Any]) -> None:
+            answers = []
+            for backend, ids in zip(backends, accepted, strict=True):
+                try:
+                    handle = backend.submit(**call)
+                except (TypeError, ValueError) as exc:
+                    assert str(exc) and "\n" not in str(exc).strip(), exc
+                    answers.append("refused")  # (with two faults, the backends may name either first)
+                    continue
+                ids.add(handle.turn_id)
+                assert obeys_the_id_rule(handle.turn_id), call  # R-TID holds for what was accepted
+                assert call.get("session") is None or obeys_the_id_rule(call["session"]), call
+                result = handle.result()
+                assert result.turn_id == handle.turn_id
+                if call.get("turn_id") is not None:
+                    assert backend.submit(**call).turn_id == handle.turn_id
+                answers.append("accepted")
+            assert answers[0] == answers[1], (call, answers)
+
+        submits()
+        for backend, ids in zip(backends, accepted, strict=True):
+            assert sum(backend.status()["outcomes"].values()) == len(ids)
