@@ -611,3 +611,50 @@ def _ids_said(err: str) -> list[str]:
     """``submit --wait`` names its turn on stderr before waiting (C-INT): allowed, nothing else."""
     lines = err.strip().splitlines()
     return [err.strip()] if lines and all("submitted; waiting" in line for line in lines) else []
+
+
+def _refusal(out: subprocess.CompletedProcess[str]) -> None:
+    """Exit 1 or 2 and one line on stderr; an argparse usage error (its usage, then one
+    ``turnpool CMD: error: ...`` line, exit 2) counts as that line."""
+    assert out.returncode in (1, 2), out
+    err = out.stderr.strip()
+    if err.startswith("usage:"):
+        assert out.returncode == 2 and "Traceback" not in err, err
+        assert err.splitlines()[-1].startswith("turnpool ") and ": error: " in err.splitlines()[-1], err
+    else:
+        one_line_error(out)
+
+
+def test_fuzzed_cli_arguments_get_an_acknowledgement_or_one_line() -> None:
+    """C-ONE under hypothesis: ``submit`` (plain, ``--wait``, ``--follow``) and ``cancel`` with any
+    agent, input, turn id, session and timeout text (a non-UTF-8 byte included): exit 0 with the
+    turn id printed, or exit 1/2 with one line on stderr, never a traceback. (Few examples: each
+    is two processes.)"""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    arg = st.text(
+        st.characters(exclude_characters="\x00", exclude_categories=["Cs"]) | st.sampled_from("\udcff\n/%"),
+        max_size=12,
+    )
+    home = daemonkit.short_dir()
+    with serving(*FAST, "--no-journal", home=home) as d:
+
+        @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(
+            agent=st.sampled_from(["examples.agents:echo", "nope", "__main__:x"]) | arg,
+            options=st.dictionaries(st.sampled_from(["--input", "--turn-id", "--session", "--timeout"]), arg),
+            wait=st.sampled_from([(), ("--wait",), ("--follow",)]),
+        )
+        def submit(agent: str, options: dict[str, str], wait: tuple[str, ...]) -> None:
+            argv = [item for pair in options.items() for item in pair]
+            out = d.cli("submit", agent, *argv, *wait)
+            if out.returncode == 0:
+                assert out.stdout.strip() and "Traceback" not in out.stderr, out
+            else:
+                _refusal(out)
+            out = d.cli("cancel", options.get("--turn-id") or agent)
+            if out.returncode:
+                _refusal(out)
+
+        submit()
