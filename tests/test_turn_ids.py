@@ -142,3 +142,23 @@ async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None
     finally:
         stop_process(served.proc)
         shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_a_turn_acknowledged_under_an_older_rule_is_readmitted_as_it_is() -> None:
+    """R-TID binds new submits only: a turn the journal acknowledged before the rule (an id holding
+    a control character) is readmitted at recovery and runs, where a new submit of that id is
+    refused, so a daemon upgraded over such a journal still starts and loses nothing."""
+    import msgspec
+
+    import wire
+
+    async with Supervisor(workers=1, spares=0) as sup:
+        with pytest.raises(ValueError, match="control character"):
+            await sup.submit(ECHO, 1, turn_id="old\x01id")
+        record = sup.accept_encoded(
+            ECHO, msgspec.Raw(wire.encode_payload(7)), session="s\x02", timeout=None, grace=None,
+            kill_after=None, turn_id="old\x01id", readmit=True,
+        )  # fmt: skip
+        with anyio.fail_after(60):
+            result = await sup.handle(record.id).result()
+    assert result.turn_id == "old\x01id" and result.output == 7, result
