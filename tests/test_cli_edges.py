@@ -546,6 +546,7 @@ WAITED_BAD: tuple[tuple[str, ...], ...] = (
     ("examples.agents:echo", "--turn-id", "a\nb"),
     ("examples.agents:echo", "--session", "tab\there"),
     ("examples.agents:echo", "--turn-id", "\udcff"),  # a non-UTF-8 argument byte
+    ("examples.agents:echo", "--input", "[" * 20_000 + "]" * 20_000),  # W-DEEP
 )
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import anyio
 import msgspec
 
+import wire
+
 from .._errors import InvalidAgent, TurnpoolError
 from . import cluster, options
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, innermost
@@ -455,6 +457,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         data = json.loads(args.input) if args.input is not None else None
     except json.JSONDecodeError as exc:
         return _fail(f"--input is not valid JSON: {exc}", EXIT_USAGE)
+    except RecursionError:  # W-DEEP
+        return _fail(f"--input {wire.TOO_DEEP}", EXIT_USAGE)
 
     async def main() -> int:
         async with _client(args) as client:
