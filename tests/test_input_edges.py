@@ -208,7 +208,8 @@ def test_fuzzed_requests_are_acknowledged_or_refused_never_a_500() -> None:
             for path in ("/v1/turns", "/v1/outcomes", "/v1/status"):
                 _fine(http.get(path, params=query))
 
-        header_text = st.text(st.sampled_from(string.printable[:95] + "\u00e9"), max_size=40)
+        # (a value with a space at either end is one the client library itself refuses to send)
+        header_text = st.text(st.sampled_from(string.printable[:95] + "\u00e9"), max_size=40).map(str.strip)
 
         @FUZZ
         @given(
