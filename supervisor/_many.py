@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import wire
 
+from ._engine.options import check_optional_str
 from ._errors import TurnpoolError, shown_id
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def check_many(
     for tid in ids:
         if tid is not None and (not isinstance(tid, str) or not tid):
             raise TypeError(f"each of turn_ids must be a non-empty string or None, got {shown_id(tid)}")
+        check_optional_str("turn_id", tid)  # R-TID, before any is submitted
     return items, raws, ids
 
 

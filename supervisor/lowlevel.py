@@ -27,6 +27,7 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
+- ``check_optional_str``: R-TID, the one check of what a turn id or a session may hold.
 """
 
 from . import _peers as peers
@@ -34,6 +35,7 @@ from ._engine import TurnRecord, procs
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
+from ._engine.options import check_optional_str
 from ._engine.procs import orphans_of
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
@@ -51,6 +53,7 @@ __all__ = [
     "SUBMIT_ERROR_CODES",
     "Timers",
     "TurnRecord",
+    "check_optional_str",
     "connection_uid",
     "diag_uid",
     "orphans_of",

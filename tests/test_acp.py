@@ -543,3 +543,120 @@ async def test_turn_stopped_by_its_deadline_answers_an_error() -> None:
     assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
         ("sleep-1", "failed")
     ]
+
+
+# ---- A-FRAME: whatever the editor sends ---------------------------------------------------------
+
+
+class _Lines:
+    """The agent's stdout as lines, read with a bound (a hang fails the test)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.buffer = b""
+
+    def until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0) -> list[dict[str, Any]]:
+        import json
+        import select
+
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" in self.buffer:
+                line, _, self.buffer = self.buffer.partition(b"\n")
+                message = json.loads(line)
+                seen.append(message)
+                if pred(message):
+                    return seen
+            left = deadline - time.monotonic()
+            assert left > 0, f"no answer within {timeout} s; got {seen}"
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                assert chunk, f"the acp agent closed its stdout (exit {self.proc.poll()}); got {seen}"
+                self.buffer += chunk
+
+
+def test_fuzzed_frames_are_answered_and_the_agent_stays_up(tmp_path: Path) -> None:
+    """A-FRAME: random bytes, JSON that is not an object (``[1, 2]``, which ended the agent), a line
+    nested 100,000 deep and hypothesis-made JSON-RPC messages: a line that is not a JSON object
+    gets a ``-32700``/``-32600`` error with ``id`` null, a request gets its answer, and after
+    each line the agent still answers ``initialize``; it exits 0 at EOF."""
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    proc = subprocess.Popen(
+        [str(TURNPOOL), "acp", "--agent", "examples.agents:echo", *ONE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    lines = _Lines(proc)
+    assert proc.stdin is not None
+    probes = iter(range(1, 1_000_000))
+
+    def send(line: bytes) -> list[dict[str, Any]]:
+        """Send ``line`` then a probe; every message until the probe's answer."""
+        probe = f"probe-{next(probes)}"
+        init = {"jsonrpc": "2.0", "id": probe, "method": "initialize", "params": {"protocolVersion": 1}}
+        assert proc.stdin is not None
+        proc.stdin.write(line.replace(b"\n", b" ") + b"\n" + json.dumps(init).encode() + b"\n")
+        proc.stdin.flush()
+        seen = lines.until(lambda m: m.get("id") == probe)
+        assert "result" in seen[-1], seen
+        return seen[:-1]
+
+    def refused(seen: list[dict[str, Any]], code: int) -> None:
+        assert [(m["id"], m["error"]["code"]) for m in seen] == [(None, code)], seen
+
+    json_value = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+        max_leaves=10,
+    )
+    methods = st.sampled_from(
+        ["initialize", "session/new", "session/prompt", "session/cancel", "session/load", "nope", ""]
+    )
+    request = st.fixed_dictionaries(
+        {"jsonrpc": st.just("2.0"), "method": methods | json_value},
+        optional={"id": st.integers(0, 10**6) | st.text(max_size=8) | json_value, "params": json_value},
+    )
+
+    try:
+        refused(send(b"[1, 2]"), -32600)
+        refused(send(b"3"), -32600)
+        refused(send(b"[" * 100_000 + b"]" * 100_000), -32600)
+        refused(send(b"garbage"), -32700)
+        refused(send(b"\xff\xfe{"), -32700)
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(message=request)
+        def requests(message: dict[str, Any]) -> None:
+            seen = send(json.dumps(message).encode())
+            assert all(m.get("id") is not None or "error" in m for m in seen), seen
+
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(value=json_value | st.binary(max_size=30))
+        def anything(value: Any) -> None:
+            line = value if isinstance(value, bytes) else json.dumps(value).encode()
+            seen = send(line)
+            if not isinstance(value, (bytes, dict)):
+                refused(seen, -32600)
+
+        requests()
+        anything()
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()

@@ -132,3 +132,21 @@ async def test_max_steps_bounds_a_model_that_never_finishes() -> None:
     assert len(server.requests) == 3
     with pytest.raises(ValueError, match="max_steps"):
         AgentLoop(object(), max_steps=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("agent", ["raises_unreadable", "raises_unreadable_sync", "raises_surrogate"])
+async def test_an_error_whose_text_cannot_be_read_ends_failed_and_the_worker_stays(agent: str) -> None:
+    """E-TEXT: an exception whose ``__str__`` raises, or whose message holds a lone surrogate
+    (which UTF-8 cannot carry), ends its turn ``failed`` with the error's type and what can be
+    said of its message; the worker stays up for the next turn (was: the worker died, ``crashed``)."""
+    async with Supervisor(workers=1, spares=0) as sup:
+        with anyio.fail_after(60):
+            result = await sup.run(f"tests.agents.api:{agent}")
+            again = await sup.run("examples.agents:echo", {"ok": 1})
+    assert result.outcome == "failed" and result.error is not None, result
+    if agent == "raises_surrogate":
+        assert result.error.type == "ValueError" and result.error.message == "bad \\ud800 text", result.error
+    else:
+        assert result.error.type == "_UnreadableError", result.error
+        assert "__str__ raised RuntimeError" in result.error.message, result.error
+    assert again.outcome == "completed" and again.worker_pid == result.worker_pid

@@ -16,9 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import supervisor
+import supervisor.batch
+import wire
 from supervisor import Supervisor
 from supervisor.batch import (
     BatchInputError,
@@ -585,3 +590,89 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
         for p in sock_dir.iterdir():
             p.unlink()
         sock_dir.rmdir()
+
+
+def test_unusual_lines_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    """B-CHECK: a line nested 100,000 deep, a lone-surrogate id, a session R-TID refuses, an input
+    of 40 MB (above the message limit) and an integer too large to encode are each reported by
+    line number, exit 2, one line each, nothing ran (was: a traceback, after other jobs had
+    started and were interrupted); with --skip-invalid the others run and these are recorded."""
+    deep = '{"id": "deep", "input": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    jobs = write_jobs(
+        tmp_path / "jobs.jsonl",
+        [
+            {"id": "ok", "input": 1},  # 1
+            deep,  # 2
+            '{"id": "x\\ud800", "input": 2}',  # 3
+            {"id": "s", "input": 3, "session": "a\u0000b"},  # 4
+            {"id": "big", "input": "x" * (40 * 2**20)},  # 5
+            {"id": "huge-int", "input": 2**70},  # 6
+            '{"id": "sur-input", "input": "\\udc80"}',  # 7
+            {"id": "ok2", "input": 4},  # 8
+        ],
+    )
+    out = tmp_path / "out.jsonl"
+    proc = cli(jobs, "-o", out, "--agent", E + "echo", "--workers", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for n in (2, 3, 4, 5, 6, 7):
+        assert len([line for line in proc.stderr.splitlines() if f"jobs.jsonl:{n}:" in line]) == 1, (
+            proc.stderr
+        )
+    assert "nests too deeply" in proc.stderr and "lone surrogate" in proc.stderr and "limit" in proc.stderr
+    assert not out.exists()
+    proc = cli(jobs, "-o", out, "--agent", E + "echo", "--workers", "1", "--skip-invalid")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    lines = read_lines(out)
+    assert sorted(rec["line"] for rec in lines if rec["outcome"] == "invalid") == [2, 3, 4, 5, 6, 7]
+    assert {rec["id"]: rec["output"] for rec in lines if rec["outcome"] == "completed"} == {"ok": 1, "ok2": 4}
+
+
+# Any character, surrogates and controls included, with the awkward ones drawn often.
+_any_text = st.lists(  # (``st.text`` never draws a surrogate)
+    st.sampled_from("a/%\x00\n\x85\u2028\ud800\udc80é日") | st.characters(exclude_categories=[]), max_size=12
+).map("".join)
+_job_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _any_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_any_text, inner, max_size=3),
+    max_leaves=8,
+)
+_job = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": _job_value,
+        "input": _job_value,
+        "agent": st.sampled_from([E + "echo", "no colon"]) | _any_text,
+        "timeout": _job_value,
+        "session": _job_value,
+    },
+)
+_extra = st.dictionaries(_any_text, _job_value, max_size=2)  # unknown keys too
+_line = st.binary(max_size=40) | st.tuples(_job, _extra).map(lambda t: json.dumps({**t[1], **t[0]}).encode())
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(lines=st.lists(_line, max_size=8))
+def test_fuzzed_job_lines_are_each_a_job_or_an_invalid_line(lines: list[bytes]) -> None:
+    """B-CHECK under hypothesis: any bytes, any JSON job of any shape: ``load_jobs`` never raises;
+    every non-blank line is exactly one valid job or one invalid line; a valid job's input
+    encodes, its turn id passes R-TID, and its id and every invalid line's id can be written to
+    the results file (so nothing accepted fails later, and nothing refused stops the run)."""
+    import tempfile
+
+    from supervisor.lowlevel import check_optional_str
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "jobs.jsonl"
+        path.write_bytes(b"\n".join(line.replace(b"\n", b" ") for line in lines) + b"\n")
+        jobs, invalid = supervisor.batch.load_jobs(path, E + "echo")
+    numbered = [n for n, line in enumerate(lines, 1) if line.replace(b"\n", b" ").strip()]
+    assert sorted([j.line for j in jobs] + [bad.line for bad in invalid]) == numbered
+    for job in jobs:
+        wire.encode_payload(job.input)
+        check_optional_str("turn_id", turn_id_for("b", job.key, 1))
+        json.dumps({"id": job.id, "session": job.session}).encode()
+        if job.session is not None:
+            check_optional_str("session", job.session)
+    for bad in invalid:
+        msgspec.json.encode({"id": bad.id, "message": bad.message})

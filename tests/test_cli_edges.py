@@ -534,3 +534,128 @@ def test_sighup_drains_like_sigterm() -> None:
         d.signal(signal.SIGHUP)
         assert handle.result().outcome == "completed"
         assert d.wait(timeout=60) == 0
+
+
+# ---- every path one line; a closed pipe is quiet (C-ONE) -------------------------------------
+
+
+WAITED_BAD: tuple[tuple[str, ...], ...] = (
+    ("nope",),
+    ("__main__:x",),
+    ("examples.agents:echo", "--timeout", "1e999"),
+    ("examples.agents:echo", "--turn-id", "a\nb"),
+    ("examples.agents:echo", "--session", "tab\there"),
+    ("examples.agents:echo", "--turn-id", "\udcff"),  # a non-UTF-8 argument byte
+    ("examples.agents:echo", "--input", "[" * 20_000 + "]" * 20_000),  # W-DEEP
+)
+
+
+@pytest.mark.parametrize("mode", ["--wait", "--follow"])
+def test_submit_wait_and_follow_answer_bad_input_as_submit_does(mode: str) -> None:
+    """C-ONE: ``submit BAD --wait`` / ``--follow`` (a bad agent name, ``__main__:x``, a timeout
+    of ``1e999``, a turn id or session R-TID refuses) prints the same one line and exit 2 as
+    ``submit BAD`` (was: a 53-line ExceptionGroup traceback and exit 1)."""
+    home = daemonkit.short_dir()
+    with serving(*FAST, "--no-journal", home=home) as d:
+        for bad in WAITED_BAD:
+            plain = d.cli("submit", *bad)
+            waited = d.cli("submit", *bad, mode)
+            assert plain.returncode == waited.returncode == 2, (bad, plain.stderr, waited.stderr)
+            assert one_line_error(waited) == one_line_error(plain), bad
+        status = d.cli("status", "--json")
+        assert msgspec.json.decode(status.stdout)["outcomes"] == {}, status.stdout  # nothing ran
+
+
+def _closed_stdout(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``turnpool ARGS`` with a stdout whose reader has gone (``| head -1`` after its line)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            daemonkit.turnpool_argv(*args),
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=BOUND * 2,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_pipe_is_quiet_with_exit_141() -> None:
+    """C-ONE: every command that prints, writing into a pipe whose reader is gone (``turnpool
+    history | head -1``), ends quietly with exit 141 (128 + SIGPIPE, as a shell tool ends) and
+    nothing on stderr (was: a BrokenPipeError traceback)."""
+    home = daemonkit.short_dir()
+    with serving(*FAST, "--journal", str(home / "j.sqlite3"), home=home) as d:
+        assert d.cli("submit", "examples.agents:echo", "--wait", "--turn-id", "p-1").returncode == 0
+        for args in (
+            ("history",),
+            ("history", "--json"),
+            ("result", "p-1"),
+            ("status",),
+            ("submit", "examples.agents:echo", "--input", "1", "--wait"),
+            ("submit", "examples.agents:echo", "--input", "2", "--follow"),
+            ("submit", "examples.agents:echo"),
+        ):
+            out = _closed_stdout(*args, env=d.env)
+            assert out.returncode == 141 and out.stderr.strip() in ("", *_ids_said(out.stderr)), (args, out)
+
+    for args in (("--version",), ("--help",)):  # argparse drops what it cannot write: quiet, exit 0
+        out = _closed_stdout(*args, env=d.env)
+        assert out.returncode == 0 and out.stderr == "", (args, out)
+
+
+def _ids_said(err: str) -> list[str]:
+    """``submit --wait`` names its turn on stderr before waiting (C-INT): allowed, nothing else."""
+    lines = err.strip().splitlines()
+    return [err.strip()] if lines and all("submitted; waiting" in line for line in lines) else []
+
+
+def _refusal(out: subprocess.CompletedProcess[str]) -> None:
+    """Exit 1 or 2 and one line on stderr; an argparse usage error (its usage, then one
+    ``turnpool CMD: error: ...`` line, exit 2) counts as that line."""
+    assert out.returncode in (1, 2), out
+    err = out.stderr.strip()
+    if err.startswith("usage:"):
+        assert out.returncode == 2 and "Traceback" not in err, err
+        assert err.splitlines()[-1].startswith("turnpool ") and ": error: " in err.splitlines()[-1], err
+    else:
+        one_line_error(out)
+
+
+def test_fuzzed_cli_arguments_get_an_acknowledgement_or_one_line() -> None:
+    """C-ONE under hypothesis: ``submit`` (plain, ``--wait``, ``--follow``) and ``cancel`` with any
+    agent, input, turn id, session and timeout text (a non-UTF-8 byte included): exit 0 with the
+    turn id printed, or exit 1/2 with one line on stderr, never a traceback. (Few examples: each
+    is two processes.)"""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    arg = st.text(
+        st.characters(exclude_characters="\x00", exclude_categories=["Cs"]) | st.sampled_from("\udcff\n/%"),
+        max_size=12,
+    )
+    home = daemonkit.short_dir()
+    with serving(*FAST, "--no-journal", home=home) as d:
+
+        @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(
+            agent=st.sampled_from(["examples.agents:echo", "nope", "__main__:x"]) | arg,
+            options=st.dictionaries(st.sampled_from(["--input", "--turn-id", "--session", "--timeout"]), arg),
+            wait=st.sampled_from([(), ("--wait",), ("--follow",)]),
+        )
+        def submit(agent: str, options: dict[str, str], wait: tuple[str, ...]) -> None:
+            argv = [item for pair in options.items() for item in pair]
+            out = d.cli("submit", agent, *argv, *wait)
+            if out.returncode == 0:
+                assert out.stdout.strip() and "Traceback" not in out.stderr, out
+            else:
+                _refusal(out)
+            out = d.cli("cancel", options.get("--turn-id") or agent)
+            if out.returncode:
+                _refusal(out)
+
+        submit()

@@ -90,3 +90,75 @@ async def test_daemon_same_id_other_request_conflicts_even_after_a_restart() -> 
     finally:
         stop_process(second.proc)
         shutil.rmtree(home, ignore_errors=True)
+
+
+BAD_IDS = ["a\x00b", "line\nbreak", "tab\t", "\x7f", "c1\x85", "sep\u2028", "lone\ud800", "x" * 257, ""]
+GOOD_IDS = ["日本", "a/b", "100%", "..", "a b", "👨\u200d👩", "x" * 256]
+
+
+async def test_the_turn_id_rule_is_the_same_embedded_and_through_a_client() -> None:
+    """R-TID: a turn id (or session) of 1 to 256 characters holding no control character, line
+    separator or surrogate is accepted and runs; any other is refused at the call, embedded and
+    by a ``Client`` before anything is sent (the daemon refuses it too), and ``submit_many`` with
+    one bad id among good ones submits nothing (was: a NUL or a lone surrogate was accepted)."""
+    home = short_dir()
+    served = start(*FAST, home=home)
+    try:
+        async with Supervisor(workers=1, spares=0) as sup, Client.connect(served.endpoint) as client:
+            for backend in (sup, client):
+                for bad in BAD_IDS:
+                    for field in ("turn_id", "session"):
+                        with pytest.raises((TypeError, ValueError), match=field):
+                            await backend.submit(ECHO, 1, **{field: bad})
+                    with pytest.raises((TypeError, ValueError), match="turn_id"):
+                        await backend.submit_many(ECHO, [1, 2], turn_ids=["fine-1", bad])
+                with anyio.fail_after(60):
+                    for good in GOOD_IDS:
+                        res = await backend.run(ECHO, good, turn_id=good, session=good)
+                        assert res.turn_id == good and res.output == good
+                        assert (await backend.handle(good).result()).turn_id == good
+                st = await backend.status()
+                assert st["outcomes"] == {"completed": len(GOOD_IDS)}, st  # nothing refused ran
+    finally:
+        stop_process(served.proc)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None:
+    """R-TID at the daemon itself: a ``Submit`` frame carrying a NUL turn id (sent by a client that
+    skipped the check) is refused with a ``bad_value`` error, and nothing runs."""
+    import wire
+
+    home = short_dir()
+    served = start(*FAST, home=home)
+    try:
+        async with Client.connect(served.endpoint) as client:
+            raw = wire.encode_payload(1)
+            with pytest.raises(ValueError, match="control character"):
+                await client._call(  # noqa: SLF001 - a frame the public API would not send
+                    lambda req: wire.Submit(req, ECHO, raw, None, None, None, None, "a\x00b", False, False)
+                )
+            assert (await client.status())["outcomes"] == {}
+    finally:
+        stop_process(served.proc)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_a_turn_acknowledged_under_an_older_rule_is_readmitted_as_it_is() -> None:
+    """R-TID binds new submits only: a turn the journal acknowledged before the rule (an id holding
+    a control character) is readmitted at recovery and runs, where a new submit of that id is
+    refused, so a daemon upgraded over such a journal still starts and loses nothing."""
+    import msgspec
+
+    import wire
+
+    async with Supervisor(workers=1, spares=0) as sup:
+        with pytest.raises(ValueError, match="control character"):
+            await sup.submit(ECHO, 1, turn_id="old\x01id")
+        record = sup.accept_encoded(
+            ECHO, msgspec.Raw(wire.encode_payload(7)), session="s\x02", timeout=None, grace=None,
+            kill_after=None, turn_id="old\x01id", readmit=True,
+        )  # fmt: skip
+        with anyio.fail_after(60):
+            result = await sup.handle(record.id).result()
+    assert result.turn_id == "old\x01id" and result.output == 7, result

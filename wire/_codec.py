@@ -23,6 +23,9 @@ MAX_PAYLOAD_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
 MAX_ERROR_CHARS = 8 * 1024
 MAX_ERROR_TYPE_CHARS = 256
 MAX_AGENT_CHARS = 1024
+# W-DEEP: msgspec encodes and decodes nested values by recursion, bounded by the interpreter's
+# recursion limit (about 1000 levels in all); a deeper value is refused as a ``ValueError`` saying so.
+TOO_DEEP = "nests too deeply (more levels of lists or objects than about 900)"
 
 
 def cut_error_text(text: str, limit: int) -> str:
@@ -54,6 +57,8 @@ def encode_payload(value: Any, *, what: str = "value", exact: bool = False) -> m
         data = _encoder.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{what} is not encodable with msgspec: {exc}") from None
+    except RecursionError:  # W-DEEP: a value nested past the interpreter's recursion limit
+        raise ValueError(f"{what} {TOO_DEEP}") from None
     if len(data) > MAX_PAYLOAD_SIZE:
         raise PayloadTooLarge(f"{what} is {len(data)} bytes encoded; the limit is {MAX_PAYLOAD_SIZE}")
     raw = msgspec.Raw(data)
@@ -72,7 +77,10 @@ def check_round_trip(value: Any, raw: msgspec.Raw, *, what: str = "value") -> No
     timestamp and comes back a ``datetime``: it is accepted. Cheap when nothing is wrong: the
     decoded value is compared with the original once (C code); only a mismatch (tuples and sets
     also come back as lists) walks the value to find the culprit."""
-    back = msgspec.msgpack.decode(raw)
+    try:
+        back = msgspec.msgpack.decode(raw)
+    except RecursionError:  # W-DEEP: encodable here, but too deep to decode where it is read
+        raise ValueError(f"{what} {TOO_DEEP}") from None
     if back == value:
         return
     found = _stringified(value, back, "$")

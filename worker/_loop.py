@@ -29,6 +29,7 @@ from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply,
 from . import _endlog, _heap, _heir, _marker, adapters
 from ._connection import Connection
 from ._errors import TurnCancelled
+from ._errtext import error_message, safe_text
 from ._flusher import StaleFlusher
 from ._guards import (
     EXIT_LINK_LOST,
@@ -144,10 +145,11 @@ def _is_async(fn: Any) -> bool:
 
 
 def _error(exc: BaseException) -> TurnError:
-    """The turn's error, cut at the source so its result always fits in one message (R23)."""
+    """The turn's error, cut at the source so its result always fits in one message (R23); its
+    text read so that nothing the agent's exception does can take the worker down (E-TEXT)."""
     return TurnError(
-        type=wire.cut_error_text(type(exc).__name__, wire.MAX_ERROR_TYPE_CHARS),
-        message=wire.cut_error_text(str(exc), wire.MAX_ERROR_CHARS),
+        type=wire.cut_error_text(safe_text(type(exc).__name__), wire.MAX_ERROR_TYPE_CHARS),
+        message=wire.cut_error_text(error_message(exc), wire.MAX_ERROR_CHARS),
     )
 
 
@@ -303,7 +305,7 @@ class WorkerLoop:
         conn.post(wire.Started(msg.turn_id))
         try:
             value = wire.decode_payload(msg.input)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # W-DEEP: too deep to decode here
             self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
             return
         turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)

@@ -74,8 +74,9 @@ class Admission:
         check_agent(agent)
         if sup.allow_agents is not None:
             sup.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
-        session = check_optional_str("session", session)
-        turn_id = check_optional_str("turn_id", turn_id)
+        if not readmit:  # R-TID; a readmitted turn was acknowledged under the rule of its day
+            session = check_optional_str("session", session)
+            turn_id = check_optional_str("turn_id", turn_id)
         timeout = check_seconds("timeout", timeout, positive=True)
         grace = check_grace("grace", check_seconds("grace", grace), sup.max_grace)
         kill_after = check_grace("kill_after", check_seconds("kill_after", kill_after), sup.max_grace)

@@ -67,14 +67,53 @@ def require_seconds(name: str, value: Any, *, positive: bool = False) -> float:
     return checked
 
 
+# R-TID: what a turn id or a session name may hold, the same at every front end (the Python API,
+# the daemon's clients, HTTP, the CLI, batch): 1 to ``MAX_TURN_ID`` characters of text, without
+# control characters (C0, DEL, C1: a NUL or a newline cannot travel in a header, a log line or a
+# terminal), line or paragraph separators, or surrogate code points (a lone surrogate is not text:
+# it cannot be written as UTF-8, so no journal, JSON body or URL could carry it). Anything else -
+# spaces, ``/``, ``%``, any script, emoji - is accepted, and HTTP addresses it percent-encoded.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_IN_IDS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def id_problem(name: str, value: str) -> str | None:
+    """Why ``value`` cannot be a turn id (or session, ``name``) under R-TID, or ``None``."""
+    if not value or len(value) > MAX_TURN_ID:
+        return f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {shown_id(value)}"
+    bad = _NOT_IN_IDS.search(value)
+    if bad is None:
+        return None
+    char = bad.group()
+    kind = "a surrogate code point" if "\ud800" <= char <= "\udfff" else "a control character"
+    if char in "\u2028\u2029":
+        kind = "a line separator"
+    return (
+        f"{name} must be printable text: it holds {kind} (U+{ord(char):04X}) at position {bad.start()}, "
+        f"got {shown_id(value)}"
+    )
+
+
+def check_known_id(name: str, value: str) -> None:
+    """R-TID for a look-up (result, cancel, follow): an id holding a surrogate can never have been
+    accepted, nor be sent or stored, so it is bad input (``ValueError``), said as the rule says
+    it. Other ids are looked up as given (a journal may hold ids accepted under an older rule)."""
+    if not value.isascii() and _SURROGATE.search(value) is not None:
+        raise ValueError(id_problem(name, value))
+
+
 def check_optional_str(name: str, value: Any) -> str | None:
-    """A non-empty id of at most ``MAX_TURN_ID`` characters, or ``None``."""
+    """A turn id or session name (R-TID), or ``None``: ``TypeError`` for a non-string, an empty or
+    a too long one, ``ValueError`` for a string holding a character ids may not hold."""
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_TURN_ID:
         raise TypeError(
             f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {shown_id(value)}"
         )
+    problem = id_problem(name, value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 

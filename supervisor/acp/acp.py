@@ -30,6 +30,7 @@ import anyio.to_thread
 
 from .._backend import open_backend
 from ..cli.exits import EXIT_OK
+from .frames import screened
 
 log = logging.getLogger("turnpool.acp")
 
@@ -131,7 +132,8 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
     ) as backend:
         # Given explicitly, the times go with every turn: they then hold on a daemon too.
         agent = TurnpoolAgent(backend, args.agent, grace=args.grace, kill_after=args.kill_after)
-        reader, writer, flushers = await open_stdio(proto_in, proto_out)
+        raw, writer, flushers = await open_stdio(proto_in, proto_out)
+        reader, pump = screened(raw, writer, STREAM_LIMIT)  # A-FRAME: only JSON objects go on
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             # Returns at EOF on stdin (the editor went away); in-flight prompts are then cancelled.
@@ -141,6 +143,7 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
         with anyio.CancelScope(shield=True):
             if agent.cleanup:
                 await asyncio.gather(*agent.cleanup, return_exceptions=True)
+            pump.cancel()
             writer.close()  # flushes what is buffered, then closes (a bridged file's copier sees EOF)
             for flusher in flushers:
                 await anyio.to_thread.run_sync(flusher.join, FLUSH_BOUND)

@@ -20,12 +20,17 @@ from typing import Any
 
 import msgspec
 
+import wire
+
 from .._engine import AGENT_RE
+from .._engine.options import id_problem
 
 JOB_KEYS = frozenset({"id", "input", "agent", "timeout", "session"})
 MAX_SESSION = 256
 _decode = msgspec.json.Decoder().decode
+_encode_msgpack = msgspec.msgpack.Encoder().encode
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +94,12 @@ def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidL
         return InvalidLine(line, "no 'id'")
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
         return InvalidLine(line, f"'id' must be a non-empty string or an integer, got {raw_id!r}")
+    # B-CHECK: what would stop the run later is found here, before anything runs.
+    if isinstance(raw_id, str) and not raw_id.isascii() and _SURROGATE.search(raw_id):
+        # (no UTF-8 results file, and no turn id, can carry a lone surrogate)
+        return InvalidLine(line, f"'id' must be text, got {raw_id!r} (it holds a lone surrogate)")
+    if isinstance(raw_id, int) and raw_id.bit_length() > 4096:  # str() of it would raise
+        return InvalidLine(line, f"'id' is an integer of {raw_id.bit_length()} bits: write it as a string")
     unknown = None if JOB_KEYS.issuperset(obj) else sorted(set(obj) - JOB_KEYS)
     if unknown:
         return InvalidLine(
@@ -116,6 +127,12 @@ def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidL
             f"'session' must be a non-empty string of at most {MAX_SESSION} characters, got {session!r}",
             raw_id,
         )
+    problem = id_problem("'session'", session) if session is not None else None
+    if problem is not None:
+        return InvalidLine(line, problem, raw_id)
+    problem = _input_problem(obj.get("input"))  # not encodable, too large, too deep
+    if problem is not None:
+        return InvalidLine(line, problem, raw_id)
     return Job(
         line,
         raw_id,
@@ -125,6 +142,20 @@ def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidL
         float(timeout) if timeout is not None else None,
         session,
     )
+
+
+def _input_problem(value: Any) -> str | None:
+    """Why ``value`` could not be a turn's input (as ``wire.encode_payload`` would say), or ``None``;
+    the encoder's call alone (≈ 1 µs a job), since most inputs are fine."""
+    try:
+        size = len(_encode_msgpack(value))
+    except RecursionError:
+        return f"'input' {wire.TOO_DEEP}"
+    except (TypeError, ValueError, OverflowError) as exc:
+        return f"'input' is not encodable with msgspec: {exc}"
+    if size > wire.MAX_PAYLOAD_SIZE:
+        return f"'input' is {size} bytes encoded; the limit is {wire.MAX_PAYLOAD_SIZE}"
+    return None
 
 
 def check_jobs(
@@ -165,12 +196,19 @@ def _parse_lines(path: str | PathLike[str]) -> Iterable[tuple[int, Any]]:
                 continue
             except (msgspec.DecodeError, ValueError, TypeError):
                 pass
+            except RecursionError:  # W-DEEP (``json`` would recurse as deep)
+                yield number, InvalidLine(number, f"the line {wire.TOO_DEEP}")
+                continue
             try:
                 yield number, json.loads(text)
+            except RecursionError:
+                yield number, InvalidLine(number, f"the line {wire.TOO_DEEP}")
             except UnicodeDecodeError as exc:
                 yield number, InvalidLine(number, f"not UTF-8: {exc.reason} at byte {exc.start}")
             except json.JSONDecodeError as exc:
                 yield number, InvalidLine(number, f"not JSON: {exc.msg} (column {exc.colno})")
+            except ValueError as exc:  # e.g. an integer of more than 4300 digits
+                yield number, InvalidLine(number, f"not usable JSON: {exc}")
 
 
 def load_jobs(

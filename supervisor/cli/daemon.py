@@ -20,10 +20,12 @@ from typing import Any
 import anyio
 import msgspec
 
+import wire
+
 from .._errors import InvalidAgent, TurnpoolError
 from .._tracing import CALLER_TRACE, valid_traceparent
 from . import cluster, options
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, innermost
 
 
 def _on_off(value: str) -> bool:
@@ -460,10 +462,16 @@ def _run(fn: Callable[[], Any]) -> int:
     """Run an async command; map turnpool's errors to messages and exit codes."""
     try:
         return int(anyio.run(fn, backend="asyncio"))
-    except (InvalidAgent, TypeError, ValueError) as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except TurnpoolError as exc:
-        return _fail(str(exc))
+    except BaseException as exc:  # C-ONE: the same one line whether or not a task group wrapped it
+        if innermost(exc, (BrokenPipeError, KeyboardInterrupt)) is not None:
+            raise  # ``main`` ends those (quietly, 141; 130)
+        usage = innermost(exc, (InvalidAgent, TypeError, ValueError))
+        if usage is not None:
+            return _fail(str(usage), EXIT_USAGE)
+        refused = innermost(exc, TurnpoolError)
+        if refused is not None:
+            return _fail(str(refused))
+        raise
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -471,6 +479,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         data = json.loads(args.input) if args.input is not None else None
     except json.JSONDecodeError as exc:
         return _fail(f"--input is not valid JSON: {exc}", EXIT_USAGE)
+    except RecursionError:  # W-DEEP
+        return _fail(f"--input {wire.TOO_DEEP}", EXIT_USAGE)
 
     async def main() -> int:
         async with _client(args) as client:

@@ -23,6 +23,7 @@ import msgspec
 
 from wire import OUTCOMES
 
+from .._engine.options import check_known_id
 from .._errors import UnknownTurn, shown_id
 from .._paths import check_endpoint, default_endpoint
 from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
@@ -186,6 +187,7 @@ def history(args: argparse.Namespace) -> int:
 
 def result(args: argparse.Namespace) -> int:
     try:
+        check_known_id("TURN_ID", args.turn_id)
         res = read_result(_path(args), args.turn_id)
     except (JournalError, ValueError) as exc:
         print(f"turnpool result: {exc}", file=sys.stderr)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from .exits import EXIT_INTERRUPTED, EXIT_USAGE
+from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, innermost
 
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -52,15 +53,46 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)  # ``--help`` and ``--version`` print here
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # C-ONE: every command, every path: one line and a documented code
+        return _exit_for(exc)
+
+
+def _exit_for(exc: BaseException) -> int:
+    """What an error that reached the top of a command prints and exits with: a closed stdout
+    (``turnpool history | head -1``) ends quietly with ``EXIT_PIPE``; Ctrl-C with 130; a
+    ``SystemExit`` keeps its code; anything else is one line naming it, exit 1 (the traceback
+    only with ``TURNPOOL_TRACEBACK=1``)."""
+    if innermost(exc, BrokenPipeError) is not None:
+        _silence_stdout()
+        return EXIT_PIPE
+    if innermost(exc, KeyboardInterrupt) is not None:
         return EXIT_INTERRUPTED
+    if isinstance(exc, SystemExit):
+        raise exc
+    if os.environ.get("TURNPOOL_TRACEBACK") == "1":
+        raise exc
+    inner = innermost(exc, Exception) or exc
+    text = " ".join(str(inner).split())[:500]
+    print(f"turnpool: unexpected error: {type(inner).__name__}: {text}", file=sys.stderr, flush=True)
+    return EXIT_FAILED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what could not be
+    written raises nothing more (Python's documented way out of a ``BrokenPipeError``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def entry() -> None:

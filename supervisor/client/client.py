@@ -39,6 +39,7 @@ import wire
 from wire import Cause, TurnResult, validate_cause
 
 from .._engine import check_seconds
+from .._engine.options import check_known_id
 from .._errors import (
     DaemonUnavailable,
     FollowerDropped,
@@ -552,6 +553,7 @@ class Client(PipelinedMany, OwnedStreams):
         accepted = validate_cause(cause)
         if not isinstance(session, str) or not session:
             raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
+        check_known_id("session", session)  # R-TID: one that cannot be sent is bad input
         reply = await self._call(lambda req: wire.CancelSession(req, session, accepted))
         return list(reply.turn_ids)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import wire
 
-from .._engine import check_agent, check_optional_str, check_seconds
+from .._engine.options import check_agent, check_known_id, check_optional_str, check_seconds
 from .._errors import (
     SUBMIT_ERROR_CODES,
     FollowerDropped,
@@ -189,6 +189,7 @@ def _get_result(turn_id: str, req: int) -> wire.GetResult:
 def _check_turn_id(turn_id: Any) -> None:
     if not isinstance(turn_id, str) or not turn_id:
         raise TypeError(f"turn_id must be a non-empty string, got {shown_id(turn_id)}")
+    check_known_id("turn_id", turn_id)
 
 
 def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:

@@ -11,6 +11,7 @@ import math
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 import anyio
 import msgspec
@@ -83,6 +84,49 @@ def _number(request: Request, name: str, default: float, low: float, high: float
     return min(value, high)
 
 
+# ---- ids in paths ----------------------------------------------------------------------
+
+
+def id_segment(value: str) -> str:
+    """R-TID: ``value`` (a turn id or session) as one path segment: every character but letters,
+    digits and ``_.-~`` percent-encoded (``/`` included), and an id of dots only (``.``, ``..``)
+    written ``%2E…`` so that no client or proxy takes it for a relative path step."""
+    if value.strip(".") == "":
+        return "%2E" * len(value)
+    return quote(value, safe="")
+
+
+def _param(request: Request, name: str) -> str:
+    """A turn id or session from the path, as the client wrote it (see ``IdPaths``)."""
+    return unquote(request.path_params[name])
+
+
+class IdPaths:
+    """R-TID: route on the path as sent, so that an id holding ``/`` (sent as ``%2F``) is one
+    segment. The server decodes ``%2F`` into ``/`` in ``path``; this rebuilds ``path`` from
+    ``raw_path`` with each segment decoded then percent-encoded again (``id_segment``), and the
+    handlers decode the id once (``_param``). A path that is not UTF-8 names nothing: 404."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path")
+            try:
+                segments = (
+                    [unquote_to_bytes(part).decode() for part in raw.split(b"/")]
+                    if isinstance(raw, bytes)
+                    else scope["path"].split("/")
+                )
+            except UnicodeDecodeError:
+                reply = _respond({"error": {"code": "not_found", "message": "the path is not UTF-8"}}, 404)
+                await reply(scope, receive, send)
+                return
+            scope = dict(scope, path="/".join(quote(part, safe="") for part in segments))
+        await self.app(scope, receive, send)
+
+
 # ---- submit --------------------------------------------------------------------------
 
 
@@ -133,6 +177,8 @@ async def submit(request: Request) -> Response:
         raise ApiError(400, "bad_type", str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "malformed", f"the body is not JSON: {exc}") from None
+    except RecursionError:  # W-DEEP
+        raise ApiError(400, "bad_value", f"the body {wire.TOO_DEEP}") from None
     if req.turn_id is not None:
         differs = _conflict(front, req)
         if differs:
@@ -175,7 +221,7 @@ async def submit(request: Request) -> Response:
         raise ApiError(503, "internal", f"{type(exc).__name__}: {exc}") from None
     if not existed:
         front.inputs.put(turn_id, req.input, len(body))
-    location = f"/v1/turns/{turn_id}"
+    location = f"/v1/turns/{id_segment(turn_id)}"  # R-TID: any accepted id, percent-encoded
     return _respond(
         _schema.Submitted(turn_id=turn_id, existing=existed), 200 if existed else 201, {"location": location}
     )
@@ -199,7 +245,7 @@ def _state(front: HttpFrontEnd, turn_id: str) -> dict[str, Any]:
 
 async def get_turn(request: Request) -> Response:
     front = _front(request)
-    turn_id = request.path_params["turn_id"]
+    turn_id = _param(request, "turn_id")
     wait = _number(request, "wait", 0.0, 0.0, MAX_WAIT)
     try:
         handle = front.sup.handle(turn_id)
@@ -216,7 +262,7 @@ async def get_turn(request: Request) -> Response:
 async def get_turn_state(request: Request) -> Response:
     """``GET /v1/turns/{id}/state``: the turn's state (and input) whether or not it has ended."""
     front = _front(request)
-    return _respond(_state(front, request.path_params["turn_id"]))
+    return _respond(_state(front, _param(request, "turn_id")))
 
 
 async def list_turns(request: Request) -> Response:
@@ -232,7 +278,7 @@ async def list_turns(request: Request) -> Response:
 
 async def events(request: Request) -> Any:
     front = _front(request)
-    turn_id = request.path_params["turn_id"]
+    turn_id = _param(request, "turn_id")
     text = (
         request.headers.get("last-event-id", request.query_params.get("last_event_id", "-1")).strip() or "-1"
     )
@@ -270,7 +316,7 @@ async def outcomes(request: Request) -> Response:
 
 async def cancel(request: Request) -> Response:
     front = _front(request)
-    turn_id = request.path_params["turn_id"]
+    turn_id = _param(request, "turn_id")
     sup = front.sup
     turn = sup.find(turn_id)
     if turn is None:
@@ -282,7 +328,7 @@ async def cancel(request: Request) -> Response:
 
 async def cancel_session(request: Request) -> Response:
     front = _front(request)
-    session = request.path_params["session"]
+    session = _param(request, "session")
     sup = front.sup
     if not session:
         raise ApiError(400, "bad_value", "session must be a non-empty string")
@@ -364,5 +410,5 @@ def build_app(front: HttpFrontEnd) -> tuple[Any, Guard]:
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: internal},
     )
     app.state.front = front
-    guard = Guard(app, token=front.token, loopback=front.loopback)
+    guard = Guard(IdPaths(app), token=front.token, loopback=front.loopback)
     return guard, guard

@@ -43,3 +43,25 @@ async def marks_then_waits(turn: worker.Turn) -> dict[str, Any]:
     await turn.emit({"type": "started", "pid": os.getpid()})
     await anyio.sleep(float(inp.get("seconds", 60)))  # allowed: the agent's own behaviour (waiting)
     return {"waited": True}
+
+
+class _UnreadableError(Exception):
+    """An error whose message cannot be read: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+async def raises_unreadable(turn: worker.Turn) -> None:
+    """E-TEXT: raises an exception whose ``__str__`` raises."""
+    raise _UnreadableError()
+
+
+def raises_unreadable_sync(turn: worker.Turn) -> None:
+    """E-TEXT, from a plain ``def`` agent (a thread)."""
+    raise _UnreadableError()
+
+
+async def raises_surrogate(turn: worker.Turn) -> None:
+    """E-TEXT: an error message holding a lone surrogate, which UTF-8 cannot carry."""
+    raise ValueError("bad \ud800 text")

@@ -22,6 +22,12 @@ const state = {
 
 function $(id) { return document.getElementById(id); }
 
+// An id as one path segment (R-TID): percent-encoded, and an id of dots only as %2E so that the
+// browser does not take "." or ".." for a step of the path.
+function seg(id) {
+  return /^\.+$/.test(id) ? "%2E".repeat(id.length) : encodeURIComponent(id);
+}
+
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(props || {})) {
@@ -231,7 +237,7 @@ function renderChart(series) {
 async function cancelTurn(turnId) {
   if (!window.confirm(`Cancel turn ${turnId}? Its agent gets an Abort; after the grace period its worker is killed.`)) return;
   try {
-    await api("/v1/turns/" + encodeURIComponent(turnId) + "/cancel", { method: "POST" });
+    await api("/v1/turns/" + seg(turnId) + "/cancel", { method: "POST" });
   } catch (err) {
     window.alert("cancel failed: " + err.message);
   }
@@ -242,7 +248,7 @@ async function cancelTurn(turnId) {
 async function cancelSession(session) {
   if (!window.confirm(`Cancel session ${session}? Its running turn and the turns queued now are cancelled.`)) return;
   try {
-    const r = await api("/v1/sessions/" + encodeURIComponent(session) + "/cancel", { method: "POST" });
+    const r = await api("/v1/sessions/" + seg(session) + "/cancel", { method: "POST" });
     $("footer-note").textContent = `session ${session}: cancelled ${r.body.cancelled.length} turn(s)`;
   } catch (err) {
     window.alert("cancel failed: " + err.message);
@@ -255,7 +261,7 @@ async function cancelSession(session) {
 async function loadTurn(turnId, fresh) {
   let view;
   try {
-    view = (await api("/v1/turns/" + encodeURIComponent(turnId) + "/state")).body;
+    view = (await api("/v1/turns/" + seg(turnId) + "/state")).body;
   } catch (err) {
     $("turn-state").textContent = err.message;
     return;
@@ -303,7 +309,7 @@ async function follow() {
   let scheduled = false;
   const flush = () => { scheduled = false; appendEvents(pending); pending = []; $("turn-events-count").textContent = `${f.count} received`; };
   try {
-    const res = await fetch("/v1/turns/" + encodeURIComponent(f.turnId) + "/events", { headers: h, signal: f.ctrl.signal });
+    const res = await fetch("/v1/turns/" + seg(f.turnId) + "/events", { headers: h, signal: f.ctrl.signal });
     if (res.status === 401) { askToken(); throw new Error("unauthorized"); }
     if (!res.ok) throw new Error(res.status + " " + res.statusText);
     const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
