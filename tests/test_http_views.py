@@ -221,6 +221,14 @@ def test_agent_figures_percentiles_windows_and_bounds() -> None:
     end("a", now + 4000, 1.0)  # more than an hour later: every older slot is gone
     assert len(figures.slots) == 1
     assert figures.figures(3600, now + 4000)["a"]["turns"] == 1
+    for odd in (float("nan"), float("inf"), -1.0):  # never raises in the daemon's end hook
+        figures.add(
+            None,
+            TurnResult(
+                turn_id="t", outcome="completed", agent="z", started=True, run_s=odd, ended_at=now + 4000
+            ),
+        )  # type: ignore[arg-type]
+    assert figures.figures(3600, now + 4000)["other"]["turns"] == 3
     assert kill_reason("killed", "timeout", -15) == "timeout: sigterm"
     assert (
         kill_reason("killed", None, None) == "no cause: killed" and kill_reason("failed", "user", -9) is None

@@ -36,9 +36,9 @@ _BINS = 200  # up to ~5 h; longer lands in the last bin
 
 
 def _bin(seconds: float) -> int:
-    if seconds <= _BASE:
+    if not seconds > _BASE:  # NaN too: an end hook must never raise
         return 0
-    return min(_BINS - 1, int(math.log(seconds / _BASE, _GROWTH)) + 1)
+    return min(_BINS - 1, int(math.log(min(seconds, 1e9) / _BASE, _GROWTH)) + 1)
 
 
 def _edge(index: int) -> float:
