@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ from tests.support import browserkit
 from tests.support.daemonkit import HTTP, serving
 
 pytestmark = pytest.mark.skipif(browserkit.missing() is not None, reason=browserkit.missing() or "")
+
+SLOW = "examples.agents:slow"
+ECHO = "examples.agents:echo"
 
 
 def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_path: Path) -> None:
@@ -91,3 +95,119 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
             WebDriverWait(browser, 60).until(
                 lambda b: http.get("/v1/status").json()["http"]["requests"] > after + 3
             )
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tmp_path: Path) -> None:
+    """1,000 turns (2 running, 998 queued) and a failed one: a deep link to a queued turn works on
+    the first load (its state, the daemon in the header); running and queued are separate lists
+    paged by the daemon (25 rows, "1–25 of 998", next page); a session filter narrows the queued
+    list; cancel on a queued row ends that turn aborted; the failed turn's error is on its row and
+    the warm spare is labelled a spare; times are ISO UTC with the local time as their title; the
+    history view pages the journal and filters by outcome; an ended turn's page names its worker
+    pid. Screenshots of the overview and the history are saved as test artifacts."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    stale = (StaleElementReferenceException, NoSuchElementException)
+    with (
+        serving(
+            "--workers", "2", "--spares", "1", "--grace", "0.5", "--kill-after", "0.5", "--drain", "0", *HTTP
+        ) as d,
+        httpx.Client(base_url=d.http_url, timeout=60) as http,
+        browserkit.chromium(tmp_path / "chromedriver.log") as browser,
+    ):
+        wait = WebDriverWait(browser, 60, ignored_exceptions=stale)
+        failed = http.post("/v1/turns", json={"agent": "examples.agents:failing"}).json()["turn_id"]
+        assert http.get(f"/v1/turns/{failed}", params={"wait": 60}).json()["outcome"] == "failed"
+        for i in range(2):
+            r = http.post("/v1/turns", json={"agent": SLOW, "input": {"seconds": 600}, "session": f"run-{i}"})
+            assert r.status_code == 201, r.text
+        queued = []
+        for i in range(998):
+            r = http.post("/v1/turns", json={"agent": ECHO, "input": {"i": i}, "session": f"batch-{i % 10}"})
+            assert r.status_code == 201, r.text
+            queued.append(r.json()["turn_id"])
+
+        # A deep link on the first load: the queued turn's page and the header fill at once.
+        target = queued[500]
+        browser.get(f"{d.http_url}#/turn/{target}")
+        wait.until(ec.text_to_be_present_in_element((By.ID, "turn-id"), target))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "turn-state"), "queued"))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "daemon"), f"pid {d.pid}"))
+        assert "batch-0" in browser.find_element(By.ID, "turn-facts").text
+
+        # The overview: separate paged lists counted by the daemon.
+        browser.find_element(By.ID, "nav-overview").click()
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "1–25 of 998"))
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#running-pager .range"), "1–2 of 2"))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#queued tbody tr[data-turn]")) == 25
+        browser.find_element(By.CSS_SELECTOR, "#queued-pager .next").click()
+        wait.until(
+            ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "26–50 of 998")
+        )
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#queued tbody tr[data-turn]")) == 25)
+        # The warm spare is a spare, not a worker.
+        wait.until(ec.text_to_be_present_in_element((By.ID, "busy"), "2 / 2"))
+        wait.until(ec.text_to_be_present_in_element((By.ID, "spares"), "1 / 1"))
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, '#workers tr[data-role="spare"]'))
+        # The failed turn's error on its row; times in one format, local time on hover.
+        row = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, f'#recent tr[data-turn="{failed}"]'))
+        assert "ValueError: this agent always fails" in row.text
+        cell = row.find_element(By.CSS_SELECTOR, "td.time")
+        assert ISO_UTC.match(cell.text) and "(local)" in (cell.get_attribute("title") or "")
+        browser.save_screenshot(str(tmp_path / "dashboard-overview.png"))
+
+        # A filter: one session's queued turns, back on the first page.
+        browser.find_element(By.ID, "f-session").send_keys("batch-3")
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "1–25 of 100"))
+        rows = "document.querySelectorAll('#queued tbody tr[data-turn]')"
+        sessions = f"return [...{rows}].map(r => r.cells[2].textContent)"
+        wait.until(
+            lambda b: set(b.execute_script(sessions)) == {"batch-3"}
+        )  # read in one call: no stale rows
+
+        # Cancel a queued turn from its row, confirmation accepted: it ends aborted.
+        victim = wait.until(
+            lambda b: b.find_element(By.CSS_SELECTOR, "#queued tbody tr[data-turn]").get_attribute(
+                "data-turn"
+            )
+        )
+
+        def click_cancel(b: Any) -> bool:
+            b.find_element(By.CSS_SELECTOR, f'#queued tr[data-turn="{victim}"] button.cancel-turn').click()
+            return True
+
+        wait.until(click_cancel)
+        dialog = wait.until(ec.alert_is_present())
+        assert victim in dialog.text
+        dialog.accept()
+        res = http.get(f"/v1/turns/{victim}", params={"wait": 60}).json()
+        assert res["outcome"] == "aborted" and res["cause"] == {"kind": "user"}
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "1–25 of 99"))
+
+        # The history: the journal, paged and filtered by outcome.
+        browser.find_element(By.ID, "nav-history").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "history-source"), "1001 turn(s) in the journal"))
+        wait.until(
+            ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#history-pager .range"), "1–50 of 1001")
+        )
+        Select(browser.find_element(By.ID, "h-outcome")).select_by_visible_text("failed")
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#history-pager .range"), "1–1 of 1"))
+        row = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, f'#history tr[data-turn="{failed}"]'))
+        assert "ValueError" in row.text
+        browser.save_screenshot(str(tmp_path / "dashboard-history.png"))
+
+        # An ended turn's page names the worker that ran it.
+        row.find_element(By.LINK_TEXT, failed).click()
+        pid = http.get(f"/v1/turns/{failed}").json()["worker_pid"]
+        dts = "[...document.querySelectorAll('#turn-facts dt')]"
+        fact = f"return {dts}.find(e => e.textContent === arguments[0])"
+        wait.until(
+            lambda b: b.execute_script(fact + "?.nextElementSibling.textContent", "worker pid") == str(pid)
+        )
+        print(f"screenshots: {tmp_path}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import wire
@@ -49,14 +49,13 @@ def info(sup: Supervisor, turn: TurnRecord, *, with_input: bool = False) -> dict
         nxt = _NEXT.get(turn.escalation)
         nxt_at = esc.when + offset
     deadline = turn.timer
-    slot = turn.worker
     out: dict[str, Any] = {
         "turn_id": turn.id,
         "state": _PUBLIC_STATE[turn.state],
         "agent": turn.agent,
         "session": turn.session,
         "parent": turn.parent,
-        "worker_pid": slot.pid if slot is not None and turn.state in ("running", "ending") else None,
+        "worker_pid": _worker_pid(turn),
         "submitted_at": turn.submitted_at + offset,
         "started_at": turn.started_at + offset if turn.started_at is not None else None,
         "ended_at": turn.ended_at + offset if turn.ended_at is not None else None,
@@ -76,6 +75,15 @@ def info(sup: Supervisor, turn: TurnRecord, *, with_input: bool = False) -> dict
         out["input"] = wire.decode_payload(raw) if raw is not None else None
         out["input_retained"] = raw is not None
     return out
+
+
+def _worker_pid(turn: TurnRecord) -> int | None:
+    """The worker running the turn, or the one that ran it once it ended (as its result says)."""
+    slot = turn.worker
+    if slot is not None and turn.state in ("running", "ending"):
+        return slot.pid
+    result = turn.result
+    return result.worker_pid if result is not None and turn.state == "ended" else None
 
 
 def _running(sup: Supervisor) -> Iterator[TurnRecord]:
@@ -111,6 +119,24 @@ def listing(sup: Supervisor, states: Iterable[str], limit: int) -> list[dict[str
     return [info(sup, turn) for turn in itertools.islice(found, max(0, limit))]
 
 
+def page(
+    sup: Supervisor, state: str, match: Callable[[TurnRecord], bool], offset: int, limit: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """The turns in ``state`` that ``match``: how many there are, and the views of those from
+    ``offset`` (at most ``limit``). Only the page's turns are turned into views."""
+    sources = {"running": _running, "queued": _queued, "ended": _ended}
+    if state not in sources:
+        raise ValueError(f"state must be one of {', '.join(TURN_STATES)}, got {state!r}")
+    total = 0
+    chosen: list[TurnRecord] = []
+    for turn in sources[state](sup):
+        if match(turn):
+            if offset <= total < offset + limit:
+                chosen.append(turn)
+            total += 1
+    return total, [info(sup, turn) for turn in chosen]
+
+
 def status(sup: Supervisor) -> dict[str, Any]:
     """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
     workers = []
@@ -136,6 +162,10 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "pid": os.getpid(),
         "state": sup._state,
         "workers": workers,
+        "size": {
+            "workers": sup.workers,
+            "spares": sup.spares,
+        },  # the pool's slots beyond `workers` are spares
         "queue": len(sup._queue) + sup._dispatch.handed,
         "running": sup._running,
         "outcomes": dict(sup._ending.outcomes),

@@ -167,3 +167,65 @@ def read_history(
     finally:
         con.close()
     return [dict(r) for r in rows]
+
+
+def history_page(
+    path: Path | str,
+    *,
+    filters: dict[str, str],
+    offset: int = 0,
+    limit: int = 50,
+) -> tuple[int, list[dict[str, Any]]]:
+    """One page of the journal's turns, newest first, for the dashboard's history: how many match
+    ``filters`` (``session``, ``outcome``, ``agent`` equal; ``state``: ``ended`` or ``open``; ``q``:
+    a part of the id, agent or session) and those rows, each with its result's ``exit_code``."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    for name in ("session", "agent"):
+        if filters.get(name):
+            clauses.append(f"t.{name} = ?")
+            params.append(filters[name])
+    if filters.get("outcome"):
+        clauses.append("e.outcome = ?")
+        params.append(filters["outcome"])
+    if filters.get("state") == "ended":
+        clauses.append("e.seq IS NOT NULL")
+    elif filters.get("state") == "open":
+        clauses.append("e.seq IS NULL")
+    if filters.get("q"):
+        clauses.append("(instr(t.turn_id, ?) > 0 OR instr(t.agent, ?) > 0 OR instr(t.session, ?) > 0)")
+        params.extend([filters["q"]] * 3)
+    where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+    con = open_reader(Path(path))
+    try:
+        if _schema(con) == 1:
+            raise JournalError(f"{path} is a journal of an older turnpool: open it with a daemon first")
+        total = con.execute(f"SELECT COUNT(*) FROM {JOINED} {where}", params).fetchone()[0]
+        query = (
+            f"SELECT t.turn_id, t.agent, t.session, t.parent, {STATE} AS state, t.attempts,"
+            " t.accepted_at, COALESCE(e.started_at, o.started_at) AS started_at, e.ended_at,"
+            " COALESCE(e.worker_pid, o.worker_pid) AS worker_pid, e.outcome, e.cause, e.error_type,"
+            f" e.error_message, e.result FROM {JOINED} {where} ORDER BY t.seq DESC LIMIT ? OFFSET ?"
+        )
+        rows = con.execute(query, (*params, limit, offset)).fetchall()
+    finally:
+        con.close()
+    out = []
+    for r in rows:
+        row = dict(r)
+        blob = row.pop("result")
+        row["exit_code"] = decode_result(blob).exit_code if blob is not None else None
+        out.append(row)
+    return total, out
+
+
+def read_events(path: Path | str, turn_id: str, limit: int) -> list[bytes]:
+    """The first ``limit`` events the journal kept of a turn (msgpack-encoded, in order)."""
+    con = open_reader(Path(path))
+    try:
+        rows = con.execute(
+            "SELECT data FROM events WHERE turn_id = ? ORDER BY seq LIMIT ?", (turn_id, limit)
+        ).fetchall()
+    finally:
+        con.close()
+    return [bytes(r[0]) for r in rows]

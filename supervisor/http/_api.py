@@ -390,7 +390,10 @@ def build_app(front: HttpFrontEnd) -> tuple[Any, Guard]:
     async def internal(request: Request, exc: Exception) -> Response:
         return _respond({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}}, 500)
 
+    from ._views import view_routes  # the dashboard's views (paged lists, history, figures, log)
+
     routes = [
+        *view_routes(front),
         Route("/v1/turns", submit, methods=["POST"]),
         Route("/v1/turns", list_turns, methods=["GET"]),
         Route("/v1/turns/{turn_id}", get_turn, methods=["GET"]),

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from wire import Cause, TurnResult
+from wire import Cause, TurnError, TurnResult
 
 
 class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -304,6 +304,7 @@ def openapi() -> dict[str, Any]:
             )
         },
     }
+    paths.update(view_paths())
     return {
         "openapi": "3.1.0",
         "info": {
@@ -317,4 +318,185 @@ def openapi() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{}, {"bearer": []}],
+    }
+
+
+# ---- the dashboard's views (``_views``) --------------------------------------------------------
+
+
+class LiveTurn(TurnState, kw_only=True):
+    """One row of ``GET /v1/live``: a turn's state, with an ended turn's ``error`` and, for a killed
+    one, ``kill_reason`` (its cause and the signal that ended it, e.g. ``user: sigkill``)."""
+
+    error: TurnError | None = None
+    kill_reason: str | None = None
+
+
+class LivePage(msgspec.Struct, kw_only=True):
+    """``GET /v1/live``: ``total`` turns in ``state`` match the filters; ``turns`` are those from
+    ``offset`` (newest first for ``ended``, queue order for ``queued``)."""
+
+    now: float
+    state: Literal["queued", "running", "ended"]
+    total: int
+    offset: int
+    turns: list[LiveTurn]
+
+
+class HistoryRow(msgspec.Struct, kw_only=True):
+    """One turn of the history (the journal's row, or a kept ended turn without a journal).
+    ``state`` is the journal's: ``queued``, ``dispatched``, ``running`` or ``ended``."""
+
+    turn_id: str
+    agent: str
+    session: str | None = None
+    state: str
+    submitted_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    worker_pid: int | None = None
+    outcome: str | None = None
+    cause: str | None = None
+    error: TurnError | None = None
+    kill_reason: str | None = None
+
+
+class HistoryPage(msgspec.Struct, kw_only=True):
+    """``GET /v1/history``: newest first; ``source`` is ``journal``, or ``memory`` (no journal: the
+    ended turns the daemon keeps)."""
+
+    now: float
+    source: Literal["journal", "memory"]
+    total: int
+    offset: int
+    turns: list[HistoryRow]
+
+
+class HistoryTurn(msgspec.Struct, kw_only=True):
+    """``GET /v1/history/{id}``: the journal's result of a turn (``null`` until it ended) and the
+    events the journal kept of it (``serve --journal-events``; at most 500)."""
+
+    now: float
+    turn_id: str
+    result: TurnResult | None
+    kill_reason: str | None = None
+    events: list[Any]
+
+
+class AgentWindow(msgspec.Struct, kw_only=True):
+    """One agent's ended turns in a window: counts by outcome and the p50/p99 of queue and run time
+    in seconds (to within 10 %; ``null`` when none of its turns started)."""
+
+    turns: int
+    outcomes: dict[str, int]
+    queue_p50: float | None
+    queue_p99: float | None
+    run_p50: float | None
+    run_p99: float | None
+
+
+class AgentFigures(msgspec.Struct, kw_only=True):
+    """``GET /v1/agents``: per-agent figures over the last 5 minutes (``5m``) and hour (``1h``), to
+    within 10 s; agents past the 50th seen are counted as ``other``."""
+
+    now: float
+    windows: dict[str, dict[str, AgentWindow]]
+
+
+class WorkerLogTail(msgspec.Struct, kw_only=True):
+    """``GET /v1/worker-log``: where workers' output goes (``output``: a file, ``stderr``,
+    ``inherit`` or ``discarded``) and, for a file, its last lines (``truncated``: more came before)."""
+
+    output: str
+    path: str | None
+    lines: list[str]
+    truncated: bool
+
+
+_TYPES = (
+    *_TYPES,
+    LiveTurn,
+    LivePage,
+    HistoryRow,
+    HistoryPage,
+    HistoryTurn,
+    AgentWindow,
+    AgentFigures,
+    WorkerLogTail,
+)
+
+
+def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    out = {"name": name, "in": "query", "schema": schema}
+    if description:
+        out["description"] = description
+    return out
+
+
+def view_paths() -> dict[str, Any]:
+    """The OpenAPI paths of the dashboard's views."""
+    page = [
+        _query("offset", {"type": "integer", "minimum": 0}),
+        _query("limit", {"type": "integer", "minimum": 1, "maximum": 200}),
+    ]
+    text = {"type": "string", "maxLength": 256}
+    outcome = {"type": "string", "enum": ["completed", "failed", "aborted", "killed", "crashed"]}
+    return {
+        "/v1/live": {
+            "get": {
+                "summary": "A page of the queued, running or kept ended turns, filtered, with their total",
+                "parameters": [
+                    _query("state", {"type": "string", "enum": ["queued", "running", "ended"]}),
+                    *page,
+                    _query("agent", text, "the agent, exactly"),
+                    _query("session", text, "the session, exactly"),
+                    _query("outcome", outcome),
+                    _query("id", text, "the start of the turn id"),
+                    _query("q", text, "a part of the id, agent or session"),
+                ],
+                "responses": {"200": _json(_ref("LivePage"), "the page"), **_errors(400, 401)},
+            }
+        },
+        "/v1/history": {
+            "get": {
+                "summary": "A page of the journal's turns, newest first, filtered, with their total",
+                "parameters": [
+                    _query("state", {"type": "string", "enum": ["ended", "open"]}),
+                    *page,
+                    _query("agent", text),
+                    _query("session", text),
+                    _query("outcome", outcome),
+                    _query("q", text, "a part of the id, agent or session"),
+                ],
+                "responses": {
+                    "200": _json(_ref("HistoryPage"), "the page"),
+                    **_errors(400, 401, 503),
+                },
+            }
+        },
+        "/v1/history/{turn_id}": {
+            "get": {
+                "summary": "A turn's result and kept events from the journal",
+                "parameters": [
+                    {"name": "turn_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": _json(_ref("HistoryTurn"), "the turn"),
+                    **_errors(401, 404, 503),
+                },
+            }
+        },
+        "/v1/agents": {
+            "get": {
+                "summary": "Per-agent outcome counts and p50/p99 queue and run time, last 5 minutes and hour",
+                "responses": {"200": _json(_ref("AgentFigures"), "the figures"), **_errors(401)},
+            }
+        },
+        "/v1/worker-log": {
+            "get": {
+                "summary": "The last lines of the worker log, or where workers' output goes",
+                "parameters": [_query("lines", {"type": "integer", "minimum": 1, "maximum": 1000})],
+                "responses": {"200": _json(_ref("WorkerLogTail"), "the tail"), **_errors(400, 401)},
+            }
+        },
     }

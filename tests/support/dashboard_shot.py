@@ -1,8 +1,10 @@
-"""Take the README's dashboard screenshot: ``python -m tests.support.dashboard_shot docs/dashboard.png``.
+"""Take the docs' dashboard screenshots: ``python -m tests.support.dashboard_shot docs/dashboard.png
+--history docs/dashboard-history.png``.
 
 Starts a daemon with ``--http``, runs a minute of mixed turns through the HTTP API (every outcome),
 leaves a few running, one of them cancelled and ignoring it (so its escalation countdown shows),
-and saves a screenshot of the live page from Debian's headless Chromium.
+and saves a screenshot of the live page (and of the history view: the daemon's journal) from
+Debian's headless Chromium.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--history", type=Path, default=None, help="also save the history view here")
     args = parser.parse_args()
     with (
         serving(
@@ -43,7 +46,6 @@ def main() -> None:
             "0",
             "--http",
             "127.0.0.1:0",
-            "--no-journal",
         ) as d,
         httpx.Client(base_url=d.http_url, timeout=60) as http,
     ):
@@ -64,6 +66,21 @@ def main() -> None:
                 ).json()
                 http.post(f"/v1/turns/{t['turn_id']}/cancel")
             time.sleep(0.25)  # allowed: paces the demo load, nothing waits on it
+        # The newest ended rows: a failed turn (its error) and a killed one (its cause and signal).
+        failed = http.post(
+            "/v1/turns",
+            json={
+                "agent": "examples.agents:failing",
+                "input": {"message": "the model returned no tool call"},
+            },
+        ).json()
+        killed = http.post(
+            "/v1/turns", json={"agent": "examples.agents:stubborn", "grace": 0.2, "kill_after": 0.2}
+        ).json()
+        time.sleep(1)  # allowed: the stubborn turn starts before it is cancelled
+        http.post(f"/v1/turns/{killed['turn_id']}/cancel")
+        for t in (failed, killed):
+            http.get(f"/v1/turns/{t['turn_id']}", params={"wait": 60})
         http.post("/v1/turns", json={"agent": "tests.agents.http:ticker", "session": "chat-42"})
         http.post(
             "/v1/turns",
@@ -74,10 +91,15 @@ def main() -> None:
         ).json()
         time.sleep(1.5)  # allowed: lets the stubborn turn start before it is cancelled
         http.post(f"/v1/turns/{stuck['turn_id']}/cancel")
-        with browserkit.chromium(args.out.with_suffix(".log"), size=(1280, 1150)) as browser:
+        with browserkit.chromium(args.out.with_suffix(".log"), size=(1280, 1700)) as browser:
             browser.get(d.http_url)
             time.sleep(3)  # allowed: a few refreshes of the live page before the picture
             browser.save_screenshot(str(args.out))
+            if args.history is not None:
+                browser.get(d.http_url + "#/history")
+                time.sleep(2)  # allowed: the history's first page loads before the picture
+                browser.save_screenshot(str(args.history))
+                print(f"saved {args.history}")
         args.out.with_suffix(".log").unlink(missing_ok=True)
         print(f"saved {args.out}")
 
