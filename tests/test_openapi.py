@@ -25,9 +25,11 @@ API_GUARD = GUARD | {"401"}  # /v1 routes: the bearer token too
 
 
 def _app_routes() -> list[Route]:
-    front: Any = SimpleNamespace(token=None, loopback=True)
+    front: Any = SimpleNamespace(token=None, loopback=True, daemon=SimpleNamespace(end_hooks=[]))
     app, _ = build_app(front)
-    inner = app.app  # the guard wraps Starlette's app
+    inner = app
+    while not hasattr(inner, "routes"):  # the guard (and the id-path layer) wrap Starlette's app
+        inner = inner.app
     return [route for route in inner.routes if isinstance(route, Route)]
 
 
