@@ -36,6 +36,7 @@ from ._loop import warm_up_state
 from ._marker import path_for as marker_path_for
 from ._marker import read as marker_read
 from ._marker import read_noted as marker_read_noted
+from ._toolproc import backend as tool_limits_backend
 from ._tree import (
     TREE_ENV,
     children,
@@ -67,6 +68,7 @@ __all__ = [
     "HEIR_UNWATCHABLE",
     "CgroupPool",
     "EndLog",
+    "tool_limits_backend",
     "TREE_ENV",
     "TRIM_SLACK",
     "HeapKeeper",
