@@ -403,3 +403,39 @@ async def test_async_isolated_function_and_cancel_outside_any_loop() -> None:
     with anyio.move_on_after(0.3) as scope:
         await worker.isolated(spin, grace=0.2, kill_after=0.2).acall()  # a sync tool, awaited
     assert scope.cancelled_caught and time.monotonic() - t0 < 0.3 + 0.2 + 0.2 + 2.0
+
+
+# ---- in a real worker, under the supervisor --------------------------------------------------
+
+
+async def test_in_a_worker_a_killed_tool_is_told_to_the_model_and_a_cancel_stops_three_calls(
+    tmp_path: Path,
+) -> None:
+    """Through the pool: the memory kill is told to the model and the turn completes; then, on the
+    same worker, a turn cancelled while three isolated calls run (cooperative, SIGTERM-ignoring, C
+    sleep) ends ``aborted`` within grace + kill_after, every call's process gone; a next turn runs."""
+    from supervisor import Supervisor
+
+    grace, kill_after = 3.0, 2.0
+    async with Supervisor(workers=1, spares=0, grace=grace, kill_after=kill_after) as sup:
+        with anyio.fail_after(60):
+            first = await sup.run("tests.agents.tools:memory", {})
+        assert first.outcome == "completed", first
+        assert first.output["text"] == "it was too big"
+        assert any("tool killed: memory limit 256 MiB reached" in m for m in first.output["history"])
+
+        handle = await sup.submit("tests.agents.tools:three", {"dir": str(tmp_path)})
+        files = [tmp_path / n for n in ("coop", "stubborn", "csleep")]
+        await _wait_for(*files, bound=60)
+        t0 = time.monotonic()
+        await handle.cancel()
+        with anyio.fail_after(60):
+            result = await handle.result()
+        took = time.monotonic() - t0
+        assert result.outcome == "aborted", result  # the calls' ladders fit inside the turn's grace
+        assert took < grace + kill_after, took
+        for path in files:
+            assert _gone(_pid_of(path)), path
+        with anyio.fail_after(60):
+            again = await sup.run("tests.agents.tools:memory", {})
+        assert again.outcome == "completed" and again.worker_pid == first.worker_pid
