@@ -14,6 +14,7 @@ Run alone: ``.venv/bin/python -m benchmarks.bench_tools [--quick]``.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import subprocess
 import sys
@@ -48,6 +49,13 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _bare_fork() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
 def _mp_fork() -> None:
     p = multiprocessing.get_context("fork").Process(target=_noop)
     p.start()
@@ -71,6 +79,7 @@ def run(quick: bool) -> str:
         ("in process", _noop),
         ("`worker.isolated` (cgroups)", iso),
         ("`worker.isolated` (rlimit fallback)", iso_rl),
+        ("bare `os.fork` + `_exit` + `waitpid` (the floor)", _bare_fork),
         ("`multiprocessing` fork Process", _mp_fork),
         ('`subprocess.run([python, "-c", "pass"])`', lambda: subprocess.run([sys.executable, "-c", "pass"])),
         ('`worker.run_command(["true"])`', lambda: worker.run_command(["true"])),
