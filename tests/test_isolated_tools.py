@@ -439,3 +439,14 @@ async def test_in_a_worker_a_killed_tool_is_told_to_the_model_and_a_cancel_stops
         with anyio.fail_after(60):
             again = await sup.run("tests.agents.tools:memory", {})
         assert again.outcome == "completed" and again.worker_pid == first.worker_pid
+
+
+async def test_status_says_what_enforces_tool_limits() -> None:
+    """``status()`` names, per limit, what enforces it here, so an operator sees the fallback."""
+    from supervisor import Supervisor
+
+    async with Supervisor(workers=1, spares=0) as sup:
+        got = (await sup.status())["tool_limits"]
+    assert got == lowlevel.tool_limits_backend()
+    assert set(got) == {"containment", "memory", "pids", "cpu"}
+    assert all(v in ("cgroup2", "cgroup1", "rlimit", "tree") for v in got.values())

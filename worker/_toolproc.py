@@ -641,7 +641,10 @@ class Proc:
                 self._stop_now("cpu")
 
     def _reap(self) -> None:
-        _, status = os.waitpid(self.pid, 0)
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:  # reaped by someone else (a worker's end-of-turn sweep): it was killed
+            status = signal.SIGKILL
         self.outcome.status = status
         g = self.groups
         if self.outcome.killed is None and "memory" in g.dirs and g.oom_kills() > g.base.get("oom", 0):
