@@ -300,6 +300,11 @@ def test_run_command_captures_and_bounds_and_leaves_nothing(tmp_path: Path) -> N
     assert slow.killed_reason == "timeout" and slow.returncode == -signal.SIGKILL
     assert time.monotonic() - t0 < 5
     assert _gone(int((tmp_path / "bg").read_text()))
+    t0 = time.monotonic()
+    left = worker.run_command(["sh", "-c", "sleep 100 & echo $! > bg2"], timeout=30, cwd=str(tmp_path))
+    assert left.returncode == 0 and left.killed_reason is None
+    assert time.monotonic() - t0 < 10  # the background child holding the pipes is killed, not waited for
+    assert _gone(int((tmp_path / "bg2").read_text()))
     with pytest.raises(FileNotFoundError):
         worker.run_command(["/no/such/command"])
     with pytest.raises(TypeError):

@@ -511,6 +511,7 @@ class Proc:
         cap = int(lim.output_mb * MIB) if lim.output_mb is not None else None
         ladder: list[tuple[float, int]] = []  # (when, signal) still to send
         exited = False
+        leftovers_killed = False
         watch_limits = (
             bool(self.groups.dirs)
             or lim.cpu_s is not None
@@ -543,7 +544,15 @@ class Proc:
                 if exited and not self.fds:
                     break
                 if exited:
-                    wait_ms = 0 if wait_ms is None else min(wait_ms, 50)
+                    if not leftovers_killed:
+                        # The call's process is gone: what it left running goes now, so a pipe a
+                        # background child holds cannot keep the call open.
+                        leftovers_killed = True
+                        left = self.groups.members()
+                        if left:
+                            self.tree.update(left)
+                            self.groups.kill()
+                    wait_ms = 50  # drain what is in the pipes; a pipe held past that is not waited for
                 events = poller.poll(wait_ms)
                 for fd, ev in events:
                     if fd == self.pidfd:
@@ -591,7 +600,7 @@ class Proc:
                                 self._stop_now("output")
                             continue
                         self._take_output(kind, data, cap, relay)
-                if exited and not events and wait_ms == 0:
+                if exited and not events:
                     break  # the child is gone, its pipes quiet (a pipe a daemon kept is not ours to wait for)
                 if not exited:
                     self._check_limits()
