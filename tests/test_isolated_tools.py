@@ -211,6 +211,21 @@ def test_a_daemon_left_by_a_killed_call_is_killed_too(tmp_path: Path, cgroups: b
 # ---- crossing, errors, env, network ----------------------------------------------------------
 
 
+def test_a_call_made_from_a_thread_has_its_ladder_too() -> None:
+    """The call forks from whatever thread calls it; the child's signals still work (its main thread)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def call() -> str:
+        try:
+            worker.isolated(spin, timeout=0.3)()
+        except worker.ToolKilled as exc:
+            return f"{exc.reason} {exc.signal}"
+        return "not stopped"
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda _: call(), range(2))) == ["timeout None", "timeout None"]
+
+
 def test_arguments_that_cannot_cross_are_refused_at_the_call_naming_which() -> None:
     with pytest.raises(TypeError, match=r"argument 'b' of add\(\)"):
         worker.isolated(add)(1, b=object())
@@ -339,6 +354,7 @@ async def test_the_model_is_told_of_a_memory_kill_and_the_turn_completes() -> No
     assert {
         "type": "tool_call_update",
         "id": "c1",
+        "call_id": "c1",
         "name": "hog",
         "status": "failed",
         "reason": "memory",

@@ -188,6 +188,14 @@ class Groups:
                         ),
                         limit,
                     )
+                    # Swap is no way around the limit: none (v2), or memory + swap at the same bound (v1).
+                    swap = (
+                        ("memory.swap.max", "0")
+                        if be[name] == "cgroup2"
+                        else ("memory.memsw.limit_in_bytes", limit)
+                    )
+                    with contextlib.suppress(OSError):
+                        _cgroup._write(os.path.join(path, swap[0]), swap[1])
                 else:
                     _cgroup._write(os.path.join(path, "pids.max"), str(int(want)))
             except OSError:

@@ -560,7 +560,8 @@ def _failed_update(call: FunctionCall, exc: ToolIsolationError) -> dict[str, Any
     reason = exc.reason if isinstance(exc, ToolKilled) else "crashed"
     return {
         "type": "tool_call_update",
-        "id": call.call_id,
+        "id": call.call_id,  # ACP's key
+        "call_id": call.call_id,  # the loop's tool_call / tool_result key
         "name": call.name,
         "status": "failed",
         "reason": reason,
