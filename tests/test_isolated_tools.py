@@ -471,3 +471,19 @@ async def test_status_says_what_enforces_tool_limits() -> None:
     assert got == lowlevel.tool_limits_backend()
     assert set(got) == {"containment", "memory", "pids", "cpu"}
     assert all(v in ("cgroup2", "cgroup1", "rlimit", "tree") for v in got.values())
+
+
+async def test_the_turns_abort_reaches_a_sync_call_in_a_sync_agent_first(tmp_path: Path) -> None:
+    """A ``def`` agent blocked in an isolated call that ignores SIGTERM: the abort runs the call's
+    ladder at once (not only the worker's, after the grace), so the turn ends ``aborted``."""
+    from supervisor import Supervisor
+
+    grace = 4.0
+    async with Supervisor(workers=1, spares=0, grace=grace, kill_after=2.0) as sup:
+        handle = await sup.submit("tests.agents.tools:sync_stubborn", {"dir": str(tmp_path)})
+        await _wait_for(tmp_path / "stubborn", bound=60)
+        await handle.cancel()
+        with anyio.fail_after(60):
+            result = await handle.result()
+    assert result.outcome == "aborted", result
+    assert _gone(_pid_of(tmp_path / "stubborn"))

@@ -165,28 +165,22 @@ def _finish_call(proc: _toolproc.Proc, o: _toolproc.Outcome) -> Any:
 async def _watch_async(proc: _toolproc.Proc, relay: bool) -> _toolproc.Outcome:
     """Watch the call in a thread; a cancel of the awaiting task runs the ladder, and the await
     returns (re-raising the cancel) only once the call's tree is gone."""
-    cancel_r, cancel_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        async with anyio.create_task_group() as group:
+    async with anyio.create_task_group() as group:
 
-            async def on_cancel() -> None:
-                try:
-                    await anyio.sleep_forever()
-                finally:
-                    with contextlib.suppress(OSError):
-                        os.write(cancel_w, b"x")
-
-            group.start_soon(on_cancel)
+        async def on_cancel() -> None:
             try:
-                outcome = await anyio.to_thread.run_sync(proc.watch, cancel_r, relay)
+                await anyio.sleep_forever()
             finally:
-                group.cancel_scope.cancel()
-        if outcome.killed == "cancelled":
-            await anyio.lowlevel.checkpoint()  # the caller's cancel goes on, now that the call is gone
-        return outcome
-    finally:
-        os.close(cancel_r)
-        os.close(cancel_w)
+                proc.cancel()
+
+        group.start_soon(on_cancel)
+        try:
+            outcome = await anyio.to_thread.run_sync(proc.watch, relay)
+        finally:
+            group.cancel_scope.cancel()
+    if outcome.killed == "cancelled":
+        await anyio.lowlevel.checkpoint()  # the caller's cancel goes on, now that the call is gone
+    return outcome
 
 
 class Isolated:

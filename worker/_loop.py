@@ -27,7 +27,7 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _endlog, _heap, _heir, _marker
+from . import _endlog, _heap, _heir, _marker, _toolproc
 from ._errors import SpawnError, TurnCancelled
 from ._flusher import StaleFlusher
 from ._guards import (
@@ -345,8 +345,10 @@ class WorkerLoop:
                     self.conn.post(End(msg.turn_id, "aborted"))
                     break
             return
-        if turn.signal._set(msg.cause) and self.current_async and self.current_scope is not None:
-            self.current_scope.cancel()
+        if turn.signal._set(msg.cause):
+            _toolproc.cancel_all()  # T-AGENT: isolated calls first, sync ones in threads included
+            if self.current_async and self.current_scope is not None:
+                self.current_scope.cancel()
 
     def on_revoke(self, msg: Revoke) -> None:
         """Give back a turn handed ahead that has not started; ignore it otherwise."""

@@ -22,6 +22,7 @@ import secrets
 import select
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -455,6 +456,19 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
     return Proc(pid, limits, groups, res_r, out_r, err_r, in_w, stdin or b"")
 
 
+_LIVE: set[Proc] = set()  # calls being watched in this process
+_LIVE_LOCK = threading.Lock()
+
+
+def cancel_all() -> int:
+    """T-AGENT: the turn's abort reaches every isolated call of this process first; how many."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        proc.cancel()
+    return len(live)
+
+
 class Proc:
     def __init__(
         self,
@@ -474,9 +488,15 @@ class Proc:
         self.stdin_fd = stdin_fd
         self.stdin = memoryview(stdin)
         self.pidfd = os.pidfd_open(pid)
+        self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
         self.outcome = Outcome()
         self.tree: set[int] = {pid}
+
+    def cancel(self) -> None:
+        """Start the call's ladder as for a cancel (from any thread; harmless once it ended)."""
+        with contextlib.suppress(OSError):
+            os.write(self.cancel_w, b"x")
 
     # The ladder's steps ------------------------------------------------------------------------
 
@@ -500,9 +520,12 @@ class Proc:
             self.outcome.killed = reason
         self._signal_tree(signal.SIGKILL)
 
-    def watch(self, cancel_fd: int | None = None, relay: bool = True) -> Outcome:
+    def watch(self, relay: bool = True) -> Outcome:
         """Run the call to its end (returned, died or killed) and reap it; never raises for the call."""
         lim, o = self.limits, self.outcome
+        cancel_fd = self.cancel_r
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         poller = select.poll()
         for fd in self.fds:
             poller.register(fd, select.POLLIN)
@@ -619,6 +642,10 @@ class Proc:
             if self.stdin_fd is not None:
                 os.close(self.stdin_fd)
             os.close(self.pidfd)
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+            os.close(self.cancel_r)
+            os.close(self.cancel_w)
             self._reap()
         return o
 

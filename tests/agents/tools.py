@@ -68,3 +68,15 @@ async def three(turn: worker.Turn) -> Any:
     model = ScriptedModel([Response([*calls, Finish("tool_calls")]), Response([Finish("stop")])])
     await AgentLoop(model, tools=tools, turn=turn).run("go")
     return "unreachable"
+
+
+def sync_stubborn(turn: worker.Turn) -> Any:
+    """A plain ``def`` agent (run in a thread) blocked in an isolated call that ignores SIGINT and
+    SIGTERM: the turn's abort reaches the call's ladder, and the agent then honours the cancel."""
+    try:
+        worker.isolated(stubborn, grace=0.3, kill_after=0.3, timeout=120)(f"{turn.input['dir']}/stubborn")
+    except worker.ToolKilled as exc:
+        if exc.reason == "cancelled":
+            turn.signal.raise_if_cancelled()
+        raise
+    return "unreachable"
