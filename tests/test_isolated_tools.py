@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -487,3 +488,52 @@ async def test_the_turns_abort_reaches_a_sync_call_in_a_sync_agent_first(tmp_pat
             result = await handle.result()
     assert result.outcome == "aborted", result
     assert _gone(_pid_of(tmp_path / "stubborn"))
+
+
+def test_call_groups_left_by_a_killed_caller_are_swept() -> None:
+    """A caller killed with SIGKILL leaves its calls' v1 groups behind (its v2 group goes with its
+    worker's cgroup): they are removed at the next first use, owners matched by pid and start time."""
+    import subprocess
+
+    if lowlevel.tool_limits_backend()["pids"] != "cgroup1":
+        pytest.skip("no cgroup v1 controller here")
+    code = (
+        "import os, worker\n"
+        "from worker import lowlevel\n"
+        "worker.isolated(lambda: os.kill(os.getppid(), 9) or __import__('time').sleep(60), timeout=120)()\n"
+    )
+    before = {p.pid for p in psutil.Process().children()}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc
+    # The call dies of its parent-death signal; we are a subreaper: reap it, as a worker would.
+    for orphan in psutil.Process().children():
+        if orphan.pid not in before:
+            orphan.wait(timeout=20)
+    left_before = _v1_call_groups()
+    assert left_before, "the killed caller left no group: nothing to sweep"
+    swept = lowlevel.tool_groups_sweep()
+    assert set(left_before) <= set(swept)
+    assert not (set(_v1_call_groups()) & set(left_before))
+
+
+def _v1_call_groups() -> list[str]:
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.startswith("cgroup ") and ",pids" in post:
+            base = pre.split(" ")[4]
+            own = next(
+                (
+                    ln.split(":", 2)[2]
+                    for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                    if ":pids:" in ln
+                ),
+                "/",
+            )
+            folder = os.path.join(base, own.lstrip("/"))
+            for name in os.listdir(folder):
+                if name.startswith("turnpool-") and "-call" in name:
+                    pid = int(name.split("-")[1])
+                    if not psutil.pid_exists(pid):
+                        found.append(os.path.join(folder, name))
+    return found

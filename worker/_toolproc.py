@@ -143,6 +143,39 @@ def backend() -> dict[str, Any]:
     return _backend
 
 
+_swept = False
+
+
+def sweep_stale_groups() -> list[str]:
+    """Remove call groups left in the v1 hierarchies by a caller killed with SIGKILL (its v2 group
+    went with the worker's cgroup, or is swept as a pool is). Named like pools: owner pid and start."""
+    global _swept
+    _swept = True
+    gone: list[str] = []
+    v1 = _v1_mounts()
+    for name in ("memory", "pids"):
+        if name not in v1:
+            continue
+        parent = os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/"))
+        try:
+            entries = os.listdir(parent)
+        except OSError:
+            continue
+        for entry in entries:
+            if not (entry.startswith(_cgroup.POOL_PREFIX) and "-call" in entry):
+                continue
+            pid_s, start = entry[len(_cgroup.POOL_PREFIX) :].split("-")[:2]
+            if not pid_s.isdigit() or _cgroup._start_time(int(pid_s)) == start:
+                continue  # its owner lives
+            path = os.path.join(parent, entry)
+            for pid in _cgroup.procs(path):  # v1 has no cgroup.kill
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if _cgroup.remove(path):
+                gone.append(path)
+    return gone
+
+
 @dataclass
 class Groups:
     """The call's cgroups (made by the parent before the fork, removed after the call)."""
@@ -159,6 +192,8 @@ class Groups:
         if limits.cgroups is False:
             return g
         be = backend()
+        if not _swept:
+            sweep_stale_groups()
         me = os.getpid()
         # Named like a pool (owner pid and start time): one left by a caller killed with SIGKILL is swept.
         tag = f"{_cgroup.POOL_PREFIX}{me}-{_cgroup._start_time(me)}-call{secrets.token_hex(4)}"

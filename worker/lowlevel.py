@@ -37,6 +37,7 @@ from ._marker import path_for as marker_path_for
 from ._marker import read as marker_read
 from ._marker import read_noted as marker_read_noted
 from ._toolproc import backend as tool_limits_backend
+from ._toolproc import sweep_stale_groups as tool_groups_sweep
 from ._tree import (
     TREE_ENV,
     children,
@@ -68,6 +69,7 @@ __all__ = [
     "HEIR_UNWATCHABLE",
     "CgroupPool",
     "EndLog",
+    "tool_groups_sweep",
     "tool_limits_backend",
     "TREE_ENV",
     "TRIM_SLACK",
