@@ -537,3 +537,30 @@ def _v1_call_groups() -> list[str]:
                     if not psutil.pid_exists(pid):
                         found.append(os.path.join(folder, name))
     return found
+
+
+@worker.isolated
+def bare_form(x: int) -> int:
+    return x + 1
+
+
+@worker.isolated(timeout=5, memory_mb=128)
+def called_form(x: int) -> list[int]:
+    return [x, os.getpid()]
+
+
+class Calculator:
+    @worker.isolated(timeout=5)
+    def double(self, x: int) -> int:
+        return 2 * x
+
+
+def test_the_decorator_forms_and_methods() -> None:
+    assert bare_form(1) == 2
+    x, pid = called_form(7)
+    assert x == 7 and pid != os.getpid()  # another process did it
+    assert Calculator().double(21) == 42
+    with pytest.raises(ValueError, match="memory_mb"):
+        worker.isolated(add, memory_mb=-1)
+    with pytest.raises(TypeError, match="env"):
+        worker.isolated(add, env={"A": 1})  # type: ignore[dict-item]

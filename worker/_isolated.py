@@ -192,24 +192,45 @@ class Isolated:
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
 
-    def _start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _toolproc.Proc:
+    def _start(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: tuple[Any, ...] = ()
+    ) -> _toolproc.Proc:
         kwargs = dict(kwargs)
-        args = _check_crossing(args, kwargs, getattr(self.fn, "__name__", "tool"))
+        args = bound + _check_crossing(args, kwargs, getattr(self.fn, "__name__", "tool"))
         return _toolproc.start(self.limits, _child_body(self.fn, args, kwargs, self.is_async))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call((), args, kwargs)
+
+    def _call(self, bound: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.is_async:
-            return self.acall(*args, **kwargs)
-        proc = self._start(args, kwargs)
+            return self._acall(bound, args, kwargs)
+        proc = self._start(args, kwargs, bound)
         return _finish_call(proc, proc.watch())
 
     async def acall(self, *args: Any, **kwargs: Any) -> Any:
         """The call, awaitable whatever the function is: a cancel runs the call's ladder."""
-        proc = self._start(args, kwargs)
+        return await self._acall((), args, kwargs)
+
+    async def _acall(self, bound: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        proc = self._start(args, kwargs, bound)
         return _finish_call(proc, await _watch_async(proc, True))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self.__call__, obj)
+        # A method: the instance is the caller's own, carried by the fork (it does not cross, and what
+        # the call changes in it does not come back); the other arguments cross as usual.
+        return self if obj is None else _Bound(self, obj)
+
+
+class _Bound:
+    def __init__(self, isolated: Isolated, obj: Any) -> None:
+        self._isolated, self._obj = isolated, obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._isolated._call((self._obj,), args, kwargs)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._isolated._acall((self._obj,), args, kwargs)
 
 
 def isolated(
