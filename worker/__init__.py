@@ -3,8 +3,8 @@
 Layers: ``_turn`` (``Turn``, ``CancelSignal``: what an agent sees), ``_errors``, ``_tree``
 (process-tree facts: prctl, freeze, list, signal), ``_guards`` (the worker process's
 safety: parent death, the guardian, tree kill, the life pipe), ``_loop`` (the connection and the
-turn runner), ``_main`` (the entry point of ``python -m worker``), ``_isolated`` / ``_toolproc``
-(a tool call in its own process: ``isolated``, ``run_command``), ``agent`` (an agent loop with
+turn runner), ``_main`` (the entry point of ``python -m worker``), ``_isolated`` / ``_toolproc`` /
+``_toolchild`` (a tool call in its own process: ``isolated``, ``run_command``), ``agent`` (an agent loop with
 cancellation checkpoints). Never imports ``supervisor``.
 """
 

@@ -19,7 +19,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
-from . import _toolproc
+from . import _toolchild, _toolproc
 from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled
 from ._toolproc import Limits
 
@@ -76,7 +76,7 @@ def _child_body(
                         [f"result of {fn.__name__}() cannot cross back: {exc}"],
                     ]
                 )
-        except _toolproc.CallInterrupted:
+        except _toolchild.CallInterrupted:
             payload = _enc.encode(["stopped"])
         except MemoryError:
             payload = _enc.encode(["memory"])
@@ -86,7 +86,7 @@ def _child_body(
         with contextlib.suppress(OSError):
             _write_all(fd, payload)
             os.close(fd)
-        _toolproc.end_own_tree()
+        _toolchild.end_own_tree()
         os._exit(0)
 
     return body
@@ -101,14 +101,14 @@ def _run_async_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: d
         task = loop.create_task(fn(*args, **kwargs))
 
         def interrupt() -> None:
-            _toolproc._call_cancelled = True
+            _toolchild._call_cancelled = True
             task.cancel()
 
         loop.add_signal_handler(signal.SIGINT, interrupt)
         try:
             return loop.run_until_complete(task)
         except asyncio.CancelledError:
-            raise _toolproc.CallInterrupted("isolated call asked to stop") from None
+            raise _toolchild.CallInterrupted("isolated call asked to stop") from None
     finally:
         with contextlib.suppress(Exception):
             loop.close()
@@ -379,4 +379,4 @@ async def arun_command(
 
 def current_call_cancelled() -> bool:
     """Inside an isolated call: whether its ladder asked it to stop (timeout or cancel)."""
-    return _toolproc.current_call_cancelled()
+    return _toolchild.current_call_cancelled()
