@@ -490,6 +490,7 @@ class Proc:
                 for fd, ev in events:
                     if fd == self.pidfd:
                         exited = True
+                        ladder = []  # the rest of the ladder is for a process that is gone
                         poller.unregister(fd)
                     elif fd == cancel_fd:
                         poller.unregister(fd)
