@@ -175,6 +175,23 @@ def sweep_stale_groups() -> list[str]:
     return gone
 
 
+_placed: tuple[int, tuple[str, str | None, dict[str, str]]] | None = None
+
+
+def _place() -> tuple[str, str | None, dict[str, str]]:
+    """(the name prefix of this process's call groups, its own v2 cgroup, the v1 parent of each
+    controller), read once per process (a forked child reads its own)."""
+    global _placed
+    me = os.getpid()
+    if _placed is None or _placed[0] != me:
+        # Named like a pool (owner pid and start time): one left by a caller killed with SIGKILL is swept.
+        prefix = f"{_cgroup.POOL_PREFIX}{me}-{_cgroup._start_time(me)}-call"
+        v1 = _v1_mounts()
+        parents = {name: os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/")) for name in v1}
+        _placed = (me, (prefix, _cgroup.cgroup_of(), parents))
+    return _placed[1]
+
+
 @dataclass
 class Groups:
     """The call's cgroups (made by the parent before the fork, removed after the call)."""
@@ -193,16 +210,13 @@ class Groups:
         be = backend()
         if not _swept:
             sweep_stale_groups()
-        me = os.getpid()
-        # Named like a pool (owner pid and start time): one left by a caller killed with SIGKILL is swept.
-        tag = f"{_cgroup.POOL_PREFIX}{me}-{_cgroup._start_time(me)}-call{secrets.token_hex(4)}"
-        own = _cgroup.cgroup_of()
+        prefix, own, parents = _place()
+        tag = prefix + secrets.token_hex(4)
         if be["containment"] == "cgroup2" and own is not None:
             path = os.path.join(own, tag)
             with contextlib.suppress(OSError):
                 os.mkdir(path)
                 g.contain = path
-        v1 = _v1_mounts()
         for name in ("memory", "pids", "cpu"):
             want = {"memory": limits.memory_mb, "pids": limits.pids, "cpu": None}[name]
             if want is None or be[name] == "rlimit":
@@ -212,7 +226,7 @@ class Groups:
                     continue
                 path = g.contain  # the controller is delegated to our children: the call's own group
             else:
-                path = os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/"), tag)
+                path = os.path.join(parents[name], tag)
             try:
                 os.makedirs(path, exist_ok=True)
                 if name == "memory":
@@ -334,6 +348,8 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if _tree._libc is None:
+        _tree._prctl(3, 0)  # PR_GET_DUMPABLE: loads libc here once, not in every child (~0.4 ms each)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
