@@ -440,9 +440,13 @@ async def test_in_a_worker_a_killed_tool_is_told_to_the_model_and_a_cancel_stops
 
     grace, kill_after = 3.0, 2.0
     async with Supervisor(workers=1, spares=0, grace=grace, kill_after=kill_after) as sup:
+        h1 = await sup.submit("tests.agents.tools:memory", {})
         with anyio.fail_after(60):
-            first = await sup.run("tests.agents.tools:memory", {})
+            first = await h1.result()
+            events = [e async for e in h1.events()]
         assert first.outcome == "completed", first
+        failed = [e for e in events if e.get("type") == "tool_call_update"]
+        assert failed and failed[0]["status"] == "failed" and failed[0]["reason"] == "memory", events
         assert first.output["text"] == "it was too big"
         assert any("tool killed: memory limit 256 MiB reached" in m for m in first.output["history"])
 
