@@ -41,6 +41,19 @@ def test_supervisor_public_names_are_pinned() -> None:
         assert hasattr(supervisor, name) or hasattr(supervisor.batch, name), name
 
 
+def test_worker_public_names_are_pinned() -> None:
+    """``worker.__all__`` is the agent-author API: a name may not disappear or appear unnoticed."""
+    import worker
+
+    assert sorted(worker.__all__) == [
+        "CancelSignal", "CommandResult", "SpawnError", "ToolCrashed", "ToolIsolationError", "ToolKilled",
+        "Turn", "TurnCancelled", "WorkerError", "arun_command", "current_call_cancelled", "isolated",
+        "run_command",
+    ]  # fmt: skip
+    for name in worker.__all__:
+        assert hasattr(worker, name), name
+
+
 def test_import_supervisor_does_not_import_ray() -> None:
     """The core works without Ray installed: ``supervisor.RaySupervisor`` is resolved lazily,
     so a fresh ``import supervisor`` (and the CLI's) leaves ``ray`` out of ``sys.modules``."""

@@ -26,7 +26,7 @@ import zmq.asyncio
 import wire
 from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, TurnError
 
-from . import _endlog, _heap, _heir, _marker, adapters
+from . import _endlog, _heap, _heir, _marker, _toolproc, adapters
 from ._connection import Connection
 from ._errors import TurnCancelled
 from ._errtext import error_message, safe_text
@@ -197,8 +197,10 @@ class WorkerLoop:
                     self.conn.post(End(msg.turn_id, "aborted"))
                     break
             return
-        if turn.signal._set(msg.cause) and self.current_async and self.current_scope is not None:
-            self.current_scope.cancel()
+        if turn.signal._set(msg.cause):
+            _toolproc.cancel_all()  # T-AGENT: isolated calls first, sync ones in threads included
+            if self.current_async and self.current_scope is not None:
+                self.current_scope.cancel()
 
     def on_revoke(self, msg: Revoke) -> None:
         """Give back a turn handed ahead that has not started; ignore it otherwise."""

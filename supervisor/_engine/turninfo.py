@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import wire
+from worker import lowlevel
 
 from . import procs as _procs
 
@@ -180,6 +181,8 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
         "worker_output_dropped_lines": sup.pool.output.dropped_lines if sup.pool.output is not None else 0,
+        # What enforces worker.isolated's limits here (cgroup2 / cgroup1 controllers, else rlimits).
+        "tool_limits": dict(lowlevel.tool_limits_backend()),
         # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
         "memory": {
             "inputs_mb": _mib(sup.input_bytes),

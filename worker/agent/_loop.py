@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._errors import TurnCancelled
+from .._isolated import Isolated
+from .._toolerrors import ToolIsolationError, ToolKilled
 from ._cancel import CancelReceiver, CancelSender, _Channel
 from ._errors import (
     Aborted,
@@ -480,6 +482,24 @@ class AgentLoop:
             assert t is not None
             try:
                 value = await t(call.arguments)
+            except ToolIsolationError as exc:
+                # T-AGENT: a tool stopped by its own limits (or dead) is told to the model, bounded
+                # by max_tool_errors like the model's mistakes; the turn goes on.
+                await self._emit(_failed_update(call, exc))
+                self._tool_errors += 1
+                if self._tool_errors > self.max_tool_errors:
+                    failures[call.call_id] = exc
+                    group.cancel_scope.cancel()
+                    return
+                value = {"error": str(exc)}
+                outputs[call.call_id] = FunctionCallOutput(call.call_id, call.name, value)
+                block.results[call.call_id] = value
+                return
+            except anyio.get_cancelled_exc_class():
+                if isinstance(t.fn, Isolated):  # its ladder has run: say which call was stopped
+                    with anyio.move_on_after(1.0, shield=True):
+                        await self._emit(_failed_update(call, ToolKilled("cancelled")))
+                raise
             except TurnCancelled as exc:  # e.g. the tool awaited turn.checkpoint(): a cancel, not a failure
                 turn_cancelled.append(exc)
                 group.cancel_scope.cancel()
@@ -533,3 +553,17 @@ class AgentLoop:
     async def _emit(self, event: dict[str, Any]) -> None:
         if self._turn is not None and self.emit_events:
             await self._turn.emit(event)
+
+
+def _failed_update(call: FunctionCall, exc: ToolIsolationError) -> dict[str, Any]:
+    """The ``tool_call_update`` event of a call stopped by its isolation (editors show it failed)."""
+    reason = exc.reason if isinstance(exc, ToolKilled) else "crashed"
+    return {
+        "type": "tool_call_update",
+        "id": call.call_id,  # ACP's key
+        "call_id": call.call_id,  # the loop's tool_call / tool_result key
+        "name": call.name,
+        "status": "failed",
+        "reason": reason,
+        "text": str(exc),
+    }

@@ -2,7 +2,8 @@
 
 The function gets the arguments as keyword arguments. An ``async def`` tool is cancelled
 with the rest of its batch when the loop is cancelled; a plain ``def`` tool runs in a thread
-and cannot be interrupted (the loop waits for it, and the pool's grace-then-kill is the bound).
+and cannot be interrupted (the loop waits for it, and the pool's grace-then-kill is the bound). A
+``worker.isolated`` tool, sync or async, is awaited in its own process: a cancel runs its ladder.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from .._isolated import Isolated
 from ._messages import ToolSpec
 
 
@@ -43,6 +45,9 @@ class Tool:
         return None
 
     async def __call__(self, arguments: dict[str, Any]) -> Any:
+        if isinstance(self.fn, Isolated):
+            # T-AGENT: awaited, so the loop's cancel reaches the call's ladder (a thread would not).
+            return await self.fn.acall(**arguments)
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**arguments)
         result = await anyio.to_thread.run_sync(functools.partial(self.fn, **arguments))

@@ -1,0 +1,68 @@
+"""What an isolated tool call (``worker.isolated``, ``worker.run_command``) reports when it did not
+simply return: the errors it raises and the result of a command."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ._errors import WorkerError
+
+KillReason = Literal["memory", "timeout", "cpu", "pids", "output", "cancelled"]
+
+_UNITS = {"memory": "MiB", "pids": "processes", "output": "MiB", "cpu": "CPU seconds", "timeout": "s"}
+
+
+class ToolIsolationError(WorkerError):
+    """Base of the errors of a tool call run in its own process: the call did not return."""
+
+
+class ToolKilled(ToolIsolationError):
+    """The call was stopped: ``reason`` is what tripped (``memory``, ``timeout``, ``cpu``, ``pids``,
+    ``output``, ``cancelled``), ``limit`` the figure it was held to (MiB, seconds, processes;
+    ``None`` for ``cancelled``), ``signal`` the last signal the call's process got from its ladder
+    (``None`` when it stopped at the cooperative step)."""
+
+    def __init__(self, reason: KillReason, limit: float | None = None, *, signal: int | None = None) -> None:
+        self.reason = reason
+        self.limit = limit
+        self.signal = signal
+        if reason == "cancelled":
+            text = "tool killed: cancelled"
+        elif reason == "timeout":
+            text = f"tool killed: timeout of {limit:g} s reached"
+        else:
+            shown = f"{limit:g}" if limit is not None else "?"
+            text = f"tool killed: {reason} limit {shown} {_UNITS[reason]} reached"
+        super().__init__(text)
+
+    def __reduce__(self) -> Any:
+        return (_killed, (self.reason, self.limit, self.signal))
+
+
+def _killed(reason: KillReason, limit: float | None, signal: int | None) -> ToolKilled:
+    return ToolKilled(reason, limit, signal=signal)
+
+
+class ToolCrashed(ToolIsolationError):
+    """The call's process died on its own before returning: ``exit_code`` (a normal exit) or
+    ``signal`` (the signal that ended it) is set."""
+
+    def __init__(self, exit_code: int | None = None, signal: int | None = None) -> None:
+        self.exit_code = exit_code
+        self.signal = signal
+        how = f"signal {signal}" if signal is not None else f"exit code {exit_code}"
+        super().__init__(f"tool crashed: its process died ({how}) before returning")
+
+
+class CommandResult(msgspec.Struct, frozen=True):
+    """What ``worker.run_command`` returns. ``returncode`` is negative when a signal ended the
+    command (as in ``subprocess``); ``truncated`` says output past ``output_mb`` was dropped;
+    ``killed_reason`` says why the ladder stopped it (``None``: it exited by itself)."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    truncated: bool = False
+    killed_reason: KillReason | None = None
