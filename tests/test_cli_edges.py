@@ -264,8 +264,15 @@ def test_a_second_ctrl_c_stops_waiting_and_says_how_to_follow_up() -> None:
                 assert f"turnpool result {turn_id}" in err, err
             running = [w["turn_id"] for w in client.status()["workers"]]
             assert turn_id in running  # left to its ladder (grace 60 s), not waited for
+        # Skip the drain: a second SIGTERM kills the stubborn turn now. Two signals sent back to back
+        # may reach the daemon as one (a pending signal is not queued twice): it would then dispose
+        # with the turn's 60 s grace. So the second is sent again until the daemon has exited.
         d.signal(signal.SIGTERM)
-        d.signal(signal.SIGTERM)  # skip the drain: kill the stubborn turn now
+        deadline = time.monotonic() + BOUND
+        while d.proc.poll() is None and time.monotonic() < deadline:
+            d.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                d.proc.wait(timeout=0.5)
 
 
 # ---- item 14: one-line messages, never tracebacks ------------------------------------------
