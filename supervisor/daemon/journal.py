@@ -169,6 +169,7 @@ class Journal(JournalLink):
         self.commits = 0
         self.rows_written = 0
         self.failures = 0  # batches that could not be committed
+        self.fd_shortage = 0  # of those, the ones that met EMFILE/ENFILE here (P-FD)
         self.error: str | None = None  # what is wrong now (None: writing fine)
         self.broken = False  # the file was deleted or replaced: nothing more will be written
         # Called (in the writer thread) with the new ``error`` each time it changes.

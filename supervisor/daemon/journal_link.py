@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._fds import is_shortage
 from . import journal_writer as _journal_writer
 from .journal_schema import JournalError
 
@@ -243,6 +244,7 @@ class JournalLink:
     commits: int
     rows_written: int
     failures: int
+    fd_shortage: int  # P-FD: commits that met EMFILE/ENFILE on this side (a writer respawned, a socket)
     error: str | None
     broken: bool
     _queue: queue.SimpleQueue[Any]
@@ -369,6 +371,8 @@ class JournalLink:
             _journal_writer.send(self._sock, _wire(groups))
             reply = _journal_writer.recv(self._sock)
         except (OSError, JournalError) as exc:
+            if is_shortage(exc):
+                self.fd_shortage += 1  # P-FD: counted; the batch is retried as any failed one (J7)
             reply = (str(exc), [])
         return self._finish(groups, reply)
 

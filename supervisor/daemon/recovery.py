@@ -155,6 +155,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     daemon.start_hooks.append(started)
     daemon.end_hooks.append(ended)
     daemon.lookup = journal.lookup
+    daemon.fd_shortages["journal"] = lambda: journal.fd_shortage  # P-FD: counted in status and metrics
     daemon.journal_path = str(journal.path)  # C-JOURNAL
     if journal.journal_events:
         daemon.event_hooks.append(event)
