@@ -22,9 +22,11 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
+- ``probe``: the agent probe (A-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
+  name's probe) a test may lower with ``monkeypatch.setattr``.
 """
 
-from ._engine import TurnRecord, procs
+from ._engine import TurnRecord, probe, procs
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
 from ._engine.procs import orphans_of
@@ -44,6 +46,7 @@ __all__ = [
     "TurnRecord",
     "orphans_of",
     "private_dir",
+    "probe",
     "procs",
     "runtime_dir",
 ]

@@ -142,6 +142,22 @@ class Requests:
             return None
 
     def _submit(self, ident: bytes, msg: wire.Submit) -> None:
+        sup = self.daemon.sup
+        assert sup is not None
+        if msg.agent not in sup.agents_known:
+            # A-PROBE: the first submit of a name not known yet waits (bounded) for the probe that
+            # says whether a worker can run it; so do the submits of that name that come meanwhile.
+            self._task(self._submit_probed, ident, msg, key=(ident, msg.req, "probe"))
+            return
+        self._admit(ident, msg)
+
+    async def _submit_probed(self, ident: bytes, msg: wire.Submit) -> None:
+        sup = self.daemon.sup
+        assert sup is not None
+        await sup.learn_agent(msg.agent)
+        self._admit(ident, msg)
+
+    def _admit(self, ident: bytes, msg: wire.Submit) -> None:
         req = msg.req
         try:
             turn_id, existed, gates = self.daemon._admit(
