@@ -54,7 +54,7 @@ def _write(root: Path, relative: str, text: str) -> None:
 
 
 def _stand_ins(root: Path) -> None:
-    """Frameworks the adapters cannot run: Claude options (shadowing the real SDK), an
+    """Frameworks the adapters cannot run: Claude options with no ``ClaudeSDKClient``, an
     ``agents.Agent`` with no ``Runner``, pydantic-ai / LangGraph lacking what the adapter imports."""
     _write(root, "claude_agent_sdk/__init__.py", "class ClaudeAgentOptions:\n    pass\n")
     _write(root, "agents/__init__.py", "class Agent:\n    pass\n")
@@ -107,7 +107,7 @@ async def test_refused_at_submit_embedded(tmp_path: Path) -> None:
             edited = await sup.run("plain:count", "hi")
     assert "'plain:count' is a builtins.int" in count and "neither callable" in count and again == count
     assert "'plain:thing' is a plain.Thing" in thing and "pydantic_ai.Agent" in thing
-    assert "claude_agent_sdk.ClaudeAgentOptions" in options
+    assert "claude_agent_sdk.ClaudeAgentOptions" in options and "pip install 'turnpool[claude]'" in options
     assert "agents.Agent" in old and "Runner.run_streamed" in old
     assert "pip install 'turnpool[openai-agents]'" in old
     assert "pip install 'turnpool[pydantic-ai]'" in old_pydantic
