@@ -7,6 +7,10 @@ CLI and the process it started are gone either way."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ import psutil
 import pytest
 
 from supervisor import Client, Supervisor, TurnHandle
-from tests.support.daemonkit import FAST, HTTP, serving
+from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +146,43 @@ async def test_through_the_daemon_and_over_http() -> None:
     strip = [e for e in data if e["type"] != "framework"]
     assert strip == [e for e in seen if e["type"] != "framework"], streamed
     assert over_http["outcome"] == "completed" and over_http["output"] == "Hello from Claude."
+
+
+def test_in_a_batch(tmp_path: Path) -> None:
+    """``turnpool batch``: a session completes with its result text; one past its deadline ends with
+    cause ``deadline``: one final line each."""
+    jobs, out = tmp_path / "jobs.jsonl", tmp_path / "out.jsonl"
+    lines = [
+        {"id": "ok", "agent": A, "input": "hello"},
+        {"id": "late", "agent": A, "input": "forever", "timeout": 0.5},
+    ]
+    jobs.write_text("".join(json.dumps(j) + "\n" for j in lines))
+    argv = [sys.executable, "-P", "-c", "from supervisor.cli.main import entry; entry()", "batch", str(jobs)]
+    argv += ["-o", str(out), "--workers", "2", "--path", ROOT, "--grace", "1", "--kill-after", "1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 1, proc.stderr
+    records = {rec["id"]: rec for rec in map(json.loads, out.read_text().splitlines()) if rec["final"]}
+    assert records["ok"]["outcome"] == "completed" and records["ok"]["output"] == "Hello from Claude."
+    assert records["late"]["outcome"] in ("aborted", "killed") and records["late"]["cause"] == {
+        "kind": "deadline"
+    }
+
+
+async def test_in_an_editor_through_acp(tmp_path: Path) -> None:
+    """``turnpool acp --agent`` naming the options: the editor's prompt is the session's prompt, the
+    tokens arrive as message chunks and the tool use as a tool call, answered ``end_turn``."""
+    from acp import text_block
+    from acp.schema import ToolCallProgress, ToolCallStart
+
+    from tests.test_acp import ONE, acp_agent
+
+    async with acp_agent(tmp_path, A, *ONE) as (conn, rec, sid, _):
+        with anyio.fail_after(60):
+            answer = await conn.prompt(session_id=sid, prompt=[text_block("hello there")])
+    assert answer.stop_reason == "end_turn" and rec.text() == "Hello from Claude."
+    assert [(u.tool_call_id, u.title) for u in rec.updates if isinstance(u, ToolCallStart)] == [
+        ("toolu_1", "Bash")
+    ]
+    assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
+        ("toolu_1", "completed")
+    ]
