@@ -28,10 +28,12 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
 - ``check_optional_str``: R-TID, the one check of what a turn id or a session may hold.
+- ``probe``: the agent probe (A-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
+  name's probe) a test may lower with ``monkeypatch.setattr``.
 """
 
 from . import _peers as peers
-from ._engine import TurnRecord, procs
+from ._engine import TurnRecord, probe, procs
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
@@ -60,6 +62,7 @@ __all__ = [
     "peers",
     "private_dir",
     "proc_uid",
+    "probe",
     "procs",
     "runtime_dir",
     "socket_peer_uid",

@@ -19,7 +19,7 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import Client, Supervisor, TurnHandle
+from supervisor import Client, InvalidAgent, Supervisor, TurnHandle
 from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
 pytestmark = pytest.mark.anyio
@@ -62,9 +62,9 @@ def gone(pid: int) -> bool:
 async def test_agents_complete_streaming_the_common_vocabulary() -> None:
     """TestModel (tools then text), FunctionModel (thinking, a tool call, streamed text) and a
     structured output: the events are turnpool's vocabulary, the deltas add up to the output, a
-    pydantic model output comes back in its JSON form. Unknown input keys, a wrong input type and
-    an attribute that is no agent end the turn ``failed`` with a one-line error naming what is
-    wrong; a plain callable agent runs as before."""
+    pydantic model output comes back in its JSON form. Unknown input keys and a wrong input type
+    end the turn ``failed`` with a one-line error naming what is wrong, an attribute that is no
+    agent is refused at submit; a plain callable agent runs as before."""
     async with Supervisor(workers=1, spares=0, preload=PRELOAD) as sup:
         thinker = await sup.submit(A + "thinker", "What is the answer?")
         weather = await sup.submit(A + "weather", {"prompt": "Weather in Paris?"})
@@ -74,7 +74,8 @@ async def test_agents_complete_streaming_the_common_vocabulary() -> None:
             unknown = await sup.run(A + "thinker", {"prompt": "q", "temperature": 0})
             wrong = await sup.run(A + "thinker", [1, 2])
             lone_args = await sup.run(A + "thinker", {"prompt": "q", "deps_args": {}})
-            not_agent = await sup.run(A + "not_an_agent", "q")
+            with pytest.raises(InvalidAgent) as not_agent:
+                await sup.submit(A + "not_an_agent", "q")
             plain = await sup.run("examples.agents:echo", {"text": "hi"})
         seen = [await events_of(h) for h in (thinker, weather, structured)]
     assert [r.outcome for r in results] == ["completed"] * 3, results
@@ -112,9 +113,7 @@ async def test_agents_complete_streaming_the_common_vocabulary() -> None:
     assert "str (the prompt)" in wrong.error.message
     assert lone_args.outcome == "failed" and lone_args.error is not None
     assert "'deps_args' needs 'deps'" in lone_args.error.message
-    assert not_agent.outcome == "failed" and not_agent.error is not None
-    assert not_agent.error.type == "InvalidAgent" and "builtins.dict" in not_agent.error.message
-    assert "pydantic_ai.Agent" in not_agent.error.message
+    assert "builtins.dict" in str(not_agent.value) and "pydantic_ai.Agent" in str(not_agent.value)
     assert plain.outcome == "completed" and plain.output == {"text": "hi"}
 
 

@@ -31,6 +31,11 @@ End log, which it maps and closes (W-OWN); and its own working directory, which 
 The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
 embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
 the imports are done.
+
+A-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
+(``_probe``), a direct child of the zygote in a group of its own, that classifies the agent and
+answers on that pipe; the zygote reaps it, and kills its group once it has exited or once the
+deadline (``time.monotonic``, system-wide) has passed. A request read past its deadline is dropped.
 """
 
 from __future__ import annotations
@@ -228,22 +233,91 @@ def _prepare_embryo(
         return None
 
 
+PROBE_TICK = 0.05  # how often pending probes are looked at (s)
+
+
+def _tend_probes(probes: dict[int, float]) -> None:
+    """Reap the probes that exited and kill the group of each (what its import started) and of
+    each probe past its deadline."""
+    now = time.monotonic()
+    for pid, deadline in list(probes.items()):
+        try:
+            # WNOWAIT: a zombie still holds its pid, hence its group id, until it is reaped below.
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            del probes[pid]
+            continue
+        if not exited and now <= deadline:
+            continue
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _reap(pid)
+        del probes[pid]
+
+
+def _fork_probe(
+    line: bytes,
+    fds: list[int],
+    probes: dict[int, float],
+    embryo: tuple[int, socket.socket] | None,
+    own: tuple[int, int],
+) -> None:
+    """A-PROBE: fork a probe answering on ``fds[0]`` (the caller closes it)."""
+    _, deadline_text, spec = line.decode().split(" ")
+    deadline = float(deadline_text)
+    if time.monotonic() > deadline:
+        return  # nobody waits for the answer any more
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # The supervisor and the embryo must see EOF when the zygote goes, not when we do.
+            for fd in own:
+                os.close(fd)
+            if embryo is not None:
+                embryo[1].close()
+            from . import _probe as probe
+
+            probe.run(spec, fds[0])
+        finally:
+            os._exit(1)
+    probes[pid] = deadline
+
+
 def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> None:
     import select
 
     req = socket.socket(fileno=req_fd)
     os.write(resp_fd, b"ready 0\n")
     embryo: tuple[int, socket.socket] | None = None
+    probes: dict[int, float] = {}  # A-PROBE: pid -> deadline
     while True:
+        if probes:
+            _tend_probes(probes)
         if embryo is None:
             # Requests come in bursts (pool start, a kill): make the next embryo once they pause.
             ready, _, _ = select.select([req_fd], [], [], EMBRYO_IDLE)
             if not ready:
                 embryo = _prepare_embryo(parent_pid, life_fd, endpoint, req_fd, resp_fd)
                 continue
+        elif probes:
+            ready, _, _ = select.select([req_fd], [], [], PROBE_TICK)
+            if not ready:
+                continue
         line, fds, _, _ = socket.recv_fds(req, 4096, REQUEST_FDS)
         if not line:
             return  # EOF: the supervisor closed the socket (or died); an embryo sees EOF too
+        if line.startswith(b"probe "):
+            try:
+                if len(fds) == 1:
+                    _fork_probe(line, fds, probes, embryo, (req_fd, resp_fd))
+            except (ValueError, OSError):
+                pass  # a malformed request, or no fork: the supervisor reads EOF (no answer)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            continue
         try:
             worker_id, token, marker, heartbeat = line.decode().split(" ")
             hb = float(heartbeat)

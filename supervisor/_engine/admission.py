@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .._errors import QueueFull, SupervisorClosed, TurnIdConflict
+from .._errors import InvalidAgent, QueueFull, SupervisorClosed, TurnIdConflict
 from .._handle import TurnHandle
 from .._many import ManyTurns
 from .._tracing import caller_trace
 from .options import check_agent, check_grace, check_optional_str, check_seconds
+from .probe import AgentKinds
 from .turns import TurnRecord, request_differs
 
 if TYPE_CHECKING:
@@ -35,10 +36,13 @@ class AcceptMany(ManyTurns):
     is accepted as ``submit`` accepts one, from the encoding the check already made."""
 
     _accept: Callable[..., TurnRecord]
+    _admission: Admission
 
     async def _submit_checked(
         self, agent: str, item: Any, raw: Any, turn_id: str | None, options: dict[str, Any]
     ) -> TurnHandle:
+        if type(agent) is str and agent not in self._admission.known:  # A-PROBE: the first asks
+            await self._admission.learn(agent)
         turn = self._accept(agent, raw, turn_id=turn_id, parent=None, **options)
         backend: Any = self  # a Supervisor
         return TurnHandle(backend, turn.id, pin=turn)  # R-KEEP: the handle holds the record
@@ -50,6 +54,19 @@ class Admission:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self.ids = itertools.count(1)  # generated turn ids: ``<prefix>-<n>``
+        self.agents = AgentKinds(lambda: sup.pool.zygote)
+        self.known = self.agents.kinds  # agent name -> InvalidAgent's message, or None (accepted)
+
+    async def learn(self, agent: Any) -> None:
+        """A-PROBE: before the first turn of an agent name not known yet is accepted, ask a probe
+        what it points at (bounded; see ``probe``), so that ``accept`` can refuse what no worker
+        can run. A name that is no agent name at all is left to ``accept`` to refuse."""
+        if type(agent) is str and agent not in self.known and self.sup._state == "running":
+            try:
+                check_agent(agent)
+            except InvalidAgent:
+                return
+            await self.agents.learn(agent)
 
     def accept(
         self,
@@ -74,6 +91,9 @@ class Admission:
         check_agent(agent)
         if sup.allow_agents is not None:
             sup.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
+        refusal = self.known.get(agent)  # A-PROBE: what the probe of this name answered
+        if refusal is not None and not readmit:
+            raise InvalidAgent(refusal)
         if not readmit:  # R-TID; a readmitted turn was acknowledged under the rule of its day
             session = check_optional_str("session", session)
             turn_id = check_optional_str("turn_id", turn_id)

@@ -375,6 +375,7 @@ class Dispatcher:
         workers), it takes no new turn and is retired when its turn ends. Stale workers do not
         count as live, so their replacements start at once. A worker still starting imported
         nothing of an agent yet and is kept. Returns ``{"workers": replaced, "busy": stale}``."""
+        self.sup._admission.agents.clear()  # A-PROBE: agent code may have changed
         sup = self.sup
         workers = busy = 0
         for slot in list(sup.pool.slots.values()):

@@ -40,7 +40,6 @@ from .._stream import OwnedStreams
 from .._tracing import TurnSpans
 from . import output as _output
 from . import procs as _procs
-from . import turninfo as _turninfo
 from .admission import AcceptMany, Admission
 from .allowlist import AgentAllowlist
 from .children import ChildTurns
@@ -66,6 +65,7 @@ from .options import (
 )
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
+from .turninfo import Views
 from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
 
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
@@ -76,36 +76,36 @@ log = logging.getLogger("turnpool.supervisor")
 DispatchGate = Callable[[list[TurnRecord]], None]
 
 
-class Supervisor(AcceptMany, OwnedStreams):
+class Supervisor(AcceptMany, OwnedStreams, Views):
     """Runs agent turns in a pool of worker processes and owns their cancellation.
 
-    Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is
-    cancelled with cause ``disposed``, escalated as needed, and every worker reaped.
+    Use as ``async with Supervisor(...) as sup:``; leaving the block disposes: every turn is cancelled with
+    cause ``disposed``, escalated as needed, and every worker reaped.
 
-    Speed knobs (keyword-only): ``prefetch`` caps the turns a worker holds at once (running + handed
-    ahead; 1 turns it off) and ``prefetch_window`` is how much work, at the recent mean turn time, may
-    wait handed ahead behind a running turn (2 ms: trivial turns are prefetched deeply, long agent turns
-    not at all); a handed-ahead turn still counts as queued until it starts. ``zygote`` forks workers
-    from a preloaded process (a few ms instead of a fresh interpreter; workers inherit the environment
-    as it was when the supervisor started); ``preload`` names modules it imports for every worker.
+    Speed knobs (keyword-only): ``prefetch`` caps the turns a worker holds at once (running + handed ahead; 1
+    turns it off) and ``prefetch_window`` is how much work, at the recent mean turn time, may wait handed
+    ahead behind a running turn (2 ms: trivial turns are prefetched deeply, long agent turns not at all); a
+    handed-ahead turn still counts as queued until it starts. ``zygote`` forks workers from a preloaded
+    process (a few ms instead of a fresh interpreter; workers inherit the environment as it was when the
+    supervisor started); ``preload`` names modules it imports for every worker.
 
     ``cgroups`` (default True): each worker in a cgroup v2 of its own where the hierarchy is writable (root,
     or a delegated subtree), its tree killed at once with ``cgroup.kill``; ``False`` forces the fallback
-    (subreaper, freeze-and-signal, tree markers), used where cgroups cannot be.
-    ``max_rss_mb`` is compared with the tree's PSS (shared pages split between the processes mapping them).
-    Memory bounds in bytes beside the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns not
-    ended (``QueueFull`` past it); ``keep_events_mb``, ended turns' events; ``keep_results_mb``, the outputs
-    of the ended turns kept (the oldest forgotten first). Isolation (keyword-only): ``agent_path`` is where
-    workers import agents from (R-PATH): directories searched first and exactly, then installed packages;
-    ``None`` (default) mirrors this process's ``sys.path``. Workers run in ``python -P`` safe-path mode from
-    this supervisor's private runtime directory: a module planted in a working directory never runs.
-    ``worker_output`` is where workers' stdout and stderr go (R-OUT), never shared with this process's stderr:
-    ``"stderr"`` (default) forwards each line, prefixed ``w<n>[pid]``, to this process's stderr through a
-    thread, so a stalled stderr never blocks the supervisor; a file path writes them to that log, rotated by
-    size (``worker_output_max_mb``, default 16, per file; four files at most: ``PATH``, ``PATH.1`` …
-    ``PATH.3``); ``None`` discards them; ``"inherit"`` shares this process's fd 2 with the workers (a stalled
-    stderr then stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process
-    (R-NICE). ``allow_agents``: agent globs turns and their children may name (A-ALLOW). ``tracing``: T-TRACE.
+    (subreaper, freeze-and-signal, tree markers), used where cgroups cannot be. ``max_rss_mb`` is compared
+    with the tree's PSS (shared pages split between the processes mapping them). Memory bounds in bytes beside
+    the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns not ended (``QueueFull`` past it);
+    ``keep_events_mb``, ended turns' events; ``keep_results_mb``, the outputs of the ended turns kept (the
+    oldest forgotten first). Isolation (keyword-only): ``agent_path`` is where workers import agents from
+    (R-PATH): directories searched first and exactly, then installed packages; ``None`` (default) mirrors this
+    process's ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private runtime
+    directory: a module planted in a working directory never runs. ``worker_output`` is where workers' stdout
+    and stderr go (R-OUT), never shared with this process's stderr: ``"stderr"`` (default) forwards each line,
+    prefixed ``w<n>[pid]``, to this process's stderr through a thread, so a stalled stderr never blocks the
+    supervisor; a file path writes them to that log, rotated by size (``worker_output_max_mb``, default 16,
+    per file; four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"``
+    shares this process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
+    ``worker_nice`` (0-19): workers below this process (R-NICE). ``allow_agents``: agent globs turns and their
+    children may name (A-ALLOW). ``tracing``: a span per turn (T-TRACE).
     """
 
     def __init__(
@@ -249,8 +249,9 @@ class Supervisor(AcceptMany, OwnedStreams):
         # Ending turns: one result each, delivered after quiescence (rules 6, 7; R13).
         self._ending = ending = Finisher(self)
         self._finish = ending.finish
-        # Admission: the one way in for every turn (validation, idempotent ids, the queue limit).
-        self._accept = Admission(self).accept
+        # Admission: the one way in for every turn; A-PROBE: ``learn_agent`` a name not in ``agents_known``.
+        self._admission = admission = Admission(self)
+        self._accept, self.learn_agent, self.agents_known = admission.accept, admission.learn, admission.known
         self._running = 0  # turns a worker reported Started for and not yet ended
         self._active = 0  # turns accepted and not yet ended
         self._lent = 0  # slots lent by parents waiting on a spawned child
@@ -334,6 +335,8 @@ class Supervisor(AcceptMany, OwnedStreams):
         """
         # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)
+        if type(agent) is str and agent not in self.agents_known:  # A-PROBE: probed once
+            await self.learn_agent(agent)
         turn = self._accept(
             agent,
             raw,
@@ -393,13 +396,13 @@ class Supervisor(AcceptMany, OwnedStreams):
         await self._ending.wait_idle()
 
     async def reload(self) -> dict[str, int]:
-        """Replace every worker gracefully so that turns starting from now import agent code anew
-        (D-RELOAD; ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with
-        their globals, for its whole life: edited code reaches only workers started after the
-        edit. Turns running now finish on their old workers, which are then retired; idle workers
-        are replaced at once. Modules named in ``preload`` are imported once by the zygote and
-        are not refreshed (restart the supervisor for those). Returns ``{"workers": replaced,
-        "busy": of those, still finishing a turn}``. Raises ``SupervisorClosed`` when closed."""
+        """Replace every worker gracefully so that turns starting from now import agent code anew (D-RELOAD;
+        ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with their globals, for its
+        whole life: edited code reaches only workers started after the edit. Turns running now finish on their
+        old workers, which are then retired; idle workers are replaced at once. Modules named in ``preload``
+        are imported once by the zygote and are not refreshed (restart the supervisor for those). Returns
+        ``{"workers": replaced, "busy": of those, still finishing a turn}``. Raises ``SupervisorClosed`` when
+        closed."""
         if self._state != "running":
             raise SupervisorClosed("the supervisor is not running")
         return self.recycle_workers()
@@ -416,37 +419,6 @@ class Supervisor(AcceptMany, OwnedStreams):
         their row says they may have run) are left to disposal. Call it at shutdown, before
         ``aclose``; the ids set aside, in queue order."""
         return self._life.keep_queued()
-
-    async def status(self) -> dict[str, Any]:
-        """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of
-        the worker's whole tree summed per process, so shared pages count once per process; pss and
-        pss_mb: its proportional set size, shared pages split between the processes mapping them,
-        which is what ``max_rss_mb`` is compared with; cgroup: the worker's own cgroup or None),
-        the queue and counters.
-
-        Async, as on ``Client`` (one contract: async on the async classes, blocking on
-        ``SyncSupervisor``/``SyncClient``); ``status_now`` is the synchronous form for front ends
-        that run on the supervisor's loop."""
-        return self.status_now()  # R-STATUS
-
-    def status_now(self) -> dict[str, Any]:
-        """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a
-        request, a metrics scrape); users call ``await status()``."""
-        return _turninfo.status(self)
-
-    def describe_output(self) -> str:
-        """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
-        return "discarded" if self.worker_output is None else str(self.worker_output)
-
-    def turn_info(self, turn_id: str) -> dict[str, Any]:
-        """One turn's live facts for front ends (state, agent, session, cause, escalation step and
-        when the next signal is due, event count; its input while retained). Raises ``UnknownTurn``."""
-        return _turninfo.info(self, self.table.get(turn_id), with_input=True)
-
-    def turns(self, state: str | tuple[str, ...] = "running", *, limit: int = 100) -> list[dict[str, Any]]:
-        """Turns in ``state`` (``queued``, ``running``, ``ended`` newest first; or a tuple of them) as
-        ``turn_info`` dicts without input, at most ``limit``. Raises ``ValueError`` for another state."""
-        return _turninfo.listing(self, (state,) if isinstance(state, str) else state, limit)
 
     # ---- the Backend contract: results and events --------------------------------------
 
@@ -510,36 +482,6 @@ class Supervisor(AcceptMany, OwnedStreams):
         return self.table.events(turn_id)
 
     # ---- for front ends: named engine entry points -------------------------------------
-
-    @property
-    def active(self) -> int:
-        """Turns accepted and not yet ended."""
-        return self._active
-
-    @property
-    def running(self) -> int:
-        """Turns a worker reported started and that have not ended."""
-        return self._running
-
-    @property
-    def queued(self) -> int:
-        """Turns waiting for a worker (handed ahead but not started included)."""
-        return len(self._queue) + self._dispatch.handed
-
-    @property
-    def escalations(self) -> dict[str, int]:
-        """How many times each escalation step (``sigterm``, ``sigkill``) was taken."""
-        return dict(self._ladder.counts)
-
-    @property
-    def wall_offset(self) -> float:
-        """Add to the loop clock's readings (``TurnRecord`` times) to get epoch seconds."""
-        return self._wall_offset
-
-    @property
-    def prefetch_depth(self) -> int:
-        """How many turns a worker may hold at once now (adapted to recent turn times)."""
-        return self._dispatch.depth
 
     def add_hooks(
         self,

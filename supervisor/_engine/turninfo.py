@@ -197,3 +197,78 @@ def status(sup: Supervisor) -> dict[str, Any]:
 
 def _mib(n: int) -> float:
     return round(n / 2**20, 1)
+
+
+class Views:
+    """What ``Supervisor`` tells front ends about itself: its status, a turn's live facts, the turns
+    in a state, and the counters (read-only; the state is the supervisor's own)."""
+
+    # The supervisor's state these read (set in ``Supervisor.__init__``).
+    worker_output: Any
+    table: Any
+    _active: int
+    _running: int
+    _queue: Any
+    _dispatch: Any
+    _ladder: Any
+    _wall_offset: float
+
+    async def status(self) -> dict[str, Any]:
+        """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of the
+        worker's whole tree summed per process, so shared pages count once per process; pss and pss_mb: its
+        proportional set size, shared pages split between the processes mapping them, which is what
+        ``max_rss_mb`` is compared with; cgroup: the worker's own cgroup or None), the queue and counters.
+
+        Async, as on ``Client`` (one contract: async on the async classes, blocking on
+        ``SyncSupervisor``/``SyncClient``); ``status_now`` is the synchronous form for front ends that run on
+        the supervisor's loop."""
+        return self.status_now()  # R-STATUS
+
+    def status_now(self) -> dict[str, Any]:
+        """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a
+        request, a metrics scrape); users call ``await status()``."""
+        return status(self)  # type: ignore[arg-type]
+
+    def describe_output(self) -> str:
+        """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
+        return "discarded" if self.worker_output is None else str(self.worker_output)
+
+    def turn_info(self, turn_id: str) -> dict[str, Any]:
+        """One turn's live facts for front ends (state, agent, session, cause, escalation step and
+        when the next signal is due, event count; its input while retained). Raises ``UnknownTurn``."""
+        return info(self, self.table.get(turn_id), with_input=True)  # type: ignore[arg-type]
+
+    def turns(self, state: str | tuple[str, ...] = "running", *, limit: int = 100) -> list[dict[str, Any]]:
+        """Turns in ``state`` (``queued``, ``running``, ``ended`` newest first; or a tuple of them) as
+        ``turn_info`` dicts without input, at most ``limit``. Raises ``ValueError`` for another state."""
+        return listing(self, (state,) if isinstance(state, str) else state, limit)  # type: ignore[arg-type]
+
+    @property
+    def active(self) -> int:
+        """Turns accepted and not yet ended."""
+        return self._active
+
+    @property
+    def running(self) -> int:
+        """Turns a worker reported started and that have not ended."""
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        """Turns waiting for a worker (handed ahead but not started included)."""
+        return len(self._queue) + self._dispatch.handed
+
+    @property
+    def escalations(self) -> dict[str, int]:
+        """How many times each escalation step (``sigterm``, ``sigkill``) was taken."""
+        return dict(self._ladder.counts)
+
+    @property
+    def wall_offset(self) -> float:
+        """Add to the loop clock's readings (``TurnRecord`` times) to get epoch seconds."""
+        return self._wall_offset
+
+    @property
+    def prefetch_depth(self) -> int:
+        """How many turns a worker may hold at once now (adapted to recent turn times)."""
+        return self._dispatch.depth

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterable
 
 from . import procs as _procs
@@ -102,6 +103,23 @@ class Zygote:
         except OSError:
             self.lost = True
             return False
+
+    def probe(self, agent: str, seconds: float) -> int | None:
+        """A-PROBE: ask for a probe of ``agent``; the read end (non-blocking) of the pipe its one
+        JSON line comes back on (EOF without it: no answer), or None if the zygote cannot be asked."""
+        if self.lost or self._req is None:
+            return None
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        deadline = time.monotonic() + seconds
+        try:
+            socket.send_fds(self._req, [f"probe {deadline!r} {agent}".encode()], [w])
+        except OSError:  # full (a burst of worker requests) or gone: no probe this time
+            os.close(r)
+            return None
+        finally:
+            os.close(w)
+        return r
 
     def read(self) -> list[tuple[str, int]]:
         """Pids reported so far, as ``(worker_id, pid)``; a negative pid means the fork failed.

@@ -34,9 +34,9 @@ from typing import Any
 
 import anyio
 
-from wire import OUTCOMES, TurnResult
+from wire import OUTCOMES, TurnError, TurnResult
 
-from .._errors import QueueFull, TurnpoolError
+from .._errors import InvalidAgent, QueueFull, TurnpoolError
 from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import Previous, ResultLog, read_previous
@@ -464,6 +464,18 @@ class BatchRun:
                     handle = await self._submit_call(job, turn_id)
                 except QueueFull:
                     handle = await self._submit_when_room(job, turn_id)  # B-FULL
+                except InvalidAgent as exc:  # A-PROBE: no worker can run what the name points at
+                    refused = TurnResult(
+                        turn_id=turn_id,
+                        outcome="failed",
+                        error=TurnError("InvalidAgent", str(exc)),
+                        agent=job.agent,
+                        session=job.session,
+                    )
+                    self._write(
+                        job, refused, turn_id, attempt, earlier, submitted_wall, submitted, final=True
+                    )
+                    return
                 if handle is None:  # stopped while the backend was full: this attempt never ran
                     if earlier:
                         self._write(

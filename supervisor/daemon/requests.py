@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Awaitable, Callable
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.daemon")
 
 _SUBMIT_ERRORS = tuple(kind for kind, _ in SUBMIT_ERROR_CODES)
+PROBED_SLICE = 64  # submits admitted from behind a probe per loop pass
 
 
 class Requests:
@@ -60,10 +62,28 @@ class Requests:
         self._send = daemon._send
         self._task = daemon._task
         self._fallback = self._result  # one bound method, not one per waiting request (J-GATE)
+        self._probing: dict[bytes, deque[Any]] = {}  # A-PROBE: a client's requests held behind a probe
 
     # D4: requests are multiplexed by req, each answered with its typed reply.
     def handle(self, ident: bytes, msg: Any) -> None:
-        """Answer one decoded request from the client ``ident``."""
+        """Answer one decoded request from the client ``ident``.
+
+        A-PROBE: a submit of an agent name not known yet waits (bounded) for the probe that says
+        whether a worker can run it; every request read after it waits its turn behind it, so that
+        the client's requests are still handled in the order it sent them (a session's order, a
+        cancel right behind its submit). Other clients' requests go on meanwhile."""
+        sup = self.daemon.sup
+        assert sup is not None
+        held = self._probing.get(ident)
+        if held is not None or (type(msg) is wire.Submit and msg.agent not in sup.agents_known):
+            if held is None:
+                held = self._probing[ident] = deque()
+                self._task(self._handle_probed, ident, held)
+            held.append(msg)
+            return
+        self._handle_now(ident, msg)
+
+    def _handle_now(self, ident: bytes, msg: Any) -> None:
         sup = self.daemon.sup
         assert sup is not None
         match msg:
@@ -143,6 +163,32 @@ class Requests:
             return None
 
     def _submit(self, ident: bytes, msg: wire.Submit) -> None:
+        self._admit(ident, msg)
+
+    async def _handle_probed(self, ident: bytes, waiting: deque[Any]) -> None:
+        """A-PROBE: handle the requests of client ``ident`` held behind a submit of an agent name not
+        known yet, in the order they came, each such submit once its name's probe has answered."""
+        sup = self.daemon.sup
+        assert sup is not None
+        handled = 0
+        try:
+            while waiting:
+                msg = waiting[0]
+                if type(msg) is wire.Submit and msg.agent not in sup.agents_known:
+                    await sup.learn_agent(msg.agent)
+                elif handled % PROBED_SLICE == PROBED_SLICE - 1:
+                    await anyio.lowlevel.checkpoint()  # J-PIPE-FAIR: other work between slices
+                handled += 1
+                waiting.popleft()
+                try:
+                    self._handle_now(ident, msg)
+                except Exception as exc:  # a bug here costs one request, never the requests behind it
+                    log.exception("request %r failed", msg)
+                    self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+        finally:
+            del self._probing[ident]
+
+    def _admit(self, ident: bytes, msg: wire.Submit) -> None:
         req = msg.req
         # T-TRACE: the client's trace context, for the acceptance below (an invalid one is ignored).
         traced = CALLER_TRACE.set(valid_traceparent(msg.trace)) if msg.trace is not None else None

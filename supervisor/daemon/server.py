@@ -405,6 +405,9 @@ class Daemon:
         done (the journal's commit). Raises ``DaemonShuttingDown`` while draining, and what
         ``Supervisor.submit`` raises (``InvalidAgent``, ``TypeError``, ``ValueError``, ``QueueFull``)."""
         raw = wire.encode_payload(input, what="turn input")
+        assert self.sup is not None
+        if type(agent) is str and agent not in self.sup.agents_known:
+            await self.sup.learn_agent(agent)  # A-PROBE
         accepted, existed, gates = self._admit(
             agent,
             raw,

@@ -1,6 +1,7 @@
 """Framework objects as agents: an agent name may point at a pydantic-ai ``Agent``, a compiled
-LangGraph graph or an OpenAI Agents SDK ``Agent``; the worker wraps it in an adapter that runs it
-with the framework's own streaming API and maps its stream onto turnpool's event vocabulary.
+LangGraph graph, an OpenAI Agents SDK ``Agent`` or Claude Agent SDK options; the worker wraps it in
+an adapter that runs it with the framework's own streaming API and maps its stream onto turnpool's
+event vocabulary.
 
 A-ADAPT: the core never imports a framework. The object's class is recognised by the names in its
 MRO (no import), and only then is the adapter module for it imported, which imports the
@@ -33,10 +34,13 @@ _FRAMEWORKS: tuple[tuple[str, str, str, str, str], ...] = (
     ("pydantic_ai", "AbstractAgent", "_pydantic_ai", "pydantic-ai", "a pydantic-ai Agent"),
     ("langgraph", "Pregel", "_langgraph", "langgraph", "a compiled LangGraph graph"),
     ("agents", "Agent", "_openai_agents", "openai-agents", "an OpenAI Agents SDK Agent"),
-    ("claude_agent_sdk", "ClaudeAgentOptions", "", "claude", "Claude Agent SDK options"),
+    ("claude_agent_sdk", "ClaudeAgentOptions", "_claude", "claude", "Claude Agent SDK options"),
 )
 
-SUPPORTED = "a pydantic_ai.Agent, a compiled LangGraph graph or an agents.Agent (OpenAI Agents SDK)"
+SUPPORTED = (
+    "a pydantic_ai.Agent, a compiled LangGraph graph, an agents.Agent (OpenAI Agents SDK) "
+    "or claude_agent_sdk.ClaudeAgentOptions"
+)
 
 AgentFn = Callable[[Any], Awaitable[Any]]
 

@@ -1,0 +1,41 @@
+"""Agents using MCP stdio servers through ``worker.mcp`` (``tests.agents.mcp_agents:NAME``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import worker
+from worker import mcp
+from worker.agent import AgentLoop, Finish, Response, ScriptedModel, TextDelta, ToolCall
+
+SERVER = mcp.StdioServer(sys.executable, ["-P", str(Path(__file__).with_name("mcp_server.py"))])
+STUBBORN = mcp.StdioServer(SERVER.command, SERVER.args, env={"STUBBORN": "1"})
+NEVER_EOF = mcp.StdioServer(SERVER.command, SERVER.args, env={"NEVER_EOF": "1"})
+
+
+async def add(turn: worker.Turn) -> Any:
+    async with mcp.serve(calc=SERVER) as servers:
+        return await servers["calc"].call("add", {"a": 2, "b": 3})
+
+
+async def waits(turn: worker.Turn) -> Any:
+    """Calls ``slow`` (or ``stubborn``) after saying the server's pid."""
+    inp = turn.input
+    async with mcp.serve(calc=STUBBORN if inp["tool"] == "stubborn" else NEVER_EOF) as servers:
+        await turn.emit({"type": "mcp_server", "pid": await servers["calc"].call("pid")})
+        return await servers["calc"].call(inp["tool"], {"mark": inp["mark"]})
+
+
+async def loop(turn: worker.Turn) -> Any:
+    """``AgentLoop`` on a scripted model that calls the server's ``add`` tool, offered by ``mcp.tools``."""
+    model = ScriptedModel(
+        [
+            Response([ToolCall("call_1", "add", {"a": 20, "b": 22}), Finish("tool_calls")]),
+            Response([TextDelta("The sum is 42."), Finish("stop")]),
+        ]
+    )
+    async with mcp.serve(calc=SERVER) as servers:
+        result = await AgentLoop(model, tools=mcp.tools(servers), turn=turn).run("Add 20 and 22")
+    return {"text": getattr(result, "text", None), "tools": [t.name for t in mcp.tools(servers)]}

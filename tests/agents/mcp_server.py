@@ -1,0 +1,75 @@
+"""A real MCP server (the ``mcp`` package's ``MCPServer``) over stdio, for ``worker.mcp``'s tests.
+
+Tools: ``add``; ``pid`` (this server's pid); ``slow`` (writes "started" to ``mark``, sleeps until
+cancelled; on ``notifications/cancelled`` it writes "cancelled" there); ``stubborn`` (swallows the
+cancel and blocks in C). With ``STUBBORN=1`` in its environment it also ignores SIGTERM and stdin
+EOF; with ``NEVER_EOF=1`` it never sees stdin's EOF (the client's close then ends it with SIGTERM).
+"""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("turnpool-test")
+
+
+@app.tool()
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@app.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
+
+
+@app.tool()
+async def slow(mark: str) -> str:
+    """Say "started" in ``mark``, sleep until cancelled, then say "cancelled"."""
+    Path(mark).write_text("started")  # noqa: ASYNC240 - one small write
+    try:
+        await anyio.sleep(1000)
+    except anyio.get_cancelled_exc_class():
+        Path(mark).write_text("cancelled")  # noqa: ASYNC240 - one small write as the tool unwinds
+        raise
+    return "done"
+
+
+@app.tool()
+def stubborn(mark: str) -> str:
+    """Block in C whatever happens (a sync tool: the server cannot cancel it)."""
+    with open(mark, "w") as f:
+        f.write("started")
+    time.sleep(1000)
+    return "done"
+
+
+def _never_eof() -> None:
+    """The server never sees its stdin's EOF: what the client writes is pumped on through a pipe
+    this process keeps open, so only ``notifications/cancelled`` can cancel a call in flight."""
+    original, (r, w) = os.dup(0), os.pipe()
+
+    def pump() -> None:
+        while chunk := os.read(original, 65536):
+            os.write(w, chunk)
+
+    threading.Thread(target=pump, daemon=True).start()
+    os.dup2(r, 0)
+
+
+if __name__ == "__main__":
+    if os.environ.get("NEVER_EOF") == "1":
+        _never_eof()
+    stubborn_server = os.environ.get("STUBBORN") == "1"
+    if stubborn_server:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    app.run("stdio")
+    while stubborn_server:  # stdin closed: a well-behaved server exits here
+        time.sleep(1)
