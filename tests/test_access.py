@@ -213,7 +213,10 @@ def test_allow_agent_refuses_other_agents_through_every_front_end_and_never_impo
         batch = d.cli(
             "batch", str(jobs), "--agent", "access_refused:run", "-o", str(out), "--connect", d.endpoint
         )
-        assert batch.returncode != 0 and "not allowed" in batch.stderr, batch
+        # A-PROBE: batch records a job whose agent is refused at submit as a final failed line.
+        line = json.loads(out.read_text().splitlines()[0]) if out.exists() else {}
+        refusal = f"{batch.stderr} {line.get('error') or ''}"
+        assert batch.returncode != 0 and "not allowed" in refusal, (batch, line)
         assert "Traceback" not in batch.stderr, batch.stderr
         status = d.cli("status", "--json")
         assert json.loads(status.stdout)["outcomes"]["completed"] == 1  # only the allowed one ran
@@ -326,7 +329,9 @@ async def test_a_restart_with_a_narrower_allowlist_never_runs_a_queued_turn_it_r
         served.proc.kill()  # the queued turns stay queued in the journal
         served.proc.wait(timeout=60)
         daemonkit.stop_process(served.proc)
-    assert not refused.exists()  # queued only: nothing imported it yet
+    # The first daemon, with no allowlist, probed the name at submit (A-PROBE imports it in a probe
+    # child): what this test holds is that the restarted daemon, which refuses it, never imports it.
+    refused.unlink(missing_ok=True)
     flags = ("--allow-agent", "examples.agents:*", "--allow-agent", "access_allowed:*")
     again = daemonkit.start(*FAST, *flags, "--journal", str(journal), home=home, paths=paths)
     try:

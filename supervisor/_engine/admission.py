@@ -66,6 +66,9 @@ class Admission:
                 check_agent(agent)
             except InvalidAgent:
                 return
+            allowed = self.sup.allow_agents
+            if allowed is not None and not allowed.allows(agent):
+                return  # A-ALLOW: a refused name is never imported, not even by a probe
             await self.agents.learn(agent)
 
     def accept(
