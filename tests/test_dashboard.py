@@ -156,10 +156,15 @@ def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tm
         wait.until(ec.text_to_be_present_in_element((By.ID, "spares"), "1 / 1"))
         wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, '#workers tr[data-role="spare"]'))
         # The failed turn's error on its row; times in one format, local time on hover.
-        row = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, f'#recent tr[data-turn="{failed}"]'))
-        assert "ValueError: this agent always fails" in row.text
-        cell = row.find_element(By.CSS_SELECTOR, "td.time")
-        assert ISO_UTC.match(cell.text) and "(local)" in (cell.get_attribute("title") or "")
+        # The rows are rendered again every second: read a row's text and its time cell in one call.
+        read_row = (
+            'const r = document.querySelector(`#recent tr[data-turn="${arguments[0]}"]`);'
+            "if (!r) return null; const c = r.querySelector('td.time');"
+            "return [r.textContent, c ? c.textContent : '', c ? (c.getAttribute('title') || '') : ''];"
+        )
+        text, when, title = wait.until(lambda b: b.execute_script(read_row, failed))
+        assert "ValueError: this agent always fails" in text
+        assert ISO_UTC.match(when) and "(local)" in title, (when, title)
         browser.save_screenshot(str(tmp_path / "dashboard-overview.png"))
 
         # A filter: one session's queued turns, back on the first page.
@@ -198,12 +203,18 @@ def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tm
         )
         Select(browser.find_element(By.ID, "h-outcome")).select_by_visible_text("failed")
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#history-pager .range"), "1–1 of 1"))
-        row = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, f'#history tr[data-turn="{failed}"]'))
-        assert "ValueError" in row.text
+        history_row = 'return document.querySelector(`#history tr[data-turn="${arguments[0]}"]`)?.textContent'
+        assert "ValueError" in wait.until(lambda b: b.execute_script(history_row, failed))
         browser.save_screenshot(str(tmp_path / "dashboard-history.png"))
 
-        # An ended turn's page names the worker that ran it.
-        row.find_element(By.LINK_TEXT, failed).click()
+        # An ended turn's page names the worker that ran it (the click retried if the row was redrawn).
+        def open_turn(b: Any) -> bool:
+            b.find_element(By.CSS_SELECTOR, f'#history tr[data-turn="{failed}"]').find_element(
+                By.LINK_TEXT, failed
+            ).click()
+            return True
+
+        wait.until(open_turn)
         pid = http.get(f"/v1/turns/{failed}").json()["worker_pid"]
         dts = "[...document.querySelectorAll('#turn-facts dt')]"
         fact = f"return {dts}.find(e => e.textContent === arguments[0])"
