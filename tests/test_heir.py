@@ -187,7 +187,11 @@ async def test_a_held_turn_imports_its_agent_only_once_the_doomed_worker_is_gone
             assert (await nxt.result()).output == spare_pid
             assert (await doomed.result()).outcome == "killed"
             record = sup.record(doomed.turn_id)
-    (line,) = note.read_text().splitlines()
+    # A-PROBE imported the module once in a probe at the first submit (its own pid, not a worker's);
+    # the workers imported it once, in the spare, after the doomed worker was gone.
+    (line,) = [
+        line for line in note.read_text().splitlines() if int(line.split()[0]) in (doomed_pid, spare_pid)
+    ]
     pid, at = line.split()
     assert int(pid) == spare_pid
     assert record.escalated_at is not None

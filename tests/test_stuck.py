@@ -36,6 +36,20 @@ async def wait_file(path: Path, bound: float = 60) -> str:
     return path.read_text()  # noqa: ASYNC240 - a few bytes of a local file
 
 
+async def wait_worker_import(sup: Supervisor, path: Path, bound: float = 60) -> int:
+    """Wait (bounded) until a worker of ``sup`` is importing the agent module: ``path`` holds a
+    worker's pid. A-PROBE imports the module once in a probe at the first submit of its name, which
+    writes the same file with the probe's pid first."""
+    with anyio.fail_after(bound):
+        while True:
+            if path.exists():  # noqa: ASYNC240 - a stat of a local file another process writes
+                text = path.read_text()  # noqa: ASYNC240 - a few bytes of a local file
+                workers = {w["pid"] for w in (await sup.status())["workers"]}
+                if text.strip().isdigit() and int(text) in workers:
+                    return int(text)
+            await anyio.sleep(0.01)  # allowed: bounded poll of a file written by another process
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -105,7 +119,7 @@ async def test_blocking_import_is_cancelled(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("TURNPOOL_TEST_STUCK_DIR", str(tmp_path))
     async with Supervisor(**FAST) as sup:
         handle = await sup.submit("tests.agents.stuck_import_block:agent")
-        pid = int(await wait_file(tmp_path / "import-block"))
+        pid = await wait_worker_import(sup, tmp_path / "import-block")
         await handle.cancel()
         with anyio.fail_after(60):
             result = await handle.result()
@@ -123,7 +137,7 @@ async def test_slow_import_that_returns_after_a_cancel_is_not_completed(
     monkeypatch.setenv("TURNPOOL_TEST_SLOW_IMPORT_S", "1.5")
     async with Supervisor(workers=1, spares=0, grace=60, kill_after=1) as sup:
         handle = await sup.submit("tests.agents.stuck_import_slow:agent")
-        await wait_file(tmp_path / "import-slow")
+        await wait_worker_import(sup, tmp_path / "import-slow")
         await handle.cancel()
         with anyio.fail_after(60):
             result = await handle.result()
