@@ -517,6 +517,11 @@ async def test_cancelling_run_batch_on_a_client_like_backend(tmp_path: Path) -> 
 
     with anyio.fail_after(120):
         async with Supervisor(workers=2, spares=0) as sup:
+            # Both names known first: the first submit of a name waits for its probe (A-PROBE), and
+            # the lanes' submits are then accepted in the order their probes answer, so the slow jobs
+            # could take both workers before the echoes this test waits for.
+            await sup.run(E + "echo", 0)
+            await sup.run(E + "slow", {"seconds": 0})
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: run_batch(jobs, out, backend=ClientLike(sup), progress=progress))
                 await echoes_done.wait()
