@@ -13,13 +13,12 @@ import subprocess
 import sys
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
 
 import anyio
-import psutil
 import pytest
 
 from supervisor import Client, Supervisor, TurnHandle
+from tests.support.adapterkit import events_of, gone
 from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
 pytestmark = pytest.mark.anyio
@@ -29,12 +28,6 @@ pytest.importorskip("claude_agent_sdk")  # the `claude` extra (in `test`)
 A = "tests.agents.claude_agents:assistant"
 WHOLE = "tests.agents.claude_agents:whole"
 PRELOAD = ("tests.agents.claude_agents",)
-
-
-async def events_of(handle: TurnHandle) -> list[dict[str, Any]]:
-    with anyio.fail_after(60):
-        async with aclosing(handle.events()) as events:
-            return [event async for event in events]
 
 
 async def cli_pids(handle: TurnHandle, deltas: int = 2) -> tuple[int, int]:
@@ -50,13 +43,6 @@ async def cli_pids(handle: TurnHandle, deltas: int = 2) -> tuple[int, int]:
                     if deltas == 0:
                         return pids
     raise AssertionError("the turn ended before streaming")
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 HELLO = [

@@ -12,52 +12,19 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import aclosing
 from pathlib import Path
-from typing import Any
 
 import anyio
-import psutil
 import pytest
 
-from supervisor import Client, Supervisor, TurnHandle
+from supervisor import Client, Supervisor
+from tests.support.adapterkit import events_of, gone, wait_for_event, wait_for_file
 from tests.support.daemonkit import FAST, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
 A = "tests.agents.langgraph_agents:"
 PRELOAD = ("tests.agents.langgraph_agents",)  # imported once, in the zygote
-
-
-async def events_of(handle: TurnHandle) -> list[dict[str, Any]]:
-    with anyio.fail_after(60):
-        async with aclosing(handle.events()) as events:
-            return [event async for event in events]
-
-
-async def wait_for_event(handle: TurnHandle, kind: str) -> dict[str, Any]:
-    with anyio.fail_after(60):
-        async with aclosing(handle.events()) as events:
-            async for event in events:
-                if event["type"] == kind:
-                    return event
-    raise AssertionError(f"the turn ended without a {kind} event")
-
-
-def wait_for_file(path: Path, bound: float = 60.0) -> str:
-    """Bounded poll of a file another process writes."""
-    deadline = time.monotonic() + bound
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{path} was never written"
-        time.sleep(0.01)  # allowed: bounded poll of a file written in another process
-    return path.read_text()
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 async def test_graph_completes_streaming_the_common_vocabulary() -> None:

@@ -6,15 +6,14 @@ stdin EOF ends ``killed`` after the grace, gone with the worker's tree."""
 
 from __future__ import annotations
 
-import time
 from contextlib import aclosing
 from pathlib import Path
 
 import anyio
-import psutil
 import pytest
 
 from supervisor import Supervisor, TurnHandle
+from tests.support.adapterkit import gone, wait_for_file
 
 pytestmark = pytest.mark.anyio
 
@@ -30,22 +29,6 @@ async def server_pid(handle: TurnHandle) -> int:
                 if event["type"] == "mcp_server":
                     return int(event["pid"])
     raise AssertionError(f"the turn ended before its server said its pid: {await handle.result()}")
-
-
-def wait_for_file(path: Path, bound: float = 60.0) -> str:
-    """Bounded poll of a file another process writes."""
-    deadline = time.monotonic() + bound
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{path} was never written"
-        time.sleep(0.01)  # allowed: bounded poll of a file written in another process
-    return path.read_text()
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 async def test_mcp_servers_are_children_of_the_turn(tmp_path: Path) -> None:
