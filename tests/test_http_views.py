@@ -54,7 +54,7 @@ async def until_running(http: httpx.AsyncClient, count: int) -> None:
         while True:
             if (await live(http, state="running")).total >= count:
                 return
-            await anyio.sleep(0.05)  # a bounded poll of the daemon's state
+            await anyio.sleep(0.05)  # allowed: a bounded poll of the daemon's state
 
 
 async def test_live_lists_page_filter_and_count_queued_and_running_turns() -> None:
@@ -182,7 +182,7 @@ async def test_history_without_a_journal_and_the_worker_log_tail(tmp_path: Path)
                         ["hello-stdout", "n2"],
                     ]:
                         break
-                    await anyio.sleep(0.05)  # a bounded poll: the worker's output reaches the file
+                    await anyio.sleep(0.05)  # allowed: a bounded poll; the worker's output reaches the file
             assert tail["path"] == str(log) and len(tail["lines"]) == 2 and tail["truncated"]
             assert (await http.get("/v1/worker-log", params={"lines": "0"})).status_code == 400
     with serving("--workers", "1", "--spares", "0", "--no-journal", "--worker-log", "none", *HTTP) as d:

@@ -167,7 +167,7 @@ async def test_an_http_client_that_goes_away_cancels_the_turn_it_streamed() -> N
             tg.start_soon(server.serve)
             with anyio.fail_after(BOUND):
                 while not server.started:  # noqa: ASYNC110 - uvicorn exposes no event for "listening"
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # allowed: bounded poll of uvicorn's started flag
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
                     async with http.stream("POST", "/turns", json={"seconds": 120}) as response:
                         turn_id = response.headers["x-turn-id"]

@@ -173,7 +173,7 @@ def main():
                 )
                 if word == "stubborn":
                     while True:
-                        time.sleep(1)
+                        time.sleep(1)  # allowed: the agent's or tool's own work under test, not a wait
                 return
             else:
                 result(f"unknown prompt {prompt!r}", subtype="error_during_execution", is_error=True)

@@ -74,7 +74,7 @@ async def tick(state: Count) -> Count:
     while True:
         n += 1
         writer({"tick": n})
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # allowed: the agent's or tool's own work under test, not a wait
 
 
 _f = StateGraph(Count)
@@ -93,7 +93,7 @@ def block(state: Files) -> Files:
     child = subprocess.Popen(["sleep", "3600"])
     with open(state["pidfile"], "w") as f:
         f.write(str(child.pid))
-    time.sleep(3600)
+    time.sleep(3600)  # allowed: the agent's or tool's own work under test, not a wait
     return state
 
 

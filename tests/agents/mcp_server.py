@@ -35,7 +35,7 @@ async def slow(mark: str) -> str:
     """Say "started" in ``mark``, sleep until cancelled, then say "cancelled"."""
     Path(mark).write_text("started")  # noqa: ASYNC240 - one small write
     try:
-        await anyio.sleep(1000)
+        await anyio.sleep(1000)  # allowed: the agent's or tool's own work under test, not a wait
     except anyio.get_cancelled_exc_class():
         Path(mark).write_text("cancelled")  # noqa: ASYNC240 - one small write as the tool unwinds
         raise
@@ -47,7 +47,7 @@ def stubborn(mark: str) -> str:
     """Block in C whatever happens (a sync tool: the server cannot cancel it)."""
     with open(mark, "w") as f:
         f.write("started")
-    time.sleep(1000)
+    time.sleep(1000)  # allowed: the agent's or tool's own work under test, not a wait
     return "done"
 
 
@@ -72,4 +72,4 @@ if __name__ == "__main__":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     app.run("stdio")
     while stubborn_server:  # stdin closed: a well-behaved server exits here
-        time.sleep(1)
+        time.sleep(1)  # allowed: the agent's or tool's own work under test, not a wait

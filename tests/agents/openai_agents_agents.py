@@ -34,7 +34,7 @@ def block(ctx: RunContextWrapper[Any]) -> str:
     child = subprocess.Popen(["sleep", "3600"])
     with open(ctx.context["pidfile"], "w") as f:
         f.write(str(child.pid))
-    time.sleep(3600)
+    time.sleep(3600)  # allowed: a tool blocked in C, the case under test
     return "unreachable"
 
 

@@ -18,7 +18,7 @@ import worker
 async def wait_long(turn: worker.Turn) -> Any:
     """Says it is up, then waits 30 s (a long turn of another user's)."""
     await turn.emit({"type": "up"})
-    await anyio.sleep(30)
+    await anyio.sleep(30)  # allowed: the agent's or tool's own work under test, not a wait
     return "real"
 
 

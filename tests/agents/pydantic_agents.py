@@ -62,7 +62,7 @@ async def _forever(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterat
     while True:
         n += 1
         yield f"word{n} "
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # allowed: the agent's or tool's own work under test, not a wait
 
 
 forever = Agent(FunctionModel(stream_function=_forever))
@@ -92,7 +92,7 @@ def block(ctx: RunContext[Files]) -> str:
     child = subprocess.Popen(["sleep", "3600"])
     with open(ctx.deps.pidfile, "w") as f:
         f.write(str(child.pid))
-    time.sleep(3600)
+    time.sleep(3600)  # allowed: the agent's or tool's own work under test, not a wait
     return "unreachable"
 
 
@@ -108,7 +108,7 @@ async def stubborn_tool() -> str:
     """An async tool that swallows every cancellation: the run can never unwind."""
     while True:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # allowed: the agent's or tool's own work under test, not a wait
         except asyncio.CancelledError:
             continue
 
