@@ -23,7 +23,7 @@ from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
-pytest.importorskip("claude_agent_sdk")  # the `claude` extra (in `test`)
+pytest.importorskip("claude_agent_sdk", reason="the claude extra is not installed")
 
 A = "tests.agents.claude_agents:assistant"
 WHOLE = "tests.agents.claude_agents:whole"

@@ -16,32 +16,19 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
 import pytest
 
-from supervisor import Client, Supervisor
+from tests.support.backends import backend, gone
 from tests.support.daemonkit import FAST, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 60.0
-
-
-@asynccontextmanager
-async def backend(kind: str) -> AsyncIterator[Any]:
-    if kind == "supervisor":
-        async with Supervisor(workers=2, spares=0, grace=0.3, kill_after=0.3) as sup:
-            yield sup
-    else:
-        with serving(*FAST) as d:
-            async with Client.connect(d.endpoint) as client:
-                yield client
 
 
 async def started(backend: Any, turn_id: str) -> int:
@@ -60,13 +47,6 @@ def supervisor_unknown() -> type[Exception]:
     from supervisor import UnknownTurn
 
     return UnknownTurn
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.parametrize("kind", ["supervisor", "client"])

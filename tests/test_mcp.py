@@ -17,7 +17,7 @@ from tests.support.adapterkit import gone, wait_for_file
 
 pytestmark = pytest.mark.anyio
 
-pytest.importorskip("mcp")  # the `mcp` extra (in `test`)
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 M = "tests.agents.mcp_agents:"
 

@@ -12,38 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
-import psutil
 import pytest
 
-from supervisor import Client, Supervisor, SyncClient, SyncSupervisor
+from supervisor import Supervisor, SyncClient, SyncSupervisor
+from tests.support.backends import backend, gone
 from tests.support.daemonkit import FAST, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
 BOUND = 60.0
-
-
-@asynccontextmanager
-async def backend(kind: str) -> AsyncIterator[Any]:
-    if kind == "supervisor":
-        async with Supervisor(workers=2, spares=0, grace=0.3, kill_after=0.3) as sup:
-            yield sup
-    else:
-        with serving(*FAST) as d:
-            async with Client.connect(d.endpoint) as client:
-                yield client
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.parametrize("kind", ["supervisor", "client"])

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
 
 from supervisor import TurnHandle
+from tests.support.backends import gone
+
+__all__ = ["events_of", "gone", "wait_for_event", "wait_for_file"]
 
 
 async def events_of(handle: TurnHandle) -> list[dict[str, Any]]:
@@ -37,11 +39,3 @@ def wait_for_file(path: Path, bound: float = 60.0) -> str:
         assert time.monotonic() < deadline, f"{path} was never written"
         time.sleep(0.01)  # allowed: bounded poll of a file written in another process
     return path.read_text()
-
-
-def gone(pid: int) -> bool:
-    """The process is reaped or a zombie."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
