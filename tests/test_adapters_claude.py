@@ -105,10 +105,10 @@ async def test_through_the_daemon_and_over_http() -> None:
     """``turnpool serve``: a ``Client`` gets the events and the output and cancels a session
     mid-stream (``aborted``, the CLI gone); over HTTP the turn's Server-Sent Events carry the same
     events and the result its output."""
-    from tests.test_http import client as http_client
-    from tests.test_http import follow_all
-    from tests.test_http import result as http_result
-    from tests.test_http import submit as http_submit
+    from tests.support.httpkit import client as http_client
+    from tests.support.httpkit import follow_all
+    from tests.support.httpkit import result as http_result
+    from tests.support.httpkit import submit as http_submit
 
     with serving(*FAST, *HTTP, "--workers", "1", "--grace", "5") as d:
         async with Client.connect(d.endpoint) as client:

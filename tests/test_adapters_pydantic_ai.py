@@ -139,10 +139,10 @@ async def test_through_the_daemon_and_over_http() -> None:
     """The same agents through ``turnpool serve``: a ``Client`` gets the streamed events and the
     output, and a cancel mid-stream ends ``aborted`` with cause ``user``; over HTTP, a submit's
     Server-Sent Events carry the same vocabulary and the result its output."""
-    from tests.test_http import client as http_client
-    from tests.test_http import follow_all
-    from tests.test_http import result as http_result
-    from tests.test_http import submit as http_submit
+    from tests.support.httpkit import client as http_client
+    from tests.support.httpkit import follow_all
+    from tests.support.httpkit import result as http_result
+    from tests.support.httpkit import submit as http_submit
 
     with serving(*FAST, *HTTP) as d:
         async with Client.connect(d.endpoint) as client:

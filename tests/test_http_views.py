@@ -16,6 +16,7 @@ from supervisor.daemon.figures import AgentRing, kill_reason
 from supervisor.http import AgentFigures, HistoryPage, HistoryTurn, LivePage
 from tests.support import daemonkit
 from tests.support.daemonkit import HTTP, serving
+from tests.support.httpkit import result, submit
 from wire import TurnResult
 
 pytestmark = pytest.mark.anyio
@@ -26,21 +27,6 @@ SLOW = "examples.agents:slow"
 
 def client(d: daemonkit.Served) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=d.http_url, timeout=TIMEOUT)
-
-
-async def submit(http: httpx.AsyncClient, agent: str, input: Any = None, **fields: Any) -> str:
-    r = await http.post("/v1/turns", json={"agent": agent, "input": input, **fields})
-    assert r.status_code == 201, r.text
-    return str(r.json()["turn_id"])
-
-
-async def result(http: httpx.AsyncClient, turn_id: str) -> dict[str, Any]:
-    with anyio.fail_after(60):
-        while True:
-            r = await http.get(f"/v1/turns/{turn_id}", params={"wait": 30})
-            if r.status_code == 200:
-                return dict(r.json())
-            assert r.status_code == 202, r.text
 
 
 async def live(http: httpx.AsyncClient, **params: Any) -> LivePage:
