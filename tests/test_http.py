@@ -30,7 +30,6 @@ from wire import TurnResult
 pytestmark = pytest.mark.anyio
 
 
-
 # ---- submit, result, idempotency ----------------------------------------------------------
 
 
