@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def test_dashboard_shows_a_running_turn_follows_its_events_and_cancels_it(tmp_pa
         # so each look-up finds the row afresh (a row found earlier may be gone: stale).
         stale = (StaleElementReferenceException, NoSuchElementException)
         wait = WebDriverWait(browser, 60, ignored_exceptions=stale)
+
         row_css = f'#running tr[data-turn="{turn_id}"]'
         text = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, row_css).text)
         assert "tests.agents.http:ticker" in text and "demo" in text
@@ -122,6 +124,12 @@ def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tm
         browserkit.chromium(tmp_path / "chromedriver.log") as browser,
     ):
         wait = WebDriverWait(browser, 60, ignored_exceptions=stale)
+
+        def act(by: str, what: str, do: Callable[[Any], Any]) -> None:
+            """Find and act on an element in one try, tried again if the page redrew it meanwhile
+            (the lists, pagers and filters are rendered again every second)."""
+            wait.until(lambda b: do(b.find_element(by, what)) or True)
+
         failed = http.post("/v1/turns", json={"agent": "examples.agents:failing"}).json()["turn_id"]
         assert http.get(f"/v1/turns/{failed}", params={"wait": 60}).json()["outcome"] == "failed"
         for i in range(2):
@@ -142,11 +150,11 @@ def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tm
         assert "batch-0" in browser.find_element(By.ID, "turn-facts").text
 
         # The overview: separate paged lists counted by the daemon.
-        browser.find_element(By.ID, "nav-overview").click()
+        act(By.ID, "nav-overview", lambda e: e.click())
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "1–25 of 998"))
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#running-pager .range"), "1–2 of 2"))
         assert len(browser.find_elements(By.CSS_SELECTOR, "#queued tbody tr[data-turn]")) == 25
-        browser.find_element(By.CSS_SELECTOR, "#queued-pager .next").click()
+        act(By.CSS_SELECTOR, "#queued-pager .next", lambda e: e.click())
         wait.until(
             ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "26–50 of 998")
         )
@@ -168,7 +176,7 @@ def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tm
         browser.save_screenshot(str(tmp_path / "dashboard-overview.png"))
 
         # A filter: one session's queued turns, back on the first page.
-        browser.find_element(By.ID, "f-session").send_keys("batch-3")
+        act(By.ID, "f-session", lambda e: e.send_keys("batch-3"))
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "1–25 of 100"))
         rows = "document.querySelectorAll('#queued tbody tr[data-turn]')"
         sessions = f"return [...{rows}].map(r => r.cells[2].textContent)"
@@ -196,12 +204,12 @@ def test_dashboard_with_a_thousand_turns_pages_filters_deep_links_and_cancels(tm
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#queued-pager .range"), "1–25 of 99"))
 
         # The history: the journal, paged and filtered by outcome.
-        browser.find_element(By.ID, "nav-history").click()
+        act(By.ID, "nav-history", lambda e: e.click())
         wait.until(ec.text_to_be_present_in_element((By.ID, "history-source"), "1001 turn(s) in the journal"))
         wait.until(
             ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#history-pager .range"), "1–50 of 1001")
         )
-        Select(browser.find_element(By.ID, "h-outcome")).select_by_visible_text("failed")
+        act(By.ID, "h-outcome", lambda e: Select(e).select_by_visible_text("failed"))
         wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#history-pager .range"), "1–1 of 1"))
         history_row = 'return document.querySelector(`#history tr[data-turn="${arguments[0]}"]`)?.textContent'
         assert "ValueError" in wait.until(lambda b: b.execute_script(history_row, failed))
