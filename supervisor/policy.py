@@ -8,7 +8,7 @@ manual clock (``Timers(clock)`` with ``Timers.fire_due``). Not user API: the use
   the defaults; ``EngineOptions.checked`` validates as ``Supervisor`` does).
 - ``MOVES``, ``move``, ``IllegalMove``, ``first_cause``, ``mark_started``, ``escalated``: a turn's
   states and the moves allowed between them (T-STATE), the first cause (R3), the start, the ladder's
-  step.
+  step; ``gate_recorded``, ``gate_cleared``: a journal's rows committed for a turn (J6).
 - The parts, each built from its collaborators as ``Supervisor.__init__`` builds them: ``Admission``,
   ``Dispatcher``, ``Escalation``, ``Finisher``, ``ChildTurns``; ``Hooks``; ``Timers``.
 - ``TurnRecord``, ``TurnTable``, ``TurnQueue``, ``WorkerSlot``: the records they work on.
@@ -23,7 +23,16 @@ from ._engine.escalation import Escalation
 from ._engine.hooks import Hooks
 from ._engine.pool import WorkerSlot
 from ._engine.settings import EngineOptions
-from ._engine.states import MOVES, IllegalMove, escalated, first_cause, mark_started, move
+from ._engine.states import (
+    MOVES,
+    IllegalMove,
+    escalated,
+    first_cause,
+    gate_cleared,
+    gate_recorded,
+    mark_started,
+    move,
+)
 from ._engine.timers import Timers
 from ._engine.turns import TurnQueue, TurnRecord, TurnTable
 
@@ -45,6 +54,8 @@ __all__ = [
     "WorkerSlot",
     "escalated",
     "first_cause",
+    "gate_cleared",
+    "gate_recorded",
     "mark_started",
     "move",
 ]

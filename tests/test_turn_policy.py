@@ -249,6 +249,22 @@ def test_the_input_budget_counts_inputs_until_their_turn_ends() -> None:
     eng.submit()
 
 
+def test_behind_the_dispatch_gate_a_turn_is_handed_only_once_both_its_rows_are_committed() -> None:
+    eng = Engine(workers=1)
+    asked: list[policy.TurnRecord] = []
+    eng.dispatcher.gate = asked.extend  # J6: the journal's gate, asked to clear written turns
+    turn = eng.submit()
+    assert turn.state == "queued" and asked == []  # its accept row is not even written
+    eng.dispatcher.written(turn)  # J6-WITH: written, not committed: the gate may clear it already
+    assert asked == [turn] and turn.clearing and turn.state == "queued"
+    policy.gate_cleared(turn)
+    eng.dispatcher.pump()
+    assert turn.state == "queued"  # cleared, but its accept row is not committed yet
+    policy.gate_recorded(turn)
+    eng.dispatcher.pump()
+    assert turn.state == "handed" and eng.kinds(turn.id) == ["Run"]
+
+
 # ---- queue-depth arithmetic --------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from .._many import ManyTurns
 from .._tracing import caller_trace
 from .options import check_agent, check_grace, check_optional_str, check_seconds
 from .probe import AgentKinds
+from .states import gate_hold
 from .turns import TurnRecord, request_differs
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class AcceptMany(ManyTurns):
         self, agent: str, item: Any, raw: Any, turn_id: str | None, options: dict[str, Any]
     ) -> TurnHandle:
         admission = self._admission
-        if type(agent) is str and agent not in admission.known:  # A-PROBE: the first asks
+        if type(agent) is str and agent not in admission.agents.kinds:  # A-PROBE: the first asks
             await admission.learn(agent)
         turn = admission.accept(agent, raw, turn_id=turn_id, parent=None, **options)
         backend: Any = self  # a Supervisor
@@ -77,14 +78,13 @@ class Admission:
         self.timers = timers
         self.prefix = prefix
         self.ids = itertools.count(1)  # generated turn ids: ``<prefix>-<n>``
-        self.agents = AgentKinds(zygote)
-        self.known = self.agents.kinds  # agent name -> InvalidAgent's message, or None (accepted)
+        self.agents = AgentKinds(zygote)  # ``kinds``: agent -> InvalidAgent's message, or None (accepted)
 
     async def learn(self, agent: Any) -> None:
         """A-PROBE: before the first turn of an agent name not known yet is accepted, ask a probe
         what it points at (bounded; see ``probe``), so that ``accept`` can refuse what no worker
         can run. A name that is no agent name at all is left to ``accept`` to refuse."""
-        if type(agent) is str and agent not in self.known and self.book.phase == "running":
+        if type(agent) is str and agent not in self.agents.kinds and self.book.phase == "running":
             try:
                 check_agent(agent)
             except InvalidAgent:
@@ -118,7 +118,7 @@ class Admission:
         check_agent(agent)
         if options.allow_agents is not None:
             options.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
-        refusal = self.known.get(agent)  # A-PROBE: what the probe of this name answered
+        refusal = self.agents.kinds.get(agent)  # A-PROBE: what the probe of this name answered
         if refusal is not None and not readmit:
             raise InvalidAgent(refusal)
         if not readmit:  # R-TID; a readmitted turn was acknowledged under the rule of its day
@@ -169,8 +169,7 @@ class Admission:
         turn.trace = parent_turn.trace if parent_turn is not None else caller_trace()
         turn.id_chosen = chosen
         if self.dispatcher.gate is not None:
-            turn.recorded = turn.written = readmit  # a readmitted turn's row is already in the journal
-            turn.dispatchable = False
+            gate_hold(turn, readmit)  # a readmitted turn's row is already in the journal
         records[turn_id] = turn
         book.active += 1
         book.input_bytes += size  # I-BUDGET: until its result is delivered (``Finisher.deliver``)

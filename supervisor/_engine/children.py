@@ -91,8 +91,6 @@ class ChildTurns:
         # R12: a waiting parent lends its slot.
         self.book.lent += 1
         for handed in slot.ahead:  # they would wait behind the parent: give them back
-            if not handed.revoking and handed.cause is None:
-                handed.revoking = True
-                send(slot, wire.Revoke(handed.id))
+            self.dispatcher.revoke(slot, handed)
         self.dispatcher.refill()
         self.dispatcher.pump()

@@ -25,7 +25,7 @@ import wire
 from worker import lowlevel
 
 from .ending import output_of
-from .states import mark_started, move
+from .states import gate_clearing, gate_written, mark_started, move
 
 if TYPE_CHECKING:
     from .book import TurnBook
@@ -437,9 +437,14 @@ class Dispatcher:
         slot.stale = True
         self.recycling = True
         for turn in list(slot.ahead):
-            if not turn.revoking and turn.cause is None:
-                turn.revoking = True
-                self.send(slot, wire.Revoke(turn.id))
+            self.revoke(slot, turn)
+
+    def revoke(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+        """Ask ``slot``'s worker to give back the handed ``turn`` unstarted (``Revoked`` brings it
+        back), unless that is asked already or the turn is cancelled (its Abort does)."""
+        if not turn.revoking and turn.cause is None:
+            turn.revoking = True
+            self.send(slot, wire.Revoke(turn.id))
 
     # M-KEPT: memory a worker kept is not the next turn's.
     def retire_if_kept(self, slot: WorkerSlot, turn: TurnRecord | None, turn_id: str) -> None:
@@ -475,9 +480,7 @@ class Dispatcher:
                 continue
             waiting = ahead if slot.turn is not None else list(ahead)[1:]
             for turn in waiting:
-                if not turn.revoking and turn.cause is None:
-                    turn.revoking = True
-                    self.send(slot, wire.Revoke(turn.id))
+                self.revoke(slot, turn)
 
     def written(self, turn: TurnRecord) -> None:
         """J6-WITH (``Supervisor.mark_written``): the journal has ``turn``'s accept row written -
@@ -487,7 +490,7 @@ class Dispatcher:
         idle pool its accept row and its "may run" row share one commit instead of two in a row.
         It is still handed to a worker only once both are committed (``mark_recorded``,
         ``clear_for_dispatch``; ``TurnQueue.pop`` asks for both)."""
-        turn.written = True
+        gate_written(turn)
         if turn.state == "queued" and not self.full:
             # (When the last walk found the gate's window full, a pump here is for nothing - 0.5 µs
             # per submit in a burst; the next turn's end pumps, and so does ``mark_recorded``: a
@@ -552,7 +555,7 @@ class Dispatcher:
             # J6-WITH: a written turn is cleared whether or not its accept row is committed yet;
             # its "may run" row is written after the accept row (same batch or a later one), and
             # ``TurnQueue.pop`` hands it only once both are committed.
-            turn.clearing = True
+            gate_clearing(turn)
             batch.append(turn)
             skip += 1
             live += 1

@@ -80,3 +80,33 @@ def escalated(turn: TurnRecord, step: int, now: float) -> bool:
         turn.escalated_at = now
     turn.escalation = step
     return decided
+
+
+# J6: the dispatch gate's facts about a turn (``TurnRecord``: ``written`` → ``recorded`` for its accept
+# row, ``clearing`` → ``dispatchable`` for its "may run" row). Without a gate all are set from the start.
+def gate_hold(turn: TurnRecord, readmit: bool) -> None:
+    """Behind a journal's gate: held until its rows are committed (a readmitted turn's accept row
+    already is)."""
+    turn.recorded = turn.written = readmit
+    turn.dispatchable = False
+
+
+def gate_written(turn: TurnRecord) -> None:
+    """J6-WITH: its accept row is handed to the journal (committed or not)."""
+    turn.written = True
+
+
+def gate_recorded(turn: TurnRecord) -> None:
+    """J6: its accept row is committed."""
+    turn.recorded = turn.written = True
+
+
+def gate_clearing(turn: TurnRecord) -> None:
+    """J6: its "may run" row is being written."""
+    turn.clearing = True
+
+
+def gate_cleared(turn: TurnRecord) -> None:
+    """J6: its "may run" row is committed: it may be handed to a worker (once recorded)."""
+    turn.clearing = False
+    turn.dispatchable = True

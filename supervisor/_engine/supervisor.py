@@ -53,6 +53,7 @@ from .link import WorkerLink
 from .options import AGENT_RE, MAX_GRACE, MAX_INPUT_BYTES, MAX_TURN_ID, check_agent
 from .pool import WorkerPool, WorkerSlot
 from .settings import EngineOptions
+from .states import gate_cleared, gate_recorded
 from .timers import Timers
 from .turninfo import Views
 from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
@@ -276,7 +277,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     @property
     def agents_known(self) -> dict[str, str | None]:
         """A-PROBE: the agent names probed, each with why it is refused (``None``: accepted)."""
-        return self._admission.known
+        return self._admission.agents.kinds
 
     async def learn_agent(self, agent: Any) -> None:
         """A-PROBE: probe ``agent`` (a name not in ``agents_known``) before its first turn is accepted."""
@@ -343,7 +344,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)
         admission = self._admission
-        if type(agent) is str and agent not in admission.known:  # A-PROBE: probed once
+        if type(agent) is str and agent not in admission.agents.kinds:  # A-PROBE: probed once
             await admission.learn(agent)
         turn = admission.accept(
             agent,
@@ -591,14 +592,13 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     def mark_recorded(self, turn: TurnRecord) -> None:
         """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
-        turn.recorded = turn.written = True
+        gate_recorded(turn)
         self._dispatcher.pump()
 
     def clear_for_dispatch(self, turns: list[TurnRecord]) -> None:
         """J6: the gate committed the "may run" row of ``turns``: hand them to workers."""
         for turn in turns:
-            turn.clearing = False
-            turn.dispatchable = True
+            gate_cleared(turn)
         self._dispatcher.pump()
 
     def withdraw(self, turn: TurnRecord, why: str) -> None:
