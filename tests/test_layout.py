@@ -260,12 +260,10 @@ def test_no_source_module_is_over_the_size_limit() -> None:
 # The engine's parts and the daemon's parts each get what they read and write, never the object that
 # composes them (pebble's ``PoolManager`` shape): a part that held the whole ``Supervisor`` could
 # reach into any of its state, and neither grep nor a call graph could follow a turn through it.
-_BACK_REFERENCES = {"sup", "_sup", "supervisor", "daemon", "_daemon"}
-
-
-def _back_references(path: Path, owner: str, owner_module: str) -> list[str]:
+def _back_references(path: Path, owner: str, owner_module: str, names: set[str]) -> list[str]:
     """Where ``path`` imports ``owner`` (from any module, under ``TYPE_CHECKING`` too), imports the
-    module ``owner_module`` itself, names a parameter after the composer or keeps one as an attribute."""
+    module ``owner_module`` itself, names a parameter for the composer (``names``) or keeps one as an
+    attribute."""
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
@@ -278,10 +276,10 @@ def _back_references(path: Path, owner: str, owner_module: str) -> list[str]:
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = node.args
             for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
-                if arg.arg in _BACK_REFERENCES:
+                if arg.arg in names:
                     found.append(f"{path.name}:{node.lineno}: a parameter named {arg.arg!r}")
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            if node.attr in _BACK_REFERENCES:
+            if node.attr in names:
                 found.append(f"{path.name}:{node.lineno}: keeps .{node.attr}")
     return found
 
@@ -295,6 +293,27 @@ def test_engine_parts_are_given_their_collaborators_never_the_supervisor() -> No
         found
         for path in sorted(engine.glob("*.py"))
         if path.name not in ("supervisor.py", "__init__.py")
-        for found in _back_references(path, "Supervisor", "supervisor")
+        for found in _back_references(path, "Supervisor", "supervisor", {"sup", "_sup", "supervisor"})
+    ]
+    assert offenders == []
+
+
+# The daemon's wiring: ``server.py`` (``Daemon``: its state, the client link, the wiring of its parts),
+# ``run.py`` (its start-up and shutdown, functions over its state) and ``recovery.py`` (the journal's
+# ``attach_journal``, which hooks a journal into the daemon's hook sites) - as ``Supervisor.__init__`` is
+# the engine's. Every other module of ``supervisor/daemon/`` is a part, given its collaborators.
+_DAEMON_WIRING = ("server.py", "run.py", "recovery.py", "__init__.py")
+
+
+def test_daemon_parts_are_given_their_collaborators_never_the_daemon() -> None:
+    """No part of the daemon (the intake, the requests, the client watch, the client table, the
+    metrics, the journal's modules …) imports ``Daemon`` - not even for typing - or holds a ``daemon``:
+    each gets the ``Supervisor``, the ``ClientTable``, the send and put callbacks it calls."""
+    folder = ROOT / "supervisor" / "daemon"
+    offenders = [
+        found
+        for path in sorted(folder.glob("*.py"))
+        if path.name not in _DAEMON_WIRING
+        for found in _back_references(path, "Daemon", "server", {"daemon", "_daemon"})
     ]
     assert offenders == []
