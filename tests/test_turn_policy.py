@@ -432,3 +432,23 @@ def test_the_deadline_counts_from_the_start_and_cancels_with_cause_deadline() ->
     assert turn.cause is None
     eng.advance(0.001)
     assert turn.cause == DEADLINE and "Abort" in eng.kinds(turn.id)
+
+
+def test_a_handed_turn_cancelled_is_escalated_once_its_start_marker_shows_it_running() -> None:
+    """S1: a turn cancelled while handed ahead (its Started not seen) has its ladder armed at the cancel;
+    at each step the start marker is read: not started yet, the step is looked at again a grace later;
+    once the marker names it, it runs from the noted time and the ladder goes on from there."""
+    eng = Engine(workers=1, grace=1.0, kill_after=1.0)
+    turn = eng.submit()
+    slot = turn.worker
+    assert slot is not None and turn.state == "handed"
+    eng.escalation.cancel(turn, USER)
+    assert eng.kinds(turn.id) == ["Run", "Abort"]
+    eng.advance(1.0)  # grace over, the marker names nothing: looked at again a grace later
+    assert eng.signals == [] and turn.state == "handed"
+    eng.pool.noted[slot.id] = (turn.id, 1.5)  # the worker noted it started at 1.5 (its Started is stuck)
+    eng.advance(1.0)
+    assert turn.state == "running" and turn.started_at == 1.5
+    assert eng.signals == [(slot.pid, signal.SIGTERM)]
+    eng.advance(1.0)
+    assert eng.signals[1:] == [(slot.pid, signal.SIGKILL)]

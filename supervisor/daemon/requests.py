@@ -122,7 +122,7 @@ class Requests:
                         peer.version = version
                     self.send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
             case wire.Submit():
-                self._submit(ident, msg)
+                self._accept(ident, msg)
             case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
                 turn = self._record(ident, req, turn_id)
                 if turn is None:
@@ -181,9 +181,6 @@ class Requests:
         except UnknownTurn as exc:
             self.send(ident, wire.Error(req, "unknown_turn", str(exc)))
             return None
-
-    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
-        self._accept(ident, msg)
 
     async def _handle_probed(self, ident: bytes, waiting: deque[Any]) -> None:
         """A-PROBE: handle the requests of client ``ident`` held behind a submit of an agent name not
