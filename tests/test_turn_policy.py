@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import wire
 from supervisor import QueueFull, SupervisorClosed, TurnIdConflict, policy
 from wire import DEADLINE, DISPOSED, PARENT, USER
 
@@ -95,6 +96,7 @@ class Engine:
         self.dispatcher.connect(finisher=self.finisher, escalation=self.escalation)
         no_zygote = lambda: None  # noqa: E731 - the probe's zygote: none, no agent is probed here
         self.admission = policy.Admission(book, self.options, hooks, self.dispatcher, timers, "t", no_zygote)
+        self.children = policy.ChildTurns(book, send, self.admission, self.escalation, self.dispatcher)
         self.workers = [self.add_worker() for _ in range(self.options.workers)]
 
     # the fake link and the fake process tree
@@ -452,3 +454,48 @@ def test_a_handed_turn_cancelled_is_escalated_once_its_start_marker_shows_it_run
     assert eng.signals == [(slot.pid, signal.SIGTERM)]
     eng.advance(1.0)
     assert eng.signals[1:] == [(slot.pid, signal.SIGKILL)]
+
+
+# ---- child turns ------------------------------------------------------------------------------------
+
+
+def test_a_parent_waiting_on_its_child_lends_its_slot_until_the_child_ends() -> None:
+    """R12: a child is accepted while its parent runs; the parent lends its worker's place (the pool is
+    asked for one worker more) and the turns handed behind it are revoked; the child's result goes
+    back to the parent's worker and the place is given back."""
+    eng = Engine(workers=1, spares=0)
+    parent = eng.submit()
+    eng.started(parent)
+    behind = eng.submit()  # prefetch off: it waits in the queue, not behind the parent
+    slot = parent.worker
+    assert slot is not None and behind.state == "queued"
+    spawn = wire.Spawn(7, parent.id, "agents.demo:echo", _INPUT)
+    eng.children.spawn(slot, spawn)
+    (child_id,) = parent.children
+    child = eng.book.table.get(child_id)
+    assert child.parent == parent.id and eng.book.lent == 1
+    assert eng.pool.fills[-1] == 2  # workers + spares + the lent place
+    assert child.state == "queued"  # behind ``behind``: no second worker is up yet
+    eng.add_worker()  # the place lent comes up: the queue's head goes first, in order
+    assert behind.state == "handed"
+    eng.started(behind)
+    eng.ended(behind)
+    assert child.state == "handed"
+    eng.started(child)
+    eng.ended(child)
+    replies = [m for sid, m in eng.sent if sid == slot.id and type(m).__name__ == "SpawnReply"]
+    assert len(replies) == 1 and replies[0].req == 7 and replies[0].result.turn_id == child.id
+    assert eng.book.lent == 0 and not slot.spawns
+
+
+def test_a_spawn_from_a_cancelled_parent_is_refused_and_nothing_is_accepted() -> None:
+    eng = Engine(workers=1)
+    parent = eng.submit()
+    eng.started(parent)
+    slot = parent.worker
+    assert slot is not None
+    eng.escalation.cancel(parent, USER)
+    eng.children.spawn(slot, wire.Spawn(1, parent.id, "agents.demo:echo", _INPUT))
+    (reply,) = [m for _, m in eng.sent if type(m).__name__ == "SpawnReply"]
+    assert reply.error is not None and "cancelled" in reply.error.message
+    assert eng.book.active == 1 and eng.book.lent == 0
