@@ -255,3 +255,65 @@ def test_no_source_module_is_over_the_size_limit() -> None:
     }
     over = [f"{name}: {lines} lines" for name, lines in sizes.items() if lines > MAX_MODULE_LINES]
     assert not over, f"over {MAX_MODULE_LINES} lines (split by job): " + "; ".join(over)
+
+
+# The engine's parts and the daemon's parts each get what they read and write, never the object that
+# composes them (pebble's ``PoolManager`` shape): a part that held the whole ``Supervisor`` could
+# reach into any of its state, and neither grep nor a call graph could follow a turn through it.
+def _back_references(path: Path, owner: str, owner_module: str, names: set[str]) -> list[str]:
+    """Where ``path`` imports ``owner`` (from any module, under ``TYPE_CHECKING`` too), imports the
+    module ``owner_module`` itself, names a parameter for the composer (``names``) or keeps one as an
+    attribute."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if any(alias.name == owner for alias in node.names) or module.split(".")[-1] == owner_module:
+                found.append(f"{path.name}:{node.lineno}: imports {owner} ({module})")
+            elif module == "" and any(alias.name == owner_module for alias in node.names):
+                found.append(f"{path.name}:{node.lineno}: imports the module {owner_module}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                if arg.arg in names:
+                    found.append(f"{path.name}:{node.lineno}: a parameter named {arg.arg!r}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if node.attr in names:
+                found.append(f"{path.name}:{node.lineno}: keeps .{node.attr}")
+    return found
+
+
+def test_engine_parts_are_given_their_collaborators_never_the_supervisor() -> None:
+    """Nothing under ``supervisor/_engine/`` but ``supervisor.py`` (and the package's ``__init__``, its
+    public face) imports ``Supervisor`` - not even for typing - and no part holds a ``sup``: each gets
+    the ``TurnBook``, the pool, the send callback, the timers, the options, the other parts it calls."""
+    engine = ROOT / "supervisor" / "_engine"
+    offenders = [
+        found
+        for path in sorted(engine.glob("*.py"))
+        if path.name not in ("supervisor.py", "__init__.py")
+        for found in _back_references(path, "Supervisor", "supervisor", {"sup", "_sup", "supervisor"})
+    ]
+    assert offenders == []
+
+
+# The daemon's wiring: ``server.py`` (``Daemon``: its state, the client link, the wiring of its parts),
+# ``run.py`` (its start-up and shutdown, functions over its state) and ``recovery.py`` (the journal's
+# ``attach_journal``, which hooks a journal into the daemon's hook sites) - as ``Supervisor.__init__`` is
+# the engine's. Every other module of ``supervisor/daemon/`` is a part, given its collaborators.
+_DAEMON_WIRING = ("server.py", "run.py", "recovery.py", "__init__.py")
+
+
+def test_daemon_parts_are_given_their_collaborators_never_the_daemon() -> None:
+    """No part of the daemon (the intake, the requests, the client watch, the client table, the
+    metrics, the journal's modules …) imports ``Daemon`` - not even for typing - or holds a ``daemon``:
+    each gets the ``Supervisor``, the ``ClientTable``, the send and put callbacks it calls."""
+    folder = ROOT / "supervisor" / "daemon"
+    offenders = [
+        found
+        for path in sorted(folder.glob("*.py"))
+        if path.name not in _DAEMON_WIRING
+        for found in _back_references(path, "Daemon", "server", {"daemon", "_daemon"})
+    ]
+    assert offenders == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -51,8 +50,15 @@ def _documented() -> set[str]:
 def test_agent_labels_are_bounded_and_stable() -> None:
     """M-AGENT, the policy alone: the first ``AGENT_LABELS`` names keep their label for good; every
     later one is ``other``, however many there are."""
-    daemon = SimpleNamespace(fd_refused={}, fd_shortages={})  # the collector is not scraped here
-    metrics = Metrics(daemon)  # type: ignore[arg-type]
+    metrics = Metrics(
+        None,  # type: ignore[arg-type]  # no supervisor: the collector is not scraped here
+        malformed=lambda: 0,
+        client_facts=dict,
+        journal_error=lambda: None,
+        fd_facts=dict,
+        fd_refused={},
+        fd_shortages={},
+    )
     names = [f"pkg.mod:agent{i}" for i in range(AGENT_LABELS + 50)]
     labels = [metrics.agent_label(name) for name in names]
     assert labels[:AGENT_LABELS] == names[:AGENT_LABELS]

@@ -1,13 +1,15 @@
-"""The engine: a private package. ``Supervisor`` (``supervisor.py``) keeps its state, the public
-methods and one handler per worker message, and composes the parts, each owning its own state:
-starting and disposing (``lifecycle.py``), the worker link (``link.py``: the socket), the worker
-pool (``pool.py``: processes, with the zygote in ``zygote.py`` and process-tree work in
-``procs.py``), the turn table and queue (``turns.py``), admission (``admission.py``), child
-turns (``children.py``), dispatch (``dispatch.py``), the escalation ladder (``escalation.py``),
-the memory watchdog (``memory.py``), exit handling (``exits.py``), ending turns (``ending.py``),
-the front ends' hooks (``hooks.py``), the timers (``timers.py``), worker output (``output.py``),
-argument validation (``options.py``) and read-only views (``turninfo.py``). Front ends use only
-``Supervisor``'s public methods.
+"""The engine: a private package. ``Supervisor`` (``supervisor.py``) keeps the public methods and one
+handler per worker message, and wires the parts; each part is given what it reads and writes, never
+the ``Supervisor``: the options (``settings.py``: ``EngineOptions``), the turn book (``book.py``:
+``TurnBook`` over the turn table and queue of ``turns.py``; a turn's states and moves in
+``states.py``), the worker link (``link.py``: the socket), the worker pool (``pool.py``: processes,
+with the zygote in ``zygote.py`` and process-tree work in ``procs.py``), the timers (``timers.py``),
+the front ends' hooks (``hooks.py``); admission (``admission.py``), child turns (``children.py``),
+dispatch (``dispatch.py``), the escalation ladder (``escalation.py``), ending turns (``ending.py``),
+exit handling (``exits.py``), the memory watchdog (``memory.py``), starting and disposing
+(``lifecycle.py``); worker output (``output.py``), argument validation (``options.py``) and
+read-only views (``turninfo.py``). Front ends use only ``Supervisor``'s public methods; tests of
+the policy alone use ``supervisor.policy``.
 """
 
 from .options import AGENT_RE, MAX_GRACE, check_agent, check_count, check_optional_str, check_seconds

@@ -9,6 +9,10 @@ existing record for a known ``turn_id`` with the same request (a submit is idemp
 twice; another agent, input or session under that id is ``TurnIdConflict``, R-ID), and otherwise
 creates the turn's record - its one cancellation holder (rule 1) - runs the accept hooks and queues
 it. With a journal (J6) a new turn is held back from dispatch until its accept row is committed.
+
+Its collaborators: the ``TurnBook`` (table, queue, counters, phase), the ``EngineOptions``, the hooks
+(``accept``), the ``Dispatcher`` (its gate; a pump for a turn that may go now), the timers (their
+clock), the prefix of generated ids and ``zygote``, where the agent probe forks from.
 """
 
 from __future__ import annotations
@@ -25,25 +29,31 @@ from .._many import ManyTurns
 from .._tracing import caller_trace
 from .options import check_agent, check_grace, check_optional_str, check_seconds
 from .probe import AgentKinds
+from .states import gate_hold
 from .turns import TurnRecord, request_differs
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .book import TurnBook
+    from .dispatch import Dispatcher
+    from .hooks import Hooks
+    from .settings import EngineOptions
+    from .timers import Timers
+    from .zygote import Zygote
 
 
 class AcceptMany(ManyTurns):
     """The embedded pool's ``submit_many``: every input is checked first (``ManyTurns``), then each
     is accepted as ``submit`` accepts one, from the encoding the check already made."""
 
-    _accept: Callable[..., TurnRecord]
     _admission: Admission
 
     async def _submit_checked(
         self, agent: str, item: Any, raw: Any, turn_id: str | None, options: dict[str, Any]
     ) -> TurnHandle:
-        if type(agent) is str and agent not in self._admission.known:  # A-PROBE: the first asks
-            await self._admission.learn(agent)
-        turn = self._accept(agent, raw, turn_id=turn_id, parent=None, **options)
+        admission = self._admission
+        if type(agent) is str and agent not in admission.agents.kinds:  # A-PROBE: the first asks
+            await admission.learn(agent)
+        turn = admission.accept(agent, raw, turn_id=turn_id, parent=None, **options)
         backend: Any = self  # a Supervisor
         return TurnHandle(backend, turn.id, pin=turn)  # R-KEEP: the handle holds the record
 
@@ -51,22 +61,35 @@ class AcceptMany(ManyTurns):
 class Admission:
     """Accepts turns; see the module docstring."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        book: TurnBook,
+        options: EngineOptions,
+        hooks: Hooks,
+        dispatcher: Dispatcher,
+        timers: Timers,
+        prefix: str,
+        zygote: Callable[[], Zygote | None],
+    ) -> None:
+        self.book = book
+        self.options = options
+        self.hooks = hooks
+        self.dispatcher = dispatcher
+        self.timers = timers
+        self.prefix = prefix
         self.ids = itertools.count(1)  # generated turn ids: ``<prefix>-<n>``
-        self.agents = AgentKinds(lambda: sup.pool.zygote)
-        self.known = self.agents.kinds  # agent name -> InvalidAgent's message, or None (accepted)
+        self.agents = AgentKinds(zygote)  # ``kinds``: agent -> InvalidAgent's message, or None (accepted)
 
     async def learn(self, agent: Any) -> None:
         """A-PROBE: before the first turn of an agent name not known yet is accepted, ask a probe
         what it points at (bounded; see ``probe``), so that ``accept`` can refuse what no worker
         can run. A name that is no agent name at all is left to ``accept`` to refuse."""
-        if type(agent) is str and agent not in self.known and self.sup._state == "running":
+        if type(agent) is str and agent not in self.agents.kinds and self.book.phase == "running":
             try:
                 check_agent(agent)
             except InvalidAgent:
                 return
-            allowed = self.sup.allow_agents
+            allowed = self.options.allow_agents
             if allowed is not None and not allowed.allows(agent):
                 return  # A-ALLOW: a refused name is never imported, not even by a probe
             await self.agents.learn(agent)
@@ -88,43 +111,43 @@ class Admission:
     ) -> TurnRecord:
         """Validate a turn's arguments, refuse it (closed, queue full) or return the known record
         for its id, else record it and queue it."""
-        sup = self.sup
+        book = self.book
+        options = self.options
         if not isinstance(retry, bool):
             raise TypeError(f"retry must be True or False, got {retry!r}")
         check_agent(agent)
-        if sup.allow_agents is not None:
-            sup.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
-        refusal = self.known.get(agent)  # A-PROBE: what the probe of this name answered
+        if options.allow_agents is not None:
+            options.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
+        refusal = self.agents.kinds.get(agent)  # A-PROBE: what the probe of this name answered
         if refusal is not None and not readmit:
             raise InvalidAgent(refusal)
         if not readmit:  # R-TID; a readmitted turn was acknowledged under the rule of its day
             session = check_optional_str("session", session)
             turn_id = check_optional_str("turn_id", turn_id)
         timeout = check_seconds("timeout", timeout, positive=True)
-        grace = check_grace("grace", check_seconds("grace", grace), sup.max_grace)
-        kill_after = check_grace("kill_after", check_seconds("kill_after", kill_after), sup.max_grace)
-        if sup._state != "running":
+        grace = check_grace("grace", check_seconds("grace", grace), options.max_grace)
+        kill_after = check_grace("kill_after", check_seconds("kill_after", kill_after), options.max_grace)
+        if book.phase != "running":
+            closing = book.phase == "closing"
             raise SupervisorClosed(
-                "the supervisor is shutting down"
-                if sup._state == "closing"
-                else "the supervisor is not running"
+                "the supervisor is shutting down" if closing else "the supervisor is not running"
             )
         if turn_id is not None:
-            known = sup.table.find(turn_id)  # kept, or held by a handle (R-KEEP)
+            known = book.table.find(turn_id)  # kept, or held by a handle (R-KEEP)
             if known is not None:
                 # R-ID: idempotent for the same request only; another one under this id is refused.
                 differs = request_differs(known, agent, raw, session)
                 if differs:
                     raise TurnIdConflict(turn_id, differs)
                 return known
-        if not readmit and len(sup._queue) + sup._dispatch.handed >= sup.max_queue:
-            raise QueueFull(f"the queue already holds {sup.max_queue} turns")
+        if not readmit and book.queued() >= options.max_queue:
+            raise QueueFull(f"the queue already holds {options.max_queue} turns")
         size = len(raw)
-        if not readmit and sup.input_bytes + size > sup.max_input_bytes:
-            _refuse_input(size, sup.input_bytes, sup.max_input_bytes)
+        if not readmit and book.input_bytes + size > options.max_input_bytes:
+            _refuse_input(size, book.input_bytes, options.max_input_bytes)
         chosen = turn_id is not None
         if turn_id is None:
-            turn_id = f"{sup._prefix}-{next(self.ids)}"
+            turn_id = f"{self.prefix}-{next(self.ids)}"
         # R1: the turn's one cancellation holder, new for every accepted turn.
         turn = TurnRecord(
             turn_id=turn_id,
@@ -132,33 +155,33 @@ class Admission:
             input=raw,
             session=session,
             parent=parent,
-            timeout=timeout if timeout is not None else sup.timeout,
-            grace=grace if grace is not None else sup.grace,
-            kill_after=kill_after if kill_after is not None else sup.kill_after,
-            now=sup._clock(),
+            timeout=timeout if timeout is not None else options.timeout,
+            grace=grace if grace is not None else options.grace,
+            kill_after=kill_after if kill_after is not None else options.kill_after,
+            now=self.timers.clock(),
         )
         turn.retry = retry
         turn.attempts = attempts
         # T-TRACE: the caller's trace context (a child turn: its parent's), the turn span's once an
         # accept hook of ``TurnSpans`` has opened it.
-        parent_turn = sup._turns.get(parent) if parent is not None else None
+        records = book.table.records
+        parent_turn = records.get(parent) if parent is not None else None
         turn.trace = parent_turn.trace if parent_turn is not None else caller_trace()
         turn.id_chosen = chosen
-        if sup._dispatch.gate is not None:
-            turn.recorded = turn.written = readmit  # a readmitted turn's row is already in the journal
-            turn.dispatchable = False
-        sup._turns[turn_id] = turn
-        sup._active += 1
-        sup.input_bytes += size  # I-BUDGET: until its result is delivered (``Ending.deliver``)
-        for accept_hook in sup._hooks.accept:
+        if self.dispatcher.gate is not None:
+            gate_hold(turn, readmit)  # a readmitted turn's row is already in the journal
+        records[turn_id] = turn
+        book.active += 1
+        book.input_bytes += size  # I-BUDGET: until its result is delivered (``Finisher.deliver``)
+        for accept_hook in self.hooks.accept:
             accept_hook(turn)
-        sup._queue.push(turn)
+        book.queue.push(turn)
         if turn.written:
             # J6-SKIP, J6-WITH: behind the dispatch gate a new turn cannot be cleared before its
             # accept row is written (``mark_written`` pumps then; an accept hook that writes it
             # calls that before the turn is queued, so the pump is here): a pump per accept walked
             # the gate for nothing. Without a gate every turn is written from the start.
-            sup._pump()
+            self.dispatcher.pump()
         return turn
 
 

@@ -1,15 +1,20 @@
 """Child turns: what a running turn's ``turn.spawn(...)`` asks of the supervisor.
 
 A child is accepted only while its parent runs and is not cancelled; the parent then waits on it
-and lends its worker slot (``Supervisor._lent``), so a pool of parents waiting on children can
+and lends its worker slot (``TurnBook.lent``), so a pool of parents waiting on children can
 never deadlock, and turns handed ahead to the parent's worker are revoked (they would wait behind
 it). A cancelled parent's children are cancelled with cause ``parent`` (rule 7, ``escalation.py``);
 a child's result is sent back to the parent when it is delivered (``ending.py``).
+
+Its collaborators: the ``TurnBook`` (table, lent slots), the send callback, ``Admission`` (a child
+comes in as every turn does), the ``Escalation`` (a child given up is cancelled) and the
+``Dispatcher`` (pool size, pump).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import wire
 from wire import PARENT, TurnError
@@ -17,41 +22,56 @@ from wire import PARENT, TurnError
 from .._errors import QueueFull, SupervisorClosed
 
 if TYPE_CHECKING:
+    from .admission import Admission
+    from .book import TurnBook
+    from .dispatch import Dispatcher
+    from .escalation import Escalation
     from .pool import WorkerSlot
-    from .supervisor import Supervisor
+
+Send = Callable[["WorkerSlot", Any], None]
 
 
 class ChildTurns:
     """Accepts and cancels the child turns running turns spawn; see the module docstring."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        book: TurnBook,
+        send: Send,
+        admission: Admission,
+        escalation: Escalation,
+        dispatcher: Dispatcher,
+    ) -> None:
+        self.book = book
+        self.send = send
+        self.admission = admission
+        self.escalation = escalation
+        self.dispatcher = dispatcher
 
     def cancel(self, slot: WorkerSlot, msg: wire.SpawnCancel) -> None:
         """The parent gave up waiting on a child (its ``spawn`` call was cancelled): cancel the child."""
-        sup = self.sup
         child_id = slot.spawns.get(msg.req)
-        child = sup._turns.get(child_id) if child_id else None
+        child = self.book.table.records.get(child_id) if child_id else None
         if child is not None:
-            sup._cancel(child, PARENT)
+            self.escalation.cancel(child, PARENT)
 
     def spawn(self, slot: WorkerSlot, msg: wire.Spawn) -> None:
         """A running turn asks for a child turn: accept it (or answer why not) and lend the slot."""
-        sup = self.sup
+        send = self.send
         parent = slot.turn
         if parent is None or parent.id != msg.parent or parent.state != "running":
-            sup._send(
+            send(
                 slot,
                 wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")),
             )
             return
         if parent.cause is not None:
-            sup._send(
+            send(
                 slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled"))
             )
             return
         try:
-            child = sup._accept(
+            child = self.admission.accept(
                 msg.agent,
                 msg.input,
                 session=msg.session,
@@ -62,17 +82,15 @@ class ChildTurns:
                 parent=parent.id,
             )
         except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
-            sup._send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
+            send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
             return
         parent.add_child(child.id)
         child.spawn_origin = (slot, msg.req)
         slot.spawns[msg.req] = child.id
         # The parent waits on its child: it lends its slot, so the pool can never deadlock.
         # R12: a waiting parent lends its slot.
-        sup._lent += 1
+        self.book.lent += 1
         for handed in slot.ahead:  # they would wait behind the parent: give them back
-            if not handed.revoking and handed.cause is None:
-                handed.revoking = True
-                sup._send(slot, wire.Revoke(handed.id))
-        sup._fill_pool()
-        sup._pump()
+            self.dispatcher.revoke(slot, handed)
+        self.dispatcher.refill()
+        self.dispatcher.pump()

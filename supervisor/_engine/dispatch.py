@@ -5,9 +5,12 @@ handed ahead, the adaptive prefetch depth) and the rules that use it: one turn t
 worker first, then prefetching up to ``prefetch`` turns per worker while turns are short
 (``prefetch_window``), rebalancing when a handed-ahead turn would wait behind a busy worker while
 another is free, the journal's dispatch gate (J6), and the start marker (S1) that tells a turn
-started although its ``Started`` never came. The ``Supervisor`` keeps the rest of the policy
-(accept, cancel, escalate, finish) and calls in here; this object reads the supervisor's settings
-and queue through its back-reference.
+started although its ``Started`` never came. It also keeps the pool at its size (``refill``).
+
+Its collaborators: the ``TurnBook`` (queue, counters), the ``EngineOptions``, the pool (its slots,
+retiring, start notes), the send callback, the timers and the hooks (``start``); once wired
+(``connect``), the ``Finisher`` (turns given back after a cancel end ``aborted``) and the
+``Escalation`` (a started turn's deadline and ladder).
 """
 
 from __future__ import annotations
@@ -15,17 +18,28 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import wire
 from worker import lowlevel
 
 from .ending import output_of
+from .states import gate_clearing, gate_written, mark_started, move
 
 if TYPE_CHECKING:
-    from .pool import WorkerSlot
-    from .supervisor import DispatchGate, Supervisor
+    from .book import TurnBook
+    from .ending import Finisher
+    from .escalation import Escalation
+    from .hooks import Hooks
+    from .pool import WorkerPool, WorkerSlot
+    from .settings import EngineOptions
+    from .timers import Timers
     from .turns import TurnRecord
+
+Send = Callable[["WorkerSlot", Any], None]
+# J6: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
+DispatchGate = Callable[[list["TurnRecord"]], None]
 
 log = logging.getLogger("turnpool.supervisor")
 
@@ -43,12 +57,26 @@ CLEAR_AHEAD = 2
 class Dispatcher:
     """Hands queued turns to workers; see the module docstring."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        book: TurnBook,
+        options: EngineOptions,
+        pool: WorkerPool,
+        send: Send,
+        timers: Timers,
+        hooks: Hooks,
+    ) -> None:
+        self.book = book
+        self.options = options
+        self.pool = pool
+        self.send = send
+        self.timers = timers
+        self.hooks = hooks
+        self.finisher: Finisher | None = None  # set by ``connect``
+        self.escalation: Escalation | None = None
         self.idle: collections.deque[WorkerSlot] = collections.deque()
         self.busy: dict[WorkerSlot, None] = {}  # slots holding a turn (running or handed), in order
-        self.handed = 0  # turns handed ahead to a worker, not started yet (they count as queued)
-        self.turn_time = sup.prefetch_window  # EWMA of run times; starts at "too long to prefetch"
+        self.turn_time = options.prefetch_window  # EWMA of run times; starts at "too long to prefetch"
         self.depth = 1
         self.pump_wanted = False  # a pump was asked for during a receive batch
         self.defer = False  # inside a receive batch: pump once, at its end
@@ -71,6 +99,18 @@ class Dispatcher:
         self.seen = (0, 0, 0, 0)
         self.full = False  # J6-WITH: the last walk left no room in the gate's window
 
+    def connect(self, *, finisher: Finisher, escalation: Escalation) -> None:
+        """The parts dispatch needs and that need it (built after it): wired once."""
+        self.finisher = finisher
+        self.escalation = escalation
+
+    def refill(self) -> None:
+        """Keep ``workers + spares`` workers live, plus one per slot lent to a waiting parent."""
+        if self.book.phase != "running":
+            return
+        options = self.options
+        self.pool.fill(options.workers + options.spares + self.book.lent, spares=options.spares)
+
     def end_deferral(self) -> None:
         """The receive batch is handled: run the pump it asked for, once."""
         self.defer = False
@@ -89,14 +129,14 @@ class Dispatcher:
             return
         if self.gate is not None:
             self._request_clearance()
-        queue = self.sup._queue
+        queue = self.book.queue
         if not queue.has_ready():
-            if self.handed and self.idle:
+            if self.book.handed and self.idle:
                 self._rebalance()
             return
         idle = self.idle
         busy = self.busy
-        cap = self.sup.workers + self.sup._lent + self._stale_busy()
+        cap = self.options.workers + self.book.lent + self._stale_busy()
         while idle and len(busy) < cap:
             slot = idle[0]
             if slot.state != "idle":
@@ -124,15 +164,16 @@ class Dispatcher:
         handed turns stay with it and come back at its exit, as before.)"""
         if not (slot.heard and slot.turn is not None and slot.ahead):
             return
-        sup = self.sup
+        finisher = self.finisher
+        assert finisher is not None
         for turn in reversed(list(slot.ahead)):
             if turn.revoking:
                 continue  # its Revoked (or the worker's exit) brings it back, as before
             self.unhand(slot, turn)
             if turn.cause is not None:
-                sup._finish(turn, "aborted")  # cancelled while handed: never started
+                finisher.finish(turn, "aborted")  # cancelled while handed: never started
             else:
-                sup._queue.push(turn, front=True)
+                self.book.queue.push(turn, front=True)
         self.pump()
 
     def release_exited(self, slot: WorkerSlot) -> None:
@@ -167,16 +208,16 @@ class Dispatcher:
         (P1): a cancel ends it ``aborted`` unstarted, its worker's death puts it back in the queue.
         ``doomed`` stays in ``busy`` until its exit, so ``busy`` holds one slot more than the
         pool's capacity meanwhile and ``pump`` hands nothing more."""
-        sup = self.sup
+        book = self.book
         if (
             doomed.ahead  # (not taken back, K-HANDOVER: its turns come back first, at its exit)
             or doomed.heir_turn is not None
             or doomed not in self.busy
-            or sup._state != "running"
-            or not sup._queue.has_ready()
+            or book.phase != "running"
+            or not book.queue.has_ready()
         ):
             return
-        cap = sup.workers + sup._lent + self._stale_busy()
+        cap = self.options.workers + book.lent + self._stale_busy()
         if len(self.busy) - self._promised() != cap:
             return  # room without this slot (pump hands it), or none even after its exit
         heir = next((s for s in self.idle if s.state == "idle" and not s.doomed and not s.stale), None)
@@ -185,7 +226,7 @@ class Dispatcher:
         start = lowlevel.start_ticks(doomed.pid)  # our child, not reaped yet: still this process
         if start is None:
             return
-        turn = sup._queue.pop()
+        turn = book.queue.pop()
         if turn is None:
             return
         self.idle.remove(heir)
@@ -215,16 +256,16 @@ class Dispatcher:
         doomed.heir_turn = None
         heir = turn.worker
         if turn.state == "handed" and heir is not None:
-            self.sup._timers.call_later(PROCEED_DELAY, self._proceed, heir, turn)
+            self.timers.call_later(PROCEED_DELAY, self._proceed, heir, turn)
 
     def _proceed(self, heir: WorkerSlot, turn: TurnRecord) -> None:
         if turn.state == "handed" and turn.worker is heir and heir.state == "busy":
-            self.sup._send(heir, wire.Proceed(turn.id))
+            self.send(heir, wire.Proceed(turn.id))
 
     def note_turn_time(self, run_s: float) -> None:
         t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
-        window = self.sup.prefetch_window
-        most = self.sup.prefetch
+        window = self.options.prefetch_window
+        most = self.options.prefetch
         if t >= window:
             self.depth = 1
         elif t * (most - 1) <= window:
@@ -238,8 +279,8 @@ class Dispatcher:
 
     def _top_up(self) -> None:
         depth = self.depth
-        limit = self.sup.max_turns_per_worker
-        queue = self.sup._queue
+        limit = self.options.max_turns_per_worker
+        queue = self.book.queue
         while True:
             gave = False
             for slot in self.busy:
@@ -262,23 +303,23 @@ class Dispatcher:
 
     # P1: a handed turn is still queued until its worker reports it started.
     def _hand(self, slot: WorkerSlot, turn: TurnRecord, after: tuple[int, int] | None = None) -> None:
-        turn.state = "handed"
+        move(turn, "handed")
         turn.worker = slot
         slot.ahead.append(turn)
-        self.handed += 1
+        self.book.handed += 1
         if turn.timeout is not None:
             # S1: the deadline is armed at handoff; it counts from the start the worker reports
             # or notes in its start marker, whichever the supervisor learns first.
-            turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
+            turn.timer = self.timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
         if after is None:
-            self.sup._send(
+            self.send(
                 slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace)
             )
         else:  # K-HEIR: held until process ``after`` (pid, start time) is gone
             run = wire.Run(
                 turn.id, turn.agent, turn.input, turn.session, turn.parent, *after, trace=turn.trace
             )
-            self.sup._send(slot, run)
+            self.send(slot, run)
 
     def _handed_deadline(self, turn: TurnRecord, slot: WorkerSlot) -> None:
         """A handed turn's timeout has passed since handoff and no Started came: if the worker
@@ -288,7 +329,7 @@ class Dispatcher:
             return
         self.note_marked_start(slot)  # arms the deadline from the noted start
         if turn.state == "handed" and turn.timeout is not None:
-            turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
+            turn.timer = self.timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
 
     def note_marked_start(self, slot: WorkerSlot) -> TurnRecord | None:
         """S1: the worker notes each turn in its start marker before any of the turn's code runs.
@@ -298,7 +339,7 @@ class Dispatcher:
         Started and End are still theirs when they come. Returns the turn so found."""
         if slot.turn is not None or not slot.ahead or slot.state == "dead":
             return None
-        noted = self.sup.pool.read_noted(slot)
+        noted = self.pool.read_noted(slot)
         if noted is None:
             return None
         turn_id, at = noted
@@ -309,7 +350,7 @@ class Dispatcher:
         turn = ahead[index]
         for before in list(ahead)[:index]:
             slot.passed.add(before.id)
-        now = self.sup._clock()
+        now = self.timers.clock()
         log.info("turn %s: started per worker %s's start marker (no Started yet)", turn.id, slot.id)
         self.start_turn(slot, turn, min(max(at, turn.submitted_at), now))
         return turn
@@ -318,28 +359,26 @@ class Dispatcher:
         """The turn handed to ``slot`` runs from ``started_at``: arm its deadline (and its
         escalation, if it was cancelled while handed)."""
         slot.ahead.remove(turn)
-        self.handed -= 1
+        self.book.handed -= 1
         turn.revoking = False
         slot.turn = turn
         slot.heard = False  # (set by the Started handler when this start came over the wire)
-        turn.state = "running"
-        self.sup._running += 1
+        move(turn, "running")
+        self.book.running += 1
         if turn.timer is not None:  # the handoff deadline (S1)
             turn.timer.cancel()
             turn.timer = None
-        if not turn.started:
-            turn.started = True
-            turn.started_at = started_at
+        escalation = self.escalation
+        assert escalation is not None
+        if mark_started(turn, started_at):
             if turn.timeout is not None:
                 # R15: the deadline counts from the start and cancels with cause deadline.
-                turn.timer = self.sup._timers.call_at(
-                    started_at + turn.timeout, self.sup._ladder.deadline, turn
-                )
-            for start_hook in self.sup._hooks.start:
+                turn.timer = self.timers.call_at(started_at + turn.timeout, escalation.deadline, turn)
+            for start_hook in self.hooks.start:
                 start_hook(turn, slot.pid)
         if turn.cause is not None and turn.esc_timer is None:
             # Cancelled while handed ahead, started before the Abort arrived.
-            self.sup._ladder.arm(turn, slot)
+            escalation.arm(turn, slot)
 
     def unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
         """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
@@ -347,8 +386,8 @@ class Dispatcher:
             slot.ahead.remove(turn)
         except ValueError:
             pass
-        self.handed -= 1
-        turn.state = "queued"
+        self.book.handed -= 1
+        move(turn, "queued")
         turn.worker = None
         turn.revoking = False
         slot.passed.discard(turn.id)
@@ -375,21 +414,20 @@ class Dispatcher:
         workers), it takes no new turn and is retired when its turn ends. Stale workers do not
         count as live, so their replacements start at once. A worker still starting imported
         nothing of an agent yet and is kept. Returns ``{"workers": replaced, "busy": stale}``."""
-        self.sup._admission.agents.clear()  # A-PROBE: agent code may have changed
-        sup = self.sup
+        pool = self.pool
         workers = busy = 0
-        for slot in list(sup.pool.slots.values()):
+        for slot in list(pool.slots.values()):
             if slot.state not in ("idle", "busy") or slot.doomed or slot.stale:
                 continue
             workers += 1
             if slot.state == "idle":
-                sup.pool.retire(slot)
+                pool.retire(slot)
                 continue
             busy += 1
             self._make_stale(slot)
             if slot.turn is None and not slot.ahead:
                 self.after_turn(slot)
-        sup._fill_pool()
+        self.refill()
         self.pump()
         return {"workers": workers, "busy": busy}
 
@@ -399,9 +437,14 @@ class Dispatcher:
         slot.stale = True
         self.recycling = True
         for turn in list(slot.ahead):
-            if not turn.revoking and turn.cause is None:
-                turn.revoking = True
-                self.sup._send(slot, wire.Revoke(turn.id))
+            self.revoke(slot, turn)
+
+    def revoke(self, slot: WorkerSlot, turn: TurnRecord) -> None:
+        """Ask ``slot``'s worker to give back the handed ``turn`` unstarted (``Revoked`` brings it
+        back), unless that is asked already or the turn is cancelled (its Abort does)."""
+        if not turn.revoking and turn.cause is None:
+            turn.revoking = True
+            self.send(slot, wire.Revoke(turn.id))
 
     # M-KEPT: memory a worker kept is not the next turn's.
     def retire_if_kept(self, slot: WorkerSlot, turn: TurnRecord | None, turn_id: str) -> None:
@@ -422,12 +465,12 @@ class Dispatcher:
                 "worker %s (pid %s) ended turn %s cancelled for memory: replaced", slot.id, slot.pid, turn_id
             )
             self._make_stale(slot)
-            self.sup._fill_pool()
+            self.refill()
 
     def _rebalance(self) -> None:
         """Nothing is queued, a worker could take a turn, yet turns wait handed ahead behind a
         running one: revoke them so they come back to the queue and go to the free worker."""
-        if len(self.busy) >= self.sup.workers + self.sup._lent or not any(
+        if len(self.busy) >= self.options.workers + self.book.lent or not any(
             s.state == "idle" for s in self.idle
         ):
             return
@@ -437,9 +480,7 @@ class Dispatcher:
                 continue
             waiting = ahead if slot.turn is not None else list(ahead)[1:]
             for turn in waiting:
-                if not turn.revoking and turn.cause is None:
-                    turn.revoking = True
-                    self.sup._send(slot, wire.Revoke(turn.id))
+                self.revoke(slot, turn)
 
     def written(self, turn: TurnRecord) -> None:
         """J6-WITH (``Supervisor.mark_written``): the journal has ``turn``'s accept row written -
@@ -449,12 +490,12 @@ class Dispatcher:
         idle pool its accept row and its "may run" row share one commit instead of two in a row.
         It is still handed to a worker only once both are committed (``mark_recorded``,
         ``clear_for_dispatch``; ``TurnQueue.pop`` asks for both)."""
-        turn.written = True
+        gate_written(turn)
         if turn.state == "queued" and not self.full:
             # (When the last walk found the gate's window full, a pump here is for nothing - 0.5 µs
             # per submit in a burst; the next turn's end pumps, and so does ``mark_recorded``: a
             # turn this skips wrongly only waits for its record, as before J6-WITH.)
-            self.sup._pump()
+            self.pump()
 
     def _request_clearance(self) -> None:
         """J6: ask the gate to clear the written turns at the head of the queue (J6-WITH: their
@@ -472,8 +513,8 @@ class Dispatcher:
         time with the journal on (py-spy, 20,000 submits in flight)."""
         gate = self.gate
         assert gate is not None
-        sup = self.sup
-        queue = sup._queue
+        book = self.book
+        queue = book.queue
         taken, dropped, gone, fronts = self.seen
         if fronts != queue.fronts:
             skip = live = 0
@@ -488,11 +529,11 @@ class Dispatcher:
             elif live < 0:
                 live = 0
         self.seen = (queue.taken, queue.dropped, queue.gone, queue.fronts)
-        capacity = sup.workers + sup._lent + self._stale_busy()
-        # (A released doomed worker's turn still counts in ``_running``, not against capacity.)
+        capacity = self.options.workers + book.lent + self._stale_busy()
+        # (A released doomed worker's turn still counts in ``book.running``, not against capacity.)
         depth = self.depth
         window = capacity * depth * (CLEAR_AHEAD if depth > 1 else 1)
-        want = window - sup._running - self.handed + len(self.released) - live
+        want = window - book.running - book.handed + len(self.released) - live
         if want <= 0:
             self.skip, self.live, self.full = skip, live, True
             return
@@ -514,7 +555,7 @@ class Dispatcher:
             # J6-WITH: a written turn is cleared whether or not its accept row is committed yet;
             # its "may run" row is written after the accept row (same batch or a later one), and
             # ``TurnQueue.pop`` hands it only once both are committed.
-            turn.clearing = True
+            gate_clearing(turn)
             batch.append(turn)
             skip += 1
             live += 1
@@ -537,7 +578,7 @@ class Dispatcher:
             if turn is None:
                 return False
         assert turn is not None
-        self.start_turn(slot, turn, self.sup._clock())
+        self.start_turn(slot, turn, self.timers.clock())
         return True
 
     def started_passed(self, slot: WorkerSlot, turn_id: str) -> bool:
@@ -546,9 +587,8 @@ class Dispatcher:
         if turn_id not in slot.passed:
             return False
         passed = next((t for t in slot.ahead if t.id == turn_id), None)
-        if passed is not None and not passed.started:
-            passed.started = True
-            passed.started_at = self.sup._clock()
+        if passed is not None:
+            mark_started(passed, self.timers.clock())
         return True
 
     def ended_ahead(self, slot: WorkerSlot, msg: wire.End) -> bool:
@@ -557,11 +597,12 @@ class Dispatcher:
         otherwise (S3: an End for a turn this worker does not run is taken only as the answer to an
         Abort the supervisor sent for a handed turn; anything else - an agent forging another
         turn's end over its worker's connection - changes nothing)."""
-        sup = self.sup
+        finisher = self.finisher
+        assert finisher is not None
         handed = next((t for t in slot.ahead if t.id == msg.turn_id), None)
         if handed is not None and handed.id in slot.passed and handed.started:
             self.unhand(slot, handed)
-            sup._finish(
+            finisher.finish(
                 handed, msg.outcome, output=output_of(msg, handed), error=msg.error, worker_pid=slot.pid
             )
             slot.turns_run += 1
@@ -570,7 +611,7 @@ class Dispatcher:
         if handed is None or handed.cause is None:
             return False
         self.unhand(slot, handed)
-        sup._finish(handed, "aborted")
+        finisher.finish(handed, "aborted")
         self.after_turn(slot)
         return True
 
@@ -582,9 +623,10 @@ class Dispatcher:
             return False
         self.unhand(slot, handed)
         if handed.cause is not None:
-            self.sup._finish(handed, "aborted")
+            assert self.finisher is not None
+            self.finisher.finish(handed, "aborted")
         else:
-            self.sup._queue.push(handed, front=True)
+            self.book.queue.push(handed, front=True)
         self.after_turn(slot)
         return True
 
@@ -597,21 +639,20 @@ class Dispatcher:
             self.pump()  # still busy: top it up
             return
         self.busy.pop(slot, None)
-        target = self.sup.workers + self.sup.spares + self.sup._lent
-        # len(self.sup.pool.slots) bounds the live count: skip the scan in the common case.
-        live = (
-            0
-            if len(self.sup.pool.slots) <= target
-            else sum(1 for s in self.sup.pool.slots.values() if s.live and not s.doomed)
-        )
+        options = self.options
+        target = options.workers + options.spares + self.book.lent
+        slots = self.pool.slots
+        # len(slots) bounds the live count: skip the scan in the common case.
+        live = 0 if len(slots) <= target else sum(1 for s in slots.values() if s.live and not s.doomed)
+        limit = options.max_turns_per_worker
         if (
-            (self.sup.max_turns_per_worker is not None and slot.turns_run >= self.sup.max_turns_per_worker)
+            (limit is not None and slot.turns_run >= limit)
             or live > target
             or slot.stale  # D-RELOAD: its turn is done; a fresh worker already took its place
         ):
             slot.state = "idle"
-            self.sup.pool.retire(slot)
-            self.sup._fill_pool()
+            self.pool.retire(slot)
+            self.refill()
             return
         slot.state = "idle"
         self.idle.append(slot)

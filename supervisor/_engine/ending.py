@@ -4,14 +4,19 @@
 ``disposed`` during shutdown) and stops the turn's timers; a turn with live children holds its
 result until they end (rule 7: a child never outlives its parent). ``deliver`` publishes it: the
 record's result, its waiters and followers, the result hooks (the journal's end row), the session's
-next turn, the reply to a parent that spawned it, and the idle waiters once nothing is active. The
-``Supervisor`` composes one; callers have already made sure the turn is quiescent (R13).
+next turn, the reply to a parent that spawned it, and the idle waiters once nothing is active.
+Callers have already made sure the turn is quiescent (R13).
+
+Its collaborators: the ``TurnBook`` (table, queue, counters), the hooks, the send callback to the
+workers and the timers (their clock); once wired (``connect``), the ``Escalation`` that cancels a
+parent's live children and the ``Dispatcher`` that hands the freed capacity on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -20,33 +25,51 @@ import msgspec
 import wire
 from wire import DISPOSED, PARENT, TurnError, TurnResult
 
+from .states import move
 from .turns import seal_input, set_done, wait_done
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .book import TurnBook
+    from .dispatch import Dispatcher
+    from .escalation import Escalation
+    from .hooks import Hooks
+    from .pool import WorkerSlot
+    from .timers import Timers
     from .turns import TurnRecord
+
+Send = Callable[["WorkerSlot", Any], None]
 
 
 class Finisher:
     """Ends turns and counts their outcomes; see the module docstring."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(self, book: TurnBook, hooks: Hooks, send: Send, timers: Timers) -> None:
+        self.book = book
+        self.hooks = hooks
+        self.send = send
+        self.timers = timers
+        self.escalation: Escalation | None = None  # set by ``connect``
+        self.dispatcher: Dispatcher | None = None
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.causes: collections.Counter[str] = collections.Counter()
         self.idle_waiters: list[anyio.Event] = []
 
+    def connect(self, *, escalation: Escalation, dispatcher: Dispatcher) -> None:
+        """The parts that end needs and that need it (built after it): wired once."""
+        self.escalation = escalation
+        self.dispatcher = dispatcher
+
     # R10: idle means every turn ended, each after its worker's tree was reaped.
     async def wait_idle(self) -> None:
         """Return once no turn is active (accepted and not ended)."""
-        while self.sup._active:
+        while self.book.active:
             ev = anyio.Event()
             self.idle_waiters.append(ev)
             await ev.wait()
 
     def wake_if_idle(self) -> None:
         """Release ``wait_idle`` callers once no turn is active."""
-        if self.sup._active == 0 and self.idle_waiters:
+        if self.book.active == 0 and self.idle_waiters:
             waiters, self.idle_waiters = self.idle_waiters, []
             for ev in waiters:
                 ev.set()
@@ -74,11 +97,12 @@ class Finisher:
         exit_code: int | None = None,
         worker_pid: int | None = None,
     ) -> None:
-        sup = self.sup
-        now = sup._clock()
+        book = self.book
+        now = self.timers.clock()
+        offset = book.wall_offset
         cause = turn.cause
         # R9: disposal wins.
-        if sup._disposing and outcome in ("aborted", "killed"):
+        if book.disposing and outcome in ("aborted", "killed"):
             cause = DISPOSED  # disposal wins over an earlier user or parent cause
         started_at = turn.started_at
         result = TurnResult(
@@ -96,73 +120,78 @@ class Finisher:
             parent=turn.parent,
             agent=turn.agent,
             attempts=turn.attempts,
-            submitted_at=turn.submitted_at + sup._wall_offset,
-            started_at=started_at + sup._wall_offset if started_at is not None else None,
-            ended_at=now + sup._wall_offset,
+            submitted_at=turn.submitted_at + offset,
+            started_at=started_at + offset if started_at is not None else None,
+            ended_at=now + offset,
         )
         if turn.timer is not None:
             turn.timer.cancel()
         if turn.esc_timer is not None:
             turn.esc_timer.cancel()
         if turn.state == "running":
-            sup._running -= 1
-        live_children = [c for c in turn.children if c in sup._turns and sup._turns[c].state != "ended"]
+            book.running -= 1
+        records = book.table.records
+        live_children = [c for c in turn.children if c in records and records[c].state != "ended"]
         # R11: a child never outlives its parent: the parent's result waits for them.
         if live_children:
             # A child never outlives its parent: hold the parent's result until they end.
-            turn.state = "ending"
+            move(turn, "ending")
             turn.pending_result = result
             turn.wake_followers()
+            assert self.escalation is not None
             for child_id in live_children:
-                sup._cancel(sup._turns[child_id], PARENT)
+                self.escalation.cancel(records[child_id], PARENT)
             return
         self.deliver(turn, result)
 
     def deliver(self, turn: TurnRecord, result: TurnResult) -> None:
-        sup = self.sup
+        book = self.book
         turn.result = result
         turn.pending_result = None
-        turn.state = "ended"
-        turn.ended_at = sup._clock()
+        move(turn, "ended")
+        turn.ended_at = self.timers.clock()
         seal_input(turn)  # R-ID: a digest stays, so a later submit under this id is still told apart
-        sup.input_bytes -= len(turn.input)  # I-BUDGET
+        book.input_bytes -= len(turn.input)  # I-BUDGET
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self.outcomes[result.outcome] += 1
         if result.cause is not None:
             self.causes[result.cause.kind] += 1
-        sup._active -= 1
+        book.active -= 1
         set_done(turn)  # T-WAIT, T-LEAN: the waiters' list goes with it
         turn.wake_followers()
-        for hook in sup._hooks.result:
+        for hook in self.hooks.result:
             hook(turn, result)
         if turn.session is not None:
-            sup._queue.session_quiescent(turn)
+            book.queue.session_quiescent(turn)
         lent_changed = turn.spawn_origin is not None
         if lent_changed:
             slot, req = turn.spawn_origin  # type: ignore[misc]
             turn.spawn_origin = None
-            sup._lent -= 1
+            book.lent -= 1
             slot.spawns.pop(req, None)
             if slot.state == "busy" and slot.turn is not None and slot.turn.id == turn.parent:
-                sup._send(slot, wire.SpawnReply(req, result=result))
+                self.send(slot, wire.SpawnReply(req, result=result))
+        records = book.table.records
         if turn.parent is not None:
-            parent = sup._turns.get(turn.parent)
+            parent = records.get(turn.parent)
             if parent is not None:
                 if turn.id in parent.children:  # (a parent with no child holds the shared empty set)
                     parent.children.discard(turn.id)
                 if parent.pending_result is not None and not any(
-                    sup._turns.get(c) is not None and sup._turns[c].state != "ended" for c in parent.children
+                    records.get(c) is not None and records[c].state != "ended" for c in parent.children
                 ):
                     # Delivered now, after its last child: that is when it became quiescent.
                     held = msgspec.structs.replace(
-                        parent.pending_result, ended_at=sup._clock() + sup._wall_offset
+                        parent.pending_result, ended_at=self.timers.clock() + book.wall_offset
                     )
                     self.deliver(parent, held)
-        sup.table.note_ended(turn.id)
+        book.table.note_ended(turn.id)
         self.wake_if_idle()
-        sup._pump()
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        dispatcher.pump()
         if lent_changed:
-            sup._fill_pool()
+            dispatcher.refill()
 
 
 def output_of(msg: wire.End, turn: TurnRecord) -> Any:

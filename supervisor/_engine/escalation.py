@@ -6,8 +6,11 @@ owns the ladder's state (the ``kill_now`` switch and the count of steps taken) a
 cause wins (rule 3), a queued turn is aborted unstarted (rule 4), a cancel reaches the children of
 a turn (rule 7), a turn handed ahead is escalatable from the handoff (S1: its start marker says
 whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on.
-The ``Supervisor`` composes one and calls in here; this object reads the turn table, the queue, the
-timers and the worker link through its back-reference, and ends turns through ``Supervisor._finish``.
+
+Its collaborators: the ``TurnBook`` (table, queue), the pool's slots, the send callback, the timers,
+the hooks (``abort``, ``sigterm``, ``sigkill`` steps), the ``Dispatcher`` (start notes, the handover
+at the kill decision), the ``Finisher`` (a queued turn ends ``aborted``) and ``signal_tree``, the one
+call that signals a worker's tree (``procs.signal_tree``; a unit test passes a recorder).
 """
 
 from __future__ import annotations
@@ -15,18 +18,25 @@ from __future__ import annotations
 import collections
 import logging
 import signal
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import wire
 from wire import PARENT, Cause
 
-from . import procs as _procs
+from .states import escalated, first_cause
 
 if TYPE_CHECKING:
+    from .book import TurnBook
+    from .dispatch import Dispatcher
+    from .ending import Finisher
+    from .hooks import Hooks
     from .pool import WorkerSlot
-    from .supervisor import Supervisor
+    from .timers import Timers
     from .turns import TurnRecord
+
+Send = Callable[["WorkerSlot", Any], None]
+SignalTree = Callable[..., Any]  # ``procs.signal_tree(pid, signal, known=...)``
 
 log = logging.getLogger("turnpool.supervisor")
 
@@ -34,63 +44,76 @@ log = logging.getLogger("turnpool.supervisor")
 class Escalation:
     """Cancels turns and drives each cancelled turn's ladder; see the module docstring."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        book: TurnBook,
+        slots: dict[str, WorkerSlot],
+        send: Send,
+        timers: Timers,
+        hooks: Hooks,
+        dispatcher: Dispatcher,
+        finisher: Finisher,
+        signal_tree: SignalTree,
+    ) -> None:
+        self.book = book
+        self.slots = slots  # the pool's slots (the same dict)
+        self.send = send
+        self.timers = timers
+        self.hooks = hooks
+        self.dispatcher = dispatcher
+        self.finisher = finisher
+        self.signal_tree = signal_tree
         self.kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
         self.counts: collections.Counter[str] = collections.Counter()  # steps taken: sigterm, sigkill
 
     def cancel(self, turn: TurnRecord, cause: Cause) -> Cause | None:
-        sup = self.sup
         state = turn.state
         if state == "ended" or state == "ending":
             return turn.cause
         # R3: first cause wins; an ended turn keeps its cause.
-        first = turn.cause is None
-        if first:
-            turn.cause = cause
+        first = first_cause(turn, cause)
         # R11: the children are cancelled first, with cause parent, recursively.
+        records = self.book.table.records
         for child_id in list(turn.children):
-            child = sup._turns.get(child_id)
+            child = records.get(child_id)
             if child is not None:
                 self.cancel(child, PARENT)
         # R4: a queued turn is removed and ends aborted, never started.
         if state == "queued":
-            sup._queue.discard(turn)
-            sup._finish(turn, "aborted")
+            self.book.queue.discard(turn)
+            self.finisher.finish(turn, "aborted")
         elif state == "handed" and first:
             # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
             # started meanwhile, honours the Abort. Its start marker tells whether it started (S1):
             # the ladder is armed now either way, and looks again if it had not.
             slot = turn.worker
             assert slot is not None
-            sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
-            sup._hooks.stepped(turn, "abort")
-            sup._note_marked_start(slot)
+            self.send(slot, wire.Abort(turn.id, cause))  # (first: the cause it now holds)
+            self.hooks.stepped(turn, "abort")
+            self.dispatcher.note_marked_start(slot)
             if turn.esc_timer is None:  # (armed already if the marker showed it running)
                 self.arm(turn, slot)
         elif state == "running" and first:
             slot = turn.worker
             assert slot is not None
-            sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
-            sup._hooks.stepped(turn, "abort")
+            self.send(slot, wire.Abort(turn.id, cause))  # (first: the cause it now holds)
+            self.hooks.stepped(turn, "abort")
             self.arm(turn, slot)
         return turn.cause
 
     def arm(self, turn: TurnRecord, slot: WorkerSlot) -> None:
-        sup = self.sup
         if self.kill_at_once:
-            turn.esc_timer = sup._timers.call_later(0, self.escalate, turn, slot, 2)
+            turn.esc_timer = self.timers.call_later(0, self.escalate, turn, slot, 2)
         else:
-            turn.esc_timer = sup._timers.call_later(turn.grace, self.escalate, turn, slot, 1)
+            turn.esc_timer = self.timers.call_later(turn.grace, self.escalate, turn, slot, 1)
 
     # R6: exactly the turns queued at the call, and the running one: never armed for the future.
     def cancel_session(self, session: str, cause: Cause) -> list[str]:
-        sup = self.sup
         cancelled = []
-        for turn in sup._queue.queued_of_session(session):
+        for turn in self.book.queue.queued_of_session(session):
             self.cancel(turn, cause)
             cancelled.append(turn.id)
-        for slot in list(sup._slots.values()):
+        for slot in list(self.slots.values()):
             for turn in list(slot.ahead):
                 if turn.session == session and turn.state == "handed":
                     self.cancel(turn, cause)
@@ -106,40 +129,35 @@ class Escalation:
 
     # R13: the ladder's steps, each keyed by the turn and logged with turn id, pid and step.
     def escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
-        sup = self.sup
         if turn.state == "handed" and turn.worker is slot and slot.state != "dead":
             # Cancelled while handed ahead and no Started yet: the start marker may say it runs (S1).
-            sup._note_marked_start(slot)
+            self.dispatcher.note_marked_start(slot)
             if turn.state == "handed":  # not reached yet: look again later (its Started re-arms too)
                 again = max(turn.grace, 0.05)
-                turn.esc_timer = sup._timers.call_later(again, self.escalate, turn, slot, step)
+                turn.esc_timer = self.timers.call_later(again, self.escalate, turn, slot, step)
                 return
         # Keyed by turn: act only if this worker is still on this very turn.
         if slot.turn is not turn or slot.state == "dead":
             return
         slot.doomed = True
-        decided = not turn.escalation
+        # K-HANDOVER: the first signal is the kill decision. The turn's outcome is ``killed`` from
+        # here whatever its worker sends (R7): the turns handed ahead to its worker go back to the
+        # queue now (another worker may take them); the slot itself is given up at the worker's exit.
+        decided = escalated(turn, step, self.timers.clock())
         if decided:
-            # K-HANDOVER: the kill is decided. The turn's outcome is ``killed`` from here whatever
-            # its worker sends (R7): the turns handed ahead to its worker go back to the queue now
-            # (another worker may take them); the slot itself is given up at the worker's exit.
-            turn.escalation = step
-            turn.escalated_at = sup._clock()
-            sup._dispatch.take_back_ahead(slot)
+            self.dispatcher.take_back_ahead(slot)
         if step == 1:
-            turn.escalation = 1
             self.counts["sigterm"] += 1
-            _procs.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
-            sup._hooks.stepped(turn, "sigterm")
-            turn.esc_timer = sup._timers.call_later(turn.kill_after, self.escalate, turn, slot, 2)
+            self.signal_tree(slot.pid, signal.SIGTERM, known=slot.known)
+            self.hooks.stepped(turn, "sigterm")
+            turn.esc_timer = self.timers.call_later(turn.kill_after, self.escalate, turn, slot, 2)
             log.warning(
                 "escalate turn=%s pid=%s step=SIGTERM after grace %.3gs", turn.id, slot.pid, turn.grace
             )
         else:
-            turn.escalation = 2
             self.counts["sigkill"] += 1
-            _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-            sup._hooks.stepped(turn, "sigkill")
+            self.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
+            self.hooks.stepped(turn, "sigkill")
             log.warning(
                 "escalate turn=%s pid=%s step=SIGKILL after kill_after %.3gs",
                 turn.id,
@@ -149,23 +167,23 @@ class Escalation:
         if decided:
             # K-HEIR: the signal is out first (the kill is not delayed); a warm spare now gets the
             # next queued turn, held until this worker's process is gone.
-            sup._dispatch.hand_to_heir(slot)
+            self.dispatcher.hand_to_heir(slot)
 
     def kill_now(self, turn_ids: Iterable[str] | None = None) -> None:
         """``Supervisor.kill_now``: SIGKILL now to the trees of the named turns, or of every turn
         being cancelled (and from then on every cancel goes straight to SIGKILL)."""
-        sup = self.sup
+        records = self.book.table.records
         if turn_ids is None:
             self.kill_at_once = True
-            targets = [t for t in sup._turns.values() if t.cause is not None]
+            targets = [t for t in records.values() if t.cause is not None]
         else:
-            targets = [t for t in map(sup._turns.get, turn_ids) if t is not None]
+            targets = [t for t in map(records.get, turn_ids) if t is not None]
         for turn in targets:
             if turn.state not in ("handed", "running") or turn.worker is None:
                 continue
             slot = turn.worker
             if turn.state == "handed":
-                sup._note_marked_start(slot)
+                self.dispatcher.note_marked_start(slot)
             if turn.state == "running" and slot.turn is turn and turn.escalation < 2:
                 if turn.esc_timer is not None:
                     turn.esc_timer.cancel()

@@ -6,20 +6,28 @@ descendant (R13: quiescence before any result), then settles each turn the worke
 it logged whose frames died with it (E1), the turn its start marker says it started (S1), turns
 handed ahead and never started (back to the front of the queue, unharmed, at most
 ``MAX_HANDOVERS`` times), and the running turn (``killed`` if its escalation began, else
-``crashed``). The ``Supervisor`` composes one and hands ``on_exit`` to the pool; turns end through
-``Supervisor._finish``.
+``crashed``). It counts the workers replaced (``restarts``).
+
+Its collaborators: the ``TurnBook`` (queue, counters), the pool (reaping, the worker's files), the
+link's ``drain`` (the frames a dead worker left in the socket), the ``Dispatcher`` (its slots, the
+handed turns), the ``Finisher``, the timers (their clock) and ``changed`` (a slot left the pool).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .ending import output_of
+from .states import mark_started, move
 
 if TYPE_CHECKING:
-    from .pool import WorkerSlot
-    from .supervisor import Supervisor
+    from .book import TurnBook
+    from .dispatch import Dispatcher
+    from .ending import Finisher
+    from .pool import WorkerPool, WorkerSlot
+    from .timers import Timers
     from .turns import TurnRecord
 
 log = logging.getLogger("turnpool.supervisor")
@@ -32,27 +40,46 @@ MAX_HANDOVERS = 3
 class ExitHandler:
     """Settles the turns of a worker that exited; see the module docstring."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        book: TurnBook,
+        pool: WorkerPool,
+        drain: Callable[[], None],
+        dispatcher: Dispatcher,
+        finisher: Finisher,
+        timers: Timers,
+        changed: Callable[[], None],
+    ) -> None:
+        self.book = book
+        self.pool = pool
+        self.drain = drain
+        self.dispatcher = dispatcher
+        self.finisher = finisher
+        self.timers = timers
+        self.changed = changed
+        self.restarts = 0  # workers that exited or were lost while they held or could take turns
 
     async def on_exit(self, slot: WorkerSlot) -> None:
         """A worker's pid exited (called by the pool): settle its turns."""
-        sup = self.sup
+        book = self.book
+        pool = self.pool
+        dispatcher = self.dispatcher
+        finish = self.finisher.finish
         # Frames the worker sent before it died (its Started, its End) may still sit in the
         # socket: handle them first, so a turn that started is not mistaken for one that did not.
         was = slot.state
         slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
-        sup.link.drain()
+        self.drain()
         # K-HANDOVER: a killed worker whose handed turns already came back gives up its slot now,
         # before its tree is reaped: a warm spare starts the next queued turn meanwhile.
         doomed = slot.turn
         if doomed is not None and doomed.escalation > 0:
-            doomed.exited_at = sup._clock()
+            doomed.exited_at = self.timers.clock()
             if not slot.ahead:
-                sup._dispatch.release_exited(slot)
+                dispatcher.release_exited(slot)
         # R10, R13: quiescence: every descendant is killed and reaped before the turn's result is out.
-        code = await sup.pool.reap_exit(slot)
-        sup._dispatch.exited(slot)
+        code = await pool.reap_exit(slot)
+        dispatcher.exited(slot)
         # Turns handed ahead never started: back to the front of the queue, unharmed, in order
         # (or aborted, never started, if they were cancelled meanwhile).
         turn = slot.turn
@@ -62,7 +89,7 @@ class ExitHandler:
         # that turn is ``killed`` whatever it logged (R7), and no handed turn is left to place.
         # Their files are removed unread, after the result is out (``drop_files_later``).
         moot = turn is not None and turn.escalation > 0 and not slot.ahead
-        noted = None if moot else sup.pool.take_noted(slot)
+        noted = None if moot else pool.take_noted(slot)
         # E1: first the ends the worker logged but whose frames died with it: those turns ran,
         # and end with their own outcome.
         if not moot:
@@ -78,21 +105,20 @@ class ExitHandler:
                 # here was revoked or dropped unstarted.)
                 first = handed_turns.pop(index)
                 slot.ahead.remove(first)
-                sup._dispatch.handed -= 1
+                book.handed -= 1
                 first.revoking = False
-                first.state = "running"
-                first.started = True
-                first.started_at = sup._clock()
-                sup._running += 1
+                move(first, "running")
+                mark_started(first, self.timers.clock())
+                book.running += 1
                 turn = first
         for index in reversed(range(len(handed_turns))):
             handed = handed_turns[index]
-            sup._dispatch.unhand(slot, handed)
+            dispatcher.unhand(slot, handed)
             if handed.started:
                 # A turn the worker went past (S1) whose Started came but whose End died with it.
-                sup._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
+                finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
             elif handed.cause is not None:
-                sup._finish(handed, "aborted")
+                finish(handed, "aborted")
             elif index == 0 and turn is None and was != "starting" and noted is None:
                 # The worker was about to start this one, and may have: its Started can die with
                 # it (an agent that kills its worker at once), and no start marker says otherwise
@@ -103,33 +129,33 @@ class ExitHandler:
                         handed.id,
                         handed.attempts,
                     )
-                    sup._finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
+                    finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
                 else:
                     handed.attempts += 1
-                    sup._queue.push(handed, front=True)
+                    book.queue.push(handed, front=True)
             else:
-                sup._queue.push(handed, front=True)
+                book.queue.push(handed, front=True)
         if was == "starting":
             # Keep the specific reason (no Ready in time, wrong protocol) over the bare exit code.
-            sup.pool.start_failed(
+            pool.start_failed(
                 slot.failure or f"worker {slot.id} (pid {slot.pid}) exited with {code} before it was ready"
             )
         elif was != "stopping" or turn is not None:
-            sup.worker_restarts += 1
+            self.restarts += 1
         if turn is not None and turn.state == "running":
             if turn.escalation:
-                sup._finish(turn, "killed", exit_code=code, worker_pid=slot.pid)
+                finish(turn, "killed", exit_code=code, worker_pid=slot.pid)
             else:
                 log.warning(
                     "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
                 )
                 # R16: a crash costs one turn and one worker (refilled below).
-                sup._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
+                finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
         if moot:
-            sup.pool.drop_files_later(slot)
-        sup._notify_change()
-        sup._fill_pool()
-        sup._pump()
+            pool.drop_files_later(slot)
+        self.changed()
+        dispatcher.refill()
+        dispatcher.pump()
 
     def apply_end_log(
         self, slot: WorkerSlot, turn: TurnRecord | None, noted: tuple[str, float] | None
@@ -144,8 +170,7 @@ class ExitHandler:
         record for the marked turn counts only if it carries the marker's start time (a record
         left by an earlier turn under the same id does not). A turn whose escalation began ends
         ``killed`` whatever the worker logged (R7). Returns the running turn, or None if it ended."""
-        sup = self.sup
-        records = sup.pool.take_end_log(slot)
+        records = self.pool.take_end_log(slot)
         if not records:
             return turn
         ends = {end.turn_id: (at, end) for at, end in records}  # a turn's last record is its latest
@@ -157,7 +182,7 @@ class ExitHandler:
         # marked turn that already runs here: a read of the marker made it ``turn``, so it is no
         # longer in ``ahead``, but the quick turns before it ran and their ends are in the log.
         reached += [t for i, t in enumerate(ahead) if i <= index or t.id in slot.passed]
-        now = sup._clock()
+        now = self.timers.clock()
         for t in reached:
             logged = ends.get(t.id)
             if logged is None:
@@ -170,7 +195,7 @@ class ExitHandler:
                 if t.state != "running":
                     continue
             else:
-                sup._dispatch.start_turn(slot, t, min(max(at, t.submitted_at), now))
+                self.dispatcher.start_turn(slot, t, min(max(at, t.submitted_at), now))
                 slot.turn = None
             output = output_of(end, t)
             log.info(
@@ -179,6 +204,6 @@ class ExitHandler:
                 end.outcome,
                 slot.id,
             )
-            sup._finish(t, end.outcome, output=output, error=end.error, worker_pid=slot.pid)
+            self.finisher.finish(t, end.outcome, output=output, error=end.error, worker_pid=slot.pid)
             slot.turns_run += 1
         return turn

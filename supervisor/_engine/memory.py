@@ -5,6 +5,9 @@ worker running a turn not already cancelled, and cancels that turn with cause ``
 over the limit; the escalation ladder does the rest. A turn whose ``Started`` is stuck behind a
 blocked agent is found through its start marker (S1). Runs as one task in the supervisor's task
 group, only when ``max_rss_mb`` is set.
+
+Its collaborators: the pool's slots, the ``EngineOptions`` (``max_rss_mb``, ``rss_interval``), the
+``Dispatcher`` (start notes) and the ``Escalation`` (the cancel).
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import wire
 from . import procs as _procs
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .dispatch import Dispatcher
+    from .escalation import Escalation
+    from .pool import WorkerSlot
+    from .settings import EngineOptions
 
 log = logging.getLogger("turnpool.supervisor")
 
@@ -29,20 +35,29 @@ log = logging.getLogger("turnpool.supervisor")
 class MemoryWatchdog:
     """Measures each busy worker's tree and cancels a turn over the limit (cause ``memory``)."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        slots: dict[str, WorkerSlot],
+        options: EngineOptions,
+        dispatcher: Dispatcher,
+        escalation: Escalation,
+    ) -> None:
+        self.slots = slots  # the pool's slots (the same dict)
+        self.options = options
+        self.dispatcher = dispatcher
+        self.escalation = escalation
 
     async def run(self) -> None:
         """Watch until cancelled (with the supervisor's task group)."""
-        sup = self.sup
-        assert sup.max_rss_mb is not None
-        limit = sup.max_rss_mb * 2**20
+        most = self.options.max_rss_mb
+        assert most is not None
+        limit = most * 2**20
         while True:
-            await anyio.sleep(sup.rss_interval)
-            for slot in list(sup._slots.values()):
+            await anyio.sleep(self.options.rss_interval)
+            for slot in list(self.slots.values()):
                 turn = slot.turn
                 if turn is None and slot.state == "busy":
-                    turn = sup._note_marked_start(slot)  # S1: running, though its Started is stuck
+                    turn = self.dispatcher.note_marked_start(slot)  # S1: running, though its Started is stuck
                 if (
                     slot.state == "busy"
                     and turn is not None
@@ -55,7 +70,5 @@ class MemoryWatchdog:
                     if slot.turn is not turn or turn.cause is not None or turn.state != "running":
                         continue  # it moved on while we measured
                     if used > limit:
-                        log.warning(
-                            "turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, sup.max_rss_mb
-                        )
-                        sup._cancel(turn, wire.MEMORY)
+                        log.warning("turn %s: worker tree of pid %s passed %s MiB", turn.id, slot.pid, most)
+                        self.escalation.cancel(turn, wire.MEMORY)

@@ -1,20 +1,22 @@
 """The embedded supervisor: owns the pool, the turn table, the queue and every turn's cancellation.
 
 One anyio event loop owns all state; nothing here blocks on another thread. ``Supervisor`` keeps
-its state, the public methods and one handler per message a worker sends, and composes the
-parts, each an object with its own state:
+the public API and one handler per message a worker sends, and wires the parts (as pebble's
+``PoolManager`` composes its managers). Each part is given what it reads and writes, never the
+``Supervisor`` (``tests/test_layout.py`` checks):
 
-* starting and disposing (``lifecycle.py``): the link bound, the pool up; every turn disposed,
-  every worker reaped; D-KEEP's queued turns set aside at a daemon's graceful stop;
-* the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs; the
-  pool (``pool.py``): ``workers`` slots plus ``spares`` warm workers; exits settled by ``exits.py``;
-* the turn table (``TurnRecord`` per turn: the one cancellation holder) and the ``TurnQueue``
-  (``turns.py``); turns come in through admission (``admission.py``), children through
-  ``children.py``, and go to workers through the dispatcher (``dispatch.py``: prefetch, J6, S1);
-* the escalation ladder (``escalation.py``): ``Abort`` → ``grace`` → SIGTERM to the tree →
-  ``kill_after`` → SIGKILL → reaped with every descendant → ``killed``; driven by one ``Timers``
-  task; the memory watchdog (``memory.py``) cancels a turn over ``max_rss_mb``;
-* ending a turn (``ending.py``): one result, delivered once, after quiescence.
+* the ``EngineOptions`` (``settings.py``): the arguments, checked once, frozen;
+* the ``TurnBook`` (``book.py``): the turn table and the ``TurnQueue`` (``turns.py``) with their
+  counters; a turn's state changes only through ``states.move`` (``states.py``, T-STATE);
+* the worker link (``link.py``: a ROUTER on a private ipc endpoint; ``link.send`` is every part's
+  send callback), the pool (``pool.py``: ``workers`` slots plus ``spares`` warm workers), the
+  ``Timers`` (``timers.py``: every deadline, and the clock) and the ``Hooks`` (``hooks.py``);
+* ``Admission`` (``admission.py``: the one way in), ``ChildTurns`` (``children.py``), the
+  ``Dispatcher`` (``dispatch.py``: prefetch, J6, S1), the ``Escalation`` (``escalation.py``:
+  ``Abort`` → ``grace`` → SIGTERM to the tree → ``kill_after`` → SIGKILL → reaped → ``killed``), the
+  ``Finisher`` (``ending.py``: one result, delivered once, after quiescence), the ``ExitHandler``
+  (``exits.py``: a worker's death), the ``MemoryWatchdog`` (``memory.py``) and the ``Lifecycle``
+  (``lifecycle.py``: starting, disposing; D-KEEP's queued turns set aside at a daemon's stop).
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-import anyio
-import anyio.abc
-import anyio.to_thread
 import msgspec
 
 import wire
@@ -42,28 +41,19 @@ from . import output as _output
 from . import procs as _procs
 from .admission import AcceptMany, Admission
 from .allowlist import AgentAllowlist
+from .book import TurnBook
 from .children import ChildTurns
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, DispatchGate
 from .ending import Finisher, output_of
 from .escalation import Escalation
 from .exits import MAX_HANDOVERS, ExitHandler
 from .hooks import AcceptHook, EventHook, Hooks, ResultHook, StartHook
-from .lifecycle import Lifecycle
+from .lifecycle import Changes, Lifecycle
 from .link import WorkerLink
-from .options import (
-    AGENT_RE,
-    MAX_GRACE,
-    MAX_INPUT_BYTES,
-    MAX_TURN_ID,
-    check_agent,
-    check_grace,
-    check_mib,
-    check_seconds,
-    check_sizes,
-    mib_bytes,
-    require_seconds,
-)
+from .options import AGENT_RE, MAX_GRACE, MAX_INPUT_BYTES, MAX_TURN_ID, check_agent
 from .pool import WorkerPool, WorkerSlot
+from .settings import EngineOptions
+from .states import gate_cleared, gate_recorded
 from .timers import Timers
 from .turninfo import Views
 from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
@@ -71,9 +61,6 @@ from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differ
 __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor", "check_agent"]
 
 log = logging.getLogger("turnpool.supervisor")
-
-# J6: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
-DispatchGate = Callable[[list[TurnRecord]], None]
 
 
 class Supervisor(AcceptMany, OwnedStreams, Views):
@@ -144,129 +131,157 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         allow_agents: Any = None,
     ) -> None:
         refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
-        check_sizes(
-            cgroups=cgroups,
+        self.options = options = EngineOptions.checked(
             workers=workers,
+            grace=grace,
+            kill_after=kill_after,
             spares=spares,
+            max_turns_per_worker=max_turns_per_worker,
+            max_rss_mb=max_rss_mb,
+            timeout=timeout,
             max_queue=max_queue,
+            max_input_mb=max_input_mb,
             max_events=max_events,
             keep_results=keep_results,
+            keep_events_mb=keep_events_mb,
+            keep_results_mb=keep_results_mb,
+            heartbeat=heartbeat,
+            start_timeout=start_timeout,
+            rss_interval=rss_interval,
+            stop_timeout=stop_timeout,
+            python=python,
+            worker_args=worker_args,
             prefetch=prefetch,
-            max_turns_per_worker=max_turns_per_worker,
+            prefetch_window=prefetch_window,
+            zygote=zygote,
+            preload=preload,
+            cgroups=cgroups,
+            agent_path=agent_path,
+            worker_output=worker_output,
+            worker_output_max_mb=worker_output_max_mb,
+            max_grace=max_grace,
+            worker_nice=worker_nice,
+            allow_agents=allow_agents,
         )
-        self.workers = workers
-        # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
-        # turn's ladder, and so a disposal, is bounded whatever a client asks for.
-        # S4: shutdown is bounded whatever a client asks for.
-        self.max_grace = require_seconds("max_grace", max_grace, positive=True)
-        self.grace = check_grace("grace", require_seconds("grace", grace), self.max_grace)
-        self.kill_after = check_grace("kill_after", require_seconds("kill_after", kill_after), self.max_grace)
-        self.spares = spares
-        self.max_turns_per_worker = max_turns_per_worker
-        self.max_rss_mb = check_seconds("max_rss_mb", max_rss_mb, positive=True)
-        self.timeout = check_seconds("timeout", timeout, positive=True)
-        self.max_queue = max_queue
-        self.max_input_bytes = mib_bytes("max_input_mb", max_input_mb)  # I-BUDGET
-        self.input_bytes = 0  # the inputs of turns not ended: added at admission, taken at delivery
-        self.max_events = max_events
-        self.keep_results = keep_results
-        self.heartbeat = require_seconds("heartbeat", heartbeat)
-        self.start_timeout = require_seconds("start_timeout", start_timeout, positive=True)
-        self.rss_interval = require_seconds("rss_interval", rss_interval, positive=True)
-        self.stop_timeout = require_seconds("stop_timeout", stop_timeout)
-        self.python = python
-        self.worker_args = tuple(worker_args)
-        self.prefetch = prefetch  # turns a worker may hold at once (running + handed ahead); 1: off
-        # Work (seconds, at the recent mean turn time) a worker may hold beyond its current turn.
-        self.prefetch_window = require_seconds("prefetch_window", prefetch_window)
-        # Fork workers from a preloaded zygote (a few ms, not ≈50 ms+); ``preload``: modules it imports.
-        # A custom interpreter or interpreter flags are honoured per worker: fresh interpreters then.
-        self.use_zygote = bool(zygote) and python is None and not worker_args
-        self.preload = tuple(preload)
-        self.cgroups = cgroups
-        self.agent_path = _procs.check_agent_path(agent_path)
-        self.worker_output = _output.check_worker_output(worker_output)
-        self.worker_output_max_mb = check_mib("worker_output_max_mb", worker_output_max_mb)
-        self.allow_agents = AgentAllowlist.of(allow_agents)  # A-ALLOW
-
-        # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
-        self._clock: Callable[[], float] = time.monotonic
-        self._timers = Timers(self._clock)
-        self._prefix = secrets.token_hex(4)
-        # The composed parts: the turn table, the queue, the worker link and the worker pool.
-        budgets = mib_bytes("keep_events_mb", keep_events_mb), mib_bytes("keep_results_mb", keep_results_mb)
-        self.table = TurnTable(keep_results, max_events, *budgets)  # E-BUDGET, R-BUDGET
-        self._turns = self.table.records  # the same dict: read on every message
-        self._queue = self.queue = TurnQueue()
-        self.link = WorkerLink(
+        # The timers hold the clock: the event loop's once started (asyncio's loop.time(): monotonic).
+        self.timers = timers = Timers(time.monotonic)
+        table = TurnTable(keep_results, max_events, options.keep_event_bytes, options.keep_result_bytes)
+        self.book = book = TurnBook(table, TurnQueue())  # E-BUDGET, R-BUDGET
+        self.bad_frames = 0  # frames from workers refused: unknown sender, undecodable, out of order
+        self._hooks = hooks = Hooks()
+        if tracing:
+            TurnSpans().install(hooks)  # ValueError without OpenTelemetry (the otel extra)
+        self._changes = changes = Changes()  # a slot left the pool; the engine closed
+        self.link = link = WorkerLink(
             on_message=self._on_message,
             on_batch_start=self._batch_started,
             on_batch_end=self._batch_ended,
             on_bad_frame=self._bad_frame,
         )
-        self._send = self.link.send
-        # Exit handling: what a worker's death means for its turns (E1, S1, R13).
-        self._exits = ExitHandler(self)
-        self.pool = WorkerPool(
-            link=self.link,
-            timers=self._timers,
-            prefix=self._prefix,
-            heartbeat=self.heartbeat,
-            start_timeout=self.start_timeout,
-            stop_timeout=self.stop_timeout,
-            python=python,
-            worker_args=self.worker_args,
-            use_zygote=self.use_zygote,
-            preload=self.preload,
+        prefix = secrets.token_hex(4)
+        self.pool = pool = WorkerPool(
+            link=link,
+            timers=timers,
+            prefix=prefix,
+            heartbeat=options.heartbeat,
+            start_timeout=options.start_timeout,
+            stop_timeout=options.stop_timeout,
+            python=options.python,
+            worker_args=options.worker_args,
+            use_zygote=options.use_zygote,
+            preload=options.preload,
             on_message=self._on_message,
-            on_exit=self._exits.on_exit,
-            changed=self._notify_change,
-            refill=self._fill_pool,
-            nice=worker_nice,
+            on_exit=self._worker_exited,
+            changed=changes.notify,
+            refill=self._refill,
+            nice=options.worker_nice,
         )
-        self._slots = self.pool.slots  # the same dict
-        # Child turns a running turn spawns (rule 7).
-        self._children = ChildTurns(self)
+        send = link.send
+        # The parts, each given what it reads and writes. Dispatch, escalation and ending need each
+        # other (a cancel ends a queued turn, an end hands the freed worker on, a start arms the
+        # ladder): the two built first are connected to the later ones once all three exist.
+        self._finisher = finisher = Finisher(book, hooks, send, timers)
+        self._dispatcher = dispatcher = Dispatcher(book, options, pool, send, timers, hooks)
+        self._escalation = escalation = Escalation(
+            book, pool.slots, send, timers, hooks, dispatcher, finisher, _procs.signal_tree
+        )
+        finisher.connect(escalation=escalation, dispatcher=dispatcher)
+        dispatcher.connect(finisher=finisher, escalation=escalation)
+        # Admission: the one way in for every turn; A-PROBE: ``learn_agent`` a name not in ``agents_known``.
+        self._admission = admission = Admission(
+            book, options, hooks, dispatcher, timers, prefix, lambda: pool.zygote
+        )
+        self._children = children = ChildTurns(book, send, admission, escalation, dispatcher)  # rule 7
+        # Exit handling: what a worker's death means for its turns (E1, S1, R13).
+        self._exits = ExitHandler(book, pool, link.drain, dispatcher, finisher, timers, changes.notify)
+        # Starting and disposing (H1: its background tasks live in a task of their own).
+        self._life = Lifecycle(book, options, pool, link, timers, dispatcher, escalation, finisher, changes)
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
             wire.Event: self._on_event,
             wire.Started: self._on_started,
             wire.End: self._on_end,
             wire.Ready: self._on_ready,
-            wire.Spawn: self._children.spawn,
-            wire.SpawnCancel: self._children.cancel,
+            wire.Spawn: children.spawn,
+            wire.SpawnCancel: children.cancel,
             wire.Revoked: self._on_revoked,
             wire.Heartbeat: self._on_heartbeat,
             wire.BadFrame: self._on_bad_frame,
         }
-        # Dispatch: which worker gets which turn when (prefetch, the J6 gate, S1 start notes).
-        self._dispatch = dispatch = Dispatcher(self)
-        self._pump = dispatch.pump
-        self._note_marked_start = dispatch.note_marked_start
-        # Cancellation and the escalation ladder (rules 3, 4, 7; S1; keyed by turn).
-        self._ladder = ladder = Escalation(self)
-        self._cancel = ladder.cancel
-        # Ending turns: one result each, delivered after quiescence (rules 6, 7; R13).
-        self._ending = ending = Finisher(self)
-        self._finish = ending.finish
-        # Admission: the one way in for every turn; A-PROBE: ``learn_agent`` a name not in ``agents_known``.
-        self._admission = admission = Admission(self)
-        self._accept, self.learn_agent, self.agents_known = admission.accept, admission.learn, admission.known
-        self._running = 0  # turns a worker reported Started for and not yet ended
-        self._active = 0  # turns accepted and not yet ended
-        self._lent = 0  # slots lent by parents waiting on a spawned child
-        self.worker_restarts = 0
-        self.bad_frames = 0  # frames from workers refused: unknown sender, undecodable, out of order
-        self._slots_changed = anyio.Event()
-        self._hooks = Hooks()
-        if tracing:
-            TurnSpans().install(self._hooks)  # ValueError without OpenTelemetry (the otel extra)
 
-        self._state = "new"  # new → running → closing → closed
-        self._disposing = False
-        # Starting and disposing (H1: its background tasks live in a task of their own).
-        self._life = Lifecycle(self)
-        self._wall_offset = 0.0
+    # ---- read-only accessors front ends use ---------------------------------------------
+
+    @property
+    def table(self) -> TurnTable:
+        """The turn table (``book.table``): read it, never change it."""
+        return self.book.table
+
+    @property
+    def queue(self) -> TurnQueue:
+        """The queue of turns waiting for a worker (``book.queue``): read it, never change it."""
+        return self.book.queue
+
+    @property
+    def workers(self) -> int:
+        return self.options.workers
+
+    @property
+    def spares(self) -> int:
+        return self.options.spares
+
+    @property
+    def prefetch(self) -> int:
+        return self.options.prefetch
+
+    @property
+    def max_events(self) -> int:
+        return self.options.max_events
+
+    @property
+    def keep_results(self) -> int:
+        return self.options.keep_results
+
+    @property
+    def allow_agents(self) -> AgentAllowlist | None:
+        return self.options.allow_agents
+
+    @property
+    def input_bytes(self) -> int:
+        """The inputs of turns not ended, in bytes (I-BUDGET)."""
+        return self.book.input_bytes
+
+    @property
+    def worker_restarts(self) -> int:
+        return self._exits.restarts
+
+    @property
+    def agents_known(self) -> dict[str, str | None]:
+        """A-PROBE: the agent names probed, each with why it is refused (``None``: accepted)."""
+        return self._admission.agents.kinds
+
+    async def learn_agent(self, agent: Any) -> None:
+        """A-PROBE: probe ``agent`` (a name not in ``agents_known``) before its first turn is accepted."""
+        await self._admission.learn(agent)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -298,18 +313,11 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         Ctrl-C): shutdown then waits for no client-chosen grace. Synchronous; call it on the
         supervisor's event loop. Unknown or ended ids are skipped.
         """
-        self._ladder.kill_now(turn_ids)
-
-    async def _wait_change(self) -> None:
-        await self._slots_changed.wait()
-
-    def _notify_change(self) -> None:
-        self._slots_changed.set()
-        self._slots_changed = anyio.Event()
+        self._escalation.kill_now(turn_ids)
 
     @property
     def closed(self) -> bool:
-        return self._state in ("closing", "closed")
+        return self.book.phase in ("closing", "closed")
 
     # ---- public API --------------------------------------------------------------------
 
@@ -335,9 +343,10 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         """
         # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)
-        if type(agent) is str and agent not in self.agents_known:  # A-PROBE: probed once
-            await self.learn_agent(agent)
-        turn = self._accept(
+        admission = self._admission
+        if type(agent) is str and agent not in admission.agents.kinds:  # A-PROBE: probed once
+            await admission.learn(agent)
+        turn = admission.accept(
             agent,
             raw,
             session=session,
@@ -358,18 +367,18 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         cancellation) only once the turn is quiescent. A wait on a handle's ``result()`` or
         ``events()`` only observes: cancelling it leaves the turn running."""
         handle = await self.submit(agent, input, **kwargs)
-        turn = self.table.get(handle.turn_id)
+        turn = self.book.table.get(handle.turn_id)
         try:
             return await self.result(handle.turn_id)
         except BaseException:
             if turn.result is None:
-                self._cancel(turn, USER)
-                await self._ending.wait_quiescent(turn)
+                self._escalation.cancel(turn, USER)
+                await self._finisher.wait_quiescent(turn)
             raise
 
     def handle(self, turn_id: str) -> TurnHandle:
         """A handle on an existing turn; raises ``UnknownTurn``."""
-        return TurnHandle(self, turn_id, pin=self.table.get(turn_id))
+        return TurnHandle(self, turn_id, pin=self.book.table.get(turn_id))
 
     async def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
         """Cancel a turn (default cause ``{"kind": "user"}``); returns the winning cause.
@@ -378,8 +387,8 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         returned. Raises ``UnknownTurn``, ``TypeError``/``ValueError`` for a bad cause.
         """
         accepted = validate_cause(cause)
-        turn = self.table.get(turn_id)
-        return self._cancel(turn, accepted)
+        turn = self.book.table.get(turn_id)
+        return self._escalation.cancel(turn, accepted)
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
         """Cancel the running turn of ``session`` and clear its turns queued now.
@@ -389,11 +398,11 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         accepted = validate_cause(cause)
         if not isinstance(session, str) or not session:
             raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
-        return self._ladder.cancel_session(session, accepted)
+        return self._escalation.cancel_session(session, accepted)
 
     async def when_idle(self) -> None:
         """Return once no turn is queued or running, and every interrupted worker is reaped."""
-        await self._ending.wait_idle()
+        await self._finisher.wait_idle()
 
     async def reload(self) -> dict[str, int]:
         """Replace every worker gracefully so that turns starting from now import agent code anew (D-RELOAD;
@@ -403,13 +412,14 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         are imported once by the zygote and are not refreshed (restart the supervisor for those). Returns
         ``{"workers": replaced, "busy": of those, still finishing a turn}``. Raises ``SupervisorClosed`` when
         closed."""
-        if self._state != "running":
+        if self.book.phase != "running":
             raise SupervisorClosed("the supervisor is not running")
         return self.recycle_workers()
 
     def recycle_workers(self) -> dict[str, int]:
         """``reload``, synchronous, for a front end on the supervisor's event loop (the daemon)."""
-        return self._dispatch.recycle()
+        self._admission.agents.clear()  # A-PROBE: agent code may have changed
+        return self._dispatcher.recycle()
 
     def keep_queued(self) -> list[str]:
         """D-KEEP: set aside, for a journal to run at the next start, every turn still queued that no
@@ -425,12 +435,12 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     def record(self, turn_id: str) -> TurnRecord:
         """The live record of a turn (for front ends and tests: read it, never change it);
         raises ``UnknownTurn``."""
-        return self.table.get(turn_id)
+        return self.book.table.get(turn_id)
 
     def find(self, turn_id: str) -> TurnRecord | None:
         """The record of ``turn_id``, or ``None`` if this supervisor does not know it (kept, or
         beyond ``keep_results`` but held by a handle: R-KEEP)."""
-        return self.table.find(turn_id)
+        return self.book.table.find(turn_id)
 
     def request_differs(
         self, turn: TurnRecord, agent: str, raw: msgspec.Raw, session: str | None
@@ -446,11 +456,11 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     def records(self) -> list[TurnRecord]:
         """Every record this supervisor holds now: live turns and retained ended ones."""
-        return list(self._turns.values())
+        return list(self.book.table.records.values())
 
     async def result(self, turn_id: str) -> TurnResult:
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
-        turn = self.table.get(turn_id)
+        turn = self.book.table.get(turn_id)
         if turn.result is None:
             # A bare asyncio future (T-WAIT), not anyio's event: this engine runs on asyncio only,
             # and anyio's constructor looks the backend up on every call.
@@ -471,15 +481,17 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         ones (``seq`` shows the gap; ``events`` yields an ``EventsDropped`` marker there). Raises
         ``UnknownTurn`` at once.
         """
-        self.table.get(turn_id)
-        return self.table.follow(turn_id)
+        table = self.book.table
+        table.get(turn_id)
+        return table.follow(turn_id)
 
     def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events, decoded (``TurnHandle.events``), in order; where this follower lost
         events to the bounded buffer, one ``EventsDropped(count, first)`` stands in their place
         (E-GAP). Raises ``UnknownTurn`` at once."""
-        self.table.get(turn_id)
-        return self.table.events(turn_id)
+        table = self.book.table
+        table.get(turn_id)
+        return table.events(turn_id)
 
     # ---- for front ends: named engine entry points -------------------------------------
 
@@ -524,7 +536,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         ``readmit=True`` accepts again a turn the journal already acknowledged (restart recovery,
         J3), its ``attempts`` so far counted: the ``max_queue`` limit does not apply, since refusing
         would lose a turn a client was promised. For recovery only."""
-        return self._accept(
+        return self._admission.accept(
             agent,
             raw,
             session=session,
@@ -541,28 +553,28 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     def restore_result(self, result: TurnResult) -> None:
         """Register a turn that ended before this supervisor started (a daemon's journal), so
         ``handle(id).result()`` and ``cancel(id)`` answer for it as for any ended turn."""
-        self.table.restore(result, self._clock())
+        self.book.table.restore(result, self.timers.clock())
 
     def cancel_record(self, turn: TurnRecord, cause: Cause) -> Cause | None:
         """``cancel`` for a record already looked up and a cause already validated (synchronous)."""
-        return self._cancel(turn, cause)
+        return self._escalation.cancel(turn, cause)
 
     def cancel_session_now(self, session: str, cause: Cause) -> list[str]:
         """``cancel_session`` with a validated cause, synchronous: the ids cancelled."""
-        return self._ladder.cancel_session(session, cause)
+        return self._escalation.cancel_session(session, cause)
 
     def set_dispatch_gate(self, gate: DispatchGate) -> None:
         """J6: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
         accept row is committed and ``gate`` (called with turns from the head of the queue whose
         row is written, J6-WITH) answered ``clear_for_dispatch``. Set before the first submit."""
-        self._dispatch.gate = gate
+        self._dispatcher.gate = gate
 
     def dispatch_once(self, calls: Iterable[Callable[[], Any]]) -> None:
         """Run ``calls`` (a journal commit's callbacks: ``mark_recorded``, ``clear_for_dispatch``)
         with dispatch deferred to their end, as a receive batch from the workers is (J6-BATCH): a
         commit of a thousand accept rows pumps once, not once per row (each pump walks up to
         capacity × depth turns at the head of the queue)."""
-        dispatch = self._dispatch
+        dispatch = self._dispatcher
         if dispatch.defer:  # already inside a batch: its end pumps
             for call in calls:
                 call()
@@ -576,36 +588,37 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     def mark_written(self, turn: TurnRecord) -> None:
         """J6-WITH: the journal wrote ``turn``'s accept row, not committed yet (``Dispatcher.written``)."""
-        self._dispatch.written(turn)
+        self._dispatcher.written(turn)
 
     def mark_recorded(self, turn: TurnRecord) -> None:
         """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
-        turn.recorded = turn.written = True
-        self._pump()
+        gate_recorded(turn)
+        self._dispatcher.pump()
 
     def clear_for_dispatch(self, turns: list[TurnRecord]) -> None:
         """J6: the gate committed the "may run" row of ``turns``: hand them to workers."""
         for turn in turns:
-            turn.clearing = False
-            turn.dispatchable = True
-        self._pump()
+            gate_cleared(turn)
+        self._dispatcher.pump()
 
     def withdraw(self, turn: TurnRecord, why: str) -> None:
         """J6: a turn whose accept row could not be committed: it was never acknowledged and never
         ran (the gate held it); it ends ``failed`` (``JournalUnavailable``) and its id is forgotten."""
         if turn.state == "queued" and not turn.recorded:  # (J6-WITH: cleared or not, never handed)
-            self._queue.discard(turn)
-            self._finish(turn, "failed", error=TurnError("JournalUnavailable", why))
+            self.book.queue.discard(turn)
+            self._finisher.finish(turn, "failed", error=TurnError("JournalUnavailable", why))
         if turn.parent is None and turn.state == "ended":
-            self._turns.pop(turn.id, None)
+            self.book.table.records.pop(turn.id, None)
 
     # ---- the pool ----------------------------------------------------------------------
 
-    def _fill_pool(self) -> None:
-        """Keep ``workers + spares`` workers live, plus one per slot lent to a waiting parent."""
-        if self._state != "running":
-            return
-        self.pool.fill(self.workers + self.spares + self._lent, spares=self.spares)
+    def _refill(self) -> None:
+        """The pool asks to be topped up (after a back-off, or a lost worker)."""
+        self._dispatcher.refill()
+
+    async def _worker_exited(self, slot: WorkerSlot) -> None:
+        """The pool saw ``slot``'s worker exit: settle its turns."""
+        await self._exits.on_exit(slot)
 
     # ---- messages from workers: one method per message type -----------------------------
 
@@ -614,10 +627,10 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     def _batch_started(self) -> None:
         # Inside a receive batch dispatch runs once, at the end of the batch (not once per message).
-        self._dispatch.defer = True
+        self._dispatcher.defer = True
 
     def _batch_ended(self) -> None:
-        self._dispatch.end_deferral()  # its sends still go out as one frame per worker
+        self._dispatcher.end_deferral()  # its sends still go out as one frame per worker
 
     def _on_message(self, slot: WorkerSlot, msg: Any) -> None:
         handler = self._handlers.get(type(msg))
@@ -630,32 +643,33 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             self.bad_frames += 1  # not the turn this worker runs: out of order, ignored
             return
         data = msg.data
-        self.table.add_event(turn, data)
+        self.book.table.add_event(turn, data)
         for hook in self._hooks.event:
             hook(turn, data)
 
     def _on_started(self, slot: WorkerSlot, msg: wire.Started) -> None:
         running = slot.turn
         if running is None:
-            if self._dispatch.started_ahead(slot, msg.turn_id):
+            if self._dispatcher.started_ahead(slot, msg.turn_id):
                 slot.heard = True
             else:
                 self.bad_frames += 1  # no turn of that id is handed to this worker
         elif running.id == msg.turn_id:
             slot.heard = True  # (a repeat, or the Started of a turn its start marker showed first)
-        elif not self._dispatch.started_passed(slot, msg.turn_id):
+        elif not self._dispatcher.started_passed(slot, msg.turn_id):
             self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
 
     def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
         turn = slot.turn
         turn_id = msg.turn_id
-        self._dispatch.retire_if_kept(slot, turn, turn_id)  # M-KEPT: before the EndAck lets it go on
+        dispatcher = self._dispatcher
+        dispatcher.retire_if_kept(slot, turn, turn_id)  # M-KEPT: before the EndAck lets it go on
         if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
             # The worker holds back its next handed turn until this End is known here. A worker
             # being killed never gets it (K-HANDOVER): it starts nothing more.
-            self._send(slot, wire.EndAck(turn_id))
+            self.link.send(slot, wire.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
-            if not self._dispatch.ended_ahead(slot, msg):
+            if not dispatcher.ended_ahead(slot, msg):
                 self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
             return
         # R7: exactly one outcome; once SIGTERM went out it is killed.
@@ -666,23 +680,24 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         slot.turn = None
         slot.turns_run += 1
         if turn.started_at is not None:
-            self._dispatch.note_turn_time(self._clock() - turn.started_at)
-        self._finish(turn, msg.outcome, output=output_of(msg, turn), error=msg.error, worker_pid=slot.pid)
-        self._dispatch.after_turn(slot)
+            dispatcher.note_turn_time(self.timers.clock() - turn.started_at)
+        output = output_of(msg, turn)
+        self._finisher.finish(turn, msg.outcome, output=output, error=msg.error, worker_pid=slot.pid)
+        dispatcher.after_turn(slot)
 
     def _on_ready(self, slot: WorkerSlot, msg: wire.Ready) -> None:
-        answer = self.pool.ready(slot, msg, self._clock())
+        pool = self.pool
+        answer = pool.ready(slot, msg, self.timers.clock())
         if answer == "refused":
             self.bad_frames += 1
         elif answer == "ready":
-            self._dispatch.idle.append(slot)
-            pool = self.pool
-            if pool.ready_event is not None and pool.ready_count() >= self.workers:
+            self._dispatcher.idle.append(slot)
+            if pool.ready_event is not None and pool.ready_count() >= self.options.workers:
                 pool.ready_event.set()
-            self._pump()
+            self._dispatcher.pump()
 
     def _on_revoked(self, slot: WorkerSlot, msg: wire.Revoked) -> None:
-        if not self._dispatch.revoked(slot, msg.turn_id):
+        if not self._dispatcher.revoked(slot, msg.turn_id):
             self.bad_frames += 1  # no turn of that id is handed to this worker
 
     def _on_heartbeat(self, slot: WorkerSlot, msg: wire.Heartbeat) -> None:

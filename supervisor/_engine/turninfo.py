@@ -23,7 +23,14 @@ from worker import lowlevel
 from . import procs as _procs
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .book import TurnBook
+    from .dispatch import Dispatcher
+    from .ending import Finisher
+    from .escalation import Escalation
+    from .exits import ExitHandler
+    from .link import WorkerLink
+    from .pool import WorkerPool, WorkerSlot
+    from .settings import EngineOptions
     from .turns import TurnRecord
 
 TURN_STATES = ("queued", "running", "ended")
@@ -38,9 +45,9 @@ _STEP = {0: "abort", 1: "sigterm", 2: "sigkill"}
 _NEXT = {0: "sigterm", 1: "sigkill"}
 
 
-def info(sup: Supervisor, turn: TurnRecord, *, with_input: bool = False) -> dict[str, Any]:
-    """One turn's live facts as a JSON-able dict (see the module docstring)."""
-    offset = sup.wall_offset
+def info(turn: TurnRecord, offset: float, *, with_input: bool = False) -> dict[str, Any]:
+    """One turn's live facts as a JSON-able dict (see the module docstring); ``offset``: the loop
+    clock's reading to epoch seconds (``TurnBook.wall_offset``)."""
     cancelled = turn.cause is not None
     escalation = _STEP.get(turn.escalation) if cancelled or turn.escalation else None
     nxt = None
@@ -87,61 +94,78 @@ def _worker_pid(turn: TurnRecord) -> int | None:
     return result.worker_pid if result is not None and turn.state == "ended" else None
 
 
-def _running(sup: Supervisor) -> Iterator[TurnRecord]:
-    for slot in list(sup.pool.slots.values()):
+def _running(book: TurnBook, slots: dict[str, WorkerSlot]) -> Iterator[TurnRecord]:
+    for slot in list(slots.values()):
         if slot.turn is not None and slot.turn.state in ("running", "ending"):
             yield slot.turn
 
 
-def _queued(sup: Supervisor) -> Iterator[TurnRecord]:
-    for slot in list(sup.pool.slots.values()):
+def _queued(book: TurnBook, slots: dict[str, WorkerSlot]) -> Iterator[TurnRecord]:
+    for slot in list(slots.values()):
         yield from (t for t in slot.ahead if t.state == "handed")
-    queue = sup.queue
+    queue = book.queue
     yield from (t for t in queue.ready if t.state == "queued")
     for waiting in list(queue.waiting.values()):
         yield from (t for t in waiting if t.state == "queued")
 
 
-def _ended(sup: Supervisor) -> Iterator[TurnRecord]:
-    for turn_id in reversed(sup.table.ended):
-        turn = sup.table.records.get(turn_id)
+def _ended(book: TurnBook, slots: dict[str, WorkerSlot]) -> Iterator[TurnRecord]:
+    table = book.table
+    for turn_id in reversed(table.ended):
+        turn = table.records.get(turn_id)
         if turn is not None and turn.state == "ended":
             yield turn
 
 
-def listing(sup: Supervisor, states: Iterable[str], limit: int) -> list[dict[str, Any]]:
+_SOURCES = {"running": _running, "queued": _queued, "ended": _ended}
+
+
+def listing(
+    book: TurnBook, slots: dict[str, WorkerSlot], states: Iterable[str], limit: int
+) -> list[dict[str, Any]]:
     """Turns in ``states`` (``queued``, ``running``, ``ended``: newest first), at most ``limit``."""
-    sources = {"running": _running, "queued": _queued, "ended": _ended}
     chosen = list(states)
     for state in chosen:
-        if state not in sources:
+        if state not in _SOURCES:
             raise ValueError(f"state must be one of {', '.join(TURN_STATES)}, got {state!r}")
-    found = itertools.chain.from_iterable(sources[s](sup) for s in chosen)
-    return [info(sup, turn) for turn in itertools.islice(found, max(0, limit))]
+    found = itertools.chain.from_iterable(_SOURCES[s](book, slots) for s in chosen)
+    return [info(turn, book.wall_offset) for turn in itertools.islice(found, max(0, limit))]
 
 
 def page(
-    sup: Supervisor, state: str, match: Callable[[TurnRecord], bool], offset: int, limit: int
+    book: TurnBook,
+    slots: dict[str, WorkerSlot],
+    state: str,
+    match: Callable[[TurnRecord], bool],
+    offset: int,
+    limit: int,
 ) -> tuple[int, list[dict[str, Any]]]:
     """The turns in ``state`` that ``match``: how many there are, and the views of those from
     ``offset`` (at most ``limit``). Only the page's turns are turned into views."""
-    sources = {"running": _running, "queued": _queued, "ended": _ended}
-    if state not in sources:
+    if state not in _SOURCES:
         raise ValueError(f"state must be one of {', '.join(TURN_STATES)}, got {state!r}")
     total = 0
     chosen: list[TurnRecord] = []
-    for turn in sources[state](sup):
+    for turn in _SOURCES[state](book, slots):
         if match(turn):
             if offset <= total < offset + limit:
                 chosen.append(turn)
             total += 1
-    return total, [info(sup, turn) for turn in chosen]
+    return total, [info(turn, book.wall_offset) for turn in chosen]
 
 
-def status(sup: Supervisor) -> dict[str, Any]:
+def status(
+    book: TurnBook,
+    options: EngineOptions,
+    pool: WorkerPool,
+    link: WorkerLink,
+    counts: tuple[Finisher, Escalation, ExitHandler],
+    bad_frames: int,
+) -> dict[str, Any]:
     """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
+    finisher, escalation, exits = counts
     workers = []
-    for slot in sup._slots.values():
+    for slot in pool.slots.values():
         live = slot.state != "dead" and slot.pid
         rss = _procs.rss_of_tree(slot.pid) if live else 0
         pss = _procs.memory_of_tree(slot.pid) if live else 0
@@ -161,36 +185,36 @@ def status(sup: Supervisor) -> dict[str, Any]:
         )
     return {
         "pid": os.getpid(),
-        "state": sup._state,
+        "state": book.phase,
         "workers": workers,
         "size": {
-            "workers": sup.workers,
-            "spares": sup.spares,
+            "workers": options.workers,
+            "spares": options.spares,
         },  # the pool's slots beyond `workers` are spares
-        "queue": len(sup._queue) + sup._dispatch.handed,
-        "running": sup._running,
-        "outcomes": dict(sup._ending.outcomes),
-        "causes": dict(sup._ending.causes),
-        "escalations": dict(sup._ladder.counts),
-        "bad_frames": sup.bad_frames,
-        "worker_restarts": sup.worker_restarts,
-        "worker_endpoint_rebinds": sup.link.rebinds,  # W-BIND
-        "last_start_error": sup.pool.last_start_error,
+        "queue": book.queued(),
+        "running": book.running,
+        "outcomes": dict(finisher.outcomes),
+        "causes": dict(finisher.causes),
+        "escalations": dict(escalation.counts),
+        "bad_frames": bad_frames,
+        "worker_restarts": exits.restarts,
+        "worker_endpoint_rebinds": link.rebinds,  # W-BIND
+        "last_start_error": pool.last_start_error,
         # P-FD: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
-        "fd_shortage": dict(sup.pool.shortage.counts),
-        "worker_output": sup.describe_output(),
-        "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
-        "worker_output_dropped_lines": sup.pool.output.dropped_lines if sup.pool.output is not None else 0,
+        "fd_shortage": dict(pool.shortage.counts),
+        "worker_output": describe_output(options),
+        "worker_output_dropped": pool.output.dropped if pool.output is not None else 0,
+        "worker_output_dropped_lines": pool.output.dropped_lines if pool.output is not None else 0,
         # What enforces worker.isolated's limits here (cgroup2 / cgroup1 controllers, else rlimits).
         "tool_limits": dict(lowlevel.tool_limits_backend()),
         # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
         "memory": {
-            "inputs_mb": _mib(sup.input_bytes),
-            "max_input_mb": _mib(sup.max_input_bytes),
-            "ended_events_mb": _mib(sup.table.ended_bytes),
-            "keep_events_mb": _mib(sup.table.keep_event_bytes),
-            "ended_outputs_mb": _mib(sup.table.result_bytes),
-            "keep_results_mb": _mib(sup.table.keep_result_bytes),
+            "inputs_mb": _mib(book.input_bytes),
+            "max_input_mb": _mib(options.max_input_bytes),
+            "ended_events_mb": _mib(book.table.ended_bytes),
+            "keep_events_mb": _mib(book.table.keep_event_bytes),
+            "ended_outputs_mb": _mib(book.table.result_bytes),
+            "keep_results_mb": _mib(book.table.keep_result_bytes),
         },
     }
 
@@ -199,19 +223,25 @@ def _mib(n: int) -> float:
     return round(n / 2**20, 1)
 
 
+def describe_output(options: EngineOptions) -> str:
+    """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
+    return "discarded" if options.worker_output is None else str(options.worker_output)
+
+
 class Views:
     """What ``Supervisor`` tells front ends about itself: its status, a turn's live facts, the turns
-    in a state, and the counters (read-only; the state is the supervisor's own)."""
+    in a state, and the counters (read-only; the parts named here are the supervisor's own)."""
 
-    # The supervisor's state these read (set in ``Supervisor.__init__``).
-    worker_output: Any
-    table: Any
-    _active: int
-    _running: int
-    _queue: Any
-    _dispatch: Any
-    _ladder: Any
-    _wall_offset: float
+    # The parts these read (set in ``Supervisor.__init__``).
+    book: TurnBook
+    options: EngineOptions
+    pool: WorkerPool
+    link: WorkerLink
+    _dispatcher: Dispatcher
+    _escalation: Escalation
+    _finisher: Finisher
+    _exits: ExitHandler
+    bad_frames: int
 
     async def status(self) -> dict[str, Any]:
         """Workers (id, pid, state, turn_id, turns_run, rss in bytes and rss_mb: resident memory of the
@@ -227,48 +257,57 @@ class Views:
     def status_now(self) -> dict[str, Any]:
         """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a
         request, a metrics scrape); users call ``await status()``."""
-        return status(self)  # type: ignore[arg-type]
+        counts = (self._finisher, self._escalation, self._exits)
+        return status(self.book, self.options, self.pool, self.link, counts, self.bad_frames)
 
     def describe_output(self) -> str:
         """Where workers' stdout and stderr go: a log file path, ``stderr``, ``inherit`` or ``discarded``."""
-        return "discarded" if self.worker_output is None else str(self.worker_output)
+        return describe_output(self.options)
 
     def turn_info(self, turn_id: str) -> dict[str, Any]:
         """One turn's live facts for front ends (state, agent, session, cause, escalation step and
         when the next signal is due, event count; its input while retained). Raises ``UnknownTurn``."""
-        return info(self, self.table.get(turn_id), with_input=True)  # type: ignore[arg-type]
+        return info(self.book.table.get(turn_id), self.book.wall_offset, with_input=True)
 
     def turns(self, state: str | tuple[str, ...] = "running", *, limit: int = 100) -> list[dict[str, Any]]:
         """Turns in ``state`` (``queued``, ``running``, ``ended`` newest first; or a tuple of them) as
         ``turn_info`` dicts without input, at most ``limit``. Raises ``ValueError`` for another state."""
-        return listing(self, (state,) if isinstance(state, str) else state, limit)  # type: ignore[arg-type]
+        return listing(self.book, self.pool.slots, (state,) if isinstance(state, str) else state, limit)
+
+    def turns_page(
+        self, state: str, match: Callable[[TurnRecord], bool], offset: int, limit: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """The turns in ``state`` that ``match``: how many, and the ``turn_info`` views (without input)
+        of at most ``limit`` of them from ``offset`` (the HTTP dashboard's pages). ``ValueError`` for
+        another state than ``queued``, ``running`` or ``ended``."""
+        return page(self.book, self.pool.slots, state, match, offset, limit)
 
     @property
     def active(self) -> int:
         """Turns accepted and not yet ended."""
-        return self._active
+        return self.book.active
 
     @property
     def running(self) -> int:
         """Turns a worker reported started and that have not ended."""
-        return self._running
+        return self.book.running
 
     @property
     def queued(self) -> int:
         """Turns waiting for a worker (handed ahead but not started included)."""
-        return len(self._queue) + self._dispatch.handed
+        return self.book.queued()
 
     @property
     def escalations(self) -> dict[str, int]:
         """How many times each escalation step (``sigterm``, ``sigkill``) was taken."""
-        return dict(self._ladder.counts)
+        return dict(self._escalation.counts)
 
     @property
     def wall_offset(self) -> float:
         """Add to the loop clock's readings (``TurnRecord`` times) to get epoch seconds."""
-        return self._wall_offset
+        return self.book.wall_offset
 
     @property
     def prefetch_depth(self) -> int:
         """How many turns a worker may hold at once now (adapted to recent turn times)."""
-        return self._dispatch.depth
+        return self._dispatcher.depth

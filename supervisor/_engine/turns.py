@@ -15,7 +15,7 @@ import collections
 import sys
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import msgspec
@@ -25,15 +25,11 @@ from wire import Cause, TurnResult
 
 from .._errors import UnknownTurn
 from .._events import EventsDropped
+from .states import TurnState, move
 
 if TYPE_CHECKING:
     from .pool import WorkerSlot
     from .timers import Timer
-
-# "handed": given to a worker ahead of time, not started yet; still counts as queued.
-# "kept": set aside at shutdown for a journal to run at the next start (D-KEEP); never ends here.
-TurnState = Literal["queued", "handed", "running", "ending", "ended", "kept"]
-
 
 # G-KEEP: events a follower that keeps up has not read yet are kept beyond ``max_events``, up to
 # this many bytes per turn (each event counted as its encoded size plus ``EVENT_OVERHEAD``, about
@@ -172,7 +168,7 @@ class TurnRecord:
         self.timeout = timeout
         self.grace = grace
         self.kill_after = kill_after
-        self.state: TurnState = "queued"
+        self.state: TurnState = "queued"  # T-STATE: changed only by ``states.move``
         self.cause: Cause | None = None  # first cause wins
         self.started = False
         self.worker: WorkerSlot | None = None
@@ -580,7 +576,7 @@ class TurnTable:
             kill_after=0.0,
             now=now,
         )
-        turn.state = "ended"
+        move(turn, "ended")
         turn.result = result
         turn.output_bytes = output_size(result.output)  # R-BUDGET: not from a worker's frame here
         turn.cause = result.cause

@@ -5,14 +5,16 @@ is owed an error for each, delivered as its queue drains). A client never owns a
 this cancels one.
 
 ``ClientWatch`` is composed by ``Daemon`` (``server.py``), whose reply path calls ``forget``,
-``stall`` and ``pay`` when a send finds a client gone or full; the per-client records it frees are
-``clients.py``'s ``ClientTable`` and ``Peer``.
+``stall`` and ``pay`` when a send finds a client gone or full. Its collaborators: the per-client
+records it frees (``clients.py``'s ``ClientTable`` and ``Peer``), ``put`` (one send on the client
+link: ``"ok"``, ``"gone"`` or ``"full"``) and ``hwm`` (the link's send queue, for the log).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -21,40 +23,43 @@ import zmq.asyncio
 
 import wire
 
-from .clients import OWED_RETRY, PROBE_DELAY, SUSPECT_FOR, SWEEP_EVERY, Peer
+from .clients import OWED_RETRY, PROBE_DELAY, SUSPECT_FOR, SWEEP_EVERY, ClientTable, Peer
+from .conn_guard import ClientConnections
 
-if TYPE_CHECKING:
-    from .server import Daemon
+Put = Callable[[bytes, Any, "Peer | None"], str]
 
 log = logging.getLogger("turnpool.daemon")
 
 
 class ClientWatch:
-    """Frees what clients hold for a ``Daemon``; see the module docstring."""
+    """Frees what clients hold; see the module docstring."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, clients: ClientTable, put: Put, hwm: Callable[[], int]) -> None:
+        self.clients = clients
+        self.put = put
+        self.hwm = hwm
         self.probe_now: anyio.Event = anyio.Event()  # set: sweep now (a disconnect, a stalled client)
 
     def abandon(self, ident: bytes, req: int) -> None:
         """The client stopped waiting for ``req``: cancel that request only (never the turn)."""
-        peer = self.daemon._clients.peers.get(ident)
+        peer = self.clients.peers.get(ident)
         task = peer.tasks.pop(req, None) if peer is not None else None
         if task is not None:
             task[0].cancel()
-        stream = self.daemon._streams.pop((ident, req), None)
+        stream = self.clients.streams.pop((ident, req), None)
         if stream is not None:
             stream.scope.cancel()
 
     # D2: a client never owns a turn: a client gone frees its requests, never cancels a turn.
     def forget(self, ident: bytes) -> None:
         """The client is gone: free everything it held."""
-        peer = self.daemon._clients.forget(ident)
+        clients = self.clients
+        peer = clients.forget(ident)
         if peer is None:
             return
-        self.daemon._clients.disconnected_total += 1
+        clients.disconnected_total += 1
         if peer.tasks:
-            self.daemon._clients.gone += 1  # something it asked for was still pending: dropped
+            clients.gone += 1  # something it asked for was still pending: dropped
         for scope, _ in peer.tasks.values():
             scope.cancel()
         peer.tasks.clear()
@@ -63,16 +68,16 @@ class ClientWatch:
         """The client's queue is full: drop its pending requests now, owe it an error for each."""
         if not peer.tasks:
             return
-        self.daemon._clients.stalled += 1
+        self.clients.stalled += 1
         log.warning(
             "a client stopped reading (its queue reached %d messages): dropping its %d pending requests",
-            self.daemon._sock.getsockopt(zmq.SNDHWM) if self.daemon._sock else 0,
+            self.hwm(),
             len(peer.tasks),
         )
         for req, (scope, kind) in list(peer.tasks.items()):
             scope.cancel()
             if kind == "follow":
-                self.daemon.lagged_followers += 1
+                self.clients.lagged_followers += 1
                 why = (
                     "this follower was dropped: its client stopped reading until the daemon's send queue "
                     "for it was full; follow again to resume from the oldest event kept"
@@ -87,7 +92,7 @@ class ClientWatch:
     def pay(self, peer: Peer) -> None:
         """Deliver the errors ``peer`` is owed, as far as its queue has room."""
         while peer.owed:
-            sent = self.daemon._put(peer.ident, peer.owed[0], peer)
+            sent = self.put(peer.ident, peer.owed[0], peer)
             if sent == "gone":
                 self.forget(peer.ident)
                 return
@@ -98,7 +103,7 @@ class ClientWatch:
     def open_monitor(self, sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
         """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
         thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
-        address = f"inproc://turnpool-clients-monitor-{id(self.daemon)}"
+        address = f"inproc://turnpool-clients-monitor-{id(self)}"
         # D-FD: connections accepted are counted (and failed accepts), disconnects free clients.
         sock.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED)
         mon = sock.context.socket(zmq.PAIR)
@@ -107,7 +112,9 @@ class ClientWatch:
         mon.connect(address)
         return mon
 
-    async def watch_disconnects(self, mon: zmq.asyncio.Socket) -> None:
+    async def watch_disconnects(self, mon: zmq.asyncio.Socket, conns: ClientConnections) -> None:
+        """Count the connections accepted and closed (``conns``, D-FD); a closed one makes its
+        clients suspects, probed soon."""
         from zmq.utils.monitor import parse_monitor_message
 
         while True:
@@ -116,18 +123,18 @@ class ClientWatch:
             except (zmq.ZMQError, RuntimeError):
                 return
             if event["event"] == zmq.EVENT_ACCEPTED:
-                self.daemon.conns.accepted(event["value"])
+                conns.accepted(event["value"])
             elif event["event"] == zmq.EVENT_ACCEPT_FAILED:
-                self.daemon.conns.accept_failed(event["value"])
+                conns.accept_failed(event["value"])
             elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self.daemon.conns.closed(event["value"])
-                self.daemon._clients.disconnected(event["value"], anyio.current_time())
+                conns.closed(event["value"])
+                self.clients.disconnected(event["value"], anyio.current_time())
                 self.probe_now.set()
 
     async def sweep(self) -> None:
         """Settle suspects, deliver owed errors, and now and then probe every client that holds
         requests: a send under ``ROUTER_MANDATORY`` to a client that is gone fails at once."""
-        clients = self.daemon._clients
+        clients = self.clients
         last_full = anyio.current_time()
         while True:
             busy = clients.suspects or any(p.owed for p in clients.peers.values())
@@ -147,9 +154,9 @@ class ClientWatch:
             await anyio.lowlevel.checkpoint()
 
     def probe(self, peer: Peer, now: float) -> None:
-        sent = self.daemon._put(peer.ident, wire.Ok(0), peer)
+        sent = self.put(peer.ident, wire.Ok(0), peer)
         if sent == "gone":
             self.forget(peer.ident)
         elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:
             peer.suspect_since = None  # it answers: a new client on a reused descriptor
-            self.daemon._clients.suspects.discard(peer.ident)
+            self.clients.suspects.discard(peer.ident)

@@ -171,11 +171,11 @@ class Ack(Waiter):
     callback in one object — a closure, its cells and a counter per submit were most of what the
     garbage collector walked with thousands of acks waiting for a commit."""
 
-    __slots__ = ("daemon", "existing", "fallback", "gates", "ident", "left", "req", "turn_id", "wait")
+    __slots__ = ("acked", "existing", "fallback", "gates", "ident", "left", "req", "turn_id", "wait")
 
     def __init__(
         self,
-        daemon: Any,
+        acked: Callable[[Ack], None],
         ident: bytes,
         req: int,
         turn_id: str,
@@ -185,7 +185,7 @@ class Ack(Waiter):
         fallback: Callable[..., Any],
     ) -> None:
         super().__init__()
-        self.daemon, self.ident, self.req, self.turn_id = daemon, ident, req, turn_id
+        self.acked, self.ident, self.req, self.turn_id = acked, ident, req, turn_id
         self.gates, self.left, self.wait, self.existing, self.fallback = (
             gates,
             len(gates),
@@ -197,19 +197,30 @@ class Ack(Waiter):
     def __call__(self, _gate: Any) -> None:
         self.left -= 1
         if not self.left:
-            self.daemon._acked(self)
+            self.acked(self)  # every gate is done: answer the submit
 
 
 class ClientTable:
-    """Every client the daemon knows, by routing id and by the descriptor it was last heard on."""
+    """Every client the daemon knows, by routing id and by the descriptor it was last heard on, and
+    what they hold: the follow streams (by client and request, and by followed turn) and the
+    counters of clients gone, stalled or lagging. The daemon's parts that serve clients are given
+    this table, never the ``Daemon``."""
 
     def __init__(self) -> None:
         self.peers: dict[bytes, Peer] = {}
         self.by_fd: dict[int, set[bytes]] = {}
         self.suspects: set[bytes] = set()
+        self.streams: dict[tuple[bytes, int], FollowStream] = {}  # (client, req) -> its follow
+        self.turn_streams: dict[str, set[FollowStream]] = {}  # turn id -> the streams following it
         self.disconnected_total = 0  # clients freed because they disconnected (ordinary)
         self.gone = 0  # of those, clients that still had requests pending: dropped work
         self.stalled = 0  # clients whose requests were dropped because they stopped reading
+        self.lagged_followers = 0  # follows that fell behind the events kept (told so, R22)
+
+    def speaks(self, ident: bytes, version: int) -> bool:
+        """Whether the client ``ident`` speaks at least protocol ``version``."""
+        peer = self.peers.get(ident)
+        return peer is not None and peer.version >= version
 
     def get(self, ident: bytes, fd: int) -> Peer:
         peer = self.peers.get(ident)

@@ -1,8 +1,12 @@
 """Reading clients' requests off the daemon's ROUTER: frames in a reader callback on the socket's
 edge-triggered FD (B1), a bounded slice of requests per call (J-PIPE), the rest of a frame kept
 in a backlog that shares each later call with what other clients sent meanwhile (J-PIPE-FAIR; a
-client's own later frames wait behind its backlog). Each request goes to ``Daemon._handle``; a
-frame that is not one well-formed request batch costs one error reply (``Daemon._malformed``, D5).
+client's own later frames wait behind its backlog). Each request goes to ``handle``; a frame that
+is not one well-formed request batch costs one error reply (``malformed``, D5).
+
+Its collaborators: the ``ClientTable`` (a client is known from its first frame), ``handle`` (one
+request), ``malformed`` (a bad frame), ``pay`` (a client that sends again may read again: the errors
+it is owed go first) and ``sync``, the ROUTER, given once it is bound (``Daemon._receive``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from .._zmqflags import POLLIN as _POLLIN
 from .._zmqflags import RCVMORE as _RCVMORE
 
 if TYPE_CHECKING:
-    from .server import Daemon
+    from .clients import ClientTable, Peer
 
 # Frames read from clients per reader callback before the loop gets a turn (B1).
 READ_BATCH = 512
@@ -45,8 +49,18 @@ BACKLOG_FRAMES = 64
 class Intake:
     """The daemon's reading side of the client link (see the module docstring)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(
+        self,
+        clients: ClientTable,
+        handle: Callable[[bytes, Any], None],
+        malformed: Callable[[bytes, str], None],
+        pay: Callable[[Peer], None],
+    ) -> None:
+        self.clients = clients
+        self.handle = handle
+        self.malformed = malformed
+        self.pay = pay
+        self.sync: zmq.Socket[bytes] | None = None  # the ROUTER, once bound
         self.loop: asyncio.AbstractEventLoop | None = None
         self.scheduled = False  # a call of ``on_readable`` is on its way (``recheck``)
         # J-PIPE: requests decoded but not handled yet (the rest of a frame past the budget of one
@@ -58,7 +72,7 @@ class Intake:
         # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
         # of requests per call (then again from the loop), so a flood never starves other work.
         self.scheduled = False
-        sync = self.daemon._sync
+        sync = self.sync
         if sync is None or sync.closed:
             return
         budget = READ_MESSAGES
@@ -71,7 +85,7 @@ class Intake:
         # B6: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
         getsockopt: Callable[[int], int] = sync.getsockopt  # type: ignore[assignment]
         recv = sync.recv
-        peers = self.daemon._clients.peers
+        peers = self.clients.peers
         for _ in range(READ_BATCH):
             if budget <= 0 or len(self.backlog) >= BACKLOG_FRAMES:
                 break
@@ -113,21 +127,21 @@ class Intake:
     def _on_frame(self, ident: bytes, body: bytes, fd: int | None, extra: int, budget: int) -> int:
         """Handle one frame from a client, at most ``budget`` of its requests now (J-PIPE: the rest
         wait in the backlog, ahead of anything read later); returns what is left of the budget."""
-        daemon = self.daemon
-        peer = daemon._clients.peers.get(ident)
+        clients = self.clients
+        peer = clients.peers.get(ident)
         if peer is None:
-            peer = daemon._clients.get(ident, -1 if fd is None else fd)
+            peer = clients.get(ident, -1 if fd is None else fd)
         if peer.owed:
-            daemon._pay(peer)  # it sends again: it may read again
+            self.pay(peer)  # it sends again: it may read again
         if extra:
-            daemon._malformed(ident, f"a request is one frame, got {extra + 1}")
+            self.malformed(ident, f"a request is one frame, got {extra + 1}")
             return budget - 1
         try:
             messages = wire.decode_to_daemon_frame(body)
         except msgspec.DecodeError as exc:
-            daemon._malformed(ident, f"undecodable request: {exc}")
+            self.malformed(ident, f"undecodable request: {exc}")
             return budget - 1
-        handle = daemon._handle
+        handle = self.handle
         behind = self.behind
         if ident in behind:  # J-PIPE-FAIR: behind its own requests still in the backlog
             behind[ident] += 1
@@ -149,7 +163,7 @@ class Intake:
         the budget."""
         backlog = self.backlog
         behind = self.behind
-        handle = self.daemon._handle
+        handle = self.handle
         while backlog:
             ident, messages, start = backlog.popleft()
             end = len(messages) if budget is None else min(len(messages), start + budget)

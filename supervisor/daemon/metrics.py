@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import errno
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,8 +31,7 @@ from wire import TurnResult
 from .._fds import is_shortage
 
 if TYPE_CHECKING:
-    from .._engine import TurnRecord
-    from .server import Daemon
+    from .._engine import Supervisor, TurnRecord
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -52,10 +51,30 @@ class MetricsUnavailable(OSError):
 
 # D10: metrics are read from the supervisor and daemon at scrape time, not mirrored.
 class Metrics:
-    """Counters the daemon keeps, and the collector that reads the rest from the supervisor."""
+    """Counters the daemon keeps, and the collector that reads the rest from the supervisor.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    Its collaborators: the ``Supervisor``, and the daemon's own facts read at scrape time —
+    ``malformed`` (client frames refused), ``client_facts`` (R20–R22), ``journal_error`` (J7: why
+    submits cannot be made durable, or ``None``), ``fd_facts`` (D-FD) — and the registries of
+    refused connections and shortages by front end, where it adds its own (``fd_refused``,
+    ``fd_shortages``)."""
+
+    def __init__(
+        self,
+        sup: Supervisor,
+        *,
+        malformed: Callable[[], int],
+        client_facts: Callable[[], dict[str, int]],
+        journal_error: Callable[[], str | None],
+        fd_facts: Callable[[], dict[str, Any]],
+        fd_refused: dict[str, Callable[[], int]],
+        fd_shortages: dict[str, Callable[[], int]],
+    ) -> None:
+        self.sup = sup
+        self.malformed = malformed
+        self.client_facts = client_facts
+        self.journal_error = journal_error
+        self.fd_facts = fd_facts
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()
         self.by_agent: collections.Counter[tuple[str, str]] = collections.Counter()
         self.agents: dict[str, str] = {}  # M-AGENT: agent name -> its label
@@ -85,8 +104,8 @@ class Metrics:
         self.active = 0  # scrape connections open
         self.refused = 0  # closed at once, past METRICS_CONNECTIONS
         self.accept_shortage = 0  # accepts that met EMFILE/ENFILE
-        daemon.fd_refused["metrics"] = lambda: self.refused
-        daemon.fd_shortages["accept_metrics"] = lambda: self.accept_shortage
+        fd_refused["metrics"] = lambda: self.refused
+        fd_shortages["accept_metrics"] = lambda: self.accept_shortage
 
     def agent_label(self, agent: str) -> str:
         label = self.agents.get(agent)
@@ -107,7 +126,7 @@ class Metrics:
             self.latency.observe(max(0.0, turn.ended_at - asked_at))
 
     def collect(self) -> Iterator[Metric]:
-        sup = self.daemon.sup
+        sup = self.sup
         turns = CounterMetricFamily(
             "turnpool_turns", "Turns ended, by outcome and cause", labels=["outcome", "cause"]
         )
@@ -123,13 +142,13 @@ class Metrics:
         malformed = CounterMetricFamily(
             "turnpool_malformed_frames", "Frames that did not decode", labels=["link"]
         )
-        malformed.add_metric(["client"], self.daemon.malformed)
-        malformed.add_metric(["worker"], sup.bad_frames if sup is not None else 0)
+        malformed.add_metric(["client"], self.malformed())
+        malformed.add_metric(["worker"], sup.bad_frames)
         yield malformed
         yield CounterMetricFamily(
             "turnpool_turns_accepted", "New turns accepted from clients", value=self.accepted
         )
-        facts = self.daemon.client_facts()
+        facts = self.client_facts()
         yield GaugeMetricFamily(
             "turnpool_clients", "Client connections the daemon holds state for", value=facts["clients"]
         )
@@ -158,11 +177,9 @@ class Metrics:
         yield GaugeMetricFamily(
             "turnpool_journal_available",
             "1 while the journal can be written (submits are acknowledged), 0 when not",
-            value=0 if self.daemon.unavailable is not None else 1,
+            value=0 if self.journal_error() is not None else 1,
         )
         yield from self._fds()
-        if sup is None:
-            return
         yield GaugeMetricFamily("turnpool_queue_depth", "Turns waiting for a worker", value=len(sup.queue))
         yield GaugeMetricFamily(
             "turnpool_turns_running", "Turns handed to a worker and not ended", value=sup.running
@@ -209,7 +226,7 @@ class Metrics:
 
     def _fds(self) -> Iterator[Metric]:
         """D-FD: descriptors open and allowed, shortages met, connections refused past a share."""
-        fds = self.daemon.fd_facts()
+        fds = self.fd_facts()
         yield GaugeMetricFamily(
             "turnpool_fds_open", "File descriptors the daemon has open", value=fds["open"] or 0
         )

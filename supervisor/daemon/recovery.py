@@ -97,10 +97,10 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
     def record(turn: TurnRecord, gate: Gate | None) -> None:
         # The row's callbacks are one object (J-GATE): ``committed`` runs on the loop (B3, J-LOOP).
-        row = _AcceptRow(daemon, turn, gate, on_loop)
-        journal.accepted(turn, row, row)
         sup = daemon.sup
         assert sup is not None
+        row = _AcceptRow(sup, daemon.unrecorded, turn, gate, on_loop)
+        journal.accepted(turn, row, row)
         sup.mark_written(turn)  # J6-WITH: its "dispatched" row may now share this row's commit
 
     def accepted(turn: TurnRecord) -> Any:
@@ -167,30 +167,33 @@ class _AcceptRow:
     with no argument when the row is committed (``on_commit``), with ``(why, conflict)`` when its
     batch failed or the id was already there (``on_fail``)."""
 
-    __slots__ = ("daemon", "gate", "on_loop", "turn")
+    __slots__ = ("gate", "on_loop", "sup", "turn", "unrecorded")
 
-    def __init__(self, daemon: Daemon, turn: TurnRecord, gate: Gate | None, on_loop: Any) -> None:
-        self.daemon, self.turn, self.gate, self.on_loop = daemon, turn, gate, on_loop
+    def __init__(
+        self,
+        sup: Supervisor,
+        unrecorded: dict[str, Any],
+        turn: TurnRecord,
+        gate: Gate | None,
+        on_loop: Any,
+    ) -> None:
+        self.sup, self.unrecorded, self.turn, self.gate, self.on_loop = sup, unrecorded, turn, gate, on_loop
 
     def __call__(self, why: str | None = None, conflict: bool = False) -> None:
         if why is not None:
             self.on_loop(self._refused, why, conflict)  # from the writer thread (or the loop, J-LOOP)
             return
-        sup = self.daemon.sup
-        assert sup is not None
-        sup.mark_recorded(self.turn)
+        self.sup.mark_recorded(self.turn)
         gate = self.gate
         if gate is not None:
-            self.daemon.unrecorded.pop(self.turn.id, None)
+            self.unrecorded.pop(self.turn.id, None)
             gate.settle()
 
     def _refused(self, why: str, conflict: bool) -> None:
-        sup = self.daemon.sup
-        assert sup is not None
-        sup.withdraw(self.turn, why)
+        self.sup.withdraw(self.turn, why)
         gate = self.gate
         if gate is not None:
-            self.daemon.unrecorded.pop(self.turn.id, None)
+            self.unrecorded.pop(self.turn.id, None)
             gate.settle(ValueError(why) if conflict else JournalUnavailable(why))
 
 

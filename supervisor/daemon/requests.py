@@ -2,9 +2,11 @@
 protocol (``wire/_client_protocol.py``), and the requests that wait (a result, a follow, an idle
 wait) as tasks registered under their client.
 
-``Requests`` is composed by ``Daemon`` (``server.py``), which owns the client link and the
-clients' state (R20, R21) and calls ``handle`` for each decoded frame; this object reads the
-daemon's supervisor, its follow streams and its cancel times through its back-reference. Rules
+``Requests`` is composed by ``Daemon`` (``server.py``) once its supervisor runs; the daemon owns the
+client link and calls ``handle`` for each decoded request. Its collaborators: the ``Supervisor``, the
+``ClientTable`` (clients, follow streams), ``send`` (one reply), ``task`` (a request that waits, under
+its client), ``abandon`` (``ClientWatch``), and the daemon's acceptance path — ``admit``,
+``answer_result``, ``ack_when_done``, ``cancel_timed`` — its ``status`` and the journal's ``lookup``. Rules
 kept here: a client never owns a turn (a cancel is always explicit), a submit is acknowledged only
 once its journal row is committed (J1, ``Daemon._admit``), a result evicted from memory is answered
 from the journal (J8), and a follower that falls behind the kept events is told so, never given a
@@ -45,8 +47,8 @@ from .clients import (
 )
 
 if TYPE_CHECKING:
-    from .._engine import TurnRecord
-    from .server import Daemon
+    from .._engine import Supervisor, TurnRecord
+    from .clients import ClientTable
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -57,10 +59,32 @@ PROBED_SLICE = 64  # submits admitted from behind a probe per loop pass
 class Requests:
     """Answers client requests for a ``Daemon``; see the module docstring."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self._send = daemon._send
-        self._task = daemon._task
+    def __init__(
+        self,
+        sup: Supervisor,
+        clients: ClientTable,
+        *,
+        send: Callable[[bytes, Any], bool],
+        task: Callable[..., None],
+        abandon: Callable[[bytes, int], None],
+        admit: Callable[..., tuple[str, bool, list[Awaitable[Any]]]],
+        answer_result: Callable[[bytes, int, str, Callable[..., Any]], None],
+        ack_when_done: Callable[..., None],
+        cancel_timed: Callable[[Callable[[], Any], list[str]], Any],
+        status: Callable[[], dict[str, Any]],
+        lookup: Callable[[str], tuple[str, bytes, Any] | None],
+    ) -> None:
+        self.sup = sup
+        self.clients = clients
+        self.send = send
+        self.task = task
+        self.abandon = abandon
+        self.admit = admit
+        self.answer_result = answer_result
+        self.ack_when_done = ack_when_done
+        self.cancel_timed = cancel_timed
+        self.status = status
+        self.lookup = lookup
         self._fallback = self._result  # one bound method, not one per waiting request (J-GATE)
         self._probing: dict[bytes, deque[Any]] = {}  # A-PROBE: a client's requests held behind a probe
 
@@ -72,20 +96,18 @@ class Requests:
         whether a worker can run it; every request read after it waits its turn behind it, so that
         the client's requests are still handled in the order it sent them (a session's order, a
         cancel right behind its submit). Other clients' requests go on meanwhile."""
-        sup = self.daemon.sup
-        assert sup is not None
+        sup = self.sup
         held = self._probing.get(ident)
         if held is not None or (type(msg) is wire.Submit and msg.agent not in sup.agents_known):
             if held is None:
                 held = self._probing[ident] = deque()
-                self._task(self._handle_probed, ident, held)
+                self.task(self._handle_probed, ident, held)
             held.append(msg)
             return
         self._handle_now(ident, msg)
 
     def _handle_now(self, ident: bytes, msg: Any) -> None:
-        sup = self.daemon.sup
-        assert sup is not None
+        sup = self.sup
         match msg:
             case wire.Hello(req=req, version=version):
                 if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
@@ -93,83 +115,77 @@ class Requests:
                         f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
                         f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}"
                     )
-                    self._send(ident, wire.Error(req, "protocol", why))
+                    self.send(ident, wire.Error(req, "protocol", why))
                 else:
-                    peer = self.daemon._clients.peers.get(ident)
+                    peer = self.clients.peers.get(ident)
                     if peer is not None:
                         peer.version = version
-                    self._send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
+                    self.send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
             case wire.Submit():
-                self._submit(ident, msg)
+                self._accept(ident, msg)
             case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
                 turn = self._record(ident, req, turn_id)
                 if turn is None:
                     return
-                winner = self._cancel(lambda: sup.cancel_record(turn, cause), [turn_id])
-                self._send(ident, wire.Cancelled(req, winner))
+                winner = self.cancel_timed(lambda: sup.cancel_record(turn, cause), [turn_id])
+                self.send(ident, wire.Cancelled(req, winner))
             case wire.CancelSession(req=req, session=session, cause=cause):
                 if not session:
-                    self._send(ident, wire.Error(req, "bad_value", "session must be a non-empty string"))
+                    self.send(ident, wire.Error(req, "bad_value", "session must be a non-empty string"))
                     return
                 ids: list[str] = []
 
                 def cancel_session() -> None:
                     ids.extend(sup.cancel_session_now(session, cause))
 
-                self._cancel(cancel_session, ids)
-                self._send(ident, wire.SessionCancelled(req, ids))
+                self.cancel_timed(cancel_session, ids)
+                self.send(ident, wire.SessionCancelled(req, ids))
             case wire.GetResult(req=req, turn_id=turn_id):
-                self.daemon.answer_result(ident, req, turn_id, self._fallback)
+                self.answer_result(ident, req, turn_id, self._fallback)
             case wire.Follow(req=req, turn_id=turn_id, window=window):
                 followed = self._record(ident, req, turn_id)
                 if followed is None:
                     return
                 if window < 0:
-                    self._send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
+                    self.send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
                     return
                 stream = FollowStream(window, turn_id)
-                self.daemon._streams[(ident, req)] = stream
-                self.daemon._turn_streams.setdefault(turn_id, set()).add(stream)
-                self._task(
+                self.clients.streams[(ident, req)] = stream
+                self.clients.turn_streams.setdefault(turn_id, set()).add(stream)
+                self.task(
                     self._follow, ident, req, followed, stream, key=(ident, req, "follow"), scope=stream.scope
                 )
             case wire.Credit(req=req, n=n):
-                credited = self.daemon._streams.get((ident, req))
+                credited = self.clients.streams.get((ident, req))
                 if credited is not None and n > 0:
                     credited.grant(n)
             case wire.Unfollow(req=req) | wire.Abandon(req=req):
-                self.daemon._abandon(ident, req)
+                self.abandon(ident, req)
             case wire.Lookup(req=req, turn_id=turn_id):
-                lookup = self.daemon.lookup
-                if sup.find(turn_id) is not None or (lookup is not None and lookup(turn_id) is not None):
-                    self._send(ident, wire.Ok(req))
+                if sup.find(turn_id) is not None or self.lookup(turn_id) is not None:
+                    self.send(ident, wire.Ok(req))
                 else:
-                    self._send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
+                    self.send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
             case wire.GetStatus(req=req):
-                self._send(ident, wire.Status(req, self.daemon.status()))
+                self.send(ident, wire.Status(req, self.status()))
             case wire.WhenIdle(req=req):
-                self._task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
+                self.task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
             case wire.Reload(req=req):
                 done = sup.recycle_workers()  # D-RELOAD
-                self._send(ident, wire.Reloaded(req, done["workers"], done["busy"]))
+                self.send(ident, wire.Reloaded(req, done["workers"], done["busy"]))
 
     def _record(self, ident: bytes, req: int, turn_id: str) -> TurnRecord | None:
         """The record of ``turn_id``, or ``None`` once ``unknown_turn`` is answered."""
-        assert self.daemon.sup is not None
         try:
-            return self.daemon.sup.record(turn_id)
+            return self.sup.record(turn_id)
         except UnknownTurn as exc:
-            self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+            self.send(ident, wire.Error(req, "unknown_turn", str(exc)))
             return None
-
-    def _submit(self, ident: bytes, msg: wire.Submit) -> None:
-        self._admit(ident, msg)
 
     async def _handle_probed(self, ident: bytes, waiting: deque[Any]) -> None:
         """A-PROBE: handle the requests of client ``ident`` held behind a submit of an agent name not
         known yet, in the order they came, each such submit once its name's probe has answered."""
-        sup = self.daemon.sup
-        assert sup is not None
+        sup = self.sup
         handled = 0
         try:
             while waiting:
@@ -184,16 +200,16 @@ class Requests:
                     self._handle_now(ident, msg)
                 except Exception as exc:  # a bug here costs one request, never the requests behind it
                     log.exception("request %r failed", msg)
-                    self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+                    self.send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
         finally:
             del self._probing[ident]
 
-    def _admit(self, ident: bytes, msg: wire.Submit) -> None:
+    def _accept(self, ident: bytes, msg: wire.Submit) -> None:
         req = msg.req
         # T-TRACE: the client's trace context, for the acceptance below (an invalid one is ignored).
         traced = CALLER_TRACE.set(valid_traceparent(msg.trace)) if msg.trace is not None else None
         try:
-            turn_id, existed, gates = self.daemon._admit(
+            turn_id, existed, gates = self.admit(
                 msg.agent,
                 msg.input,
                 session=msg.session,
@@ -205,21 +221,21 @@ class Requests:
             )
         except _SUBMIT_ERRORS as exc:
             code = next(code for kind, code in SUBMIT_ERROR_CODES if isinstance(exc, kind))
-            self._send(ident, wire.Error(req, code, str(exc)))
+            self.send(ident, wire.Error(req, code, str(exc)))
             return
         finally:
             if traced is not None:
                 CALLER_TRACE.reset(traced)
         if gates and all(type(gate) is Gate or isinstance(gate, asyncio.Future) for gate in gates):
-            self.daemon.ack_when_done(ident, req, turn_id, gates, msg.wait, existed, self._fallback)
+            self.ack_when_done(ident, req, turn_id, gates, msg.wait, existed, self._fallback)
         elif gates:
-            self._task(
+            self.task(
                 self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
             )
         else:
-            self._send(ident, wire.Accepted(req, turn_id, existed))
+            self.send(ident, wire.Accepted(req, turn_id, existed))
             if msg.wait:
-                self.daemon.answer_result(ident, req, turn_id, self._fallback)
+                self.answer_result(ident, req, turn_id, self._fallback)
 
     async def _ack_after(
         self,
@@ -235,38 +251,34 @@ class Requests:
             try:
                 await gate
             except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
-                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                self.send(ident, wire.Error(req, "journal_unavailable", str(exc)))
                 return
             except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
-                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                self.send(ident, wire.Error(req, "bad_value", str(exc)))
                 return
             except Exception as exc:
                 log.exception("accept hook failed for turn %s", turn_id)
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
-                self._send(ident, wire.Error(req, "internal", why))
+                self.send(ident, wire.Error(req, "internal", why))
                 return
-        self._send(ident, wire.Accepted(req, turn_id, existing))
+        self.send(ident, wire.Accepted(req, turn_id, existing))
         if wait:
             await self._result(ident, req, turn_id)
 
-    def _cancel(self, do: Callable[[], Any], ids: list[str]) -> Any:
-        return self.daemon.cancel_timed(do, ids)
-
     async def _result(self, ident: bytes, req: int, turn_id: str) -> None:
-        assert self.daemon.sup is not None
         try:
-            result = await self.daemon.sup.result(turn_id)
+            result = await self.sup.result(turn_id)
         except UnknownTurn as exc:
             try:
-                found = self.daemon.lookup(turn_id) if self.daemon.lookup is not None else None
+                found = self.lookup(turn_id)
             except Exception:  # an unreadable journal: the id is as unknown as it was
                 log.warning("journal lookup of turn %s failed", turn_id, exc_info=True)
                 found = None
             if found is None or found[2] is None:
-                self._send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                self.send(ident, wire.Error(req, "unknown_turn", str(exc)))
                 return
             result = found[2]  # evicted from memory, kept in the journal
-        self._send(ident, wire.Result(req, result))
+        self.send(ident, wire.Result(req, result))
 
     async def _follow(self, ident: bytes, req: int, turn: TurnRecord, stream: FollowStream) -> None:
         """Stream ``turn``'s events from the oldest kept one, in batches, within the client's window.
@@ -276,8 +288,7 @@ class Requests:
         (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
         workers' frames or other clients (R21).
         """
-        sup = self.daemon.sup
-        assert sup is not None
+        sup = self.sup
         seq = turn.events_base  # a late follower starts at the oldest event kept
         sent_at = -COALESCE
         reader = sup.table.add_reader(turn, seq)  # G-KEEP: while it moves, its events are kept
@@ -286,12 +297,12 @@ class Requests:
                 reader.seq = seq
                 base = turn.events_base
                 if seq < base:
-                    if not self.daemon.speaks(ident, 3):
+                    if not self.clients.speaks(ident, 3):
                         self._lagged(ident, req, turn, base - seq)
                         return
                     # G1: a version-3 follower goes on from the oldest kept event; the jump in
                     # ``seq`` is the gap its client reports (``EventsDropped``), never silent.
-                    self.daemon.lagged_followers += 1
+                    self.clients.lagged_followers += 1
                     seq = base
                     continue
                 kept = len(turn.events)
@@ -326,7 +337,7 @@ class Requests:
                         stream.guess = max(fit + fit // 4 + 1, 64)
                     elif want < stop:
                         stream.guess = min(2 * stream.guess, BATCH_EVENTS)
-                    if not self._send(ident, wire.Events(req, seq, batch)):
+                    if not self.send(ident, wire.Events(req, seq, batch)):
                         return  # gone, or stopped reading (then it is owed a `lagged`)
                     stream.spent(sizes)
                     seq += len(batch)
@@ -334,34 +345,33 @@ class Requests:
                     await anyio.lowlevel.checkpoint()
                     continue
                 if turn.state == "ended" or turn.pending_result is not None:
-                    self._send(ident, wire.FollowEnd(req))
+                    self.send(ident, wire.FollowEnd(req))
                     return
                 if turn.state == "kept":  # D-KEEP: set aside for the next start, never started here
                     why = f"turn {turn.id} stays queued in the journal: it runs when the daemon starts again"
-                    self._send(ident, wire.Error(req, "shutting_down", why))
+                    self.send(ident, wire.Error(req, "shutting_down", why))
                     return
                 await turn.changed()
         finally:
             sup.table.drop_reader(turn, reader)
-            if self.daemon._streams.get((ident, req)) is stream:
-                del self.daemon._streams[(ident, req)]
-            streams = self.daemon._turn_streams.get(stream.turn_id)
+            clients = self.clients
+            if clients.streams.get((ident, req)) is stream:
+                del clients.streams[(ident, req)]
+            streams = clients.turn_streams.get(stream.turn_id)
             if streams is not None:
                 streams.discard(stream)
                 if not streams:
-                    del self.daemon._turn_streams[stream.turn_id]
+                    del clients.turn_streams[stream.turn_id]
 
     def _lagged(self, ident: bytes, req: int, turn: TurnRecord, missed: int) -> None:
-        assert self.daemon.sup is not None
-        self.daemon.lagged_followers += 1
+        self.clients.lagged_followers += 1
         why = (
             f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
-            f"{self.daemon.sup.max_events} events of a turn (--max-events); follow again to resume from "
+            f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
             "the oldest one kept"
         )
-        self._send(ident, wire.Error(req, "lagged", why))
+        self.send(ident, wire.Error(req, "lagged", why))
 
     async def _when_idle(self, ident: bytes, req: int) -> None:
-        assert self.daemon.sup is not None
-        await self.daemon.sup.when_idle()
-        self._send(ident, wire.Ok(req))
+        await self.sup.when_idle()
+        self.send(ident, wire.Ok(req))

@@ -28,7 +28,6 @@ from .._engine import Supervisor
 from .._errors import DaemonAlreadyRunning
 from .._fds import FdBudget, raise_nofile_limit
 from .conn_guard import ClientConnections
-from .metrics import Metrics
 
 if TYPE_CHECKING:
     from .server import Daemon
@@ -81,7 +80,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
     (recovery) before binding, so no client is answered by a pool that is not up; announce the
     ready line; wait for ``stop``; shut down; and close the sockets whatever happened."""
     sup = Supervisor(**daemon.sup_kwargs)
-    daemon.sup = sup
+    daemon.use(sup)  # the parts that need the supervisor are built (requests, metrics)
     # D-FD: the soft descriptor limit up to the hard one, and each front end's share of it.
     limit, _ = raise_nofile_limit()
     daemon.fd_budget = FdBudget(limit=limit, workers=sup.workers + sup.spares)
@@ -89,7 +88,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
     sup.add_hooks(on_start=daemon._on_start, on_result=daemon._on_end)
     for hook in daemon.event_hooks:
         sup.add_hooks(on_event=hook)
-    daemon.metrics = Metrics(daemon)
+    assert daemon.metrics is not None
     # Bound before the workers start: a taken port is one line at once, nothing to unwind.
     listener = (
         await daemon.metrics.listen(daemon.metrics_host, daemon.metrics_port)
@@ -114,7 +113,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
                 daemon._sync = zmq.Socket.shadow(daemon._sock.underlying)
                 daemon._mon = daemon._watch.open_monitor(daemon._sock)
                 tg.start_soon(daemon._receive)
-                tg.start_soon(daemon._watch.watch_disconnects, daemon._mon)
+                tg.start_soon(daemon._watch.watch_disconnects, daemon._mon, daemon.conns)
                 tg.start_soon(daemon._watch.sweep)
                 tg.start_soon(give_back_memory, daemon)
                 if listener is not None:

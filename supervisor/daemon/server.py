@@ -71,7 +71,6 @@ from .client_watch import ClientWatch
 from .clients import (
     Ack,
     ClientTable,
-    FollowStream,
     Gate,
     Peer,
     Waiter,
@@ -168,17 +167,13 @@ class Daemon:
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._intake = Intake(self)  # reads the requests (B1, J-PIPE)
         self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (B1)
         # B1: result requests waiting for a live turn, answered from the end hook (no task each):
         # turn id -> [(client, req, the scope registered under the client)].
         self._result_waiters: dict[str, list[tuple[bytes, int, Waiter]]] = {}
         self._flush_scheduled = False
-        self._streams: dict[tuple[bytes, int], FollowStream] = {}
-        self._clients = ClientTable()
-        self._turn_streams: dict[str, set[FollowStream]] = {}  # streams per followed turn
+        self._clients = ClientTable()  # every client, its follow streams, their counters (R20–R22)
         self._mon: zmq.asyncio.Socket | None = None
-        self.lagged_followers = 0
         self.too_large_replies = 0
         self.heap = lowlevel.HeapKeeper()  # M-TRIM: when to hand freed memory back (``run.give_back_memory``)
         self._inflight = 0
@@ -188,15 +183,37 @@ class Daemon:
         self._tg: anyio.abc.TaskGroup | None = None
         self._stop_asked: anyio.Event | None = None
         self._skip_drain: anyio.Event | None = None
-        # The answers to client requests (one case per request type, and the waiting ones).
-        self._requests = Requests(self)
-        # What frees a client's state when it abandons a request, goes or stops reading (R20, R21):
-        # bound once here, called from the reply path and the requests.
-        self._watch = ClientWatch(self)
-        self._abandon = self._watch.abandon
-        self._forget = self._watch.forget
-        self._stall = self._watch.stall
-        self._pay = self._watch.pay
+        # The parts, each given what it reads and writes (never the daemon). What frees a client's
+        # state when it abandons a request, goes or stops reading (R20, R21), called from the reply
+        # path and the requests:
+        self._watch = ClientWatch(self._clients, self._put, self._send_hwm)
+        self._intake = Intake(self._clients, self._handle, self._malformed, self._watch.pay)  # B1, J-PIPE
+        # The answers to client requests (one case per request type, and the waiting ones), once
+        # the supervisor runs (``use``).
+        self._requests: Requests | None = None
+
+    def use(self, sup: Supervisor) -> None:
+        """Serve with ``sup`` (started by ``run.serve_until_stopped``): the parts that need it are built."""
+        self.sup = sup
+        watch = self._watch
+        self._requests = Requests(
+            sup, self._clients, send=self._send, task=self._task, abandon=watch.abandon, admit=self._admit,
+            answer_result=self.answer_result, ack_when_done=self.ack_when_done,
+            cancel_timed=self.cancel_timed, status=self.status, lookup=self._lookup,
+        )  # fmt: skip
+        self.metrics = Metrics(
+            sup, malformed=lambda: self.malformed, client_facts=self.client_facts,
+            journal_error=lambda: self.unavailable, fd_facts=self.fd_facts,
+            fd_refused=self.fd_refused, fd_shortages=self.fd_shortages,
+        )  # fmt: skip
+
+    def _lookup(self, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
+        """J8: the journal's record of ``turn_id`` (``lookup``), or ``None`` (none, or no journal)."""
+        return self.lookup(turn_id) if self.lookup is not None else None
+
+    def _send_hwm(self) -> int:
+        """The client link's send queue per client (messages), for the log of a stalled client."""
+        return cast(int, self._sock.getsockopt(zmq.SNDHWM)) if self._sock is not None else 0
 
     @property
     def endpoint(self) -> str:
@@ -243,6 +260,7 @@ class Daemon:
         fd = cast(int, self._sync.getsockopt(zmq.FD))
         intake = self._intake
         intake.loop = loop
+        intake.sync = self._sync
         loop.add_reader(fd, intake.on_readable)
         intake.on_readable()  # frames that arrived before the reader was registered
         try:
@@ -253,8 +271,10 @@ class Daemon:
             self._flush()
 
     def _handle(self, ident: bytes, msg: Any) -> None:
+        requests = self._requests
+        assert requests is not None  # (requests are read only while the supervisor serves)
         try:
-            self._requests.handle(ident, msg)
+            requests.handle(ident, msg)
         except Exception as exc:  # a bug here must cost one request, never the daemon
             log.exception("request %r failed", msg)
             self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
@@ -281,9 +301,9 @@ class Daemon:
             before()
         sent = self._put(ident, msg, peer)
         if sent == "gone":
-            self._forget(ident)
+            self._watch.forget(ident)
         elif sent == "full" and peer is not None:
-            self._stall(peer)
+            self._watch.stall(peer)
         return sent == "ok"
 
     def _queue_reply(self, peer: Peer, msg: Any) -> None:
@@ -324,18 +344,18 @@ class Daemon:
                 size += len(frame)
             frames.append(wire.encode_batch(chunk))
             if peer.owed:
-                self._pay(peer)
+                self._watch.pay(peer)
             if peer.owed:
                 peer.owed.extend(frames)  # behind what it is already owed, in order
                 continue
             for k, frame in enumerate(frames):
                 sent = self._put_frame(peer.ident, frame)
                 if sent == "gone":
-                    self._forget(peer.ident)
+                    self._watch.forget(peer.ident)
                     break
                 if sent == "full":
                     peer.owed.extend(frames[k:])
-                    self._stall(peer)
+                    self._watch.stall(peer)
                     break
 
     def _encode_reply(self, msg: Any, peer: Peer | None) -> bytes:
@@ -574,7 +594,7 @@ class Daemon:
         peer = self._clients.peers.get(ident)
         if peer is None:
             return  # R-GONE: nobody to acknowledge (the submit is accepted all the same)
-        ack = Ack(self, ident, req, turn_id, gates, wait, existing, fallback)
+        ack = Ack(self._acked, ident, req, turn_id, gates, wait, existing, fallback)
         peer.hold(req, ack, "result")
         for gate in gates:
             gate.add_done_callback(ack)
@@ -604,11 +624,6 @@ class Daemon:
         if ack.wait:
             self.answer_result(ident, req, turn_id, ack.fallback)
 
-    def speaks(self, ident: bytes, version: int) -> bool:
-        """Whether the client ``ident`` speaks at least protocol ``version``."""
-        peer = self._clients.peers.get(ident)
-        return peer is not None and peer.version >= version
-
     def _answer_waiters(self, turn: TurnRecord, result: TurnResult) -> None:
         waiters = self._result_waiters.pop(turn.id, None)
         if not waiters:
@@ -623,7 +638,7 @@ class Daemon:
             self._send(ident, wire.Result(req, result))
 
     def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
-        for stream in self._turn_streams.get(turn.id, ()):
+        for stream in self._clients.turn_streams.get(turn.id, ()):
             stream.wake()  # a follower waiting for credit learns now whether it lagged
         asked = self._cancel_times.pop(turn.id, None)
         if self.metrics is not None:
@@ -666,14 +681,15 @@ class Daemon:
 
     def client_facts(self) -> dict[str, int]:
         """What the daemon holds for its clients (R20–R22): status and metrics show these."""
+        clients = self._clients
         return {
-            "streams": len(self._streams),
-            "clients": len(self._clients.peers),
-            "waits": self._clients.waits(),  # pending result/follow/when_idle requests of all clients
-            "clients_gone": self._clients.gone,
-            "clients_disconnected": self._clients.disconnected_total,
-            "clients_stalled": self._clients.stalled,
-            "lagged_followers": self.lagged_followers,
+            "streams": len(clients.streams),
+            "clients": len(clients.peers),
+            "waits": clients.waits(),  # pending result/follow/when_idle requests of all clients
+            "clients_gone": clients.gone,
+            "clients_disconnected": clients.disconnected_total,
+            "clients_stalled": clients.stalled,
+            "lagged_followers": clients.lagged_followers,
             "too_large_replies": self.too_large_replies,
         }
 

@@ -25,7 +25,6 @@ from starlette.routing import Route
 import wire
 from wire import TurnResult
 
-from .._engine import turninfo
 from .._errors import UnknownTurn
 from ..daemon import journal_read
 from ..daemon.figures import OUTCOMES, AgentRing, kill_reason
@@ -127,7 +126,7 @@ def view_routes(front: HttpFrontEnd) -> list[Route]:
         offset = _int(request, "offset", 0, 0, 10**9)
         limit = _int(request, "limit", 50, 1, MAX_PAGE)
         try:
-            total, views = turninfo.page(front.sup, state, _matcher(f), offset, limit)
+            total, views = front.sup.turns_page(state, _matcher(f), offset, limit)
         except ValueError as exc:
             raise ApiError(400, "bad_value", str(exc)) from None
         return _respond(
@@ -154,7 +153,7 @@ def view_routes(front: HttpFrontEnd) -> list[Route]:
         if path is None:  # no journal: the ended turns this daemon keeps
             if state == "open":
                 return _respond({"now": now, "source": "memory", "total": 0, "offset": offset, "turns": []})
-            total, views = turninfo.page(front.sup, "ended", _matcher(f), offset, limit)
+            total, views = front.sup.turns_page("ended", _matcher(f), offset, limit)
             rows = [_memory_row(v) for v in _with_errors(views)]
             return _respond({"now": now, "source": "memory", "total": total, "offset": offset, "turns": rows})
         try:
