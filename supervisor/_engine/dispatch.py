@@ -270,7 +270,22 @@ class Dispatcher:
             # S1: the deadline is armed at handoff; it counts from the start the worker reports
             # or notes in its start marker, whichever the supervisor learns first.
             turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
-        if after is None:
+        if turn.attempts > 1:  # S-RESUME: a later attempt carries the earlier ones' step records
+            held = after or (0, 0)
+            steps = self.sup.steps.for_run(turn)
+            run = wire.Run(
+                turn.id,
+                turn.agent,
+                turn.input,
+                turn.session,
+                turn.parent,
+                *held,
+                turn.trace,
+                turn.attempts,
+                steps,
+            )
+            self.sup._send(slot, run)
+        elif after is None:
             self.sup._send(
                 slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace)
             )

@@ -123,8 +123,10 @@ class ExitHandler:
                 log.warning(
                     "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
                 )
-                # R16: a crash costs one turn and one worker (refilled below).
-                sup._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
+                # R16: a crash costs one turn and one worker (refilled below); S-RESUME: a
+                # retry=True turn runs again from its last recorded step instead.
+                if not sup.steps.requeue(turn):
+                    sup._finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
         if moot:
             sup.pool.drop_files_later(slot)
         sup._notify_change()

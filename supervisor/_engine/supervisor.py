@@ -64,6 +64,7 @@ from .options import (
     require_seconds,
 )
 from .pool import WorkerPool, WorkerSlot
+from .steps import StepRecords
 from .timers import Timers
 from .turninfo import Views
 from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
@@ -239,6 +240,9 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             wire.Heartbeat: self._on_heartbeat,
             wire.BadFrame: self._on_bad_frame,
         }
+        # S-DURABLE, S-RESUME: the step records of running turns, and resume after a crash.
+        self.steps = StepRecords(self)
+        self._handlers[wire.Step] = self.steps.on_step
         # Dispatch: which worker gets which turn when (prefetch, the J6 gate, S1 start notes).
         self._dispatch = dispatch = Dispatcher(self)
         self._pump = dispatch.pump
@@ -259,6 +263,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self.bad_frames = 0  # frames from workers refused: unknown sender, undecodable, out of order
         self._slots_changed = anyio.Event()
         self._hooks = Hooks()
+        self._hooks.result.append(self.steps.ended)
         if tracing:
             TurnSpans().install(self._hooks)  # ValueError without OpenTelemetry (the otel extra)
 
