@@ -1,0 +1,79 @@
+"""Step records in a daemon's journal (S-DURABLE, S-RESUME): the 3-tool turn of
+``test_durability.py``, submitted with ``retry=True``, SIGKILLs its daemon at every boundary; the
+daemon restarted on the same journal resumes it from the last step its journal committed, with
+the same promises as a worker's death: no completed call runs again, the idempotent call runs
+again with the same key, a call that started and did not complete is told to the model."""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from supervisor import Client
+from supervisor.daemon.journal_steps import view_steps
+from tests.support.daemonkit import FAST, short_dir, start, stop_process
+from tests.support.durablekit import AGENT, BOUNDARIES, check_resumed
+
+pytestmark = pytest.mark.anyio
+
+ARGS = (*FAST, "--heartbeat", "0")
+
+
+async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> tuple[Any, list[Any]]:
+    """Submit the turn to a daemon that it kills at ``kill`` (if any), restart the daemon on the
+    same journal, and return the turn's result and events there."""
+    first = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(first.endpoint) as client:
+            handle = await client.submit(AGENT, {"dir": str(d), "kill": kill, "pid": first.pid}, retry=True)
+            turn_id = handle.turn_id
+            if kill is None:
+                with anyio.fail_after(60):
+                    result = await handle.result()
+                    async with aclosing(handle.events()) as events:
+                        return result, [e async for e in events]
+        with anyio.fail_after(60):
+            code = await anyio.to_thread.run_sync(first.proc.wait)
+        assert code == -9, code
+    finally:
+        stop_process(first.proc)
+    second = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(second.endpoint) as client:
+            with anyio.fail_after(60):
+                handle = client.handle(turn_id)
+                result = await handle.result()
+                async with aclosing(handle.events()) as events:
+                    seen = [e async for e in events]
+    finally:
+        stop_process(second.proc)
+    return result, seen
+
+
+async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_committed_step(
+    tmp_path: Path,
+) -> None:
+    home = short_dir()
+    try:
+        base_dir = tmp_path / "baseline"
+        base_dir.mkdir()
+        baseline, _ = await run_once(home, home / "baseline.sqlite3", base_dir, None)
+        assert baseline.outcome == "completed" and baseline.attempts == 1, baseline
+        for boundary in BOUNDARIES:
+            d = tmp_path / boundary
+            d.mkdir()
+            journal = home / f"{boundary}.sqlite3"
+            result, events = await run_once(home, journal, d, boundary)
+            check_resumed(boundary, d, result, events, baseline.output)
+            # S-INSPECT: the journal shows every call completed (the told one with its error output).
+            steps = view_steps(journal, result.turn_id)
+            assert [s["step"] for s in steps] == [0, 1, 2, 3], steps
+            assert all(c["state"] == "completed" for s in steps for c in s["calls"]), steps
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
