@@ -46,7 +46,9 @@ class JournalSteps:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
-    def write(self, turn_id: str, seq: int, step: int, kind: str, record: bytes, done: Callable[[], None]) -> None:
+    def write(
+        self, turn_id: str, seq: int, step: int, kind: str, record: bytes, done: Callable[[], None]
+    ) -> None:
         self.journal.write(_INSERT, (turn_id, seq, step, kind, record), done)
 
 
@@ -55,7 +57,9 @@ def read_steps(path: Path | str, turn_id: str) -> list[tuple[str, bytes]]:
     without the table yet: none either)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
     try:
-        rows = con.execute("SELECT kind, data FROM steps WHERE turn_id = ? ORDER BY seq", (turn_id,)).fetchall()
+        rows = con.execute(
+            "SELECT kind, data FROM steps WHERE turn_id = ? ORDER BY seq", (turn_id,)
+        ).fetchall()
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):
             return []
