@@ -71,3 +71,37 @@ async def test_without_retry_a_killed_turn_still_ends_crashed(tmp_path: Path) ->
         with anyio.fail_after(60):
             result = await sup.run(AGENT, {"dir": str(tmp_path), "kill": "in_reserve"})
     assert result.outcome == "crashed" and result.attempts == 1, result
+
+
+async def test_a_record_too_large_is_refused_the_model_still_gets_it_and_resume_stops_there(
+    tmp_path: Path,
+) -> None:
+    """S-SIZE: a tool returning 5 MiB: its record is refused with a clear event in the turn, the
+    model still gets the output in this attempt; the steps show the call ``not_recorded``; a crash
+    after it ends the resumed attempt ``failed`` (it cannot be resumed past that call), never blind."""
+    async with Supervisor(workers=1, spares=0, heartbeat=0) as sup:
+        with anyio.fail_after(60):
+            handle = await sup.submit("tests.agents.durable:big_output", {"dir": str(tmp_path)}, retry=True)
+            result = await handle.result()
+        assert result.outcome == "completed" and result.output == {"text": f"got {5 * 1024 * 1024} chars"}
+        refused = [e for e in await events_of(handle) if e.get("type") == "step_not_recorded"]
+        assert len(refused) == 1 and "over the limit" in refused[0]["error"], refused
+        steps = sup.steps.view(handle.turn_id)
+        assert steps is not None and steps[0]["calls"][0]["state"] == "not_recorded", steps
+        with anyio.fail_after(60):
+            again = await sup.run(
+                "tests.agents.durable:big_output", {"dir": str(tmp_path), "kill": "end"}, retry=True
+            )
+    assert again.outcome == "failed" and again.attempts == 2, again
+    assert again.error is not None and again.error.type == "StepRecordError", again
+    assert "cannot be resumed past tool call 'd1'" in again.error.message
+
+
+async def test_a_turn_whose_agent_records_nothing_sends_no_step_and_carries_none(tmp_path: Path) -> None:
+    """A turn that records no steps pays nothing: no record is kept for it, and its retried
+    attempt's ``Run`` carries none."""
+    async with Supervisor(workers=1, spares=0) as sup:
+        with anyio.fail_after(60):
+            result = await sup.run("examples.agents:echo", {"x": 1}, retry=True)
+        assert result.outcome == "completed"
+        assert sup.steps.records(result.turn_id) is None and sup.steps.recorded == 0

@@ -7,12 +7,14 @@ again with the same key, a call that started and did not complete is told to the
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import msgspec
 import pytest
 
 from supervisor import Client
@@ -77,3 +79,48 @@ async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_com
             assert all(c["state"] == "completed" for s in steps for c in s["calls"]), steps
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "foreign"])
+async def test_a_corrupt_or_foreign_step_record_is_refused_at_resume(tmp_path: Path, damage: str) -> None:
+    """S-CORRUPT: a record in the journal that cannot be read, or that belongs to another turn, is
+    refused when the turn resumes: the turn ends ``failed`` with ``StepRecordError`` saying why, and
+    no call runs again (the loop never runs blind)."""
+    home = short_dir()
+    journal = home / "journal.sqlite3"
+    first = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(first.endpoint) as client:
+            handle = await client.submit(
+                AGENT, {"dir": str(tmp_path), "kill": "in_reserve", "pid": first.pid}, retry=True
+            )
+        with anyio.fail_after(60):
+            assert await anyio.to_thread.run_sync(first.proc.wait) == -9
+    finally:
+        stop_process(first.proc)
+    con = sqlite3.connect(journal)
+    with con:
+        data = con.execute(
+            "SELECT data FROM steps WHERE turn_id = ? AND seq = 1", (handle.turn_id,)
+        ).fetchone()[0]
+        if damage == "corrupt":
+            bad = b"\xc1" + bytes(data)[1:]
+        else:
+            record = msgspec.msgpack.decode(data)
+            bad = msgspec.msgpack.encode({**record, "turn": "another-turn"})
+        con.execute("UPDATE steps SET data = ? WHERE turn_id = ? AND seq = 1", (bad, handle.turn_id))
+    con.close()
+    second = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(second.endpoint) as client:
+            with anyio.fail_after(60):
+                result = await client.handle(handle.turn_id).result()
+    finally:
+        stop_process(second.proc)
+        shutil.rmtree(home, ignore_errors=True)
+    assert result.outcome == "failed" and result.attempts == 2, result
+    assert result.error is not None and result.error.type == "StepRecordError", result
+    why = "cannot be read" if damage == "corrupt" else "belongs to turn 'another-turn'"
+    assert why in result.error.message, result.error
+    assert len((tmp_path / "charges").read_text().splitlines()) == 1  # nothing ran again
+    assert len((tmp_path / "reserves").read_text().splitlines()) == 1

@@ -112,6 +112,12 @@ class StepRecords:
         """A daemon's journal gives back a turn's records at restart (before the turn runs again)."""
         steps = self.live[turn_id] = _Steps()
         for kind, data in records:
+            try:
+                _decode(data)
+            except (msgspec.DecodeError, RecursionError) as exc:
+                # S-CORRUPT: one that cannot be read must not break the Run frame it travels in:
+                # the worker is handed why, and its loop refuses to resume.
+                data = _encode({"unreadable": f"a step record in the journal cannot be read: {exc}"})
             steps.records.append(data)
             steps.kinds.append(kind)
             steps.bytes += len(data)

@@ -152,5 +152,8 @@ async def big_output(turn: worker.Turn) -> dict[str, Any]:
                 events = [TextDelta(f"got {len(outputs[0])} chars"), Finish("stop")]
             return await ScriptedModel([Response(events)]).open(request)
 
+    _PLAN.clear()
+    _PLAN.update(turn.input)
     result = await AgentLoop(Model(), [dump], turn=turn).run("dump")
+    _maybe_kill("end")
     return {"text": result.text}

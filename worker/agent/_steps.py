@@ -93,6 +93,10 @@ class LoopSteps:
                     self.replay.append(record)
 
     def _check(self, record: Any) -> None:
+        if isinstance(record, dict) and "unreadable" in record:
+            raise StepRecordError(
+                f"the step records of turn {self.turn_id!r} cannot be read: {record['unreadable']}"
+            )
         ok = (
             isinstance(record, dict)
             and record.get("v") == 1
