@@ -6,6 +6,7 @@ again with the same key, a call that started and did not complete is told to the
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from contextlib import aclosing
@@ -19,6 +20,7 @@ import pytest
 
 from supervisor import Client
 from supervisor.daemon.journal_steps import view_steps
+from tests.support import httpkit
 from tests.support.daemonkit import FAST, short_dir, start, stop_process
 from tests.support.durablekit import AGENT, BOUNDARIES, check_resumed
 
@@ -124,3 +126,54 @@ async def test_a_corrupt_or_foreign_step_record_is_refused_at_resume(tmp_path: P
     assert why in result.error.message, result.error
     assert len((tmp_path / "charges").read_text().splitlines()) == 1  # nothing ran again
     assert len((tmp_path / "reserves").read_text().splitlines()) == 1
+
+
+async def test_result_steps_and_history_show_which_calls_completed_before_a_crash(tmp_path: Path) -> None:
+    """S-INSPECT: after the daemon died inside the third tool, ``turnpool result ID --steps`` shows
+    the two calls before it completed (with their outputs) and the third started, its outcome
+    unknown; ``turnpool history --steps`` sums it up per turn."""
+    home = short_dir()
+    journal = home / "journal.sqlite3"
+    first = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(first.endpoint) as client:
+            handle = await client.submit(
+                AGENT, {"dir": str(tmp_path), "kill": "in_lookup", "pid": first.pid}, retry=True
+            )
+        with anyio.fail_after(60):
+            assert await anyio.to_thread.run_sync(first.proc.wait) == -9
+        shown = first.cli("result", handle.turn_id, "--steps", "--journal", str(journal))
+        listed = first.cli("history", "--steps", "--json", "--journal", str(journal))
+    finally:
+        stop_process(first.proc)
+    second = start(*ARGS, "--journal", str(journal), "--http", "127.0.0.1:0", home=home)
+    try:
+        async with httpkit.client(second) as http:
+            with anyio.fail_after(60):
+                done = await httpkit.result(http, handle.turn_id)
+            got = await http.get(f"/v1/turns/{handle.turn_id}/steps")
+            unknown = await http.get("/v1/turns/no-such-turn/steps")
+    finally:
+        stop_process(second.proc)
+        shutil.rmtree(home, ignore_errors=True)
+    # The HTTP API, once the turn resumed and ended: every call completed, the third with the
+    # error output the model was told (its outcome unknown), never run again.
+    assert done["outcome"] == "completed" and done["attempts"] == 2, done
+    assert got.status_code == 200, got.text
+    states = [(c["name"], c["state"]) for s in got.json()["steps"] for c in s["calls"]]
+    assert states == [("charge", "completed"), ("reserve", "completed"), ("lookup", "completed")]
+    assert "unknown" in got.json()["steps"][2]["calls"][0]["output"]["error"]
+    httpkit.error_of(unknown, 404, "unknown_turn")
+    assert len((tmp_path / "lookups").read_text().splitlines()) == 1
+    assert shown.returncode == 0, shown.stderr
+    out = json.loads(shown.stdout)
+    assert out["turn_id"] == handle.turn_id and out["result"] is None  # it has not ended
+    calls = [(c["name"], c["state"], c.get("output")) for s in out["steps"] for c in s["calls"]]
+    assert calls == [
+        ("charge", "completed", {"charged": 5}),
+        ("reserve", "completed", {"reserved": "12A"}),
+        ("lookup", "started", None),
+    ], out
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["steps"] for r in rows] == ["3 steps; calls: 2 completed, 1 started"], rows
