@@ -335,8 +335,9 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         Raises ``InvalidAgent`` (agent syntax), ``TypeError`` (input not encodable, bad
         argument types), ``ValueError`` (negative times), ``QueueFull``, ``SupervisorClosed``.
         A ``turn_id`` that already exists returns the existing turn's handle (never runs twice).
-        ``retry=True`` lets a daemon with a journal run the turn again after a restart that
-        interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
+        ``retry=True`` runs the turn again when its worker dies while it runs, or after a restart of a
+        daemon with a journal that interrupted it (``attempts`` counts the runs), resuming from its
+        recorded steps (S-RESUME, docs/durability.md); otherwise such a turn ends ``crashed``.
         """
         # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)
