@@ -74,6 +74,14 @@ def _maybe_kill(where: str) -> None:
         asyncio.get_running_loop().call_soon(_kill_now)
 
 
+async def _maybe_hang(where: str) -> None:
+    """``input["hang"] == where``, first attempt: say so in ``dir/hanging`` and wait there until
+    the test takes the turn's node (or worker) away."""
+    if _PLAN.get("hang") == where and _first_time():
+        (Path(_PLAN["dir"]) / "hanging").write_text(str(os.getpid()))
+        await asyncio.sleep(3600)  # allowed: the agent's own work under test (until its node is lost)
+
+
 @tool
 async def charge(amount: int) -> dict[str, Any]:
     """Charge the card (not idempotent)."""
@@ -95,6 +103,7 @@ async def lookup(q: str) -> dict[str, Any]:
     """Look a fare up (not idempotent)."""
     _append("lookups", current_call().idempotency_key)
     _maybe_kill("in_lookup")
+    await _maybe_hang("in_lookup")
     return {"found": q, "fare": 120}
 
 
