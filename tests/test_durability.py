@@ -7,6 +7,7 @@ final output is the uninterrupted run's."""
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,22 @@ async def test_a_turn_whose_agent_records_nothing_sends_no_step_and_carries_none
             result = await sup.run("examples.agents:echo", {"x": 1}, retry=True)
         assert result.outcome == "completed"
         assert sup.steps.records(result.turn_id) is None and sup.steps.recorded == 0
+
+
+async def test_a_resumed_turn_cancelled_before_its_next_attempt_says_it_started(tmp_path: Path) -> None:
+    """A ``retry=True`` turn whose first attempt ran (and died) and that is cancelled while queued
+    for its next one ends ``aborted`` with ``started`` true: a result never says a turn that ran did
+    not (its caller would repeat its side effects)."""
+    async with Supervisor(workers=1, spares=0, heartbeat=0) as sup:
+        handle = await sup.submit(AGENT, {"dir": str(tmp_path), "kill": "in_reserve"}, retry=True)
+        # Cancelled as soon as its worker died (its resumed event is out): queued again, or just
+        # started again: either way it ran once already.
+        with anyio.fail_after(60):
+            async with aclosing(handle.events()) as events:
+                async for event in events:
+                    if event.get("type") == "resumed":
+                        await handle.cancel()
+                        break
+            result = await handle.result()
+    assert result.attempts == 2 and result.started, result
+    assert len(lines(tmp_path, "reserves")) in (1, 2)
