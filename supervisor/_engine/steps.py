@@ -127,6 +127,11 @@ class StepRecords:
         steps = self.live.get(turn.id)
         if steps is None or not steps.records or turn.attempts <= 1:
             return wire.NIL
+        if steps.bytes + len(turn.input) > wire.MAX_PAYLOAD_SIZE:
+            # S-SIZE: a Run over the link's frame limit would cost the worker its link; the loop
+            # is told why it cannot resume instead.
+            why = f"the turn's step records ({steps.bytes} bytes) and input do not fit in one message"
+            return msgspec.Raw(_encode([{"unreadable": why}]))
         return msgspec.Raw(_encode([msgspec.Raw(r) for r in steps.records]))
 
     def from_step(self, turn_id: str) -> int:
