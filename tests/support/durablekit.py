@@ -44,9 +44,15 @@ def from_step(boundary: str) -> int:
 
 
 def check_resumed(
-    boundary: str, d: Path, result: TurnResult, events: list[Any], baseline: dict[str, Any]
+    boundary: str,
+    d: Path,
+    result: TurnResult,
+    events: list[Any],
+    baseline: dict[str, Any],
+    first_attempt_events: bool = False,
 ) -> None:
-    """What a turn killed once at ``boundary`` and resumed must show (worker or daemon alike)."""
+    """What a turn killed once at ``boundary`` and resumed must show (worker or daemon alike).
+    ``first_attempt_events``: the follower also saw the first attempt (the supervisor outlived it)."""
     assert result.outcome == "completed", (boundary, result)
     assert result.attempts == 2, (boundary, result)
     assert (d / "killed").exists(), boundary
@@ -55,6 +61,18 @@ def check_resumed(
         boundary,
         events,
     )
+    # Each attempt's events in order, the resumed event between them: the first attempt's up to the
+    # kill, then only what the second attempt did anew (what it reused is not told again).
+    at = events.index(resumed[0])
+    k = from_step(boundary)
+    if first_attempt_events:
+        before = [e.get("text") for e in events[:at] if e.get("type") == "delta"]
+        asked = k + (1 if boundary.startswith("model") or boundary == "end" else 0)
+        assert before[: min(k, 3)] == [f"step {n}. " for n in range(1, min(k, 3) + 1)], (boundary, events)
+        assert len(before) <= asked, (boundary, before)
+    after = [e.get("text") for e in events[at + 1 :] if e.get("type") == "delta"]
+    fresh = [f"step {n}. " for n in range(k + 1, 4)] + ([] if boundary == "end" else [result.output["text"]])
+    assert after == fresh, (boundary, events)
     # Exactly once per call across both attempts: completed calls are not run again, and a call that
     # started without completing is not run again either unless its tool is idempotent.
     assert len(lines(d, "charges")) == 1, boundary
