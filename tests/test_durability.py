@@ -126,3 +126,19 @@ async def test_a_resumed_turn_cancelled_before_its_next_attempt_says_it_started(
             result = await handle.result()
     assert result.attempts == 2 and result.started, result
     assert len(lines(tmp_path, "reserves")) in (1, 2)
+
+
+async def test_step_records_a_worker_sends_past_the_limits_are_refused_at_the_supervisor() -> None:
+    """S-SIZE at the supervisor's boundary: a worker that sends step records itself, out of order, too
+    large or past the turn's total, gets each refused with the reason (the supervisor keeps none of
+    them), and the turn goes on."""
+    async with Supervisor(workers=1, spares=0) as sup:
+        with anyio.fail_after(60):
+            result = await sup.run("tests.agents.durable:raw_steps")
+        assert result.outcome == "completed", result
+        errors = result.output["errors"]
+        assert "out of order" in errors[0]
+        assert "over the limit" in errors[1]
+        assert "would hold over" in errors[2]
+        records = sup.steps.records(result.turn_id)
+        assert records is not None and 6 <= len(records) <= 7  # only what fit

@@ -109,9 +109,10 @@ class StepLog:
             raise StepRefused(self.error)
 
     def on_ack(self, msg: wire.StepAck) -> None:
-        if msg.error is not None and self.error is None:
-            self.error = msg.error
-        if msg.seq > self.acked:
+        if msg.error is not None:
+            if self.error is None:
+                self.error = msg.error  # a refused record is not durable, nor is any after it
+        elif msg.seq > self.acked:
             self.acked = msg.seq
         keep = []
         for seq, fut in self.waiters:

@@ -32,6 +32,9 @@ log = logging.getLogger("turnpool.supervisor")
 MAX_ATTEMPTS = 5
 # S-SIZE: the largest record kept (the worker refuses bigger ones itself; this is the boundary's check).
 MAX_RECORD_BYTES = 4 * 1024 * 1024 + 4096
+# S-SIZE: the most a live turn's records may hold here (the worker stops at 24 MiB; a worker that
+# does not is refused past this, so no agent can grow the supervisor's memory without bound).
+MAX_TURN_BYTES = 24 * 1024 * 1024 + 65536
 # Ended turns whose records stay readable (S-INSPECT), and their bytes in all; the oldest go first.
 KEEP_TURNS = 10_000
 KEEP_BYTES = 64 * 1024 * 1024
@@ -91,6 +94,8 @@ class StepRecords:
             error = f"step record {msg.seq} is out of order (the turn has {len(steps.records)})"
         elif len(data) > MAX_RECORD_BYTES:
             error = f"a step record of {len(data)} bytes is over the limit of {MAX_RECORD_BYTES}"
+        elif steps.bytes + len(data) > MAX_TURN_BYTES:
+            error = f"the turn's step records would hold over {MAX_TURN_BYTES} bytes"
         if error is not None:
             self.sup._send(slot, wire.StepAck(turn.id, msg.seq, error))
             return

@@ -166,3 +166,33 @@ async def big_output(turn: worker.Turn) -> dict[str, Any]:
     result = await AgentLoop(Model(), [dump], turn=turn).run("dump")
     _maybe_kill("end")
     return {"text": result.text}
+
+
+async def raw_steps(turn: worker.Turn) -> dict[str, Any]:
+    """Sends step records past the supervisor's checks (a hostile agent's own ``wire.Step``s): one
+    out of order, one over the record limit, then 4 MiB records until the turn's total refuses one.
+    Returns the refusals' reasons, in order."""
+    import msgspec
+
+    import wire
+
+    conn = turn._conn
+    log = turn._steps()
+    errors: list[str] = []
+
+    async def send(seq: int, size: int) -> None:
+        fut = conn._loop.create_future()
+        log.waiters.append((seq, fut))
+        conn.post(wire.Step(turn.id, seq, 0, "model", msgspec.Raw(msgspec.msgpack.encode("x" * size))))
+        await fut
+        if log.error is not None:
+            errors.append(log.error)
+            log.error = None
+
+    await send(5, 10)  # out of order: the turn has none yet
+    await send(0, 5 * 1024 * 1024)  # over the record limit
+    seq = 0
+    while len(errors) < 3:
+        await send(seq, 4 * 1024 * 1024 - 64)
+        seq += 1
+    return {"errors": errors}
