@@ -651,3 +651,40 @@ async def test_submit_many_and_results_run_each_input_once_across_the_nodes(sup:
     assert len({node_of(h.turn_id) for h in handles}) == len(_keys(sup))
     assert [r.output for r in results] == [{"i": i} for i in range(40)]
     assert [r.turn_id for r in results] == [h.turn_id for h in handles]
+
+
+async def test_a_lost_node_resumes_a_retried_agent_turn_from_its_last_step(
+    sup: RaySupervisor, cluster: Cluster, tmp_path: Path
+) -> None:
+    """S-RAY: a ``retry=True`` 3-tool ``AgentLoop`` turn whose node is removed while its third tool
+    runs (the first two completed, the third started after its effect) runs again on another node
+    from its last recorded step: its records lived with the router. No call runs twice; the third,
+    whose outcome the loss left unknown, is told to the model; the model is not asked again for
+    the three responses it gave."""
+    doomed = cluster.add_node(num_cpus=2, object_store_memory=OBJECT_STORE)
+    removed = False
+    try:
+        with anyio.fail_after(BOUND * 2):
+            await sup.wait_nodes(3)
+            key = doomed.node_id[:12]
+            handle = await sup.submit(
+                "tests.agents.durable:trip",
+                {"dir": str(tmp_path), "hang": "in_lookup"},
+                session=_session_on(sup, key, "durable"),
+                retry=True,
+            )
+            assert sup.node_of_turn(handle.turn_id) == key
+            await _wait_file(tmp_path / "hanging")
+            await anyio.to_thread.run_sync(lambda: cluster.remove_node(doomed, allow_graceful=False))
+            removed = True
+            result = await handle.result()
+        assert result.outcome == "completed" and result.attempts == 2, result
+        assert sup.node_of_turn(handle.turn_id) != key
+        for name in ("charges", "reserves", "lookups"):
+            assert len((tmp_path / name).read_text().splitlines()) == 1, name
+        assert len((tmp_path / "opens").read_text().splitlines()) == 4  # 3 recorded, the 4th asked once
+        assert "'c3'" in result.output["text"] and "unknown" in result.output["text"], result.output
+    finally:
+        if not removed:
+            cluster.remove_node(doomed)
+        await _wait_node_dead(doomed.node_id)

@@ -82,6 +82,10 @@ class Run(_Msg, tag="run", frozen=True):
     after_pid: int = 0
     after_start: int = 0
     trace: str | None = None  # W3C ``traceparent`` the agent's own spans nest under (T-TRACE)
+    # S-RESUME: the attempt this run is (1: the first) and, on a later attempt, the step records of
+    # the earlier ones (a msgpack array of ``Step.record`` payloads, in ``seq`` order; NIL: none).
+    attempt: int = 1
+    steps: msgspec.Raw = NIL
 
 
 class Abort(_Msg, tag="abort", frozen=True):
@@ -123,7 +127,16 @@ class Proceed(_Msg, tag="proceed", frozen=True):
     turn_id: str
 
 
-ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke | EndAck | Proceed
+class StepAck(_Msg, tag="step_ack", frozen=True):
+    """S-DURABLE: every step record of ``turn_id`` up to ``seq`` is durable (a daemon's journal
+    committed it); ``error``: record ``seq`` was refused (why), nothing after it was kept."""
+
+    turn_id: str
+    seq: int
+    error: str | None = None
+
+
+ToWorker = Run | Abort | SpawnReply | Shutdown | Revoke | EndAck | Proceed | StepAck
 
 
 # ---- worker → supervisor -------------------------------------------------------------
@@ -194,4 +207,17 @@ class BadFrame(_Msg, tag="bad_frame", frozen=True):
     reason: str
 
 
-FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame | Revoked
+class Step(_Msg, tag="step", frozen=True):
+    """S-DURABLE: one step record of a running turn (``worker.agent``'s records: a model response,
+    a tool call started, a tool call completed), ``seq`` counting from 0 across the turn's attempts;
+    ``step`` is the model step it belongs to, ``kind`` what it records. The supervisor keeps it
+    (a daemon: in its journal) and answers ``StepAck`` once it is durable."""
+
+    turn_id: str
+    seq: int
+    step: int
+    kind: str
+    record: msgspec.Raw
+
+
+FromWorker = Ready | Heartbeat | Started | Event | End | Spawn | SpawnCancel | BadFrame | Revoked | Step

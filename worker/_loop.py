@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, TurnError
+from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, StepAck, TurnError
 
 from . import _endlog, _heap, _heir, _marker, _toolproc, adapters
 from ._connection import Connection
@@ -220,6 +220,12 @@ class WorkerLoop:
             if self.acked is not None and not self.acked.done():
                 self.acked.set_result(None)
 
+    def on_step_ack(self, msg: StepAck) -> None:
+        """S-DURABLE: the supervisor made the running turn's step records durable up to ``seq``."""
+        turn = self.current
+        if turn is not None and turn.id == msg.turn_id and turn._steplog is not None:
+            turn._steplog.on_ack(msg)
+
     def on_run(self, msg: Run) -> None:
         if msg.after_pid:
             self.hold(msg)
@@ -310,7 +316,7 @@ class WorkerLoop:
         except (msgspec.DecodeError, RecursionError) as exc:  # W-DEEP: too deep to decode here
             self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
             return
-        turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn)
+        turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn, msg.attempt, msg.steps)
         self.current = turn
         outcome: str
         output = wire.NIL
@@ -552,6 +558,8 @@ async def serve(
                         loop.on_end_ack(msg)
                     case Proceed():
                         loop.proceed(msg.turn_id)
+                    case StepAck():
+                        loop.on_step_ack(msg)
                     case SpawnReply():
                         conn.spawn_reply(msg)
                     case Shutdown():

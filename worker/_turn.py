@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
+import wire
 from wire import Cause, TurnResult
 
 from ._errors import TurnCancelled
+from ._steps import StepLog
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -99,20 +101,39 @@ class Turn:
     ``id``, ``input``, ``session``, ``parent``; ``signal`` (this turn's cancellation);
     ``emit`` streams an event to whoever follows the turn; ``checkpoint`` raises
     :class:`TurnCancelled` once cancelled; ``spawn`` runs a child turn in another worker.
+    ``attempt`` is 1, or more for a ``retry=True`` turn run again after its worker died (S-RESUME).
     """
 
-    __slots__ = ("id", "input", "session", "parent", "signal", "_conn", "_yielded_at")
+    __slots__ = ("id", "input", "session", "parent", "signal", "attempt", "_conn", "_yielded_at",
+                 "_recorded", "_steplog")  # fmt: skip
 
     def __init__(
-        self, turn_id: str, input: Any, session: str | None, parent: str | None, conn: Connection
+        self,
+        turn_id: str,
+        input: Any,
+        session: str | None,
+        parent: str | None,
+        conn: Connection,
+        attempt: int = 1,
+        recorded: Any = wire.NIL,
     ) -> None:
         self.id = turn_id
         self.input = input
         self.session = session
         self.parent = parent
         self.signal = CancelSignal()
+        self.attempt = attempt
         self._conn = conn
         self._yielded_at = 0.0  # when the event loop was last seen to turn by ``emit`` (R-EMIT)
+        self._recorded = recorded  # S-RESUME: the earlier attempts' step records (``Run.steps``)
+        self._steplog: StepLog | None = None
+
+    def _steps(self) -> StepLog:
+        """The turn's step log (``worker.agent`` records through it), made on first use."""
+        log = self._steplog
+        if log is None:
+            log = self._steplog = StepLog(self.id, self.attempt, self._recorded, self._conn)
+        return log
 
     # R18: an emitted event is on the wire when emit returns.
     async def emit(self, event: Any) -> None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .hooks import Hooks
     from .pool import WorkerPool, WorkerSlot
     from .settings import EngineOptions
+    from .steps import StepRecords
     from .timers import Timers
     from .turns import TurnRecord
 
@@ -65,8 +66,10 @@ class Dispatcher:
         send: Send,
         timers: Timers,
         hooks: Hooks,
+        steps: StepRecords | None = None,
     ) -> None:
         self.book = book
+        self.steps = steps  # S-RESUME: the records a later attempt's Run carries (None: none kept)
         self.options = options
         self.pool = pool
         self.send = send
@@ -311,7 +314,23 @@ class Dispatcher:
             # S1: the deadline is armed at handoff; it counts from the start the worker reports
             # or notes in its start marker, whichever the supervisor learns first.
             turn.timer = self.timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
-        if after is None:
+        if turn.attempts > 1 and self.steps is not None:
+            # S-RESUME: a later attempt carries the earlier ones' step records
+            held = after or (0, 0)
+            records = self.steps.for_run(turn)
+            run = wire.Run(
+                turn.id,
+                turn.agent,
+                turn.input,
+                turn.session,
+                turn.parent,
+                *held,
+                turn.trace,
+                turn.attempts,
+                records,
+            )
+            self.send(slot, run)
+        elif after is None:
             self.send(
                 slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace)
             )

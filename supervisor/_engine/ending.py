@@ -111,7 +111,9 @@ class Finisher:
             output=output,
             error=error,
             cause=cause,
-            started=turn.started,
+            # S-RESUME: a turn queued again after an attempt ran (or may have) says so, even if it
+            # ends before its next attempt starts.
+            started=turn.started or turn.attempts > 1,
             worker_pid=worker_pid,
             exit_code=exit_code,
             queued_s=(started_at if started_at is not None else now) - turn.submitted_at,

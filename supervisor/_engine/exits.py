@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .dispatch import Dispatcher
     from .ending import Finisher
     from .pool import WorkerPool, WorkerSlot
+    from .steps import StepRecords
     from .timers import Timers
     from .turns import TurnRecord
 
@@ -49,8 +50,10 @@ class ExitHandler:
         finisher: Finisher,
         timers: Timers,
         changed: Callable[[], None],
+        steps: StepRecords | None = None,
     ) -> None:
         self.book = book
+        self.steps = steps  # S-RESUME: requeues a retry=True turn whose worker died
         self.pool = pool
         self.drain = drain
         self.dispatcher = dispatcher
@@ -149,8 +152,10 @@ class ExitHandler:
                 log.warning(
                     "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
                 )
-                # R16: a crash costs one turn and one worker (refilled below).
-                finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
+                # R16: a crash costs one turn and one worker (refilled below); S-RESUME: a
+                # retry=True turn runs again from its last recorded step instead.
+                if self.steps is None or not self.steps.requeue(turn):
+                    finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
         if moot:
             pool.drop_files_later(slot)
         self.changed()

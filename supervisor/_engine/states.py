@@ -31,7 +31,8 @@ TurnState = Literal["queued", "handed", "running", "ending", "ended", "kept"]
 MOVES: dict[str, frozenset[str]] = {
     "queued": frozenset({"handed", "ended", "kept"}),  # handed to a worker; aborted unstarted; set aside
     "handed": frozenset({"queued", "running"}),  # given back (revoked, taken back, its worker died); started
-    "running": frozenset({"ending", "ended"}),  # held behind live children; ended
+    # held behind live children; ended; S-RESUME: its worker died and a retry=True turn runs again
+    "running": frozenset({"ending", "ended", "queued"}),
     "ending": frozenset({"ended"}),  # its last child ended
     "ended": frozenset(),
     "kept": frozenset(),

@@ -54,6 +54,7 @@ from .options import AGENT_RE, MAX_GRACE, MAX_INPUT_BYTES, MAX_TURN_ID, check_ag
 from .pool import WorkerPool, WorkerSlot
 from .settings import EngineOptions
 from .states import gate_cleared, gate_recorded
+from .steps import StepRecords
 from .timers import Timers
 from .turninfo import Views
 from .turns import TurnQueue, TurnRecord, TurnTable, input_known, request_differs, wait_done
@@ -197,11 +198,14 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             nice=options.worker_nice,
         )
         send = link.send
+        # S-DURABLE, S-RESUME: the step records of running turns, and resume after a crash.
+        self.steps = steps = StepRecords(book, send, hooks, self._bad_frame)
+        hooks.result.append(steps.ended)
         # The parts, each given what it reads and writes. Dispatch, escalation and ending need each
         # other (a cancel ends a queued turn, an end hands the freed worker on, a start arms the
         # ladder): the two built first are connected to the later ones once all three exist.
         self._finisher = finisher = Finisher(book, hooks, send, timers)
-        self._dispatcher = dispatcher = Dispatcher(book, options, pool, send, timers, hooks)
+        self._dispatcher = dispatcher = Dispatcher(book, options, pool, send, timers, hooks, steps)
         self._escalation = escalation = Escalation(
             book, pool.slots, send, timers, hooks, dispatcher, finisher, _procs.signal_tree
         )
@@ -213,7 +217,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         )
         self._children = children = ChildTurns(book, send, admission, escalation, dispatcher)  # rule 7
         # Exit handling: what a worker's death means for its turns (E1, S1, R13).
-        self._exits = ExitHandler(book, pool, link.drain, dispatcher, finisher, timers, changes.notify)
+        self._exits = ExitHandler(book, pool, link.drain, dispatcher, finisher, timers, changes.notify, steps)
         # Starting and disposing (H1: its background tasks live in a task of their own).
         self._life = Lifecycle(book, options, pool, link, timers, dispatcher, escalation, finisher, changes)
         # One handler per message type a worker sends (``_on_message``).
@@ -227,6 +231,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             wire.Revoked: self._on_revoked,
             wire.Heartbeat: self._on_heartbeat,
             wire.BadFrame: self._on_bad_frame,
+            wire.Step: steps.on_step,
         }
 
     # ---- read-only accessors front ends use ---------------------------------------------
@@ -338,8 +343,9 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         Raises ``InvalidAgent`` (agent syntax), ``TypeError`` (input not encodable, bad
         argument types), ``ValueError`` (negative times), ``QueueFull``, ``SupervisorClosed``.
         A ``turn_id`` that already exists returns the existing turn's handle (never runs twice).
-        ``retry=True`` lets a daemon with a journal run the turn again after a restart that
-        interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
+        ``retry=True`` runs the turn again when its worker dies while it runs, or after a restart of a
+        daemon with a journal that interrupted it (``attempts`` counts the runs), resuming from its
+        recorded steps (S-RESUME, docs/durability.md); otherwise such a turn ends ``crashed``.
         """
         # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)

@@ -28,6 +28,8 @@ from .._errors import UnknownTurn, shown_id
 from .._paths import check_endpoint, default_endpoint
 from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
 from . import options
+from .steps import summary as steps_summary
+from .steps import turn_steps
 
 
 def _since(value: str) -> float:
@@ -64,6 +66,7 @@ def register(sub: Any) -> None:
     h.add_argument(
         "--limit", type=options.positive_int, default=100, help="at most this many turns (default 100)"
     )
+    h.add_argument("--steps", action="store_true", help="add each turn's steps and its calls' states")
     options.add_json(h, help="one JSON object per line")
     options.add_endpoint(
         h,
@@ -75,6 +78,11 @@ def register(sub: Any) -> None:
     r = sub.add_parser("result", help="print one past turn's result as JSON")
     r.add_argument("turn_id")
     r.add_argument("--journal", default=None, help="journal file (default: the daemon's at --endpoint)")
+    r.add_argument(
+        "--steps",
+        action="store_true",
+        help="print {turn_id, result, steps}: its model steps and each tool call's state (running turns too)",
+    )
     options.add_json(r, help="print the result as JSON (the default output already is)")
     options.add_endpoint(r, help="the daemon whose journal to read", timeout=False)
     r.set_defaults(func=result)
@@ -152,7 +160,7 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
         str(row["attempts"]),
         iso_utc(row["accepted_at"]),
         took,
-    )
+    ) + ((row["steps"],) if "steps" in row else ())
 
 
 def history(args: argparse.Namespace) -> int:
@@ -164,12 +172,15 @@ def history(args: argparse.Namespace) -> int:
     except (JournalError, ValueError) as exc:
         print(f"turnpool history: {exc}", file=sys.stderr)
         return 2
+    if args.steps:  # S-INSPECT
+        for row in rows:
+            row["steps"] = steps_summary(turn_steps(path, row["turn_id"]))
     if args.json:
         for row in rows:
             print(json.dumps(history_json(row)))
         return 0
     if not sys.stdout.isatty():  # C-PIPE: plain, whole values, one header row
-        print("\t".join(HISTORY_COLUMNS))
+        print("\t".join(HISTORY_COLUMNS + (("steps",) if args.steps else ())))
         for row in rows:
             print("\t".join(" ".join(c.split()) if c else "" for c in _cells(row)))
         return 0
@@ -177,7 +188,7 @@ def history(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"turns in {path}")
-    for col in HISTORY_COLUMNS:
+    for col in HISTORY_COLUMNS + (("steps",) if args.steps else ()):
         table.add_column(col)
     for row in rows:
         table.add_row(*_cells(row))
@@ -188,7 +199,10 @@ def history(args: argparse.Namespace) -> int:
 def result(args: argparse.Namespace) -> int:
     try:
         check_known_id("TURN_ID", args.turn_id)
-        res = read_result(_path(args), args.turn_id)
+        path = _path(args)
+        if args.steps:  # S-INSPECT: a turn still running (or crashed, before it resumed) too
+            return _print_steps(path, args.turn_id)
+        res = read_result(path, args.turn_id)
     except (JournalError, ValueError) as exc:
         print(f"turnpool result: {exc}", file=sys.stderr)
         return 2
@@ -199,4 +213,20 @@ def result(args: argparse.Namespace) -> int:
         print(f"turnpool result: turn {shown_id(args.turn_id)} has not ended yet", file=sys.stderr)
         return 1
     print(msgspec.json.encode(res).decode())
+    return 0
+
+
+def _print_steps(path: str, turn_id: str) -> int:
+    try:
+        res = read_result(path, turn_id)
+    except UnknownTurn as exc:
+        print(f"turnpool result: {exc}", file=sys.stderr)
+        return 1
+    steps = turn_steps(path, turn_id)
+    out = {
+        "turn_id": turn_id,
+        "result": msgspec.to_builtins(res) if res is not None else None,
+        "steps": steps,
+    }
+    print(msgspec.json.encode(out).decode())
     return 0

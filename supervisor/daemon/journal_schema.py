@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 
 from .._errors import DaemonAlreadyRunning, TurnpoolError
+from .journal_steps import STEPS_SCHEMA
 
 SCHEMA_VERSION = 2
 APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
@@ -99,7 +100,9 @@ BEGIN
 END;
 """
 
-SCHEMA = TABLES + TRIGGERS
+# S-DURABLE: the ``steps`` table (``journal_steps.py``) is made at open too, but is not one J4
+# requires: a journal from before it gets it, empty.
+SCHEMA = TABLES + TRIGGERS + STEPS_SCHEMA
 # J4: the tables every journal of a schema has (a schema-1 file had ``turns`` and ``events`` from
 # its first version; ``health`` came later).
 REQUIRED = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES))

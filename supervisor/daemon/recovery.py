@@ -33,6 +33,7 @@ from .._engine import Supervisor, TurnRecord
 from .._errors import JournalUnavailable
 from .clients import Gate
 from .journal import Journal, RecoveredTurn
+from .journal_steps import attach_steps
 from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")
@@ -147,6 +148,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             error_changed(journal.error)
         sup.set_dispatch_gate(gate)
         recover(sup, journal)
+        attach_steps(sup, journal)  # S-DURABLE, S-RESUME: records to the journal; resumed turns get theirs
         journal.attach()  # J-LOOP: from here the loop talks to the writer process itself
         sup.add_hooks(on_accept=child_accepted)
 

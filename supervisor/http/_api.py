@@ -8,6 +8,7 @@ supervisor's ``handle``, ``cancel``, ``cancel_session``, ``follow_raw``, ``turn_
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,9 @@ from .._errors import (
     UnknownTurn,
 )
 from .._tracing import CALLER_TRACE, valid_traceparent
+from ..daemon import journal_read
+from ..daemon.journal_schema import JournalError
+from ..daemon.journal_steps import view_steps
 from . import _schema
 from ._guard import Guard
 from ._sse import EventStream
@@ -265,6 +269,35 @@ async def get_turn_state(request: Request) -> Response:
     return _respond(_state(front, _param(request, "turn_id")))
 
 
+async def get_turn_steps(request: Request) -> Response:
+    """S-INSPECT: ``GET /v1/turns/{id}/steps``: the turn's step records as steps, each tool call with
+    its state (from the daemon's memory while it holds them, else from its journal)."""
+    front = _front(request)
+    turn_id = _param(request, "turn_id")
+    steps = front.sup.steps.view(turn_id)
+    if steps is None:
+        path = front.daemon.journal_path
+        known = front.sup.find(turn_id) is not None
+        if path is not None:
+            try:
+                steps = await anyio.to_thread.run_sync(view_steps, path, turn_id)
+                known = known or await anyio.to_thread.run_sync(read_result_or_none, path, turn_id)
+            except (sqlite3.Error, JournalError) as exc:
+                raise ApiError(503, "internal", f"the journal cannot be read: {exc}") from None
+        if not known:
+            raise ApiError(404, "unknown_turn", str(UnknownTurn(turn_id)))
+    return _respond({"turn_id": turn_id, "steps": steps or []})
+
+
+def read_result_or_none(path: str, turn_id: str) -> bool:
+    """Whether the journal at ``path`` knows ``turn_id`` (ended or not)."""
+    try:
+        journal_read.read_result(path, turn_id)
+    except UnknownTurn:
+        return False
+    return True
+
+
 async def list_turns(request: Request) -> Response:
     front = _front(request)
     states = tuple(s for s in request.query_params.get("state", "running").split(",") if s)
@@ -398,6 +431,7 @@ def build_app(front: HttpFrontEnd) -> tuple[Any, Guard]:
         Route("/v1/turns", list_turns, methods=["GET"]),
         Route("/v1/turns/{turn_id}", get_turn, methods=["GET"]),
         Route("/v1/turns/{turn_id}/state", get_turn_state, methods=["GET"]),
+        Route("/v1/turns/{turn_id}/steps", get_turn_steps, methods=["GET"]),
         Route("/v1/turns/{turn_id}/events", events, methods=["GET"]),
         Route("/v1/turns/{turn_id}/cancel", cancel, methods=["POST"]),
         Route("/v1/sessions/{session}/cancel", cancel_session, methods=["POST"]),

@@ -65,6 +65,36 @@ class TurnState(msgspec.Struct, kw_only=True):
     now: float | None = None
 
 
+class StepCall(msgspec.Struct, kw_only=True):
+    """One tool call of a step (S-INSPECT): ``state`` ``not_started``, ``started`` (its outcome
+    unknown if the turn crashed then), ``completed`` (``output``, or ``error``), ``not_recorded``
+    (its output was too large to record)."""
+
+    call_id: str
+    name: str
+    arguments: Any = None
+    state: Literal["not_started", "started", "completed", "not_recorded"]
+    output: Any = None
+    error: str | None = None
+
+
+class TurnStep(msgspec.Struct, kw_only=True):
+    """One model step: the agent loop (``loop``), its index (``step``), the model's text and calls."""
+
+    loop: int = 0
+    step: int = 0
+    text: str = ""
+    finish: str | None = None
+    calls: list[StepCall] = []
+
+
+class TurnSteps(msgspec.Struct, kw_only=True):
+    """``GET /v1/turns/{id}/steps``: the turn's recorded steps, oldest first."""
+
+    turn_id: str
+    steps: list[TurnStep]
+
+
 class TurnList(msgspec.Struct, kw_only=True):
     """``GET /v1/turns?state=…``: ``now`` is the server's clock (epoch seconds) for ages and countdowns."""
 
@@ -132,6 +162,7 @@ _TYPES: tuple[Any, ...] = (
     TurnResult,
     TurnState,
     TurnList,
+    TurnSteps,
     CancelReply,
     SessionCancelReply,
     OutcomeSeries,
@@ -279,6 +310,13 @@ def openapi() -> dict[str, Any]:
                 "summary": "This document",
                 "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1"), **_errors()},
             }
+        },
+        "/v1/turns/{turn_id}/steps": {
+            "get": {
+                "summary": "The turn's recorded steps, each tool call with its state (S-INSPECT)",
+                "parameters": [turn_id],
+                "responses": {"200": _json(_ref("TurnSteps"), "its steps"), **_errors(404, 503)},
+            },
         },
         "/v1/turns/{turn_id}/state": {
             "get": {

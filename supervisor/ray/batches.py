@@ -15,8 +15,20 @@ import msgspec
 
 from wire import Cause, TurnResult
 
-# One request: agent, encoded input, session, timeout, grace, kill_after, turn_id, retry.
-Request = tuple[str, msgspec.Raw, str | None, float | None, float | None, float | None, str, bool]
+# One request: agent, encoded input, session, timeout, grace, kill_after, turn_id, retry, attempts and
+# (S-RAY) the step records of its earlier attempts as (kind, record) pairs.
+Request = tuple[
+    str,
+    msgspec.Raw,
+    str | None,
+    float | None,
+    float | None,
+    float | None,
+    str,
+    bool,
+    int,
+    list[tuple[str, bytes]],
+]
 
 _encoder = msgspec.msgpack.Encoder()
 _requests = msgspec.msgpack.Decoder(list[Request])

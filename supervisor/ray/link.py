@@ -25,6 +25,7 @@ from wire import TurnResult
 
 from .batches import decode_results, encode_requests
 from .node import SUBMIT_BATCH
+from .steps import keep
 from .turns import lost_result
 
 if TYPE_CHECKING:
@@ -139,6 +140,21 @@ class NodeLink:
             except ray.exceptions.RayError as exc:
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             await self.lose(self, reason)
+            return
+
+    async def steps_stream(self) -> None:
+        """S-RAY: keeps the node's step records on their turns, and acknowledges each batch to the
+        node once kept. Ends when the node goes: its results stream tells the loss."""
+
+        def mine(turn_id: str) -> RoutedTurn | None:
+            turn = self.table.get(turn_id)
+            return turn if turn is not None and turn.node is self and not turn.done else None
+
+        try:
+            async for ref in self.actor.steps.remote():
+                batch = keep(await ref, mine)
+                await self.actor.steps_acked.remote(batch)
+        except ray.exceptions.RayError:
             return
 
     def settle(self, result: TurnResult) -> None:

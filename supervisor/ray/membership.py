@@ -174,6 +174,7 @@ class Membership:
         self.nodes[key] = node
         assert self._tg is not None
         self._tg.start_soon(node.results_stream)
+        self._tg.start_soon(node.steps_stream)
         self._tg.start_soon(node.flusher)
         log.info("node supervisor up on node %s (pid %s, %d workers)", key, node.pid, workers)
         self._changes.notify()

@@ -43,6 +43,7 @@ from .._errors import TurnpoolError
 from .._paths import IPC_PATH_MAX, IPC_SUFFIX_MAX, runtime_dir
 from .batches import Request, decode_requests, encode_cancel_reply, encode_results
 from .placement import new_turn_id
+from .steps import NodeSteps
 
 # Results and events travel in batches: a Ray call costs about a millisecond, a turn far less.
 MAX_BATCH = 4096
@@ -121,6 +122,7 @@ class NodeSupervisor:
         self._closed = False
         self._stop = asyncio.Event()
         self._main: asyncio.Future[None] | None = None
+        self._steps = NodeSteps()  # S-RAY: step records go to the router, acknowledged from there
 
     async def start(self) -> dict[str, Any]:
         """Start the engine on this (the actor's event-loop) thread; returns who we are."""
@@ -152,6 +154,7 @@ class NodeSupervisor:
         try:
             async with Supervisor(**self.options) as sup:
                 sup.add_hooks(on_result=self._on_result)
+                sup.steps.set_sink(self._steps)
                 self.sup = sup
                 ready.set_result(None)
                 await self._stop.wait()
@@ -188,9 +191,11 @@ class NodeSupervisor:
 
         def accept(first: int, rows: list[Request]) -> None:
             for i, row in enumerate(rows, first):
-                agent, raw, session, timeout, grace, kill_after, turn_id, retry = row
+                agent, raw, session, timeout, grace, kill_after, turn_id, retry, attempts, steps = row
                 try:
-                    sup.accept_encoded(
+                    if steps and turn_id:  # S-RAY: placed again after its node was lost
+                        sup.steps.restore(turn_id, steps)
+                    record = sup.accept_encoded(
                         agent,
                         raw,
                         session=session,
@@ -199,7 +204,10 @@ class NodeSupervisor:
                         kill_after=kill_after,
                         turn_id=turn_id or new_turn_id(self.key),
                         retry=retry,
+                        attempts=attempts,
                     )
+                    if attempts > 1:
+                        sup.steps.announce(record)
                 except (TurnpoolError, TypeError, ValueError) as exc:
                     refused.append((i, exc))
 
@@ -221,6 +229,15 @@ class NodeSupervisor:
                 await self._wake.wait()
             batch, self._outbox = self._outbox[:RESULT_BATCH], self._outbox[RESULT_BATCH:]
             yield encode_results(batch)
+
+    async def steps(self) -> AsyncIterator[bytes]:
+        """S-RAY: step records of this node's turns, in batches, as they come (one consumer: the router)."""
+        async for batch in self._steps.stream(lambda: self._closed):
+            yield batch
+
+    async def steps_acked(self, batch: int) -> None:
+        """S-RAY: the router holds step batch ``batch``: its records are durable."""
+        self._steps.acked(batch)
 
     async def follow(self, turn_id: str) -> AsyncIterator[list[Any]]:
         """The turn's events in order, in batches of what is there; ends when the turn ends."""

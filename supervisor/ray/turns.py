@@ -57,6 +57,7 @@ class RoutedTurn:
     result: TurnResult | None = None
     submitted_at: float = field(default_factory=time.time)
     resent: bool = False  # placed again after its node was lost
+    steps: list[tuple[str, bytes]] | None = None  # S-RAY: its step records, (kind, record) in seq order
 
     def row(self) -> Request:
         """The request as it travels to the node (``batches.encode_requests``)."""
@@ -70,6 +71,8 @@ class RoutedTurn:
             self.kill_after,
             self.turn_id,
             self.retry,
+            self.attempts,
+            self.steps or [],
         )
 
     def set_acked(self) -> None:
@@ -210,6 +213,7 @@ class TurnTable:
         if turn.done:
             return
         turn.result = result
+        turn.steps = None  # S-RAY: resumed no more
         self.open -= 1
         if turn.node is not None:
             turn.node.held.pop(turn.turn_id, None)

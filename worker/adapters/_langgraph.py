@@ -69,7 +69,10 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
         raise too_old(spec, obj, extra, "astream")
 
     async def run(turn: Turn) -> Any:
-        value, config = graph_input(turn.input, getattr(obj, "checkpointer", None) not in (None, False))
+        saver = getattr(obj, "checkpointer", None)
+        value, config = graph_input(turn.input, saver not in (None, False))
+        if type(saver).__name__ == "TurnCheckpointer":  # S-RESUME: step records behind the checkpoints
+            return await run_durable(obj, saver, turn, value, config)
         state: Any = None
         async with TurnThreads():
             async for mode, chunk in obj.astream(value, config, stream_mode=MODES):  # type: ignore[arg-type]
@@ -81,6 +84,33 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
         return jsonable(state)
 
     return run
+
+
+async def run_durable(graph: Any, saver: Any, turn: Turn, value: Any, config: dict[str, Any] | None) -> Any:
+    """A graph compiled with ``TurnCheckpointer``: each checkpoint recorded before the graph goes on
+    (``durability="sync"``); on a later attempt, resumed from the last one (``worker.adapters.langgraph``)."""
+    config = dict(config or {})
+    configurable = config["configurable"] = dict(config.get("configurable") or {})
+    configurable.setdefault("thread_id", turn.id)
+    token, resumed = saver.begin(turn)
+    try:
+        if resumed:
+            await saver.settle(graph, config)
+            value = None  # LangGraph: resume the thread from its last checkpoint
+        state: Any = None
+        async with TurnThreads():
+            stream = graph.astream(value, config, stream_mode=MODES, durability="sync")
+            async for mode, chunk in stream:
+                if mode == "values":
+                    state = chunk
+                    continue
+                for event in map_chunk(mode, chunk):
+                    await turn.emit(event)
+        if state is None:  # resumed past the last step: the state as it was left
+            state = (await graph.aget_state(config)).values
+        return jsonable(state)
+    finally:
+        saver.end(token)
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:

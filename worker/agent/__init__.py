@@ -2,9 +2,9 @@
 the cancellation detection points of the Rust worker spec.
 
 Layers: ``_messages`` (history, model events, request, results), ``_errors``, ``_cancel``
-(the cancel channel and its senders), ``_timeline``, ``_hooks``, ``_tools``, ``_model``
-(``ModelClient`` protocol, ``ScriptedModel``), ``_loop`` (``AgentLoop``), ``_openai``
-(``OpenAIModel``, needs the ``turnpool[openai]`` extra; imported lazily).
+(the cancel channel and its senders), ``_timeline``, ``_hooks``, ``_tools``, ``_steps`` (step
+records and resume), ``_model`` (``ModelClient`` protocol, ``ScriptedModel``), ``_loop``
+(``AgentLoop``), ``_openai`` (``OpenAIModel``, needs the ``turnpool[openai]`` extra; imported lazily).
 """
 
 from typing import Any
@@ -18,7 +18,9 @@ from ._errors import (
     ConfigWarnings,
     HookError,
     MaxStepsExceeded,
+    StepRecordError,
     ToolError,
+    UnknownToolOutcome,
 )
 from ._hooks import CONTINUE, Abort, Continue, Hook, Pause, Step, hook
 from ._loop import AgentLoop
@@ -36,6 +38,7 @@ from ._messages import (
     UserMessage,
 )
 from ._model import Delayed, ModelClient, ModelStream, Response, ScriptedModel
+from ._steps import CallInfo, current_call
 from ._timeline import Block, Timeline
 from ._tools import Tool, tool
 
@@ -47,6 +50,7 @@ __all__ = [
     "AgentLoopError",
     "AssistantMessage",
     "Block",
+    "CallInfo",
     "CancelReceiver",
     "CancelSender",
     "Cancelled",
@@ -70,14 +74,17 @@ __all__ = [
     "Response",
     "ScriptedModel",
     "Step",
+    "StepRecordError",
     "TextDelta",
     "Timeline",
     "Tool",
     "ToolCall",
     "ToolError",
     "ToolSpec",
+    "UnknownToolOutcome",
     "UserMessage",
     "cancel_channel",
+    "current_call",
     "hook",
     "tool",
 ]

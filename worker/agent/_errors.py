@@ -96,3 +96,27 @@ class ConfigWarnings(AgentLoopError):
     def __init__(self, warnings: Sequence[str]) -> None:
         self.warnings = tuple(warnings)
         super().__init__("; ".join(self.warnings))
+
+
+class UnknownToolOutcome(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` of a loop made with ``on_unknown_outcome="fail"`` when the
+    turn is resumed after a crash and a tool call had started but not completed (S-UNKNOWN): it
+    may or may not have taken effect, and the tool is not ``idempotent``. ``name`` and ``call_id``
+    say which call; the turn ends ``failed``."""
+
+    def __init__(self, *, name: str, call_id: str, step: int) -> None:
+        super().__init__(
+            f"tool call {call_id!r} ({name!r}, step {step}) started in an earlier attempt of this "
+            "turn that crashed before it completed: its outcome is unknown, and the tool is not "
+            "idempotent, so it is not run again"
+        )
+        self.name = name
+        self.call_id = call_id
+        self.step = step
+
+
+class StepRecordError(AgentLoopError):
+    """Raised by ``run()`` / ``resume()`` when the turn's step records cannot be used: a record
+    that cannot be read or belongs to another turn or run (refused at resume: the loop never
+    runs blind), a turn that cannot be resumed past a step whose record was too large, or the
+    supervisor could not make a record durable (S-CORRUPT)."""

@@ -37,6 +37,7 @@ from ._errors import (
     ConfigWarnings,
     HookError,
     MaxStepsExceeded,
+    StepRecordError,
     ToolError,
 )
 from ._hooks import Abort, Action, Hook, Pause, Step, as_action, call_maybe_async
@@ -56,6 +57,7 @@ from ._messages import (
     UserMessage,
 )
 from ._model import ModelClient, ModelStream
+from ._steps import ON_UNKNOWN_OUTCOME, LoopSteps, reset_current, set_current
 from ._timeline import Block, Timeline
 from ._tools import Tool
 
@@ -80,6 +82,13 @@ class AgentLoop:
     Bound to a turn (``turn=`` or ``bind(turn)``) the loop also stops when the turn's signal
     is set (a supervisor ``Abort``), raising ``Cancelled`` (a ``worker.TurnCancelled``) with the
     turn's cause, and it streams ``delta`` / ``tool_call`` / ``tool_result`` events to the turn.
+
+    Bound to a turn it also records each step durably through the supervisor (S-DURABLE,
+    ``_steps.py``), and on a later attempt of the turn (``retry=True`` after its worker died) it
+    resumes from them: recorded responses and outputs are used, not asked for or run again. A
+    call that started and did not complete is run again only by an ``idempotent`` tool; otherwise
+    ``on_unknown_outcome`` says what happens: ``"tell_model"`` (the call's output is an error
+    saying its outcome is unknown) or ``"fail"`` (``UnknownToolOutcome``).
     """
 
     def __init__(
@@ -95,7 +104,12 @@ class AgentLoop:
         emit_events: bool = True,
         max_steps: int = 50,
         max_tool_errors: int = 3,
+        on_unknown_outcome: str = "tell_model",
     ) -> None:
+        if on_unknown_outcome not in ON_UNKNOWN_OUTCOME:
+            raise ValueError(f"on_unknown_outcome must be 'tell_model' or 'fail', got {on_unknown_outcome!r}")
+        self.on_unknown_outcome = on_unknown_outcome
+        self._steps: LoopSteps | None = None  # the step records of the turn bound now (S-DURABLE)
         for name, value in (("max_steps", max_steps), ("max_tool_errors", max_tool_errors)):
             low = 1 if name == "max_steps" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -190,7 +204,7 @@ class AgentLoop:
         self._begin()
         self._paused_answer = None
         self.history.append(UserMessage(prompt))
-        return await self._finalize(self._turn_loop(resumed=False))
+        return await self._finalize(self._turn_loop(resumed=False, prompt=prompt))
 
     async def resume(self) -> RunResult:
         """Go on after a pause (or an interruption): run exactly the pending tool calls, once,
@@ -275,8 +289,19 @@ class AgentLoop:
 
     # ---- the step loop ----------------------------------------------------------------------
 
-    async def _turn_loop(self, *, resumed: bool) -> RunResult:
+    def _recorder(self) -> LoopSteps:
+        """This run's step records: the bound turn's (made when the loop first runs in it)."""
+        steps = self._steps
+        turn_id = self._turn.id if self._turn is not None else None
+        if steps is None or steps.turn_id != turn_id:
+            steps = self._steps = LoopSteps(self._turn._steps() if self._turn is not None else None)
+        return steps
+
+    async def _turn_loop(self, *, resumed: bool, prompt: str | None = None) -> RunResult:
         self._check_settings()
+        steps = self._recorder()
+        if prompt is not None:
+            steps.begin_run(prompt)
         index = 0
         first = True
         answer, self._paused_answer = self._paused_answer, None
@@ -308,6 +333,7 @@ class AgentLoop:
                 return outcome
             text, calls, finish = outcome
             if not calls:
+                await steps.durable()  # S-DURABLE: the answer is recorded before the agent acts on it
                 return Finished(text, index, finish)
 
     def _check_settings(self) -> None:
@@ -378,6 +404,11 @@ class AgentLoop:
     # ---- the model step -------------------------------------------------------------------
 
     async def _model_step(self) -> tuple[str, list[FunctionCall], str | None] | Paused:
+        steps = self._recorder()
+        recorded = steps.next_model_step()
+        if recorded is not None:  # S-RESUME: an earlier attempt has this response: not asked again
+            return self._replayed_response(recorded)
+        await steps.durable()  # S-DURABLE: the completed calls' records first
         request = ModelRequest(
             messages=tuple(self.history),
             tools=tuple(t.spec for t in self.tools.values()),
@@ -433,7 +464,19 @@ class AgentLoop:
             if finish is not None and not calls:
                 self._paused_answer = (joined, finish)
             return Paused(paused.reason, self.pending_tool_calls())
+        steps.record_model(joined, calls, finish)
         return joined, calls, finish
+
+    def _replayed_response(self, recorded: dict[str, Any]) -> tuple[str, list[FunctionCall], str | None]:
+        text = recorded.get("text") or ""
+        try:
+            calls = [FunctionCall(c[0], c[1], dict(c[2]), c[3]) for c in recorded.get("calls") or ()]
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise StepRecordError(f"a recorded model response cannot be read: {exc!r}") from None
+        if text:
+            self.history.append(AssistantMessage(text))
+        self.history.extend(calls)
+        return text, calls, recorded.get("finish")
 
     async def _next_event(self, stream: ModelStream) -> ModelEvent | None:
         with self._detect():  # detection point 3: between streamed events
@@ -461,8 +504,23 @@ class AgentLoop:
         outputs: dict[str, FunctionCallOutput] = {}
         failures: dict[str, BaseException] = {}
         turn_cancelled: list[TurnCancelled] = []
+        steps = self._recorder()
+        # S-RESUME, S-UNKNOWN: outputs the records already hold; the other calls are recorded
+        # ``started`` (durable) before any of them runs.
+        known, replayed = steps.plan(calls, self.tools, self.on_unknown_outcome)
+        await steps.started(
+            [
+                c
+                for c in calls
+                if c.call_id not in known and not self._model_mistake(c, self.tools.get(c.name))
+            ]
+        )
 
         async def run_one(call: FunctionCall, group: anyio.abc.TaskGroup) -> None:
+            if call.call_id in known:
+                outputs[call.call_id] = FunctionCallOutput(call.call_id, call.name, known[call.call_id])
+                block.results[call.call_id] = known[call.call_id]
+                return
             t = self.tools.get(call.name)
             mistake = self._model_mistake(call, t)
             if mistake is not None:
@@ -480,6 +538,7 @@ class AgentLoop:
                 block.results[call.call_id] = value
                 return
             assert t is not None
+            token = set_current(steps.call_info(call))
             try:
                 value = await t(call.arguments)
             except ToolIsolationError as exc:
@@ -492,6 +551,7 @@ class AgentLoop:
                     group.cancel_scope.cancel()
                     return
                 value = {"error": str(exc)}
+                await self._not_recorded(call, steps.completed(call, value))
                 outputs[call.call_id] = FunctionCallOutput(call.call_id, call.name, value)
                 block.results[call.call_id] = value
                 return
@@ -505,9 +565,14 @@ class AgentLoop:
                 group.cancel_scope.cancel()
                 return
             except Exception as exc:  # noqa: BLE001 - reported as ToolError below
+                steps.completed(call, None, error=f"{type(exc).__name__}: {exc}")
                 failures[call.call_id] = exc
                 group.cancel_scope.cancel()  # one failure ends the batch
                 return
+            finally:
+                reset_current(token)
+            # S-DURABLE: posted at once (durable before the next model call, ``_model_step``).
+            await self._not_recorded(call, steps.completed(call, value))
             outputs[call.call_id] = FunctionCallOutput(call.call_id, call.name, value)
             block.results[call.call_id] = value
 
@@ -534,6 +599,8 @@ class AgentLoop:
         self.timeline.close_current()
         done = tuple(outputs[c.call_id] for c in calls)
         for out in done:
+            if out.call_id in replayed:
+                continue  # its followers saw it in the attempt that ran it
             await self._emit(
                 {"type": "tool_result", "call_id": out.call_id, "name": out.name, "output": out.output}
             )
@@ -547,6 +614,15 @@ class AgentLoop:
         if call.invalid is not None:
             return f"tool {call.name!r}: {call.invalid}"
         return t.check_arguments(call.arguments)
+
+    async def _not_recorded(self, call: FunctionCall, why: str | None) -> None:
+        """S-SIZE: a call's output that could not be recorded still reaches the model in this
+        attempt; the turn is told, and cannot be resumed past it."""
+        if why is not None:
+            logger.warning("%s", why)
+            await self._emit(
+                {"type": "step_not_recorded", "call_id": call.call_id, "name": call.name, "error": why}
+            )
 
     # ---- turn events -----------------------------------------------------------------------
 

@@ -26,6 +26,9 @@ class Tool:
     fn: Callable[..., Any]
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # S-UNKNOWN: a call that started in an attempt that crashed is run again (with the same
+    # ``current_call().idempotency_key``) only when the tool says it is safe to.
+    idempotent: bool = False
 
     @property
     def spec(self) -> ToolSpec:
@@ -62,9 +65,14 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     parameters: dict[str, Any] | None = None,
+    idempotent: bool = False,
 ) -> Any:
-    """``@tool`` / ``@tool(name=..., parameters=...)``: a ``Tool`` from a function (its
-    docstring is the default description)."""
+    """``@tool`` / ``@tool(name=..., parameters=..., idempotent=True)``: a ``Tool`` from a
+    function (its docstring is the default description). ``idempotent=True``: a call whose
+    outcome a crash left unknown is run again on the turn's next attempt, with the same
+    idempotency key (``worker.agent.current_call()``); otherwise it is never run twice."""
+    if not isinstance(idempotent, bool):
+        raise TypeError(f"idempotent must be True or False, got {idempotent!r}")
 
     def make(f: Callable[..., Any]) -> Tool:
         return Tool(
@@ -72,6 +80,7 @@ def tool(
             fn=f,
             description=description if description is not None else inspect.getdoc(f) or "",
             parameters=parameters or {"type": "object", "properties": {}},
+            idempotent=idempotent,
         )
 
     return make(fn) if fn is not None else make

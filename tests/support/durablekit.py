@@ -1,0 +1,101 @@
+"""Helpers for the step-record tests (``test_durability*.py``): the 3-tool turn of
+``tests/agents/durable.py``, its kill boundaries, and what a turn killed once at one of them and
+resumed must show."""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from supervisor import TurnHandle, TurnResult
+
+AGENT = "tests.agents.durable:trip"
+TOOLS = ("charge", "reserve", "lookup")
+BOUNDARIES = (
+    ["model1", "model2", "model3", "model4"]
+    + [f"in_{t}" for t in TOOLS]
+    + [f"after_{t}" for t in TOOLS]
+    + ["end"]
+)
+
+
+def lines(d: Path, name: str) -> list[str]:
+    path = d / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def events_of(handle: TurnHandle) -> list[Any]:
+    with anyio.fail_after(60):
+        async with aclosing(handle.events()) as events:
+            return [e async for e in events]
+
+
+def from_step(boundary: str) -> int:
+    """Model responses recorded when the kill comes at ``boundary``."""
+    if boundary.startswith("model"):
+        return int(boundary[5:]) - 1
+    if boundary == "end":
+        return 4
+    return TOOLS.index(boundary.split("_", 1)[1]) + 1
+
+
+def check_resumed(
+    boundary: str,
+    d: Path,
+    result: TurnResult,
+    events: list[Any],
+    baseline: dict[str, Any],
+    first_attempt_events: bool = False,
+) -> None:
+    """What a turn killed once at ``boundary`` and resumed must show (worker or daemon alike).
+    ``first_attempt_events``: the follower also saw the first attempt (the supervisor outlived it)."""
+    assert result.outcome == "completed", (boundary, result)
+    assert result.attempts == 2, (boundary, result)
+    assert (d / "killed").exists(), boundary
+    resumed = [e for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
+    assert resumed == [{"type": "resumed", "attempt": 2, "from_step": from_step(boundary)}], (
+        boundary,
+        events,
+    )
+    # Each attempt's events in order, the resumed event between them: the first attempt's up to the
+    # kill, then only what the second attempt did anew (what it reused is not told again).
+    at = events.index(resumed[0])
+    k = from_step(boundary)
+    if first_attempt_events:
+        before = [e.get("text") for e in events[:at] if e.get("type") == "delta"]
+        asked = k + (1 if boundary.startswith("model") or boundary == "end" else 0)
+        assert before[: min(k, 3)] == [f"step {n}. " for n in range(1, min(k, 3) + 1)], (boundary, events)
+        assert len(before) <= asked, (boundary, before)
+    after = [e.get("text") for e in events[at + 1 :] if e.get("type") == "delta"]
+    fresh = [f"step {n}. " for n in range(k + 1, 4)] + ([] if boundary == "end" else [result.output["text"]])
+    assert after == fresh, (boundary, events)
+    # Exactly once per call across both attempts: completed calls are not run again, and a call that
+    # started without completing is not run again either unless its tool is idempotent.
+    assert len(lines(d, "charges")) == 1, boundary
+    assert len(lines(d, "lookups")) == 1, boundary
+    reserves = lines(d, "reserves")
+    if boundary in ("in_reserve", "after_reserve"):
+        assert len(reserves) == 2 and reserves[0] == reserves[1], (boundary, reserves)  # same key
+    else:
+        assert len(reserves) == 1, boundary
+    # The model is asked again only for the response the kill cut: recorded ones are used.
+    opens = lines(d, "opens")
+    assert len(opens) == (5 if boundary.startswith("model") else 4), (boundary, opens)
+    told = boundary in ("in_charge", "after_charge", "in_lookup", "after_lookup")
+    if told:
+        tool = boundary.split("_", 1)[1]
+        call_id = {"charge": "c1", "lookup": "c3"}[tool]
+        outputs = json.loads(result.output["text"].removeprefix("Done: "))
+        index = TOOLS.index(tool)
+        assert "outcome" in outputs[index]["error"] and "unknown" in outputs[index]["error"], outputs
+        assert call_id in outputs[index]["error"]
+        others = json.loads(baseline["text"].removeprefix("Done: "))
+        assert [o for i, o in enumerate(outputs) if i != index] == [
+            o for i, o in enumerate(others) if i != index
+        ]
+    else:
+        assert result.output == baseline, (boundary, result.output)
