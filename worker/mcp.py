@@ -248,7 +248,7 @@ def _child_marked(mark: str) -> int | None:
 def _waiting_thread(pid: int) -> int | None:
     """The thread asyncio's child watcher runs to wait for ``pid`` (Python 3.11), if any."""
     for thread in threading.enumerate():
-        args = getattr(thread, "_args", ())
+        args: tuple[Any, ...] = getattr(thread, "_args", ())
         if thread.name.startswith("asyncio-waitpid-") and len(args) > 1 and args[1] == pid:
             return thread.ident
     return None
