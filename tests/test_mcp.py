@@ -59,7 +59,7 @@ async def test_mcp_servers_are_children_of_the_turn(tmp_path: Path) -> None:
     assert added.outcome == "completed" and added.output == 5, added
     assert looped.outcome == "completed" and looped.output == {
         "text": "The sum is 42.",
-        "tools": ["add", "pid", "slow", "stubborn"],
+        "tools": ["add", "pid", "parent", "slow", "stubborn"],
     }, looped
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
     # The server never sees stdin's EOF (NEVER_EOF): only notifications/cancelled cancels the call.

@@ -139,6 +139,11 @@ def load_named(name: str, what: str) -> Any:
     return obj
 
 
+def of_class(obj: Any, package: str, name: str) -> bool:
+    """Whether ``obj``'s class has ``package``'s class ``name`` in its MRO (no import)."""
+    return any(c.__name__ == name and c.__module__.partition(".")[0] == package for c in type(obj).__mro__)
+
+
 # A-QUIET: a framework turn ends only once the sync code it started in threads has returned.
 class TurnThreads(ThreadPoolExecutor):
     """The threads one framework turn runs sync code in (tools, nodes), as the event loop's default
