@@ -2,8 +2,9 @@
 
 Tools: ``add``; ``pid`` (this server's pid); ``parent`` (its parent's pid); ``slow`` (writes
 "started" to ``mark``, sleeps until cancelled; on ``notifications/cancelled`` it writes
-"cancelled" there); ``stubborn`` (swallows the cancel and blocks in C). With ``STUBBORN=1`` in its environment it also ignores SIGTERM and stdin
-EOF; with ``NEVER_EOF=1`` it never sees stdin's EOF (the client's close then ends it with SIGTERM).
+"cancelled" there); ``stubborn`` (swallows the cancel and blocks in C). With ``STUBBORN=1`` in its
+environment it also ignores SIGTERM and stdin EOF; with ``NEVER_EOF=1`` it never sees stdin's EOF
+(the client's close then ends it with SIGTERM).
 """
 
 import os
