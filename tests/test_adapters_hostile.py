@@ -96,6 +96,7 @@ async def test_a_setsid_daemon_and_a_tool_ignoring_cancel(
             fresh = await sup.run(leaves, daemon_input)
     _check_daemon(done, daemon_gone, framework)
     assert killed.outcome == "killed" and killed.cause == {"kind": "user"}, killed
+    assert killed.worker_pid is not None and gone(killed.worker_pid)  # its worker, and all of its tree
     assert fresh.outcome == "completed" and fresh.worker_pid != killed.worker_pid
 
 
