@@ -61,16 +61,16 @@ class Recorder:
 
 @contextlib.asynccontextmanager
 async def acp_agent(
-    tmp_path: Path, agent: str, *extra: str, ends_by_eof: bool = True
+    tmp_path: Path, agent: str, *extra: str, ends_by_eof: bool = True, env: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[Any, Recorder, str, Any]]:
     """Spawn ``turnpool acp --agent AGENT``, initialize, open a session; yields the connection,
     the recorder, the session id and the process; closes and reaps it on exit.
 
     With ``ends_by_eof`` (default) the agent must still run when the block ends, then exit 0
-    by itself once its stdin is closed."""
+    by itself once its stdin is closed. ``env`` adds to the agent's environment."""
     recorder = Recorder()
     stderr = open(tmp_path / "acp-stderr.log", "wb")  # noqa: ASYNC230 (a local file, closed below)
-    env = {"PYTHONPATH": str(ROOT)}
+    env = {"PYTHONPATH": str(ROOT), **(env or {})}
     try:
         async with acp.spawn_agent_process(
             recorder,

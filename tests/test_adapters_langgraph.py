@@ -19,7 +19,7 @@ import pytest
 
 from supervisor import Client, Supervisor
 from tests.support.adapterkit import events_of, gone, wait_for_event, wait_for_file
-from tests.support.daemonkit import FAST, ROOT, serving
+from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -104,10 +104,16 @@ async def test_sync_node_blocked_in_c_is_killed_after_the_grace_with_nothing_lef
     assert after.outcome == "completed" and after.worker_pid != result.worker_pid
 
 
-async def test_through_the_daemon() -> None:
-    """The same graphs through ``turnpool serve`` and a ``Client``: streamed events, the final
-    state, cancel mid-stream ``aborted`` with cause ``user``."""
-    with serving(*FAST) as d:
+async def test_through_the_daemon_and_over_http() -> None:
+    """The same graphs through ``turnpool serve``: a ``Client`` gets the streamed events and the
+    final state, a cancel mid-stream ends ``aborted`` with cause ``user``; over HTTP a submit's
+    Server-Sent Events carry the same vocabulary and the result the final state."""
+    from tests.support.httpkit import client as http_client
+    from tests.support.httpkit import follow_all
+    from tests.support.httpkit import result as http_result
+    from tests.support.httpkit import submit as http_submit
+
+    with serving(*FAST, *HTTP) as d:
         async with Client.connect(d.endpoint) as client:
             handle = await client.submit(A + "chat", {"prompt": "What is the answer?"})
             with anyio.fail_after(60):
@@ -118,9 +124,18 @@ async def test_through_the_daemon() -> None:
             await endless.cancel()
             with anyio.fail_after(60):
                 aborted = await endless.result()
+        async with http_client(d) as http:
+            turn_id = await http_submit(http, A + "chat", "What is the answer?")
+            streamed = await follow_all(http, turn_id)
+            over_http = await http_result(http, turn_id)
     assert result.outcome == "completed" and result.output["messages"][-1]["content"] == "The answer is 42."
     assert "".join(e["text"] for e in seen if e["type"] == "delta") == "Let me check.The answer is 42."
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}
+    data = [item[2] for item in streamed if item[0] == "event"]
+    assert [e["type"] for e in data] == [e["type"] for e in seen], streamed
+    assert "".join(e["text"] for e in data if e["type"] == "delta") == "Let me check.The answer is 42."
+    assert over_http["outcome"] == "completed"
+    assert over_http["output"]["messages"][-1]["content"] == "The answer is 42."
 
 
 def test_in_a_batch(tmp_path: Path) -> None:

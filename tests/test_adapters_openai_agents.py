@@ -21,7 +21,7 @@ import pytest
 from supervisor import Client, Supervisor
 from tests.support.adapterkit import events_of, gone, wait_for_event, wait_for_file
 from tests.support.agents_server import agents_server
-from tests.support.daemonkit import FAST, ROOT, serving
+from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 from tests.support.openai_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.anyio
@@ -116,11 +116,17 @@ async def test_cancel_deadline_and_a_blocked_tool(tmp_path: Path, monkeypatch: p
     assert fresh.outcome == "completed" and fresh.worker_pid != killed.worker_pid
 
 
-async def test_through_the_daemon() -> None:
-    """The same agent through ``turnpool serve`` and a ``Client``: streamed events, the output,
-    cancel mid-stream ``aborted`` with cause ``user``."""
+async def test_through_the_daemon_and_over_http() -> None:
+    """The same agent through ``turnpool serve``: a ``Client`` gets the streamed events and the
+    output, a cancel mid-stream ends ``aborted`` with cause ``user``; over HTTP a submit's
+    Server-Sent Events carry the same vocabulary and the result its output."""
+    from tests.support.httpkit import client as http_client
+    from tests.support.httpkit import follow_all
+    from tests.support.httpkit import result as http_result
+    from tests.support.httpkit import submit as http_submit
+
     async with model_server() as server:
-        with serving(*FAST, "--workers", "1", env_extra={URL_VAR: server.base_url}) as d:
+        with serving(*FAST, *HTTP, "--workers", "1", env_extra={URL_VAR: server.base_url}) as d:
             async with Client.connect(d.endpoint) as client:
                 handle = await client.submit(A, "tool")
                 with anyio.fail_after(60):
@@ -131,10 +137,18 @@ async def test_through_the_daemon() -> None:
                 await endless.cancel()
                 with anyio.fail_after(60):
                     aborted = await endless.result()
+            async with http_client(d) as http:
+                turn_id = await http_submit(http, A, {"prompt": "tool", "context": {"user": 7}})
+                streamed = await follow_all(http, turn_id)
+                over_http = await http_result(http, turn_id)
     assert result.outcome == "completed" and result.output == "The answer is 42."
     assert "".join(e["text"] for e in seen if e["type"] == "delta") == "The answer is 42."
     assert [e["type"] for e in seen].count("tool_call") == 1
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}
+    data = [item[2] for item in streamed if item[0] == "event"]
+    assert [e["type"] for e in data] == [e["type"] for e in seen], streamed
+    assert "".join(e["text"] for e in data if e["type"] == "delta") == "The answer is 42."
+    assert over_http["outcome"] == "completed" and over_http["output"] == "The answer is 42."
 
 
 async def test_in_a_batch(tmp_path: Path) -> None:
@@ -165,3 +179,40 @@ async def test_in_a_batch(tmp_path: Path) -> None:
         "kind": "deadline"
     }
     assert lines["bad"]["outcome"] == "failed" and "'nope'" in lines["bad"]["error"]["message"]
+
+
+async def test_in_an_editor_through_acp(tmp_path: Path) -> None:
+    """``turnpool acp --agent`` naming the agent: the editor's prompt is the run's input, tokens
+    arrive as message chunks and the tool call as a tool call, answered ``end_turn``; a
+    ``session/cancel`` mid-stream answers ``cancelled``."""
+    from acp import text_block
+    from acp.schema import AgentMessageChunk, ToolCallProgress, ToolCallStart
+
+    from tests.test_acp import ONE, acp_agent
+
+    async with model_server() as server:
+        env = {URL_VAR: server.base_url}
+        async with acp_agent(tmp_path, A, *ONE, env=env) as (conn, rec, sid, _):
+            with anyio.fail_after(60):
+                answer = await conn.prompt(session_id=sid, prompt=[text_block("tool")])
+            text = rec.text()
+            async with anyio.create_task_group() as tg:
+                replies = []
+
+                async def ask() -> None:
+                    replies.append(await conn.prompt(session_id=sid, prompt=[text_block("forever")]))
+
+                tg.start_soon(ask)
+                with anyio.fail_after(60):
+                    await rec.wait_for(
+                        lambda u: isinstance(u, AgentMessageChunk) and u.content.text == "Once "
+                    )
+                    await conn.cancel(session_id=sid)
+    assert answer.stop_reason == "end_turn" and text == "The answer is 42."
+    assert [(u.tool_call_id, u.title) for u in rec.updates if isinstance(u, ToolCallStart)] == [
+        ("call_lookup", "lookup")
+    ]
+    assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
+        ("call_lookup", "completed")
+    ]
+    assert replies[0].stop_reason == "cancelled", replies

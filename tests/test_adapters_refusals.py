@@ -183,3 +183,34 @@ def test_refused_in_a_batch(tmp_path: Path) -> None:
     assert bad["final"] and bad["outcome"] == "failed" and bad["error"]["type"] == "InvalidAgent", bad
     assert bad["worker_pid"] is None, bad  # refused at submit: no worker ran it
     assert "plain.Thing" in bad["error"]["message"]
+
+
+async def test_refused_by_turnpool_acp(tmp_path: Path) -> None:
+    """``turnpool acp --agent`` naming what no worker can run: on its own pool the probe answers
+    before the editor is served, and the command exits 2 with one line naming the type (and, for a
+    framework object the installed framework cannot run, the extra); connected to a daemon, each
+    prompt is answered with an invalid-params error naming the type."""
+    import acp
+
+    from tests.test_acp import TURNPOOL, acp_agent
+
+    _write(tmp_path, "plain.py", MODULE)
+    _stand_ins(tmp_path)
+
+    async def alone(agent: str) -> subprocess.CompletedProcess[bytes]:
+        argv = [str(TURNPOOL), "acp", "--agent", agent, "--workers", "1", "--spares", "0"]
+        with anyio.fail_after(120):
+            return await anyio.run_process([*argv, "--path", str(tmp_path)], check=False, input=b"", cwd=ROOT)
+
+    thing, old = await alone("plain:thing"), await alone("fw_objects:old")
+    with serving(*FAST, paths=(ROOT, str(tmp_path))) as d:
+        async with acp_agent(tmp_path, "plain:count", "--connect", d.endpoint) as (conn, _, sid, _p):
+            with anyio.fail_after(60), pytest.raises(acp.RequestError) as err:
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("hi")])
+    for proc, named in ((thing, "plain.Thing"), (old, "pip install 'turnpool[openai-agents]'")):
+        lines = proc.stderr.decode().strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and named in lines[0], proc.stderr
+        assert lines[0].startswith("turnpool acp: InvalidAgent: ") and proc.stdout == b""
+    assert err.value.code == -32602 and str(err.value).startswith("InvalidAgent: "), err.value
+    assert "'plain:count' is a builtins.int" in str(err.value)
+    assert err.value.data == {"agent": "plain:count", "error": "InvalidAgent"}

@@ -10,6 +10,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from supervisor import Supervisor, TurnHandle
@@ -58,7 +59,7 @@ async def test_mcp_servers_are_children_of_the_turn(tmp_path: Path) -> None:
     assert added.outcome == "completed" and added.output == 5, added
     assert looped.outcome == "completed" and looped.output == {
         "text": "The sum is 42.",
-        "tools": ["add", "pid", "slow", "stubborn"],
+        "tools": ["add", "pid", "parent", "slow", "stubborn"],
     }, looped
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
     # The server never sees stdin's EOF (NEVER_EOF): only notifications/cancelled cancels the call.
@@ -66,3 +67,43 @@ async def test_mcp_servers_are_children_of_the_turn(tmp_path: Path) -> None:
     assert gone(pid)
     assert killed.outcome == "killed" and killed.cause == {"kind": "user"}, killed
     assert gone(stuck_pid)
+
+
+async def test_worker_wide_servers_outlive_turns_and_are_closed_after_a_cancel(tmp_path: Path) -> None:
+    """``mcp.shared``: the first turn naming a worker-wide server starts it as a child of the worker;
+    the end-of-turn sweep spares it and the next turn uses the same process. A cancel while its
+    ``slow`` runs sends the server ``notifications/cancelled`` (the server never sees stdin's EOF:
+    only that cancels the call), ends ``aborted`` (cause ``user``) and closes that server; the next
+    turn starts a new one. A turn that ignores its cancel is ``killed`` by the ladder, the
+    worker-wide server with the worker."""
+    async with Supervisor(workers=1, spares=0, grace=1, kill_after=1) as sup:
+        with anyio.fail_after(60):
+            first = await sup.run(M + "shared_pid")
+            server = psutil.Process(first.output["server"])
+            parent = server.ppid()
+            second = await sup.run(M + "shared_pid")
+        mark = tmp_path / "slow"
+        slow = await sup.submit(M + "shared_waits", {"mark": str(mark)}, grace=20)
+        in_flight = await server_pid(slow)
+        assert await anyio.to_thread.run_sync(wait_for_file, mark) == "started"
+        assert await slow.cancel() == {"kind": "user"}
+        with anyio.fail_after(60):
+            aborted = await slow.result()
+            third = await sup.run(M + "shared_pid")
+        holds = await sup.submit(M + "shared_holds")
+        held_pid = await server_pid(holds)
+        await holds.cancel()
+        with anyio.fail_after(60):
+            killed = await holds.result()
+    assert first.outcome == second.outcome == "completed", (first, second)
+    assert parent == first.output["worker"] == first.worker_pid  # a child of the worker
+    assert second.output == first.output  # the same server, kept across turns
+    assert in_flight == first.output["server"]
+    assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
+    assert mark.read_text() == "cancelled"  # notifications/cancelled reached the server
+    assert gone(in_flight)  # closed after the abandoned call
+    assert third.outcome == "completed" and third.output["server"] != in_flight, third
+    assert third.worker_pid == first.worker_pid
+    assert held_pid == third.output["server"]
+    assert killed.outcome == "killed" and killed.cause == {"kind": "user"}, killed
+    assert gone(held_pid)

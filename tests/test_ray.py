@@ -231,6 +231,33 @@ async def test_every_outcome_on_every_node(sup: RaySupervisor) -> None:
         assert {r.output["node_pid"] for r in results} == {n["pid"] for n in sup.nodes().values()}
 
 
+async def test_unrunnable_agents_are_refused_at_submit_on_every_node(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A-PROBE on a cluster: a submit naming what no worker can run raises ``InvalidAgent`` naming
+    the type (and, for a framework object the installed framework cannot run, the extra), on
+    whichever node the turn is placed; nothing is accepted and a callable agent runs on."""
+    from supervisor import InvalidAgent
+    from tests.test_adapters_refusals import MODULE, _stand_ins, _write
+
+    _write(tmp_path, "plain.py", MODULE)
+    _stand_ins(tmp_path)
+    async with RaySupervisor(None, workers_per_node=1, spares=0, agent_path=[str(tmp_path), str(ROOT)]) as s:
+        await s.wait_nodes(2)
+        refusals = []
+        with anyio.fail_after(BOUND):
+            for key in _keys(s):
+                for agent in ("plain:thing", "fw_objects:old"):
+                    with pytest.raises(InvalidAgent) as err:
+                        await s.submit(agent, "hi", session=_session_on(s, key))
+                    refusals.append(str(err.value))
+            fine = await s.run("plain:fine", "hi")
+    assert len(refusals) == 4
+    assert all("'plain:thing' is a plain.Thing" in r for r in refusals[0::2]), refusals
+    assert all("pip install 'turnpool[openai-agents]'" in r for r in refusals[1::2]), refusals
+    assert fine.outcome == "completed" and fine.output == "fine"
+
+
 async def test_events_from_a_remote_node_in_order_none_lost(sup: RaySupervisor, cluster: Cluster) -> None:
     """Promise: events emitted on a node other than the driver's arrive in order, none lost
     (streamed from the node in batches)."""

@@ -29,6 +29,7 @@ import anyio
 import anyio.to_thread
 
 from .._backend import open_backend
+from .._errors import InvalidAgent
 from ..cli.exits import EXIT_OK
 from .frames import screened
 
@@ -130,6 +131,7 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
         grace=args.grace,
         kill_after=args.kill_after,
     ) as backend:
+        await refuse_unrunnable(backend, args.agent)
         # Given explicitly, the times go with every turn: they then hold on a daemon too.
         agent = TurnpoolAgent(backend, args.agent, grace=args.grace, kill_after=args.kill_after)
         raw, writer, flushers = await open_stdio(proto_in, proto_out)
@@ -149,6 +151,19 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
                 await anyio.to_thread.run_sync(flusher.join, FLUSH_BOUND)
     # Leaving the backend disposes the embedded pool: every turn stopped, every worker reaped.
     return EXIT_OK
+
+
+async def refuse_unrunnable(backend: Any, agent: str) -> None:
+    """A-PROBE: on its own pool, ``InvalidAgent`` before the editor is served when the agent name
+    points at what no worker can run (the probe's answer, as a submit would get it). Connected to
+    a daemon, the daemon's probe answers each prompt's submit instead."""
+    learn = getattr(backend, "learn_agent", None)
+    if learn is None:
+        return
+    await learn(agent)
+    refusal = backend.agents_known.get(agent)
+    if refusal is not None:
+        raise InvalidAgent(refusal)
 
 
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:

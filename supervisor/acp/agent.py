@@ -31,6 +31,7 @@ from acp.schema import AgentCapabilities, Implementation, PromptCapabilities
 
 from wire import TurnResult
 
+from .._errors import InvalidAgent
 from .events import TurnEvents, stop_reason_of
 
 log = logging.getLogger("turnpool.acp")
@@ -186,9 +187,14 @@ class TurnpoolAgent:
             session.prompts.remove(pending)
 
     async def _run_prompt(self, session: _Session, pending: _Prompt, blocks: list[Any]) -> acp.PromptResponse:
-        handle = await self._backend.submit(
-            self._agent, turn_input(session, blocks), session=session.id, **self._times
-        )
+        try:
+            handle = await self._backend.submit(
+                self._agent, turn_input(session, blocks), session=session.id, **self._times
+            )
+        except InvalidAgent as exc:  # A-PROBE: the daemon's probe refused the agent name
+            raise acp.RequestError(
+                -32602, f"InvalidAgent: {exc}", {"agent": self._agent, "error": "InvalidAgent"}
+            ) from None
         pending.handle = handle
         if pending.cancelled:  # session/cancel arrived while the turn was being submitted
             await handle.cancel()

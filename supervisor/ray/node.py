@@ -188,6 +188,15 @@ class NodeSupervisor:
         sup = self._sup()
         requests = decode_requests(data)
         refused: list[tuple[int, BaseException]] = []
+        # A-PROBE: the agent names this node does not know yet are probed (at once, each bounded)
+        # before the batch is accepted, so that what no worker can run is refused with
+        # InvalidAgent, as a submit is. The router sends a node's batches one after the other:
+        # holding this one keeps their order.
+        unknown = [a for a in dict.fromkeys(row[0] for row in requests) if a not in sup.agents_known]
+        if unknown:
+            async with anyio.create_task_group() as tg:
+                for agent in unknown:
+                    tg.start_soon(sup.learn_agent, agent)
 
         def accept(first: int, rows: list[Request]) -> None:
             for i, row in enumerate(rows, first):

@@ -9,6 +9,9 @@ what it answers depends on the prompt's first word.
   message, then streams deltas until the SDK's ``interrupt`` control request (answers it, writes
   "interrupted" to the file named by the prompt's second word if any, ends the turn with an
   ``error_during_execution`` result) and exits on stdin EOF;
+* ``words N``: streams N words, then ``result`` (for the benchmarks);
+* ``daemon PIDFILE``: a ``Bash`` tool use that leaves a setsid daemon (its pid in PIDFILE), then
+  ``result`` "done";
 * ``stubborn``: as ``forever``, but ignores ``interrupt``, SIGTERM and stdin EOF (only SIGKILL ends it).
 
 Stdlib only: it runs under any ``python3``.
@@ -120,6 +123,39 @@ def hello(partial):
     result("".join(words))
 
 
+def words(count, partial):
+    """Streams ``count`` words (text deltas with partial messages), then ``result``."""
+    init()
+    text = [f"w{i} " for i in range(count)]
+    if partial:
+        for word in text:
+            text_delta(word)
+    assistant([{"type": "text", "text": "".join(text)}])
+    result("".join(text))
+
+
+def daemon(pidfile):
+    """Its ``Bash`` tool leaves a setsid daemon behind (``daemon_tool.py``), then the turn ends."""
+    init()
+    tool = {"type": "tool_use", "id": "toolu_d", "name": "Bash", "input": {"command": "daemon"}}
+    assistant([tool])
+    helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "daemon_tool.py")
+    subprocess.run([sys.executable, "-P", helper, pidfile], check=True, timeout=60)
+    with open(pidfile) as f:
+        pid = f.read()
+    content = [{"type": "tool_result", "tool_use_id": "toolu_d", "content": pid, "is_error": False}]
+    send(
+        {
+            "type": "user",
+            "message": {"role": "user", "content": content},
+            "session_id": SESSION,
+            "parent_tool_use_id": None,
+        }
+    )
+    assistant([{"type": "text", "text": "done"}])
+    result("done")
+
+
 def endless(inbox, partial, stubborn, mark):
     child = subprocess.Popen(["sleep", "1000"])
     init(cli_pid=os.getpid(), child_pid=child.pid)
@@ -165,6 +201,10 @@ def main():
             word = prompt.split()[0].strip(",.:!") if prompt.split() else ""
             if word == "hello":
                 hello(partial)
+            elif word == "words":
+                words(int(prompt.split()[1]), partial)
+            elif word == "daemon":
+                daemon(prompt.split()[1])
             elif word in ("forever", "stubborn"):
                 if word == "stubborn":
                     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -16,6 +16,8 @@ from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
+from tests.agents.daemon_tool import leave_daemon
+
 
 @tool
 def lookup(key: str) -> dict[str, Any]:
@@ -102,3 +104,33 @@ _b.add_node("block", block)
 _b.add_edge(START, "block")
 _b.add_edge("block", END)
 blocker = _b.compile()
+
+
+def leave(state: Files) -> Files:
+    """A sync node that leaves a setsid daemon behind and returns."""
+    leave_daemon(state["pidfile"])
+    return state
+
+
+_d = StateGraph(Files)
+_d.add_node("leave", leave)
+_d.add_edge(START, "leave")
+_d.add_edge("leave", END)
+daemonizer = _d.compile()
+
+
+async def swallow(state: Count) -> Count:
+    """Writes one custom event, then swallows every cancellation: the run can never unwind."""
+    get_stream_writer()({"stubborn": True})
+    while True:
+        try:
+            await asyncio.sleep(3600)  # allowed: the agent's or tool's own work under test, not a wait
+        except asyncio.CancelledError:
+            continue
+
+
+_s = StateGraph(Count)
+_s.add_node("swallow", swallow)
+_s.add_edge(START, "swallow")
+_s.add_edge("swallow", END)
+stubborn = _s.compile()

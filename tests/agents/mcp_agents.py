@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,3 +41,32 @@ async def loop(turn: worker.Turn) -> Any:
     async with mcp.serve(calc=SERVER) as servers:
         result = await AgentLoop(model, tools=mcp.tools(servers), turn=turn).run("Add 20 and 22")
     return {"text": getattr(result, "text", None), "tools": [t.name for t in mcp.tools(servers)]}
+
+
+# A worker-wide server (``mcp.shared``): one spec for the name in every agent of this module. It
+# never sees stdin's EOF, so only ``notifications/cancelled`` can cancel a call in flight.
+SHARED = NEVER_EOF
+
+
+async def shared_pid(turn: worker.Turn) -> Any:
+    """The worker-wide server's pid (started by the first turn that names it) and the worker's."""
+    async with mcp.shared(calc=SHARED) as servers:
+        return {"server": await servers["calc"].call("pid"), "worker": os.getpid()}
+
+
+async def shared_waits(turn: worker.Turn) -> Any:
+    """Calls the worker-wide server's ``slow`` after saying the server's pid."""
+    async with mcp.shared(calc=SHARED) as servers:
+        await turn.emit({"type": "mcp_server", "pid": await servers["calc"].call("pid")})
+        return await servers["calc"].call("slow", {"mark": turn.input["mark"]})
+
+
+async def shared_holds(turn: worker.Turn) -> Any:
+    """Says the worker-wide server's pid, then swallows every cancellation: only the ladder ends it."""
+    async with mcp.shared(calc=SHARED) as servers:
+        await turn.emit({"type": "mcp_server", "pid": await servers["calc"].call("pid")})
+        while True:
+            try:
+                await asyncio.sleep(3600)  # allowed: the agent's or tool's own work under test, not a wait
+            except asyncio.CancelledError:
+                continue

@@ -1,9 +1,10 @@
 """A real MCP server (the ``mcp`` package's ``MCPServer``) over stdio, for ``worker.mcp``'s tests.
 
-Tools: ``add``; ``pid`` (this server's pid); ``slow`` (writes "started" to ``mark``, sleeps until
-cancelled; on ``notifications/cancelled`` it writes "cancelled" there); ``stubborn`` (swallows the
-cancel and blocks in C). With ``STUBBORN=1`` in its environment it also ignores SIGTERM and stdin
-EOF; with ``NEVER_EOF=1`` it never sees stdin's EOF (the client's close then ends it with SIGTERM).
+Tools: ``add``; ``pid`` (this server's pid); ``parent`` (its parent's pid); ``slow`` (writes
+"started" to ``mark``, sleeps until cancelled; on ``notifications/cancelled`` it writes
+"cancelled" there); ``stubborn`` (swallows the cancel and blocks in C). With ``STUBBORN=1`` in its
+environment it also ignores SIGTERM and stdin EOF; with ``NEVER_EOF=1`` it never sees stdin's EOF
+(the client's close then ends it with SIGTERM).
 """
 
 import os
@@ -28,6 +29,12 @@ def add(a: int, b: int) -> int:
 def pid() -> int:
     """This server's process id."""
     return os.getpid()
+
+
+@app.tool()
+def parent() -> int:
+    """The pid of the process that started this server."""
+    return os.getppid()
 
 
 @app.tool()

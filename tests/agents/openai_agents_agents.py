@@ -4,6 +4,7 @@ started (its URL in ``TURNPOOL_TEST_OPENAI_URL``, read when the workers import t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -11,6 +12,8 @@ from typing import Any
 
 from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
+
+from tests.agents.daemon_tool import leave_daemon
 
 set_tracing_disabled(True)  # no trace export over the network
 
@@ -38,4 +41,24 @@ def block(ctx: RunContextWrapper[Any]) -> str:
     return "unreachable"
 
 
-assistant = Agent(name="assistant", instructions="Be brief.", model=_model, tools=[lookup, block])
+@function_tool
+def leave(pidfile: str) -> int:
+    """A sync tool that leaves a setsid daemon behind and returns."""
+    return leave_daemon(pidfile)
+
+
+@function_tool
+async def stubborn_tool(mark: str) -> str:
+    """An async tool that writes "started" to ``mark``, then swallows every cancellation."""
+    with open(mark, "w") as f:  # noqa: ASYNC230 - one small write
+        f.write("started")
+    while True:
+        try:
+            await asyncio.sleep(3600)  # allowed: the agent's or tool's own work under test, not a wait
+        except asyncio.CancelledError:
+            continue
+
+
+assistant = Agent(
+    name="assistant", instructions="Be brief.", model=_model, tools=[lookup, block, leave, stubborn_tool]
+)

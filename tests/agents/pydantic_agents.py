@@ -4,6 +4,7 @@ framework's own offline models: ``TestModel`` and ``FunctionModel``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.messages import ModelMessage, ToolReturnPart
+from pydantic_ai.messages import ModelMessage, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import (
     AgentInfo,
     DeltaThinkingPart,
@@ -20,6 +21,8 @@ from pydantic_ai.models.function import (
     FunctionModel,
 )
 from pydantic_ai.models.test import TestModel
+
+from tests.agents.daemon_tool import leave_daemon
 
 # TestModel calls every tool once, then answers with their results as text.
 weather = Agent(TestModel(), instructions="Answer about the weather.")
@@ -114,3 +117,22 @@ async def stubborn_tool() -> str:
 
 
 not_an_agent = {"model": "gpt"}
+
+
+async def _call_daemon(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+    """Calls ``daemon`` with the prompt as its pid file, then answers."""
+    parts = [p for message in messages for p in getattr(message, "parts", ())]
+    if any(isinstance(p, ToolReturnPart) for p in parts):
+        yield "done"
+        return
+    prompt = next(str(p.content) for p in parts if isinstance(p, UserPromptPart))
+    yield {0: DeltaToolCall(name="daemon", json_args=json.dumps({"pidfile": prompt}), tool_call_id="call_d")}
+
+
+daemonizer = Agent(FunctionModel(stream_function=_call_daemon))
+
+
+@daemonizer.tool_plain
+def daemon(pidfile: str) -> int:
+    """A sync tool that leaves a setsid daemon behind and returns."""
+    return leave_daemon(pidfile)

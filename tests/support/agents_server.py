@@ -1,9 +1,11 @@
 """The loopback Chat Completions server (tests.support.openai_server) answering by what the
 conversation asks for, so turns in any order get their own script: the first user message names
-it ("tool", "block", "forever"; anything else: a plain answer)."""
+it ("tool", "block", "forever", "mcp", "slow MARK", "daemon PIDFILE", "stubborn MARK"; anything else:
+a plain answer)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests.support.openai_server import FakeOpenAIServer, Plan, chunk
@@ -36,6 +38,19 @@ class _ByConversation:
         messages = self.server.requests[-1][1]["messages"]
         ask = next(m["content"] for m in messages if m["role"] == "user")
         answered = any(m["role"] == "tool" for m in messages)
+        if ask == "mcp" or ask.startswith("slow "):  # tests.agents.framework_mcp's script
+            done = sum(m["role"] == "tool" for m in messages)
+            if done == 0:
+                return Plan(tool_call("parent", "{}"))
+            if ask.startswith("slow "):
+                return Plan(tool_call("slow", json.dumps({"mark": ask.removeprefix("slow ")})))
+            return Plan(tool_call("add", '{"a": 2, "b": 3}')) if done == 1 else text("The sum ", "is 5.")
+        if ask.startswith("daemon "):
+            if any(m["role"] == "tool" for m in messages):
+                return text("done")
+            return Plan(tool_call("leave", json.dumps({"pidfile": ask.removeprefix("daemon ")})))
+        if ask.startswith("stubborn "):
+            return Plan(tool_call("stubborn_tool", json.dumps({"mark": ask.removeprefix("stubborn ")})))
         if ask == "forever":
             return text("Once ", "upon ", stall=True)
         if ask == "block":

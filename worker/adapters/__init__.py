@@ -139,7 +139,13 @@ def load_named(name: str, what: str) -> Any:
     return obj
 
 
-# A-QUIET: a framework turn ends only once the sync code it started in threads has returned.
+def of_class(obj: Any, package: str, name: str) -> bool:
+    """Whether ``obj``'s class has ``package``'s class ``name`` in its MRO (no import)."""
+    return any(c.__name__ == name and c.__module__.partition(".")[0] == package for c in type(obj).__mro__)
+
+
+# A-QUIET: a framework turn ends only once the sync code it started in threads has returned, and
+# the tasks it asked to cancel have ended.
 class TurnThreads(ThreadPoolExecutor):
     """The threads one framework turn runs sync code in (tools, nodes), as the event loop's default
     executor for the turn (``run_in_executor(None, ...)``: LangGraph and LangChain) and the
@@ -148,12 +154,18 @@ class TurnThreads(ThreadPoolExecutor):
     A framework's cancelled run abandons sync code running in a thread: the run ends at once while
     the thread goes on. Leaving this context waits, shielded, until every thread of the turn has
     returned, so the turn ends only once nothing of it runs: sync code that never returns holds the
-    turn until the ladder kills the worker after the grace (``killed``, never a false ``aborted``)."""
+    turn until the ladder kills the worker after the grace (``killed``, never a false ``aborted``).
+
+    The same for the asyncio tasks the framework started in the turn (a LangGraph node, an OpenAI
+    Agents SDK tool): a cancelled run abandons a task it asked to cancel that has not finished (an
+    async tool that swallows the cancel); leaving waits, shielded, for each such task, so one that
+    never ends is the ladder's (``killed``) too."""
 
     def __init__(self) -> None:
         super().__init__(thread_name_prefix="turnpool-framework")
         self.running: set[Future[Any]] = set()
         self._previous: Any = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # the tasks alive when the turn began
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         future = super().submit(fn, *args, **kwargs)
@@ -165,7 +177,12 @@ class TurnThreads(ThreadPoolExecutor):
         loop = asyncio.get_running_loop()
         self._previous = getattr(loop, "_default_executor", None)
         loop.set_default_executor(self)
+        self._tasks = asyncio.all_tasks()
         return self
+
+    def cancelled_tasks(self) -> list[asyncio.Task[Any]]:
+        """The tasks started in the turn that were asked to cancel and have not finished."""
+        return [t for t in asyncio.all_tasks() - self._tasks if not t.done() and t.cancelling()]
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -177,3 +194,5 @@ class TurnThreads(ThreadPoolExecutor):
         with anyio.CancelScope(shield=True):
             if self.running:
                 await asyncio.wait([asyncio.wrap_future(f) for f in self.running])
+            while stuck := self.cancelled_tasks():
+                await asyncio.wait(stuck)

@@ -8,15 +8,20 @@ Input: a ``str`` is the user's message (``{"messages": [{"role": "user", "conten
 editor's prompt through ``turnpool acp`` is the user's message (its session the thread, for a
 checkpointed graph); anything else is the graph's input value as it is.
 
-Cancel: the turn's Abort cancels the turn's scope, which cancels ``astream`` (LangGraph cancels its
-node tasks). Sync nodes and tools run in the loop's default executor, which is the turn's
-``TurnThreads``: the turn ends only once they have returned.
+Cancel: the turn's Abort cancels the turn's scope; ``astream`` runs in a task of its own, which is
+then cancelled once, so LangGraph cancels its node tasks and waits for them (an async node that
+swallows the cancel holds the turn until the ladder kills the worker). Sync nodes and tools run
+in the loop's default executor, which is the turn's ``TurnThreads``: the turn ends only once
+they have returned.
 """
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import aclosing
 from typing import Any
 
+import anyio
 from langgraph.pregel import Pregel
 from pydantic_core import to_jsonable_python
 
@@ -74,13 +79,32 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
         if type(saver).__name__ == "TurnCheckpointer":  # S-RESUME: step records behind the checkpoints
             return await run_durable(obj, saver, turn, value, config)
         state: Any = None
+
+        async def consume() -> None:
+            nonlocal state
+            stream: Any = obj.astream(value, config, stream_mode=MODES)  # type: ignore[arg-type]
+            async with aclosing(stream):
+                async for mode, chunk in stream:
+                    if mode == "values":
+                        state = chunk
+                        continue
+                    for event in map_chunk(mode, chunk):
+                        await turn.emit(event)
+
         async with TurnThreads():
-            async for mode, chunk in obj.astream(value, config, stream_mode=MODES):  # type: ignore[arg-type]
-                if mode == "values":
-                    state = chunk
-                    continue
-                for event in map_chunk(mode, chunk):
-                    await turn.emit(event)
+            # A-QUIET: the stream runs in a task of its own, cancelled once when the turn is.
+            # LangGraph's cleanup (cancel its node tasks, wait for them) expects one cancellation:
+            # under the turn's cancel scope, which cancels again at every await, the wait is cut
+            # short and the nodes run on, not even cancelled. A node that swallows the cancel then
+            # holds the turn until the ladder kills the worker (``killed``).
+            task = asyncio.get_running_loop().create_task(consume())
+            try:
+                await asyncio.shield(task)
+            except BaseException:
+                task.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([task])
+                raise
         return jsonable(state)
 
     return run

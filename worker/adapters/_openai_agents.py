@@ -4,6 +4,11 @@ events mapped onto turnpool's vocabulary (docs/adapters.md), ``final_output`` ma
 Input: a ``str`` prompt, or ``{"prompt": str, "context": value, "max_turns": int}``: ``context`` (any
 JSON value) is the run's context object, which tools see as ``ctx.context``.
 
+MCP: the agent's ``mcp_servers`` (and those of the agents it hands off to) that are not connected
+are connected for the turn by turnpool, in a task of their own (``worker.mcp.held``), and cleaned
+up after it: the user starts nothing, the servers are children of the worker, and a call a cancel
+abandons still sends ``notifications/cancelled``.
+
 Cancel: the turn's Abort calls the run's own ``cancel(mode="immediate")`` and cancels the turn's
 scope; on the way out the run's task is waited for (shielded). The SDK runs sync function tools
 with ``asyncio.to_thread``, in the loop's default executor, which is the turn's ``TurnThreads``:
@@ -20,6 +25,7 @@ import agents
 import anyio
 from pydantic_core import to_jsonable_python
 
+from .. import mcp
 from .._errors import TurnCancelled
 from .._turn import Turn
 from . import AgentFn, TurnThreads, split_input, too_old
@@ -46,7 +52,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
             if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
                 raise ValueError(f"'max_turns' is a positive int, got {max_turns!r}")
             kwargs["max_turns"] = max_turns
-        async with TurnThreads():
+        async with TurnThreads(), mcp.held(unconnected_servers(obj)):
             result = agents.Runner.run_streamed(obj, prompt, **kwargs)
             turn.signal.add_callback(lambda cause: result.cancel(mode="immediate"))
             try:
@@ -67,6 +73,24 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
             return jsonable(result.final_output)
 
     return run
+
+
+def unconnected_servers(agent: Any) -> list[Any]:
+    """The MCP servers of ``agent`` and of the agents it hands off to that are not connected
+    (A-MCP-FW): turnpool connects them for the turn."""
+    servers: list[Any] = []
+    seen: set[int] = set()
+    stack = [agent]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen or not isinstance(current, agents.Agent):
+            continue
+        seen.add(id(current))
+        for server in getattr(current, "mcp_servers", None) or ():
+            if getattr(server, "session", True) is None and server not in servers:
+                servers.append(server)
+        stack.extend(getattr(current, "handoffs", None) or ())
+    return servers
 
 
 def _arguments(raw: Any) -> Any:

@@ -5,6 +5,11 @@ Input: a ``str`` prompt, or ``{"prompt": str, "deps": "pkg.mod:factory", "deps_a
 the factory (sync or async) is called with ``deps_args`` as keyword arguments and its value is
 the run's ``deps``.
 
+MCP: the agent's ``MCPToolset`` toolsets are entered for the turn by turnpool, in a task of their
+own (``worker.mcp.held``): their servers are children of the worker, and a call a cancel abandons
+still sends ``notifications/cancelled``; a stdio transport kept alive between connections is
+disconnected at the turn's end (else the end-of-turn sweep would kill its server).
+
 Cancel: the turn's Abort calls the run handle's own ``cancel()`` and cancels the turn's scope;
 leaving the event stream cancels the run task. pydantic-ai then abandons a sync tool running in
 its thread: ``TurnThreads`` (its thread executor for the turn) holds the turn until every such
@@ -17,12 +22,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import anyio
 import pydantic_ai
 from pydantic_ai import messages as m
 from pydantic_core import to_jsonable_python
 
+from .. import mcp
 from .._turn import Turn
-from . import AgentFn, TurnThreads, load_named, split_input, too_old
+from . import AgentFn, TurnThreads, load_named, of_class, split_input, too_old
 
 FRAMEWORK = "a pydantic-ai Agent"
 KEYS = ("deps", "deps_args")
@@ -58,19 +65,43 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
                 deps = await deps
         elif "deps_args" in extras:
             raise ValueError("'deps_args' needs 'deps' (the factory that takes them)")
-        async with TurnThreads() as threads:
-            with pydantic_ai.Agent.using_thread_executor(threads):
-                async with obj.run_stream_events(prompt, deps=deps) as events:
-                    turn.signal.add_callback(lambda cause: events.cancel())
-                    async for event in events:
-                        if isinstance(event, pydantic_ai.AgentRunResultEvent):
-                            return jsonable(event.result.output)
-                        mapped = map_event(event)
-                        if mapped is not None:
-                            await turn.emit(mapped)
-            raise RuntimeError("the pydantic-ai run ended without a result")
+        servers = mcp_toolsets(obj)
+        try:
+            async with TurnThreads() as threads, mcp.held(servers):
+                with pydantic_ai.Agent.using_thread_executor(threads):
+                    async with obj.run_stream_events(prompt, deps=deps) as events:
+                        turn.signal.add_callback(lambda cause: events.cancel())
+                        async for event in events:
+                            if isinstance(event, pydantic_ai.AgentRunResultEvent):
+                                return jsonable(event.result.output)
+                            mapped = map_event(event)
+                            if mapped is not None:
+                                await turn.emit(mapped)
+                raise RuntimeError("the pydantic-ai run ended without a result")
+        finally:
+            await _disconnect_kept_alive(servers)
 
     return run
+
+
+def mcp_toolsets(agent: Any) -> list[Any]:
+    """The agent's ``MCPToolset`` leaves (A-MCP-FW): entered by turnpool for the turn."""
+    found: list[Any] = []
+    for toolset in getattr(agent, "toolsets", ()):
+        toolset.apply(
+            lambda leaf: found.append(leaf) if of_class(leaf, "pydantic_ai", "MCPToolset") else None
+        )
+    return list(dict.fromkeys(found))
+
+
+async def _disconnect_kept_alive(servers: list[Any]) -> None:
+    """A stdio transport kept alive between connections (fastmcp's default) keeps its server after
+    the toolset's exit: disconnected, so nothing of the turn outlives it."""
+    with anyio.CancelScope(shield=True):
+        for toolset in servers:
+            transport: Any = getattr(getattr(toolset, "client", None), "transport", None)
+            if getattr(transport, "keep_alive", False) and hasattr(transport, "disconnect"):
+                await transport.disconnect()
 
 
 def map_event(event: Any) -> dict[str, Any] | None:

@@ -1,0 +1,96 @@
+"""A loopback stand-in for the Anthropic Messages API (``POST /v1/messages``, streamed as Server-Sent
+Events), so that the real ``claude`` CLI runs with no model service (``ANTHROPIC_BASE_URL``). Every
+request is answered by its messages: a conversation containing "forever" gets two text deltas and then
+nothing until the client hangs up; any other "Hello from Claude." in three deltas. Any other path
+(token counting and the like) gets a small JSON body."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+OK_JSON = (
+    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n"
+)
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class FakeAnthropicServer:
+    def __init__(self) -> None:
+        self.port = 0
+        self.requests = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._handle)
+
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        async with client:
+            try:
+                await self._answer(client)
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+                pass  # the client hung up
+
+    async def _answer(self, client: anyio.abc.SocketStream) -> None:
+        buf = BufferedByteReceiveStream(client)
+        head = await buf.receive_until(b"\r\n\r\n", 65536)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {
+            k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)
+        }
+        body = json.loads(await buf.receive_exactly(int(headers.get("content-length", "0"))) or b"{}")
+        self.requests += 1
+        path = lines[0].split(" ")[1]
+        if not path.startswith("/v1/messages") or "count_tokens" in path:
+            payload = json.dumps({"input_tokens": 1}).encode()
+            await client.send(OK_JSON.format(len(payload)).encode() + payload)
+            return
+        forever = "forever" in json.dumps(body.get("messages", []))
+        words = ["Once ", "upon "] if forever else ["Hello ", "from ", "Claude."]
+        model = body.get("model", "stand-in")
+        usage = {"input_tokens": 1, "output_tokens": len(words)}
+        if not body.get("stream"):
+            message = {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": "".join(words)}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": usage,
+            }
+            payload = json.dumps(message).encode()
+            await client.send(OK_JSON.format(len(payload)).encode() + payload)
+            return
+        await client.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        start = {"id": "msg_1", "type": "message", "role": "assistant", "model": model, "content": []}
+        start |= {"stop_reason": None, "stop_sequence": None, "usage": usage}
+        await client.send(_sse({"type": "message_start", "message": start}))
+        block = {"type": "text", "text": ""}
+        await client.send(_sse({"type": "content_block_start", "index": 0, "content_block": block}))
+        for word in words:
+            delta = {"type": "text_delta", "text": word}
+            await client.send(_sse({"type": "content_block_delta", "index": 0, "delta": delta}))
+        if forever:
+            while await buf.receive():  # until the client hangs up (EndOfStream)
+                pass
+            return
+        await client.send(_sse({"type": "content_block_stop", "index": 0}))
+        end = {"stop_reason": "end_turn", "stop_sequence": None}
+        await client.send(_sse({"type": "message_delta", "delta": end, "usage": usage}))
+        await client.send(_sse({"type": "message_stop"}))

@@ -1,0 +1,79 @@
+"""The frameworks' own MCP server objects, which the user never starts: a pydantic-ai
+``MCPToolset`` over stdio and an OpenAI Agents SDK ``MCPServerStdio``, each on the real MCP server
+of ``tests/agents/mcp_server.py`` (the ``mcp`` package's ``MCPServer``). turnpool's adapter starts
+them for the turn as children of the worker (the server's parent is the worker), their tools work,
+and they are gone at the turn's end; a cancel while a call is in flight reaches the server as
+``notifications/cancelled`` (it never sees stdin's EOF: nothing else cancels the call) and ends
+``aborted`` (cause ``user``) with the server gone."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import Supervisor
+from tests.support.adapterkit import events_of, wait_for_event, wait_for_file
+from tests.support.agents_server import agents_server
+
+pytestmark = pytest.mark.anyio
+
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
+pytest.importorskip("fastmcp", reason="pydantic-ai's MCP client (the pydantic-ai extra) is not installed")
+
+A = "tests.agents.framework_mcp:"
+URL_VAR = "TURNPOOL_TEST_OPENAI_URL"
+
+
+@asynccontextmanager
+async def model_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """The OpenAI Agents SDK's model: the loopback Chat Completions server (its URL in the workers'
+    environment)."""
+    server = agents_server()
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        monkeypatch.setenv(URL_VAR, server.base_url)
+        yield
+        tg.cancel_scope.cancel()
+
+
+def number(output: Any) -> int:
+    """A tool's number as the framework reports it: pydantic-ai the value, the OpenAI Agents SDK
+    the MCP text content (``{"type": "text", "text": "5"}``)."""
+    return int(output["text"]) if isinstance(output, dict) else int(output)
+
+
+def output_of(events: list[dict[str, Any]], call: str) -> int:
+    return number(next(e["output"] for e in events if e["type"] == "tool_call_update" and e["id"] == call))
+
+
+@pytest.mark.parametrize("agent", ["pydantic_agent", "openai_agent"])
+async def test_framework_mcp_servers_are_started_for_the_turn_inside_its_tree(
+    agent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with model_server(monkeypatch), Supervisor(workers=1, spares=0, grace=20) as sup:
+        done = await sup.submit(A + agent, "mcp")
+        with anyio.fail_after(60):
+            result = await done.result()
+        seen = await events_of(done)
+        mark = tmp_path / "slow"
+        slow = await sup.submit(A + agent, f"slow {mark}")
+        parent = await wait_for_event(slow, "tool_call_update")
+        assert await anyio.to_thread.run_sync(wait_for_file, mark) == "started"  # the call is in flight
+        assert await slow.cancel() == {"kind": "user"}
+        with anyio.fail_after(60):
+            aborted = await slow.result()
+        # The server's pid, from its own tool: the same server served both calls of the turn.
+        pids = [e for e in await events_of(slow) if e["type"] == "tool_call"]
+    assert result.outcome == "completed" and result.output == "The sum is 5.", result
+    assert output_of(seen, "call_parent") == result.worker_pid  # the server is the worker's child
+    assert output_of(seen, "call_add") == 5
+    assert [p["title"] for p in pids] == ["parent", "slow"]
+    assert number(parent["output"]) == aborted.worker_pid
+    assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
+    assert mark.read_text() == "cancelled"  # notifications/cancelled reached the server
+    assert aborted.worker_pid == result.worker_pid  # no kill was needed
