@@ -86,7 +86,7 @@ def default_worker_log(endpoint: str) -> Path:
     """The worker log of the daemon serving ``endpoint``: next to its journal, in the state dir (R-OUT)."""
     import hashlib
 
-    from .daemon.journal import state_dir
+    from .journal import state_dir
 
     key = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
     return state_dir() / f"workers-{key}.log"

@@ -28,7 +28,7 @@ import zmq.asyncio
 
 import wire
 from supervisor import Client, DaemonShuttingDown, DaemonUnavailable, EventsDropped
-from supervisor.daemon.journal import read_history
+from supervisor.journal import read_history
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.events import assert_accounted

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from supervisor import Client, JournalUnavailable, TurnIdConflict
-from supervisor.daemon.journal import lock_name, read_history
+from supervisor.journal import lock_name, read_history
 from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio
@@ -628,7 +628,7 @@ def test_an_id_already_in_the_journal_is_reported_never_silently_kept(tmp_path: 
     import threading
     from types import SimpleNamespace
 
-    from supervisor.daemon.journal import Journal
+    from supervisor.journal import Journal
 
     journal = Journal.open(tmp_path / "j.sqlite3")
     try:

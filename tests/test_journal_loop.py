@@ -29,8 +29,9 @@ import psutil
 import pytest
 
 from supervisor import Client, JournalUnavailable
-from supervisor.daemon import journal_link, journal_writer
-from supervisor.daemon.journal import Journal, read_history
+from supervisor.journal import Journal, read_history
+from supervisor.journal import writer as journal_writer
+from supervisor.journal import writer_link as journal_link
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.journalkit import completed, record
@@ -117,7 +118,7 @@ def _writer_pid(daemon_pid: int) -> int:
             cmdline = child.cmdline()
         except (psutil.ZombieProcess, psutil.NoSuchProcess):
             continue
-        if any("journal_writer" in part for part in cmdline):
+        if any("journal/writer.py" in part for part in cmdline):
             return child.pid
     raise AssertionError("the daemon has no journal writer process")
 

@@ -389,8 +389,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if no_journal:
         return run_daemon(daemon)
     from .._errors import DaemonAlreadyRunning
-    from ..daemon.journal import Journal, JournalError, default_journal_path
     from ..daemon.recovery import attach_journal
+    from ..journal import Journal, JournalError, default_journal_path
 
     if journal_path is None:
         journal_path = str(default_journal_path(daemon.endpoint))

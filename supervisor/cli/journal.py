@@ -26,7 +26,7 @@ from wire import OUTCOMES
 from .._engine.options import check_known_id
 from .._errors import UnknownTurn, shown_id
 from .._paths import check_endpoint, default_endpoint
-from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
+from ..journal import JournalError, default_journal_path, read_history, read_result
 from . import options
 
 

@@ -31,8 +31,8 @@ from wire import TurnError, TurnResult
 
 from .._engine import Supervisor, TurnRecord
 from .._errors import JournalUnavailable
+from ..journal import Journal, RecoveredTurn
 from .clients import Gate
-from .journal import Journal, RecoveredTurn
 from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")

@@ -515,7 +515,7 @@ def _account(
     report: Report, journal: Path, runs_log: str, pids_log: str, before_us: set[int], home: Path
 ) -> None:
     """After the stop: results from the journal, executions from the run log, what is left."""
-    from supervisor.daemon.journal_read import lookup_on, open_reader
+    from supervisor.journal.reader import lookup_on, open_reader
 
     if os.path.exists(runs_log):
         report.ran.update(Path(runs_log).read_text().split())

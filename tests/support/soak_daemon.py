@@ -240,8 +240,8 @@ async def daemon_soak(
         await run_round(kills, None)
     report.seconds = time.monotonic() - t0
 
-    from supervisor.daemon.journal_read import lookup_on as _lookup
-    from supervisor.daemon.journal_read import open_reader as _reader
+    from supervisor.journal.reader import lookup_on as _lookup
+    from supervisor.journal.reader import open_reader as _reader
 
     runs = (
         collections.Counter(Path(runs_log).read_text().split())  # noqa: ASYNC240 - after the run

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from .._fds import is_shortage
-from . import journal_writer as _journal_writer
-from .journal_schema import JournalError
+from . import writer as _journal_writer
+from .schema import JournalError
 
 log = logging.getLogger("turnpool.journal")
 

@@ -8,7 +8,7 @@ when its SQLite ``application_id`` is ``APP_ID``; ``check_existing`` refuses, re
 without touching the file, a corrupt file, a file from a newer schema, a damaged journal (a
 table of its schema gone) or another application's database. ``check_private_dir`` refuses a
 directory other users can read or write (the journal holds every turn's input and output).
-``Journal`` (``journal.py``) writes the file; ``journal_read.py`` reads it.
+``Journal`` (``store.py``) writes the file; ``reader.py`` reads it.
 """
 
 from __future__ import annotations

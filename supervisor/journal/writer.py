@@ -8,7 +8,7 @@ daemon stops on time. The process holds the journal's locks too (inherited, J-OW
 daemon opens the journal while a stuck writer might still write to it; it dies with the daemon
 (parent-death signal) or at the end of its pipe.
 
-Run as a script (``python -I _journal_writer.py FD``) so it imports nothing but the standard
+Run as a script (``python -I writer.py FD``) so it imports nothing but the standard
 library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
 answered ``(None, None)`` or ``(error, None)`` (after ``("upgrading", turns)`` when a schema-1 file is
 converted first); then one frame per batch, a list of
