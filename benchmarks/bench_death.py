@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from worker import lowlevel
+from worker import proctree
 
 from ._common import ROOT, command, log, med, ms, pct, table
 
@@ -66,7 +66,7 @@ def one(workers: int) -> tuple[float, int]:
 
 
 def run(quick: bool) -> str:
-    lowlevel.set_child_subreaper()  # orphans come to us, so we can tell "gone" from "a zombie nobody reaps"
+    proctree.set_child_subreaper()  # orphans come to us, so we can tell "gone" from "a zombie nobody reaps"
     n = 3 if quick else 12
     samples, sizes = [], []
     for _ in range(n):

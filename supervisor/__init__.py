@@ -4,7 +4,8 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
 
 * ``_engine/`` — the engine (private): ``Supervisor`` keeps the policy (accept, cancel, escalate,
   finish) and composes the worker link, the worker pool (and zygote), the dispatcher and the turn
-  table. Never imports agent code; reaches the worker side only through ``worker.lowlevel``.
+  table. Never imports agent code; reaches the worker side only through ``worker.lowlevel`` and
+  ``worker.proctree``.
 * ``_backend`` — the ``Backend`` contract every front end is written against (``Supervisor`` and
   ``Client`` implement it) and ``open_backend``; ``_handle`` / ``_sync`` — ``TurnHandle`` and the
   blocking twins; ``_events`` — ``EventsDropped``, the gap marker every follower yields (G1).

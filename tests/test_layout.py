@@ -1,6 +1,6 @@
 """The package layout's promises (issue 14): the public names stay as they are, the supervisor
-reaches the worker only through ``worker.lowlevel``, front ends use only public engine names, and
-no module imports another in a circle. Source checks, and one fresh interpreter (Ray stays out of
+reaches the worker only through ``worker.lowlevel`` and ``worker.proctree``, front ends use only
+public engine names, and no module imports another in a circle. Source checks, and one fresh interpreter (Ray stays out of
 ``import supervisor``)."""
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def test_the_supervisor_imports_no_private_worker_module() -> None:
-    """The supervisor uses the worker side only through ``worker.lowlevel`` (and ``worker``'s
-    public names), never ``worker._x``."""
+    """The supervisor uses the worker side only through ``worker.lowlevel``, ``worker.proctree``
+    (and ``worker``'s public names), never ``worker._x``."""
     mods = _modules("supervisor")
     text = {name: path.read_text() for name, path in mods.items()}
     private = re.compile(r"^\s*(from worker\._|import worker\._|from worker import _)", re.M)

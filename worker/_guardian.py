@@ -13,7 +13,7 @@ import select
 import signal
 from collections.abc import Callable
 
-from . import _cgroup, _tree
+from .proctree import _cgroup, _tree
 
 
 # R-guardian: the guardian outlives its worker and sweeps after it (R-ray-guardian: also when a

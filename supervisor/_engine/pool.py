@@ -22,7 +22,7 @@ import anyio.abc
 import anyio.to_thread
 
 import wire
-from worker import lowlevel
+from worker import proctree
 
 from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
@@ -179,7 +179,7 @@ class WorkerPool:
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
         self.zygote: Zygote | None = None
-        self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
+        self.cgroups: proctree.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
         self.runtime_dir: Path | None = None  # the engine's private directory: the worker endpoint
         self.work_dir: Path | None = None  # W-CWD: where each worker gets a directory of its own
@@ -247,7 +247,7 @@ class WorkerPool:
                 shutil.rmtree(self.runtime_dir, ignore_errors=True)
             output.close()
             raise
-        lowlevel.set_child_subreaper()
+        proctree.set_child_subreaper()
         self.pythonpath = _procs.import_path(agent_path)
 
     async def start(self, *, tg: anyio.abc.TaskGroup, use_cgroups: bool) -> None:
@@ -258,10 +258,10 @@ class WorkerPool:
         self.ready_event = anyio.Event()
         if use_cgroups:
             # Also sweeps pools left by supervisors killed with SIGKILL (may wait for their exits).
-            self.cgroups = await anyio.to_thread.run_sync(lowlevel.CgroupPool.create)
+            self.cgroups = await anyio.to_thread.run_sync(proctree.CgroupPool.create)
             if self.cgroups is None:
                 log.info("cgroup v2 not usable here: worker trees are tracked by subreaper and markers")
-        if self.use_zygote and lowlevel.set_child_subreaper():
+        if self.use_zygote and proctree.set_child_subreaper():
             assert self.output is not None
             out_fd = self.output.open("zygote")
             try:
@@ -427,7 +427,7 @@ class WorkerPool:
             out_fd = self.output.open(worker_id)
         except OSError as exc:
             if cgroup is not None:
-                lowlevel.cgroup_remove(cgroup)
+                proctree.cgroup_remove(cgroup)
             os.close(dir_fd)
             files.close()
             remove_tree(workdir)
@@ -499,7 +499,7 @@ class WorkerPool:
             )
         except OSError as exc:
             if cgroup is not None:
-                lowlevel.cgroup_remove(cgroup)
+                proctree.cgroup_remove(cgroup)
             self._start_error(exc)
             return None
         if self.output is not None:
@@ -556,7 +556,7 @@ class WorkerPool:
         if slot.timer is not None:
             slot.timer.cancel()
         if slot.cgroup is not None:
-            lowlevel.cgroup_remove(slot.cgroup)
+            proctree.cgroup_remove(slot.cgroup)
         self._drop_own(slot)
         slot.state = "dead"
         self.slots.pop(slot.id, None)
@@ -697,7 +697,7 @@ class WorkerPool:
             pending = set()
         if slot.cgroup is not None:
             _procs.CGROUPS.pop(slot.pid, None)
-            lowlevel.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
+            proctree.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
         del self.slots[slot.id]
         slot.out = []
         if slot.workdir is not None:

@@ -681,9 +681,9 @@ def main() -> int:
     parser.add_argument("--keep", default=None, help="copy the run's directory here if a check failed")
     args = parser.parse_args()
 
-    from worker import lowlevel
+    from worker import proctree
 
-    lowlevel.set_child_subreaper()  # orphans come here, where the leftover check sees them
+    proctree.set_child_subreaper()  # orphans come here, where the leftover check sees them
     if args.ci:
         plan = Plan.ci()
     elif args.quick:
