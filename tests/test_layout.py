@@ -1,7 +1,7 @@
 """The package layout's promises (issue 14): the public names stay as they are, the supervisor
 reaches the worker only through ``worker.lowlevel`` and ``worker.proctree``, front ends use only
-public engine names, and no module imports another in a circle. Source checks, and one fresh interpreter (Ray stays out of
-``import supervisor``)."""
+public engine names, and no module imports another in a circle. Source checks, and one fresh
+interpreter (Ray stays out of ``import supervisor``)."""
 
 from __future__ import annotations
 
