@@ -33,11 +33,11 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 """
 
 from . import _peers as peers
+from ._checks import check_optional_str
 from ._engine import TurnRecord, probe, procs
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
-from ._engine.options import check_optional_str
 from ._engine.procs import orphans_of
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES

@@ -6,23 +6,16 @@ pool (``pool.py``: processes, with the zygote in ``zygote.py`` and process-tree 
 turns (``children.py``), dispatch (``dispatch.py``), the escalation ladder (``escalation.py``),
 the memory watchdog (``memory.py``), exit handling (``exits.py``), ending turns (``ending.py``),
 the front ends' hooks (``hooks.py``), the timers (``timers.py``), worker output (``output.py``),
-argument validation (``options.py``) and read-only views (``turninfo.py``). Front ends use only
-``Supervisor``'s public methods.
+and read-only views (``turninfo.py``); argument validation is shared with the client
+(``supervisor/_checks.py``). Front ends use only ``Supervisor``'s public methods.
 """
 
-from .options import AGENT_RE, MAX_GRACE, check_agent, check_count, check_optional_str, check_seconds
 from .procs import check_agent_path
 from .supervisor import Supervisor
 from .turns import TurnRecord
 
 __all__ = [
-    "AGENT_RE",
-    "MAX_GRACE",
     "Supervisor",
     "TurnRecord",
-    "check_agent",
     "check_agent_path",
-    "check_count",
-    "check_optional_str",
-    "check_seconds",
 ]

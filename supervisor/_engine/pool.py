@@ -24,11 +24,11 @@ import anyio.to_thread
 import wire
 from worker import proctree
 
+from .._checks import check_nice
 from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
-from .options import check_nice
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 

@@ -33,6 +33,19 @@ import msgspec
 import wire
 from wire import USER, Cause, TurnError, TurnResult, validate_cause
 
+from .._checks import (
+    AGENT_RE,
+    MAX_GRACE,
+    MAX_INPUT_BYTES,
+    MAX_TURN_ID,
+    check_agent,
+    check_grace,
+    check_mib,
+    check_seconds,
+    check_sizes,
+    mib_bytes,
+    require_seconds,
+)
 from .._errors import SupervisorClosed, shown_id
 from .._handle import TurnHandle
 from .._host import refuse_inside_worker
@@ -50,19 +63,6 @@ from .exits import MAX_HANDOVERS, ExitHandler
 from .hooks import AcceptHook, EventHook, Hooks, ResultHook, StartHook
 from .lifecycle import Lifecycle
 from .link import WorkerLink
-from .options import (
-    AGENT_RE,
-    MAX_GRACE,
-    MAX_INPUT_BYTES,
-    MAX_TURN_ID,
-    check_agent,
-    check_grace,
-    check_mib,
-    check_seconds,
-    check_sizes,
-    mib_bytes,
-    require_seconds,
-)
 from .pool import WorkerPool, WorkerSlot
 from .timers import Timers
 from .turninfo import Views

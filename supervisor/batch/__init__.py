@@ -23,7 +23,7 @@ from os import PathLike
 from typing import Any
 
 from .._backend import open_backend
-from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import ResultLog, read_previous
 from .run import (
@@ -62,7 +62,6 @@ __all__ = [
     "open_backend",
     "prepare_batch",
     "read_previous",
-    "register",
     "run_batch",
     "turn_id_for",
 ]
@@ -131,10 +130,3 @@ async def run_batch(
         return await go(backend)
     async with open_backend(workers=workers, grace=grace, kill_after=kill_after) as be:
         return await go(be)
-
-
-def register(subparsers: Any) -> None:
-    """Add ``turnpool batch`` to the console script (the command lives in ``supervisor.cli.batch``)."""
-    from ..cli.batch import register as register_command
-
-    register_command(subparsers)

@@ -15,11 +15,11 @@ from typing import Any
 
 import anyio
 
-from .._engine import check_agent
+from .._checks import check_agent
 from .._errors import InvalidAgent, TurnpoolError
+from .._exitcodes import EXIT_FAILED, EXIT_USAGE
 from ..acp.acp import claim_stdio, serve
 from . import options
-from .exits import EXIT_FAILED, EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:

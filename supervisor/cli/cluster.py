@@ -53,8 +53,8 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     import logging
     import sys
 
+    from .._exitcodes import EXIT_USAGE
     from .._paths import default_endpoint
-    from .exits import EXIT_USAGE
 
     if args.ray is None:
         print("turnpool serve: --workers-per-node is for --ray", file=sys.stderr)

@@ -23,9 +23,9 @@ import msgspec
 import wire
 
 from .._errors import InvalidAgent, TurnpoolError
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, innermost
 from .._tracing import CALLER_TRACE, valid_traceparent
 from . import cluster, options
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, innermost
 
 
 def _on_off(value: str) -> bool:

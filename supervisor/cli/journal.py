@@ -23,7 +23,7 @@ import msgspec
 
 from wire import OUTCOMES
 
-from .._engine.options import check_known_id
+from .._checks import check_known_id
 from .._errors import UnknownTurn, shown_id
 from .._paths import check_endpoint, default_endpoint
 from ..journal import JournalError, default_journal_path, read_history, read_result

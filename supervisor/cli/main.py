@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, innermost
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, innermost
 
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (

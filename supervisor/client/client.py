@@ -38,8 +38,7 @@ import zmq.asyncio
 import wire
 from wire import Cause, TurnResult, validate_cause
 
-from .._engine import check_seconds
-from .._engine.options import check_known_id
+from .._checks import check_known_id, check_seconds
 from .._errors import (
     DaemonUnavailable,
     FollowerDropped,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import wire
 from wire import TurnResult
 
-from .._engine import check_agent
+from .._checks import check_agent
 from .._errors import DaemonUnavailable, ProtocolError
 from .._handle import TurnHandle
 from .._many import ManyTurns, check_many, refused, turn_ids_of

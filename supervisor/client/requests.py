@@ -16,7 +16,7 @@ from typing import Any
 
 import wire
 
-from .._engine.options import check_agent, check_known_id, check_optional_str, check_seconds
+from .._checks import check_agent, check_known_id, check_optional_str, check_seconds
 from .._errors import (
     SUBMIT_ERROR_CODES,
     FollowerDropped,

@@ -55,7 +55,8 @@ import wire
 from wire import Cause, TurnResult
 from worker import lowlevel
 
-from .._engine import Supervisor, TurnRecord, check_agent
+from .._checks import check_agent
+from .._engine import Supervisor, TurnRecord
 from .._errors import (
     DaemonShuttingDown,
     JournalUnavailable,

@@ -35,7 +35,7 @@ import ray.exceptions
 import wire
 from wire import Cause, TurnResult, validate_cause
 
-from .._engine.options import check_agent, check_optional_str, check_seconds
+from .._checks import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
 from .._many import ManyTurns

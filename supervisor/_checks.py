@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import wire
 
-from .._errors import InvalidAgent, shown_id
+from ._errors import InvalidAgent, shown_id
 
 AGENT_RE = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
