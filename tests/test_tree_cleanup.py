@@ -502,7 +502,7 @@ def test_serve_takes_cgroups_on_or_off() -> None:
     """``turnpool serve --cgroups off`` forces the fallback; anything but on/off is refused."""
     import argparse
 
-    from supervisor.cli import daemon as _cli_daemon
+    from supervisor.cli import serve as _cli_daemon
 
     assert _cli_daemon._on_off("off") is False and _cli_daemon._on_off("on") is True
     with pytest.raises(argparse.ArgumentTypeError, match="on or off"):

@@ -17,7 +17,8 @@ from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, i
 
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (
-    "supervisor.cli.daemon",  # serve, submit, cancel, status, reload
+    "supervisor.cli.serve",  # serve: the daemon itself
+    "supervisor.cli.daemon_client",  # submit, cancel, status, reload: talk to a running daemon
     "supervisor.cli.journal",  # history, result
     "supervisor.cli.batch",  # batch
     "supervisor.cli.acp",  # acp
