@@ -4,7 +4,7 @@ Every job of a JSONL file runs as one turn (retried as asked) and ends with one 
 the output, appended and flushed as it ends. The pool is embedded (``--workers N``) or a
 running daemon (``--connect E``); the two paths differ only in how the backend is opened
 (``open_backend``). Layers: ``jobs.py`` (input and validation), ``out.py`` (the results
-file), ``run.py`` (the engine), ``view.py`` (progress and summary), this module (the public API);
+file), ``runner.py`` (the engine), ``view.py`` (progress and summary), this module (the public API);
 the command itself is ``supervisor/cli/batch.py``. See ``docs/batch.md``.
 
 Exit codes of ``turnpool batch``:
@@ -26,7 +26,7 @@ from .._backend import open_backend
 from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import ResultLog, read_previous
-from .run import (
+from .runner import (
     DEFAULT_RETRY_ON,
     BatchError,
     BatchInputError,

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from .run import BatchProgress, BatchSummary
+from .runner import BatchProgress, BatchSummary
 
 COLOURS = {
     "completed": "green",

@@ -22,7 +22,7 @@ from .._backend import open_backend
 from .._errors import TurnpoolError
 from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from ..batch import default_concurrency
-from ..batch.run import (
+from ..batch.runner import (
     DEFAULT_RETRY_ON,
     RETRYABLE,
     BatchInputError,

@@ -73,7 +73,7 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         "agent_path": tuple(args.path) if getattr(args, "path", None) else None,
     }
     try:
-        from ..ray.serve import run_ray_daemon
+        from ..ray.daemon import run_ray_daemon
     except ModuleNotFoundError as exc:
         if exc.name != "ray":
             raise

@@ -15,7 +15,7 @@ not bounded: a turn may run for as long as it likes.
 ``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` (``sync.py``)
 runs it on its own asyncio loop in a portal thread. Opening and closing the connection (the
 handshake, CURVE, the socket monitor) is in ``connection.py``; where replies wait, how a submit is
-encoded and how a daemon's errors are typed, in ``requests.py``.
+encoded and how a daemon's errors are typed, in ``replies.py``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from .._zmqflags import NOBLOCK as _NOBLOCK
 from .._zmqflags import POLLIN as _POLLIN
 from .connection import close_connection, open_connection
 from .many import PipelinedMany
-from .requests import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
+from .replies import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
 
 log = logging.getLogger("turnpool.client")
 

@@ -21,7 +21,7 @@ from .._errors import DaemonUnavailable, ProtocolError
 from .._handle import TurnHandle
 from .._many import ManyTurns, check_many, refused, turn_ids_of
 from .._tracing import caller_trace
-from .requests import _error, _Lost, _Many, _Replies, _Reply, _submit_options
+from .replies import _error, _Lost, _Many, _Replies, _Reply, _submit_options
 
 if TYPE_CHECKING:
     import asyncio

@@ -41,11 +41,11 @@ from .._handle import TurnHandle
 from .._many import ManyTurns
 from .._stream import OwnedStreams
 from .batches import decode_cancel_reply, encode_requests
-from .link import NodeLink
 from .membership import Membership
 from .node import CANCEL_REPLY_WAIT
+from .node_link import NodeLink
 from .placement import new_turn_id, node_of, rendezvous
-from .turns import NODE_LOST, Changes, RoutedTurn, TurnTable, lost_result
+from .turn_table import NODE_LOST, Changes, RoutedTurn, TurnTable, lost_result
 
 __all__ = ["NAMESPACE", "NODE_LOST", "RaySupervisor"]
 

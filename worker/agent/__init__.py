@@ -9,6 +9,7 @@ Layers: ``_messages`` (history, model events, request, results), ``_errors``, ``
 
 from typing import Any
 
+from ._agent_loop import AgentLoop
 from ._cancel import CancelReceiver, CancelSender, cancel_channel
 from ._errors import (
     Aborted,
@@ -21,7 +22,6 @@ from ._errors import (
     ToolError,
 )
 from ._hooks import CONTINUE, Abort, Continue, Hook, Pause, Step, hook
-from ._loop import AgentLoop
 from ._messages import (
     AssistantMessage,
     Finish,

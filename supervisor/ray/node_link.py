@@ -25,10 +25,10 @@ from wire import TurnResult
 
 from .batches import decode_results, encode_requests
 from .node import SUBMIT_BATCH
-from .turns import lost_result
+from .turn_table import lost_result
 
 if TYPE_CHECKING:
-    from .turns import RoutedTurn, TurnTable
+    from .turn_table import RoutedTurn, TurnTable
 
 log = logging.getLogger("turnpool.ray")
 
