@@ -2,8 +2,8 @@
 
 Declares the command's options (the shared ones from ``options.py``), checks them, claims the
 stdio channel and runs ``supervisor.acp.stdio.serve``; returns one of the exit codes named in
-``supervisor/_exitcodes.py``. The ``agent-client-protocol`` package (the ``acp`` extra) is imported only when the
-command runs, so the rest of the CLI works without it.
+``supervisor/_exitcodes.py``. The ``agent-client-protocol`` package (the ``acp`` extra) is imported
+only when the command runs, so the rest of the CLI works without it.
 """
 
 from __future__ import annotations
