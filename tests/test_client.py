@@ -17,7 +17,6 @@ import zmq
 import zmq.auth
 
 import supervisor
-import wire
 from supervisor import (
     Client,
     DaemonUnavailable,
@@ -33,14 +32,16 @@ from supervisor import (
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.events import first_event
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
 
 def test_exports() -> None:
-    """``Client`` and ``SyncClient`` are public names of ``supervisor``; the protocol lives in ``wire``."""
+    """``Client`` and ``SyncClient`` are public names of ``supervisor``; the protocol lives in
+    ``wire.client_link``."""
     assert {"Client", "SyncClient", "DaemonUnavailable", "DaemonShuttingDown"} <= set(supervisor.__all__)
-    assert {"Hello", "Welcome", "Submit", "Error", "ToDaemon", "FromDaemon"} <= set(wire.__all__)
+    assert {"Hello", "Welcome", "Submit", "Error", "ToDaemon", "FromDaemon"} <= set(client_link.__all__)
 
 
 async def test_async_client_has_the_supervisor_methods() -> None:
@@ -156,14 +157,14 @@ async def test_errors_are_typed_and_validated_before_sending() -> None:
             await running.cancel()
             await client.when_idle()
 
-        old = wire.CLIENT_PROTOCOL_VERSION
-        wire.CLIENT_PROTOCOL_VERSION = old + 1  # type: ignore[misc]
+        old = client_link.CLIENT_PROTOCOL_VERSION
+        client_link.CLIENT_PROTOCOL_VERSION = old + 1  # type: ignore[misc]
         try:
             with pytest.raises(ProtocolError, match="protocol"):
                 async with Client.connect(d.endpoint):
                     pass
         finally:
-            wire.CLIENT_PROTOCOL_VERSION = old  # type: ignore[misc]
+            client_link.CLIENT_PROTOCOL_VERSION = old  # type: ignore[misc]
 
 
 async def test_no_daemon_fails_fast_naming_the_endpoint() -> None:
@@ -404,5 +405,5 @@ def test_a_refused_submit_raises_on_the_client_what_refused_it_on_the_daemon() -
     for kind, _ in SUBMIT_ERROR_CODES:
         refused = kind("no")
         code = next(code for k, code in SUBMIT_ERROR_CODES if isinstance(refused, k))
-        raised = _error(wire.Error(1, code, "no"), None, "ipc://x")
+        raised = _error(client_link.Error(1, code, "no"), None, "ipc://x")
         assert isinstance(raised, kind) and str(raised) == "no", (kind, code, raised)

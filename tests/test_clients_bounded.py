@@ -25,6 +25,7 @@ from supervisor import AuthenticationFailed, Client, DaemonUnavailable, EventsDr
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.memkit import rss_under
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -76,8 +77,8 @@ async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
                         sock = ctx.socket(zmq.DEALER)
                         sock.setsockopt(zmq.LINGER, 0)
                         sock.connect(d.endpoint)
-                        await sock.send(wire.encode(wire.Follow(1, handle.turn_id, 64)))
-                        await sock.send(wire.encode(wire.GetResult(2, handle.turn_id)))
+                        await sock.send(wire.encode(client_link.Follow(1, handle.turn_id, 64)))
+                        await sock.send(wire.encode(client_link.GetResult(2, handle.turn_id)))
                         socks.append(sock)
                     # Every request arrived (the daemon holds them) before the clients vanish.
                     await _until(
@@ -153,8 +154,8 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.RCVHWM, 1)  # a client that reads nothing keeps its queue full
                 sock.connect(endpoint)
-                sock.send(wire.encode(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION)))
-                sock.send(wire.encode(wire.Follow(2, handle.turn_id, 0 if i % 2 == 0 else 1024)))
+                sock.send(wire.encode(client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION)))
+                sock.send(wire.encode(client_link.Follow(2, handle.turn_id, 0 if i % 2 == 0 else 1024)))
                 socks.append(sock)
             done = 0
 
@@ -285,27 +286,29 @@ async def test_a_version_2_follower_that_fell_behind_still_gets_lagged() -> None
         sock.connect(d.endpoint)
         try:
             with anyio.fail_after(60):
-                await sock.send(wire.encode(wire.Hello(1, 2)))
-                assert isinstance(wire.decode_from_daemon(await sock.recv()), wire.Welcome)
+                await sock.send(wire.encode(client_link.Hello(1, 2)))
+                assert isinstance(client_link.decode_from_daemon(await sock.recv()), client_link.Welcome)
                 agent = "tests.agents.faults:stream_when_told"
-                await sock.send(wire.encode(wire.Submit(2, agent, msgspec.Raw(wire.encode({"count": 200})))))
-                accepted = wire.decode_from_daemon(await sock.recv())
-                assert isinstance(accepted, wire.Accepted)
-                await sock.send(wire.encode(wire.Follow(3, accepted.turn_id, 4)))
-                first = wire.decode_from_daemon(await sock.recv())
-                assert isinstance(first, wire.Events) and first.seq == 0
-                await sock.send(wire.encode(wire.Cancel(4, accepted.turn_id, wire.Cause("user"))))
-                await sock.send(wire.encode(wire.GetResult(5, accepted.turn_id)))
+                await sock.send(
+                    wire.encode(client_link.Submit(2, agent, msgspec.Raw(wire.encode({"count": 200}))))
+                )
+                accepted = client_link.decode_from_daemon(await sock.recv())
+                assert isinstance(accepted, client_link.Accepted)
+                await sock.send(wire.encode(client_link.Follow(3, accepted.turn_id, 4)))
+                first = client_link.decode_from_daemon(await sock.recv())
+                assert isinstance(first, client_link.Events) and first.seq == 0
+                await sock.send(wire.encode(client_link.Cancel(4, accepted.turn_id, wire.Cause("user"))))
+                await sock.send(wire.encode(client_link.GetResult(5, accepted.turn_id)))
                 replies = []
-                while not any(isinstance(r, wire.Result) for r in replies):
-                    replies.append(wire.decode_from_daemon(await sock.recv()))
-                await sock.send(wire.encode(wire.Credit(3, 1000)))
-                while not any(isinstance(r, wire.Error) and r.req == 3 for r in replies):
-                    replies.append(wire.decode_from_daemon(await sock.recv()))
+                while not any(isinstance(r, client_link.Result) for r in replies):
+                    replies.append(client_link.decode_from_daemon(await sock.recv()))
+                await sock.send(wire.encode(client_link.Credit(3, 1000)))
+                while not any(isinstance(r, client_link.Error) and r.req == 3 for r in replies):
+                    replies.append(client_link.decode_from_daemon(await sock.recv()))
         finally:
             sock.close(linger=0)
             ctx.term()
-    lagged = [r for r in replies if isinstance(r, wire.Error) and r.req == 3]
+    lagged = [r for r in replies if isinstance(r, client_link.Error) and r.req == 3]
     assert lagged[0].code == "lagged" and "fell" in lagged[0].message
 
 
@@ -389,8 +392,8 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
 def test_wire_evolves_by_addition_only() -> None:
     """Version 2 of the client protocol only adds: a version-1 client's every message still
     decodes, and the daemon accepts version 1 in ``Hello``."""
-    assert wire.MIN_CLIENT_PROTOCOL_VERSION == 1 < wire.CLIENT_PROTOCOL_VERSION
-    assert set(wire.V1_ERROR_CODES) < set(wire.ERROR_CODES)
+    assert client_link.MIN_CLIENT_PROTOCOL_VERSION == 1 < client_link.CLIENT_PROTOCOL_VERSION
+    assert set(client_link.V1_ERROR_CODES) < set(client_link.ERROR_CODES)
     follow_v1 = msgspec.msgpack.encode(["follow", 3, "t", 0])
-    assert wire.decode_to_daemon(follow_v1) == wire.Follow(3, "t", 0)
-    assert wire.decode_to_daemon(wire.encode(wire.Abandon(4))) == wire.Abandon(4)
+    assert client_link.decode_to_daemon(follow_v1) == client_link.Follow(3, "t", 0)
+    assert client_link.decode_to_daemon(wire.encode(client_link.Abandon(4))) == client_link.Abandon(4)

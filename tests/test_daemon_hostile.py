@@ -17,10 +17,10 @@ import zmq.auth
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import wire
 from supervisor import Client, DaemonUnavailable
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -106,11 +106,11 @@ def test_fuzzed_frames_to_the_client_endpoint() -> None:
         def fuzz(frame: bytes) -> None:
             sock.send(frame)
             sent["n"] += 1
-            reply = wire.decode_from_daemon(sock.recv())  # always one well-formed reply
+            reply = client_link.decode_from_daemon(sock.recv())  # always one well-formed reply
             try:
-                wire.decode_to_daemon(frame)
+                client_link.decode_to_daemon(frame)
             except msgspec.DecodeError:
-                assert isinstance(reply, wire.Error) and reply.code == "malformed"
+                assert isinstance(reply, client_link.Error) and reply.code == "malformed"
 
         try:
             fuzz()
@@ -118,8 +118,8 @@ def test_fuzzed_frames_to_the_client_endpoint() -> None:
             for _ in range(200):
                 sock.send(rng.randbytes(rng.randrange(1, 300)))
                 sent["n"] += 1
-                reply = wire.decode_from_daemon(sock.recv())
-                assert isinstance(reply, wire.Error)
+                reply = client_link.decode_from_daemon(sock.recv())
+                assert isinstance(reply, client_link.Error)
         finally:
             sock.close()
             ctx.term()

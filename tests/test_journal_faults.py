@@ -565,11 +565,15 @@ def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
     """J7: ``JournalUnavailable`` is exported from ``supervisor`` and the client turns the
     daemon's ``journal_unavailable`` error code into it."""
     import supervisor
-    import wire
     from supervisor.client.client import _error
+    from wire import client_link
 
-    assert "JournalUnavailable" in supervisor.__all__ and "journal_unavailable" in wire.ERROR_CODES
-    err = _error(wire.Error(1, "journal_unavailable", "cannot write the journal: disk full"), None, "ipc://x")
+    assert "JournalUnavailable" in supervisor.__all__ and "journal_unavailable" in client_link.ERROR_CODES
+    err = _error(
+        client_link.Error(1, "journal_unavailable", "cannot write the journal: disk full"),
+        None,
+        "ipc://x",
+    )
     assert isinstance(err, JournalUnavailable) and "disk full" in str(err)
 
 

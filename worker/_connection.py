@@ -13,7 +13,8 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import SpawnReply
+from wire import worker_link
+from wire.worker_link import SpawnReply
 
 from ._errors import SpawnError
 from ._flusher import StaleFlusher
@@ -69,7 +70,7 @@ class Connection:
                 if not out:  # the stale flusher sent it meanwhile
                     return
                 self.frames += 1
-                self._sock.send(wire.encode_frame(out), _NOBLOCK)
+                self._sock.send(worker_link.encode_frame(out), _NOBLOCK)
                 # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
                 # EVENTS so a message that arrived meanwhile is not stranded.
                 if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
@@ -86,7 +87,7 @@ class Connection:
             n = len(out)
             if self.batches != batch or not n:
                 return
-            frame = wire.encode_frame(out[:n])
+            frame = worker_link.encode_frame(out[:n])
             del out[:n]
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
@@ -110,14 +111,17 @@ class Connection:
         with self.lock:
             out = self._out
             if out:
-                out.append(wire.Event(turn_id, data))
+                out.append(worker_link.Event(turn_id, data))
                 self._out = []
-                frame = wire.encode_frame(out)
+                frame = worker_link.encode_frame(out)
             else:
                 # A frame of one Event is a fixed prefix (per turn) and the payload's bytes: the
                 # msgpack of ``[Event(turn_id, data)]`` (array-like) ends with ``data`` verbatim.
                 if self._event_prefix[0] != turn_id:
-                    self._event_prefix = (turn_id, wire.encode_frame([wire.Event(turn_id, _EMPTY)]))
+                    self._event_prefix = (
+                        turn_id,
+                        worker_link.encode_frame([worker_link.Event(turn_id, _EMPTY)]),
+                    )
                 frame = self._event_prefix[1] + data
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
@@ -151,12 +155,12 @@ class Connection:
         req = self._next_req
         fut = self._loop.create_future()
         self._spawns[req] = fut
-        self.send_now(wire.Spawn(req, parent, agent, raw, session, timeout, grace, kill_after))
+        self.send_now(worker_link.Spawn(req, parent, agent, raw, session, timeout, grace, kill_after))
         try:
             reply: SpawnReply = await fut
         except BaseException:
             if not fut.done():
-                self.send_now(wire.SpawnCancel(req))
+                self.send_now(worker_link.SpawnCancel(req))
             raise
         finally:
             self._spawns.pop(req, None)

@@ -24,7 +24,8 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, TurnError
+from wire import TurnError, worker_link
+from wire.worker_link import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply
 
 from . import _endlog, _heap, _heir, _marker, _toolproc, adapters
 from ._connection import Connection
@@ -208,7 +209,7 @@ class WorkerLoop:
             if run.turn_id == msg.turn_id:
                 self.pending.remove(run)
                 self.unhold(run.turn_id)
-                self.conn.post(wire.Revoked(msg.turn_id))
+                self.conn.post(worker_link.Revoked(msg.turn_id))
                 return
 
     def on_end_ack(self, msg: EndAck) -> None:
@@ -304,7 +305,7 @@ class WorkerLoop:
         # Before the post: a Started that the stale flusher sends in an earlier frame than the
         # End must make that End ask for an EndAck (P2).
         frames_at_start = conn.frames
-        conn.post(wire.Started(msg.turn_id))
+        conn.post(worker_link.Started(msg.turn_id))
         try:
             value = wire.decode_payload(msg.input)
         except (msgspec.DecodeError, RecursionError) as exc:  # W-DEEP: too deep to decode here
@@ -407,11 +408,11 @@ class WorkerLoop:
         conn.flusher = None
         conn.post = posted.append  # type: ignore[method-assign,assignment]  # this instance only, restored below
         try:
-            frame = wire.encode_frame([Run(_WARM_TURN, _WARM_AGENT, wire.encode_payload(None))])
-            for msg in wire.decode_to_worker(frame):
+            frame = worker_link.encode_frame([Run(_WARM_TURN, _WARM_AGENT, wire.encode_payload(None))])
+            for msg in worker_link.decode_to_worker(frame):
                 if isinstance(msg, Run):
                     await self.run_turn(msg)
-            wire.encode_frame(posted)
+            worker_link.encode_frame(posted)
             global _WARMED
             _WARMED = True
         except Exception as exc:  # noqa: BLE001 - only a speed-up: the worker serves without it
@@ -506,7 +507,7 @@ async def serve(
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     await loop.warm_up()  # W-WARM: the first real turn finds the worker's pages its own
     cgroup_joined()  # W-JOIN: in its cgroup before any turn of the supervisor's can run
-    conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
+    conn.send_now(worker_link.Ready(os.getpid(), token, worker_link.PROTOCOL_VERSION))
     aloop = asyncio.get_running_loop()
     stop = aloop.create_future()
 
@@ -536,9 +537,9 @@ async def serve(
             except zmq.ZMQError:
                 return
             try:
-                messages = wire.decode_to_worker(frame)
+                messages = worker_link.decode_to_worker(frame)
             except msgspec.DecodeError as exc:
-                conn.post(wire.BadFrame(str(exc)[:200]))
+                conn.post(worker_link.BadFrame(str(exc)[:200]))
                 continue
             for msg in messages:
                 match msg:
@@ -604,4 +605,4 @@ async def _heartbeats(conn: Connection, interval: float) -> None:
     pid = os.getpid()
     while True:
         await anyio.sleep(interval)
-        conn.post(wire.Heartbeat(pid))
+        conn.post(worker_link.Heartbeat(pid))

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import wire
-from wire import PARENT, TurnError
+from wire import PARENT, TurnError, worker_link
 
 from .._errors import QueueFull, SupervisorClosed
 
@@ -27,7 +26,7 @@ class ChildTurns:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
 
-    def cancel(self, slot: WorkerSlot, msg: wire.SpawnCancel) -> None:
+    def cancel(self, slot: WorkerSlot, msg: worker_link.SpawnCancel) -> None:
         """The parent gave up waiting on a child (its ``spawn`` call was cancelled): cancel the child."""
         sup = self.sup
         child_id = slot.spawns.get(msg.req)
@@ -35,19 +34,24 @@ class ChildTurns:
         if child is not None:
             sup._cancel(child, PARENT)
 
-    def spawn(self, slot: WorkerSlot, msg: wire.Spawn) -> None:
+    def spawn(self, slot: WorkerSlot, msg: worker_link.Spawn) -> None:
         """A running turn asks for a child turn: accept it (or answer why not) and lend the slot."""
         sup = self.sup
         parent = slot.turn
         if parent is None or parent.id != msg.parent or parent.state != "running":
             sup._send(
                 slot,
-                wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")),
+                worker_link.SpawnReply(
+                    msg.req, error=TurnError("SpawnError", "the parent turn is not running")
+                ),
             )
             return
         if parent.cause is not None:
             sup._send(
-                slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled"))
+                slot,
+                worker_link.SpawnReply(
+                    msg.req, error=TurnError("SpawnError", "the parent turn was cancelled")
+                ),
             )
             return
         try:
@@ -62,7 +66,7 @@ class ChildTurns:
                 parent=parent.id,
             )
         except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
-            sup._send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
+            sup._send(slot, worker_link.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
             return
         parent.add_child(child.id)
         child.spawn_origin = (slot, msg.req)
@@ -73,6 +77,6 @@ class ChildTurns:
         for handed in slot.ahead:  # they would wait behind the parent: give them back
             if not handed.revoking and handed.cause is None:
                 handed.revoking = True
-                sup._send(slot, wire.Revoke(handed.id))
+                sup._send(slot, worker_link.Revoke(handed.id))
         sup._fill_pool()
         sup._pump()

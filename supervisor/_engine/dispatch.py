@@ -17,7 +17,7 @@ import itertools
 import logging
 from typing import TYPE_CHECKING
 
-import wire
+from wire import worker_link
 from worker import lowlevel
 
 from .ending import output_of
@@ -219,7 +219,7 @@ class Dispatcher:
 
     def _proceed(self, heir: WorkerSlot, turn: TurnRecord) -> None:
         if turn.state == "handed" and turn.worker is heir and heir.state == "busy":
-            self.sup._send(heir, wire.Proceed(turn.id))
+            self.sup._send(heir, worker_link.Proceed(turn.id))
 
     def note_turn_time(self, run_s: float) -> None:
         t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
@@ -272,10 +272,11 @@ class Dispatcher:
             turn.timer = self.sup._timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
         if after is None:
             self.sup._send(
-                slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace)
+                slot,
+                worker_link.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace),
             )
         else:  # K-HEIR: held until process ``after`` (pid, start time) is gone
-            run = wire.Run(
+            run = worker_link.Run(
                 turn.id, turn.agent, turn.input, turn.session, turn.parent, *after, trace=turn.trace
             )
             self.sup._send(slot, run)
@@ -401,7 +402,7 @@ class Dispatcher:
         for turn in list(slot.ahead):
             if not turn.revoking and turn.cause is None:
                 turn.revoking = True
-                self.sup._send(slot, wire.Revoke(turn.id))
+                self.sup._send(slot, worker_link.Revoke(turn.id))
 
     # M-KEPT: memory a worker kept is not the next turn's.
     def retire_if_kept(self, slot: WorkerSlot, turn: TurnRecord | None, turn_id: str) -> None:
@@ -439,7 +440,7 @@ class Dispatcher:
             for turn in waiting:
                 if not turn.revoking and turn.cause is None:
                     turn.revoking = True
-                    self.sup._send(slot, wire.Revoke(turn.id))
+                    self.sup._send(slot, worker_link.Revoke(turn.id))
 
     def written(self, turn: TurnRecord) -> None:
         """J6-WITH (``Supervisor.mark_written``): the journal has ``turn``'s accept row written -
@@ -551,7 +552,7 @@ class Dispatcher:
             passed.started_at = self.sup._clock()
         return True
 
-    def ended_ahead(self, slot: WorkerSlot, msg: wire.End) -> bool:
+    def ended_ahead(self, slot: WorkerSlot, msg: worker_link.End) -> bool:
         """An ``End`` for a turn handed to ``slot`` that it does not run: the end of a turn it went
         past (S1: its own outcome stands), or a handed turn dropped unstarted on ``Abort``. False
         otherwise (S3: an End for a turn this worker does not run is taken only as the answer to an

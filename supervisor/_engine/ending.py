@@ -18,7 +18,7 @@ import anyio
 import msgspec
 
 import wire
-from wire import DISPOSED, PARENT, TurnError, TurnResult
+from wire import DISPOSED, PARENT, TurnError, TurnResult, worker_link
 
 from .turns import seal_input, set_done, wait_done
 
@@ -144,7 +144,7 @@ class Finisher:
             sup._lent -= 1
             slot.spawns.pop(req, None)
             if slot.state == "busy" and slot.turn is not None and slot.turn.id == turn.parent:
-                sup._send(slot, wire.SpawnReply(req, result=result))
+                sup._send(slot, worker_link.SpawnReply(req, result=result))
         if turn.parent is not None:
             parent = sup._turns.get(turn.parent)
             if parent is not None:
@@ -165,7 +165,7 @@ class Finisher:
             sup._fill_pool()
 
 
-def output_of(msg: wire.End, turn: TurnRecord) -> Any:
+def output_of(msg: worker_link.End, turn: TurnRecord) -> Any:
     """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands). Notes
     its encoded size on ``turn`` (R-BUDGET), which the frame gives for free."""
     turn.output_bytes = len(msg.output)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import wire
-from wire import PARENT, Cause
+from wire import PARENT, Cause, worker_link
 
 from . import procs as _procs
 
@@ -63,7 +63,7 @@ class Escalation:
             # the ladder is armed now either way, and looks again if it had not.
             slot = turn.worker
             assert slot is not None
-            sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            sup._send(slot, worker_link.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
             sup._hooks.stepped(turn, "abort")
             sup._note_marked_start(slot)
             if turn.esc_timer is None:  # (armed already if the marker showed it running)
@@ -71,7 +71,7 @@ class Escalation:
         elif state == "running" and first:
             slot = turn.worker
             assert slot is not None
-            sup._send(slot, wire.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
+            sup._send(slot, worker_link.Abort(turn.id, turn.cause))  # type: ignore[arg-type]
             sup._hooks.stepped(turn, "abort")
             self.arm(turn, slot)
         return turn.cause

@@ -29,6 +29,7 @@ import zmq
 import zmq.asyncio
 
 import wire
+from wire import worker_link
 
 from .._zmqflags import EVENTS as _EVENTS
 from .._zmqflags import NOBLOCK as _NOBLOCK
@@ -263,7 +264,7 @@ class WorkerLink:
     def _handle_batch(self, batch: list[tuple[bytes, bytes]]) -> None:
         peers = self.peers
         on_message = self.on_message
-        decode = wire.decode_from_worker
+        decode = worker_link.decode_from_worker
         for ident, body in batch:
             slot = peers.get(ident)
             if slot is None:
@@ -334,7 +335,7 @@ class WorkerLink:
             try:
                 # Two sends with plain-int flags, not ``send_multipart`` (its enum ``|`` and list).
                 sync.send(slot.ident, _NOBLOCK_MORE)
-                sync.send(wire.encode_frame(out), _NOBLOCK)
+                sync.send(worker_link.encode_frame(out), _NOBLOCK)
             except zmq.ZMQError as exc:
                 # The worker is gone (its exit event settles its turns) or its connection dropped
                 # (it cannot be reached, so it would hold its turns forever): make sure it is gone.

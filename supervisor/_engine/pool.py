@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-import wire
+from wire import worker_link
 from worker import proctree
 
 from .._checks import check_nice
@@ -199,7 +199,9 @@ class WorkerPool:
         self._fill_scheduled = False  # P-LATER: a fill is due in a loop callback
         self._spare_fill: Timer | None = None  # P-SPARE: a replacement for a spare, due later
 
-    def ready(self, slot: WorkerSlot, msg: wire.Ready, now: float) -> Literal["ready", "held", "refused"]:
+    def ready(
+        self, slot: WorkerSlot, msg: worker_link.Ready, now: float
+    ) -> Literal["ready", "held", "refused"]:
         """A worker's ``Ready``: the handshake. ``ready`` (the slot is now idle), ``held`` (the
         zygote's report of its pid is not read yet: the Ready waits for it) or ``refused`` (not the
         token and pid this slot was started with, or another protocol version: the worker is killed)."""
@@ -212,10 +214,10 @@ class WorkerPool:
                 return "held"
         if slot.state != "starting" or msg.token != slot.token or msg.pid != slot.pid:
             return "refused"
-        if msg.version != wire.PROTOCOL_VERSION:
+        if msg.version != worker_link.PROTOCOL_VERSION:
             slot.failure = (
                 f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
-                f"expected {wire.PROTOCOL_VERSION}"
+                f"expected {worker_link.PROTOCOL_VERSION}"
             )
             self.last_start_error = slot.failure
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
@@ -633,7 +635,7 @@ class WorkerPool:
             if slot.id not in self.slots:
                 return  # dropped unborn with the zygote
         if was == "idle":
-            self.link.send(slot, wire.Shutdown())
+            self.link.send(slot, worker_link.Shutdown())
             slot.timer = self.timers.call_later(self.stop_timeout, self._stop_timed_out, slot)
         else:
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)

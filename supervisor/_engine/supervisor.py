@@ -31,7 +31,7 @@ import anyio.to_thread
 import msgspec
 
 import wire
-from wire import USER, Cause, TurnError, TurnResult, validate_cause
+from wire import USER, Cause, TurnError, TurnResult, validate_cause, worker_link
 
 from .._checks import (
     AGENT_RE,
@@ -229,15 +229,15 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._children = ChildTurns(self)
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
-            wire.Event: self._on_event,
-            wire.Started: self._on_started,
-            wire.End: self._on_end,
-            wire.Ready: self._on_ready,
-            wire.Spawn: self._children.spawn,
-            wire.SpawnCancel: self._children.cancel,
-            wire.Revoked: self._on_revoked,
-            wire.Heartbeat: self._on_heartbeat,
-            wire.BadFrame: self._on_bad_frame,
+            worker_link.Event: self._on_event,
+            worker_link.Started: self._on_started,
+            worker_link.End: self._on_end,
+            worker_link.Ready: self._on_ready,
+            worker_link.Spawn: self._children.spawn,
+            worker_link.SpawnCancel: self._children.cancel,
+            worker_link.Revoked: self._on_revoked,
+            worker_link.Heartbeat: self._on_heartbeat,
+            worker_link.BadFrame: self._on_bad_frame,
         }
         # Dispatch: which worker gets which turn when (prefetch, the J6 gate, S1 start notes).
         self._dispatch = dispatch = Dispatcher(self)
@@ -624,7 +624,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         if handler is not None:
             handler(slot, msg)
 
-    def _on_event(self, slot: WorkerSlot, msg: wire.Event) -> None:
+    def _on_event(self, slot: WorkerSlot, msg: worker_link.Event) -> None:
         turn = slot.turn
         if turn is None or turn.id != msg.turn_id:
             self.bad_frames += 1  # not the turn this worker runs: out of order, ignored
@@ -634,7 +634,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         for hook in self._hooks.event:
             hook(turn, data)
 
-    def _on_started(self, slot: WorkerSlot, msg: wire.Started) -> None:
+    def _on_started(self, slot: WorkerSlot, msg: worker_link.Started) -> None:
         running = slot.turn
         if running is None:
             if self._dispatch.started_ahead(slot, msg.turn_id):
@@ -646,14 +646,14 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         elif not self._dispatch.started_passed(slot, msg.turn_id):
             self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
 
-    def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
+    def _on_end(self, slot: WorkerSlot, msg: worker_link.End) -> None:
         turn = slot.turn
         turn_id = msg.turn_id
         self._dispatch.retire_if_kept(slot, turn, turn_id)  # M-KEPT: before the EndAck lets it go on
         if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
             # The worker holds back its next handed turn until this End is known here. A worker
             # being killed never gets it (K-HANDOVER): it starts nothing more.
-            self._send(slot, wire.EndAck(turn_id))
+            self._send(slot, worker_link.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
             if not self._dispatch.ended_ahead(slot, msg):
                 self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
@@ -670,7 +670,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._finish(turn, msg.outcome, output=output_of(msg, turn), error=msg.error, worker_pid=slot.pid)
         self._dispatch.after_turn(slot)
 
-    def _on_ready(self, slot: WorkerSlot, msg: wire.Ready) -> None:
+    def _on_ready(self, slot: WorkerSlot, msg: worker_link.Ready) -> None:
         answer = self.pool.ready(slot, msg, self._clock())
         if answer == "refused":
             self.bad_frames += 1
@@ -681,12 +681,12 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
                 pool.ready_event.set()
             self._pump()
 
-    def _on_revoked(self, slot: WorkerSlot, msg: wire.Revoked) -> None:
+    def _on_revoked(self, slot: WorkerSlot, msg: worker_link.Revoked) -> None:
         if not self._dispatch.revoked(slot, msg.turn_id):
             self.bad_frames += 1  # no turn of that id is handed to this worker
 
-    def _on_heartbeat(self, slot: WorkerSlot, msg: wire.Heartbeat) -> None:
+    def _on_heartbeat(self, slot: WorkerSlot, msg: worker_link.Heartbeat) -> None:
         pass
 
-    def _on_bad_frame(self, slot: WorkerSlot, msg: wire.BadFrame) -> None:
+    def _on_bad_frame(self, slot: WorkerSlot, msg: worker_link.BadFrame) -> None:
         log.warning("worker %s could not decode a frame: %s", slot.id, msg.reason)

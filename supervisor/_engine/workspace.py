@@ -23,7 +23,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from wire import End
+from wire.worker_link import End
 from worker import lowlevel
 
 log = logging.getLogger("turnpool.supervisor")

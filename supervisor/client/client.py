@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Cause, TurnResult, validate_cause
+from wire import Cause, TurnResult, client_link, validate_cause
 
 from .._checks import check_known_id, check_seconds
 from .._errors import (
@@ -121,7 +121,7 @@ class Client(PipelinedMany, OwnedStreams):
         self._state = "new"  # new → open → closed
         self._lost: str | None = None
         self._auth_failed = False
-        self.protocol = wire.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
+        self.protocol = client_link.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
     # D7: never hang on a missing daemon (connect and request timeouts).
@@ -211,7 +211,7 @@ class Client(PipelinedMany, OwnedStreams):
             try:
                 if len(parts) != 1:
                     raise msgspec.DecodeError(f"expected one frame, got {len(parts)}")
-                messages = wire.decode_from_daemon_frame(parts[0])
+                messages = client_link.decode_from_daemon_frame(parts[0])
             except msgspec.DecodeError as exc:
                 self.bad_frames += 1
                 log.warning("undecodable reply from the daemon at %s: %s", self.endpoint, exc)
@@ -223,7 +223,7 @@ class Client(PipelinedMany, OwnedStreams):
                     if type(pending) is not _Replies:  # one reply per request: it is answered
                         del self._pending[msg.req]
                     pending.put(msg)
-                elif isinstance(msg, wire.Error):
+                elif isinstance(msg, client_link.Error):
                     log.warning("the daemon at %s reported: %s: %s", self.endpoint, msg.code, msg.message)
 
     async def _send(self, msg: Any) -> None:
@@ -248,7 +248,7 @@ class Client(PipelinedMany, OwnedStreams):
         if self.protocol < 3 or self.daemon_pid is None:
             self._write(frame)
             return
-        if self._out_bytes + len(frame) > min(wire.BATCH_BYTES, self.max_message_size - 16):
+        if self._out_bytes + len(frame) > min(client_link.BATCH_BYTES, self.max_message_size - 16):
             self._flush()
         self._out.append(frame)
         self._out_bytes += len(frame)
@@ -261,7 +261,7 @@ class Client(PipelinedMany, OwnedStreams):
         if not self._out:
             return
         out, self._out, self._out_bytes = self._out, [], 0
-        self._write(wire.encode_batch(out))
+        self._write(client_link.encode_batch(out))
 
     def _write(self, frame: bytes) -> None:
         sync = self._sync
@@ -378,12 +378,12 @@ class Client(PipelinedMany, OwnedStreams):
         if self.protocol < 2 or self._state != "open" or self._lost is not None:
             return
         with contextlib.suppress(Exception):
-            self._post(wire.Abandon(req))
+            self._post(client_link.Abandon(req))
 
     def _reply(self, reply: Any, turn_id: str | None) -> Any:
         if isinstance(reply, _Lost):
             raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {reply.why}")
-        if isinstance(reply, wire.Error):
+        if isinstance(reply, client_link.Error):
             raise _error(reply, turn_id, self.endpoint)
         return reply
 
@@ -483,7 +483,7 @@ class Client(PipelinedMany, OwnedStreams):
             self._pending.pop(req, None)
             if not answered:
                 self._abandon(req)
-        if not isinstance(reply, wire.Result):
+        if not isinstance(reply, client_link.Result):
             raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
         return reply.result
 
@@ -502,11 +502,11 @@ class Client(PipelinedMany, OwnedStreams):
                 if tid is None:
                     with anyio.move_on_after(self.request_timeout):
                         first = await pending.get()
-                        tid = first.turn_id if isinstance(first, wire.Accepted) else None
+                        tid = first.turn_id if isinstance(first, client_link.Accepted) else None
                 if tid is None or self._lost is not None:
                     return
                 turn = tid
-                await self._call(lambda req: wire.Cancel(req, turn, wire.USER), turn_id=turn)
+                await self._call(lambda req: client_link.Cancel(req, turn, wire.USER), turn_id=turn)
                 await pending.get()  # the Result (or the loss of the daemon)
             except (TurnpoolError, TimeoutError):
                 return  # the daemon is gone or refused: nothing more to wait for
@@ -531,7 +531,7 @@ class Client(PipelinedMany, OwnedStreams):
         """Whether the daemon knows ``turn_id`` (queued, running, or ended and still kept)."""
         _check_turn_id(turn_id)
         try:
-            await self._call(lambda req: wire.Lookup(req, turn_id), turn_id=turn_id)
+            await self._call(lambda req: client_link.Lookup(req, turn_id), turn_id=turn_id)
         except UnknownTurn:
             return False
         return True
@@ -544,7 +544,7 @@ class Client(PipelinedMany, OwnedStreams):
         """
         accepted = validate_cause(cause)
         _check_turn_id(turn_id)
-        reply = await self._call(lambda req: wire.Cancel(req, turn_id, accepted), turn_id=turn_id)
+        reply = await self._call(lambda req: client_link.Cancel(req, turn_id, accepted), turn_id=turn_id)
         return reply.cause
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
@@ -553,12 +553,12 @@ class Client(PipelinedMany, OwnedStreams):
         if not isinstance(session, str) or not session:
             raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
         check_known_id("session", session)  # R-TID: one that cannot be sent is bad input
-        reply = await self._call(lambda req: wire.CancelSession(req, session, accepted))
+        reply = await self._call(lambda req: client_link.CancelSession(req, session, accepted))
         return list(reply.turn_ids)
 
     async def status(self) -> dict[str, Any]:
         """The daemon's status: workers (id, pid, state, turn_id, turns_run, rss_mb), queue, counters."""
-        reply = await self._call(lambda req: wire.GetStatus(req))
+        reply = await self._call(lambda req: client_link.GetStatus(req))
         return dict(reply.status)
 
     async def reload(self) -> dict[str, int]:
@@ -571,12 +571,12 @@ class Client(PipelinedMany, OwnedStreams):
                 f"the daemon at {self.endpoint} speaks client protocol {self.protocol}: it cannot reload "
                 "(restart it instead)"
             )
-        reply = await self._call(lambda req: wire.Reload(req))
+        reply = await self._call(lambda req: client_link.Reload(req))
         return {"workers": reply.workers, "busy": reply.busy}
 
     async def when_idle(self) -> None:
         """Return once the daemon has no turn queued or running."""
-        await self._call(lambda req: wire.WhenIdle(req), bounded=False)
+        await self._call(lambda req: client_link.WhenIdle(req), bounded=False)
 
     # ---- the rest of the Backend contract (what TurnHandle uses) ------------------------
 
@@ -609,10 +609,10 @@ class Client(PipelinedMany, OwnedStreams):
         expected = 0  # the sequence number of the next event, were none dropped
         decode = wire.decode_payload
         try:
-            self._post(wire.Follow(req, turn_id, window))
+            self._post(client_link.Follow(req, turn_id, window))
             while True:
                 item = await pending.get()
-                if isinstance(item, wire.Events):
+                if isinstance(item, client_link.Events):
                     if item.seq > expected:
                         yield EventsDropped(item.seq - expected, expected)  # G1
                     expected = item.seq + len(item.data)
@@ -621,14 +621,14 @@ class Client(PipelinedMany, OwnedStreams):
                     consumed += len(item.data)
                     if consumed >= window // 2:
                         # Flow control: the daemon sends at most `window` events ahead of us.
-                        self._post(wire.Credit(req, consumed))
+                        self._post(client_link.Credit(req, consumed))
                         consumed = 0
-                elif isinstance(item, wire.FollowEnd):
+                elif isinstance(item, client_link.FollowEnd):
                     ended = True
                     return
                 else:
                     ended = True
-                    if isinstance(item, wire.Error) and item.code == "lagged":
+                    if isinstance(item, client_link.Error) and item.code == "lagged":
                         raise FollowerDropped(f"{item.message} (daemon at {self.endpoint})")
                     self._reply(item, turn_id)
                     raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
@@ -636,7 +636,7 @@ class Client(PipelinedMany, OwnedStreams):
             self._pending.pop(req, None)
             if not ended and self._state == "open" and self._lost is None:
                 with contextlib.suppress(Exception):
-                    self._post(wire.Unfollow(req))
+                    self._post(client_link.Unfollow(req))
 
 
 def __getattr__(name: str) -> type[Any]:

@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-import wire
+from wire import client_link
 
 from .._errors import AuthenticationFailed, DaemonUnavailable
 from .._host import Background, require_asyncio
@@ -101,7 +101,7 @@ async def open_connection(client: Client) -> None:
     except BaseException:
         await client.aclose()
         raise
-    assert isinstance(welcome, wire.Welcome)
+    assert isinstance(welcome, client_link.Welcome)
     client.daemon_pid = welcome.pid
     client.max_message_size = welcome.max_message_size
     client.protocol = welcome.version
@@ -112,7 +112,9 @@ async def hello(client: Client) -> Any:
     (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
     older clients and says in ``Welcome`` which version it speaks to this one."""
     return await client._call(
-        lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False, handshake=True
+        lambda req: client_link.Hello(req, client_link.CLIENT_PROTOCOL_VERSION),
+        bounded=False,
+        handshake=True,
     )
 
 

@@ -19,7 +19,7 @@ import anyio.lowlevel
 import zmq
 import zmq.asyncio
 
-import wire
+from wire import client_link
 
 from .clients import OWED_RETRY, PROBE_DELAY, SUSPECT_FOR, SWEEP_EVERY, Peer
 
@@ -77,10 +77,10 @@ class ClientWatch:
                     "this follower was dropped: its client stopped reading until the daemon's send queue "
                     "for it was full; follow again to resume from the oldest event kept"
                 )
-                peer.owed.append(wire.Error(req, "lagged", why))
+                peer.owed.append(client_link.Error(req, "lagged", why))
             else:
                 why = "this request was dropped: the client stopped reading until its send queue was full"
-                peer.owed.append(wire.Error(req, "dropped", why))
+                peer.owed.append(client_link.Error(req, "dropped", why))
         peer.tasks.clear()
         self.probe_now.set()
 
@@ -147,7 +147,7 @@ class ClientWatch:
             await anyio.lowlevel.checkpoint()
 
     def probe(self, peer: Peer, now: float) -> None:
-        sent = self.daemon._put(peer.ident, wire.Ok(0), peer)
+        sent = self.daemon._put(peer.ident, client_link.Ok(0), peer)
         if sent == "gone":
             self.forget(peer.ident)
         elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:

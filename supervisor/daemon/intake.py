@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-import wire
+from wire import client_link
 
 from .._zmqflags import EVENTS as _EVENTS
 from .._zmqflags import NOBLOCK as _NOBLOCK
@@ -123,7 +123,7 @@ class Intake:
             daemon._malformed(ident, f"a request is one frame, got {extra + 1}")
             return budget - 1
         try:
-            messages = wire.decode_to_daemon_frame(body)
+            messages = client_link.decode_to_daemon_frame(body)
         except msgspec.DecodeError as exc:
             daemon._malformed(ident, f"undecodable request: {exc}")
             return budget - 1

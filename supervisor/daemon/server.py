@@ -52,7 +52,7 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Cause, TurnResult
+from wire import Cause, TurnResult, client_link
 from worker import lowlevel
 
 from .._checks import check_agent
@@ -258,7 +258,7 @@ class Daemon:
             self._requests.handle(ident, msg)
         except Exception as exc:  # a bug here must cost one request, never the daemon
             log.exception("request %r failed", msg)
-            self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+            self._send(ident, client_link.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
 
     # D5: a bad frame costs one reply.
     def _malformed(self, ident: bytes, why: str) -> None:
@@ -266,7 +266,7 @@ class Daemon:
         # Warn about the first few only: a flood of garbage must not flood the log too.
         level = logging.WARNING if self.malformed <= 10 else logging.DEBUG
         log.log(level, "malformed frame from a client: %s", why)
-        self._send(ident, wire.Error(0, "malformed", why))
+        self._send(ident, client_link.Error(0, "malformed", why))
 
     def _send(self, ident: bytes, msg: Any) -> bool:
         """Send one reply; ``False`` when it did not go: the client is gone (``ROUTER_MANDATORY``
@@ -318,12 +318,12 @@ class Daemon:
             chunk: list[bytes] = []
             size = 0
             for frame in out:
-                if chunk and size + len(frame) > wire.BATCH_BYTES:
-                    frames.append(wire.encode_batch(chunk))
+                if chunk and size + len(frame) > client_link.BATCH_BYTES:
+                    frames.append(client_link.encode_batch(chunk))
                     chunk, size = [], 0
                 chunk.append(frame)
                 size += len(frame)
-            frames.append(wire.encode_batch(chunk))
+            frames.append(client_link.encode_batch(chunk))
             if peer.owed:
                 self._pay(peer)
             if peer.owed:
@@ -350,8 +350,8 @@ class Daemon:
                 f"{wire.MAX_MESSAGE_SIZE}-byte message limit"
             )
             log.warning("%s (request %s)", why, msg.req)
-            frame = wire.encode(self._for(peer, wire.Error(msg.req, "too_large", why)))
-        elif isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
+            frame = wire.encode(self._for(peer, client_link.Error(msg.req, "too_large", why)))
+        elif isinstance(msg, client_link.Error) and msg.code not in client_link.V1_ERROR_CODES:
             frame = wire.encode(self._for(peer, msg))
         return frame
 
@@ -381,10 +381,10 @@ class Daemon:
                 self._intake.recheck()
 
     @staticmethod
-    def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
+    def _for(peer: Peer | None, err: client_link.Error) -> client_link.Error:
         """``err`` as ``peer`` can read it: a code its protocol version does not have is translated
-        (``wire.error_for``)."""
-        return wire.error_for(err, peer.version if peer is not None else 1)
+        (``client_link.error_for``)."""
+        return client_link.error_for(err, peer.version if peer is not None else 1)
 
     # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
 
@@ -550,7 +550,7 @@ class Daemon:
             self._task(fallback, ident, req, turn_id, key=(ident, req, "result"))
             return
         if turn.result is not None:
-            self._send(ident, wire.Result(req, turn.result))
+            self._send(ident, client_link.Result(req, turn.result))
             return
         peer = self._clients.peers.get(ident)
         if peer is None:
@@ -593,15 +593,15 @@ class Daemon:
             if exc is None:
                 continue
             if isinstance(exc, JournalUnavailable):
-                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                self._send(ident, client_link.Error(req, "journal_unavailable", str(exc)))
             elif isinstance(exc, ValueError):  # the id was recorded meanwhile (J8)
-                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                self._send(ident, client_link.Error(req, "bad_value", str(exc)))
             else:
                 log.error("accept hook failed for turn %s: %r", turn_id, exc)
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
-                self._send(ident, wire.Error(req, "internal", why))
+                self._send(ident, client_link.Error(req, "internal", why))
             return
-        self._send(ident, wire.Accepted(req, turn_id, ack.existing))
+        self._send(ident, client_link.Accepted(req, turn_id, ack.existing))
         if ack.wait:
             self.answer_result(ident, req, turn_id, ack.fallback)
 
@@ -621,7 +621,7 @@ class Daemon:
                 continue  # gone, abandoned or dropped: nothing to answer
             if peer.tasks.get(req, (None,))[0] is scope:
                 del peer.tasks[req]
-            self._send(ident, wire.Result(req, result))
+            self._send(ident, client_link.Result(req, result))
 
     def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
         for stream in self._turn_streams.get(turn.id, ()):

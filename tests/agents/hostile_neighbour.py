@@ -31,7 +31,7 @@ import msgspec
 
 import worker
 from tests.agents.soak import _note
-from wire import End
+from wire.worker_link import End
 
 FORGED = "FORGED"
 _REC_HEAD = 16  # the End log's header (worker/_endlog.py): used, pid, reserved

@@ -13,6 +13,7 @@ import anyio
 
 import wire
 import worker
+from wire import worker_link
 
 
 async def wait_long(turn: worker.Turn) -> Any:
@@ -102,7 +103,7 @@ def forge(turn: worker.Turn) -> Any:
     forged = []
     if noted is not None:
         turn_id, started_at = noted
-        record = wire.encode(wire.End(turn_id, "completed", wire.encode_payload("FORGED")))
+        record = wire.encode(worker_link.End(turn_id, "completed", wire.encode_payload("FORGED")))
         for path in logs:
             try:
                 with open(path, "r+b") as f:

@@ -31,6 +31,7 @@ import wire
 from supervisor import Client, TurnpoolError
 from tests.support import daemonkit
 from tests.support.soak import _alive_with_start
+from wire import client_link
 
 AGENT = "tests.agents.soak:counted"
 
@@ -98,9 +99,9 @@ async def _vanishing_clients(endpoint: str, ids: list[str], n: int) -> int:
             sock.connect(endpoint)
             tid = ids[i % len(ids)] if ids else "none"
             for msg in (
-                wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION),
-                wire.Follow(2, tid),
-                wire.GetResult(3, tid),
+                client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION),
+                client_link.Follow(2, tid),
+                client_link.GetResult(3, tid),
             ):
                 sock.send(wire.encode(msg), zmq.NOBLOCK)
             sock.close(linger=100)
