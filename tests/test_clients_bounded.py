@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import typing
 from contextlib import aclosing
 from typing import Any
 
@@ -276,40 +277,24 @@ async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None
     assert [e["i"] for e in again[1:]] == list(range(again[0].count, 200)) and len(again) <= 21
 
 
-async def test_a_version_2_follower_that_fell_behind_still_gets_lagged() -> None:
-    """A client speaking protocol 2 (no gap markers) keeps version 2's rule: a follower that fell
-    behind the kept events gets ``Error(lagged)`` and its stream ends."""
-    with serving(*FAST, "--no-journal", "--max-events", "20") as d:
+async def test_a_client_of_an_unreleased_protocol_version_is_refused() -> None:
+    """Client protocols 1 and 2 were never released: a ``Hello`` of either is answered
+    ``Error(protocol)`` naming the versions the daemon speaks, never ``Welcome``."""
+    with serving(*FAST, "--no-journal") as d:
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(d.endpoint)
         try:
             with anyio.fail_after(60):
-                await sock.send(wire.encode(client_link.Hello(1, 2)))
-                assert isinstance(client_link.decode_from_daemon(await sock.recv()), client_link.Welcome)
-                agent = "tests.agents.faults:stream_when_told"
-                await sock.send(
-                    wire.encode(client_link.Submit(2, agent, msgspec.Raw(wire.encode({"count": 200}))))
-                )
-                accepted = client_link.decode_from_daemon(await sock.recv())
-                assert isinstance(accepted, client_link.Accepted)
-                await sock.send(wire.encode(client_link.Follow(3, accepted.turn_id, 4)))
-                first = client_link.decode_from_daemon(await sock.recv())
-                assert isinstance(first, client_link.Events) and first.seq == 0
-                await sock.send(wire.encode(client_link.Cancel(4, accepted.turn_id, wire.Cause("user"))))
-                await sock.send(wire.encode(client_link.GetResult(5, accepted.turn_id)))
-                replies = []
-                while not any(isinstance(r, client_link.Result) for r in replies):
-                    replies.append(client_link.decode_from_daemon(await sock.recv()))
-                await sock.send(wire.encode(client_link.Credit(3, 1000)))
-                while not any(isinstance(r, client_link.Error) and r.req == 3 for r in replies):
-                    replies.append(client_link.decode_from_daemon(await sock.recv()))
+                for req, version in ((1, 1), (2, 2)):
+                    await sock.send(wire.encode(client_link.Hello(req, version)))
+                    (reply,) = client_link.decode_from_daemon_frame(await sock.recv())
+                    assert isinstance(reply, client_link.Error), reply
+                    assert reply.req == req and reply.code == "protocol" and "3" in reply.message
         finally:
             sock.close(linger=0)
             ctx.term()
-    lagged = [r for r in replies if isinstance(r, client_link.Error) and r.req == 3]
-    assert lagged[0].code == "lagged" and "fell" in lagged[0].message
 
 
 async def test_a_result_at_the_size_limit_is_fetchable() -> None:
@@ -390,10 +375,11 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
 
 
 def test_wire_evolves_by_addition_only() -> None:
-    """Version 2 of the client protocol only adds: a version-1 client's every message still
-    decodes, and the daemon accepts version 1 in ``Hello``."""
-    assert client_link.MIN_CLIENT_PROTOCOL_VERSION == 1 < client_link.CLIENT_PROTOCOL_VERSION
-    assert set(client_link.V1_ERROR_CODES) < set(client_link.ERROR_CODES)
-    follow_v1 = msgspec.msgpack.encode(["follow", 3, "t", 0])
-    assert client_link.decode_to_daemon(follow_v1) == client_link.Follow(3, "t", 0)
+    """The client protocol grows by addition (R24): version 3 is the first released one, every
+    error code of ``ErrorCode`` is in ``ERROR_CODES``, and a message without its later optional
+    fields still decodes."""
+    assert client_link.MIN_CLIENT_PROTOCOL_VERSION == client_link.CLIENT_PROTOCOL_VERSION == 3
+    assert set(client_link.ERROR_CODES) == set(typing.get_args(client_link.ErrorCode))
+    follow_short = msgspec.msgpack.encode(["follow", 3, "t", 0])
+    assert client_link.decode_to_daemon(follow_short) == client_link.Follow(3, "t", 0)
     assert client_link.decode_to_daemon(wire.encode(client_link.Abandon(4))) == client_link.Abandon(4)

@@ -8,8 +8,6 @@ from ._client_protocol import (
     CLIENT_PROTOCOL_VERSION,
     ERROR_CODES,
     MIN_CLIENT_PROTOCOL_VERSION,
-    V1_ERROR_CODES,
-    V2_ERROR_CODES,
     Abandon,
     Accepted,
     Cancel,
@@ -42,7 +40,6 @@ from ._client_protocol import (
     decode_to_daemon,
     decode_to_daemon_frame,
     encode_batch,
-    error_for,
 )
 
 __all__ = [
@@ -50,8 +47,6 @@ __all__ = [
     "CLIENT_PROTOCOL_VERSION",
     "ERROR_CODES",
     "MIN_CLIENT_PROTOCOL_VERSION",
-    "V1_ERROR_CODES",
-    "V2_ERROR_CODES",
     "Abandon",
     "Accepted",
     "CancelSession",
@@ -84,5 +79,4 @@ __all__ = [
     "decode_to_daemon",
     "decode_to_daemon_frame",
     "encode_batch",
-    "error_for",
 ]

@@ -245,7 +245,7 @@ class Client(PipelinedMany, OwnedStreams):
         return frame
 
     def _post_frame(self, frame: bytes) -> None:
-        if self.protocol < 3 or self.daemon_pid is None:
+        if self.daemon_pid is None:  # the handshake: Hello goes alone
             self._write(frame)
             return
         if self._out_bytes + len(frame) > min(client_link.BATCH_BYTES, self.max_message_size - 16):
@@ -375,7 +375,7 @@ class Client(PipelinedMany, OwnedStreams):
 
     def _abandon(self, req: int) -> None:
         """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
-        if self.protocol < 2 or self._state != "open" or self._lost is not None:
+        if self._state != "open" or self._lost is not None:
             return
         with contextlib.suppress(Exception):
             self._post(client_link.Abandon(req))
@@ -564,13 +564,7 @@ class Client(PipelinedMany, OwnedStreams):
     async def reload(self) -> dict[str, int]:
         """Recycle the daemon's workers gracefully (``turnpool reload``): turns running now finish on
         their old workers, every turn that starts after this call runs on a fresh worker, which
-        imports agent code anew. Returns ``{"workers": recycled, "busy": still finishing a turn}``.
-        Raises ``ProtocolError`` when the daemon is too old to reload (client protocol < 3)."""
-        if self.protocol < 3:
-            raise ProtocolError(
-                f"the daemon at {self.endpoint} speaks client protocol {self.protocol}: it cannot reload "
-                "(restart it instead)"
-            )
+        imports agent code anew. Returns ``{"workers": recycled, "busy": still finishing a turn}``."""
         reply = await self._call(lambda req: client_link.Reload(req))
         return {"workers": reply.workers, "busy": reply.busy}
 

@@ -70,7 +70,7 @@ class Peer:
     def __init__(self, ident: bytes, fd: int) -> None:
         self.ident = ident
         self.fd = fd
-        self.version = 1  # until its Hello says otherwise: never send it what version 1 lacks
+        self.version = 0  # no Hello yet: its replies go one message per frame, never batched
         self.tasks: dict[int, tuple[anyio.CancelScope | Waiter, str]] = {}  # req -> (scope, kind)
         # Errors to deliver once its queue has room; bounded, so a client that keeps asking and never
         # reads cannot grow it (it then misses the oldest notices, never more than MAX_OWED kept).

@@ -281,9 +281,9 @@ class Requests:
         """Stream ``turn``'s events from the oldest kept one, in batches, within the client's window.
 
         A follower whose next event was dropped from the turn's buffer (it fell more than
-        ``max_events`` behind) is told so (``lagged``) and its stream ends: never a silent gap
-        (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
-        workers' frames or other clients (R21).
+        ``max_events`` behind) goes on from the oldest kept event; the jump in ``seq`` is the gap
+        its client reports (G1, R22: never a silent gap). Each batch is one send, then a checkpoint,
+        so followers never crowd out the workers' frames or other clients (R21).
         """
         sup = self.daemon.sup
         assert sup is not None
@@ -295,10 +295,7 @@ class Requests:
                 reader.seq = seq
                 base = turn.events_base
                 if seq < base:
-                    if not self.daemon.speaks(ident, 3):
-                        self._lagged(ident, req, turn, base - seq)
-                        return
-                    # G1: a version-3 follower goes on from the oldest kept event; the jump in
+                    # G1: a follower goes on from the oldest kept event; the jump in
                     # ``seq`` is the gap its client reports (``EventsDropped``), never silent.
                     self.daemon.lagged_followers += 1
                     seq = base
@@ -359,16 +356,6 @@ class Requests:
                 streams.discard(stream)
                 if not streams:
                     del self.daemon._turn_streams[stream.turn_id]
-
-    def _lagged(self, ident: bytes, req: int, turn: TurnRecord, missed: int) -> None:
-        assert self.daemon.sup is not None
-        self.daemon.lagged_followers += 1
-        why = (
-            f"this follower of turn {turn.id} fell {missed} events behind: the daemon keeps the last "
-            f"{self.daemon.sup.max_events} events of a turn (--max-events); follow again to resume from "
-            "the oldest one kept"
-        )
-        self._send(ident, client_link.Error(req, "lagged", why))
 
     async def _when_idle(self, ident: bytes, req: int) -> None:
         assert self.daemon.sup is not None

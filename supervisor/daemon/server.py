@@ -275,7 +275,7 @@ class Daemon:
         peer = self._clients.peers.get(ident)
         if peer is None:
             return False  # R-GONE: every client has a peer from its first frame on; this one went
-        if peer.version >= 3:
+        if peer.version:  # after its Hello, B1: replies are batched
             self._queue_reply(peer, msg)  # goes in ``_flush``, which hands journal rows over first
             return True
         for before in self.before_reply:  # B2: this reply leaves now; the journal's rows first
@@ -350,9 +350,7 @@ class Daemon:
                 f"{wire.MAX_MESSAGE_SIZE}-byte message limit"
             )
             log.warning("%s (request %s)", why, msg.req)
-            frame = wire.encode(self._for(peer, client_link.Error(msg.req, "too_large", why)))
-        elif isinstance(msg, client_link.Error) and msg.code not in client_link.V1_ERROR_CODES:
-            frame = wire.encode(self._for(peer, msg))
+            frame = wire.encode(client_link.Error(msg.req, "too_large", why))
         return frame
 
     def _put(self, ident: bytes, msg: Any, peer: Peer | None) -> str:
@@ -379,12 +377,6 @@ class Daemon:
             # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
             if cast(int, self._sync.getsockopt(_EVENTS)) & _POLLIN:
                 self._intake.recheck()
-
-    @staticmethod
-    def _for(peer: Peer | None, err: client_link.Error) -> client_link.Error:
-        """``err`` as ``peer`` can read it: a code its protocol version does not have is translated
-        (``client_link.error_for``)."""
-        return client_link.error_for(err, peer.version if peer is not None else 1)
 
     # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
 
@@ -604,11 +596,6 @@ class Daemon:
         self._send(ident, client_link.Accepted(req, turn_id, ack.existing))
         if ack.wait:
             self.answer_result(ident, req, turn_id, ack.fallback)
-
-    def speaks(self, ident: bytes, version: int) -> bool:
-        """Whether the client ``ident`` speaks at least protocol ``version``."""
-        peer = self._clients.peers.get(ident)
-        return peer is not None and peer.version >= version
 
     def _answer_waiters(self, turn: TurnRecord, result: TurnResult) -> None:
         waiters = self._result_waiters.pop(turn.id, None)

@@ -58,7 +58,6 @@ class RayDaemon:
         self._ep = ClientEndpoint(endpoint)
         self._sock: Any = None
         self._tasks: dict[tuple[bytes, int], anyio.CancelScope] = {}
-        self._versions: dict[bytes, int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def serve(self, ready: Callable[[str], None] = print) -> None:
@@ -82,24 +81,22 @@ class RayDaemon:
         while True:
             ident, frame = await self._sock.recv_multipart()
             try:
-                msg = client_link.decode_to_daemon(frame)
+                msgs = client_link.decode_to_daemon_frame(frame)  # a Hello alone, then batches (B1)
             except msgspec.DecodeError as exc:
                 self._send(ident, client_link.Error(0, "malformed", str(exc)[:200]))
                 continue
-            try:
-                await self._dispatch(ident, msg)
-            except Exception as exc:  # noqa: BLE001 - a request's failure is its reply, never the daemon's end
-                code = _code(exc)
-                req = getattr(msg, "req", 0)
-                self._send(
-                    ident,
-                    client_link.Error(req, code or "internal", f"{type(exc).__name__}: {exc}"[:500]),
-                )
+            for msg in msgs:
+                try:
+                    await self._dispatch(ident, msg)
+                except Exception as exc:  # noqa: BLE001 - a request's failure is its reply, never the daemon's end
+                    code = _code(exc)
+                    req = getattr(msg, "req", 0)
+                    self._send(
+                        ident,
+                        client_link.Error(req, code or "internal", f"{type(exc).__name__}: {exc}"[:500]),
+                    )
 
     def _send(self, ident: bytes, msg: Any) -> None:
-        if isinstance(msg, client_link.Error) and msg.code not in client_link.V1_ERROR_CODES:
-            if self._versions.get(ident, 1) < 2:
-                msg = client_link.Error(msg.req, "internal", f"{msg.code}: {msg.message}")
         try:
             self._sock.send_multipart([ident, wire.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: its requests are dropped
@@ -139,11 +136,9 @@ class RayDaemon:
                         client_link.Error(req, "protocol", f"unsupported client protocol {version}"),
                     )
                     return
-                # R-ray-serve: this endpoint speaks client protocol 2 at most (one message per frame,
-                # no Reload): a newer client is told so in Welcome and speaks 2 to it.
-                speak = min(version, 2)
-                self._versions[ident] = speak
-                self._send(ident, client_link.Welcome(req, speak, wire.MAX_MESSAGE_SIZE, os.getpid()))
+                # R-ray-serve: this endpoint reads the client's batches and answers one message per
+                # frame (a client reads both); a Reload is refused (``protocol``): no workers to recycle.
+                self._send(ident, client_link.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
             case client_link.Submit(req=req):
                 existing = msg.turn_id is not None and sup.sent(msg.turn_id)
                 handle = await sup.submit(
@@ -209,6 +204,9 @@ class RayDaemon:
                     self._send(ident, client_link.Ok(req))
 
                 self._later(ident, req, idle)
+            case client_link.Reload(req=req):
+                why = "a Ray cluster's daemon cannot reload: restart it to run edited agent code"
+                self._send(ident, client_link.Error(req, "protocol", why))
             case _:
                 self._send(
                     ident, client_link.Error(getattr(msg, "req", 0), "malformed", "unexpected message")
