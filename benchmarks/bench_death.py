@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,10 +56,8 @@ def one(workers: int) -> tuple[float, int]:
     t1 = time.monotonic()
     _reap_any()  # the orphans were re-parented to us (a child subreaper): collect them
     for p in left:  # never leave anything behind, even on a failure
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _reap_any()
     if left:
         raise RuntimeError(f"processes survived the supervisor by 30 s: {sorted(left)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -62,10 +63,8 @@ def _private(path: Path) -> Path:
     when something else (a symlink, another user's directory, a group- or world-open one we did
     not make private ourselves) is there."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
+    with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise PermissionError(
@@ -128,7 +127,7 @@ def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
             f"endpoint {shown} has an unknown scheme {scheme!r}: write ipc://PATH or tcp://HOST:PORT"
         )
     host, sep, port = rest.rpartition(":")
-    if not sep or not host or host.endswith(":") and not host.startswith("["):
+    if not sep or not host or (host.endswith(":") and not host.startswith("[")):
         raise ValueError(f"endpoint {shown} has no port: write tcp://HOST:PORT")
     if not port.isdigit() or not (0 if bind else 1) <= int(port) <= 65535:
         low = 0 if bind else 1

@@ -68,7 +68,7 @@ class _PortalThread:
 
         try:
             anyio.run(serve, backend="asyncio")
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for it
+        except BaseException as exc:
             self._error = exc
         finally:
             self._ready.set()
@@ -100,10 +100,8 @@ class _PortalThread:
     def stop(self) -> None:
         portal = self.portal
         if portal is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is already gone
                 portal.call(portal.stop, True)
-            except RuntimeError:
-                pass  # the loop is already gone
             self._thread.join()
             self.portal = None
 
@@ -111,7 +109,7 @@ class _PortalThread:
 class SyncTurnHandle:
     """The blocking twin of ``TurnHandle``."""
 
-    __slots__ = ("turn_id", "_handle", "_loop")
+    __slots__ = ("_handle", "_loop", "turn_id")
 
     def __init__(self, handle: TurnHandle, loop: _PortalThread) -> None:
         self.turn_id = handle.turn_id
@@ -130,10 +128,8 @@ class SyncTurnHandle:
         finally:
             aclose = getattr(agen, "aclose", None)  # an async generator's; a plain iterator has none
             if aclose is not None:
-                try:
+                with contextlib.suppress(Exception):
                     self._loop.call(aclose)
-                except Exception:  # noqa: BLE001, S110 - the follow is over either way
-                    pass
 
     def result(self) -> TurnResult:
         """Wait for the turn's one outcome; an interrupt stops waiting, the turn runs on."""
@@ -155,10 +151,8 @@ _OPEN: set[SyncFront] = set()
 @atexit.register
 def _close_forgotten() -> None:
     for front in list(_OPEN):
-        try:
+        with contextlib.suppress(Exception):
             front.close()
-        except Exception:  # noqa: BLE001, S110 - exiting anyway; each one's own log says why
-            pass
 
 
 class SyncFront:

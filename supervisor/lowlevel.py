@@ -46,13 +46,13 @@ from ._paths import private_dir, runtime_dir
 from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
 __all__ = [
-    "AgentAllowlist",
     "CLEAR_AHEAD",
     "HOLD_BYTES",
     "KEEP_EVENT_BYTES",
     "KEEP_RESULT_BYTES",
     "MAX_HANDOVERS",
     "SUBMIT_ERROR_CODES",
+    "AgentAllowlist",
     "Timers",
     "TurnRecord",
     "check_optional_str",
@@ -61,8 +61,8 @@ __all__ = [
     "orphans_of",
     "peers",
     "private_dir",
-    "proc_uid",
     "probe",
+    "proc_uid",
     "procs",
     "runtime_dir",
     "socket_peer_uid",

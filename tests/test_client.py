@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import time
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 
 import anyio
 import psutil
@@ -86,23 +86,22 @@ async def test_async_client_has_the_supervisor_methods() -> None:
 
 def test_sync_client_blocks() -> None:
     """``SyncClient.connect(ep)`` offers the same methods, blocking, with blocking handles."""
-    with serving(*FAST) as d:
-        with SyncClient.connect(d.endpoint) as client:
-            result = client.run("examples.agents:echo", [1, 2])
-            assert result.outcome == "completed" and result.output == [1, 2]
-            handle = client.submit("examples.agents:streamer", {"count": 3})
-            assert [e["i"] for e in handle.events()] == [0, 1, 2]
-            assert handle.result().outcome == "completed"
-            slow = client.submit("examples.agents:slow", {"seconds": 60})
-            next(iter(slow.events()))
-            assert slow.cancel() == {"kind": "user"}
-            assert slow.result().outcome == "aborted"
-            assert client.handle(result.turn_id).result() == result
-            assert client.cancel_session("nobody") == []
-            client.when_idle()
-            assert client.status()["outcomes"]["completed"] == 2
-            with pytest.raises(UnknownTurn):
-                client.cancel("no-such-turn")
+    with serving(*FAST) as d, SyncClient.connect(d.endpoint) as client:
+        result = client.run("examples.agents:echo", [1, 2])
+        assert result.outcome == "completed" and result.output == [1, 2]
+        handle = client.submit("examples.agents:streamer", {"count": 3})
+        assert [e["i"] for e in handle.events()] == [0, 1, 2]
+        assert handle.result().outcome == "completed"
+        slow = client.submit("examples.agents:slow", {"seconds": 60})
+        next(iter(slow.events()))
+        assert slow.cancel() == {"kind": "user"}
+        assert slow.result().outcome == "aborted"
+        assert client.handle(result.turn_id).result() == result
+        assert client.cancel_session("nobody") == []
+        client.when_idle()
+        assert client.status()["outcomes"]["completed"] == 2
+        with pytest.raises(UnknownTurn):
+            client.cancel("no-such-turn")
 
 
 async def test_errors_are_typed_and_validated_before_sending() -> None:
@@ -187,9 +186,11 @@ async def test_no_daemon_fails_fast_naming_the_endpoint() -> None:
                     pass
         assert time.monotonic() - t0 < 15, endpoint  # refused: no need to wait for the timeout
     t0 = time.monotonic()
-    with pytest.raises(DaemonUnavailable, match="none.sock"):
-        with SyncClient.connect(f"ipc://{home}/none.sock"):
-            pass
+    with (
+        pytest.raises(DaemonUnavailable, match=r"none\.sock"),
+        SyncClient.connect(f"ipc://{home}/none.sock"),
+    ):
+        pass
     assert time.monotonic() - t0 < 15
 
 
@@ -214,10 +215,8 @@ async def test_lost_daemon_fails_pending_calls() -> None:
 
 
 def _wait_gone(pid: int) -> None:
-    try:
+    with suppress(psutil.NoSuchProcess):
         psutil.Process(pid).wait(timeout=50)
-    except psutil.NoSuchProcess:
-        pass
 
 
 async def test_fifty_clients_twenty_turns_each() -> None:

@@ -186,20 +186,22 @@ async def test_curve_client_with_an_unknown_key_cannot_submit() -> None:
     _, stranger_sec = zmq.auth.create_certificates(str(keys), "stranger")
     friend_pub, _ = zmq.auth.create_certificates(str(keys), "friend")
     os.rename(friend_pub, allowed / "friend.key")
-    with serving(
-        *FAST,
-        "--no-journal",
-        "--curve-secret-key",
-        server_sec,
-        "--curve-clients",
-        str(allowed),
-        "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
-        "examples.agents:*",
-        home=home,
-        endpoint="tcp://127.0.0.1:0",
-    ) as d:
-        with pytest.raises(DaemonUnavailable):
-            async with Client.connect(
-                d.endpoint, timeout=3, curve_server_key=server_pub, curve_secret_key=stranger_sec
-            ) as client:
-                await client.submit("examples.agents:echo", 1)
+    with (
+        serving(
+            *FAST,
+            "--no-journal",
+            "--curve-secret-key",
+            server_sec,
+            "--curve-clients",
+            str(allowed),
+            "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
+            "examples.agents:*",
+            home=home,
+            endpoint="tcp://127.0.0.1:0",
+        ) as d,
+        pytest.raises(DaemonUnavailable),
+    ):
+        async with Client.connect(
+            d.endpoint, timeout=3, curve_server_key=server_pub, curve_secret_key=stranger_sec
+        ) as client:
+            await client.submit("examples.agents:echo", 1)

@@ -164,26 +164,28 @@ async def _round(
         if n >= kill_after:
             reached.set()
 
-    async with Client.connect(served.endpoint, request_timeout=60) as client:
-        async with anyio.create_task_group() as tg:
-            for tid in ids:
-                tg.start_soon(one, client, tid)
-            with anyio.move_on_after(60):
-                await reached.wait()
-            if freeze is not None:
-                _run("fsfreeze", "-f", str(freeze))
-                before = len(runs(log))
-                # Turns may go on running while the journal is frozen (the bug): give them the
-                # chance, bounded; with the gate nothing new starts and this times out.
-                with anyio.move_on_after(1.0):
-                    while len(runs(log)) < before + 20:  # noqa: ASYNC110 — a file, not an event
-                        await anyio.sleep(0.01)  # allowed: polling the agents' own log, bounded
-            served.proc.kill()
-            if freeze is not None:
-                _run("fsfreeze", "-u", str(freeze))  # a task stuck on the frozen disk dies after the thaw
-            served.proc.wait(timeout=60)
-            stop_process(served.proc)
-            tg.cancel_scope.cancel()
+    async with (
+        Client.connect(served.endpoint, request_timeout=60) as client,
+        anyio.create_task_group() as tg,
+    ):
+        for tid in ids:
+            tg.start_soon(one, client, tid)
+        with anyio.move_on_after(60):
+            await reached.wait()
+        if freeze is not None:
+            _run("fsfreeze", "-f", str(freeze))
+            before = len(runs(log))
+            # Turns may go on running while the journal is frozen (the bug): give them the
+            # chance, bounded; with the gate nothing new starts and this times out.
+            with anyio.move_on_after(1.0):
+                while len(runs(log)) < before + 20:  # noqa: ASYNC110 — a file, not an event
+                    await anyio.sleep(0.01)  # allowed: polling the agents' own log, bounded
+        served.proc.kill()
+        if freeze is not None:
+            _run("fsfreeze", "-u", str(freeze))  # a task stuck on the frozen disk dies after the thaw
+        served.proc.wait(timeout=60)
+        stop_process(served.proc)
+        tg.cancel_scope.cancel()
 
 
 async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: bool) -> None:

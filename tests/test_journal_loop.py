@@ -228,8 +228,12 @@ async def test_a_killed_writer_process_is_replaced_and_acks_stay_durable() -> No
         with serving(*FAST, "--journal", journal) as d:
             async with Client.connect(d.endpoint, timeout=30) as client:
                 with anyio.fail_after(60):
-                    for i in range(20):
-                        acked.append((await client.submit("examples.agents:noop", turn_id=f"b{i}")).turn_id)
+                    acked.extend(
+                        [
+                            (await client.submit("examples.agents:noop", turn_id=f"b{i}")).turn_id
+                            for i in range(20)
+                        ]
+                    )
                     old = _writer_pid(d.pid)
                     os.kill(old, signal.SIGKILL)
                     i = 0

@@ -131,9 +131,9 @@ def test_no_import_cycle_between_modules() -> None:
         state[node] = 1
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                cycles.append(trail[trail.index(dep) :] + [dep])
+                cycles.append([*trail[trail.index(dep) :], dep])
             elif dep not in state:
-                visit(dep, trail + [dep])
+                visit(dep, [*trail, dep])
         state[node] = 2
 
     for name in sorted(graph):

@@ -61,10 +61,7 @@ def _child_body(
 ) -> Callable[[int], None]:
     def body(fd: int) -> None:
         try:
-            if is_async:
-                value = _run_async_in_child(fn, args, kwargs)
-            else:
-                value = fn(*args, **kwargs)
+            value = _run_async_in_child(fn, args, kwargs) if is_async else fn(*args, **kwargs)
             try:
                 payload = _enc.encode(["ok", value])
             except (TypeError, ValueError, msgspec.EncodeError) as exc:
@@ -80,7 +77,7 @@ def _child_body(
             payload = _enc.encode(["stopped"])
         except MemoryError:
             payload = _enc.encode(["memory"])
-        except BaseException as exc:  # noqa: BLE001 - told to the caller
+        except BaseException as exc:
             args_ = [a if isinstance(a, (str, int, float, bool, type(None))) else repr(a) for a in exc.args]
             payload = _enc.encode(["raised", type(exc).__module__, type(exc).__qualname__, args_])
         with contextlib.suppress(OSError):

@@ -330,7 +330,7 @@ class WorkerLoop:
                     turn.signal.raise_if_cancelled()
             except TurnCancelled:
                 outcome = "aborted"
-            except BaseException as exc:  # noqa: BLE001 - an import failure ends the turn, not the worker
+            except BaseException as exc:
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 outcome, error = "failed", _error(exc)
@@ -351,7 +351,7 @@ class WorkerLoop:
                             raise
                         outcome = "aborted"
                         raise
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         # R8: an unrelated exception after a cancel stays failed.
                         outcome = "aborted" if _is_cancellation(exc, turn) else "failed"
                         if outcome == "failed":
@@ -415,7 +415,7 @@ class WorkerLoop:
             worker_link.encode_frame(posted)
             global _WARMED
             _WARMED = True
-        except Exception as exc:  # noqa: BLE001 - only a speed-up: the worker serves without it
+        except Exception as exc:
             print(f"turnpool worker: warm-up skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             del conn.post

@@ -323,7 +323,7 @@ class Groups:
 
 
 class Outcome:
-    __slots__ = ("status", "result", "out", "err", "seen", "truncated", "killed", "last_signal")
+    __slots__ = ("err", "killed", "last_signal", "out", "result", "seen", "status", "truncated")
 
     def __init__(self) -> None:
         self.status = 0
@@ -361,7 +361,7 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
                 os.close(in_w)
             _toolchild.setup_child(limits, groups, (res_w,), out_w, err_w, in_r)
             body(res_w)
-        except BaseException as exc:  # noqa: BLE001 - told to the parent, then gone
+        except BaseException as exc:
             with contextlib.suppress(BaseException):
                 from ._isolated import report_setup_error
 

@@ -32,7 +32,7 @@ class CancelSignal:
     A new turn always gets a new signal, so a stale abort can never reach a later turn.
     """
 
-    __slots__ = ("_cause", "_event", "_thread_event", "_callbacks")
+    __slots__ = ("_callbacks", "_cause", "_event", "_thread_event")
 
     def __init__(self) -> None:
         self._cause: Cause | None = None
@@ -101,7 +101,7 @@ class Turn:
     :class:`TurnCancelled` once cancelled; ``spawn`` runs a child turn in another worker.
     """
 
-    __slots__ = ("id", "input", "session", "parent", "signal", "_conn", "_yielded_at")
+    __slots__ = ("_conn", "_yielded_at", "id", "input", "parent", "session", "signal")
 
     def __init__(
         self, turn_id: str, input: Any, session: str | None, parent: str | None, conn: Connection

@@ -41,6 +41,7 @@ deadline (``time.monotonic``, system-wide) has passed. A request read past its d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -67,9 +68,9 @@ def _preload(modules: list[str]) -> None:
     # The worker stack itself: everything a worker imports before its first turn.
     import anyio
     import anyio._backends._asyncio
-    import anyio.lowlevel  # noqa: F401 - anyio.run imports it lazily; pay it here once
+    import anyio.lowlevel
     import msgspec  # noqa: F401
-    import zmq  # noqa: F401
+    import zmq
     import zmq.asyncio  # noqa: F401
 
     import wire  # noqa: F401
@@ -88,7 +89,7 @@ def _preload(modules: list[str]) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the pool; the turn reports it
+        except Exception as exc:
             print(
                 f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}", file=sys.stderr
             )
@@ -150,7 +151,7 @@ def _become_worker(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         import traceback
 
         traceback.print_exc()
@@ -248,10 +249,8 @@ def _tend_probes(probes: dict[int, float]) -> None:
             continue
         if not exited and now <= deadline:
             continue
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
         _reap(pid)
         del probes[pid]
 
@@ -372,7 +371,7 @@ def _fork_worker(
                 _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat, fds)
                 os._exit(1)  # not reached
             os.write(resp_fd, f"{worker_id} {pid}\n".encode())
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             os.write(resp_fd, f"{worker_id} -1\n".encode())
         finally:
             os._exit(0)

@@ -13,6 +13,7 @@ and queue through its back-reference.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 from typing import TYPE_CHECKING
@@ -344,10 +345,8 @@ class Dispatcher:
 
     def unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
         """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
-        try:
+        with contextlib.suppress(ValueError):
             slot.ahead.remove(turn)
-        except ValueError:
-            pass
         self.handed -= 1
         turn.state = "queued"
         turn.worker = None

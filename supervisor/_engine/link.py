@@ -251,7 +251,7 @@ class WorkerLink:
         self.on_batch_start()
         try:
             self._handle_batch(batch)
-        except Exception:  # noqa: BLE001 - a bug in one message's handling must not stop the link
+        except Exception:
             log.exception("error while handling frames from workers")
         finally:
             try:
@@ -346,13 +346,14 @@ class WorkerLink:
                     )
                     slot.doomed = True
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-        if dirty and not self.batching:
-            # A send can consume the edge of ZeroMQ's edge-triggered FD: if something is waiting
-            # to be read, read it soon (the reader callback itself re-checks after each batch).
-            if (
-                cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
-                and not self._recheck_scheduled
-                and self._loop is not None
-            ):
-                self._recheck_scheduled = True
-                self._loop.call_soon(self.on_readable, context=self._context)
+        # A send can consume the edge of ZeroMQ's edge-triggered FD: if something is waiting
+        # to be read, read it soon (the reader callback itself re-checks after each batch).
+        if (
+            dirty
+            and not self.batching
+            and cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
+            and not self._recheck_scheduled
+            and self._loop is not None
+        ):
+            self._recheck_scheduled = True
+            self._loop.call_soon(self.on_readable, context=self._context)

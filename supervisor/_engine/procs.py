@@ -6,6 +6,7 @@ steal statuses from the host's own subprocess handling): each pid is reaped by n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -243,19 +244,15 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
         pids = [pid, *proctree.freeze_tree(pid, include_root=False)]
         known.update(pids)
         for target in (pid, -pid):  # the worker, then its process group
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(target, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
         proctree.signal_all(pids[1:], sig)
         proctree.thaw(pids[1:])
         return pids
     pids = proctree.freeze_tree(pid)
     known.update(pids)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)  # the worker leads its own session and group
-    except (ProcessLookupError, PermissionError):
-        pass
     proctree.signal_all(pids, sig)
     if sig != signal.SIGKILL:
         proctree.thaw(pids)
@@ -340,10 +337,8 @@ def rss_of_tree(pid: int) -> int:
         proc = psutil.Process(pid)
         total = proc.memory_info().rss
         for child in proc.children(recursive=True):
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += child.memory_info().rss
-            except psutil.Error:
-                pass
         return total
     except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc (P-FD)
         return 0

@@ -84,7 +84,7 @@ class TimerFd:
     def clear(self) -> None:
         """Consume an expiry (the fd stays readable until read)."""
         self._armed = math.nan
-        try:
+        try:  # noqa: SIM105 - once per expiry: suppress() would add a context manager
             os.read(self.fd, 8)
         except BlockingIOError:
             pass
@@ -96,7 +96,7 @@ class TimerFd:
 
 
 class Timer:
-    __slots__ = ("when", "seq", "fn", "args", "active")
+    __slots__ = ("active", "args", "fn", "seq", "when")
 
     def __init__(self, when: float, seq: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.when = when
@@ -159,7 +159,7 @@ class Timers:
         """Whether the owner's clock reads CLOCK_MONOTONIC (the timerfd's clock)."""
         try:
             return abs(self.clock() - time.monotonic()) < 0.01
-        except Exception:  # noqa: BLE001 - a clock that cannot be read here: the coarse path
+        except Exception:
             return False
 
     async def _run(self, tfd: TimerFd | None) -> None:

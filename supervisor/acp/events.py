@@ -151,17 +151,16 @@ class TurnEvents:
 
     def close_open_tools(self, *, cancelled: bool, reason: str) -> list[Any]:
         """Updates that end every unfinished tool call: ``failed``, marked cancelled when it was."""
-        updates = []
-        for tool_id in list(self.open_tools):
-            updates.append(
-                ToolCallProgress(
-                    session_update="tool_call_update",
-                    tool_call_id=tool_id,
-                    status="failed",
-                    content=_content(reason),
-                    field_meta={"turnpool": {"cancelled": True}} if cancelled else None,
-                )
+        updates: list[Any] = [
+            ToolCallProgress(
+                session_update="tool_call_update",
+                tool_call_id=tool_id,
+                status="failed",
+                content=_content(reason),
+                field_meta={"turnpool": {"cancelled": True}} if cancelled else None,
             )
+            for tool_id in self.open_tools
+        ]
         self.open_tools.clear()
         return updates
 

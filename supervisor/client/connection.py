@@ -76,12 +76,10 @@ async def open_connection(client: Client) -> None:
     try:
         welcome = None
         with anyio.move_on_after(client.timeout):
-            try:
+            with contextlib.suppress(DaemonUnavailable):
                 # A refused connection (stale socket file, closed port) fails this at once:
                 # the monitor sees every reconnect attempt being refused.
                 welcome = await hello(client)
-            except DaemonUnavailable:
-                pass
         if client._auth_failed and client.curve_secret_key is None:
             # R25: a refused key is an authentication error.
             raise AuthenticationFailed(

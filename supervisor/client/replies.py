@@ -42,7 +42,7 @@ class _Reply(asyncio.Future[Any]):
     one object alive, not a holder, a future and a timer (with thousands in flight, every such
     object is walked by each garbage collection)."""
 
-    __slots__ = ("req", "deadline")
+    __slots__ = ("deadline", "req")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, req: int) -> None:
         super().__init__(loop=loop)
@@ -65,7 +65,7 @@ class _Replies:
     ``fail_after`` scope, and no per-request timer (``Client._deadlines``): with thousands of
     requests in flight, every object a request keeps alive is walked by each garbage collection."""
 
-    __slots__ = ("items", "fut", "deadline")
+    __slots__ = ("deadline", "fut", "items")
 
     def __init__(self) -> None:
         self.items: list[Any] | deque[Any] | None = None
@@ -109,7 +109,7 @@ class _Many:
     run from ``base``: one object and one future for all of them, not a future (and, in the
     caller, a task) per request. With ``stop_on_error`` the wait ends at the first ``Error``."""
 
-    __slots__ = ("base", "replies", "left", "fut", "deadline", "stop_on_error")
+    __slots__ = ("base", "deadline", "fut", "left", "replies", "stop_on_error")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, base: int, n: int, *, stop_on_error: bool) -> None:
         self.base = base

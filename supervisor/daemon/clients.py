@@ -65,7 +65,7 @@ MAX_OWED = 1024
 class Peer:
     """One client connection (one routing id)."""
 
-    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since", "out", "out_bytes")
+    __slots__ = ("fd", "ident", "out", "out_bytes", "owed", "suspect_since", "tasks", "version")
 
     def __init__(self, ident: bytes, fd: int) -> None:
         self.ident = ident
@@ -252,7 +252,7 @@ class FollowStream:
     only by the socket's high-water mark.
     """
 
-    __slots__ = ("scope", "credit", "inflight", "inflight_bytes", "_more", "turn_id", "guess")
+    __slots__ = ("_more", "credit", "guess", "inflight", "inflight_bytes", "scope", "turn_id")
 
     def __init__(self, window: int, turn_id: str) -> None:
         self.scope = anyio.CancelScope()

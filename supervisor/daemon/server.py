@@ -700,7 +700,7 @@ class Daemon:
         }
 
 
-__all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
+__all__ = ["READY_PREFIX", "Daemon", "run_daemon"]
 
 
 def _same_encoded(known: bytes, raw: msgspec.Raw | bytes) -> bool:

@@ -20,6 +20,7 @@ tell a survivor from a reused pid. Every loop and every child is bounded in coun
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -117,10 +118,8 @@ def forge(turn: worker.Turn) -> Any:
                 seen.add(ends)
                 owner = _forge_one(ends, ends[: -len(".ends")] + ".started", me, inp["prefix"])
                 if owner is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(owner, signal.SIGKILL)
-                    except OSError:
-                        pass
                     return {"forged": True, "worker": owner, "logs_seen": len(seen)}
         time.sleep(0.05)  # allowed: an attacker polling for a target, bounded by the deadline
     return {"forged": False, "logs_seen": len(seen)}

@@ -315,13 +315,13 @@ async def hostile_soak(plan: Plan, *, progress: bool = False, keep_home: str | N
                 plan.duration * 0.6,
             )
             threads.append(threading.Thread(target=hostile_floods.half_open_http, args=late))
-        for _ in range(plan.header_streams):
-            threads.append(
-                threading.Thread(
-                    target=hostile_floods.endless_header,
-                    args=(http_host, hport, plan.header_mib, stop_floods, floods["endless HTTP header"]),
-                )
+        threads.extend(
+            threading.Thread(
+                target=hostile_floods.endless_header,
+                args=(http_host, hport, plan.header_mib, stop_floods, floods["endless HTTP header"]),
             )
+            for _ in range(plan.header_streams)
+        )
         threads.append(
             threading.Thread(
                 target=hostile_floods.raw_tcp,
@@ -571,10 +571,8 @@ def _account(
     for pid, (start, kind) in noted.items():  # gone from our tree (e.g. re-parented to init)
         if _alive_with_start(pid, start):
             report.left.append(f"{pid} (outside this process's tree): left by an agent: {kind}")
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     err = home / "stderr.log"
     if err.exists():
         text = err.read_text(errors="replace")

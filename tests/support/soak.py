@@ -248,10 +248,10 @@ def _table(report: Report) -> str:
         "| turns done | seconds | supervisor fds | supervisor RSS (MiB) | zombies | worker restarts |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for s in report.samples:
-        lines.append(
-            f"| {s.turns} | {s.seconds:.1f} | {s.fds} | {s.rss_mb:.1f} | {s.zombies} | {s.restarts} |"
-        )
+    lines.extend(
+        f"| {s.turns} | {s.seconds:.1f} | {s.fds} | {s.rss_mb:.1f} | {s.zombies} | {s.restarts} |"
+        for s in report.samples
+    )
     return "\n".join(lines)
 
 

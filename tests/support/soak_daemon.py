@@ -15,6 +15,7 @@ alive (0 survivors), and the daemon's fds and RSS are sampled to show they stay 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import random
 import signal
@@ -204,10 +205,8 @@ async def daemon_soak(
                     gone, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(tree, timeout=10))
                     report.kill_to_gone.append(time.monotonic() - killed_at)
                     for p in gone:
-                        try:
+                        with contextlib.suppress(ChildProcessError):
                             os.waitpid(p.pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: our own orphans (we are a subreaper)
-                        except ChildProcessError:
-                            pass
                     for p in alive:
                         try:
                             what = " ".join(p.cmdline())[:160]
@@ -216,10 +215,8 @@ async def daemon_soak(
                         report.survivors.append(
                             f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL: {what}"
                         )
-                        try:
+                        with contextlib.suppress(psutil.Error):
                             p.kill()
-                        except psutil.Error:
-                            pass
                     return
                 with anyio.fail_after(300):
                     await client.when_idle()
@@ -281,10 +278,8 @@ async def daemon_soak(
             pid, start = line.split()
             if _alive_with_start(int(pid), start):
                 report.survivors.append(f"pid {pid}: a forker's background process outlived its turn")
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
     import shutil
 
     shutil.rmtree(home, ignore_errors=True)

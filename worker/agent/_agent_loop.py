@@ -264,7 +264,7 @@ class AgentLoop:
                 continue
             try:
                 value = await call_maybe_async(fn, reason)
-            except Exception as exc:  # noqa: BLE001 - every hook hears the reason once
+            except Exception as exc:
                 if first_error is None:
                     first_error = exc
                 continue
@@ -448,10 +448,8 @@ class AgentLoop:
 
     async def _close_stream(self, stream: ModelStream) -> None:
         with anyio.move_on_after(STREAM_CLOSE_TIMEOUT, shield=True):
-            try:
+            with contextlib.suppress(Exception):
                 await stream.aclose()
-            except Exception:  # noqa: BLE001 - a failing close must not hide why we closed
-                pass
 
     # ---- tools (detection point 4) -----------------------------------------------------------
 
@@ -504,7 +502,7 @@ class AgentLoop:
                 turn_cancelled.append(exc)
                 group.cancel_scope.cancel()
                 return
-            except Exception as exc:  # noqa: BLE001 - reported as ToolError below
+            except Exception as exc:
                 failures[call.call_id] = exc
                 group.cancel_scope.cancel()  # one failure ends the batch
                 return
