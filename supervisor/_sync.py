@@ -24,7 +24,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -133,10 +133,10 @@ class SyncTurnHandle:
 
     def result(self) -> TurnResult:
         """Wait for the turn's one outcome; an interrupt stops waiting, the turn runs on."""
-        return self._loop.call(self._handle.result)
+        return cast(TurnResult, self._loop.call(self._handle.result))
 
     def cancel(self, cause: Any = None) -> Cause | None:
-        return self._loop.call(self._handle.cancel, cause)
+        return cast("Cause | None", self._loop.call(self._handle.cancel, cause))
 
     def __repr__(self) -> str:
         return f"SyncTurnHandle({self.turn_id!r})"
@@ -279,7 +279,7 @@ class SyncFront:
         return SyncTurnHandle(handle, self._loop)
 
     def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
-        return self._call("run", agent, input, **kwargs)
+        return cast(TurnResult, self._call("run", agent, input, **kwargs))
 
     def stream(
         self, agent: str, input: Any = None, **kwargs: Any
@@ -303,7 +303,7 @@ class SyncFront:
 
     def results(self, turns: Iterable[Any]) -> list[TurnResult]:
         """``results``, blocking: takes handles (blocking or not) or turn ids."""
-        return self._call("results", turn_ids_of(turns))
+        return cast("list[TurnResult]", self._call("results", turn_ids_of(turns)))
 
     def handle(self, turn_id: str) -> SyncTurnHandle:
         handle = self._call("handle", turn_id)
@@ -311,13 +311,13 @@ class SyncFront:
         return SyncTurnHandle(handle, self._loop)
 
     def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
-        return self._call("cancel", turn_id, cause)
+        return cast("Cause | None", self._call("cancel", turn_id, cause))
 
     def cancel_session(self, session: str, cause: Any = None) -> list[str]:
-        return self._call("cancel_session", session, cause)
+        return cast("list[str]", self._call("cancel_session", session, cause))
 
     def status(self) -> dict[str, Any]:
-        return self._call("status")
+        return cast("dict[str, Any]", self._call("status"))
 
     def when_idle(self) -> None:
         self._call("when_idle")

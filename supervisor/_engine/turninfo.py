@@ -23,8 +23,10 @@ from worker import lowlevel
 from . import procs as _procs
 
 if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+    from .escalation import Escalation
     from .supervisor import Supervisor
-    from .turns import TurnRecord
+    from .turns import TurnRecord, TurnTable
 
 TURN_STATES = ("queued", "running", "ended")
 _PUBLIC_STATE = {
@@ -205,12 +207,12 @@ class Views:
 
     # The supervisor's state these read (set in ``Supervisor.__init__``).
     worker_output: Any
-    table: Any
+    table: TurnTable
     _active: int
     _running: int
     _queue: Any
-    _dispatch: Any
-    _ladder: Any
+    _dispatch: Dispatcher
+    _ladder: Escalation
     _wall_offset: float
 
     async def status(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ reported ``failed`` with ``_meta: {"turnpool": {"cancelled": true}}`` and the te
 from __future__ import annotations
 
 import logging
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import acp
 from acp.schema import StopReason, ToolCallProgress, ToolCallStatus, ToolKind
@@ -170,5 +170,5 @@ def stop_reason_of(output: Any) -> StopReason:
     if isinstance(output, dict):
         reason = output.get("stop_reason")
         if reason in AGENT_STOP_REASONS:
-            return reason
+            return cast(StopReason, reason)  # checked against the closed list just above
     return "end_turn"

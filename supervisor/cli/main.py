@@ -44,13 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    """The installed distribution's version (``turnpool --version``)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The package's version (``turnpool --version``): ``supervisor.__version__``, the one source."""
+    from supervisor import __version__
 
-    try:
-        return version("turnpool")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

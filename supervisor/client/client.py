@@ -545,6 +545,7 @@ class Client(PipelinedMany, OwnedStreams):
         accepted = validate_cause(cause)
         _check_turn_id(turn_id)
         reply = await self._call(lambda req: client_link.Cancel(req, turn_id, accepted), turn_id=turn_id)
+        assert isinstance(reply, client_link.Cancelled)
         return reply.cause
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
@@ -584,7 +585,9 @@ class Client(PipelinedMany, OwnedStreams):
         except BaseException:
             self._dropped(fut, abandon=True)
             raise
-        return self._reply(reply, turn_id).result
+        answer = self._reply(reply, turn_id)
+        assert isinstance(answer, client_link.Result)
+        return answer.result
 
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events as the daemon relays them (``TurnHandle.events``).

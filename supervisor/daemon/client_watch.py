@@ -101,7 +101,7 @@ class ClientWatch:
         address = f"inproc://turnpool-clients-monitor-{id(self.daemon)}"
         # D-FD: connections accepted are counted (and failed accepts), disconnects free clients.
         sock.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED)
-        mon = sock.context.socket(zmq.PAIR)
+        mon: zmq.asyncio.Socket = sock.context.socket(zmq.PAIR)
         mon.setsockopt(zmq.RCVHWM, 0)
         mon.setsockopt(zmq.LINGER, 0)
         mon.connect(address)

@@ -68,7 +68,8 @@ def _result_json(result: Any) -> bytes:
 
 
 def _front(request: Request) -> HttpFrontEnd:
-    return request.app.state.front
+    front: HttpFrontEnd = request.app.state.front  # set by the front end when it builds the app
+    return front
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
@@ -232,7 +233,7 @@ async def submit(request: Request) -> Response:
 
 def _state(front: HttpFrontEnd, turn_id: str) -> dict[str, Any]:
     try:
-        view = front.sup.turn_info(turn_id)
+        view: dict[str, Any] = front.sup.turn_info(turn_id)
     except UnknownTurn as exc:
         raise ApiError(404, "unknown_turn", str(exc)) from None
     if not view.get("input_retained"):

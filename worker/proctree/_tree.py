@@ -34,7 +34,7 @@ def _prctl(option: int, arg: int) -> bool:
             _libc = ctypes.CDLL("libc.so.6", use_errno=True)
         except OSError:
             _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return _libc.prctl(option, arg, 0, 0, 0) == 0
+    return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)  # ctypes' result is untyped
 
 
 def set_child_subreaper() -> bool:
