@@ -271,3 +271,24 @@ def test_no_source_module_is_over_the_size_limit() -> None:
     }
     over = [f"{name}: {lines} lines" for name, lines in sizes.items() if lines > MAX_MODULE_LINES]
     assert not over, f"over {MAX_MODULE_LINES} lines (split by job): " + "; ".join(over)
+
+
+def test_the_zeromq_edge_rule_is_written_once() -> None:
+    """L-EDGE: every ZeroMQ socket (the engine's worker link, the daemon's client link, the client,
+    the worker) is read through ``worker.zmqlink.ReadableEdge``: no other module registers a
+    socket's FD on the loop or schedules its reader after a send itself, and the plain-int flags
+    are defined there only."""
+    edge = ROOT / "worker" / "zmqlink.py"
+    rule = re.compile(
+        r"getsockopt\(zmq\.FD\)|\bcall_soon(?:_threadsafe)?\([^)]*on_readable|^\w+ = int\(zmq\.", re.M
+    )
+    offenders = [
+        path.relative_to(ROOT).as_posix()
+        for package in _OWN_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != edge and rule.search(path.read_text())
+    ]
+    assert offenders == []
+    users = ["supervisor/_engine/link.py", "supervisor/daemon/server.py", "supervisor/client/client.py"]
+    users += ["worker/_connection.py"]
+    assert all("ReadableEdge" in (ROOT / user).read_text() for user in users)

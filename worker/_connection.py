@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import zmq
@@ -18,10 +18,9 @@ from wire.worker_link import SpawnReply
 
 from ._errors import SpawnError
 from ._flusher import StaleFlusher
+from .zmqlink import NOBLOCK as _NOBLOCK
+from .zmqlink import ReadableEdge
 
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 _EMPTY = msgspec.Raw(b"")
 
 
@@ -42,12 +41,13 @@ class Connection:
         self._out: list[Any] = []
         self._spawns: dict[int, asyncio.Future[Any]] = {}
         self._next_req = 0
-        self.on_readable: Any = None  # the reader callback, re-run when a send hid a readable edge
+        # L-EDGE: the socket's reader (set and attached by ``WorkerLoop``'s serve), re-run when a send
+        # hid a readable edge.
+        self.edge = ReadableEdge(sock)
         self.frames = 0  # frames sent so far: tells whether a Started already left
         self.batches = 0  # batches begun: the stale flusher tells a batch that waits by it
         self.lock = threading.RLock()
         self.flusher: StaleFlusher | None = None
-        self._recheck_due = False  # a look at the socket after emits is scheduled
         self._event_prefix: tuple[str | None, bytes] = (None, b"")  # (turn id, frame prefix)
 
     def post(self, msg: Any) -> None:
@@ -71,10 +71,7 @@ class Connection:
                     return
                 self.frames += 1
                 self._sock.send(worker_link.encode_frame(out), _NOBLOCK)
-                # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
-                # EVENTS so a message that arrived meanwhile is not stranded.
-                if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
-                    self._loop.call_soon(self.on_readable)
+                self.edge.after_send()  # L-EDGE: a message that arrived meanwhile is not stranded
 
     def flush_stale(self, batch: int) -> None:
         """Called by the stale flusher's thread: send batch ``batch`` if the event loop has not
@@ -91,8 +88,7 @@ class Connection:
             del out[:n]
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
-            if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
-                self._loop.call_soon_threadsafe(self.on_readable)
+            self.edge.after_send_threadsafe()
         except zmq.ZMQError:
             pass  # the link is going: the worker's own watchers deal with it
         finally:
@@ -125,20 +121,11 @@ class Connection:
                 frame = self._event_prefix[1] + data
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
-        # The send may have consumed the FD's readable edge (see ``flush``): look at the socket
-        # once the agent gives the loop a turn (at once if it awaits anything, within
-        # EMIT_YIELD_INTERVAL if it only emits), not after every event: a streaming turn would
-        # pay ≈ 1.2 µs per event for it, more than the send.
-        if not self._recheck_due:
-            self._recheck_due = True
-            self._loop.call_soon(self._recheck)
-            return True
-        return False
-
-    def _recheck(self) -> None:
-        self._recheck_due = False
-        if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
-            self.on_readable()
+        # The send may have consumed the FD's readable edge (L-EDGE): look at the socket once the
+        # agent gives the loop a turn (at once if it awaits anything, within EMIT_YIELD_INTERVAL if
+        # it only emits), not after every event: a streaming turn would pay ≈ 1.2 µs per event for
+        # it, more than the send.
+        return self.edge.look_soon()
 
     async def spawn(
         self,

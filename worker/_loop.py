@@ -44,15 +44,12 @@ from ._guards import (
 )
 from ._trace import traced
 from ._turn import Turn
+from .zmqlink import EVENTS as _EVENTS
+from .zmqlink import NOBLOCK as _NOBLOCK
+from .zmqlink import POLLIN as _POLLIN
 
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
-
-# Plain ints: pyzmq's constants are enums, and each ``&`` or flag conversion on one costs an
-# enum construction (measured: a few per cent of a streaming worker's time).
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 # M-TRIM: after turns that ran this long in all since the last look, the worker looks whether what
 # they freed is worth handing back to the system before it starts the next one. A turn allocates at
@@ -323,10 +320,10 @@ class WorkerLoop:
                 is_async = _ASYNC_CACHE.get(msg.agent)
                 if is_async is None:
                     is_async = _ASYNC_CACHE[msg.agent] = _is_async(fn)
-                if not imported and conn.on_readable is not None:
+                if not imported and conn.edge.attached:
                     # The import may have taken long: an Abort that came meanwhile is honoured
                     # before the agent runs (S2), not after it returned.
-                    conn.on_readable()
+                    conn.edge.reader()
                     turn.signal.raise_if_cancelled()
             except TurnCancelled:
                 outcome = "aborted"
@@ -512,8 +509,8 @@ async def serve(
     stop = aloop.create_future()
 
     def on_readable() -> None:
-        # Called by the event loop when the socket's FD is readable (and after a send, see
-        # Connection.flush): drain every frame, dispatch each message. No task switch per frame.
+        # Called by the event loop when the socket's FD is readable (and after a send: L-EDGE):
+        # drain every frame, dispatch each message. No task switch per frame.
         # Under the connection's lock: the stale flusher's thread must not send meanwhile.
         with conn.lock:
             read_all()
@@ -572,21 +569,18 @@ async def serve(
     conn.flusher = flusher
     flusher.attach(conn)
     mark_engine_threads()  # R-sweep-threads: every thread alive now is the engine's
-    fd = cast(int, sync_sock.getsockopt(zmq.FD))  # pyzmq types every option int | bytes
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_link, monitor)
             tg.start_soon(loop.runner)
             if heartbeat > 0:
                 tg.start_soon(_heartbeats, conn, heartbeat)
-            conn.on_readable = on_readable
-            aloop.add_reader(fd, on_readable)
-            on_readable()
+            conn.edge.reader = on_readable
+            conn.edge.attach(aloop)  # L-EDGE: the FD's reader, run once now
             try:
                 await stop
             finally:
-                aloop.remove_reader(fd)
-                conn.on_readable = None
+                conn.edge.detach()
             tg.cancel_scope.cancel()
     finally:
         sock.disable_monitor()

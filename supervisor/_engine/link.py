@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 import msgspec
 import sniffio
 import zmq
@@ -30,12 +29,13 @@ import zmq.asyncio
 
 import wire
 from wire import worker_link
+from worker.zmqlink import EVENTS as _EVENTS
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
+from worker.zmqlink import POLLIN as _POLLIN
+from worker.zmqlink import RCVMORE as _RCVMORE
+from worker.zmqlink import ReadableEdge
 
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import NOBLOCK_MORE as _NOBLOCK_MORE
-from .._zmqflags import POLLIN as _POLLIN
-from .._zmqflags import RCVMORE as _RCVMORE
 from . import procs as _procs
 from .pool import WorkerSlot
 from .workspace import ensure_private
@@ -80,7 +80,7 @@ class WorkerLink:
         self.socket: zmq.asyncio.Socket | None = None  # the ROUTER (exposed for tests' monitors)
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of it, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._recheck_scheduled = False
+        self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader on the loop
         self._flush_scheduled = False  # a flush of what was sent outside a receive batch is due
         # L-QUIET (R-COALESCE without a callback per send): something was sent at once since frames
         # were last read, and when; the next send outside a batch then waits for the loop to turn.
@@ -105,6 +105,7 @@ class WorkerLink:
         sock.bind(endpoint)
         self.socket = sock
         self._sync = zmq.Socket.shadow(sock.underlying)
+        self._edge = ReadableEdge(self._sync, self.on_readable)
         self._bound = self._where()
 
     def _path(self) -> str | None:
@@ -155,9 +156,8 @@ class WorkerLink:
         task awaiting ``recv``: no future and no task switch per wake-up (≈ 100 µs less per
         round trip than zmq.asyncio's ``recv_multipart`` here). This task only owns the
         registration."""
-        assert self._sync is not None
+        assert self._edge is not None
         loop = asyncio.get_running_loop()
-        fd = cast(int, self._sync.getsockopt(zmq.FD))
         self._loop = loop
         # H1: the callback runs outside any task, where anyio cannot tell the loop's library by
         # itself (it asks sniffio, which looks for a current task): under plain ``asyncio.run``, or a
@@ -165,17 +165,13 @@ class WorkerLink:
         # raised NoEventLoopError. Say it once, in the context every callback of this link runs in.
         sniffio.current_async_library_cvar.set("asyncio")
         self._context = contextvars.copy_context()
-        loop.add_reader(fd, self.on_readable)  # (the handle runs in a copy of this context)
-        self.on_readable()  # frames that arrived before the reader was registered
         try:
-            await anyio.sleep_forever()
+            await self._edge.watch(self._context)  # L-EDGE; the FD's handle runs in a copy of this context
         finally:
-            loop.remove_reader(fd)
             self._loop = None
 
     def on_readable(self) -> None:
         """The reader callback: read and handle what the workers sent (R-FAIR, see ``_read``)."""
-        self._recheck_scheduled = False
         self._sent_quiet = False  # L-QUIET: the loop turned
         self._read(fair=True)
 
@@ -237,12 +233,10 @@ class WorkerLink:
                 return
             if (
                 fair
-                and self._loop is not None
+                and self._edge is not None
                 and (frames >= FAIR_FRAMES or time.monotonic() - started >= FAIR_SLICE)
             ):
-                if not self._recheck_scheduled:
-                    self._recheck_scheduled = True
-                    self._loop.call_soon(self.on_readable, context=self._context)
+                self._edge.again()  # L-EDGE: the FD will not fire again for frames already queued
                 return
 
     def _handle(self, batch: list[tuple[bytes, bytes]]) -> None:
@@ -346,14 +340,6 @@ class WorkerLink:
                     )
                     slot.doomed = True
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-        # A send can consume the edge of ZeroMQ's edge-triggered FD: if something is waiting
-        # to be read, read it soon (the reader callback itself re-checks after each batch).
-        if (
-            dirty
-            and not self.batching
-            and cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
-            and not self._recheck_scheduled
-            and self._loop is not None
-        ):
-            self._recheck_scheduled = True
-            self._loop.call_soon(self.on_readable, context=self._context)
+        # L-EDGE: a send can consume the readable edge (the reader itself re-checks after each batch).
+        if dirty and not self.batching and self._edge is not None:
+            self._edge.after_send()

@@ -28,7 +28,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import msgspec
@@ -37,6 +37,10 @@ import zmq.asyncio
 
 import wire
 from wire import Cause, TurnResult, client_link, validate_cause
+from worker.zmqlink import EVENTS as _EVENTS
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import POLLIN as _POLLIN
+from worker.zmqlink import ReadableEdge
 
 from .._checks import check_known_id, check_seconds
 from .._errors import (
@@ -53,9 +57,6 @@ from .._handle import TurnHandle
 from .._host import Background
 from .._paths import check_endpoint, default_endpoint
 from .._stream import OwnedStreams
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import POLLIN as _POLLIN
 from .connection import close_connection, open_connection
 from .many import PipelinedMany
 from .replies import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
@@ -113,7 +114,7 @@ class Client(PipelinedMany, OwnedStreams):
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_scheduled = False
-        self._recheck_scheduled = False
+        self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader, while connected
         # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
         # in order too: one timer for the oldest replaces a timer per request.
         self._deadlines: deque[_Reply | _Replies | _Many] = deque()
@@ -185,18 +186,11 @@ class Client(PipelinedMany, OwnedStreams):
         workers), not by a task awaiting zmq.asyncio's ``recv``: no future and no task switch per
         frame. This task only owns the registration."""
         assert self._sync is not None and self._loop is not None
-        fd = cast(int, self._sync.getsockopt(zmq.FD))
-        self._loop.add_reader(fd, self._on_readable)
-        self._on_readable()  # frames that arrived before the reader was registered
-        try:
-            await anyio.sleep_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(fd)
+        self._edge = ReadableEdge(self._sync, self._on_readable)
+        await self._edge.watch()  # L-EDGE
 
     def _on_readable(self) -> None:
-        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left.
-        self._recheck_scheduled = False
+        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left (L-EDGE).
         sync = self._sync
         if sync is None or sync.closed:
             return
@@ -275,14 +269,8 @@ class Client(PipelinedMany, OwnedStreams):
             self._lost = self._lost or f"a send failed: {exc}"
             self._fail_pending(self._lost)
             return
-        # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
-        if (
-            cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
-            and not self._recheck_scheduled
-            and self._loop is not None
-        ):
-            self._recheck_scheduled = True
-            self._loop.call_soon(self._on_readable)
+        if self._edge is not None:
+            self._edge.after_send()  # L-EDGE: a send can consume the readable edge
 
     def _check_open(self) -> None:
         if self._state != "open":

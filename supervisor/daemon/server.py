@@ -43,7 +43,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -54,6 +54,9 @@ import zmq.asyncio
 import wire
 from wire import Cause, TurnResult, client_link
 from worker import lowlevel
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
+from worker.zmqlink import ReadableEdge
 
 from .._checks import check_agent
 from .._engine import Supervisor, TurnRecord
@@ -64,10 +67,6 @@ from .._errors import (
 )
 from .._fds import FdBudget, nofile_limit
 from .._paths import default_endpoint
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import NOBLOCK_MORE as _NOBLOCK_MORE
-from .._zmqflags import POLLIN as _POLLIN
 from .client_watch import ClientWatch
 from .clients import (
     Ack,
@@ -239,17 +238,12 @@ class Daemon:
         reads its workers): no future and no task switch per frame (B1). This task only owns
         the registration."""
         assert self._sync is not None
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        fd = cast(int, self._sync.getsockopt(zmq.FD))
+        self._loop = asyncio.get_running_loop()
         intake = self._intake
-        intake.loop = loop
-        loop.add_reader(fd, intake.on_readable)
-        intake.on_readable()  # frames that arrived before the reader was registered
+        intake.edge = ReadableEdge(self._sync, intake.on_readable)
         try:
-            await anyio.sleep_forever()
+            await intake.edge.watch()  # L-EDGE
         finally:
-            loop.remove_reader(fd)
             intake.drain(None)  # read from the socket: every one of them is answered
             self._flush()
 
@@ -374,9 +368,8 @@ class Daemon:
                 log.debug("reply to a client failed: %s", exc)
             return "gone"
         finally:
-            # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
-            if cast(int, self._sync.getsockopt(_EVENTS)) & _POLLIN:
-                self._intake.recheck()
+            if self._intake.edge is not None:
+                self._intake.edge.after_send()  # L-EDGE: a send can consume the readable edge
 
     # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
 
