@@ -273,14 +273,17 @@ def test_no_source_module_is_over_the_size_limit() -> None:
     assert not over, f"over {MAX_MODULE_LINES} lines (split by job): " + "; ".join(over)
 
 
-def test_the_zeromq_edge_rule_is_written_once() -> None:
-    """L-EDGE: every ZeroMQ socket (the engine's worker link, the daemon's client link, the client,
-    the worker) is read through ``worker.zmqlink.ReadableEdge``: no other module registers a
-    socket's FD on the loop or schedules its reader after a send itself, and the plain-int flags
-    are defined there only."""
+def test_the_zeromq_edge_rule_and_the_batching_are_written_once() -> None:
+    """L-EDGE, B1: every ZeroMQ link (the engine's worker link, the daemon's client link, the
+    client, the worker) is read through ``worker.zmqlink.ReadableEdge`` and batches what it sends
+    through ``worker.zmqlink.LoopFlush``: no other module registers a socket's FD on the loop,
+    schedules its reader after a send or its flush for the end of a pass itself, and the plain-int
+    flags are defined there only."""
     edge = ROOT / "worker" / "zmqlink.py"
     rule = re.compile(
-        r"getsockopt\(zmq\.FD\)|\bcall_soon(?:_threadsafe)?\([^)]*on_readable|^\w+ = int\(zmq\.", re.M
+        r"getsockopt\(zmq\.FD\)|\bcall_soon(?:_threadsafe)?\([^)]*\.(?:_?flush|on_readable)\b"
+        r"|^\w+ = int\(zmq\.",
+        re.M,
     )
     offenders = [
         path.relative_to(ROOT).as_posix()
@@ -292,3 +295,4 @@ def test_the_zeromq_edge_rule_is_written_once() -> None:
     users = ["supervisor/_engine/link.py", "supervisor/daemon/server.py", "supervisor/client/client.py"]
     users += ["worker/_connection.py"]
     assert all("ReadableEdge" in (ROOT / user).read_text() for user in users)
+    assert all("LoopFlush" in (ROOT / user).read_text() for user in users)

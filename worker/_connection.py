@@ -19,7 +19,7 @@ from wire.worker_link import SpawnReply
 from ._errors import SpawnError
 from ._flusher import StaleFlusher
 from .zmqlink import NOBLOCK as _NOBLOCK
-from .zmqlink import ReadableEdge
+from .zmqlink import LoopFlush, ReadableEdge
 
 _EMPTY = msgspec.Raw(b"")
 
@@ -44,6 +44,7 @@ class Connection:
         # L-EDGE: the socket's reader (set and attached by ``WorkerLoop``'s serve), re-run when a send
         # hid a readable edge.
         self.edge = ReadableEdge(sock)
+        self._pass = LoopFlush(self.flush, loop)  # B1: what is posted in one pass leaves together
         self.frames = 0  # frames sent so far: tells whether a Started already left
         self.batches = 0  # batches begun: the stale flusher tells a batch that waits by it
         self.lock = threading.RLock()
@@ -53,7 +54,7 @@ class Connection:
     def post(self, msg: Any) -> None:
         if not self._out:
             self.batches += 1
-            self._loop.call_soon(self.flush)
+            self._pass.soon()
             self._out.append(msg)
             # S-PARK: a parked stale flusher must watch this batch (looked at after the append:
             # the flusher parks only after seeing no batch waiting, see ``StaleFlusher._run``).

@@ -1,6 +1,6 @@
 """The ZeroMQ plumbing every turnpool link shares, written once: the engine's worker link, the
-daemon's client link, the client and the worker read their sockets through a ``ReadableEdge`` and
-use these plain-int flags.
+daemon's client link, the client and the worker read their sockets through a ``ReadableEdge``,
+batch what they send with a ``LoopFlush``, and use these plain-int flags.
 
 Owner-agnostic: it knows a socket and an event loop, never who holds them or what the frames say.
 It lives in ``worker/`` because the worker may not import the supervisor, and is public so the
@@ -129,4 +129,40 @@ class ReadableEdge:
             self._run()
 
 
-__all__ = ["EVENTS", "NOBLOCK", "NOBLOCK_MORE", "POLLIN", "RCVMORE", "ReadableEdge"]
+class LoopFlush:
+    """B1 — the one batching rule of every link: what is posted during one pass of the event loop
+    leaves together once the loop turns. The poster queues its message where its owner keeps them
+    (one list, or one per peer) and calls ``soon``: the first call of a pass schedules ``flush``
+    once, later ones cost a flag test. A thousand submits made in one pass are a few frames, a
+    turn that ends without yielding sends ``Started`` and ``End`` in one.
+
+    ``flush`` may also be called directly (a batch that grew past its size, a shutdown): the
+    scheduled call then finds less, or nothing, to send."""
+
+    __slots__ = ("_context", "_flush", "due", "loop")
+
+    def __init__(
+        self,
+        flush: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        self._flush = flush
+        self.loop = loop  # None until the owner runs on a loop: ``soon`` then does nothing
+        self._context = context
+        self.due = False  # a flush is scheduled for the end of this pass
+
+    def soon(self) -> bool:
+        """Flush when the loop turns; True when this call scheduled it (the first of the pass)."""
+        if self.due or self.loop is None:
+            return False
+        self.due = True
+        self.loop.call_soon(self._run, context=self._context)
+        return True
+
+    def _run(self) -> None:
+        self.due = False
+        self._flush()
+
+
+__all__ = ["EVENTS", "NOBLOCK", "NOBLOCK_MORE", "POLLIN", "RCVMORE", "LoopFlush", "ReadableEdge"]

@@ -34,7 +34,7 @@ from worker.zmqlink import NOBLOCK as _NOBLOCK
 from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
 from worker.zmqlink import POLLIN as _POLLIN
 from worker.zmqlink import RCVMORE as _RCVMORE
-from worker.zmqlink import ReadableEdge
+from worker.zmqlink import LoopFlush, ReadableEdge
 
 from . import procs as _procs
 from .pool import WorkerSlot
@@ -81,7 +81,8 @@ class WorkerLink:
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of it, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
         self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader on the loop
-        self._flush_scheduled = False  # a flush of what was sent outside a receive batch is due
+        # B1: a flush of what was sent outside a receive batch, once the loop turns (set by run()).
+        self._pass = LoopFlush(self._deferred_flush)
         # L-QUIET (R-COALESCE without a callback per send): something was sent at once since frames
         # were last read, and when; the next send outside a batch then waits for the loop to turn.
         self._sent_quiet = False
@@ -165,10 +166,12 @@ class WorkerLink:
         # raised NoEventLoopError. Say it once, in the context every callback of this link runs in.
         sniffio.current_async_library_cvar.set("asyncio")
         self._context = contextvars.copy_context()
+        self._pass = LoopFlush(self._deferred_flush, loop, self._context)
         try:
             await self._edge.watch(self._context)  # L-EDGE; the FD's handle runs in a copy of this context
         finally:
             self._loop = None
+            self._pass.loop = None
 
     def on_readable(self) -> None:
         """The reader callback: read and handle what the workers sent (R-FAIR, see ``_read``)."""
@@ -294,7 +297,7 @@ class WorkerLink:
         loop = self._loop
         if loop is None:
             self.flush()  # not serving yet (or any more): nothing would run a deferred flush
-        elif self._flush_scheduled:
+        elif self._pass.due:
             return
         else:
             # L-QUIET: the first send since frames were last read (or since the last immediate
@@ -307,12 +310,10 @@ class WorkerLink:
                 self._sent_at = now
                 self.flush()
             else:
-                self._flush_scheduled = True
-                loop.call_soon(self._deferred_flush, context=self._context)
+                self._pass.soon()
 
     def _deferred_flush(self) -> None:
         """The loop turned: send what was queued since the last immediate send."""
-        self._flush_scheduled = False
         self._sent_quiet = False
         if self._dirty and not self.batching and self._sync is not None and not self._sync.closed:
             self.flush()

@@ -40,7 +40,7 @@ from wire import Cause, TurnResult, client_link, validate_cause
 from worker.zmqlink import EVENTS as _EVENTS
 from worker.zmqlink import NOBLOCK as _NOBLOCK
 from worker.zmqlink import POLLIN as _POLLIN
-from worker.zmqlink import ReadableEdge
+from worker.zmqlink import LoopFlush, ReadableEdge
 
 from .._checks import check_known_id, check_seconds
 from .._errors import (
@@ -113,7 +113,7 @@ class Client(PipelinedMany, OwnedStreams):
         # B1: requests made in one pass of the event loop leave as one batch frame (protocol 3).
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._flush_scheduled = False
+        self._pass = LoopFlush(self._flush)  # B1: its loop is set at connect
         self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader, while connected
         # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
         # in order too: one timer for the oldest replaces a timer per request.
@@ -246,12 +246,9 @@ class Client(PipelinedMany, OwnedStreams):
             self._flush()
         self._out.append(frame)
         self._out_bytes += len(frame)
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._pass.soon()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if not self._out:
             return
         out, self._out, self._out_bytes = self._out, [], 0

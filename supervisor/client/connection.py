@@ -66,7 +66,7 @@ async def open_connection(client: Client) -> None:
         raise DaemonUnavailable(f"cannot connect to {client.endpoint}: {exc}") from exc
     client._sock = sock
     client._sync = zmq.Socket.shadow(sock.underlying)
-    client._loop = loop
+    client._loop = client._pass.loop = loop
     # H1: the reader and the monitor live in a task of their own, so the client may be
     # closed from another task than the one that opened it (Jupyter cells, app lifespans).
     client._tg = Background(f"turnpool client {client.endpoint}")

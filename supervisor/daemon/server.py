@@ -56,7 +56,7 @@ from wire import Cause, TurnResult, client_link
 from worker import lowlevel
 from worker.zmqlink import NOBLOCK as _NOBLOCK
 from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
-from worker.zmqlink import ReadableEdge
+from worker.zmqlink import LoopFlush, ReadableEdge
 
 from .._checks import check_agent
 from .._engine import Supervisor, TurnRecord
@@ -173,7 +173,7 @@ class Daemon:
         # B1: result requests waiting for a live turn, answered from the end hook (no task each):
         # turn id -> [(client, req, the scope registered under the client)].
         self._result_waiters: dict[str, list[tuple[bytes, int, Waiter]]] = {}
-        self._flush_scheduled = False
+        self._pass = LoopFlush(self._flush)  # B1: replies made in one pass leave together (loop: _receive)
         self._streams: dict[tuple[bytes, int], FollowStream] = {}
         self._clients = ClientTable()
         self._turn_streams: dict[str, set[FollowStream]] = {}  # streams per followed turn
@@ -238,7 +238,7 @@ class Daemon:
         reads its workers): no future and no task switch per frame (B1). This task only owns
         the registration."""
         assert self._sync is not None
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._pass.loop = asyncio.get_running_loop()
         intake = self._intake
         intake.edge = ReadableEdge(self._sync, intake.on_readable)
         try:
@@ -290,16 +290,13 @@ class Daemon:
         peer.out_bytes += len(frame)
         if len(peer.out) == 1:
             self._dirty.append(peer)
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._pass.soon()
 
     def _flush(self) -> None:
         """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES``. A
         client whose queue is full (it stopped reading) keeps the frames that did not go, in order,
         with the errors it is owed (R21). Journal rows written in this pass go to the journal's
         writer first (``before_reply``, B2): no reply overtakes the record of what it reports."""
-        self._flush_scheduled = False
         for before in self.before_reply:
             before()
         dirty, self._dirty = self._dirty, []
