@@ -619,13 +619,3 @@ class Client(PipelinedMany, OwnedStreams):
             if not ended and self._state == "open" and self._lost is None:
                 with contextlib.suppress(Exception):
                     self._post(client_link.Unfollow(req))
-
-
-def __getattr__(name: str) -> type[Any]:
-    """``SyncClient`` lives in ``sync.py`` (it imports this module); the old import path
-    ``supervisor.client.client.SyncClient`` still finds it."""
-    if name == "SyncClient":
-        from .sync import SyncClient
-
-        return SyncClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
