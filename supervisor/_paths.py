@@ -9,6 +9,11 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import zmq
+
+import wire
 
 ENDPOINT_ENV = "TURNPOOL_ENDPOINT"
 
@@ -177,3 +182,19 @@ def private_dir(base: Path | None = None, *, kind: str = "sup") -> Path:
     base = base or runtime_dir()
     clean_stale(base)
     return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=base))
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint (``None`` for other transports and abstract sockets)."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        return Path(endpoint[len("ipc://") :])
+    return None
+
+
+def client_link_options(sock: zmq.Socket[Any]) -> None:
+    """The options every client-link socket gets, on both sides (the daemon's ROUTER, a client's
+    DEALER): no linger, the wire's message limit, no queue limits (flow control is turnpool's)."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)

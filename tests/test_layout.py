@@ -220,10 +220,11 @@ def test_every_command_is_registered_from_the_cli_package() -> None:
 
 def test_front_ends_import_neither_the_cli_nor_the_engine_for_checks() -> None:
     """The front ends (batch, ACP, daemon, HTTP, the client) never import the CLI: what they share
-    with it (the exit codes) is a neutral module. The client never imports the engine: the checks
-    of arguments it shares with ``Supervisor`` live in ``supervisor/_checks.py``."""
+    with it (the exit codes) is a neutral module. The client never imports the engine or the daemon:
+    the checks of arguments it shares with ``Supervisor`` live in ``supervisor/_checks.py``, the
+    client link's socket options and endpoint paths in ``supervisor/_paths.py``."""
     uses_cli = re.compile(r"^\s*(from \.\.cli\b|from supervisor\.cli\b|import supervisor\.cli\b)", re.M)
-    uses_engine = re.compile(r"^\s*(from \.\._engine\b|from supervisor\._engine\b)", re.M)
+    uses_engine = re.compile(r"^\s*(from \.\.(_engine|daemon)\b|from supervisor\.(_engine|daemon)\b)", re.M)
     offenders = []
     for folder in ("batch", "acp", "client", "daemon", "http"):
         for path in sorted((ROOT / "supervisor" / folder).rglob("*.py")):

@@ -22,7 +22,7 @@ from wire import client_link
 
 from .._errors import AuthenticationFailed, DaemonUnavailable
 from .._host import Background, require_asyncio
-from ..daemon.endpoint import ipc_path, socket_options
+from .._paths import client_link_options, ipc_path
 
 if TYPE_CHECKING:
     from .client import Client
@@ -51,7 +51,7 @@ async def open_connection(client: Client) -> None:
         raise DaemonUnavailable(f"no turnpool daemon is running at {client.endpoint} (no socket file {path})")
     client._ctx = zmq.asyncio.Context()
     sock = client._ctx.socket(zmq.DEALER)
-    socket_options(sock)
+    client_link_options(sock)
     sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
     try:
