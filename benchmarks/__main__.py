@@ -48,7 +48,7 @@ def main() -> int:
         print(f"== {name} ...", file=sys.stderr, flush=True)
         try:
             sections.append(module.run(args.quick))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one broken bench must not lose the whole run's results
             traceback.print_exc()
             sections.append(f"## {name}\n\nThis bench failed in this run: `{type(exc).__name__}: {exc}`.\n")
         print(f"== {name} done in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)

@@ -189,7 +189,7 @@ def celery_worker(concurrency: int) -> Iterator[Any]:
                     _celery_app.noop.delay().get(timeout=1)
                     ok = True
                     break
-                except Exception:
+                except Exception:  # noqa: BLE001 - not up yet
                     continue
             if not ok:
                 raise Skip("the celery worker did not answer within 60 s")
@@ -225,7 +225,7 @@ def ray_runtime(num_cpus: int = 2) -> Iterator[Any]:
             configure_logging=True,
             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
         )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot start is skipped, with the reason
         raise Skip(f"ray.init failed: {type(exc).__name__}: {exc}") from None
     try:
         yield ray
@@ -242,7 +242,7 @@ def run_peer(name: str, fn: Callable[[], Any], skipped: dict[str, str]) -> Any:
         skipped[name] = str(exc)
         log(f"{name}: skipped — {exc}")
         return None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a peer failing is a result, not a crash of the suite
         skipped[name] = f"failed here: {type(exc).__name__}: {str(exc)[:160]}"
         log(f"{name}: failed — {type(exc).__name__}: {exc}")
         return None

@@ -68,7 +68,7 @@ class _PortalThread:
 
         try:
             anyio.run(serve, backend="asyncio")
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for it
             self._error = exc
         finally:
             self._ready.set()
@@ -128,7 +128,7 @@ class SyncTurnHandle:
         finally:
             aclose = getattr(agen, "aclose", None)  # an async generator's; a plain iterator has none
             if aclose is not None:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # the follow is over either way
                     self._loop.call(aclose)
 
     def result(self) -> TurnResult:
@@ -151,7 +151,7 @@ _OPEN: set[SyncFront] = set()
 @atexit.register
 def _close_forgotten() -> None:
     for front in list(_OPEN):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # exiting anyway; each one's own log says why
             front.close()
 
 

@@ -83,7 +83,7 @@ async def _run(plans: list[Plan], **loop_kwargs: Any) -> tuple[Any, FakeOpenAISe
                 loop = AgentLoop(model, tools=[lookup], **loop_kwargs)
                 try:
                     outcome = await loop.run("what is it?")
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - the test inspects it
                     outcome = exc
             tg.cancel_scope.cancel()
     return outcome, server

@@ -304,7 +304,7 @@ def _as_nobody(fn: object) -> None:
             os.setuid(nobody.pw_uid)
             fn()  # type: ignore[operator]
             os._exit(0)
-        except BaseException:
+        except BaseException:  # noqa: BLE001
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -157,7 +157,7 @@ async def _round(
         nonlocal n
         try:
             await client.submit(AGENT, {"log": str(log), "ms": 2}, turn_id=tid, retry=tid in retry_ids)
-        except Exception:  # the daemon died under this submit: its ack is lost
+        except Exception:  # noqa: BLE001 - the daemon died under this submit: its ack is lost
             return
         acked.add(tid)
         n += 1

@@ -136,7 +136,7 @@ async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None
         async with Client.connect(served.endpoint) as client:
             raw = wire.encode_payload(1)
             with pytest.raises(ValueError, match="control character"):
-                await client._call(
+                await client._call(  # a frame the public API would not send
                     lambda req: client_link.Submit(
                         req, ECHO, raw, None, None, None, None, "a\x00b", False, False
                     )

@@ -11,7 +11,7 @@ def error_message(exc: BaseException) -> str:
     """``str(exc)`` as UTF-8 can carry it, or a note saying that it could not be read."""
     try:
         return safe_text(str(exc))
-    except Exception as inner:
+    except Exception as inner:  # noqa: BLE001 - the agent's __str__, whatever it raises
         return f"<the error's message could not be read: its __str__ raised {type(inner).__name__}>"
 
 

@@ -77,7 +77,7 @@ def _child_body(
             payload = _enc.encode(["stopped"])
         except MemoryError:
             payload = _enc.encode(["memory"])
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - told to the caller
             args_ = [a if isinstance(a, (str, int, float, bool, type(None))) else repr(a) for a in exc.args]
             payload = _enc.encode(["raised", type(exc).__module__, type(exc).__qualname__, args_])
         with contextlib.suppress(OSError):

@@ -327,7 +327,7 @@ class WorkerLoop:
                     turn.signal.raise_if_cancelled()
             except TurnCancelled:
                 outcome = "aborted"
-            except BaseException as exc:
+            except BaseException as exc:  # an import failure ends the turn, not the worker
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 outcome, error = "failed", _error(exc)
@@ -348,7 +348,7 @@ class WorkerLoop:
                             raise
                         outcome = "aborted"
                         raise
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001
                         # R8: an unrelated exception after a cancel stays failed.
                         outcome = "aborted" if _is_cancellation(exc, turn) else "failed"
                         if outcome == "failed":
@@ -412,7 +412,7 @@ class WorkerLoop:
             worker_link.encode_frame(posted)
             global _WARMED
             _WARMED = True
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - only a speed-up: the worker serves without it
             print(f"turnpool worker: warm-up skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             del conn.post

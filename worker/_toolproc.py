@@ -361,7 +361,7 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
                 os.close(in_w)
             _toolchild.setup_child(limits, groups, (res_w,), out_w, err_w, in_r)
             body(res_w)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - told to the parent, then gone
             with contextlib.suppress(BaseException):
                 from ._isolated import report_setup_error
 

@@ -68,7 +68,7 @@ def _preload(modules: list[str]) -> None:
     # The worker stack itself: everything a worker imports before its first turn.
     import anyio
     import anyio._backends._asyncio
-    import anyio.lowlevel
+    import anyio.lowlevel  # anyio.run imports it lazily; pay it here once
     import msgspec  # noqa: F401
     import zmq
     import zmq.asyncio  # noqa: F401
@@ -89,7 +89,7 @@ def _preload(modules: list[str]) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad preload must not stop the pool; the turn reports it
             print(
                 f"turnpool zygote: could not preload {name!r}: {type(exc).__name__}: {exc}", file=sys.stderr
             )
@@ -151,7 +151,7 @@ def _become_worker(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    except BaseException:
+    except BaseException:  # noqa: BLE001
         import traceback
 
         traceback.print_exc()
@@ -371,7 +371,7 @@ def _fork_worker(
                 _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat, fds)
                 os._exit(1)  # not reached
             os.write(resp_fd, f"{worker_id} {pid}\n".encode())
-        except BaseException:
+        except BaseException:  # noqa: BLE001
             os.write(resp_fd, f"{worker_id} -1\n".encode())
         finally:
             os._exit(0)

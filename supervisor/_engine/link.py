@@ -248,7 +248,7 @@ class WorkerLink:
         self.on_batch_start()
         try:
             self._handle_batch(batch)
-        except Exception:
+        except Exception:  # a bug in one message's handling must not stop the link (logged)
             log.exception("error while handling frames from workers")
         finally:
             try:

@@ -281,7 +281,7 @@ async def backend_workers(backend: Any) -> int | None:
         workers = status.get("workers") if isinstance(status, Mapping) else None
         if isinstance(workers, list) and workers:
             return len(workers)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 — a default, never a reason to fail
         log.debug("status() failed: %s", exc)
     n = getattr(backend, "workers", None)
     return n if isinstance(n, int) and n > 0 else None
@@ -298,7 +298,7 @@ def _kill_now(backend: Any, turn_ids: Iterable[str]) -> None:
         return
     try:
         kill_now(turn_ids=list(turn_ids))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - best effort: disposal (grace, then kill) still ends every turn
         log.debug("could not hurry %s: %s", turn_ids, exc)
 
 
@@ -390,7 +390,7 @@ class BatchRun:
         self._ours.add(turn_id)
         try:
             await handle.cancel()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — the turn may be gone already; its result settles it
             log.debug("cancel %s: %s", turn_id, exc)
 
     # ---- running -------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class RayDaemon:
             for msg in msgs:
                 try:
                     await self._dispatch(ident, msg)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a request's failure is its reply, never the daemon's end
                     code = _code(exc)
                     req = getattr(msg, "req", 0)
                     self._send(
@@ -111,7 +111,7 @@ class RayDaemon:
             try:
                 with scope:
                     await work()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the request's error goes back to its client
                 self._send(
                     ident,
                     client_link.Error(req, _code(exc) or "internal", f"{type(exc).__name__}: {exc}"),

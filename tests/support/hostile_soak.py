@@ -507,7 +507,7 @@ def _recover(journal: Path, settle: float) -> str:
             state = anyio.run(wait_idle, d.endpoint)
             stopping = time.monotonic()
         return f"restarted on the journal, {state}, stopped in {time.monotonic() - stopping:.1f} s"
-    except Exception as exc:  # a journal the run damaged is a finding, not a crash
+    except Exception as exc:  # noqa: BLE001 - a journal the run damaged is a finding, not a crash
         return f"restart on the journal failed: {type(exc).__name__}: {str(exc)[:160]}"
 
 
@@ -521,7 +521,7 @@ def _account(
         report.ran.update(Path(runs_log).read_text().split())
     try:
         record = open_reader(journal)
-    except Exception as exc:  # a journal a second daemon damaged is a finding, not a crash
+    except Exception as exc:  # noqa: BLE001 - a journal a second daemon damaged is a finding
         report.lost = sorted(report.acked)
         report.submit_errors[f"journal unreadable: {exc}"[:120]] += 1
         record = None

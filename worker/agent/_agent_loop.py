@@ -264,7 +264,7 @@ class AgentLoop:
                 continue
             try:
                 value = await call_maybe_async(fn, reason)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every hook hears the reason once
                 if first_error is None:
                     first_error = exc
                 continue
@@ -448,7 +448,7 @@ class AgentLoop:
 
     async def _close_stream(self, stream: ModelStream) -> None:
         with anyio.move_on_after(STREAM_CLOSE_TIMEOUT, shield=True):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a failing close must not hide why we closed
                 await stream.aclose()
 
     # ---- tools (detection point 4) -----------------------------------------------------------
@@ -502,7 +502,7 @@ class AgentLoop:
                 turn_cancelled.append(exc)
                 group.cancel_scope.cancel()
                 return
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported as ToolError below
                 failures[call.call_id] = exc
                 group.cancel_scope.cancel()  # one failure ends the batch
                 return

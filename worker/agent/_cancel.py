@@ -147,7 +147,7 @@ class CancelSender:
                 self._chan.senders -= 1
                 if self._chan.senders == 0 and threading.get_ident() == self._chan.thread:
                     self._chan.wake()
-        except Exception:
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter shutdown)
             pass
 
 
