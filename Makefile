@@ -22,7 +22,8 @@ demo: $(STAMP)
 	echo "one JSON line per job in $$out (exit $$rc), e.g.:"; head -n 1 $$out; test $$rc -le 1
 
 # The house habits, enforced rather than configured: ruff (lint and format, pyproject's
-# [tool.ruff]) over everything, mypy over the three packages (strict on wire, [tool.mypy]).
+# [tool.ruff]) over everything, mypy --strict over the three packages ([tool.mypy]). The same
+# three commands run as pre-commit hooks (.pre-commit-config.yaml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -6,6 +6,7 @@ on the first line of stdout and serves until its stdin closes."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -17,10 +18,9 @@ from tests.support.openai_server import FakeOpenAIServer, Plan, chunk
 
 class _Server(FakeOpenAIServer):
     async def _handle(self, client: Any) -> None:
-        try:
+        # a cancelled run's client hung up mid-stream
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             await super()._handle(client)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass  # a cancelled run's client hung up mid-stream
 
 
 class _Plans:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from worker import lowlevel
+from worker import proctree
 
 from ._common import ROOT, command, log, med, ms, pct, table
 
@@ -55,10 +56,8 @@ def one(workers: int) -> tuple[float, int]:
     t1 = time.monotonic()
     _reap_any()  # the orphans were re-parented to us (a child subreaper): collect them
     for p in left:  # never leave anything behind, even on a failure
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _reap_any()
     if left:
         raise RuntimeError(f"processes survived the supervisor by 30 s: {sorted(left)}")
@@ -66,7 +65,7 @@ def one(workers: int) -> tuple[float, int]:
 
 
 def run(quick: bool) -> str:
-    lowlevel.set_child_subreaper()  # orphans come to us, so we can tell "gone" from "a zombie nobody reaps"
+    proctree.set_child_subreaper()  # orphans come to us, so we can tell "gone" from "a zombie nobody reaps"
     n = 3 if quick else 12
     samples, sizes = [], []
     for _ in range(n):

@@ -16,6 +16,7 @@ Each ratio comes from figures of this one run; pairs are measured back to back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -258,10 +259,8 @@ def _wait_s(pid: int) -> float:
 def _cpus(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             total += _cpu(pid)
-        except OSError:
-            pass
     return total
 
 

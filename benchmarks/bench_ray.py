@@ -9,6 +9,7 @@ those CPUs for turnpool's workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import os
@@ -85,10 +86,8 @@ def _count_left(pids: list[int], settle: float = 2.0) -> int:
     time.sleep(settle)
     left = [p for p in pids if _alive(p)]
     for p in left:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
     return len(left)
 
 
@@ -136,10 +135,8 @@ def _plain_ray(ray: Any, n: int, reps: int, cancels: int) -> dict[str, Any]:
                 continue
             started += len(pids)
             ray.cancel(ref, force=True)
-            try:
+            with contextlib.suppress(Exception):  # cancelled or worker died: the expected end
                 ray.get(ref, timeout=60)
-            except Exception:  # noqa: BLE001 - cancelled or worker died: the expected end
-                pass
             left += _count_left(pids)
     return {"rates": rates, "coop": coop, "stuck": stuck, "left": left, "started": started}
 

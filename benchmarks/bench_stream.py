@@ -25,6 +25,7 @@ import zmq
 
 import wire
 from supervisor import EventsDropped, Supervisor
+from wire import worker_link
 
 from ._common import command, log, med, rate, table
 
@@ -82,7 +83,9 @@ def _zmq_floor(n: int) -> float:
     """Events per second ZeroMQ alone carries one way here: a forked sender, this process reads."""
     tmp = tempfile.mkdtemp(prefix="tp-bench-stream-")
     endpoint = f"ipc://{tmp}/floor.sock"
-    frames = [wire.encode_frame([wire.Event("t-1", wire.encode_payload({"i": i}))]) for i in range(64)]
+    frames = [
+        worker_link.encode_frame([worker_link.Event("t-1", wire.encode_payload({"i": i}))]) for i in range(64)
+    ]
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the sender: its own context, created after the fork

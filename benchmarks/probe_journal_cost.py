@@ -27,7 +27,7 @@ from .bench_production import _cpu, _daemon, _serve_opts
 
 def _writer(pid: int) -> int | None:
     for child in psutil.Process(pid).children():
-        if any("journal_writer" in part for part in child.cmdline()):
+        if any("journal/writer.py" in part for part in child.cmdline()):
             return child.pid
     return None
 

@@ -4,7 +4,8 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
 
 * ``_engine/`` — the engine (private): ``Supervisor`` keeps the policy (accept, cancel, escalate,
   finish) and composes the worker link, the worker pool (and zygote), the dispatcher and the turn
-  table. Never imports agent code; reaches the worker side only through ``worker.lowlevel``.
+  table. Never imports agent code; reaches the worker side only through ``worker.lowlevel`` and
+  ``worker.proctree``.
 * ``_backend`` — the ``Backend`` contract every front end is written against (``Supervisor`` and
   ``Client`` implement it) and ``open_backend``; ``_handle`` / ``_sync`` — ``TurnHandle`` and the
   blocking twins; ``_events`` — ``EventsDropped``, the gap marker every follower yields (G1).
@@ -15,6 +16,8 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
   node). Resolved lazily: ``import supervisor`` never imports Ray (the ``ray`` extra).
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING, Any
 
 from wire import Cause, TurnError, TurnResult
@@ -58,6 +61,13 @@ def __getattr__(name: str) -> Any:
         return RaySupervisor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+# The version has one source, pyproject.toml's ``version``, read from the installed distribution's
+# metadata; ``turnpool --version`` prints this (tests/test_habits.py holds them together).
+try:
+    __version__ = _distribution_version("turnpool")
+except PackageNotFoundError:  # run from a checkout that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AuthenticationFailed",

@@ -121,10 +121,8 @@ async def open_backend(
         return
     from ._engine import Supervisor
 
-    kwargs: dict[str, Any] = {"agent_path": agent_path}
-    for name, value in (("grace", grace), ("kill_after", kill_after), ("spares", spares)):
-        if value is not None:
-            kwargs[name] = value
+    given = {"grace": grace, "kill_after": kill_after, "spares": spares}
+    kwargs: dict[str, Any] = {"agent_path": agent_path, **{k: v for k, v in given.items() if v is not None}}
     async with Supervisor(workers=workers or os.cpu_count() or 2, **kwargs) as sup:
         yield sup
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from wire import ErrorCode
+    from wire.client_link import ErrorCode
 
 
 SHOWN_ID_CHARS = 64  # an id longer than this is cut in error messages (its length is said)

@@ -16,7 +16,7 @@ class TurnHandle:
     supervisor, the turn's record, so its result stays available while the handle exists even
     past ``keep_results`` (R-KEEP)."""
 
-    __slots__ = ("turn_id", "_backend", "_pin")
+    __slots__ = ("_backend", "_pin", "turn_id")
 
     def __init__(self, backend: Backend, turn_id: str, *, pin: object = None) -> None:
         self.turn_id = turn_id

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import wire
 
-from ._engine.options import check_optional_str
+from ._checks import check_optional_str
 from ._errors import TurnpoolError, shown_id
 
 if TYPE_CHECKING:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import zmq
+
+import wire
 
 ENDPOINT_ENV = "TURNPOOL_ENDPOINT"
 
@@ -62,10 +68,8 @@ def _private(path: Path) -> Path:
     when something else (a symlink, another user's directory, a group- or world-open one we did
     not make private ourselves) is there."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
+    with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     st = path.lstat()
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise PermissionError(
@@ -86,7 +90,7 @@ def default_worker_log(endpoint: str) -> Path:
     """The worker log of the daemon serving ``endpoint``: next to its journal, in the state dir (R-OUT)."""
     import hashlib
 
-    from .daemon.journal import state_dir
+    from .journal import state_dir
 
     key = hashlib.sha256(endpoint.encode()).hexdigest()[:16]
     return state_dir() / f"workers-{key}.log"
@@ -128,7 +132,7 @@ def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
             f"endpoint {shown} has an unknown scheme {scheme!r}: write ipc://PATH or tcp://HOST:PORT"
         )
     host, sep, port = rest.rpartition(":")
-    if not sep or not host or host.endswith(":") and not host.startswith("["):
+    if not sep or not host or (host.endswith(":") and not host.startswith("[")):
         raise ValueError(f"endpoint {shown} has no port: write tcp://HOST:PORT")
     if not port.isdigit() or not (0 if bind else 1) <= int(port) <= 65535:
         low = 0 if bind else 1
@@ -178,3 +182,19 @@ def private_dir(base: Path | None = None, *, kind: str = "sup") -> Path:
     base = base or runtime_dir()
     clean_stale(base)
     return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=base))
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint (``None`` for other transports and abstract sockets)."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        return Path(endpoint[len("ipc://") :])
+    return None
+
+
+def client_link_options(sock: zmq.Socket[Any]) -> None:
+    """The options every client-link socket gets, on both sides (the daemon's ROUTER, a client's
+    DEALER): no linger, the wire's message limit, no queue limits (flow control is turnpool's)."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)

@@ -35,7 +35,7 @@ class TurnStream:
     waits for the end; after the block it is at hand). ``stream.turn_id`` and ``stream.handle``
     name the turn; ``await stream.cancel(cause)`` cancels it early, like the handle's."""
 
-    __slots__ = ("handle", "_events", "_ended", "_result")
+    __slots__ = ("_ended", "_events", "_result", "handle")
 
     def __init__(self, handle: TurnHandle) -> None:
         self.handle = handle
@@ -138,7 +138,7 @@ class OwnedStreams:
 class SyncTurnStream:
     """The blocking twin of ``TurnStream``: a plain iterator over the events, ``result()``."""
 
-    __slots__ = ("handle", "_events", "_ended", "_result")
+    __slots__ = ("_ended", "_events", "_result", "handle")
 
     def __init__(self, handle: SyncTurnHandle) -> None:
         self.handle = handle

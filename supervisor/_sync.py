@@ -24,7 +24,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -100,10 +100,8 @@ class _PortalThread:
     def stop(self) -> None:
         portal = self.portal
         if portal is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is already gone
                 portal.call(portal.stop, True)
-            except RuntimeError:
-                pass  # the loop is already gone
             self._thread.join()
             self.portal = None
 
@@ -111,7 +109,7 @@ class _PortalThread:
 class SyncTurnHandle:
     """The blocking twin of ``TurnHandle``."""
 
-    __slots__ = ("turn_id", "_handle", "_loop")
+    __slots__ = ("_handle", "_loop", "turn_id")
 
     def __init__(self, handle: TurnHandle, loop: _PortalThread) -> None:
         self.turn_id = handle.turn_id
@@ -130,17 +128,15 @@ class SyncTurnHandle:
         finally:
             aclose = getattr(agen, "aclose", None)  # an async generator's; a plain iterator has none
             if aclose is not None:
-                try:
+                with contextlib.suppress(Exception):  # the follow is over either way
                     self._loop.call(aclose)
-                except Exception:  # noqa: BLE001, S110 - the follow is over either way
-                    pass
 
     def result(self) -> TurnResult:
         """Wait for the turn's one outcome; an interrupt stops waiting, the turn runs on."""
-        return self._loop.call(self._handle.result)
+        return cast(TurnResult, self._loop.call(self._handle.result))
 
     def cancel(self, cause: Any = None) -> Cause | None:
-        return self._loop.call(self._handle.cancel, cause)
+        return cast("Cause | None", self._loop.call(self._handle.cancel, cause))
 
     def __repr__(self) -> str:
         return f"SyncTurnHandle({self.turn_id!r})"
@@ -155,10 +151,8 @@ _OPEN: set[SyncFront] = set()
 @atexit.register
 def _close_forgotten() -> None:
     for front in list(_OPEN):
-        try:
+        with contextlib.suppress(Exception):  # exiting anyway; each one's own log says why
             front.close()
-        except Exception:  # noqa: BLE001, S110 - exiting anyway; each one's own log says why
-            pass
 
 
 class SyncFront:
@@ -285,7 +279,7 @@ class SyncFront:
         return SyncTurnHandle(handle, self._loop)
 
     def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
-        return self._call("run", agent, input, **kwargs)
+        return cast(TurnResult, self._call("run", agent, input, **kwargs))
 
     def stream(
         self, agent: str, input: Any = None, **kwargs: Any
@@ -309,7 +303,7 @@ class SyncFront:
 
     def results(self, turns: Iterable[Any]) -> list[TurnResult]:
         """``results``, blocking: takes handles (blocking or not) or turn ids."""
-        return self._call("results", turn_ids_of(turns))
+        return cast("list[TurnResult]", self._call("results", turn_ids_of(turns)))
 
     def handle(self, turn_id: str) -> SyncTurnHandle:
         handle = self._call("handle", turn_id)
@@ -317,13 +311,13 @@ class SyncFront:
         return SyncTurnHandle(handle, self._loop)
 
     def cancel(self, turn_id: str, cause: Any = None) -> Cause | None:
-        return self._call("cancel", turn_id, cause)
+        return cast("Cause | None", self._call("cancel", turn_id, cause))
 
     def cancel_session(self, session: str, cause: Any = None) -> list[str]:
-        return self._call("cancel_session", session, cause)
+        return cast("list[str]", self._call("cancel_session", session, cause))
 
     def status(self) -> dict[str, Any]:
-        return self._call("status")
+        return cast("dict[str, Any]", self._call("status"))
 
     def when_idle(self) -> None:
         self._call("when_idle")

@@ -33,11 +33,11 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 """
 
 from . import _peers as peers
+from ._checks import check_optional_str
 from ._engine import TurnRecord, probe, procs
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
-from ._engine.options import check_optional_str
 from ._engine.procs import orphans_of
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
@@ -46,13 +46,13 @@ from ._paths import private_dir, runtime_dir
 from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
 __all__ = [
-    "AgentAllowlist",
     "CLEAR_AHEAD",
     "HOLD_BYTES",
     "KEEP_EVENT_BYTES",
     "KEEP_RESULT_BYTES",
     "MAX_HANDOVERS",
     "SUBMIT_ERROR_CODES",
+    "AgentAllowlist",
     "Timers",
     "TurnRecord",
     "check_optional_str",
@@ -61,8 +61,8 @@ __all__ = [
     "orphans_of",
     "peers",
     "private_dir",
-    "proc_uid",
     "probe",
+    "proc_uid",
     "procs",
     "runtime_dir",
     "socket_peer_uid",

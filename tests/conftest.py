@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import leftovers
-from worker import lowlevel
+from worker import proctree
 
 # This test process adopts orphans (like the supervisor does), so a double-forked daemon
 # that escaped a kill shows up here as our child instead of vanishing under init.
-lowlevel.set_child_subreaper()
+proctree.set_child_subreaper()
 
 
 @pytest.fixture(autouse=True)

@@ -69,7 +69,7 @@ async def acp_agent(
     With ``ends_by_eof`` (default) the agent must still run when the block ends, then exit 0
     by itself once its stdin is closed. ``env`` adds to the agent's environment."""
     recorder = Recorder()
-    stderr = open(tmp_path / "acp-stderr.log", "wb")  # noqa: ASYNC230 (a local file, closed below)
+    stderr = open(tmp_path / "acp-stderr.log", "wb")  # noqa: ASYNC230, SIM115 (a local file, closed below)
     env = {"PYTHONPATH": str(ROOT), **(env or {})}
     try:
         async with acp.spawn_agent_process(
@@ -195,7 +195,7 @@ async def test_cancel_stubborn_turn_kills_and_replaces_the_worker(tmp_path: Path
 async def test_cancel_right_after_prompt_still_cancels(tmp_path: Path) -> None:
     """A cancel sent right behind its prompt (before the turn can have started) is not lost:
     the prompt answers ``cancelled``, and the session serves the next one."""
-    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE, "--grace", "20") as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "examples.acp_agents:slow", *ONE, "--grace", "20") as (conn, _rec, sid, _):
         answers: list[Any] = []
         async with anyio.create_task_group() as tg:
 
@@ -217,40 +217,54 @@ async def test_cancel_right_after_prompt_still_cancels(tmp_path: Path) -> None:
 async def test_editor_gone_mid_turn_stops_everything(tmp_path: Path) -> None:
     """The editor closes stdin while a stubborn turn runs: the agent kills the turn's worker
     tree after the grace and exits 0 with nothing left behind."""
-    async with acp_agent(
-        tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "0.3", "--kill-after", "1"
-    ) as (conn, rec, sid, _):
-        async with anyio.create_task_group() as tg:
+    async with (
+        acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "0.3", "--kill-after", "1") as (
+            conn,
+            rec,
+            sid,
+            _,
+        ),
+        anyio.create_task_group() as tg,
+    ):
 
-            async def ask() -> None:
-                with contextlib.suppress(ConnectionError):
-                    await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")])
+        async def ask() -> None:
+            with contextlib.suppress(ConnectionError):
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")])
 
-            tg.start_soon(ask)
-            with anyio.fail_after(60):
-                await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
-            tg.cancel_scope.cancel()
+        tg.start_soon(ask)
+        with anyio.fail_after(60):
+            await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+        tg.cancel_scope.cancel()
     # acp_agent checked the exit status; the autouse fixture checks that no process is left.
 
 
 async def test_sigterm_disposes_and_exits_zero(tmp_path: Path) -> None:
     """SIGTERM while a stubborn turn runs: the agent stops the turn (escalating), reaps every
     worker and exits 0."""
-    async with acp_agent(
-        tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "0.3", "--kill-after", "1", ends_by_eof=False
-    ) as (conn, rec, sid, proc):
-        async with anyio.create_task_group() as tg:
+    async with (
+        acp_agent(
+            tmp_path,
+            "tests.agents.acp:by_prompt",
+            *ONE,
+            "--grace",
+            "0.3",
+            "--kill-after",
+            "1",
+            ends_by_eof=False,
+        ) as (conn, rec, sid, proc),
+        anyio.create_task_group() as tg,
+    ):
 
-            async def ask() -> None:
-                with contextlib.suppress(ConnectionError):
-                    await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")])
+        async def ask() -> None:
+            with contextlib.suppress(ConnectionError):
+                await conn.prompt(session_id=sid, prompt=[acp.text_block("spin")])
 
-            tg.start_soon(ask)
-            with anyio.fail_after(60):
-                await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
-                proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0, (tmp_path / "acp-stderr.log").read_text()
-            tg.cancel_scope.cancel()
+        tg.start_soon(ask)
+        with anyio.fail_after(60):
+            await rec.wait_for(lambda u: isinstance(u, ToolCallStart))
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0, (tmp_path / "acp-stderr.log").read_text()
+        tg.cancel_scope.cancel()
 
 
 async def test_cancel_without_a_prompt_is_harmless(tmp_path: Path) -> None:
@@ -279,7 +293,7 @@ async def test_one_mebibyte_prompt_round_trips(tmp_path: Path) -> None:
 async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
     """A turn whose worker dies answers a JSON-RPC error saying it crashed; one whose agent
     raises, an error saying it failed (type and message); the session still serves."""
-    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE) as (conn, rec, sid, _):
+    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE) as (conn, _rec, sid, _):
         with anyio.fail_after(60):
             with pytest.raises(acp.RequestError) as crashed:
                 await conn.prompt(session_id=sid, prompt=[acp.text_block("crash")])
@@ -295,22 +309,24 @@ async def test_crashed_and_failed_turns_answer_an_error(tmp_path: Path) -> None:
 async def test_cancelled_turn_that_then_fails_still_answers_cancelled(tmp_path: Path) -> None:
     """A cancelled turn whose agent raises on the way out ends ``failed``, yet the prompt answers
     ``cancelled`` and no error: the editor asked to stop, and it stopped."""
-    async with acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "20") as (
-        conn,
-        rec,
-        sid,
-        _,
+    async with (
+        acp_agent(tmp_path, "tests.agents.acp:by_prompt", *ONE, "--grace", "20") as (
+            conn,
+            rec,
+            sid,
+            _,
+        ),
+        anyio.create_task_group() as tg,
     ):
-        async with anyio.create_task_group() as tg:
-            answers: list[Any] = []
+        answers: list[Any] = []
 
-            async def ask() -> None:
-                answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("fail-on-cancel")]))
+        async def ask() -> None:
+            answers.append(await conn.prompt(session_id=sid, prompt=[acp.text_block("fail-on-cancel")]))
 
-            tg.start_soon(ask)
-            with anyio.fail_after(60):
-                await rec.wait_for(lambda u: isinstance(u, AgentMessageChunk))
-            await conn.cancel(session_id=sid)
+        tg.start_soon(ask)
+        with anyio.fail_after(60):
+            await rec.wait_for(lambda u: isinstance(u, AgentMessageChunk))
+        await conn.cancel(session_id=sid)
     (answer,) = answers
     assert answer.stop_reason == "cancelled"
     assert answer.field_meta["turnpool"]["outcome"] == "failed"
@@ -399,7 +415,7 @@ async def test_connect_runs_turns_on_the_daemon(tmp_path: Path) -> None:
     (a stubborn one killed by the daemon after the grace given to ``acp``) and served again."""
     rundir = Path(tempfile.mkdtemp(prefix="tp-acp-", dir="/tmp"))  # short: ipc paths are limited
     endpoint = f"ipc://{rundir}/daemon.sock"
-    log = open(tmp_path / "daemon-stderr.log", "wb")  # noqa: ASYNC230 (a local file, closed below)
+    log = open(tmp_path / "daemon-stderr.log", "wb")  # noqa: ASYNC230, SIM115 - the daemon's stderr, closed below
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     daemon = await anyio.open_process(
         [str(TURNPOOL), "serve", "--endpoint", endpoint, "--workers", "1", "--spares", "0"],
@@ -510,7 +526,7 @@ async def test_cancel_while_the_turn_is_being_submitted_is_not_lost() -> None:
 
     async with Supervisor(workers=1, spares=0, grace=20) as sup:
         backend = GatedBackend(sup)
-        async with in_process(Agent(backend, "examples.acp_agents:slow")) as (client, rec, sid):
+        async with in_process(Agent(backend, "examples.acp_agents:slow")) as (client, _rec, sid):
             answers: list[Any] = []
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
@@ -535,10 +551,12 @@ async def test_turn_stopped_by_its_deadline_answers_an_error() -> None:
     from supervisor import Supervisor
     from supervisor.acp.agent import TurnpoolAgent
 
-    async with Supervisor(workers=1, spares=0, grace=20, timeout=0.2) as sup:
-        async with in_process(TurnpoolAgent(sup, "examples.acp_agents:slow")) as (client, rec, sid):
-            with anyio.fail_after(60), pytest.raises(acp.RequestError) as stopped:
-                await client.prompt(session_id=sid, prompt=[acp.text_block("60")])
+    async with (
+        Supervisor(workers=1, spares=0, grace=20, timeout=0.2) as sup,
+        in_process(TurnpoolAgent(sup, "examples.acp_agents:slow")) as (client, rec, sid),
+    ):
+        with anyio.fail_after(60), pytest.raises(acp.RequestError) as stopped:
+            await client.prompt(session_id=sid, prompt=[acp.text_block("60")])
     assert "cause deadline" in str(stopped.value) and "aborted" in str(stopped.value)
     assert [(u.tool_call_id, u.status) for u in rec.updates if isinstance(u, ToolCallProgress)] == [
         ("sleep-1", "failed")

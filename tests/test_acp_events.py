@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("acp", reason="the acp extra is not installed")
-from acp.schema import AgentMessageChunk, AgentPlanUpdate, AgentThoughtChunk, ToolCallProgress, ToolCallStart  # noqa: E402
+from acp.schema import AgentMessageChunk, AgentPlanUpdate, AgentThoughtChunk, ToolCallProgress, ToolCallStart
 
-from supervisor.acp.events import TurnEvents, stop_reason_of  # noqa: E402
+from supervisor.acp.events import TurnEvents, stop_reason_of
 
 
 def test_deltas_thoughts_and_bare_strings_become_chunks() -> None:

@@ -86,8 +86,9 @@ async def test_sessions_stream_complete_cancel_and_are_killed_with_their_cli(tmp
     assert [e for e in seen[0] if e["type"] != "framework"] == HELLO + [
         {"type": "delta", "text": t} for t in ("Hello ", "from ", "Claude.")
     ]
-    assert [e for e in seen[1] if e["type"] != "framework"] == HELLO + [
-        {"type": "delta", "text": "Hello from Claude."}
+    assert [e for e in seen[1] if e["type"] != "framework"] == [
+        *HELLO,
+        {"type": "delta", "text": "Hello from Claude."},
     ]
     assert (
         unknown.outcome == "failed" and unknown.error is not None and "'temperature'" in unknown.error.message

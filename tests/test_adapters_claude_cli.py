@@ -42,29 +42,31 @@ async def messages_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Async
 
 def real_clis() -> list[psutil.Process]:
     """The running processes of the bundled CLI."""
-    found = []
-    for p in psutil.process_iter(["exe", "status"]):
-        if p.info["exe"] == str(CLI) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(p)
-    return found
+    return [
+        p
+        for p in psutil.process_iter(["exe", "status"])
+        if p.info["exe"] == str(CLI) and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
 
 
 async def test_the_real_claude_cli_streams_completes_and_is_cancelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with messages_api(tmp_path, monkeypatch) as server:
-        async with Supervisor(workers=1, spares=0, grace=10, kill_after=1) as sup:
-            hello = await sup.submit(A, "hello there")
-            with anyio.fail_after(120):
-                result = await hello.result()
-            seen = await events_of(hello)
-            endless = await sup.submit(A, "tell me a story forever")
-            first = await wait_for_event(endless, "delta")
-            clis = [p.pid for p in real_clis()]
-            assert await endless.cancel() == {"kind": "user"}
-            with anyio.fail_after(60):
-                aborted = await endless.result()
-            left = [pid for pid in clis if not gone(pid)]
+    async with (
+        messages_api(tmp_path, monkeypatch) as server,
+        Supervisor(workers=1, spares=0, grace=10, kill_after=1) as sup,
+    ):
+        hello = await sup.submit(A, "hello there")
+        with anyio.fail_after(120):
+            result = await hello.result()
+        seen = await events_of(hello)
+        endless = await sup.submit(A, "tell me a story forever")
+        first = await wait_for_event(endless, "delta")
+        clis = [p.pid for p in real_clis()]
+        assert await endless.cancel() == {"kind": "user"}
+        with anyio.fail_after(60):
+            aborted = await endless.result()
+        left = [pid for pid in clis if not gone(pid)]
     assert result.outcome == "completed" and result.output == "Hello from Claude.", result
     assert "".join(e["text"] for e in seen if e["type"] == "delta") == "Hello from Claude."
     assert any(e["type"] == "framework" and e["name"] == "system.init" for e in seen)

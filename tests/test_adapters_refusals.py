@@ -93,7 +93,7 @@ async def test_refused_at_submit_embedded(tmp_path: Path) -> None:
         thing = await refused(sup, "plain:thing")
         assert sup.agents_known["plain:count"] == count  # known: the next submit asks no probe
         again = await refused(sup, "plain:count")
-        with anyio.fail_after(60), pytest.raises(InvalidAgent, match="builtins.int"):
+        with anyio.fail_after(60), pytest.raises(InvalidAgent, match=r"builtins\.int"):
             await sup.submit_many("plain:count", ["a", "b"])
         options = await refused(sup, "fw_objects:options")
         old = await refused(sup, "fw_objects:old")
@@ -150,9 +150,9 @@ async def test_refused_at_submit_through_the_daemon(tmp_path: Path) -> None:
     _write(tmp_path, "plain.py", MODULE)
     with serving(*FAST, *HTTP, paths=(ROOT, str(tmp_path))) as d:
         async with Client.connect(d.endpoint) as client:
-            with anyio.fail_after(60), pytest.raises(InvalidAgent, match="'plain:thing' is a plain.Thing"):
+            with anyio.fail_after(60), pytest.raises(InvalidAgent, match=r"'plain:thing' is a plain\.Thing"):
                 await client.submit("plain:thing", "hi")
-            with anyio.fail_after(60), pytest.raises(InvalidAgent, match="builtins.int"):
+            with anyio.fail_after(60), pytest.raises(InvalidAgent, match=r"builtins\.int"):
                 await client.submit("plain:count", "hi")
             with anyio.fail_after(60):
                 fine = await (await client.submit("plain:fine", "hi")).result()

@@ -691,9 +691,8 @@ async def test_bound_turn_abort_like_the_worker_does_it() -> None:
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(abort)
-            with pytest.raises(worker.TurnCancelled) as info:
-                with worker_scope:
-                    await loop.run("hi")
+            with pytest.raises(worker.TurnCancelled) as info, worker_scope:
+                await loop.run("hi")
     assert isinstance(info.value, Cancelled) and info.value.cause == {"kind": "user"}
     assert not worker_scope.cancelled_caught
     assert conn.events == [{"type": "delta", "text": "a"}]

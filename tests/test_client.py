@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import time
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 
 import anyio
 import psutil
@@ -17,7 +17,6 @@ import zmq
 import zmq.auth
 
 import supervisor
-import wire
 from supervisor import (
     Client,
     DaemonUnavailable,
@@ -33,14 +32,16 @@ from supervisor import (
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.events import first_event
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
 
 def test_exports() -> None:
-    """``Client`` and ``SyncClient`` are public names of ``supervisor``; the protocol lives in ``wire``."""
+    """``Client`` and ``SyncClient`` are public names of ``supervisor``; the protocol lives in
+    ``wire.client_link``."""
     assert {"Client", "SyncClient", "DaemonUnavailable", "DaemonShuttingDown"} <= set(supervisor.__all__)
-    assert {"Hello", "Welcome", "Submit", "Error", "ToDaemon", "FromDaemon"} <= set(wire.__all__)
+    assert {"Hello", "Welcome", "Submit", "Error", "ToDaemon", "FromDaemon"} <= set(client_link.__all__)
 
 
 async def test_async_client_has_the_supervisor_methods() -> None:
@@ -85,23 +86,22 @@ async def test_async_client_has_the_supervisor_methods() -> None:
 
 def test_sync_client_blocks() -> None:
     """``SyncClient.connect(ep)`` offers the same methods, blocking, with blocking handles."""
-    with serving(*FAST) as d:
-        with SyncClient.connect(d.endpoint) as client:
-            result = client.run("examples.agents:echo", [1, 2])
-            assert result.outcome == "completed" and result.output == [1, 2]
-            handle = client.submit("examples.agents:streamer", {"count": 3})
-            assert [e["i"] for e in handle.events()] == [0, 1, 2]
-            assert handle.result().outcome == "completed"
-            slow = client.submit("examples.agents:slow", {"seconds": 60})
-            next(iter(slow.events()))
-            assert slow.cancel() == {"kind": "user"}
-            assert slow.result().outcome == "aborted"
-            assert client.handle(result.turn_id).result() == result
-            assert client.cancel_session("nobody") == []
-            client.when_idle()
-            assert client.status()["outcomes"]["completed"] == 2
-            with pytest.raises(UnknownTurn):
-                client.cancel("no-such-turn")
+    with serving(*FAST) as d, SyncClient.connect(d.endpoint) as client:
+        result = client.run("examples.agents:echo", [1, 2])
+        assert result.outcome == "completed" and result.output == [1, 2]
+        handle = client.submit("examples.agents:streamer", {"count": 3})
+        assert [e["i"] for e in handle.events()] == [0, 1, 2]
+        assert handle.result().outcome == "completed"
+        slow = client.submit("examples.agents:slow", {"seconds": 60})
+        next(iter(slow.events()))
+        assert slow.cancel() == {"kind": "user"}
+        assert slow.result().outcome == "aborted"
+        assert client.handle(result.turn_id).result() == result
+        assert client.cancel_session("nobody") == []
+        client.when_idle()
+        assert client.status()["outcomes"]["completed"] == 2
+        with pytest.raises(UnknownTurn):
+            client.cancel("no-such-turn")
 
 
 async def test_errors_are_typed_and_validated_before_sending() -> None:
@@ -156,14 +156,14 @@ async def test_errors_are_typed_and_validated_before_sending() -> None:
             await running.cancel()
             await client.when_idle()
 
-        old = wire.CLIENT_PROTOCOL_VERSION
-        wire.CLIENT_PROTOCOL_VERSION = old + 1  # type: ignore[misc]
+        old = client_link.CLIENT_PROTOCOL_VERSION
+        client_link.CLIENT_PROTOCOL_VERSION = old + 1  # type: ignore[misc]
         try:
             with pytest.raises(ProtocolError, match="protocol"):
                 async with Client.connect(d.endpoint):
                     pass
         finally:
-            wire.CLIENT_PROTOCOL_VERSION = old  # type: ignore[misc]
+            client_link.CLIENT_PROTOCOL_VERSION = old  # type: ignore[misc]
 
 
 async def test_no_daemon_fails_fast_naming_the_endpoint() -> None:
@@ -186,9 +186,11 @@ async def test_no_daemon_fails_fast_naming_the_endpoint() -> None:
                     pass
         assert time.monotonic() - t0 < 15, endpoint  # refused: no need to wait for the timeout
     t0 = time.monotonic()
-    with pytest.raises(DaemonUnavailable, match="none.sock"):
-        with SyncClient.connect(f"ipc://{home}/none.sock"):
-            pass
+    with (
+        pytest.raises(DaemonUnavailable, match=r"none\.sock"),
+        SyncClient.connect(f"ipc://{home}/none.sock"),
+    ):
+        pass
     assert time.monotonic() - t0 < 15
 
 
@@ -213,10 +215,8 @@ async def test_lost_daemon_fails_pending_calls() -> None:
 
 
 def _wait_gone(pid: int) -> None:
-    try:
+    with suppress(psutil.NoSuchProcess):
         psutil.Process(pid).wait(timeout=50)
-    except psutil.NoSuchProcess:
-        pass
 
 
 async def test_fifty_clients_twenty_turns_each() -> None:
@@ -404,5 +404,5 @@ def test_a_refused_submit_raises_on_the_client_what_refused_it_on_the_daemon() -
     for kind, _ in SUBMIT_ERROR_CODES:
         refused = kind("no")
         code = next(code for k, code in SUBMIT_ERROR_CODES if isinstance(refused, k))
-        raised = _error(wire.Error(1, code, "no"), None, "ipc://x")
+        raised = _error(client_link.Error(1, code, "no"), None, "ipc://x")
         assert isinstance(raised, kind) and str(raised) == "no", (kind, code, raised)

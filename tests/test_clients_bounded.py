@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import typing
 from contextlib import aclosing
 from typing import Any
 
@@ -25,6 +26,7 @@ from supervisor import AuthenticationFailed, Client, DaemonUnavailable, EventsDr
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.memkit import rss_under
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -76,8 +78,8 @@ async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
                         sock = ctx.socket(zmq.DEALER)
                         sock.setsockopt(zmq.LINGER, 0)
                         sock.connect(d.endpoint)
-                        await sock.send(wire.encode(wire.Follow(1, handle.turn_id, 64)))
-                        await sock.send(wire.encode(wire.GetResult(2, handle.turn_id)))
+                        await sock.send(wire.encode(client_link.Follow(1, handle.turn_id, 64)))
+                        await sock.send(wire.encode(client_link.GetResult(2, handle.turn_id)))
                         socks.append(sock)
                     # Every request arrived (the daemon holds them) before the clients vanish.
                     await _until(
@@ -153,8 +155,8 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.RCVHWM, 1)  # a client that reads nothing keeps its queue full
                 sock.connect(endpoint)
-                sock.send(wire.encode(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION)))
-                sock.send(wire.encode(wire.Follow(2, handle.turn_id, 0 if i % 2 == 0 else 1024)))
+                sock.send(wire.encode(client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION)))
+                sock.send(wire.encode(client_link.Follow(2, handle.turn_id, 0 if i % 2 == 0 else 1024)))
                 socks.append(sock)
             done = 0
 
@@ -275,38 +277,24 @@ async def test_a_follower_that_fell_behind_is_told_when_it_reads_again() -> None
     assert [e["i"] for e in again[1:]] == list(range(again[0].count, 200)) and len(again) <= 21
 
 
-async def test_a_version_2_follower_that_fell_behind_still_gets_lagged() -> None:
-    """A client speaking protocol 2 (no gap markers) keeps version 2's rule: a follower that fell
-    behind the kept events gets ``Error(lagged)`` and its stream ends."""
-    with serving(*FAST, "--no-journal", "--max-events", "20") as d:
+async def test_a_client_of_an_unreleased_protocol_version_is_refused() -> None:
+    """Client protocols 1 and 2 were never released: a ``Hello`` of either is answered
+    ``Error(protocol)`` naming the versions the daemon speaks, never ``Welcome``."""
+    with serving(*FAST, "--no-journal") as d:
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(d.endpoint)
         try:
             with anyio.fail_after(60):
-                await sock.send(wire.encode(wire.Hello(1, 2)))
-                assert isinstance(wire.decode_from_daemon(await sock.recv()), wire.Welcome)
-                agent = "tests.agents.faults:stream_when_told"
-                await sock.send(wire.encode(wire.Submit(2, agent, msgspec.Raw(wire.encode({"count": 200})))))
-                accepted = wire.decode_from_daemon(await sock.recv())
-                assert isinstance(accepted, wire.Accepted)
-                await sock.send(wire.encode(wire.Follow(3, accepted.turn_id, 4)))
-                first = wire.decode_from_daemon(await sock.recv())
-                assert isinstance(first, wire.Events) and first.seq == 0
-                await sock.send(wire.encode(wire.Cancel(4, accepted.turn_id, wire.Cause("user"))))
-                await sock.send(wire.encode(wire.GetResult(5, accepted.turn_id)))
-                replies = []
-                while not any(isinstance(r, wire.Result) for r in replies):
-                    replies.append(wire.decode_from_daemon(await sock.recv()))
-                await sock.send(wire.encode(wire.Credit(3, 1000)))
-                while not any(isinstance(r, wire.Error) and r.req == 3 for r in replies):
-                    replies.append(wire.decode_from_daemon(await sock.recv()))
+                for req, version in ((1, 1), (2, 2)):
+                    await sock.send(wire.encode(client_link.Hello(req, version)))
+                    (reply,) = client_link.decode_from_daemon_frame(await sock.recv())
+                    assert isinstance(reply, client_link.Error), reply
+                    assert reply.req == req and reply.code == "protocol" and "3" in reply.message
         finally:
             sock.close(linger=0)
             ctx.term()
-    lagged = [r for r in replies if isinstance(r, wire.Error) and r.req == 3]
-    assert lagged[0].code == "lagged" and "fell" in lagged[0].message
 
 
 async def test_a_result_at_the_size_limit_is_fetchable() -> None:
@@ -387,10 +375,11 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
 
 
 def test_wire_evolves_by_addition_only() -> None:
-    """Version 2 of the client protocol only adds: a version-1 client's every message still
-    decodes, and the daemon accepts version 1 in ``Hello``."""
-    assert wire.MIN_CLIENT_PROTOCOL_VERSION == 1 < wire.CLIENT_PROTOCOL_VERSION
-    assert set(wire.V1_ERROR_CODES) < set(wire.ERROR_CODES)
-    follow_v1 = msgspec.msgpack.encode(["follow", 3, "t", 0])
-    assert wire.decode_to_daemon(follow_v1) == wire.Follow(3, "t", 0)
-    assert wire.decode_to_daemon(wire.encode(wire.Abandon(4))) == wire.Abandon(4)
+    """The client protocol grows by addition (R24): version 3 is the first released one, every
+    error code of ``ErrorCode`` is in ``ERROR_CODES``, and a message without its later optional
+    fields still decodes."""
+    assert client_link.MIN_CLIENT_PROTOCOL_VERSION == client_link.CLIENT_PROTOCOL_VERSION == 3
+    assert set(client_link.ERROR_CODES) == set(typing.get_args(client_link.ErrorCode))
+    follow_short = msgspec.msgpack.encode(["follow", 3, "t", 0])
+    assert client_link.decode_to_daemon(follow_short) == client_link.Follow(3, "t", 0)
+    assert client_link.decode_to_daemon(wire.encode(client_link.Abandon(4))) == client_link.Abandon(4)

@@ -25,6 +25,7 @@ from supervisor import Client, Daemon, DaemonShuttingDown
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.events import first_event
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -89,8 +90,8 @@ async def test_garbage_frames_get_error_replies() -> None:
             ]
             for frames in garbage:
                 sock.send_multipart(frames)
-                reply = wire.decode_from_daemon(sock.recv())
-                assert isinstance(reply, wire.Error) and reply.code == "malformed" and reply.req == 0
+                reply = client_link.decode_from_daemon(sock.recv())
+                assert isinstance(reply, client_link.Error) and reply.code == "malformed" and reply.req == 0
         finally:
             sock.close()
             ctx.term()
@@ -209,7 +210,7 @@ async def test_metrics_over_http_show_the_counts() -> None:
         raw.setsockopt(zmq.RCVTIMEO, 30_000)
         raw.connect(d.endpoint)
         raw.send(b"junk")
-        assert wire.decode_from_daemon(raw.recv()).code == "malformed"  # type: ignore[union-attr]
+        assert client_link.decode_from_daemon(raw.recv()).code == "malformed"  # type: ignore[union-attr]
         raw.close()
         ctx.term()
         m = await anyio.to_thread.run_sync(_scrape, d.metrics_url)
@@ -360,41 +361,41 @@ async def test_follow_flow_control_holds_events_until_credit() -> None:
         async def reply() -> Any:
             # Version 3 packs several replies into one frame (a batch): hand them out one by one.
             while not held:
-                held.extend(wire.decode_from_daemon_frame(await sock.recv()))
+                held.extend(client_link.decode_from_daemon_frame(await sock.recv()))
             return held.pop(0)
 
         try:
             with anyio.fail_after(60):
-                await ask(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION))
-                assert isinstance(await reply(), wire.Welcome)
+                await ask(client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION))
+                assert isinstance(await reply(), client_link.Welcome)
                 await ask(
-                    wire.Submit(
+                    client_link.Submit(
                         2, "examples.agents:streamer", msgspec.Raw(wire.encode({"count": 50})), wait=True
                     )
                 )
                 accepted = await reply()
-                assert isinstance(accepted, wire.Accepted)
-                assert isinstance(await reply(), wire.Result)  # the turn has ended: all 50 retained
-                await ask(wire.Follow(3, accepted.turn_id, window=5))
-                await ask(wire.GetResult(4, accepted.turn_id))
+                assert isinstance(accepted, client_link.Accepted)
+                assert isinstance(await reply(), client_link.Result)  # the turn has ended: all 50 retained
+                await ask(client_link.Follow(3, accepted.turn_id, window=5))
+                await ask(client_link.GetResult(4, accepted.turn_id))
                 got: list[int] = []
                 result_seen = False
                 while not (result_seen and len(got) >= 5):
                     msg = await reply()
-                    if isinstance(msg, wire.Result):  # answered at once (the turn has ended)
+                    if isinstance(msg, client_link.Result):  # answered at once (the turn has ended)
                         result_seen = True
                         continue
-                    assert isinstance(msg, wire.Events)
+                    assert isinstance(msg, client_link.Events)
                     got.extend(msgspec.msgpack.decode(raw)["i"] for raw in msg.data)
                 assert got == [0, 1, 2, 3, 4]  # and nothing more until the client grants credit
-                await ask(wire.Credit(3, 45))
+                await ask(client_link.Credit(3, 45))
                 while len(got) < 50:
                     msg = await reply()
-                    assert isinstance(msg, wire.Events)
+                    assert isinstance(msg, client_link.Events)
                     got.extend(msgspec.msgpack.decode(raw)["i"] for raw in msg.data)
                 assert got == list(range(50))
-                await ask(wire.Credit(3, 1))
-                assert isinstance(await reply(), wire.FollowEnd)
+                await ask(client_link.Credit(3, 1))
+                assert isinstance(await reply(), client_link.FollowEnd)
         finally:
             sock.close()
             ctx.term()

@@ -17,10 +17,10 @@ import zmq.auth
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import wire
 from supervisor import Client, DaemonUnavailable
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -106,11 +106,11 @@ def test_fuzzed_frames_to_the_client_endpoint() -> None:
         def fuzz(frame: bytes) -> None:
             sock.send(frame)
             sent["n"] += 1
-            reply = wire.decode_from_daemon(sock.recv())  # always one well-formed reply
+            reply = client_link.decode_from_daemon(sock.recv())  # always one well-formed reply
             try:
-                wire.decode_to_daemon(frame)
+                client_link.decode_to_daemon(frame)
             except msgspec.DecodeError:
-                assert isinstance(reply, wire.Error) and reply.code == "malformed"
+                assert isinstance(reply, client_link.Error) and reply.code == "malformed"
 
         try:
             fuzz()
@@ -118,8 +118,8 @@ def test_fuzzed_frames_to_the_client_endpoint() -> None:
             for _ in range(200):
                 sock.send(rng.randbytes(rng.randrange(1, 300)))
                 sent["n"] += 1
-                reply = wire.decode_from_daemon(sock.recv())
-                assert isinstance(reply, wire.Error)
+                reply = client_link.decode_from_daemon(sock.recv())
+                assert isinstance(reply, client_link.Error)
         finally:
             sock.close()
             ctx.term()
@@ -186,20 +186,22 @@ async def test_curve_client_with_an_unknown_key_cannot_submit() -> None:
     _, stranger_sec = zmq.auth.create_certificates(str(keys), "stranger")
     friend_pub, _ = zmq.auth.create_certificates(str(keys), "friend")
     os.rename(friend_pub, allowed / "friend.key")
-    with serving(
-        *FAST,
-        "--no-journal",
-        "--curve-secret-key",
-        server_sec,
-        "--curve-clients",
-        str(allowed),
-        "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
-        "examples.agents:*",
-        home=home,
-        endpoint="tcp://127.0.0.1:0",
-    ) as d:
-        with pytest.raises(DaemonUnavailable):
-            async with Client.connect(
-                d.endpoint, timeout=3, curve_server_key=server_pub, curve_secret_key=stranger_sec
-            ) as client:
-                await client.submit("examples.agents:echo", 1)
+    with (
+        serving(
+            *FAST,
+            "--no-journal",
+            "--curve-secret-key",
+            server_sec,
+            "--curve-clients",
+            str(allowed),
+            "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
+            "examples.agents:*",
+            home=home,
+            endpoint="tcp://127.0.0.1:0",
+        ) as d,
+        pytest.raises(DaemonUnavailable),
+    ):
+        async with Client.connect(
+            d.endpoint, timeout=3, curve_server_key=server_pub, curve_secret_key=stranger_sec
+        ) as client:
+            await client.submit("examples.agents:echo", 1)

@@ -117,27 +117,29 @@ def test_reload_makes_new_turns_run_edited_agent_code(tmp_path: Path) -> None:
     module = agents / "reloadme.py"
     module.write_text(textwrap.dedent(AGENT_V1))
     release = tmp_path / "release"
-    with serving("--workers", "2", "--spares", "0", "--drain", "0", paths=(str(agents),)) as d:
-        with SyncClient.connect(d.endpoint) as client:
-            before = [client.run("reloadme:get").output for _ in range(4)]
-            assert {b["version"] for b in before} == {"one"}
-            held = client.submit("reloadme:hold", str(release))
-            held_pid = next(iter(held.events()))["pid"]
-            module.write_text(textwrap.dedent(AGENT_V1).replace('"one"', '"two, edited"'))
-            stale = client.run("reloadme:get").output
-            assert stale["version"] == "one"  # a worker caches the module it imported
-            out = d.cli("reload")
-            assert out.returncode == 0, out.stderr
-            t0 = time.monotonic()
-            after = [client.run("reloadme:get").output for _ in range(4)]
-            assert {a["version"] for a in after} == {"two, edited"}, after
-            assert not {a["pid"] for a in after} & ({b["pid"] for b in before} | {held_pid})
-            release.write_text("go")
-            result = held.result()
-            assert result.outcome == "completed" and result.output == {"version": "one", "pid": held_pid}
-            assert time.monotonic() - t0 < 60
-            later = [client.run("reloadme:get").output for _ in range(3)]
-            assert held_pid not in {a["pid"] for a in later}  # the old worker retired after its turn
+    with (
+        serving("--workers", "2", "--spares", "0", "--drain", "0", paths=(str(agents),)) as d,
+        SyncClient.connect(d.endpoint) as client,
+    ):
+        before = [client.run("reloadme:get").output for _ in range(4)]
+        assert {b["version"] for b in before} == {"one"}
+        held = client.submit("reloadme:hold", str(release))
+        held_pid = next(iter(held.events()))["pid"]
+        module.write_text(textwrap.dedent(AGENT_V1).replace('"one"', '"two, edited"'))
+        stale = client.run("reloadme:get").output
+        assert stale["version"] == "one"  # a worker caches the module it imported
+        out = d.cli("reload")
+        assert out.returncode == 0, out.stderr
+        t0 = time.monotonic()
+        after = [client.run("reloadme:get").output for _ in range(4)]
+        assert {a["version"] for a in after} == {"two, edited"}, after
+        assert not {a["pid"] for a in after} & ({b["pid"] for b in before} | {held_pid})
+        release.write_text("go")
+        result = held.result()
+        assert result.outcome == "completed" and result.output == {"version": "one", "pid": held_pid}
+        assert time.monotonic() - t0 < 60
+        later = [client.run("reloadme:get").output for _ in range(3)]
+        assert held_pid not in {a["pid"] for a in later}  # the old worker retired after its turn
 
 
 def test_sync_supervisor_reload_makes_new_turns_run_edited_agent_code(tmp_path: Path) -> None:
@@ -179,16 +181,18 @@ def test_reload_with_every_worker_busy_starts_new_turns_at_once(tmp_path: Path) 
     module = agents / "reloadme.py"
     module.write_text(textwrap.dedent(AGENT_V1))
     release = tmp_path / "release"
-    with serving("--workers", "1", "--spares", "0", "--drain", "0", paths=(str(agents),)) as d:
-        with SyncClient.connect(d.endpoint) as client:
-            held = client.submit("reloadme:hold", str(release))
-            held_pid = next(iter(held.events()))["pid"]
-            module.write_text(textwrap.dedent(AGENT_V1).replace('"one"', '"two, edited"'))
-            out = d.cli("reload", "--json")
-            assert out.returncode == 0 and msgspec.json.decode(out.stdout) == {"workers": 1, "busy": 1}
-            fresh = d.cli("submit", "reloadme:get", "--wait", timeout=60)  # bounded: fails, never hangs
-            assert fresh.returncode == 0, fresh.stderr
-            got = msgspec.json.decode(fresh.stdout)["output"]
-            assert got["version"] == "two, edited" and got["pid"] != held_pid
-            release.write_text("go")
-            assert held.result().output == {"version": "one", "pid": held_pid}
+    with (
+        serving("--workers", "1", "--spares", "0", "--drain", "0", paths=(str(agents),)) as d,
+        SyncClient.connect(d.endpoint) as client,
+    ):
+        held = client.submit("reloadme:hold", str(release))
+        held_pid = next(iter(held.events()))["pid"]
+        module.write_text(textwrap.dedent(AGENT_V1).replace('"one"', '"two, edited"'))
+        out = d.cli("reload", "--json")
+        assert out.returncode == 0 and msgspec.json.decode(out.stdout) == {"workers": 1, "busy": 1}
+        fresh = d.cli("submit", "reloadme:get", "--wait", timeout=60)  # bounded: fails, never hangs
+        assert fresh.returncode == 0, fresh.stderr
+        got = msgspec.json.decode(fresh.stdout)["output"]
+        assert got["version"] == "two, edited" and got["pid"] != held_pid
+        release.write_text("go")
+        assert held.result().output == {"version": "one", "pid": held_pid}

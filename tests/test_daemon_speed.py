@@ -28,10 +28,11 @@ import zmq.asyncio
 
 import wire
 from supervisor import Client, DaemonShuttingDown, DaemonUnavailable, EventsDropped
-from supervisor.daemon.journal import read_history
+from supervisor.journal import read_history
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.events import assert_accounted
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -226,16 +227,24 @@ def test_batch_frames_round_trip() -> None:
     told apart from one message by its first element; one message still decodes as before; an
     empty array is malformed (so every frame a client sends gets at least a reply or an error)."""
     import wire
+    from wire import client_link
 
     for n in (1, 15, 16, 70_000):
-        frame = wire.encode_batch([wire.encode(wire.Ok(i)) for i in range(n)])
-        assert wire.decode_from_daemon_frame(frame) == [wire.Ok(i) for i in range(n)]
+        frame = client_link.encode_batch([wire.encode(client_link.Ok(i)) for i in range(n)])
+        assert client_link.decode_from_daemon_frame(frame) == [client_link.Ok(i) for i in range(n)]
     with pytest.raises(msgspec.DecodeError):  # an empty array is neither a message nor a batch
-        wire.decode_to_daemon_frame(wire.encode_batch([]))
-    assert wire.decode_from_daemon_frame(wire.encode(wire.Ok(7))) == [wire.Ok(7)]
-    assert wire.decode_to_daemon_frame(wire.encode(wire.GetStatus(2))) == [wire.GetStatus(2)]
-    follow = wire.encode_batch([wire.encode(wire.Follow(1, "t", 4)), wire.encode(wire.Credit(1, 2))])
-    assert wire.decode_to_daemon_frame(follow) == [wire.Follow(1, "t", 4), wire.Credit(1, 2)]
+        client_link.decode_to_daemon_frame(client_link.encode_batch([]))
+    assert client_link.decode_from_daemon_frame(wire.encode(client_link.Ok(7))) == [client_link.Ok(7)]
+    assert client_link.decode_to_daemon_frame(wire.encode(client_link.GetStatus(2))) == [
+        client_link.GetStatus(2)
+    ]
+    follow = client_link.encode_batch(
+        [wire.encode(client_link.Follow(1, "t", 4)), wire.encode(client_link.Credit(1, 2))]
+    )
+    assert client_link.decode_to_daemon_frame(follow) == [
+        client_link.Follow(1, "t", 4),
+        client_link.Credit(1, 2),
+    ]
 
 
 async def test_thousands_of_submits_in_flight_on_one_client_are_all_acknowledged() -> None:
@@ -366,9 +375,9 @@ async def test_a_client_that_vanishes_behind_its_backlog_leaves_nothing_held(jou
     opts = (*FAST, *store, "--max-queue", str(2 * n), "--keep-results", str(2 * n))
     ids = [f"v-{i}" for i in range(n)]
     noinput = msgspec.Raw(msgspec.msgpack.encode(None))
-    frame = wire.encode_batch(
+    frame = client_link.encode_batch(
         [
-            wire.encode(wire.Submit(i + 2, LONG_TURN, noinput, session="vanish", turn_id=t, wait=True))
+            wire.encode(client_link.Submit(i + 2, LONG_TURN, noinput, session="vanish", turn_id=t, wait=True))
             for i, t in enumerate(ids)
         ]
     )
@@ -379,13 +388,13 @@ async def test_a_client_that_vanishes_behind_its_backlog_leaves_nothing_held(jou
                 sock = ctx.socket(zmq.DEALER)
                 try:
                     sock.connect(d.endpoint)
-                    await sock.send(wire.encode(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION)))
+                    await sock.send(wire.encode(client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION)))
                     with anyio.fail_after(30):
-                        welcome = wire.decode_from_daemon_frame(await sock.recv())
-                        assert isinstance(welcome[0], wire.Welcome), welcome
+                        welcome = client_link.decode_from_daemon_frame(await sock.recv())
+                        assert isinstance(welcome[0], client_link.Welcome), welcome
                         await sock.send(frame)
-                        first = wire.decode_from_daemon_frame(await sock.recv())
-                    assert any(isinstance(m, wire.Accepted) for m in first), first
+                        first = client_link.decode_from_daemon_frame(await sock.recv())
+                    assert any(isinstance(m, client_link.Accepted) for m in first), first
                 finally:
                     sock.close(linger=0)  # gone, with most of its frame still unhandled
                     ctx.term()

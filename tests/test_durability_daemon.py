@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from supervisor import Client
-from supervisor.daemon.journal_steps import view_steps
+from supervisor.journal.steps import view_steps
 from tests.support import httpkit
 from tests.support.daemonkit import FAST, short_dir, start, stop_process
 from tests.support.durablekit import AGENT, BOUNDARIES, check_resumed

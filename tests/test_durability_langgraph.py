@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("langgraph", reason="needs the langgraph extra")
 
-from supervisor import Supervisor  # noqa: E402
+from supervisor import Supervisor
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai extra")
 
-from supervisor import Supervisor  # noqa: E402
+from supervisor import Supervisor
 
 pytestmark = pytest.mark.anyio
 

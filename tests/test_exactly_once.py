@@ -104,13 +104,14 @@ def test_end_log_shows_only_whole_records_of_its_own_worker() -> None:
     nothing after ``clear()``. The log is a memory file without a name (W-OWN): the writer maps
     the descriptor it is handed and closes it; the reader keeps a read-only mapping."""
     import wire
+    from wire import worker_link
 
     fd = lowlevel.own_file("w1-ends", lowlevel.ENDLOG_SIZE)
     view = lowlevel.own_file_view(fd, lowlevel.ENDLOG_SIZE)
     endlog = lowlevel.EndLog(os.dup(fd))
     log = view.buf
-    a = wire.End("a", "completed", wire.encode_payload({"x": 1}))
-    b = wire.End("b", "failed", error=wire.TurnError(type="E", message="m"))
+    a = worker_link.End("a", "completed", wire.encode_payload({"x": 1}))
+    b = worker_link.End("b", "failed", error=wire.TurnError(type="E", message="m"))
     assert endlog.append(wire.encode(a), 1.5) and endlog.append(wire.encode(b), 2.5)
     assert lowlevel.endlog_read(log, os.getpid()) == [(1.5, a), (2.5, b)]
     assert lowlevel.endlog_read(log, os.getpid() + 1) == []  # another worker's (or generation's) log

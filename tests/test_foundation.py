@@ -14,6 +14,7 @@ import supervisor
 import wire
 from supervisor import Supervisor, TurnResult
 from tests.support.events import first_event
+from wire import worker_link
 
 pytestmark = pytest.mark.anyio
 
@@ -302,7 +303,7 @@ async def test_stale_abort_is_dropped_by_the_worker() -> None:
         handle = await sup.submit("tests.agents:wait_signal")
         await first_event(handle)
         slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
-        sup.link.send(slot, wire.Abort("some-earlier-turn", wire.USER))
+        sup.link.send(slot, worker_link.Abort("some-earlier-turn", wire.USER))
         # The worker handled the stale abort before this round trip completes.
         with anyio.fail_after(30):
             probe = await sup.submit("examples.agents:echo", 1)

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 import wire
 from supervisor import Supervisor
 from supervisor import lowlevel as sup_lowlevel
+from wire import worker_link
 from worker.lowlevel import EXIT_LINK_LOST
 
 EXAMPLES = int(os.environ.get("TURNPOOL_FUZZ_EXAMPLES", "150"))
@@ -87,7 +88,7 @@ def _dealer(ctx: zmq.Context[Any], endpoint: str, identity: bytes | None = None)
 
 def _undecodable_from_worker(data: bytes) -> bool:
     try:
-        wire.decode_from_worker(data)
+        worker_link.decode_from_worker(data)
     except msgspec.DecodeError:
         return True
     return False
@@ -178,22 +179,26 @@ def test_stranger_frames_are_counted_and_change_nothing(portal: BlockingPortal) 
 
         fuzz()
         valid = [
-            wire.End(turn_id, "completed", wire.encode_payload("forged")),
-            wire.Started(turn_id),
-            wire.Event(turn_id, wire.encode_payload({"forged": True})),
-            wire.Ready(slot.pid, "0" * 32, wire.PROTOCOL_VERSION),
-            wire.Ready(slot.pid, slot.token, wire.PROTOCOL_VERSION),  # even the right token: wrong peer
-            wire.Spawn(1, turn_id, "examples.agents:echo", wire.encode_payload(1)),
+            worker_link.End(turn_id, "completed", wire.encode_payload("forged")),
+            worker_link.Started(turn_id),
+            worker_link.Event(turn_id, wire.encode_payload({"forged": True})),
+            worker_link.Ready(slot.pid, "0" * 32, worker_link.PROTOCOL_VERSION),
+            worker_link.Ready(
+                slot.pid, slot.token, worker_link.PROTOCOL_VERSION
+            ),  # even the right token: wrong peer
+            worker_link.Spawn(1, turn_id, "examples.agents:echo", wire.encode_payload(1)),
         ]
         for msg in valid:
-            stranger.send(wire.encode_frame([msg]))
+            stranger.send(worker_link.encode_frame([msg]))
             sent += 1
         portal.call(sup.wait_bad_frames, sent)
         # A frame above MAXMSGSIZE: the socket drops it and the peer; the supervisor never sees it.
         stranger.send(b"\x91" + b"\x00" * (wire.MAX_MESSAGE_SIZE + 1))
         # A peer that takes a live worker's identity: ZeroMQ refuses the duplicate identity.
         spoof = _dealer(ctx, sup.link.endpoint, identity=slot.ident)
-        spoof.send(wire.encode_frame([wire.End(turn_id, "completed", wire.encode_payload("spoofed"))]))
+        spoof.send(
+            worker_link.encode_frame([worker_link.End(turn_id, "completed", wire.encode_payload("spoofed"))])
+        )
         FRAMES_TRIED["stranger"] = sent + 2
         print(f"stranger frames tried: {sent + 2}")
 
@@ -254,12 +259,12 @@ class _Puppet:
 
     def send(self, *msgs: Any) -> None:
         assert self.sock is not None
-        self.sock.send(wire.encode_frame(list(msgs)))
+        self.sock.send(worker_link.encode_frame(list(msgs)))
 
     def recv(self) -> list[Any]:
         assert self.sock is not None
         assert self.sock.poll(30_000), "the supervisor sent nothing"
-        return wire.decode_to_worker(self.sock.recv())
+        return worker_link.decode_to_worker(self.sock.recv())
 
     def close(self) -> None:
         if self.sock is not None:
@@ -310,13 +315,13 @@ def test_puppet_without_the_token_is_ignored(
         portal.call(wait_spawn)
         slot = puppet.slot()
         puppet.connect(slot)
-        puppet.send(wire.Ready(slot.pid, "f" * 32, wire.PROTOCOL_VERSION))
-        puppet.send(wire.Ready(slot.pid + 1, slot.token, wire.PROTOCOL_VERSION))
-        puppet.send(wire.Ready(slot.pid, "", wire.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(slot.pid, "f" * 32, worker_link.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(slot.pid + 1, slot.token, worker_link.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(slot.pid, "", worker_link.PROTOCOL_VERSION))
         portal.call(sup.wait_bad_frames, 3)
         assert slot.state == "starting" and not fut.done()
         # The right token in a protocol version we do not speak: refused, killed, reported.
-        puppet.send(wire.Ready(slot.pid, slot.token, wire.PROTOCOL_VERSION + 1))
+        puppet.send(worker_link.Ready(slot.pid, slot.token, worker_link.PROTOCOL_VERSION + 1))
         portal.call(sup.wait_bad_frames, 4)
         portal.call(wait_spawn, 2)  # the killed slot was replaced (after a back-off)
         assert "protocol" in (portal.call(sup.status)["last_start_error"] or "")
@@ -324,7 +329,7 @@ def test_puppet_without_the_token_is_ignored(
         second = puppet.slot()
         assert second.token != slot.token  # per-spawn tokens
         puppet.connect(second)
-        puppet.send(wire.Ready(second.pid, second.token, wire.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(second.pid, second.token, worker_link.PROTOCOL_VERSION))
         fut.result(timeout=30)
         assert second.state == "idle"
     finally:
@@ -348,13 +353,13 @@ def test_puppet_out_of_order_messages_change_nothing(
         portal.call(wait_spawn)
         slot = puppet.slot()
         puppet.connect(slot)
-        puppet.send(wire.Ready(slot.pid, slot.token, wire.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(slot.pid, slot.token, worker_link.PROTOCOL_VERSION))
         fut.result(timeout=30)
         handle = portal.call(sup.submit, "examples.agents:echo", "payload")
         (run,) = puppet.recv()
-        assert isinstance(run, wire.Run) and run.turn_id == handle.turn_id
+        assert isinstance(run, worker_link.Run) and run.turn_id == handle.turn_id
         tid = run.turn_id
-        puppet.send(wire.Started(tid))
+        puppet.send(worker_link.Started(tid))
         record = sup.record(tid)
         n_turns = len(sup.table)
         state = {"bad": sup.bad_frames, "seq": 0, "tried": 0}
@@ -363,25 +368,31 @@ def test_puppet_out_of_order_messages_change_nothing(
         counted = st.one_of(
             st.binary(max_size=200).filter(_undecodable_from_worker).map(lambda b: ("raw", b)),
             _unknown_tags.filter(_undecodable_from_worker).map(lambda b: ("raw", b)),
-            st.builds(wire.Started, other_ids),
-            st.builds(wire.Event, other_ids, payload),
-            st.builds(wire.End, other_ids, st.sampled_from(["completed", "failed", "aborted"])),
-            st.builds(wire.Ready, st.integers(0, 2**31), st.text(max_size=40), st.integers(0, 5)),
+            st.builds(worker_link.Started, other_ids),
+            st.builds(worker_link.Event, other_ids, payload),
+            st.builds(worker_link.End, other_ids, st.sampled_from(["completed", "failed", "aborted"])),
+            st.builds(worker_link.Ready, st.integers(0, 2**31), st.text(max_size=40), st.integers(0, 5)),
         )
         uncounted = st.one_of(
-            st.builds(wire.Heartbeat, st.integers(0, 2**31)),
-            st.builds(wire.SpawnCancel, st.integers(-(2**31), 2**31)),
-            st.builds(wire.BadFrame, st.text(max_size=40)),
-            st.builds(wire.Spawn, st.integers(0, 2**31), other_ids, st.just("examples.agents:echo"), payload),
-            st.just(wire.Started(tid)),  # a repeat of the real Started: harmless
+            st.builds(worker_link.Heartbeat, st.integers(0, 2**31)),
+            st.builds(worker_link.SpawnCancel, st.integers(-(2**31), 2**31)),
+            st.builds(worker_link.BadFrame, st.text(max_size=40)),
+            st.builds(
+                worker_link.Spawn,
+                st.integers(0, 2**31),
+                other_ids,
+                st.just("examples.agents:echo"),
+                payload,
+            ),
+            st.just(worker_link.Started(tid)),  # a repeat of the real Started: harmless
         )
 
         def is_bad(msg: Any) -> bool:
             if isinstance(msg, tuple):
                 return True  # undecodable bytes
-            if isinstance(msg, (wire.Started, wire.Event, wire.End)):
+            if isinstance(msg, (worker_link.Started, worker_link.Event, worker_link.End)):
                 return msg.turn_id != tid
-            return isinstance(msg, wire.Ready)  # this worker is past its handshake
+            return isinstance(msg, worker_link.Ready)  # this worker is past its handshake
 
         @FUZZ
         @given(msgs=st.lists(counted | uncounted, min_size=1, max_size=8))
@@ -395,25 +406,28 @@ def test_puppet_out_of_order_messages_change_nothing(
             state["tried"] += len(msgs)
             # A sentinel event of the running turn: once it is seen, every frame before it was handled.
             state["seq"] += 1
-            puppet.send(wire.Event(tid, wire.encode_payload({"sentinel": state["seq"]})))
+            puppet.send(worker_link.Event(tid, wire.encode_payload({"sentinel": state["seq"]})))
             portal.call(_wait_events, sup, tid, state["seq"])
             state["bad"] += expected
             assert sup.bad_frames == state["bad"]
             assert record.state == "running" and record.result is None and record.cause is None
             assert len(sup.table) == n_turns and portal.call(sup.status)["outcomes"] == {}
             while puppet.sock.poll(0):  # type: ignore[union-attr]
-                for reply in wire.decode_to_worker(puppet.sock.recv()):  # type: ignore[union-attr]
-                    assert isinstance(reply, wire.SpawnReply) and reply.error is not None
+                for reply in worker_link.decode_to_worker(puppet.sock.recv()):  # type: ignore[union-attr]
+                    assert isinstance(reply, worker_link.SpawnReply) and reply.error is not None
 
         fuzz()
         FRAMES_TRIED["puppet"] = state["tried"]
         print(f"puppet frames tried: {state['tried']}")
-        puppet.send(wire.End(tid, "completed", wire.encode_payload("real")))
+        puppet.send(worker_link.End(tid, "completed", wire.encode_payload("real")))
         result = portal.call(_result, handle)
         assert result.outcome == "completed" and result.output == "real"
         h2 = portal.call(sup.submit, "examples.agents:echo", 2)
         (run2,) = puppet.recv()
-        puppet.send(wire.Started(run2.turn_id), wire.End(run2.turn_id, "completed", wire.encode_payload(2)))
+        puppet.send(
+            worker_link.Started(run2.turn_id),
+            worker_link.End(run2.turn_id, "completed", wire.encode_payload(2)),
+        )
         assert portal.call(_result, h2).outcome == "completed"
     finally:
         puppet.close()
@@ -469,11 +483,11 @@ def test_worker_answers_bad_frames_and_keeps_serving() -> None:
         assert router.poll(30_000), "the worker sent nothing"
         ident, frame = router.recv_multipart()
         assert ident == b"w1"
-        return wire.decode_from_worker(frame)
+        return worker_link.decode_from_worker(frame)
 
     try:
         (ready,) = recv()
-        assert isinstance(ready, wire.Ready) and ready.token == "t0k3n" and ready.pid == proc.pid
+        assert isinstance(ready, worker_link.Ready) and ready.token == "t0k3n" and ready.pid == proc.pid
         tried = 0
 
         @FUZZ
@@ -481,24 +495,24 @@ def test_worker_answers_bad_frames_and_keeps_serving() -> None:
         def fuzz(data: bytes) -> None:
             nonlocal tried
             try:
-                wire.decode_to_worker(data)
+                worker_link.decode_to_worker(data)
                 return  # decodes (e.g. an empty list): not a bad frame
             except msgspec.DecodeError:
                 pass
             tried += 1
             router.send_multipart([b"w1", data])
             (reply,) = recv()
-            assert isinstance(reply, wire.BadFrame)
+            assert isinstance(reply, worker_link.BadFrame)
 
         fuzz()
         FRAMES_TRIED["to_worker"] = tried
         print(f"frames to the worker tried: {tried}")
-        run = wire.Run("t1", "examples.agents:echo", wire.encode_payload("still here"))
-        router.send_multipart([b"w1", wire.encode_frame([run])])
+        run = worker_link.Run("t1", "examples.agents:echo", wire.encode_payload("still here"))
+        router.send_multipart([b"w1", worker_link.encode_frame([run])])
         msgs: list[Any] = []
-        while not any(isinstance(m, wire.End) for m in msgs):
+        while not any(isinstance(m, worker_link.End) for m in msgs):
             msgs += recv()
-        end = next(m for m in msgs if isinstance(m, wire.End))
+        end = next(m for m in msgs if isinstance(m, worker_link.End))
         assert end.outcome == "completed" and wire.decode_payload(end.output) == "still here"
         # Oversized: the worker's socket drops the frame and the connection, and ZeroMQ does not
         # reconnect it. A worker that can never report again must not stay up deaf: it exits
@@ -527,7 +541,7 @@ def test_worker_exits_cleanly_on_shutdown() -> None:
     try:
         assert router.poll(30_000)
         ident, _ready = router.recv_multipart()
-        router.send_multipart([ident, wire.encode_frame([wire.Shutdown()])])
+        router.send_multipart([ident, worker_link.encode_frame([worker_link.Shutdown()])])
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
@@ -556,7 +570,7 @@ def test_unreachable_worker_is_replaced_and_its_turn_requeued(
         portal.call(wait_spawn)
         first = puppet.slot()
         puppet.connect(first)
-        puppet.send(wire.Ready(first.pid, first.token, wire.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(first.pid, first.token, worker_link.PROTOCOL_VERSION))
         hosted.entered.result(timeout=30)
         mon = portal.call(lambda: sup.link.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))  # type: ignore[union-attr]
         puppet.sock.close()  # type: ignore[union-attr]
@@ -566,11 +580,12 @@ def test_unreachable_worker_is_replaced_and_its_turn_requeued(
         portal.call(wait_spawn, 2)
         second = puppet.slot()
         puppet.connect(second)
-        puppet.send(wire.Ready(second.pid, second.token, wire.PROTOCOL_VERSION))
+        puppet.send(worker_link.Ready(second.pid, second.token, worker_link.PROTOCOL_VERSION))
         (run,) = puppet.recv()
-        assert isinstance(run, wire.Run) and run.turn_id == handle.turn_id
+        assert isinstance(run, worker_link.Run) and run.turn_id == handle.turn_id
         puppet.send(
-            wire.Started(run.turn_id), wire.End(run.turn_id, "completed", wire.encode_payload("again"))
+            worker_link.Started(run.turn_id),
+            worker_link.End(run.turn_id, "completed", wire.encode_payload("again")),
         )
         result = portal.call(_result, handle)
         assert result.outcome == "completed" and result.attempts == 2 and result.worker_pid == second.pid

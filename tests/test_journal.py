@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import wire
-from supervisor.daemon.journal import Journal, JournalError, read_history, read_result
+from supervisor.journal import Journal, JournalError, read_history, read_result
 from tests.support.daemonkit import turnpool_argv
 from tests.support.journalkit import record
 
@@ -82,7 +82,7 @@ def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from supervisor.daemon.journal import Journal; j = Journal.open(sys.argv[1]); "
+            "import sys; from supervisor.journal import Journal; j = Journal.open(sys.argv[1]); "
             "print('ready', flush=True); sys.stdin.read()",
             str(path),
         ],

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from supervisor import Client
-from supervisor.daemon.journal import read_history
+from supervisor.journal import read_history
 from tests.support.daemonkit import FAST, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from supervisor import Client, JournalUnavailable, TurnIdConflict
-from supervisor.daemon.journal import lock_name, read_history
+from supervisor.journal import lock_name, read_history
 from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
 
 pytestmark = pytest.mark.anyio
@@ -157,33 +157,35 @@ async def _round(
         nonlocal n
         try:
             await client.submit(AGENT, {"log": str(log), "ms": 2}, turn_id=tid, retry=tid in retry_ids)
-        except Exception:  # the daemon died under this submit: its ack is lost
+        except Exception:  # noqa: BLE001 - the daemon died under this submit: its ack is lost
             return
         acked.add(tid)
         n += 1
         if n >= kill_after:
             reached.set()
 
-    async with Client.connect(served.endpoint, request_timeout=60) as client:
-        async with anyio.create_task_group() as tg:
-            for tid in ids:
-                tg.start_soon(one, client, tid)
-            with anyio.move_on_after(60):
-                await reached.wait()
-            if freeze is not None:
-                _run("fsfreeze", "-f", str(freeze))
-                before = len(runs(log))
-                # Turns may go on running while the journal is frozen (the bug): give them the
-                # chance, bounded; with the gate nothing new starts and this times out.
-                with anyio.move_on_after(1.0):
-                    while len(runs(log)) < before + 20:  # noqa: ASYNC110 — a file, not an event
-                        await anyio.sleep(0.01)  # allowed: polling the agents' own log, bounded
-            served.proc.kill()
-            if freeze is not None:
-                _run("fsfreeze", "-u", str(freeze))  # a task stuck on the frozen disk dies after the thaw
-            served.proc.wait(timeout=60)
-            stop_process(served.proc)
-            tg.cancel_scope.cancel()
+    async with (
+        Client.connect(served.endpoint, request_timeout=60) as client,
+        anyio.create_task_group() as tg,
+    ):
+        for tid in ids:
+            tg.start_soon(one, client, tid)
+        with anyio.move_on_after(60):
+            await reached.wait()
+        if freeze is not None:
+            _run("fsfreeze", "-f", str(freeze))
+            before = len(runs(log))
+            # Turns may go on running while the journal is frozen (the bug): give them the
+            # chance, bounded; with the gate nothing new starts and this times out.
+            with anyio.move_on_after(1.0):
+                while len(runs(log)) < before + 20:  # noqa: ASYNC110 — a file, not an event
+                    await anyio.sleep(0.01)  # allowed: polling the agents' own log, bounded
+        served.proc.kill()
+        if freeze is not None:
+            _run("fsfreeze", "-u", str(freeze))  # a task stuck on the frozen disk dies after the thaw
+        served.proc.wait(timeout=60)
+        stop_process(served.proc)
+        tg.cancel_scope.cancel()
 
 
 async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: bool) -> None:
@@ -565,11 +567,15 @@ def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
     """J7: ``JournalUnavailable`` is exported from ``supervisor`` and the client turns the
     daemon's ``journal_unavailable`` error code into it."""
     import supervisor
-    import wire
     from supervisor.client.client import _error
+    from wire import client_link
 
-    assert "JournalUnavailable" in supervisor.__all__ and "journal_unavailable" in wire.ERROR_CODES
-    err = _error(wire.Error(1, "journal_unavailable", "cannot write the journal: disk full"), None, "ipc://x")
+    assert "JournalUnavailable" in supervisor.__all__ and "journal_unavailable" in client_link.ERROR_CODES
+    err = _error(
+        client_link.Error(1, "journal_unavailable", "cannot write the journal: disk full"),
+        None,
+        "ipc://x",
+    )
     assert isinstance(err, JournalUnavailable) and "disk full" in str(err)
 
 
@@ -628,7 +634,7 @@ def test_an_id_already_in_the_journal_is_reported_never_silently_kept(tmp_path: 
     import threading
     from types import SimpleNamespace
 
-    from supervisor.daemon.journal import Journal
+    from supervisor.journal import Journal
 
     journal = Journal.open(tmp_path / "j.sqlite3")
     try:

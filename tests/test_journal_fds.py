@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, resource, sys, threading, time
     import psutil
-    from supervisor.daemon.journal import Journal
+    from supervisor.journal import Journal
 
     PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
     journal = Journal.open(sys.argv[1], retry_interval=0.05)

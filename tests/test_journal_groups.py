@@ -33,7 +33,7 @@ import pytest
 
 import wire
 from supervisor import Client, Supervisor
-from supervisor.daemon.journal import Journal, read_history
+from supervisor.journal import Journal, read_history
 from supervisor.lowlevel import CLEAR_AHEAD
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving

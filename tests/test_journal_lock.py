@@ -26,8 +26,8 @@ import psutil
 import pytest
 
 from supervisor import Client, DaemonAlreadyRunning
-from supervisor.daemon import journal_lock
-from supervisor.daemon.journal import Journal, JournalError, read_history
+from supervisor.journal import Journal, JournalError, read_history
+from supervisor.journal import lock as journal_lock
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, Served, short_dir, start, stop_process
 
@@ -137,7 +137,7 @@ async def test_a_second_daemon_is_refused_across_namespaces_links_and_mounts() -
             assert status["running"] == 1 and status["queue"] == 1, status
             assert _runs(log) == {running.turn_id: 1}
         writers = [
-            p for p in psutil.Process(first.pid).children() if "journal_writer" in " ".join(p.cmdline())
+            p for p in psutil.Process(first.pid).children() if "journal/writer.py" in " ".join(p.cmdline())
         ]
         assert len(writers) == 1, writers
     finally:
@@ -186,7 +186,7 @@ def test_the_lock_survives_the_daemons_own_sqlite_connections_closing(tmp_path: 
             con.close()
         (tmp_path / "link.sqlite3").hardlink_to(path)
         probe = (
-            "import sys; from supervisor.daemon import journal_lock as j; from pathlib import Path\n"
+            "import sys; from supervisor.journal import lock as j; from pathlib import Path\n"
             "try:\n    j.lock_file(Path(sys.argv[1]))\n"
             "except j.JournalLocked as e:\n    print(e); sys.exit(3)\n"
         )

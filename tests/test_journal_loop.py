@@ -29,8 +29,9 @@ import psutil
 import pytest
 
 from supervisor import Client, JournalUnavailable
-from supervisor.daemon import journal_link, journal_writer
-from supervisor.daemon.journal import Journal, read_history
+from supervisor.journal import Journal, read_history
+from supervisor.journal import writer as journal_writer
+from supervisor.journal import writer_link as journal_link
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.journalkit import completed, record
@@ -117,7 +118,7 @@ def _writer_pid(daemon_pid: int) -> int:
             cmdline = child.cmdline()
         except (psutil.ZombieProcess, psutil.NoSuchProcess):
             continue
-        if any("journal_writer" in part for part in cmdline):
+        if any("journal/writer.py" in part for part in cmdline):
             return child.pid
     raise AssertionError("the daemon has no journal writer process")
 
@@ -227,8 +228,12 @@ async def test_a_killed_writer_process_is_replaced_and_acks_stay_durable() -> No
         with serving(*FAST, "--journal", journal) as d:
             async with Client.connect(d.endpoint, timeout=30) as client:
                 with anyio.fail_after(60):
-                    for i in range(20):
-                        acked.append((await client.submit("examples.agents:noop", turn_id=f"b{i}")).turn_id)
+                    acked.extend(
+                        [
+                            (await client.submit("examples.agents:noop", turn_id=f"b{i}")).turn_id
+                            for i in range(20)
+                        ]
+                    )
                     old = _writer_pid(d.pid)
                     os.kill(old, signal.SIGKILL)
                     i = 0

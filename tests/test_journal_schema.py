@@ -27,8 +27,8 @@ import pytest
 
 import wire
 from supervisor import Client
-from supervisor.daemon import journal_writer
-from supervisor.daemon.journal import Journal, read_history, read_result
+from supervisor.journal import Journal, read_history, read_result
+from supervisor.journal import writer as journal_writer
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.journalkit import SCHEMA_1, completed, record

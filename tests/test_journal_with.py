@@ -36,8 +36,8 @@ import anyio.to_thread
 import pytest
 
 from supervisor import Client, Daemon, JournalUnavailable, Supervisor
-from supervisor.daemon.journal import Journal, read_history, read_result
 from supervisor.daemon.recovery import attach_journal
+from supervisor.journal import Journal, read_history, read_result
 from supervisor.lowlevel import CLEAR_AHEAD
 from tests.support.daemonkit import FAST, short_dir, start, stop_process
 from tests.test_journal_faults import fill, runs, tmpfs, wait_status
@@ -296,23 +296,25 @@ async def test_an_id_already_in_the_journal_with_its_dispatched_row_in_the_same_
     home = short_dir()
     log = home / "runs.log"
     try:
-        async with _in_process(home, keep_results=1, prefetch=1) as (daemon, journal, endpoint):
-            async with Client.connect(endpoint) as client:
-                with anyio.fail_after(60):
-                    first = await client.run(AGENT, {"log": str(log), "ms": 0}, turn_id="dup")
-                    assert first.outcome == "completed"
-                    for _ in range(3):  # ``dup`` leaves the supervisor's table (keep_results=1)
-                        await client.run(AGENT, {"log": str(log), "ms": 0})
-                await _quiet(journal)
-                assert daemon.sup is not None and daemon.sup.find("dup") is None
-                daemon.lookup = lambda turn_id: None
-                for _ in range(3):
-                    with anyio.fail_after(60), pytest.raises(ValueError, match="already in the journal"):
-                        await client.run(AGENT, {"log": str(log), "ms": 0, "v": 2}, turn_id="dup")
-                await _gate_still_clears(client, log)
-                await _quiet(journal)
-                rows = [r for r in read_history(home / "j.sqlite3", limit=1000) if r["turn_id"] == "dup"]
-                recorded = read_result(home / "j.sqlite3", "dup")
+        async with (
+            _in_process(home, keep_results=1, prefetch=1) as (daemon, journal, endpoint),
+            Client.connect(endpoint) as client,
+        ):
+            with anyio.fail_after(60):
+                first = await client.run(AGENT, {"log": str(log), "ms": 0}, turn_id="dup")
+                assert first.outcome == "completed"
+                for _ in range(3):  # ``dup`` leaves the supervisor's table (keep_results=1)
+                    await client.run(AGENT, {"log": str(log), "ms": 0})
+            await _quiet(journal)
+            assert daemon.sup is not None and daemon.sup.find("dup") is None
+            daemon.lookup = lambda turn_id: None
+            for _ in range(3):
+                with anyio.fail_after(60), pytest.raises(ValueError, match="already in the journal"):
+                    await client.run(AGENT, {"log": str(log), "ms": 0, "v": 2}, turn_id="dup")
+            await _gate_still_clears(client, log)
+            await _quiet(journal)
+            rows = [r for r in read_history(home / "j.sqlite3", limit=1000) if r["turn_id"] == "dup"]
+            recorded = read_result(home / "j.sqlite3", "dup")
         counted = runs(log)
     finally:
         shutil.rmtree(home, ignore_errors=True)

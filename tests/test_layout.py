@@ -1,7 +1,7 @@
 """The package layout's promises (issue 14): the public names stay as they are, the supervisor
-reaches the worker only through ``worker.lowlevel``, front ends use only public engine names, and
-no module imports another in a circle. Source checks, and one fresh interpreter (Ray stays out of
-``import supervisor``)."""
+reaches the worker only through ``worker.lowlevel`` and ``worker.proctree``, front ends use only
+public engine names, and no module imports another in a circle. Source checks, and one fresh
+interpreter (Ray stays out of ``import supervisor``)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_supervisor_public_names_are_pinned() -> None:
         "BatchError", "BatchInputError", "BatchPlan", "BatchProgress", "BatchRun", "BatchSummary",
         "DEFAULT_RETRY_ON", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "InvalidLine", "Job",
         "OutputIsInput", "OutputNotEmpty", "ResultLog", "load_jobs", "open_backend", "prepare_batch",
-        "read_previous", "register", "run_batch", "turn_id_for",
+        "read_previous", "run_batch", "turn_id_for",
     ]  # fmt: skip
     for name in supervisor.__all__ + supervisor.batch.__all__:
         if name == "RaySupervisor" and importlib.util.find_spec("ray") is None:
@@ -92,8 +92,8 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def test_the_supervisor_imports_no_private_worker_module() -> None:
-    """The supervisor uses the worker side only through ``worker.lowlevel`` (and ``worker``'s
-    public names), never ``worker._x``."""
+    """The supervisor uses the worker side only through ``worker.lowlevel``, ``worker.proctree``
+    (and ``worker``'s public names), never ``worker._x``."""
     mods = _modules("supervisor")
     text = {name: path.read_text() for name, path in mods.items()}
     private = re.compile(r"^\s*(from worker\._|import worker\._|from worker import _)", re.M)
@@ -131,9 +131,9 @@ def test_no_import_cycle_between_modules() -> None:
         state[node] = 1
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                cycles.append(trail[trail.index(dep) :] + [dep])
+                cycles.append([*trail[trail.index(dep) :], dep])
             elif dep not in state:
-                visit(dep, trail + [dep])
+                visit(dep, [*trail, dep])
         state[node] = 2
 
     for name in sorted(graph):
@@ -196,7 +196,8 @@ def test_tests_and_benchmarks_import_no_private_module() -> None:
 
 def test_every_command_is_registered_from_the_cli_package() -> None:
     """Each ``turnpool`` command group is declared by a module of ``supervisor/cli/`` (the runners
-    they drive live in their own folders), and the exit codes are named once, in ``cli/exits.py``."""
+        they drive live in their own folders), and the exit codes are named once, in ``_exitcodes.py``,
+    which the CLI and the front ends (batch, ACP) share: no front end imports the CLI."""
     from supervisor.cli import main
 
     assert all(name.startswith("supervisor.cli.") for name in main.COMMAND_MODULES)
@@ -214,7 +215,23 @@ def test_every_command_is_registered_from_the_cli_package() -> None:
     }
     named = re.compile(r"^EXIT_[A-Z]+ = ", re.M)
     where = [p for p in (ROOT / "supervisor").rglob("*.py") if named.search(p.read_text())]
-    assert where == [ROOT / "supervisor" / "cli" / "exits.py"]
+    assert where == [ROOT / "supervisor" / "_exitcodes.py"]
+
+
+def test_front_ends_import_neither_the_cli_nor_the_engine_for_checks() -> None:
+    """The front ends (batch, ACP, daemon, HTTP, the client) never import the CLI: what they share
+    with it (the exit codes) is a neutral module. The client never imports the engine or the daemon:
+    the checks of arguments it shares with ``Supervisor`` live in ``supervisor/_checks.py``, the
+    client link's socket options and endpoint paths in ``supervisor/_paths.py``."""
+    uses_cli = re.compile(r"^\s*(from \.\.cli\b|from supervisor\.cli\b|import supervisor\.cli\b)", re.M)
+    uses_engine = re.compile(r"^\s*(from \.\.(_engine|daemon)\b|from supervisor\.(_engine|daemon)\b)", re.M)
+    offenders = []
+    for folder in ("batch", "acp", "client", "daemon", "http"):
+        for path in sorted((ROOT / "supervisor" / folder).rglob("*.py")):
+            text = path.read_text()
+            if uses_cli.search(text) or (folder == "client" and uses_engine.search(text)):
+                offenders.append(path.relative_to(ROOT).as_posix())
+    assert offenders == []
 
 
 def test_every_rule_of_the_design_is_tagged_where_the_code_enforces_it() -> None:
@@ -275,12 +292,13 @@ def _back_references(path: Path, owner: str, owner_module: str, names: set[str])
                 found.append(f"{path.name}:{node.lineno}: imports the module {owner_module}")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = node.args
-            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
-                if arg.arg in names:
-                    found.append(f"{path.name}:{node.lineno}: a parameter named {arg.arg!r}")
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            if node.attr in names:
-                found.append(f"{path.name}:{node.lineno}: keeps .{node.attr}")
+            found.extend(
+                f"{path.name}:{node.lineno}: a parameter named {arg.arg!r}"
+                for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                if arg.arg in names
+            )
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in names:
+            found.append(f"{path.name}:{node.lineno}: keeps .{node.attr}")
     return found
 
 

@@ -19,6 +19,7 @@ from supervisor import Client
 from supervisor.daemon.metrics import AGENT_LABELS, Metrics
 from tests.support.daemonkit import FAST, HTTP, ROOT, serving
 from tests.support.events import first_event
+from wire import client_link
 
 pytestmark = pytest.mark.anyio
 
@@ -116,8 +117,8 @@ async def test_a_client_gone_with_a_wait_pending_counts_as_dropped() -> None:
             raw = ctx.socket(zmq.DEALER)
             raw.setsockopt(zmq.LINGER, 0)
             raw.connect(d.endpoint)
-            raw.send(wire.encode(wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION)))
-            raw.send(wire.encode(wire.GetResult(2, handle.turn_id)))
+            raw.send(wire.encode(client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION)))
+            raw.send(wire.encode(client_link.GetResult(2, handle.turn_id)))
             with anyio.fail_after(BOUND):
                 while (await client.status())["daemon"]["clients"] < 2:  # noqa: ASYNC110
                     await anyio.sleep(0.02)  # allowed: the raw client's frames are on their way

@@ -150,13 +150,15 @@ async def test_an_http_client_that_goes_away_cancels_the_turn_it_streamed() -> N
             with anyio.fail_after(BOUND):
                 while not server.started:  # noqa: ASYNC110 - uvicorn exposes no event for "listening"
                     await anyio.sleep(0.01)  # allowed: bounded poll of uvicorn's started flag
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                    async with http.stream("POST", "/turns", json={"seconds": 120}) as response:
-                        turn_id = response.headers["x-turn-id"]
-                        async for line in response.aiter_lines():
-                            if line.startswith("data:"):
-                                assert json.loads(line[5:])["type"] == "started"
-                                break
+                async with (
+                    httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+                    http.stream("POST", "/turns", json={"seconds": 120}) as response,
+                ):
+                    turn_id = response.headers["x-turn-id"]
+                    async for line in response.aiter_lines():
+                        if line.startswith("data:"):
+                            assert json.loads(line[5:])["type"] == "started"
+                            break
                 result = await sup.handle(turn_id).result()
                 again = await sup.run("examples.agents:echo", {"text": "next"})
             server.should_exit = True

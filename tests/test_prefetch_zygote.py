@@ -7,6 +7,7 @@ to the queue unharmed; it never waits behind a busy worker while another worker 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -196,12 +197,10 @@ def test_supervisor_sigkill_leaves_no_zygote_forked_process() -> None:
         proc.stdout.close()
     procs = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
     # Orphans are re-parented to this test process (a child subreaper): wait_procs reaps them.
-    gone, alive = psutil.wait_procs(procs, timeout=10)
+    _gone, alive = psutil.wait_procs(procs, timeout=10)
     for p in alive:
         p.kill()
     psutil.wait_procs(alive, timeout=5)

@@ -12,6 +12,7 @@ each test no process but Ray's may be left, and at module end Ray's are stopped 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import resource
@@ -88,10 +89,8 @@ def no_leftover_processes() -> Iterator[None]:
         _, alive = psutil.wait_procs(left, timeout=10)
         desc = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in alive if p.is_running()]
         for p in alive:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         _reap_zombies()
         assert not desc, f"test left turnpool processes behind: {desc}"
 
@@ -118,10 +117,8 @@ def cluster() -> Iterator[Cluster]:
         c.shutdown()
         _, alive = psutil.wait_procs(ours, timeout=30)
         for p in alive:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(alive, timeout=10)
         _reap_zombies()
 
@@ -349,10 +346,8 @@ def _thread_niceness(pid: int) -> dict[int, int]:
     """The niceness of each thread of ``pid`` (Linux keeps one per thread)."""
     found = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
             found[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
-        except ProcessLookupError:
-            pass  # the thread ended meanwhile
     return found
 
 
@@ -413,14 +408,16 @@ async def test_sessions_stay_in_order_while_a_node_joins(
                 if round_ == 2:
                     joined = cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
                     await sup.wait_nodes(3)
-                for s in sessions:
-                    handles.append(
+                handles.extend(
+                    [
                         await sup.submit(
                             "tests.agents.cluster:logged",
                             {"log": str(logs[s]), "tag": round_, "hold": 0.05},
                             session=s,
                         )
-                    )
+                        for s in sessions
+                    ]
+                )
             results = [await h.result() for h in handles]
             assert {r.outcome for r in results} == {"completed"}
             for s in sessions:

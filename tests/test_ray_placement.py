@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
-from supervisor.ray.placement import new_turn_id, node_key, node_of, rendezvous  # noqa: E402
+from supervisor.ray.placement import new_turn_id, node_key, node_of, rendezvous
 
 KEYS = [node_key(f"{i:02x}" * 28) for i in range(1, 5)]
 

@@ -123,6 +123,7 @@ async def test_stale_abort_after_a_new_turn_started_is_dropped() -> None:
     """Turn 1 is cancelled; turn 2 then runs on the same worker with a fresh signal, and a late
     Abort for turn 1 does not touch it."""
     import wire
+    from wire import worker_link
 
     async with Supervisor(workers=1, spares=0, grace=20) as sup:
         one = await sup.submit("examples.agents:slow", {"seconds": 60})
@@ -133,7 +134,7 @@ async def test_stale_abort_after_a_new_turn_started_is_dropped() -> None:
         two = await sup.submit("tests.agents:wait_signal")
         await first_event(two)
         slot = next(s for s in sup.pool.slots.values() if s.turn is not None)
-        sup.link.send(slot, wire.Abort(one.turn_id, wire.USER))
+        sup.link.send(slot, worker_link.Abort(one.turn_id, wire.USER))
         # Frames to one worker arrive in order: the stale Abort is handled before this one.
         with anyio.fail_after(30):
             await two.cancel({"kind": "deadline"})

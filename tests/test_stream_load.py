@@ -99,8 +99,7 @@ async def test_a_follower_that_reads_slower_than_the_agent_holds_at_most_hold_by
                 assert record.events_bytes <= HOLD_BYTES + size + 1024, record.events_bytes
                 assert len(record.events) < n
                 await handle.cancel()
-                async for event in events:
-                    items.append(event if isinstance(event, EventsDropped) else event["i"])
+                items.extend([e if isinstance(e, EventsDropped) else e["i"] async for e in events])
             await handle.result()
     assert any(isinstance(i, EventsDropped) for i in items), "64 MiB behind: it loses events, and is told"
     assert_accounted(items, n)

@@ -11,6 +11,7 @@ within a few seconds. The worst time seen is printed (``-s`` shows it) and recor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,10 +83,8 @@ async def _wait_all_exit(pids: list[int]) -> dict[int, float]:
 def _reap_everything(pids: list[int]) -> None:
     """The dead tree was re-parented to this test process (a child subreaper): reap it."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
 
 async def kill_host_and_measure(rounds: int = 1) -> list[float]:

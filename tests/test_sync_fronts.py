@@ -173,7 +173,7 @@ def test_ctrl_c_while_a_sync_supervisor_starts(when: str) -> None:
                 assert "KeyboardInterrupt" in err, err[-2000:]
                 assert proc.returncode in (-signal.SIGINT, 1, 130), (proc.returncode, err[-2000:])
                 left = [p for p in tree if _alive(p)]
-                gone, alive = psutil.wait_procs([psutil.Process(p) for p in left if _alive(p)], timeout=10)
+                _gone, alive = psutil.wait_procs([psutil.Process(p) for p in left if _alive(p)], timeout=10)
                 assert not alive, f"attempt {attempt}: left {alive}"
             finally:
                 if proc.poll() is None:

@@ -19,13 +19,15 @@ import anyio
 import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import contextlib
 
-from supervisor import Client, Supervisor  # noqa: E402
-from tests.support.daemonkit import FAST, HTTP, serving, turnpool_argv  # noqa: E402
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from supervisor import Client, Supervisor
+from tests.support.daemonkit import FAST, HTTP, serving, turnpool_argv
 
 pytestmark = pytest.mark.anyio
 
@@ -148,10 +150,8 @@ def _daemon_spans(log: Path) -> list[dict[str, Any]]:
         elif ch == "}" and depth:
             depth -= 1
             if depth == 0:
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     found.append(json.loads(text[start : i + 1]))
-                except json.JSONDecodeError:
-                    pass
     return [span for span in found if "context" in span and "name" in span]
 
 

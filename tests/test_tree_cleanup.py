@@ -29,11 +29,11 @@ import pytest
 
 from supervisor import Supervisor
 from supervisor import lowlevel as sup_lowlevel
-from worker import lowlevel
+from worker import proctree
 
 pytestmark = pytest.mark.anyio
 
-HAVE_CGROUP = lowlevel.cgroups_usable()
+HAVE_CGROUP = proctree.cgroups_usable()
 MODES = [
     pytest.param(
         True,
@@ -86,7 +86,7 @@ async def test_a_finished_turn_leaves_no_process(
 def _in_session(leader: int) -> list[int]:
     """Processes (zombies included) in the session ``leader`` led: what a worker's threads forked."""
     pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    return [p for p in pids if p != leader and lowlevel.session_of(p) == leader]
+    return [p for p in pids if p != leader and proctree.session_of(p) == leader]
 
 
 @pytest.mark.parametrize("cgroups", MODES)
@@ -164,7 +164,7 @@ async def test_a_crashed_turn_leaves_no_process(tmp_path: Path, cgroups: bool, z
 
 
 @pytest.mark.skipif(
-    os.geteuid() != 0 or lowlevel.cgroup_of() is None,
+    os.geteuid() != 0 or proctree.cgroup_of() is None,
     reason="moving to the root cgroup needs root and cgroup v2",
 )
 @pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
@@ -193,9 +193,9 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     worker's cgroup before the supervisor scans for orphans, so a setsid daemon is by then a
     zombie of ours with no marker and a cgroup shown as "(deleted)". The scan must still name
     it (by its cgroup), or it is never reaped and the result arrives before quiescence."""
-    own = lowlevel.cgroup_of()
+    own = proctree.cgroup_of()
     assert own is not None
-    path = os.path.join(own, f"{lowlevel.CGROUP_POOL_PREFIX}{os.getpid()}-test-removed")
+    path = os.path.join(own, f"{proctree.CGROUP_POOL_PREFIX}{os.getpid()}-test-removed")
     os.mkdir(path)
     daemon = subprocess.Popen(
         [sys.executable, "-c", "import signal\nwhile True: signal.pause()"], start_new_session=True
@@ -204,17 +204,17 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
             f.write(str(daemon.pid))
-        assert lowlevel.cgroup_kill_and_remove(path)  # what the guardian does: kill, wait until empty, rmdir
+        assert proctree.cgroup_kill_and_remove(path)  # what the guardian does: kill, wait until empty, rmdir
         select.select([fd], [], [], BOUND)  # exited (a zombie: nobody reaped it)
         assert psutil.Process(daemon.pid).status() == psutil.STATUS_ZOMBIE
-        assert lowlevel.cgroup_of(daemon.pid) is None  # removed: not a live cgroup any more
+        assert proctree.cgroup_of(daemon.pid) is None  # removed: not a live cgroup any more
         gone_worker = daemon.pid + 1_000_000  # no process leads its session: only the cgroup can match
         assert daemon.pid in sup_lowlevel.orphans_of(gone_worker, "no-marker", set(), path)
     finally:
         os.close(fd)
         daemon.kill()
         daemon.wait()
-        lowlevel.cgroup_remove(path)
+        proctree.cgroup_remove(path)
 
 
 @pytest.mark.parametrize("cgroups", MODES)
@@ -292,9 +292,9 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
         if cgroups:
             # Each guardian emptied and removed its worker's cgroup; the pool itself (its owner
             # died by SIGKILL) is what the next supervisor's start sweeps: do that here.
-            assert lowlevel.cgroup_procs(seen["pool"]) == [] and not lowlevel.cgroup_populated(seen["pool"])
+            assert proctree.cgroup_procs(seen["pool"]) == [] and not proctree.cgroup_populated(seen["pool"])
             assert await anyio.to_thread.run_sync(_subdirs, seen["pool"]) == []
-            assert seen["pool"] in lowlevel.cgroup_sweep_stale(os.path.dirname(seen["pool"]))
+            assert seen["pool"] in proctree.cgroup_sweep_stale(os.path.dirname(seen["pool"]))
     finally:
         if host.poll() is None:
             host.kill()
@@ -336,7 +336,7 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
                 assert pool is not None and Path(pool).is_dir()  # noqa: ASYNC240 - one stat
                 paths = set()
                 for w in (await sup.status())["workers"]:
-                    path = lowlevel.cgroup_of(w["pid"])
+                    path = proctree.cgroup_of(w["pid"])
                     assert path is not None and os.path.dirname(path) == pool, (path, pool)
                     assert w["cgroup"] == path
                     paths.add(path)
@@ -362,7 +362,7 @@ async def test_a_replacement_worker_is_in_its_cgroup_with_every_thread_before_it
                 got = await queued.result()
                 assert got.outcome == "completed", got
                 assert got.worker_pid != (await doomed.result()).worker_pid
-                path = lowlevel.cgroup_of(got.worker_pid)
+                path = proctree.cgroup_of(got.worker_pid)
                 assert path is not None and path.endswith(got.output["self"][3:]), (path, got.output)
                 assert os.path.dirname(path) == sup.pool.cgroups.path  # type: ignore[union-attr]
                 assert len(got.output["threads"]) >= 3, got.output  # main, ZeroMQ's, the watcher
@@ -389,9 +389,9 @@ async def test_a_replacement_workers_first_turn_forking_without_exec_is_killed_w
                 async for _ in first.events():
                     break  # its tree is made
                 (fresh,) = [w for w in (await sup.status())["workers"] if w["turn_id"] == first.turn_id]
-                own = lowlevel.cgroup_of(fresh["pid"])
+                own = proctree.cgroup_of(fresh["pid"])
                 pids = _pids(pid_file)
-                assert own is not None and {lowlevel.cgroup_of(p) for p in pids} == {own}, (pids, own)
+                assert own is not None and {proctree.cgroup_of(p) for p in pids} == {own}, (pids, own)
                 await first.cancel()
                 result = await first.result()
                 assert result.outcome == "killed", result
@@ -400,7 +400,7 @@ async def test_a_replacement_workers_first_turn_forking_without_exec_is_killed_w
 
 _JOIN_PROBE = """
 import os, sys
-from worker import lowlevel
+from worker import lowlevel, proctree
 lowlevel.install_process_guards(os.getppid(), None, sys.argv[1])
 lowlevel.cgroup_joined()
 with open("/proc/self/cgroup") as f:
@@ -450,11 +450,11 @@ def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
     while the pool is built and dies after: a supervisor that another test starts meanwhile
     cleans stale pools at its start, and must not find this one half-built (empty, removed)."""
     owner = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
-    own = lowlevel.cgroup_of(os.getpid())
+    own = proctree.cgroup_of(os.getpid())
     assert own is not None
     stat = Path(f"/proc/{owner.pid}/stat").read_bytes()
     started = stat[stat.rfind(b")") + 2 :].split()[19].decode()  # a pool's name: owner pid, its start time
-    stale = os.path.join(own, f"{lowlevel.CGROUP_POOL_PREFIX}{owner.pid}-{started}")
+    stale = os.path.join(own, f"{proctree.CGROUP_POOL_PREFIX}{owner.pid}-{started}")
     os.mkdir(stale)
     os.mkdir(os.path.join(stale, "w1"))
     victim = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
@@ -469,10 +469,10 @@ def _cleanup_stale(stale: str, victim: subprocess.Popen[bytes]) -> None:
     if victim.poll() is None:
         victim.kill()
         victim.wait()
-    own = str(lowlevel.cgroup_of(os.getpid()))
+    own = str(proctree.cgroup_of(os.getpid()))
     for path in (os.path.join(stale, "w1"), stale):
         if os.path.isdir(path):
-            for pid in lowlevel.cgroup_procs(path):
+            for pid in proctree.cgroup_procs(path):
                 with open(os.path.join(own, "cgroup.procs"), "w") as f:
                     f.write(str(pid))
             os.rmdir(path)
@@ -502,7 +502,7 @@ def test_serve_takes_cgroups_on_or_off() -> None:
     """``turnpool serve --cgroups off`` forces the fallback; anything but on/off is refused."""
     import argparse
 
-    from supervisor.cli import daemon as _cli_daemon
+    from supervisor.cli import serve as _cli_daemon
 
     assert _cli_daemon._on_off("off") is False and _cli_daemon._on_off("on") is True
     with pytest.raises(argparse.ArgumentTypeError, match="on or off"):

@@ -128,6 +128,7 @@ async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None
     """R-TID at the daemon itself: a ``Submit`` frame carrying a NUL turn id (sent by a client that
     skipped the check) is refused with a ``bad_value`` error, and nothing runs."""
     import wire
+    from wire import client_link
 
     home = short_dir()
     served = start(*FAST, home=home)
@@ -135,8 +136,10 @@ async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None
         async with Client.connect(served.endpoint) as client:
             raw = wire.encode_payload(1)
             with pytest.raises(ValueError, match="control character"):
-                await client._call(  # noqa: SLF001 - a frame the public API would not send
-                    lambda req: wire.Submit(req, ECHO, raw, None, None, None, None, "a\x00b", False, False)
+                await client._call(  # a frame the public API would not send
+                    lambda req: client_link.Submit(
+                        req, ECHO, raw, None, None, None, None, "a\x00b", False, False
+                    )
                 )
             assert (await client.status())["outcomes"] == {}
     finally:

@@ -17,9 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
-import wire
 from supervisor import QueueFull, SupervisorClosed, TurnIdConflict, policy
-from wire import DEADLINE, DISPOSED, PARENT, USER
+from wire import DEADLINE, DISPOSED, PARENT, USER, worker_link
 
 _PIDS = itertools.count(10_000_000)  # above any pid_max: nothing here may ever reach a process
 _INPUT = msgspec.Raw(msgspec.msgpack.encode({"q": 1}))
@@ -469,7 +468,7 @@ def test_a_parent_waiting_on_its_child_lends_its_slot_until_the_child_ends() -> 
     behind = eng.submit()  # prefetch off: it waits in the queue, not behind the parent
     slot = parent.worker
     assert slot is not None and behind.state == "queued"
-    spawn = wire.Spawn(7, parent.id, "agents.demo:echo", _INPUT)
+    spawn = worker_link.Spawn(7, parent.id, "agents.demo:echo", _INPUT)
     eng.children.spawn(slot, spawn)
     (child_id,) = parent.children
     child = eng.book.table.get(child_id)
@@ -495,7 +494,7 @@ def test_a_spawn_from_a_cancelled_parent_is_refused_and_nothing_is_accepted() ->
     slot = parent.worker
     assert slot is not None
     eng.escalation.cancel(parent, USER)
-    eng.children.spawn(slot, wire.Spawn(1, parent.id, "agents.demo:echo", _INPUT))
+    eng.children.spawn(slot, worker_link.Spawn(1, parent.id, "agents.demo:echo", _INPUT))
     (reply,) = [m for _, m in eng.sent if type(m).__name__ == "SpawnReply"]
     assert reply.error is not None and "cancelled" in reply.error.message
     assert eng.book.active == 1 and eng.book.lent == 0

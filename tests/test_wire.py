@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 import wire
-from wire import Cause, validate_cause
+from wire import Cause, validate_cause, worker_link
 
 
 def test_cause_accepts_exactly_the_closed_union() -> None:
@@ -60,26 +60,26 @@ def test_messages_round_trip_and_are_frozen() -> None:
     """Every message survives encode → decode; messages are immutable."""
     raw = wire.encode_payload({"a": [1, 2]})
     to_worker = [
-        wire.Run("t1", "m:f", raw, "s", None),
-        wire.Abort("t1", wire.USER),
-        wire.SpawnReply(3, error=wire.TurnError("X", "y")),
-        wire.Shutdown(),
+        worker_link.Run("t1", "m:f", raw, "s", None),
+        worker_link.Abort("t1", wire.USER),
+        worker_link.SpawnReply(3, error=wire.TurnError("X", "y")),
+        worker_link.Shutdown(),
     ]
-    decoded = wire.decode_to_worker(wire.encode_frame(to_worker))
+    decoded = worker_link.decode_to_worker(worker_link.encode_frame(to_worker))
     assert [type(m) for m in decoded] == [type(m) for m in to_worker]
-    assert decoded[1] == wire.Abort("t1", Cause("user"))
+    assert decoded[1] == worker_link.Abort("t1", Cause("user"))
     assert wire.decode_payload(decoded[0].input) == {"a": [1, 2]}
     from_worker = [
-        wire.Ready(1, "tok", wire.PROTOCOL_VERSION),
-        wire.Started("t1"),
-        wire.Event("t1", raw),
-        wire.End("t1", "completed", raw),
-        wire.Spawn(1, "t1", "m:f", raw),
-        wire.SpawnCancel(1),
-        wire.Heartbeat(1),
-        wire.BadFrame("x"),
+        worker_link.Ready(1, "tok", worker_link.PROTOCOL_VERSION),
+        worker_link.Started("t1"),
+        worker_link.Event("t1", raw),
+        worker_link.End("t1", "completed", raw),
+        worker_link.Spawn(1, "t1", "m:f", raw),
+        worker_link.SpawnCancel(1),
+        worker_link.Heartbeat(1),
+        worker_link.BadFrame("x"),
     ]
-    assert [type(m) for m in wire.decode_from_worker(wire.encode_frame(from_worker))] == [
+    assert [type(m) for m in worker_link.decode_from_worker(worker_link.encode_frame(from_worker))] == [
         type(m) for m in from_worker
     ]
     with pytest.raises(AttributeError):
@@ -101,12 +101,30 @@ def test_bad_frames_raise_decode_errors_only() -> None:
     ]
     for frame in bad:
         with pytest.raises(msgspec.DecodeError):
-            wire.decode_to_worker(frame)
+            worker_link.decode_to_worker(frame)
     with pytest.raises(msgspec.DecodeError):
-        wire.decode_from_worker(enc([["end", "t1", "exploded"]]))
+        worker_link.decode_from_worker(enc([["end", "t1", "exploded"]]))
 
 
 def test_turn_result_encodes_to_json_with_plain_cause() -> None:
     """A TurnResult is JSON-encodable for the CLI, with the cause as a plain object."""
     result = wire.TurnResult(turn_id="t", outcome="aborted", cause=wire.USER)
     assert msgspec.json.decode(msgspec.json.encode(result))["cause"] == {"kind": "user"}
+
+
+def test_each_link_has_its_own_namespace() -> None:
+    """The two links' messages live in two namespaces, ``wire.worker_link`` (supervisor↔worker) and
+    ``wire.client_link`` (client↔daemon): no name is in both, and ``wire`` itself holds only what
+    both links carry (causes, results, the payload codec), never a link's message."""
+    from wire import client_link
+
+    worker_names, client_names = set(worker_link.__all__), set(client_link.__all__)
+    assert worker_names & client_names == set()
+    assert {"Run", "Abort", "Event", "End", "Ready", "FromWorker", "ToWorker"} <= worker_names
+    assert {"Hello", "Submit", "Cancel", "Cancelled", "Events", "FromDaemon", "ToDaemon"} <= client_names
+    assert set(wire.__all__) & (worker_names | client_names) == set()
+    for name in worker_names | client_names:
+        assert not hasattr(wire, name), name
+    for space in (worker_link, client_link):
+        for name in space.__all__:
+            assert hasattr(space, name), name

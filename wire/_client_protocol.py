@@ -18,21 +18,16 @@ a reply whose ``req`` they did not ask for.
 
 Versions: the client sends its version in ``Hello``; the daemon accepts every version from
 ``MIN_CLIENT_PROTOCOL_VERSION`` to ``CLIENT_PROTOCOL_VERSION`` and answers ``Welcome`` with the
-version both speak. It never sends a version-1 client a message or error code that version 1 does
-not have (new codes go out as ``internal``, with the message; ``error_for``). Version 2 added
-``Abandon`` and the error codes ``lagged``, ``dropped`` and ``too_large``; version 3 ``Reload``
-(answered ``Reloaded``) and the code ``turn_id_conflict`` (an older client gets it as ``bad_value``,
-which it is).
+version both speak; the protocol grows by addition (R24). Version 3 is the first released one.
 
-Version 3 (batching, rule B1 of docs/design.md): the client's ``Hello`` is a single message;
-from then on a version-3 client sends batches — msgpack arrays of messages, handled in order —
-and the daemon answers a version-3 client in batches (its ``Welcome`` included). A client packs
-the requests made in one pass of its event loop (a thousand concurrent submits: a few frames),
-the daemon the replies made in one pass of its own (acks, results and events coalesced per
-client). A single message is still read as before wherever a batch may come (the daemon's
-liveness probe, errors it was owed), and a client or daemon of version 1 or 2 never sees a batch.
-A follower that fell behind the turn's buffer is not ended with ``lagged`` any more: the next
-``Events`` simply starts at a higher ``seq``, and the client yields ``EventsDropped`` for the gap.
+Batches (rule B1 of docs/design.md): the client's ``Hello`` is a single message; from then on the
+client sends batches — msgpack arrays of messages, handled in order — and the daemon answers in
+batches (its ``Welcome`` included). A client packs the requests made in one pass of its event
+loop (a thousand concurrent submits: a few frames), the daemon the replies made in one pass of its
+own (acks, results and events coalesced per client). A single message is read wherever a batch
+may come (the daemon's liveness probe, errors it was owed, replies to a peer before its Hello).
+A follower that fell behind the turn's buffer is not ended: the next ``Events`` simply starts at
+a higher ``seq``, and the client yields ``EventsDropped`` for the gap.
 ``decode_*_frame`` tells a batch from a single message by its first element (an array, not a tag).
 
 Turn input and event data travel as ``msgspec.Raw``: the client encodes them once, the daemon
@@ -41,7 +36,7 @@ hands the bytes to its supervisor and its workers untouched.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -49,7 +44,7 @@ from ._cause import Cause
 from ._worker_protocol import TurnResult
 
 CLIENT_PROTOCOL_VERSION = 3
-MIN_CLIENT_PROTOCOL_VERSION = 1
+MIN_CLIENT_PROTOCOL_VERSION = 3
 
 ErrorCode = Literal[
     "malformed",  # the frame did not decode (or was not a single frame)
@@ -62,29 +57,13 @@ ErrorCode = Literal[
     "shutting_down",  # the daemon is draining or disposing: it accepts no new turn
     "journal_unavailable",  # the daemon cannot write its journal: the turn was not accepted
     "internal",  # a bug in the daemon: reported, never fatal
-    # version 2:
-    "lagged",  # a follower fell behind what the daemon keeps (or stopped reading): its stream ends
+    "lagged",  # a follower stopped reading until its send queue filled: its stream ends
     "dropped",  # this client stopped reading until its send queue filled: the request was dropped
     "too_large",  # the reply would not fit in one message (the turn is unharmed)
-    # version 3:
     "turn_id_conflict",  # the turn_id is already used by another request (agent, input or session)
 ]
-# R24: the client protocol grows by addition; a version-1 client gets new codes as internal.
-V1_ERROR_CODES: tuple[str, ...] = (
-    "malformed",
-    "protocol",
-    "unknown_turn",
-    "invalid_agent",
-    "bad_type",
-    "bad_value",
-    "queue_full",
-    "shutting_down",
-    "journal_unavailable",
-    "internal",
-)
-V2_ERROR_CODES: tuple[str, ...] = (*V1_ERROR_CODES, "lagged", "dropped", "too_large")
-ERROR_CODES: tuple[str, ...] = (*V2_ERROR_CODES, "turn_id_conflict")
-_CODES_OF_VERSION = {1: V1_ERROR_CODES, 2: V2_ERROR_CODES}
+# R24: the client protocol grows by addition: a new code is added here, never renamed.
+ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
 
 
 class _CMsg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True, tag=True):
@@ -306,7 +285,7 @@ BATCH_BYTES = 64 * 1024
 
 
 def _is_batch(frame: bytes) -> bool:
-    """Whether ``frame`` is an array of messages (version 3) rather than one message: a message is
+    """Whether ``frame`` is an array of messages (a batch) rather than one message: a message is
     an array whose first element is its tag (a string); a batch's first element is an array."""
     if not frame:
         return False
@@ -338,14 +317,14 @@ def encode_batch(messages: list[bytes]) -> bytes:
 
 
 def decode_to_daemon_frame(frame: bytes) -> list[ToDaemon]:
-    """The requests in a client→daemon frame: a batch (version 3) or one message (any version)."""
+    """The requests in a client→daemon frame: a batch, or one message (a ``Hello``)."""
     if _is_batch(frame):
         return _to_daemon_batch.decode(frame)
     return [_to_daemon.decode(frame)]
 
 
 def decode_from_daemon_frame(frame: bytes) -> list[FromDaemon]:
-    """The replies in a daemon→client frame: a batch (version 3) or one message (any version)."""
+    """The replies in a daemon→client frame: a batch, or one message (a probe, an owed error)."""
     if _is_batch(frame):
         return _from_daemon_batch.decode(frame)
     return [_from_daemon.decode(frame)]
@@ -359,15 +338,3 @@ def decode_to_daemon(frame: bytes) -> ToDaemon:
 def decode_from_daemon(frame: bytes) -> FromDaemon:
     """Decode a daemon→client frame; raises ``msgspec.DecodeError`` (incl. validation)."""
     return _from_daemon.decode(frame)
-
-
-def error_for(err: Error, version: int) -> Error:
-    """``err`` as a client speaking ``version`` can read it: a code its version does not have goes
-    out as ``bad_value`` when it is one (``turn_id_conflict``), else as ``internal``, with the
-    code in the message."""
-    known = _CODES_OF_VERSION.get(version)
-    if known is None or err.code in known:
-        return err
-    if err.code == "turn_id_conflict":
-        return Error(err.req, "bad_value", err.message)
-    return Error(err.req, "internal", f"{err.code}: {err.message}")

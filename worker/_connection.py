@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 import wire
-from wire import SpawnReply
+from wire import worker_link
+from wire.worker_link import SpawnReply
 
 from ._errors import SpawnError
 from ._flusher import StaleFlusher
+from .zmqlink import NOBLOCK as _NOBLOCK
+from .zmqlink import LoopFlush, ReadableEdge
 
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 _EMPTY = msgspec.Raw(b"")
 
 
@@ -41,18 +41,20 @@ class Connection:
         self._out: list[Any] = []
         self._spawns: dict[int, asyncio.Future[Any]] = {}
         self._next_req = 0
-        self.on_readable: Any = None  # the reader callback, re-run when a send hid a readable edge
+        # L-EDGE: the socket's reader (set and attached by ``WorkerLoop``'s serve), re-run when a send
+        # hid a readable edge.
+        self.edge = ReadableEdge(sock)
+        self._pass = LoopFlush(self.flush, loop)  # B1: what is posted in one pass leaves together
         self.frames = 0  # frames sent so far: tells whether a Started already left
         self.batches = 0  # batches begun: the stale flusher tells a batch that waits by it
         self.lock = threading.RLock()
         self.flusher: StaleFlusher | None = None
-        self._recheck_due = False  # a look at the socket after emits is scheduled
         self._event_prefix: tuple[str | None, bytes] = (None, b"")  # (turn id, frame prefix)
 
     def post(self, msg: Any) -> None:
         if not self._out:
             self.batches += 1
-            self._loop.call_soon(self.flush)
+            self._pass.soon()
             self._out.append(msg)
             # S-PARK: a parked stale flusher must watch this batch (looked at after the append:
             # the flusher parks only after seeing no batch waiting, see ``StaleFlusher._run``).
@@ -69,11 +71,8 @@ class Connection:
                 if not out:  # the stale flusher sent it meanwhile
                     return
                 self.frames += 1
-                self._sock.send(wire.encode_frame(out), _NOBLOCK)
-                # ZeroMQ's FD is edge-triggered and a send can consume the readable edge: re-check
-                # EVENTS so a message that arrived meanwhile is not stranded.
-                if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
-                    self._loop.call_soon(self.on_readable)
+                self._sock.send(worker_link.encode_frame(out), _NOBLOCK)
+                self.edge.after_send()  # L-EDGE: a message that arrived meanwhile is not stranded
 
     def flush_stale(self, batch: int) -> None:
         """Called by the stale flusher's thread: send batch ``batch`` if the event loop has not
@@ -86,12 +85,11 @@ class Connection:
             n = len(out)
             if self.batches != batch or not n:
                 return
-            frame = wire.encode_frame(out[:n])
+            frame = worker_link.encode_frame(out[:n])
             del out[:n]
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
-            if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
-                self._loop.call_soon_threadsafe(self.on_readable)
+            self.edge.after_send_threadsafe()
         except zmq.ZMQError:
             pass  # the link is going: the worker's own watchers deal with it
         finally:
@@ -110,31 +108,25 @@ class Connection:
         with self.lock:
             out = self._out
             if out:
-                out.append(wire.Event(turn_id, data))
+                out.append(worker_link.Event(turn_id, data))
                 self._out = []
-                frame = wire.encode_frame(out)
+                frame = worker_link.encode_frame(out)
             else:
                 # A frame of one Event is a fixed prefix (per turn) and the payload's bytes: the
                 # msgpack of ``[Event(turn_id, data)]`` (array-like) ends with ``data`` verbatim.
                 if self._event_prefix[0] != turn_id:
-                    self._event_prefix = (turn_id, wire.encode_frame([wire.Event(turn_id, _EMPTY)]))
+                    self._event_prefix = (
+                        turn_id,
+                        worker_link.encode_frame([worker_link.Event(turn_id, _EMPTY)]),
+                    )
                 frame = self._event_prefix[1] + data
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
-        # The send may have consumed the FD's readable edge (see ``flush``): look at the socket
-        # once the agent gives the loop a turn (at once if it awaits anything, within
-        # EMIT_YIELD_INTERVAL if it only emits), not after every event: a streaming turn would
-        # pay ≈ 1.2 µs per event for it, more than the send.
-        if not self._recheck_due:
-            self._recheck_due = True
-            self._loop.call_soon(self._recheck)
-            return True
-        return False
-
-    def _recheck(self) -> None:
-        self._recheck_due = False
-        if self.on_readable is not None and cast(int, self._sock.getsockopt(_EVENTS)) & _POLLIN:
-            self.on_readable()
+        # The send may have consumed the FD's readable edge (L-EDGE): look at the socket once the
+        # agent gives the loop a turn (at once if it awaits anything, within EMIT_YIELD_INTERVAL if
+        # it only emits), not after every event: a streaming turn would pay ≈ 1.2 µs per event for
+        # it, more than the send.
+        return self.edge.look_soon()
 
     async def spawn(
         self,
@@ -151,12 +143,12 @@ class Connection:
         req = self._next_req
         fut = self._loop.create_future()
         self._spawns[req] = fut
-        self.send_now(wire.Spawn(req, parent, agent, raw, session, timeout, grace, kill_after))
+        self.send_now(worker_link.Spawn(req, parent, agent, raw, session, timeout, grace, kill_after))
         try:
             reply: SpawnReply = await fut
         except BaseException:
             if not fut.done():
-                self.send_now(wire.SpawnCancel(req))
+                self.send_now(worker_link.SpawnCancel(req))
             raise
         finally:
             self._spawns.pop(req, None)

@@ -35,7 +35,7 @@ import struct
 
 import msgspec
 
-from wire import End
+from wire.worker_link import End
 
 from . import _ownfile
 

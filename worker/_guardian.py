@@ -8,12 +8,13 @@ or carries the worker's tree marker (environment or memfd, see ``_tree``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 from collections.abc import Callable
 
-from . import _cgroup, _tree
+from .proctree import _cgroup, _tree
 
 
 # R-guardian: the guardian outlives its worker and sweeps after it (R-ray-guardian: also when a
@@ -115,10 +116,8 @@ def sweep(worker_pid: int, worker_start: int | None, cgroup: str | None, marker:
             break
         for pid in found:
             stopped.add(pid)
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGSTOP)
-            except OSError:
-                pass
     stopped.discard(me)
     _tree.signal_all(sorted(stopped), signal.SIGKILL)
 

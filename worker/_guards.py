@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from . import _cgroup, _flusher, _guardian, _sweep, _tree
+from . import _flusher, _guardian
+from .proctree import _cgroup, _sweep, _tree
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
 _BATON_FD = -1  # set by start_guardian: see _take_baton

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from ._tree import start_time
+from .proctree._tree import start_time
 
 start_ticks = start_time  # (the name ``worker.lowlevel`` gives it)
 

@@ -61,10 +61,7 @@ def _child_body(
 ) -> Callable[[int], None]:
     def body(fd: int) -> None:
         try:
-            if is_async:
-                value = _run_async_in_child(fn, args, kwargs)
-            else:
-                value = fn(*args, **kwargs)
+            value = _run_async_in_child(fn, args, kwargs) if is_async else fn(*args, **kwargs)
             try:
                 payload = _enc.encode(["ok", value])
             except (TypeError, ValueError, msgspec.EncodeError) as exc:

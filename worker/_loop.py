@@ -24,7 +24,8 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, StepAck, TurnError
+from wire import TurnError, worker_link
+from wire.worker_link import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, StepAck
 
 from . import _endlog, _heap, _heir, _marker, _toolproc, adapters
 from ._connection import Connection
@@ -43,15 +44,12 @@ from ._guards import (
 )
 from ._trace import traced
 from ._turn import Turn
+from .zmqlink import EVENTS as _EVENTS
+from .zmqlink import NOBLOCK as _NOBLOCK
+from .zmqlink import POLLIN as _POLLIN
 
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
-
-# Plain ints: pyzmq's constants are enums, and each ``&`` or flag conversion on one costs an
-# enum construction (measured: a few per cent of a streaming worker's time).
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 # M-TRIM: after turns that ran this long in all since the last look, the worker looks whether what
 # they freed is worth handing back to the system before it starts the next one. A turn allocates at
@@ -208,7 +206,7 @@ class WorkerLoop:
             if run.turn_id == msg.turn_id:
                 self.pending.remove(run)
                 self.unhold(run.turn_id)
-                self.conn.post(wire.Revoked(msg.turn_id))
+                self.conn.post(worker_link.Revoked(msg.turn_id))
                 return
 
     def on_end_ack(self, msg: EndAck) -> None:
@@ -310,7 +308,7 @@ class WorkerLoop:
         # Before the post: a Started that the stale flusher sends in an earlier frame than the
         # End must make that End ask for an EndAck (P2).
         frames_at_start = conn.frames
-        conn.post(wire.Started(msg.turn_id))
+        conn.post(worker_link.Started(msg.turn_id))
         try:
             value = wire.decode_payload(msg.input)
         except (msgspec.DecodeError, RecursionError) as exc:  # W-DEEP: too deep to decode here
@@ -328,14 +326,14 @@ class WorkerLoop:
                 is_async = _ASYNC_CACHE.get(msg.agent)
                 if is_async is None:
                     is_async = _ASYNC_CACHE[msg.agent] = _is_async(fn)
-                if not imported and conn.on_readable is not None:
+                if not imported and conn.edge.attached:
                     # The import may have taken long: an Abort that came meanwhile is honoured
                     # before the agent runs (S2), not after it returned.
-                    conn.on_readable()
+                    conn.edge.reader()
                     turn.signal.raise_if_cancelled()
             except TurnCancelled:
                 outcome = "aborted"
-            except BaseException as exc:  # noqa: BLE001 - an import failure ends the turn, not the worker
+            except BaseException as exc:  # an import failure ends the turn, not the worker
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 outcome, error = "failed", _error(exc)
@@ -413,11 +411,11 @@ class WorkerLoop:
         conn.flusher = None
         conn.post = posted.append  # type: ignore[method-assign,assignment]  # this instance only, restored below
         try:
-            frame = wire.encode_frame([Run(_WARM_TURN, _WARM_AGENT, wire.encode_payload(None))])
-            for msg in wire.decode_to_worker(frame):
+            frame = worker_link.encode_frame([Run(_WARM_TURN, _WARM_AGENT, wire.encode_payload(None))])
+            for msg in worker_link.decode_to_worker(frame):
                 if isinstance(msg, Run):
                     await self.run_turn(msg)
-            wire.encode_frame(posted)
+            worker_link.encode_frame(posted)
             global _WARMED
             _WARMED = True
         except Exception as exc:  # noqa: BLE001 - only a speed-up: the worker serves without it
@@ -512,13 +510,13 @@ async def serve(
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     await loop.warm_up()  # W-WARM: the first real turn finds the worker's pages its own
     cgroup_joined()  # W-JOIN: in its cgroup before any turn of the supervisor's can run
-    conn.send_now(wire.Ready(os.getpid(), token, wire.PROTOCOL_VERSION))
+    conn.send_now(worker_link.Ready(os.getpid(), token, worker_link.PROTOCOL_VERSION))
     aloop = asyncio.get_running_loop()
     stop = aloop.create_future()
 
     def on_readable() -> None:
-        # Called by the event loop when the socket's FD is readable (and after a send, see
-        # Connection.flush): drain every frame, dispatch each message. No task switch per frame.
+        # Called by the event loop when the socket's FD is readable (and after a send: L-EDGE):
+        # drain every frame, dispatch each message. No task switch per frame.
         # Under the connection's lock: the stale flusher's thread must not send meanwhile.
         with conn.lock:
             read_all()
@@ -542,9 +540,9 @@ async def serve(
             except zmq.ZMQError:
                 return
             try:
-                messages = wire.decode_to_worker(frame)
+                messages = worker_link.decode_to_worker(frame)
             except msgspec.DecodeError as exc:
-                conn.post(wire.BadFrame(str(exc)[:200]))
+                conn.post(worker_link.BadFrame(str(exc)[:200]))
                 continue
             for msg in messages:
                 match msg:
@@ -579,21 +577,18 @@ async def serve(
     conn.flusher = flusher
     flusher.attach(conn)
     mark_engine_threads()  # R-sweep-threads: every thread alive now is the engine's
-    fd = cast(int, sync_sock.getsockopt(zmq.FD))  # pyzmq types every option int | bytes
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_link, monitor)
             tg.start_soon(loop.runner)
             if heartbeat > 0:
                 tg.start_soon(_heartbeats, conn, heartbeat)
-            conn.on_readable = on_readable
-            aloop.add_reader(fd, on_readable)
-            on_readable()
+            conn.edge.reader = on_readable
+            conn.edge.attach(aloop)  # L-EDGE: the FD's reader, run once now
             try:
                 await stop
             finally:
-                aloop.remove_reader(fd)
-                conn.on_readable = None
+                conn.edge.detach()
             tg.cancel_scope.cancel()
     finally:
         sock.disable_monitor()
@@ -612,4 +607,4 @@ async def _heartbeats(conn: Connection, interval: float) -> None:
     pid = os.getpid()
     while True:
         await anyio.sleep(interval)
-        conn.post(wire.Heartbeat(pid))
+        conn.post(worker_link.Heartbeat(pid))

@@ -11,9 +11,9 @@ import sys
 
 import anyio
 
-from . import _tree
 from ._guards import install_process_guards, mark_role
 from ._loop import own_files, serve
+from .proctree import _tree
 
 
 def main(argv: list[str] | None = None) -> None:

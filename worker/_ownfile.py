@@ -57,7 +57,7 @@ class Mapping:
     (a read-only view unless ``writable``). After ``close()`` nothing may touch a ``buf`` taken
     before: readers copy what they read (``bytes(buf[a:b])``)."""
 
-    __slots__ = ("buf", "_addr", "_size")
+    __slots__ = ("_addr", "_size", "buf")
 
     def __init__(self, fd: int, size: int, *, writable: bool) -> None:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)

@@ -33,7 +33,7 @@ def classify(spec: str) -> dict[str, object]:
 
 def run(spec: str, answer_fd: int) -> None:
     """In the forked probe: classify ``spec``, write the answer on ``answer_fd``, exit."""
-    from . import _tree
+    from .proctree import _tree
 
     os.setsid()  # its own group: the zygote kills whatever the import started with it
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

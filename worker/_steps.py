@@ -1,7 +1,7 @@
 """A turn's step log: the records an agent loop makes durable through the supervisor.
 
 ``StepLog`` belongs to one ``Turn`` (made on first use: a turn that records nothing pays
-nothing). ``record`` posts one ``wire.Step`` (batched with the turn's other messages) and returns
+nothing). ``record`` posts one ``worker_link.Step`` (batched with the turn's other messages) and returns
 its ``seq``; ``durable(seq)`` waits for the supervisor's ``StepAck`` saying every record up to it
 is durable (S-DURABLE: a daemon acknowledges only once its journal committed it). ``recorded`` are
 the records of the turn's earlier attempts, handed back in ``Run.steps`` (S-RESUME), decoded on
@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 import wire
+from wire import worker_link
 
 from ._connection import Connection
 
@@ -38,8 +39,20 @@ class StepRefused(RuntimeError):
 
 
 class StepLog:
-    __slots__ = ("turn_id", "attempt", "conn", "next_seq", "acked", "error", "waiters", "bytes", "loops",
-                 "_raw", "_recorded", "corrupt")  # fmt: skip
+    __slots__ = (
+        "_raw",
+        "_recorded",
+        "acked",
+        "attempt",
+        "bytes",
+        "conn",
+        "corrupt",
+        "error",
+        "loops",
+        "next_seq",
+        "turn_id",
+        "waiters",
+    )  # fmt: skip
 
     def __init__(self, turn_id: str, attempt: int, raw: msgspec.Raw, conn: Any) -> None:
         self.turn_id = turn_id
@@ -90,7 +103,7 @@ class StepLog:
         if self.conn is None:  # no supervisor (a test's bare turn): durable as far as it goes
             self.acked = seq
         else:
-            self.conn.post(wire.Step(self.turn_id, seq, step, kind, msgspec.Raw(data)))
+            self.conn.post(worker_link.Step(self.turn_id, seq, step, kind, msgspec.Raw(data)))
         return seq
 
     async def durable(self, seq: int) -> None:
@@ -108,7 +121,7 @@ class StepLog:
         if self.error is not None:
             raise StepRefused(self.error)
 
-    def on_ack(self, msg: wire.StepAck) -> None:
+    def on_ack(self, msg: worker_link.StepAck) -> None:
         if msg.error is not None:
             if self.error is None:
                 self.error = msg.error  # a refused record is not durable, nor is any after it

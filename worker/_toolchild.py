@@ -10,7 +10,7 @@ import resource
 import signal
 from typing import TYPE_CHECKING, Any
 
-from . import _tree
+from .proctree import _tree
 
 if TYPE_CHECKING:
     from ._toolproc import Groups, Limits

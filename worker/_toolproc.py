@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _cgroup, _toolchild, _tree
+from . import _toolchild
 from ._toolerrors import KillReason
+from .proctree import _cgroup, _tree
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
 MIB = 1024 * 1024
@@ -322,7 +323,7 @@ class Groups:
 
 
 class Outcome:
-    __slots__ = ("status", "result", "out", "err", "seen", "truncated", "killed", "last_signal")
+    __slots__ = ("err", "killed", "last_signal", "out", "result", "seen", "status", "truncated")
 
     def __init__(self) -> None:
         self.status = 0

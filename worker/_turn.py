@@ -34,7 +34,7 @@ class CancelSignal:
     A new turn always gets a new signal, so a stale abort can never reach a later turn.
     """
 
-    __slots__ = ("_cause", "_event", "_thread_event", "_callbacks")
+    __slots__ = ("_callbacks", "_cause", "_event", "_thread_event")
 
     def __init__(self) -> None:
         self._cause: Cause | None = None
@@ -104,8 +104,18 @@ class Turn:
     ``attempt`` is 1, or more for a ``retry=True`` turn run again after its worker died (S-RESUME).
     """
 
-    __slots__ = ("id", "input", "session", "parent", "signal", "attempt", "_conn", "_yielded_at",
-                 "_recorded", "_steplog")  # fmt: skip
+    __slots__ = (
+        "_conn",
+        "_recorded",
+        "_steplog",
+        "_yielded_at",
+        "attempt",
+        "id",
+        "input",
+        "parent",
+        "session",
+        "signal",
+    )  # fmt: skip
 
     def __init__(
         self,

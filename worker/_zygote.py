@@ -41,14 +41,13 @@ deadline (``time.monotonic``, system-wide) has passed. A request read past its d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import socket
 import sys
 import time
-
-from ._tree import TREE_ENV  # noqa: F401 - re-exported: where it used to live
 
 _CGROUP_POOL: str | None = None  # --cgroup-pool: workers join <pool>/<worker id>
 
@@ -69,9 +68,9 @@ def _preload(modules: list[str]) -> None:
     # The worker stack itself: everything a worker imports before its first turn.
     import anyio
     import anyio._backends._asyncio
-    import anyio.lowlevel  # noqa: F401 - anyio.run imports it lazily; pay it here once
+    import anyio.lowlevel  # anyio.run imports it lazily; pay it here once
     import msgspec  # noqa: F401
-    import zmq  # noqa: F401
+    import zmq
     import zmq.asyncio  # noqa: F401
 
     import wire  # noqa: F401
@@ -84,7 +83,7 @@ def _preload(modules: list[str]) -> None:
         await anyio.lowlevel.checkpoint()
 
     anyio.run(_warm, backend="asyncio")
-    from . import _tree
+    from .proctree import _tree
 
     _tree._prctl(0, 0)  # loads libc once (PR_GET_... no-op: option 0 is invalid and harmless)
     for name in modules:
@@ -119,7 +118,8 @@ def _become_worker(
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker. ``fds``:
     its output, start marker, End log and working directory, from the request."""
-    from . import _guards, _loop, _tree
+    from . import _guards, _loop
+    from .proctree import _tree
 
     out_fd, marker_fd, endlog_fd, cwd_fd = fds
     _take_output(out_fd)
@@ -168,7 +168,7 @@ EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this lon
 
 def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket) -> None:
     """In a grandchild made ahead of time: wait for re-parenting, then for an assignment."""
-    from . import _tree
+    from .proctree import _tree
 
     os.setsid()
     deadline = time.monotonic() + 5.0
@@ -249,10 +249,8 @@ def _tend_probes(probes: dict[int, float]) -> None:
             continue
         if not exited and now <= deadline:
             continue
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
         _reap(pid)
         del probes[pid]
 
@@ -400,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     mark_role("zygote")  # H3: before any preload runs; the workers it forks inherit it
     global _CGROUP_POOL
     _CGROUP_POOL = args.cgroup_pool or None
-    from . import _tree
+    from .proctree import _tree
 
     if args.cwd:
         os.chdir(args.cwd)  # before any preload: the forked workers inherit it

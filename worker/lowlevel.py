@@ -1,23 +1,12 @@
 """The worker side's low-level public face: what the supervisor, tests and benchmarks may use of
-the process-tree, start-marker, End-log, cgroup, process-guard and heap helpers (``_tree``,
-``_marker``, ``_endlog``, ``_cgroup``, ``_guards``, ``_heap``).
+the start-marker, End-log, process-guard and heap helpers (``_marker``, ``_endlog``, ``_guards``,
+``_heap``). The process tree and cgroups have their own face, ``worker.proctree``.
 
 Those modules stay private (their layout may change); this list is the approved way in, so the
 supervisor never imports ``worker._x``. Linux only, like the rest of the worker. Agents have no
 use for any of it: their API is ``worker.Turn``.
 """
 
-from ._cgroup import POOL_PREFIX as CGROUP_POOL_PREFIX
-from ._cgroup import Pool as CgroupPool
-from ._cgroup import cgroup_of
-from ._cgroup import kill as cgroup_kill
-from ._cgroup import kill_and_remove as cgroup_kill_and_remove
-from ._cgroup import populated as cgroup_populated
-from ._cgroup import procs as cgroup_procs
-from ._cgroup import pss_bytes as cgroup_pss_bytes
-from ._cgroup import remove as cgroup_remove
-from ._cgroup import sweep_stale as cgroup_sweep_stale
-from ._cgroup import usable as cgroups_usable
 from ._endlog import HEAD as ENDLOG_HEAD
 from ._endlog import REC as ENDLOG_REC
 from ._endlog import SIZE as ENDLOG_SIZE
@@ -41,17 +30,6 @@ from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
 from ._toolproc import backend as tool_limits_backend
 from ._toolproc import sweep_stale_groups as tool_groups_sweep
-from ._tree import (
-    TREE_ENV,
-    children,
-    descendants,
-    freeze_tree,
-    has_marker,
-    session_of,
-    set_child_subreaper,
-    signal_all,
-    thaw,
-)
 
 # What each name is for, beyond the supervisor's own use:
 # - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout (E1),
@@ -63,38 +41,20 @@ from ._tree import (
 #   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse.
 
 __all__ = [
-    "CGROUP_POOL_PREFIX",
     "ENDLOG_HEAD",
     "ENDLOG_REC",
     "ENDLOG_SIZE",
     "EXIT_LINK_LOST",
     "HEIR_GONE",
     "HEIR_UNWATCHABLE",
-    "CgroupPool",
-    "EndLog",
     "MARKER_SIZE",
-    "OwnFileView",
-    "tool_groups_sweep",
-    "tool_limits_backend",
-    "TREE_ENV",
     "TRIM_SLACK",
+    "EndLog",
     "HeapKeeper",
-    "heap_trim",
+    "OwnFileView",
     "cgroup_joined",
-    "cgroup_kill",
-    "cgroup_kill_and_remove",
-    "cgroup_of",
-    "cgroup_populated",
-    "cgroup_procs",
-    "cgroup_pss_bytes",
-    "cgroup_remove",
-    "cgroup_sweep_stale",
-    "cgroups_usable",
-    "children",
-    "descendants",
     "endlog_read",
-    "freeze_tree",
-    "has_marker",
+    "heap_trim",
     "heir_watch",
     "install_process_guards",
     "marker_give_token",
@@ -103,12 +63,10 @@ __all__ = [
     "own_file",
     "own_file_view",
     "process_role",
-    "session_of",
-    "set_child_subreaper",
-    "signal_all",
     "start_guardian",
     "start_ticks",
     "take_baton",
-    "thaw",
+    "tool_groups_sweep",
+    "tool_limits_backend",
     "warm_up_state",
 ]

@@ -42,8 +42,9 @@ from typing import Any
 
 import anyio
 
-from . import _guards, _tree
+from . import _guards
 from .agent import Tool
+from .proctree import _tree
 
 __all__ = ["McpToolError", "Server", "StdioServer", "held", "serve", "shared", "tools"]
 

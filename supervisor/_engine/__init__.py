@@ -7,24 +7,17 @@ with the zygote in ``zygote.py`` and process-tree work in ``procs.py``), the tim
 the front ends' hooks (``hooks.py``); admission (``admission.py``), child turns (``children.py``),
 dispatch (``dispatch.py``), the escalation ladder (``escalation.py``), ending turns (``ending.py``),
 exit handling (``exits.py``), the memory watchdog (``memory.py``), starting and disposing
-(``lifecycle.py``); worker output (``output.py``), argument validation (``options.py``) and
-read-only views (``turninfo.py``). Front ends use only ``Supervisor``'s public methods; tests of
+(``lifecycle.py``); worker output (``output.py``) and read-only views (``turninfo.py``); argument
+validation is shared with the client (``supervisor/_checks.py``). Front ends use only ``Supervisor``'s public methods; tests of
 the policy alone use ``supervisor.policy``.
 """
 
-from .options import AGENT_RE, MAX_GRACE, check_agent, check_count, check_optional_str, check_seconds
 from .procs import check_agent_path
 from .supervisor import Supervisor
 from .turns import TurnRecord
 
 __all__ = [
-    "AGENT_RE",
-    "MAX_GRACE",
     "Supervisor",
     "TurnRecord",
-    "check_agent",
     "check_agent_path",
-    "check_count",
-    "check_optional_str",
-    "check_seconds",
 ]

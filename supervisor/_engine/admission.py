@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .._checks import check_agent, check_grace, check_optional_str, check_seconds
 from .._errors import InvalidAgent, QueueFull, SupervisorClosed, TurnIdConflict
 from .._handle import TurnHandle
 from .._many import ManyTurns
 from .._tracing import caller_trace
-from .options import check_agent, check_grace, check_optional_str, check_seconds
 from .probe import AgentKinds
 from .states import gate_hold
 from .turns import TurnRecord, request_differs

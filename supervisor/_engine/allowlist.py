@@ -30,7 +30,7 @@ _SHOWN = 5  # patterns named in a refusal
 class AgentAllowlist:
     """The agents a pool may run; see the module docstring."""
 
-    __slots__ = ("patterns", "_regex", "_allowed")
+    __slots__ = ("_allowed", "_regex", "patterns")
 
     def __init__(self, patterns: Iterable[str]) -> None:
         self.patterns = check_patterns(patterns)

@@ -25,15 +25,15 @@ class TurnBook:
     """The turn table, the queue and their counters; see the module docstring."""
 
     __slots__ = (
-        "table",
-        "queue",
         "active",
-        "running",
-        "handed",
-        "lent",
-        "input_bytes",
-        "phase",
         "disposing",
+        "handed",
+        "input_bytes",
+        "lent",
+        "phase",
+        "queue",
+        "running",
+        "table",
         "wall_offset",
     )
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import wire
-from wire import PARENT, TurnError
+from wire import PARENT, TurnError, worker_link
 
 from .._errors import QueueFull, SupervisorClosed
 
@@ -48,26 +47,31 @@ class ChildTurns:
         self.escalation = escalation
         self.dispatcher = dispatcher
 
-    def cancel(self, slot: WorkerSlot, msg: wire.SpawnCancel) -> None:
+    def cancel(self, slot: WorkerSlot, msg: worker_link.SpawnCancel) -> None:
         """The parent gave up waiting on a child (its ``spawn`` call was cancelled): cancel the child."""
         child_id = slot.spawns.get(msg.req)
         child = self.book.table.records.get(child_id) if child_id else None
         if child is not None:
             self.escalation.cancel(child, PARENT)
 
-    def spawn(self, slot: WorkerSlot, msg: wire.Spawn) -> None:
+    def spawn(self, slot: WorkerSlot, msg: worker_link.Spawn) -> None:
         """A running turn asks for a child turn: accept it (or answer why not) and lend the slot."""
         send = self.send
         parent = slot.turn
         if parent is None or parent.id != msg.parent or parent.state != "running":
             send(
                 slot,
-                wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn is not running")),
+                worker_link.SpawnReply(
+                    msg.req, error=TurnError("SpawnError", "the parent turn is not running")
+                ),
             )
             return
         if parent.cause is not None:
             send(
-                slot, wire.SpawnReply(msg.req, error=TurnError("SpawnError", "the parent turn was cancelled"))
+                slot,
+                worker_link.SpawnReply(
+                    msg.req, error=TurnError("SpawnError", "the parent turn was cancelled")
+                ),
             )
             return
         try:
@@ -82,7 +86,7 @@ class ChildTurns:
                 parent=parent.id,
             )
         except (TypeError, ValueError, QueueFull, SupervisorClosed) as exc:
-            send(slot, wire.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
+            send(slot, worker_link.SpawnReply(msg.req, error=TurnError(type(exc).__name__, str(exc))))
             return
         parent.add_child(child.id)
         child.spawn_origin = (slot, msg.req)

@@ -16,12 +16,13 @@ retiring, start notes), the send callback, the timers and the hooks (``start``);
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import wire
+from wire import worker_link
 from worker import lowlevel
 
 from .ending import output_of
@@ -263,7 +264,7 @@ class Dispatcher:
 
     def _proceed(self, heir: WorkerSlot, turn: TurnRecord) -> None:
         if turn.state == "handed" and turn.worker is heir and heir.state == "busy":
-            self.send(heir, wire.Proceed(turn.id))
+            self.send(heir, worker_link.Proceed(turn.id))
 
     def note_turn_time(self, run_s: float) -> None:
         t = self.turn_time = self.turn_time + 0.2 * (run_s - self.turn_time)
@@ -318,7 +319,7 @@ class Dispatcher:
             # S-RESUME: a later attempt carries the earlier ones' step records
             held = after or (0, 0)
             records = self.steps.for_run(turn)
-            run = wire.Run(
+            run = worker_link.Run(
                 turn.id,
                 turn.agent,
                 turn.input,
@@ -332,10 +333,11 @@ class Dispatcher:
             self.send(slot, run)
         elif after is None:
             self.send(
-                slot, wire.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace)
+                slot,
+                worker_link.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace),
             )
         else:  # K-HEIR: held until process ``after`` (pid, start time) is gone
-            run = wire.Run(
+            run = worker_link.Run(
                 turn.id, turn.agent, turn.input, turn.session, turn.parent, *after, trace=turn.trace
             )
             self.send(slot, run)
@@ -401,10 +403,8 @@ class Dispatcher:
 
     def unhand(self, slot: WorkerSlot, turn: TurnRecord) -> None:
         """A handed turn leaves its worker unstarted: it is a queued turn again (not in the queue)."""
-        try:
+        with contextlib.suppress(ValueError):
             slot.ahead.remove(turn)
-        except ValueError:
-            pass
         self.book.handed -= 1
         move(turn, "queued")
         turn.worker = None
@@ -463,7 +463,7 @@ class Dispatcher:
         back), unless that is asked already or the turn is cancelled (its Abort does)."""
         if not turn.revoking and turn.cause is None:
             turn.revoking = True
-            self.send(slot, wire.Revoke(turn.id))
+            self.send(slot, worker_link.Revoke(turn.id))
 
     # M-KEPT: memory a worker kept is not the next turn's.
     def retire_if_kept(self, slot: WorkerSlot, turn: TurnRecord | None, turn_id: str) -> None:
@@ -610,7 +610,7 @@ class Dispatcher:
             mark_started(passed, self.timers.clock())
         return True
 
-    def ended_ahead(self, slot: WorkerSlot, msg: wire.End) -> bool:
+    def ended_ahead(self, slot: WorkerSlot, msg: worker_link.End) -> bool:
         """An ``End`` for a turn handed to ``slot`` that it does not run: the end of a turn it went
         past (S1: its own outcome stands), or a handed turn dropped unstarted on ``Abort``. False
         otherwise (S3: an End for a turn this worker does not run is taken only as the answer to an

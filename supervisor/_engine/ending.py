@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 import wire
-from wire import DISPOSED, PARENT, TurnError, TurnResult
+from wire import DISPOSED, PARENT, TurnError, TurnResult, worker_link
 
 from .states import move
 from .turns import seal_input, set_done, wait_done
@@ -172,7 +172,7 @@ class Finisher:
             book.lent -= 1
             slot.spawns.pop(req, None)
             if slot.state == "busy" and slot.turn is not None and slot.turn.id == turn.parent:
-                self.send(slot, wire.SpawnReply(req, result=result))
+                self.send(slot, worker_link.SpawnReply(req, result=result))
         records = book.table.records
         if turn.parent is not None:
             parent = records.get(turn.parent)
@@ -196,7 +196,7 @@ class Finisher:
             dispatcher.refill()
 
 
-def output_of(msg: wire.End, turn: TurnRecord) -> Any:
+def output_of(msg: worker_link.End, turn: TurnRecord) -> Any:
     """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands). Notes
     its encoded size on ``turn`` (R-BUDGET), which the frame gives for free."""
     turn.output_bytes = len(msg.output)

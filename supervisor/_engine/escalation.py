@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import wire
-from wire import PARENT, Cause
+from wire import PARENT, Cause, worker_link
 
 from .states import escalated, first_cause
 
@@ -88,7 +88,7 @@ class Escalation:
             # the ladder is armed now either way, and looks again if it had not.
             slot = turn.worker
             assert slot is not None
-            self.send(slot, wire.Abort(turn.id, cause))  # (first: the cause it now holds)
+            self.send(slot, worker_link.Abort(turn.id, cause))  # (first: the cause it now holds)
             self.hooks.stepped(turn, "abort")
             self.dispatcher.note_marked_start(slot)
             if turn.esc_timer is None:  # (armed already if the marker showed it running)
@@ -96,7 +96,7 @@ class Escalation:
         elif state == "running" and first:
             slot = turn.worker
             assert slot is not None
-            self.send(slot, wire.Abort(turn.id, cause))  # (first: the cause it now holds)
+            self.send(slot, worker_link.Abort(turn.id, cause))  # (first: the cause it now holds)
             self.hooks.stepped(turn, "abort")
             self.arm(turn, slot)
         return turn.cause

@@ -22,19 +22,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 import msgspec
 import sniffio
 import zmq
 import zmq.asyncio
 
 import wire
+from wire import worker_link
+from worker.zmqlink import EVENTS as _EVENTS
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
+from worker.zmqlink import POLLIN as _POLLIN
+from worker.zmqlink import RCVMORE as _RCVMORE
+from worker.zmqlink import LoopFlush, ReadableEdge
 
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import NOBLOCK_MORE as _NOBLOCK_MORE
-from .._zmqflags import POLLIN as _POLLIN
-from .._zmqflags import RCVMORE as _RCVMORE
 from . import procs as _procs
 from .pool import WorkerSlot
 from .workspace import ensure_private
@@ -79,8 +80,9 @@ class WorkerLink:
         self.socket: zmq.asyncio.Socket | None = None  # the ROUTER (exposed for tests' monitors)
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of it, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._recheck_scheduled = False
-        self._flush_scheduled = False  # a flush of what was sent outside a receive batch is due
+        self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader on the loop
+        # B1: a flush of what was sent outside a receive batch, once the loop turns (set by run()).
+        self._pass = LoopFlush(self._deferred_flush)
         # L-QUIET (R-COALESCE without a callback per send): something was sent at once since frames
         # were last read, and when; the next send outside a batch then waits for the loop to turn.
         self._sent_quiet = False
@@ -104,6 +106,7 @@ class WorkerLink:
         sock.bind(endpoint)
         self.socket = sock
         self._sync = zmq.Socket.shadow(sock.underlying)
+        self._edge = ReadableEdge(self._sync, self.on_readable)
         self._bound = self._where()
 
     def _path(self) -> str | None:
@@ -154,9 +157,8 @@ class WorkerLink:
         task awaiting ``recv``: no future and no task switch per wake-up (≈ 100 µs less per
         round trip than zmq.asyncio's ``recv_multipart`` here). This task only owns the
         registration."""
-        assert self._sync is not None
+        assert self._edge is not None
         loop = asyncio.get_running_loop()
-        fd = cast(int, self._sync.getsockopt(zmq.FD))
         self._loop = loop
         # H1: the callback runs outside any task, where anyio cannot tell the loop's library by
         # itself (it asks sniffio, which looks for a current task): under plain ``asyncio.run``, or a
@@ -164,17 +166,15 @@ class WorkerLink:
         # raised NoEventLoopError. Say it once, in the context every callback of this link runs in.
         sniffio.current_async_library_cvar.set("asyncio")
         self._context = contextvars.copy_context()
-        loop.add_reader(fd, self.on_readable)  # (the handle runs in a copy of this context)
-        self.on_readable()  # frames that arrived before the reader was registered
+        self._pass = LoopFlush(self._deferred_flush, loop, self._context)
         try:
-            await anyio.sleep_forever()
+            await self._edge.watch(self._context)  # L-EDGE; the FD's handle runs in a copy of this context
         finally:
-            loop.remove_reader(fd)
             self._loop = None
+            self._pass.loop = None
 
     def on_readable(self) -> None:
         """The reader callback: read and handle what the workers sent (R-FAIR, see ``_read``)."""
-        self._recheck_scheduled = False
         self._sent_quiet = False  # L-QUIET: the loop turned
         self._read(fair=True)
 
@@ -236,12 +236,10 @@ class WorkerLink:
                 return
             if (
                 fair
-                and self._loop is not None
+                and self._edge is not None
                 and (frames >= FAIR_FRAMES or time.monotonic() - started >= FAIR_SLICE)
             ):
-                if not self._recheck_scheduled:
-                    self._recheck_scheduled = True
-                    self._loop.call_soon(self.on_readable, context=self._context)
+                self._edge.again()  # L-EDGE: the FD will not fire again for frames already queued
                 return
 
     def _handle(self, batch: list[tuple[bytes, bytes]]) -> None:
@@ -250,7 +248,7 @@ class WorkerLink:
         self.on_batch_start()
         try:
             self._handle_batch(batch)
-        except Exception:  # noqa: BLE001 - a bug in one message's handling must not stop the link
+        except Exception:  # a bug in one message's handling must not stop the link (logged)
             log.exception("error while handling frames from workers")
         finally:
             try:
@@ -263,7 +261,7 @@ class WorkerLink:
     def _handle_batch(self, batch: list[tuple[bytes, bytes]]) -> None:
         peers = self.peers
         on_message = self.on_message
-        decode = wire.decode_from_worker
+        decode = worker_link.decode_from_worker
         for ident, body in batch:
             slot = peers.get(ident)
             if slot is None:
@@ -299,7 +297,7 @@ class WorkerLink:
         loop = self._loop
         if loop is None:
             self.flush()  # not serving yet (or any more): nothing would run a deferred flush
-        elif self._flush_scheduled:
+        elif self._pass.due:
             return
         else:
             # L-QUIET: the first send since frames were last read (or since the last immediate
@@ -312,12 +310,10 @@ class WorkerLink:
                 self._sent_at = now
                 self.flush()
             else:
-                self._flush_scheduled = True
-                loop.call_soon(self._deferred_flush, context=self._context)
+                self._pass.soon()
 
     def _deferred_flush(self) -> None:
         """The loop turned: send what was queued since the last immediate send."""
-        self._flush_scheduled = False
         self._sent_quiet = False
         if self._dirty and not self.batching and self._sync is not None and not self._sync.closed:
             self.flush()
@@ -334,7 +330,7 @@ class WorkerLink:
             try:
                 # Two sends with plain-int flags, not ``send_multipart`` (its enum ``|`` and list).
                 sync.send(slot.ident, _NOBLOCK_MORE)
-                sync.send(wire.encode_frame(out), _NOBLOCK)
+                sync.send(worker_link.encode_frame(out), _NOBLOCK)
             except zmq.ZMQError as exc:
                 # The worker is gone (its exit event settles its turns) or its connection dropped
                 # (it cannot be reached, so it would hold its turns forever): make sure it is gone.
@@ -345,13 +341,6 @@ class WorkerLink:
                     )
                     slot.doomed = True
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-        if dirty and not self.batching:
-            # A send can consume the edge of ZeroMQ's edge-triggered FD: if something is waiting
-            # to be read, read it soon (the reader callback itself re-checks after each batch).
-            if (
-                cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
-                and not self._recheck_scheduled
-                and self._loop is not None
-            ):
-                self._recheck_scheduled = True
-                self._loop.call_soon(self.on_readable, context=self._context)
+        # L-EDGE: a send can consume the readable edge (the reader itself re-checks after each batch).
+        if dirty and not self.batching and self._edge is not None:
+            self._edge.after_send()

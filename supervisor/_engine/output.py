@@ -43,8 +43,10 @@ DRAIN_MAX = 8 * 2**20  # read at most this much more per pipe at close (an escap
 
 def check_worker_output(value: Any) -> str | Path | None:
     """Validate ``Supervisor(worker_output=...)``: ``"stderr"``, ``"inherit"``, ``None`` or a file path."""
-    if value is None or value in (STDERR, INHERIT):
-        return value
+    if value is None:
+        return None
+    if value in (STDERR, INHERIT):
+        return str(value)
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
         path = Path(value)
         if not str(value) or path.is_dir():

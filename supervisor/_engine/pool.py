@@ -21,14 +21,14 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-import wire
-from worker import lowlevel
+from wire import worker_link
+from worker import proctree
 
+from .._checks import check_nice
 from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
-from .options import check_nice
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
@@ -50,32 +50,32 @@ SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
 
 class WorkerSlot:
     __slots__ = (
-        "id",
-        "ident",
-        "pid",
-        "fd",
-        "token",
-        "marker",
-        "state",
-        "turn",
-        "turns_run",
-        "known",
-        "spawns",
-        "started_at",
-        "ready_at",
-        "timer",
+        "ahead",
+        "cgroup",
+        "deferred_ready",
         "doomed",
         "exit_code",
         "failure",
-        "ahead",
-        "out",
-        "deferred_ready",
-        "cgroup",
-        "passed",
-        "stale",
+        "fd",
+        "files",
         "heard",
         "heir_turn",
-        "files",
+        "id",
+        "ident",
+        "known",
+        "marker",
+        "out",
+        "passed",
+        "pid",
+        "ready_at",
+        "spawns",
+        "stale",
+        "started_at",
+        "state",
+        "timer",
+        "token",
+        "turn",
+        "turns_run",
         "workdir",
     )
 
@@ -179,7 +179,7 @@ class WorkerPool:
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
         self.zygote: Zygote | None = None
-        self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
+        self.cgroups: proctree.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
         self.runtime_dir: Path | None = None  # the engine's private directory: the worker endpoint
         self.work_dir: Path | None = None  # W-CWD: where each worker gets a directory of its own
@@ -199,7 +199,9 @@ class WorkerPool:
         self._fill_scheduled = False  # P-LATER: a fill is due in a loop callback
         self._spare_fill: Timer | None = None  # P-SPARE: a replacement for a spare, due later
 
-    def ready(self, slot: WorkerSlot, msg: wire.Ready, now: float) -> Literal["ready", "held", "refused"]:
+    def ready(
+        self, slot: WorkerSlot, msg: worker_link.Ready, now: float
+    ) -> Literal["ready", "held", "refused"]:
         """A worker's ``Ready``: the handshake. ``ready`` (the slot is now idle), ``held`` (the
         zygote's report of its pid is not read yet: the Ready waits for it) or ``refused`` (not the
         token and pid this slot was started with, or another protocol version: the worker is killed)."""
@@ -212,10 +214,10 @@ class WorkerPool:
                 return "held"
         if slot.state != "starting" or msg.token != slot.token or msg.pid != slot.pid:
             return "refused"
-        if msg.version != wire.PROTOCOL_VERSION:
+        if msg.version != worker_link.PROTOCOL_VERSION:
             slot.failure = (
                 f"worker {slot.id} (pid {slot.pid}) speaks protocol {msg.version}, "
-                f"expected {wire.PROTOCOL_VERSION}"
+                f"expected {worker_link.PROTOCOL_VERSION}"
             )
             self.last_start_error = slot.failure
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
@@ -247,7 +249,7 @@ class WorkerPool:
                 shutil.rmtree(self.runtime_dir, ignore_errors=True)
             output.close()
             raise
-        lowlevel.set_child_subreaper()
+        proctree.set_child_subreaper()
         self.pythonpath = _procs.import_path(agent_path)
 
     async def start(self, *, tg: anyio.abc.TaskGroup, use_cgroups: bool) -> None:
@@ -258,10 +260,10 @@ class WorkerPool:
         self.ready_event = anyio.Event()
         if use_cgroups:
             # Also sweeps pools left by supervisors killed with SIGKILL (may wait for their exits).
-            self.cgroups = await anyio.to_thread.run_sync(lowlevel.CgroupPool.create)
+            self.cgroups = await anyio.to_thread.run_sync(proctree.CgroupPool.create)
             if self.cgroups is None:
                 log.info("cgroup v2 not usable here: worker trees are tracked by subreaper and markers")
-        if self.use_zygote and lowlevel.set_child_subreaper():
+        if self.use_zygote and proctree.set_child_subreaper():
             assert self.output is not None
             out_fd = self.output.open("zygote")
             try:
@@ -427,7 +429,7 @@ class WorkerPool:
             out_fd = self.output.open(worker_id)
         except OSError as exc:
             if cgroup is not None:
-                lowlevel.cgroup_remove(cgroup)
+                proctree.cgroup_remove(cgroup)
             os.close(dir_fd)
             files.close()
             remove_tree(workdir)
@@ -499,7 +501,7 @@ class WorkerPool:
             )
         except OSError as exc:
             if cgroup is not None:
-                lowlevel.cgroup_remove(cgroup)
+                proctree.cgroup_remove(cgroup)
             self._start_error(exc)
             return None
         if self.output is not None:
@@ -556,7 +558,7 @@ class WorkerPool:
         if slot.timer is not None:
             slot.timer.cancel()
         if slot.cgroup is not None:
-            lowlevel.cgroup_remove(slot.cgroup)
+            proctree.cgroup_remove(slot.cgroup)
         self._drop_own(slot)
         slot.state = "dead"
         self.slots.pop(slot.id, None)
@@ -633,7 +635,7 @@ class WorkerPool:
             if slot.id not in self.slots:
                 return  # dropped unborn with the zygote
         if was == "idle":
-            self.link.send(slot, wire.Shutdown())
+            self.link.send(slot, worker_link.Shutdown())
             slot.timer = self.timers.call_later(self.stop_timeout, self._stop_timed_out, slot)
         else:
             _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
@@ -697,7 +699,7 @@ class WorkerPool:
             pending = set()
         if slot.cgroup is not None:
             _procs.CGROUPS.pop(slot.pid, None)
-            lowlevel.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
+            proctree.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
         del self.slots[slot.id]
         slot.out = []
         if slot.workdir is not None:

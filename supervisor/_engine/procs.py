@@ -6,6 +6,7 @@ steal statuses from the host's own subprocess handling): each pid is reaped by n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -17,11 +18,11 @@ from typing import Any
 import anyio
 import psutil
 
-from worker import lowlevel
+from worker import proctree
 
 log = logging.getLogger("turnpool.supervisor")
 
-TREE_ENV = lowlevel.TREE_ENV
+TREE_ENV = proctree.TREE_ENV
 
 # Worker pid -> its cgroup v2 directory, for workers that run in one. Kept here (not passed by
 # every caller) so that each escalation step, retire and unreachable-worker kill gets the
@@ -232,7 +233,7 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
         return []
     cgroup = CGROUPS.get(pid)
     if cgroup is not None and sig == signal.SIGKILL:
-        lowlevel.cgroup_kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
+        proctree.cgroup_kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
     if sig != signal.SIGKILL:
         # K-FIRST: the worker itself is never stopped: its descendants are frozen and listed
         # first (stopped, none of them forks), then the worker is signalled - its handler, which
@@ -240,25 +241,21 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
         # SIGCONT that wake and park every one of its threads - then they are. The listing is made
         # before the worker's handler kills them: a descendant it reaps away from the worker by
         # re-parenting is in ``known``, for the reaping (R13) after the worker's exit.
-        pids = [pid, *lowlevel.freeze_tree(pid, include_root=False)]
+        pids = [pid, *proctree.freeze_tree(pid, include_root=False)]
         known.update(pids)
         for target in (pid, -pid):  # the worker, then its process group
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(target, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        lowlevel.signal_all(pids[1:], sig)
-        lowlevel.thaw(pids[1:])
+        proctree.signal_all(pids[1:], sig)
+        proctree.thaw(pids[1:])
         return pids
-    pids = lowlevel.freeze_tree(pid)
+    pids = proctree.freeze_tree(pid)
     known.update(pids)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)  # the worker leads its own session and group
-    except (ProcessLookupError, PermissionError):
-        pass
-    lowlevel.signal_all(pids, sig)
+    proctree.signal_all(pids, sig)
     if sig != signal.SIGKILL:
-        lowlevel.thaw(pids)
+        proctree.thaw(pids)
     return pids
 
 
@@ -272,16 +269,16 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | No
     that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
     must still count (``removed=True``), or the zombie is never reaped."""
     found: list[int] = []
-    for pid in lowlevel.children(os.getpid()):
+    for pid in proctree.children(os.getpid()):
         if pid in exclude:
             continue
-        if lowlevel.session_of(pid) == worker_pid:
+        if proctree.session_of(pid) == worker_pid:
             found.append(pid)
             continue
-        if cgroup is not None and lowlevel.cgroup_of(pid, removed=True) == cgroup:
+        if cgroup is not None and proctree.cgroup_of(pid, removed=True) == cgroup:
             found.append(pid)
             continue
-        if lowlevel.has_marker(pid, marker):
+        if proctree.has_marker(pid, marker):
             found.append(pid)
     return found
 
@@ -291,14 +288,14 @@ async def kill_cgroup(path: str) -> list[int]:
     """Kill everything in a dead worker's cgroup at once, wait for each process to exit (pidfds,
     no polling) and reap those that became our children; returns the pids seen."""
     seen: list[int] = []
-    if not lowlevel.cgroup_populated(path):
+    if not proctree.cgroup_populated(path):
         # K-SETTLE: the usual case once a killed worker's handler has killed its own tree: one
         # read, not a kill, a listing and a read (nothing can join a cgroup with no live member).
         return seen
     for _ in range(8):
-        lowlevel.cgroup_kill(path)
-        pids = [p for p in lowlevel.cgroup_procs(path) if p not in seen]
-        if not pids and not lowlevel.cgroup_populated(path):
+        proctree.cgroup_kill(path)
+        pids = [p for p in proctree.cgroup_procs(path) if p not in seen]
+        if not pids and not proctree.cgroup_populated(path):
             break
         seen.extend(pids)
         await kill_and_reap(pids)
@@ -340,10 +337,8 @@ def rss_of_tree(pid: int) -> int:
         proc = psutil.Process(pid)
         total = proc.memory_info().rss
         for child in proc.children(recursive=True):
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += child.memory_info().rss
-            except psutil.Error:
-                pass
         return total
     except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc (P-FD)
         return 0
@@ -354,10 +349,10 @@ def tree_pids(pid: int) -> list[int]:
     escapes it), else its descendants (it is their child subreaper)."""
     cgroup = CGROUPS.get(pid)
     if cgroup is not None:
-        pids = lowlevel.cgroup_procs(cgroup)
+        pids = proctree.cgroup_procs(cgroup)
         if pids:
             return pids
-    return [pid, *lowlevel.descendants(pid)]
+    return [pid, *proctree.descendants(pid)]
 
 
 # R-pss: memory is PSS.
@@ -366,6 +361,6 @@ def memory_of_tree(pid: int) -> int:
     split between the processes that map it, so 500 forked children of a 46 MiB worker count
     about 46 MiB, not 500 times that. What ``max_rss_mb`` is compared with."""
     try:
-        return lowlevel.cgroup_pss_bytes(tree_pids(pid))
+        return proctree.cgroup_pss_bytes(tree_pids(pid))
     except OSError:  # no descriptor free to read /proc (P-FD): unknown now, read again next time
         return 0

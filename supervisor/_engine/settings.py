@@ -13,10 +13,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from .._checks import check_grace, check_mib, check_seconds, check_sizes, mib_bytes, require_seconds
 from . import output as _output
 from . import procs as _procs
 from .allowlist import AgentAllowlist
-from .options import check_grace, check_mib, check_seconds, check_sizes, mib_bytes, require_seconds
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

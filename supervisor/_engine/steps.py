@@ -1,7 +1,7 @@
 """Step records: what an agent loop made durable of a running turn, and its resume after a crash.
 
-``StepRecords`` keeps each live turn's step records (``wire.Step``, in ``seq`` order) in memory and
-answers each with ``wire.StepAck`` once it is durable (S-DURABLE): at once when embedded, once the
+``StepRecords`` keeps each live turn's step records (``worker_link.Step``, in ``seq`` order) in memory and
+answers each with ``worker_link.StepAck`` once it is durable (S-DURABLE): at once when embedded, once the
 journal committed it when a sink is set (a daemon's journal, ``set_sink``). A turn submitted with
 ``retry=True`` whose worker died without its turn being escalated runs again as ``attempts + 1``
 (S-RESUME, ``requeue``), up to ``MAX_ATTEMPTS``: its followers get a ``resumed`` event, and its next
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 import wire
+from wire import worker_link
 
 from .states import move
 
@@ -56,7 +57,7 @@ class StepSink(Protocol):
 
 
 class _Steps:
-    __slots__ = ("records", "kinds", "bytes")
+    __slots__ = ("bytes", "kinds", "records")
 
     def __init__(self) -> None:
         self.records: list[bytes] = []
@@ -92,7 +93,7 @@ class StepRecords:
 
     # ---- recording ------------------------------------------------------------------------
 
-    def on_step(self, slot: WorkerSlot, msg: wire.Step) -> None:
+    def on_step(self, slot: WorkerSlot, msg: worker_link.Step) -> None:
         turn = slot.turn
         if turn is None or turn.id != msg.turn_id:
             self.bad_frame()  # not the turn this worker runs (out of order): ignored
@@ -109,7 +110,7 @@ class StepRecords:
         elif steps.bytes + len(data) > MAX_TURN_BYTES:
             error = f"the turn's step records would hold over {MAX_TURN_BYTES} bytes"
         if error is not None:
-            self.send(slot, wire.StepAck(turn.id, msg.seq, error))
+            self.send(slot, worker_link.StepAck(turn.id, msg.seq, error))
             return
         steps.records.append(data)
         steps.kinds.append(msg.kind)
@@ -117,13 +118,13 @@ class StepRecords:
         self.recorded += 1
         sink = self.sink
         if sink is None:
-            self.send(slot, wire.StepAck(turn.id, msg.seq))
+            self.send(slot, worker_link.StepAck(turn.id, msg.seq))
             return
         sink.write(turn.id, msg.seq, msg.step, msg.kind, data, lambda: self._durable(slot, turn, msg.seq))
 
     def _durable(self, slot: WorkerSlot, turn: TurnRecord, seq: int) -> None:
         if slot.turn is turn and slot.state != "dead":
-            self.send(slot, wire.StepAck(turn.id, seq))
+            self.send(slot, worker_link.StepAck(turn.id, seq))
 
     def restore(self, turn_id: str, records: list[tuple[str, bytes]]) -> None:
         """A daemon's journal gives back a turn's records at restart (before the turn runs again)."""

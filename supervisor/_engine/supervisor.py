@@ -30,8 +30,15 @@ from typing import Any
 import msgspec
 
 import wire
-from wire import USER, Cause, TurnError, TurnResult, validate_cause
+from wire import USER, Cause, TurnError, TurnResult, validate_cause, worker_link
 
+from .._checks import (
+    AGENT_RE,
+    MAX_GRACE,
+    MAX_INPUT_BYTES,
+    MAX_TURN_ID,
+    check_agent,
+)
 from .._errors import SupervisorClosed, shown_id
 from .._handle import TurnHandle
 from .._host import refuse_inside_worker
@@ -50,7 +57,6 @@ from .exits import MAX_HANDOVERS, ExitHandler
 from .hooks import AcceptHook, EventHook, Hooks, ResultHook, StartHook
 from .lifecycle import Changes, Lifecycle
 from .link import WorkerLink
-from .options import AGENT_RE, MAX_GRACE, MAX_INPUT_BYTES, MAX_TURN_ID, check_agent
 from .pool import WorkerPool, WorkerSlot
 from .settings import EngineOptions
 from .states import gate_cleared, gate_recorded
@@ -222,16 +228,16 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._life = Lifecycle(book, options, pool, link, timers, dispatcher, escalation, finisher, changes)
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
-            wire.Event: self._on_event,
-            wire.Started: self._on_started,
-            wire.End: self._on_end,
-            wire.Ready: self._on_ready,
-            wire.Spawn: children.spawn,
-            wire.SpawnCancel: children.cancel,
-            wire.Revoked: self._on_revoked,
-            wire.Heartbeat: self._on_heartbeat,
-            wire.BadFrame: self._on_bad_frame,
-            wire.Step: steps.on_step,
+            worker_link.Event: self._on_event,
+            worker_link.Started: self._on_started,
+            worker_link.End: self._on_end,
+            worker_link.Ready: self._on_ready,
+            worker_link.Spawn: children.spawn,
+            worker_link.SpawnCancel: children.cancel,
+            worker_link.Revoked: self._on_revoked,
+            worker_link.Heartbeat: self._on_heartbeat,
+            worker_link.BadFrame: self._on_bad_frame,
+            worker_link.Step: steps.on_step,
         }
 
     # ---- read-only accessors front ends use ---------------------------------------------
@@ -643,7 +649,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         if handler is not None:
             handler(slot, msg)
 
-    def _on_event(self, slot: WorkerSlot, msg: wire.Event) -> None:
+    def _on_event(self, slot: WorkerSlot, msg: worker_link.Event) -> None:
         turn = slot.turn
         if turn is None or turn.id != msg.turn_id:
             self.bad_frames += 1  # not the turn this worker runs: out of order, ignored
@@ -653,7 +659,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         for hook in self._hooks.event:
             hook(turn, data)
 
-    def _on_started(self, slot: WorkerSlot, msg: wire.Started) -> None:
+    def _on_started(self, slot: WorkerSlot, msg: worker_link.Started) -> None:
         running = slot.turn
         if running is None:
             if self._dispatcher.started_ahead(slot, msg.turn_id):
@@ -665,7 +671,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         elif not self._dispatcher.started_passed(slot, msg.turn_id):
             self.bad_frames += 1  # one turn at a time: another turn's Started is out of order
 
-    def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
+    def _on_end(self, slot: WorkerSlot, msg: worker_link.End) -> None:
         turn = slot.turn
         turn_id = msg.turn_id
         dispatcher = self._dispatcher
@@ -673,7 +679,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
             # The worker holds back its next handed turn until this End is known here. A worker
             # being killed never gets it (K-HANDOVER): it starts nothing more.
-            self.link.send(slot, wire.EndAck(turn_id))
+            self.link.send(slot, worker_link.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
             if not dispatcher.ended_ahead(slot, msg):
                 self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
@@ -691,7 +697,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._finisher.finish(turn, msg.outcome, output=output, error=msg.error, worker_pid=slot.pid)
         dispatcher.after_turn(slot)
 
-    def _on_ready(self, slot: WorkerSlot, msg: wire.Ready) -> None:
+    def _on_ready(self, slot: WorkerSlot, msg: worker_link.Ready) -> None:
         pool = self.pool
         answer = pool.ready(slot, msg, self.timers.clock())
         if answer == "refused":
@@ -702,12 +708,12 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
                 pool.ready_event.set()
             self._dispatcher.pump()
 
-    def _on_revoked(self, slot: WorkerSlot, msg: wire.Revoked) -> None:
+    def _on_revoked(self, slot: WorkerSlot, msg: worker_link.Revoked) -> None:
         if not self._dispatcher.revoked(slot, msg.turn_id):
             self.bad_frames += 1  # no turn of that id is handed to this worker
 
-    def _on_heartbeat(self, slot: WorkerSlot, msg: wire.Heartbeat) -> None:
+    def _on_heartbeat(self, slot: WorkerSlot, msg: worker_link.Heartbeat) -> None:
         pass
 
-    def _on_bad_frame(self, slot: WorkerSlot, msg: wire.BadFrame) -> None:
+    def _on_bad_frame(self, slot: WorkerSlot, msg: worker_link.BadFrame) -> None:
         log.warning("worker %s could not decode a frame: %s", slot.id, msg.reason)

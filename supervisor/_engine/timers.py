@@ -84,7 +84,7 @@ class TimerFd:
     def clear(self) -> None:
         """Consume an expiry (the fd stays readable until read)."""
         self._armed = math.nan
-        try:
+        try:  # noqa: SIM105 - once per expiry: suppress() would add a context manager
             os.read(self.fd, 8)
         except BlockingIOError:
             pass
@@ -96,7 +96,7 @@ class TimerFd:
 
 
 class Timer:
-    __slots__ = ("when", "seq", "fn", "args", "active")
+    __slots__ = ("active", "args", "fn", "seq", "when")
 
     def __init__(self, when: float, seq: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.when = when

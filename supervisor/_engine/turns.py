@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import sys
 import weakref
 from collections.abc import AsyncIterator
@@ -79,7 +80,7 @@ class EventReader:
     it had not moved by then. A reader that moved within the last ``HOLD_CHECKS`` keeps up,
     and the events it has still to take are kept."""
 
-    __slots__ = ("seq", "mark", "still")
+    __slots__ = ("mark", "seq", "still")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -102,49 +103,49 @@ _UNHELD_REFS = 2  # ``sys.getrefcount`` of a record only a local name refers to 
 
 class TurnRecord:
     __slots__ = (
-        "id",
+        "__weakref__",  # R-KEEP: the table finds a record evicted by id while a handle holds it
         "agent",
-        "input",
-        "session",
-        "parent",
-        "timeout",
-        "grace",
-        "kill_after",
-        "state",
+        "attempts",
         "cause",
-        "started",
-        "worker",
-        "escalation",
-        "submitted_at",
-        "started_at",
+        "children",
+        "clearing",
+        "digest",
+        "dispatchable",
+        "done",
         "ended_at",
+        "esc_timer",
         "escalated_at",
-        "exited_at",
+        "escalation",
         "events",
         "events_base",
         "events_bytes",
-        "trim_at",
-        "readers",
-        "waiters",
-        "result",
-        "done",
-        "children",
-        "trace",
-        "spawn_origin",
+        "exited_at",
+        "grace",
+        "id",
+        "id_chosen",
+        "input",
+        "kill_after",
+        "output_bytes",
+        "parent",
         "pending_result",
-        "timer",
-        "esc_timer",
-        "attempts",
+        "readers",
+        "recorded",
+        "result",
         "retry",
         "revoking",
-        "recorded",
+        "session",
+        "spawn_origin",
+        "started",
+        "started_at",
+        "state",
+        "submitted_at",
+        "timeout",
+        "timer",
+        "trace",
+        "trim_at",
+        "waiters",
+        "worker",
         "written",
-        "dispatchable",
-        "clearing",
-        "digest",
-        "id_chosen",
-        "output_bytes",
-        "__weakref__",  # R-KEEP: the table finds a record evicted by id while a handle holds it
     )
 
     def __init__(
@@ -255,10 +256,8 @@ async def wait_done(turn: TurnRecord) -> None:
         await fut
     finally:
         if fut.cancelled() and turn.done is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 turn.done.remove(fut)
-            except ValueError:
-                pass
 
 
 def set_done(turn: TurnRecord) -> None:
@@ -281,10 +280,8 @@ def _input_digest(raw: msgspec.Raw | bytes, canonical: bool) -> int:
     (``{"a": 1, "b": 2}`` built in another order is the same input)."""
     data = bytes(raw)
     if canonical:
-        try:
+        with contextlib.suppress(msgspec.DecodeError, TypeError, ValueError):
             data = _SORTED.encode(msgspec.msgpack.decode(data))
-        except (msgspec.DecodeError, TypeError, ValueError):
-            pass
     return hash(data)
 
 
@@ -342,16 +339,16 @@ class TurnTable:
     """
 
     __slots__ = (
-        "records",
         "ended",
-        "keep",
-        "max_events",
-        "held",
-        "keep_event_bytes",
-        "ended_events",
         "ended_bytes",
+        "ended_events",
+        "held",
+        "keep",
+        "keep_event_bytes",
         "keep_result_bytes",
+        "max_events",
         "output_sizes",
+        "records",
         "result_bytes",
     )
 

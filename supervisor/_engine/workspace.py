@@ -23,7 +23,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from wire import End
+from wire.worker_link import End
 from worker import lowlevel
 
 log = logging.getLogger("turnpool.supervisor")
@@ -33,7 +33,7 @@ class WorkerFiles:
     """One worker's start marker and End log (W-OWN): the descriptors to hand over, and the
     supervisor's read-only mappings, which stay readable after the worker died."""
 
-    __slots__ = ("marker_fd", "endlog_fd", "marker", "endlog")
+    __slots__ = ("endlog", "endlog_fd", "marker", "marker_fd")
 
     def __init__(self, worker_id: str, token: str) -> None:
         self.marker_fd = self.endlog_fd = -1

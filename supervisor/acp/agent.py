@@ -68,7 +68,7 @@ class Backend(Protocol):
 class _Prompt:
     """One ``session/prompt`` in flight: its turn (once submitted) and whether ACP cancelled it."""
 
-    __slots__ = ("handle", "cancelled", "ended")
+    __slots__ = ("cancelled", "ended", "handle")
 
     def __init__(self) -> None:
         self.handle: _Handle | None = None
@@ -77,7 +77,7 @@ class _Prompt:
 
 
 class _Session:
-    __slots__ = ("id", "cwd", "prompts")
+    __slots__ = ("cwd", "id", "prompts")
 
     def __init__(self, session_id: str, cwd: str) -> None:
         self.id = session_id

@@ -32,7 +32,7 @@ reported ``failed`` with ``_meta: {"turnpool": {"cancelled": true}}`` and the te
 from __future__ import annotations
 
 import logging
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import acp
 from acp.schema import StopReason, ToolCallProgress, ToolCallStatus, ToolKind
@@ -151,17 +151,16 @@ class TurnEvents:
 
     def close_open_tools(self, *, cancelled: bool, reason: str) -> list[Any]:
         """Updates that end every unfinished tool call: ``failed``, marked cancelled when it was."""
-        updates = []
-        for tool_id in list(self.open_tools):
-            updates.append(
-                ToolCallProgress(
-                    session_update="tool_call_update",
-                    tool_call_id=tool_id,
-                    status="failed",
-                    content=_content(reason),
-                    field_meta={"turnpool": {"cancelled": True}} if cancelled else None,
-                )
+        updates: list[Any] = [
+            ToolCallProgress(
+                session_update="tool_call_update",
+                tool_call_id=tool_id,
+                status="failed",
+                content=_content(reason),
+                field_meta={"turnpool": {"cancelled": True}} if cancelled else None,
             )
+            for tool_id in self.open_tools
+        ]
         self.open_tools.clear()
         return updates
 
@@ -171,5 +170,5 @@ def stop_reason_of(output: Any) -> StopReason:
     if isinstance(output, dict):
         reason = output.get("stop_reason")
         if reason in AGENT_STOP_REASONS:
-            return reason
+            return cast(StopReason, reason)  # checked against the closed list just above
     return "end_turn"

@@ -4,7 +4,7 @@ Every job of a JSONL file runs as one turn (retried as asked) and ends with one 
 the output, appended and flushed as it ends. The pool is embedded (``--workers N``) or a
 running daemon (``--connect E``); the two paths differ only in how the backend is opened
 (``open_backend``). Layers: ``jobs.py`` (input and validation), ``out.py`` (the results
-file), ``run.py`` (the engine), ``view.py`` (progress and summary), this module (the public API);
+file), ``runner.py`` (the engine), ``view.py`` (progress and summary), this module (the public API);
 the command itself is ``supervisor/cli/batch.py``. See ``docs/batch.md``.
 
 Exit codes of ``turnpool batch``:
@@ -23,10 +23,10 @@ from os import PathLike
 from typing import Any
 
 from .._backend import open_backend
-from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import ResultLog, read_previous
-from .run import (
+from .runner import (
     DEFAULT_RETRY_ON,
     BatchError,
     BatchInputError,
@@ -62,7 +62,6 @@ __all__ = [
     "open_backend",
     "prepare_batch",
     "read_previous",
-    "register",
     "run_batch",
     "turn_id_for",
 ]
@@ -131,10 +130,3 @@ async def run_batch(
         return await go(backend)
     async with open_backend(workers=workers, grace=grace, kill_after=kill_after) as be:
         return await go(be)
-
-
-def register(subparsers: Any) -> None:
-    """Add ``turnpool batch`` to the console script (the command lives in ``supervisor.cli.batch``)."""
-    from ..cli.batch import register as register_command
-
-    register_command(subparsers)

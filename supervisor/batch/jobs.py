@@ -22,8 +22,7 @@ import msgspec
 
 import wire
 
-from .._engine import AGENT_RE
-from .._engine.options import id_problem
+from .._checks import AGENT_RE, id_problem
 
 JOB_KEYS = frozenset({"id", "input", "agent", "timeout", "session"})
 MAX_SESSION = 256

@@ -138,7 +138,7 @@ def read_previous(path: str | PathLike[str], *, repair: bool) -> Previous:
     next append starts on a fresh line; its job has no final line and runs again."""
     prev = Previous()
     try:
-        f = open(path, "rb+" if repair else "rb")
+        f = open(path, "rb+" if repair else "rb")  # noqa: SIM115 - closed by the ``with f`` below
     except FileNotFoundError:
         return prev
     with f:

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from .run import BatchProgress, BatchSummary
+from .runner import BatchProgress, BatchSummary
 
 COLOURS = {
     "completed": "green",
@@ -27,7 +27,7 @@ COLOURS = {
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "?"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:

@@ -1,9 +1,9 @@
 """``turnpool acp --agent A [--workers N | --connect E]``: the command of the ACP front end.
 
 Declares the command's options (the shared ones from ``options.py``), checks them, claims the
-stdio channel and runs ``supervisor.acp.acp.serve``; returns one of the exit codes named in
-``exits.py``. The ``agent-client-protocol`` package (the ``acp`` extra) is imported only when the
-command runs, so the rest of the CLI works without it.
+stdio channel and runs ``supervisor.acp.stdio.serve``; returns one of the exit codes named in
+``supervisor/_exitcodes.py``. The ``agent-client-protocol`` package (the ``acp`` extra) is imported
+only when the command runs, so the rest of the CLI works without it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 
 import anyio
 
-from .._engine import check_agent
+from .._checks import check_agent
 from .._errors import InvalidAgent, TurnpoolError
-from ..acp.acp import claim_stdio, serve
+from .._exitcodes import EXIT_FAILED, EXIT_USAGE
+from ..acp.stdio import claim_stdio, serve
 from . import options
-from .exits import EXIT_FAILED, EXIT_USAGE
 
 
 def register(subparsers: Any) -> None:

@@ -20,8 +20,9 @@ from rich.console import Console
 
 from .._backend import open_backend
 from .._errors import TurnpoolError
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from ..batch import default_concurrency
-from ..batch.run import (
+from ..batch.runner import (
     DEFAULT_RETRY_ON,
     RETRYABLE,
     BatchInputError,
@@ -33,7 +34,6 @@ from ..batch.run import (
 )
 from ..batch.view import PlainProgress, RichProgress, print_summary, summary_json
 from . import cluster, options
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
 EPILOG = """\
 job line:  {"id": "j1", "input": {...}, "agent": "pkg.mod:fn", "timeout": 30, "session": "s"}

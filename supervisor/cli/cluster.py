@@ -53,8 +53,8 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     import logging
     import sys
 
+    from .._exitcodes import EXIT_USAGE
     from .._paths import default_endpoint
-    from .exits import EXIT_USAGE
 
     if args.ray is None:
         print("turnpool serve: --workers-per-node is for --ray", file=sys.stderr)
@@ -73,7 +73,7 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
         "agent_path": tuple(args.path) if getattr(args, "path", None) else None,
     }
     try:
-        from ..ray.serve import run_ray_daemon
+        from ..ray.daemon import run_ray_daemon
     except ModuleNotFoundError as exc:
         if exc.name != "ray":
             raise

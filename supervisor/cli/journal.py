@@ -23,10 +23,10 @@ import msgspec
 
 from wire import OUTCOMES
 
-from .._engine.options import check_known_id
+from .._checks import check_known_id
 from .._errors import UnknownTurn, shown_id
 from .._paths import check_endpoint, default_endpoint
-from ..daemon.journal import JournalError, default_journal_path, read_history, read_result
+from ..journal import JournalError, default_journal_path, read_history, read_result
 from . import options
 from .steps import summary as steps_summary
 from .steps import turn_steps

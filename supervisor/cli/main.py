@@ -13,11 +13,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, innermost
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, innermost
 
 # Modules that add commands; one job each.
 COMMAND_MODULES: tuple[str, ...] = (
-    "supervisor.cli.daemon",  # serve, submit, cancel, status, reload
+    "supervisor.cli.serve",  # serve: the daemon itself
+    "supervisor.cli.daemon_client",  # submit, cancel, status, reload: talk to a running daemon
     "supervisor.cli.journal",  # history, result
     "supervisor.cli.batch",  # batch
     "supervisor.cli.acp",  # acp
@@ -43,13 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    """The installed distribution's version (``turnpool --version``)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The package's version (``turnpool --version``): ``supervisor.__version__``, the one source."""
+    from supervisor import __version__
 
-    try:
-        return version("turnpool")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         return int(args.func(args) or 0)
-    except BaseException as exc:  # C-ONE: every command, every path: one line and a documented code
+    except BaseException as exc:  # noqa: BLE001 - C-ONE: every command, every path: one line, a documented code
         return _exit_for(exc)
 
 

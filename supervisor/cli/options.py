@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from .._engine import check_count, check_seconds
+from .._checks import check_count, check_seconds
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..daemon.journal_steps import view_steps
+from ..journal.steps import view_steps
 
 
 def turn_steps(path: str, turn_id: str) -> list[dict[str, Any]]:

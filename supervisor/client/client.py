@@ -15,7 +15,7 @@ not bounded: a turn may run for as long as it likes.
 ``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` (``sync.py``)
 runs it on its own asyncio loop in a portal thread. Opening and closing the connection (the
 handshake, CURVE, the socket monitor) is in ``connection.py``; where replies wait, how a submit is
-encoded and how a daemon's errors are typed, in ``requests.py``.
+encoded and how a daemon's errors are typed, in ``replies.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import msgspec
@@ -36,10 +36,13 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Cause, TurnResult, validate_cause
+from wire import Cause, TurnResult, client_link, validate_cause
+from worker.zmqlink import EVENTS as _EVENTS
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import POLLIN as _POLLIN
+from worker.zmqlink import LoopFlush, ReadableEdge
 
-from .._engine import check_seconds
-from .._engine.options import check_known_id
+from .._checks import check_known_id, check_seconds
 from .._errors import (
     DaemonUnavailable,
     FollowerDropped,
@@ -54,12 +57,9 @@ from .._handle import TurnHandle
 from .._host import Background
 from .._paths import check_endpoint, default_endpoint
 from .._stream import OwnedStreams
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import POLLIN as _POLLIN
 from .connection import close_connection, open_connection
 from .many import PipelinedMany
-from .requests import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
+from .replies import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
 
 log = logging.getLogger("turnpool.client")
 
@@ -113,8 +113,8 @@ class Client(PipelinedMany, OwnedStreams):
         # B1: requests made in one pass of the event loop leave as one batch frame (protocol 3).
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._flush_scheduled = False
-        self._recheck_scheduled = False
+        self._pass = LoopFlush(self._flush)  # B1: its loop is set at connect
+        self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader, while connected
         # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
         # in order too: one timer for the oldest replaces a timer per request.
         self._deadlines: deque[_Reply | _Replies | _Many] = deque()
@@ -122,7 +122,7 @@ class Client(PipelinedMany, OwnedStreams):
         self._state = "new"  # new → open → closed
         self._lost: str | None = None
         self._auth_failed = False
-        self.protocol = wire.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
+        self.protocol = client_link.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
     # D7: never hang on a missing daemon (connect and request timeouts).
@@ -186,18 +186,11 @@ class Client(PipelinedMany, OwnedStreams):
         workers), not by a task awaiting zmq.asyncio's ``recv``: no future and no task switch per
         frame. This task only owns the registration."""
         assert self._sync is not None and self._loop is not None
-        fd = cast(int, self._sync.getsockopt(zmq.FD))
-        self._loop.add_reader(fd, self._on_readable)
-        self._on_readable()  # frames that arrived before the reader was registered
-        try:
-            await anyio.sleep_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(fd)
+        self._edge = ReadableEdge(self._sync, self._on_readable)
+        await self._edge.watch()  # L-EDGE
 
     def _on_readable(self) -> None:
-        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left.
-        self._recheck_scheduled = False
+        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left (L-EDGE).
         sync = self._sync
         if sync is None or sync.closed:
             return
@@ -212,7 +205,7 @@ class Client(PipelinedMany, OwnedStreams):
             try:
                 if len(parts) != 1:
                     raise msgspec.DecodeError(f"expected one frame, got {len(parts)}")
-                messages = wire.decode_from_daemon_frame(parts[0])
+                messages = client_link.decode_from_daemon_frame(parts[0])
             except msgspec.DecodeError as exc:
                 self.bad_frames += 1
                 log.warning("undecodable reply from the daemon at %s: %s", self.endpoint, exc)
@@ -224,7 +217,7 @@ class Client(PipelinedMany, OwnedStreams):
                     if type(pending) is not _Replies:  # one reply per request: it is answered
                         del self._pending[msg.req]
                     pending.put(msg)
-                elif isinstance(msg, wire.Error):
+                elif isinstance(msg, client_link.Error):
                     log.warning("the daemon at %s reported: %s: %s", self.endpoint, msg.code, msg.message)
 
     async def _send(self, msg: Any) -> None:
@@ -246,23 +239,20 @@ class Client(PipelinedMany, OwnedStreams):
         return frame
 
     def _post_frame(self, frame: bytes) -> None:
-        if self.protocol < 3 or self.daemon_pid is None:
+        if self.daemon_pid is None:  # the handshake: Hello goes alone
             self._write(frame)
             return
-        if self._out_bytes + len(frame) > min(wire.BATCH_BYTES, self.max_message_size - 16):
+        if self._out_bytes + len(frame) > min(client_link.BATCH_BYTES, self.max_message_size - 16):
             self._flush()
         self._out.append(frame)
         self._out_bytes += len(frame)
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._pass.soon()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if not self._out:
             return
         out, self._out, self._out_bytes = self._out, [], 0
-        self._write(wire.encode_batch(out))
+        self._write(client_link.encode_batch(out))
 
     def _write(self, frame: bytes) -> None:
         sync = self._sync
@@ -276,14 +266,8 @@ class Client(PipelinedMany, OwnedStreams):
             self._lost = self._lost or f"a send failed: {exc}"
             self._fail_pending(self._lost)
             return
-        # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
-        if (
-            cast(int, sync.getsockopt(_EVENTS)) & _POLLIN
-            and not self._recheck_scheduled
-            and self._loop is not None
-        ):
-            self._recheck_scheduled = True
-            self._loop.call_soon(self._on_readable)
+        if self._edge is not None:
+            self._edge.after_send()  # L-EDGE: a send can consume the readable edge
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -376,15 +360,15 @@ class Client(PipelinedMany, OwnedStreams):
 
     def _abandon(self, req: int) -> None:
         """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
-        if self.protocol < 2 or self._state != "open" or self._lost is not None:
+        if self._state != "open" or self._lost is not None:
             return
         with contextlib.suppress(Exception):
-            self._post(wire.Abandon(req))
+            self._post(client_link.Abandon(req))
 
     def _reply(self, reply: Any, turn_id: str | None) -> Any:
         if isinstance(reply, _Lost):
             raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {reply.why}")
-        if isinstance(reply, wire.Error):
+        if isinstance(reply, client_link.Error):
             raise _error(reply, turn_id, self.endpoint)
         return reply
 
@@ -484,7 +468,7 @@ class Client(PipelinedMany, OwnedStreams):
             self._pending.pop(req, None)
             if not answered:
                 self._abandon(req)
-        if not isinstance(reply, wire.Result):
+        if not isinstance(reply, client_link.Result):
             raise ProtocolError(f"unexpected reply to run: {type(reply).__name__}")
         return reply.result
 
@@ -503,11 +487,11 @@ class Client(PipelinedMany, OwnedStreams):
                 if tid is None:
                     with anyio.move_on_after(self.request_timeout):
                         first = await pending.get()
-                        tid = first.turn_id if isinstance(first, wire.Accepted) else None
+                        tid = first.turn_id if isinstance(first, client_link.Accepted) else None
                 if tid is None or self._lost is not None:
                     return
                 turn = tid
-                await self._call(lambda req: wire.Cancel(req, turn, wire.USER), turn_id=turn)
+                await self._call(lambda req: client_link.Cancel(req, turn, wire.USER), turn_id=turn)
                 await pending.get()  # the Result (or the loss of the daemon)
             except (TurnpoolError, TimeoutError):
                 return  # the daemon is gone or refused: nothing more to wait for
@@ -532,7 +516,7 @@ class Client(PipelinedMany, OwnedStreams):
         """Whether the daemon knows ``turn_id`` (queued, running, or ended and still kept)."""
         _check_turn_id(turn_id)
         try:
-            await self._call(lambda req: wire.Lookup(req, turn_id), turn_id=turn_id)
+            await self._call(lambda req: client_link.Lookup(req, turn_id), turn_id=turn_id)
         except UnknownTurn:
             return False
         return True
@@ -545,7 +529,8 @@ class Client(PipelinedMany, OwnedStreams):
         """
         accepted = validate_cause(cause)
         _check_turn_id(turn_id)
-        reply = await self._call(lambda req: wire.Cancel(req, turn_id, accepted), turn_id=turn_id)
+        reply = await self._call(lambda req: client_link.Cancel(req, turn_id, accepted), turn_id=turn_id)
+        assert isinstance(reply, client_link.Cancelled)
         return reply.cause
 
     async def cancel_session(self, session: str, cause: Any = None) -> list[str]:
@@ -554,30 +539,24 @@ class Client(PipelinedMany, OwnedStreams):
         if not isinstance(session, str) or not session:
             raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
         check_known_id("session", session)  # R-TID: one that cannot be sent is bad input
-        reply = await self._call(lambda req: wire.CancelSession(req, session, accepted))
+        reply = await self._call(lambda req: client_link.CancelSession(req, session, accepted))
         return list(reply.turn_ids)
 
     async def status(self) -> dict[str, Any]:
         """The daemon's status: workers (id, pid, state, turn_id, turns_run, rss_mb), queue, counters."""
-        reply = await self._call(lambda req: wire.GetStatus(req))
+        reply = await self._call(lambda req: client_link.GetStatus(req))
         return dict(reply.status)
 
     async def reload(self) -> dict[str, int]:
         """Recycle the daemon's workers gracefully (``turnpool reload``): turns running now finish on
         their old workers, every turn that starts after this call runs on a fresh worker, which
-        imports agent code anew. Returns ``{"workers": recycled, "busy": still finishing a turn}``.
-        Raises ``ProtocolError`` when the daemon is too old to reload (client protocol < 3)."""
-        if self.protocol < 3:
-            raise ProtocolError(
-                f"the daemon at {self.endpoint} speaks client protocol {self.protocol}: it cannot reload "
-                "(restart it instead)"
-            )
-        reply = await self._call(lambda req: wire.Reload(req))
+        imports agent code anew. Returns ``{"workers": recycled, "busy": still finishing a turn}``."""
+        reply = await self._call(lambda req: client_link.Reload(req))
         return {"workers": reply.workers, "busy": reply.busy}
 
     async def when_idle(self) -> None:
         """Return once the daemon has no turn queued or running."""
-        await self._call(lambda req: wire.WhenIdle(req), bounded=False)
+        await self._call(lambda req: client_link.WhenIdle(req), bounded=False)
 
     # ---- the rest of the Backend contract (what TurnHandle uses) ------------------------
 
@@ -591,7 +570,9 @@ class Client(PipelinedMany, OwnedStreams):
         except BaseException:
             self._dropped(fut, abandon=True)
             raise
-        return self._reply(reply, turn_id).result
+        answer = self._reply(reply, turn_id)
+        assert isinstance(answer, client_link.Result)
+        return answer.result
 
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events as the daemon relays them (``TurnHandle.events``).
@@ -610,10 +591,10 @@ class Client(PipelinedMany, OwnedStreams):
         expected = 0  # the sequence number of the next event, were none dropped
         decode = wire.decode_payload
         try:
-            self._post(wire.Follow(req, turn_id, window))
+            self._post(client_link.Follow(req, turn_id, window))
             while True:
                 item = await pending.get()
-                if isinstance(item, wire.Events):
+                if isinstance(item, client_link.Events):
                     if item.seq > expected:
                         yield EventsDropped(item.seq - expected, expected)  # G1
                     expected = item.seq + len(item.data)
@@ -622,14 +603,14 @@ class Client(PipelinedMany, OwnedStreams):
                     consumed += len(item.data)
                     if consumed >= window // 2:
                         # Flow control: the daemon sends at most `window` events ahead of us.
-                        self._post(wire.Credit(req, consumed))
+                        self._post(client_link.Credit(req, consumed))
                         consumed = 0
-                elif isinstance(item, wire.FollowEnd):
+                elif isinstance(item, client_link.FollowEnd):
                     ended = True
                     return
                 else:
                     ended = True
-                    if isinstance(item, wire.Error) and item.code == "lagged":
+                    if isinstance(item, client_link.Error) and item.code == "lagged":
                         raise FollowerDropped(f"{item.message} (daemon at {self.endpoint})")
                     self._reply(item, turn_id)
                     raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
@@ -637,14 +618,4 @@ class Client(PipelinedMany, OwnedStreams):
             self._pending.pop(req, None)
             if not ended and self._state == "open" and self._lost is None:
                 with contextlib.suppress(Exception):
-                    self._post(wire.Unfollow(req))
-
-
-def __getattr__(name: str) -> type[Any]:
-    """``SyncClient`` lives in ``sync.py`` (it imports this module); the old import path
-    ``supervisor.client.client.SyncClient`` still finds it."""
-    if name == "SyncClient":
-        from .sync import SyncClient
-
-        return SyncClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+                    self._post(client_link.Unfollow(req))

@@ -18,11 +18,11 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-import wire
+from wire import client_link
 
 from .._errors import AuthenticationFailed, DaemonUnavailable
 from .._host import Background, require_asyncio
-from ..daemon.endpoint import ipc_path, socket_options
+from .._paths import client_link_options, ipc_path
 
 if TYPE_CHECKING:
     from .client import Client
@@ -51,7 +51,7 @@ async def open_connection(client: Client) -> None:
         raise DaemonUnavailable(f"no turnpool daemon is running at {client.endpoint} (no socket file {path})")
     client._ctx = zmq.asyncio.Context()
     sock = client._ctx.socket(zmq.DEALER)
-    socket_options(sock)
+    client_link_options(sock)
     sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
     try:
@@ -66,7 +66,7 @@ async def open_connection(client: Client) -> None:
         raise DaemonUnavailable(f"cannot connect to {client.endpoint}: {exc}") from exc
     client._sock = sock
     client._sync = zmq.Socket.shadow(sock.underlying)
-    client._loop = loop
+    client._loop = client._pass.loop = loop
     # H1: the reader and the monitor live in a task of their own, so the client may be
     # closed from another task than the one that opened it (Jupyter cells, app lifespans).
     client._tg = Background(f"turnpool client {client.endpoint}")
@@ -76,12 +76,10 @@ async def open_connection(client: Client) -> None:
     try:
         welcome = None
         with anyio.move_on_after(client.timeout):
-            try:
+            with contextlib.suppress(DaemonUnavailable):
                 # A refused connection (stale socket file, closed port) fails this at once:
                 # the monitor sees every reconnect attempt being refused.
                 welcome = await hello(client)
-            except DaemonUnavailable:
-                pass
         if client._auth_failed and client.curve_secret_key is None:
             # R25: a refused key is an authentication error.
             raise AuthenticationFailed(
@@ -101,7 +99,7 @@ async def open_connection(client: Client) -> None:
     except BaseException:
         await client.aclose()
         raise
-    assert isinstance(welcome, wire.Welcome)
+    assert isinstance(welcome, client_link.Welcome)
     client.daemon_pid = welcome.pid
     client.max_message_size = welcome.max_message_size
     client.protocol = welcome.version
@@ -112,7 +110,9 @@ async def hello(client: Client) -> Any:
     (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
     older clients and says in ``Welcome`` which version it speaks to this one."""
     return await client._call(
-        lambda req: wire.Hello(req, wire.CLIENT_PROTOCOL_VERSION), bounded=False, handshake=True
+        lambda req: client_link.Hello(req, client_link.CLIENT_PROTOCOL_VERSION),
+        bounded=False,
+        handshake=True,
     )
 
 

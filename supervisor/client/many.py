@@ -13,15 +13,14 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import count
 from typing import TYPE_CHECKING, Any
 
-import wire
-from wire import TurnResult
+from wire import TurnResult, client_link
 
-from .._engine import check_agent
+from .._checks import check_agent
 from .._errors import DaemonUnavailable, ProtocolError
 from .._handle import TurnHandle
 from .._many import ManyTurns, check_many, refused, turn_ids_of
 from .._tracing import caller_trace
-from .requests import _error, _Lost, _Many, _Replies, _Reply, _submit_options
+from .replies import _error, _Lost, _Many, _Replies, _Reply, _submit_options
 
 if TYPE_CHECKING:
     import asyncio
@@ -70,7 +69,7 @@ class PipelinedMany(ManyTurns):
         if not raws:
             return []
         base = self._take_reqs(len(raws))
-        submit, encode, trace = wire.Submit, self._encode, caller_trace()  # T-TRACE
+        submit, encode, trace = client_link.Submit, self._encode, caller_trace()  # T-TRACE
         frames = [
             encode(
                 submit(base + i, agent, raw, session, timeout, grace, kill_after, tid, False, retry, trace)
@@ -91,14 +90,14 @@ class PipelinedMany(ManyTurns):
         backend: Any = self  # a Client
         first: Exception | None = None
         for reply, tid in zip(many.replies, ids, strict=True):
-            if type(reply) is wire.Accepted:
+            if type(reply) is client_link.Accepted:
                 handles.append(TurnHandle(backend, reply.turn_id))
                 continue
             handles.append(None)
             if first is None:
                 first = (
                     _error(reply, tid, self.endpoint)
-                    if isinstance(reply, wire.Error)
+                    if isinstance(reply, client_link.Error)
                     else ProtocolError(f"unexpected reply to submit: {type(reply).__name__}")
                 )
         if first is None:
@@ -116,7 +115,7 @@ class PipelinedMany(ManyTurns):
         if not ids:
             return []
         base = self._take_reqs(len(ids))
-        frames = [self._encode(wire.GetResult(base + i, tid)) for i, tid in enumerate(ids)]
+        frames = [self._encode(client_link.GetResult(base + i, tid)) for i, tid in enumerate(ids)]
         many = self._send_many(base, frames, stop_on_error=True)
         try:
             lost = await many.fut
@@ -127,11 +126,11 @@ class PipelinedMany(ManyTurns):
         replies = many.replies
         if many.left:  # the wait stopped at an error: raise the first one, typed
             for reply, tid in zip(replies, ids, strict=True):
-                if type(reply) is wire.Error:
+                if type(reply) is client_link.Error:
                     self._reply(reply, tid)
         out = []
         for reply in replies:
-            if type(reply) is not wire.Result:
+            if type(reply) is not client_link.Result:
                 raise ProtocolError(f"unexpected reply to result: {type(reply).__name__}")
             out.append(reply.result)
         return out

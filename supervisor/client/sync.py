@@ -39,7 +39,7 @@ class SyncClient(SyncFront):
         return self
 
     def exists(self, turn_id: str) -> bool:
-        return self._call("exists", turn_id)
+        return bool(self._call("exists", turn_id))
 
     def reload(self) -> dict[str, int]:
         """``Client.reload``, blocking: recycle the daemon's workers so new turns import agent code anew."""

@@ -2,9 +2,8 @@
 signals, shutdown, ``run_daemon``), ``intake`` (reading requests off the client link, a slice at a
 time), ``requests`` (the answer to each client request), ``endpoint`` (claiming and binding its
 address), ``clients`` (per-client bookkeeping and flow control), ``client_watch`` (freeing what a
-client that abandons, goes or stops reading held), ``metrics`` (Prometheus), ``journal`` and
-``journal_writer`` (the SQLite journal and its writer process), ``recovery`` (the journal on the
-daemon's hooks; restart recovery)."""
+client that abandons, goes or stops reading held), ``metrics`` (Prometheus), ``recovery`` (the journal,
+``supervisor/journal/``, on the daemon's hooks; restart recovery)."""
 
 from .server import Daemon
 

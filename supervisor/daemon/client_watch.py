@@ -21,7 +21,7 @@ import anyio.lowlevel
 import zmq
 import zmq.asyncio
 
-import wire
+from wire import client_link
 
 from .clients import OWED_RETRY, PROBE_DELAY, SUSPECT_FOR, SWEEP_EVERY, ClientTable, Peer
 from .conn_guard import ClientConnections
@@ -82,10 +82,10 @@ class ClientWatch:
                     "this follower was dropped: its client stopped reading until the daemon's send queue "
                     "for it was full; follow again to resume from the oldest event kept"
                 )
-                peer.owed.append(wire.Error(req, "lagged", why))
+                peer.owed.append(client_link.Error(req, "lagged", why))
             else:
                 why = "this request was dropped: the client stopped reading until its send queue was full"
-                peer.owed.append(wire.Error(req, "dropped", why))
+                peer.owed.append(client_link.Error(req, "dropped", why))
         peer.tasks.clear()
         self.probe_now.set()
 
@@ -106,7 +106,7 @@ class ClientWatch:
         address = f"inproc://turnpool-clients-monitor-{id(self)}"
         # D-FD: connections accepted are counted (and failed accepts), disconnects free clients.
         sock.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED)
-        mon = sock.context.socket(zmq.PAIR)
+        mon: zmq.asyncio.Socket = sock.context.socket(zmq.PAIR)
         mon.setsockopt(zmq.RCVHWM, 0)
         mon.setsockopt(zmq.LINGER, 0)
         mon.connect(address)
@@ -154,7 +154,7 @@ class ClientWatch:
             await anyio.lowlevel.checkpoint()
 
     def probe(self, peer: Peer, now: float) -> None:
-        sent = self.put(peer.ident, wire.Ok(0), peer)
+        sent = self.put(peer.ident, client_link.Ok(0), peer)
         if sent == "gone":
             self.forget(peer.ident)
         elif peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_FOR:

@@ -65,12 +65,12 @@ MAX_OWED = 1024
 class Peer:
     """One client connection (one routing id)."""
 
-    __slots__ = ("ident", "fd", "version", "tasks", "owed", "suspect_since", "out", "out_bytes")
+    __slots__ = ("fd", "ident", "out", "out_bytes", "owed", "suspect_since", "tasks", "version")
 
     def __init__(self, ident: bytes, fd: int) -> None:
         self.ident = ident
         self.fd = fd
-        self.version = 1  # until its Hello says otherwise: never send it what version 1 lacks
+        self.version = 0  # no Hello yet: its replies go one message per frame, never batched
         self.tasks: dict[int, tuple[anyio.CancelScope | Waiter, str]] = {}  # req -> (scope, kind)
         # Errors to deliver once its queue has room; bounded, so a client that keeps asking and never
         # reads cannot grow it (it then misses the oldest notices, never more than MAX_OWED kept).
@@ -263,7 +263,7 @@ class FollowStream:
     only by the socket's high-water mark.
     """
 
-    __slots__ = ("scope", "credit", "inflight", "inflight_bytes", "_more", "turn_id", "guess")
+    __slots__ = ("_more", "credit", "guess", "inflight", "inflight_bytes", "scope", "turn_id")
 
     def __init__(self, window: int, turn_id: str) -> None:
         self.scope = anyio.CancelScope()

@@ -119,7 +119,7 @@ class ClientConnections:
 
 def _address_of(endpoint: str) -> Any:
     if endpoint.startswith("tcp://"):
-        host, _, port = endpoint[len("tcp://") :].rpartition(":")
+        _host, _, port = endpoint[len("tcp://") :].rpartition(":")
         return ("tcp", int(port))
     if endpoint.startswith("ipc://"):
         path = endpoint[len("ipc://") :]

@@ -35,10 +35,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-import wire
-
 from .._errors import DaemonAlreadyRunning
-from .._paths import check_endpoint
+from .._paths import check_endpoint, client_link_options, ipc_path
 from .conn_guard import HANDSHAKE_SECONDS, LISTEN_BACKLOG
 
 log = logging.getLogger("turnpool.daemon")
@@ -51,26 +49,11 @@ log = logging.getLogger("turnpool.daemon")
 CLIENT_SNDHWM = 256
 
 
-def ipc_path(endpoint: str) -> Path | None:
-    """The socket file of an ``ipc://`` endpoint (``None`` for other transports and abstract sockets)."""
-    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        return Path(endpoint[len("ipc://") :])
-    return None
-
-
 def reachable_by_others(endpoint: str) -> bool:
     """Whether another uid can connect to ``endpoint``: ``tcp://`` (any local user, and other hosts
     unless bound to loopback) and abstract ``ipc://@name`` sockets (no file mode: any user in the
     network namespace). An ``ipc://`` path is the daemon's own: its socket file is 0600."""
     return endpoint.startswith(("tcp://", "ipc://@"))
-
-
-def socket_options(sock: zmq.Socket[Any]) -> None:
-    """The options every client-link socket gets, on both sides."""
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
 
 
 class ClientEndpoint:
@@ -154,7 +137,7 @@ class ClientEndpoint:
         """Bind the ROUTER (with CURVE when configured) and return it."""
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
-        socket_options(sock)
+        client_link_options(sock)
         sock.setsockopt(zmq.SNDHWM, CLIENT_SNDHWM)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # D-FD: a connection that has not finished its handshake (CURVE's included) in time is closed.

@@ -11,7 +11,6 @@ it is owed go first) and ``sync``, the ROUTER, given once it is bound (``Daemon.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
-import wire
-
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import POLLIN as _POLLIN
-from .._zmqflags import RCVMORE as _RCVMORE
+from wire import client_link
+from worker.zmqlink import EVENTS as _EVENTS
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import POLLIN as _POLLIN
+from worker.zmqlink import RCVMORE as _RCVMORE
+from worker.zmqlink import ReadableEdge
 
 if TYPE_CHECKING:
     from .clients import ClientTable, Peer
@@ -61,8 +60,7 @@ class Intake:
         self.malformed = malformed
         self.pay = pay
         self.sync: zmq.Socket[bytes] | None = None  # the ROUTER, once bound
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.scheduled = False  # a call of ``on_readable`` is on its way (``recheck``)
+        self.edge: ReadableEdge | None = None  # L-EDGE: set once the daemon's socket is bound
         # J-PIPE: requests decoded but not handled yet (the rest of a frame past the budget of one
         # call), in arrival order: (client, the frame's requests, the first not handled).
         self.backlog: collections.deque[tuple[bytes, list[Any], int]] = collections.deque()
@@ -70,8 +68,7 @@ class Intake:
 
     def on_readable(self) -> None:
         # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
-        # of requests per call (then again from the loop), so a flood never starves other work.
-        self.scheduled = False
+        # of requests per call (then again from the loop, L-EDGE), so a flood never starves other work.
         sync = self.sync
         if sync is None or sync.closed:
             return
@@ -119,10 +116,9 @@ class Intake:
         self.recheck()
 
     def recheck(self) -> None:
-        """Read again soon, from the loop (once, however often asked before it runs)."""
-        if not self.scheduled and self.loop is not None:
-            self.scheduled = True
-            self.loop.call_soon(self.on_readable)
+        """Read again soon, from the loop (once, however often asked before it runs: L-EDGE)."""
+        if self.edge is not None:
+            self.edge.again()
 
     def _on_frame(self, ident: bytes, body: bytes, fd: int | None, extra: int, budget: int) -> int:
         """Handle one frame from a client, at most ``budget`` of its requests now (J-PIPE: the rest
@@ -137,7 +133,7 @@ class Intake:
             self.malformed(ident, f"a request is one frame, got {extra + 1}")
             return budget - 1
         try:
-            messages = wire.decode_to_daemon_frame(body)
+            messages = client_link.decode_to_daemon_frame(body)
         except msgspec.DecodeError as exc:
             self.malformed(ident, f"undecodable request: {exc}")
             return budget - 1

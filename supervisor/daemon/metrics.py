@@ -321,7 +321,7 @@ class Metrics:
                         await stream.send(_response(404, b"try /metrics\n", "text/plain"))
                     else:
                         await stream.send(_response(200, self.render(), CONTENT_TYPE_PLAIN_0_0_4))
-        except Exception as exc:  # a bad scrape never hurts the daemon
+        except Exception as exc:  # noqa: BLE001 - a bad scrape never hurts the daemon
             log.debug("metrics request failed: %r", exc)
 
 

@@ -18,6 +18,7 @@ Recovery, before clients can connect:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import threading
@@ -31,9 +32,9 @@ from wire import TurnError, TurnResult
 
 from .._engine import Supervisor, TurnRecord
 from .._errors import JournalUnavailable
+from ..journal import Journal, RecoveredTurn
+from ..journal.steps import attach_steps
 from .clients import Gate
-from .journal import Journal, RecoveredTurn
-from .journal_steps import attach_steps
 from .server import Daemon
 
 log = logging.getLogger("turnpool.daemon")
@@ -80,10 +81,9 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             handed.append((fn, args))
             if len(handed) > 1:
                 return  # a wake-up is already on its way and will run this one too
-        try:
+        # The loop is closed: the daemon is gone, nobody waits any more.
+        with contextlib.suppress(RuntimeError):
             loop_box[0].call_soon_threadsafe(run_handed, context=context_box[0])
-        except RuntimeError:
-            pass  # the loop is closed: the daemon is gone, nobody waits any more
 
     def run_all(fns: list[Any]) -> None:
         sup = daemon.sup
@@ -129,10 +129,8 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             # Deleted or replaced: it cannot come back. Stop (as SIGTERM does) and exit non-zero.
             log.error("journal %s is gone: stopping; nothing more can be made durable", journal.path)
             daemon.exit_code = EXIT_JOURNAL_LOST
-            try:
+            with contextlib.suppress(RuntimeError):
                 daemon.stop()
-            except RuntimeError:
-                pass
 
     def gate(turns: list[TurnRecord]) -> None:
         sup = daemon.sup

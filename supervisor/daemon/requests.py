@@ -29,6 +29,7 @@ import anyio.lowlevel
 import msgspec
 
 import wire
+from wire import client_link
 
 from .._errors import (
     SUBMIT_ERROR_CODES,
@@ -98,7 +99,7 @@ class Requests:
         cancel right behind its submit). Other clients' requests go on meanwhile."""
         sup = self.sup
         held = self._probing.get(ident)
-        if held is not None or (type(msg) is wire.Submit and msg.agent not in sup.agents_known):
+        if held is not None or (type(msg) is client_link.Submit and msg.agent not in sup.agents_known):
             if held is None:
                 held = self._probing[ident] = deque()
                 self.task(self._handle_probed, ident, held)
@@ -109,29 +110,35 @@ class Requests:
     def _handle_now(self, ident: bytes, msg: Any) -> None:
         sup = self.sup
         match msg:
-            case wire.Hello(req=req, version=version):
-                if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
+            case client_link.Hello(req=req, version=version):
+                if (
+                    not client_link.MIN_CLIENT_PROTOCOL_VERSION
+                    <= version
+                    <= client_link.CLIENT_PROTOCOL_VERSION
+                ):
                     why = (
-                        f"the daemon speaks client protocol {wire.MIN_CLIENT_PROTOCOL_VERSION} to "
-                        f"{wire.CLIENT_PROTOCOL_VERSION}, the client {version}"
+                        f"the daemon speaks client protocol {client_link.MIN_CLIENT_PROTOCOL_VERSION} to "
+                        f"{client_link.CLIENT_PROTOCOL_VERSION}, the client {version}"
                     )
-                    self.send(ident, wire.Error(req, "protocol", why))
+                    self.send(ident, client_link.Error(req, "protocol", why))
                 else:
                     peer = self.clients.peers.get(ident)
                     if peer is not None:
                         peer.version = version
-                    self.send(ident, wire.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
-            case wire.Submit():
+                    self.send(ident, client_link.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
+            case client_link.Submit():
                 self._accept(ident, msg)
-            case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
+            case client_link.Cancel(req=req, turn_id=turn_id, cause=cause):
                 turn = self._record(ident, req, turn_id)
                 if turn is None:
                     return
                 winner = self.cancel_timed(lambda: sup.cancel_record(turn, cause), [turn_id])
-                self.send(ident, wire.Cancelled(req, winner))
-            case wire.CancelSession(req=req, session=session, cause=cause):
+                self.send(ident, client_link.Cancelled(req, winner))
+            case client_link.CancelSession(req=req, session=session, cause=cause):
                 if not session:
-                    self.send(ident, wire.Error(req, "bad_value", "session must be a non-empty string"))
+                    self.send(
+                        ident, client_link.Error(req, "bad_value", "session must be a non-empty string")
+                    )
                     return
                 ids: list[str] = []
 
@@ -139,15 +146,17 @@ class Requests:
                     ids.extend(sup.cancel_session_now(session, cause))
 
                 self.cancel_timed(cancel_session, ids)
-                self.send(ident, wire.SessionCancelled(req, ids))
-            case wire.GetResult(req=req, turn_id=turn_id):
+                self.send(ident, client_link.SessionCancelled(req, ids))
+            case client_link.GetResult(req=req, turn_id=turn_id):
                 self.answer_result(ident, req, turn_id, self._fallback)
-            case wire.Follow(req=req, turn_id=turn_id, window=window):
+            case client_link.Follow(req=req, turn_id=turn_id, window=window):
                 followed = self._record(ident, req, turn_id)
                 if followed is None:
                     return
                 if window < 0:
-                    self.send(ident, wire.Error(req, "bad_value", f"window must be >= 0, got {window}"))
+                    self.send(
+                        ident, client_link.Error(req, "bad_value", f"window must be >= 0, got {window}")
+                    )
                     return
                 stream = FollowStream(window, turn_id)
                 self.clients.streams[(ident, req)] = stream
@@ -155,31 +164,31 @@ class Requests:
                 self.task(
                     self._follow, ident, req, followed, stream, key=(ident, req, "follow"), scope=stream.scope
                 )
-            case wire.Credit(req=req, n=n):
+            case client_link.Credit(req=req, n=n):
                 credited = self.clients.streams.get((ident, req))
                 if credited is not None and n > 0:
                     credited.grant(n)
-            case wire.Unfollow(req=req) | wire.Abandon(req=req):
+            case client_link.Unfollow(req=req) | client_link.Abandon(req=req):
                 self.abandon(ident, req)
-            case wire.Lookup(req=req, turn_id=turn_id):
+            case client_link.Lookup(req=req, turn_id=turn_id):
                 if sup.find(turn_id) is not None or self.lookup(turn_id) is not None:
-                    self.send(ident, wire.Ok(req))
+                    self.send(ident, client_link.Ok(req))
                 else:
-                    self.send(ident, wire.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
-            case wire.GetStatus(req=req):
-                self.send(ident, wire.Status(req, self.status()))
-            case wire.WhenIdle(req=req):
+                    self.send(ident, client_link.Error(req, "unknown_turn", str(UnknownTurn(turn_id))))
+            case client_link.GetStatus(req=req):
+                self.send(ident, client_link.Status(req, self.status()))
+            case client_link.WhenIdle(req=req):
                 self.task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
-            case wire.Reload(req=req):
+            case client_link.Reload(req=req):
                 done = sup.recycle_workers()  # D-RELOAD
-                self.send(ident, wire.Reloaded(req, done["workers"], done["busy"]))
+                self.send(ident, client_link.Reloaded(req, done["workers"], done["busy"]))
 
     def _record(self, ident: bytes, req: int, turn_id: str) -> TurnRecord | None:
         """The record of ``turn_id``, or ``None`` once ``unknown_turn`` is answered."""
         try:
             return self.sup.record(turn_id)
         except UnknownTurn as exc:
-            self.send(ident, wire.Error(req, "unknown_turn", str(exc)))
+            self.send(ident, client_link.Error(req, "unknown_turn", str(exc)))
             return None
 
     async def _handle_probed(self, ident: bytes, waiting: deque[Any]) -> None:
@@ -190,7 +199,7 @@ class Requests:
         try:
             while waiting:
                 msg = waiting[0]
-                if type(msg) is wire.Submit and msg.agent not in sup.agents_known:
+                if type(msg) is client_link.Submit and msg.agent not in sup.agents_known:
                     await sup.learn_agent(msg.agent)
                 elif handled % PROBED_SLICE == PROBED_SLICE - 1:
                     await anyio.lowlevel.checkpoint()  # J-PIPE-FAIR: other work between slices
@@ -200,11 +209,11 @@ class Requests:
                     self._handle_now(ident, msg)
                 except Exception as exc:  # a bug here costs one request, never the requests behind it
                     log.exception("request %r failed", msg)
-                    self.send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+                    self.send(ident, client_link.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
         finally:
             del self._probing[ident]
 
-    def _accept(self, ident: bytes, msg: wire.Submit) -> None:
+    def _accept(self, ident: bytes, msg: client_link.Submit) -> None:
         req = msg.req
         # T-TRACE: the client's trace context, for the acceptance below (an invalid one is ignored).
         traced = CALLER_TRACE.set(valid_traceparent(msg.trace)) if msg.trace is not None else None
@@ -221,7 +230,7 @@ class Requests:
             )
         except _SUBMIT_ERRORS as exc:
             code = next(code for kind, code in SUBMIT_ERROR_CODES if isinstance(exc, kind))
-            self.send(ident, wire.Error(req, code, str(exc)))
+            self.send(ident, client_link.Error(req, code, str(exc)))
             return
         finally:
             if traced is not None:
@@ -233,7 +242,7 @@ class Requests:
                 self._ack_after, ident, req, turn_id, gates, msg.wait, existed, key=(ident, req, "result")
             )
         else:
-            self.send(ident, wire.Accepted(req, turn_id, existed))
+            self.send(ident, client_link.Accepted(req, turn_id, existed))
             if msg.wait:
                 self.answer_result(ident, req, turn_id, self._fallback)
 
@@ -251,17 +260,17 @@ class Requests:
             try:
                 await gate
             except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
-                self.send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                self.send(ident, client_link.Error(req, "journal_unavailable", str(exc)))
                 return
             except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
-                self.send(ident, wire.Error(req, "bad_value", str(exc)))
+                self.send(ident, client_link.Error(req, "bad_value", str(exc)))
                 return
             except Exception as exc:
                 log.exception("accept hook failed for turn %s", turn_id)
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
-                self.send(ident, wire.Error(req, "internal", why))
+                self.send(ident, client_link.Error(req, "internal", why))
                 return
-        self.send(ident, wire.Accepted(req, turn_id, existing))
+        self.send(ident, client_link.Accepted(req, turn_id, existing))
         if wait:
             await self._result(ident, req, turn_id)
 
@@ -275,18 +284,18 @@ class Requests:
                 log.warning("journal lookup of turn %s failed", turn_id, exc_info=True)
                 found = None
             if found is None or found[2] is None:
-                self.send(ident, wire.Error(req, "unknown_turn", str(exc)))
+                self.send(ident, client_link.Error(req, "unknown_turn", str(exc)))
                 return
             result = found[2]  # evicted from memory, kept in the journal
-        self.send(ident, wire.Result(req, result))
+        self.send(ident, client_link.Result(req, result))
 
     async def _follow(self, ident: bytes, req: int, turn: TurnRecord, stream: FollowStream) -> None:
         """Stream ``turn``'s events from the oldest kept one, in batches, within the client's window.
 
         A follower whose next event was dropped from the turn's buffer (it fell more than
-        ``max_events`` behind) is told so (``lagged``) and its stream ends: never a silent gap
-        (R22). Each batch is one send, then a checkpoint, so followers never crowd out the
-        workers' frames or other clients (R21).
+        ``max_events`` behind) goes on from the oldest kept event; the jump in ``seq`` is the gap
+        its client reports (G1, R22: never a silent gap). Each batch is one send, then a checkpoint,
+        so followers never crowd out the workers' frames or other clients (R21).
         """
         sup = self.sup
         seq = turn.events_base  # a late follower starts at the oldest event kept
@@ -337,7 +346,7 @@ class Requests:
                         stream.guess = max(fit + fit // 4 + 1, 64)
                     elif want < stop:
                         stream.guess = min(2 * stream.guess, BATCH_EVENTS)
-                    if not self.send(ident, wire.Events(req, seq, batch)):
+                    if not self.send(ident, client_link.Events(req, seq, batch)):
                         return  # gone, or stopped reading (then it is owed a `lagged`)
                     stream.spent(sizes)
                     seq += len(batch)
@@ -345,11 +354,11 @@ class Requests:
                     await anyio.lowlevel.checkpoint()
                     continue
                 if turn.state == "ended" or turn.pending_result is not None:
-                    self.send(ident, wire.FollowEnd(req))
+                    self.send(ident, client_link.FollowEnd(req))
                     return
                 if turn.state == "kept":  # D-KEEP: set aside for the next start, never started here
                     why = f"turn {turn.id} stays queued in the journal: it runs when the daemon starts again"
-                    self.send(ident, wire.Error(req, "shutting_down", why))
+                    self.send(ident, client_link.Error(req, "shutting_down", why))
                     return
                 await turn.changed()
         finally:
@@ -370,8 +379,8 @@ class Requests:
             f"{self.sup.max_events} events of a turn (--max-events); follow again to resume from "
             "the oldest one kept"
         )
-        self.send(ident, wire.Error(req, "lagged", why))
+        self.send(ident, client_link.Error(req, "lagged", why))
 
     async def _when_idle(self, ident: bytes, req: int) -> None:
         await self.sup.when_idle()
-        self.send(ident, wire.Ok(req))
+        self.send(ident, client_link.Ok(req))

@@ -52,10 +52,14 @@ import zmq
 import zmq.asyncio
 
 import wire
-from wire import Cause, TurnResult
+from wire import Cause, TurnResult, client_link
 from worker import lowlevel
+from worker.zmqlink import NOBLOCK as _NOBLOCK
+from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
+from worker.zmqlink import LoopFlush, ReadableEdge
 
-from .._engine import Supervisor, TurnRecord, check_agent
+from .._checks import check_agent
+from .._engine import Supervisor, TurnRecord
 from .._errors import (
     DaemonShuttingDown,
     JournalUnavailable,
@@ -63,10 +67,6 @@ from .._errors import (
 )
 from .._fds import FdBudget, nofile_limit
 from .._paths import default_endpoint
-from .._zmqflags import EVENTS as _EVENTS
-from .._zmqflags import NOBLOCK as _NOBLOCK
-from .._zmqflags import NOBLOCK_MORE as _NOBLOCK_MORE
-from .._zmqflags import POLLIN as _POLLIN
 from .client_watch import ClientWatch
 from .clients import (
     Ack,
@@ -171,7 +171,7 @@ class Daemon:
         # B1: result requests waiting for a live turn, answered from the end hook (no task each):
         # turn id -> [(client, req, the scope registered under the client)].
         self._result_waiters: dict[str, list[tuple[bytes, int, Waiter]]] = {}
-        self._flush_scheduled = False
+        self._pass = LoopFlush(self._flush)  # B1: replies made in one pass leave together (loop: _receive)
         self._clients = ClientTable()  # every client, its follow streams, their counters (R20–R22)
         self._mon: zmq.asyncio.Socket | None = None
         self.too_large_replies = 0
@@ -255,18 +255,13 @@ class Daemon:
         reads its workers): no future and no task switch per frame (B1). This task only owns
         the registration."""
         assert self._sync is not None
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        fd = cast(int, self._sync.getsockopt(zmq.FD))
+        self._loop = self._pass.loop = asyncio.get_running_loop()
         intake = self._intake
-        intake.loop = loop
         intake.sync = self._sync
-        loop.add_reader(fd, intake.on_readable)
-        intake.on_readable()  # frames that arrived before the reader was registered
+        intake.edge = ReadableEdge(self._sync, intake.on_readable)
         try:
-            await anyio.sleep_forever()
+            await intake.edge.watch()  # L-EDGE
         finally:
-            loop.remove_reader(fd)
             intake.drain(None)  # read from the socket: every one of them is answered
             self._flush()
 
@@ -277,7 +272,7 @@ class Daemon:
             requests.handle(ident, msg)
         except Exception as exc:  # a bug here must cost one request, never the daemon
             log.exception("request %r failed", msg)
-            self._send(ident, wire.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
+            self._send(ident, client_link.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
 
     # D5: a bad frame costs one reply.
     def _malformed(self, ident: bytes, why: str) -> None:
@@ -285,7 +280,7 @@ class Daemon:
         # Warn about the first few only: a flood of garbage must not flood the log too.
         level = logging.WARNING if self.malformed <= 10 else logging.DEBUG
         log.log(level, "malformed frame from a client: %s", why)
-        self._send(ident, wire.Error(0, "malformed", why))
+        self._send(ident, client_link.Error(0, "malformed", why))
 
     def _send(self, ident: bytes, msg: Any) -> bool:
         """Send one reply; ``False`` when it did not go: the client is gone (``ROUTER_MANDATORY``
@@ -294,7 +289,7 @@ class Daemon:
         peer = self._clients.peers.get(ident)
         if peer is None:
             return False  # R-GONE: every client has a peer from its first frame on; this one went
-        if peer.version >= 3:
+        if peer.version:  # after its Hello, B1: replies are batched
             self._queue_reply(peer, msg)  # goes in ``_flush``, which hands journal rows over first
             return True
         for before in self.before_reply:  # B2: this reply leaves now; the journal's rows first
@@ -315,16 +310,13 @@ class Daemon:
         peer.out_bytes += len(frame)
         if len(peer.out) == 1:
             self._dirty.append(peer)
-        if not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._pass.soon()
 
     def _flush(self) -> None:
         """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES``. A
         client whose queue is full (it stopped reading) keeps the frames that did not go, in order,
         with the errors it is owed (R21). Journal rows written in this pass go to the journal's
         writer first (``before_reply``, B2): no reply overtakes the record of what it reports."""
-        self._flush_scheduled = False
         for before in self.before_reply:
             before()
         dirty, self._dirty = self._dirty, []
@@ -337,12 +329,12 @@ class Daemon:
             chunk: list[bytes] = []
             size = 0
             for frame in out:
-                if chunk and size + len(frame) > wire.BATCH_BYTES:
-                    frames.append(wire.encode_batch(chunk))
+                if chunk and size + len(frame) > client_link.BATCH_BYTES:
+                    frames.append(client_link.encode_batch(chunk))
                     chunk, size = [], 0
                 chunk.append(frame)
                 size += len(frame)
-            frames.append(wire.encode_batch(chunk))
+            frames.append(client_link.encode_batch(chunk))
             if peer.owed:
                 self._watch.pay(peer)
             if peer.owed:
@@ -369,9 +361,7 @@ class Daemon:
                 f"{wire.MAX_MESSAGE_SIZE}-byte message limit"
             )
             log.warning("%s (request %s)", why, msg.req)
-            frame = wire.encode(self._for(peer, wire.Error(msg.req, "too_large", why)))
-        elif isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
-            frame = wire.encode(self._for(peer, msg))
+            frame = wire.encode(client_link.Error(msg.req, "too_large", why))
         return frame
 
     def _put(self, ident: bytes, msg: Any, peer: Peer | None) -> str:
@@ -395,15 +385,8 @@ class Daemon:
                 log.debug("reply to a client failed: %s", exc)
             return "gone"
         finally:
-            # A send can consume the edge of ZeroMQ's edge-triggered FD: read soon if something waits.
-            if cast(int, self._sync.getsockopt(_EVENTS)) & _POLLIN:
-                self._intake.recheck()
-
-    @staticmethod
-    def _for(peer: Peer | None, err: wire.Error) -> wire.Error:
-        """``err`` as ``peer`` can read it: a code its protocol version does not have is translated
-        (``wire.error_for``)."""
-        return wire.error_for(err, peer.version if peer is not None else 1)
+            if self._intake.edge is not None:
+                self._intake.edge.after_send()  # L-EDGE: a send can consume the readable edge
 
     # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
 
@@ -569,7 +552,7 @@ class Daemon:
             self._task(fallback, ident, req, turn_id, key=(ident, req, "result"))
             return
         if turn.result is not None:
-            self._send(ident, wire.Result(req, turn.result))
+            self._send(ident, client_link.Result(req, turn.result))
             return
         peer = self._clients.peers.get(ident)
         if peer is None:
@@ -612,15 +595,15 @@ class Daemon:
             if exc is None:
                 continue
             if isinstance(exc, JournalUnavailable):
-                self._send(ident, wire.Error(req, "journal_unavailable", str(exc)))
+                self._send(ident, client_link.Error(req, "journal_unavailable", str(exc)))
             elif isinstance(exc, ValueError):  # the id was recorded meanwhile (J8)
-                self._send(ident, wire.Error(req, "bad_value", str(exc)))
+                self._send(ident, client_link.Error(req, "bad_value", str(exc)))
             else:
                 log.error("accept hook failed for turn %s: %r", turn_id, exc)
                 why = f"turn {turn_id} accepted but not recorded: {exc}"
-                self._send(ident, wire.Error(req, "internal", why))
+                self._send(ident, client_link.Error(req, "internal", why))
             return
-        self._send(ident, wire.Accepted(req, turn_id, ack.existing))
+        self._send(ident, client_link.Accepted(req, turn_id, ack.existing))
         if ack.wait:
             self.answer_result(ident, req, turn_id, ack.fallback)
 
@@ -635,7 +618,7 @@ class Daemon:
                 continue  # gone, abandoned or dropped: nothing to answer
             if peer.tasks.get(req, (None,))[0] is scope:
                 del peer.tasks[req]
-            self._send(ident, wire.Result(req, result))
+            self._send(ident, client_link.Result(req, result))
 
     def _on_end(self, turn: TurnRecord, result: TurnResult) -> None:
         for stream in self._clients.turn_streams.get(turn.id, ()):
@@ -728,7 +711,7 @@ class Daemon:
         }
 
 
-__all__ = ["Daemon", "READY_PREFIX", "run_daemon"]
+__all__ = ["READY_PREFIX", "Daemon", "run_daemon"]
 
 
 def _same_encoded(known: bytes, raw: msgspec.Raw | bytes) -> bool:

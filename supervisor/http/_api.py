@@ -34,9 +34,9 @@ from .._errors import (
     UnknownTurn,
 )
 from .._tracing import CALLER_TRACE, valid_traceparent
-from ..daemon import journal_read
-from ..daemon.journal_schema import JournalError
-from ..daemon.journal_steps import view_steps
+from ..journal import reader as journal_read
+from ..journal.schema import JournalError
+from ..journal.steps import view_steps
 from . import _schema
 from ._guard import Guard
 from ._sse import EventStream
@@ -72,7 +72,8 @@ def _result_json(result: Any) -> bytes:
 
 
 def _front(request: Request) -> HttpFrontEnd:
-    return request.app.state.front
+    front: HttpFrontEnd = request.app.state.front  # set by the front end when it builds the app
+    return front
 
 
 def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
@@ -236,7 +237,7 @@ async def submit(request: Request) -> Response:
 
 def _state(front: HttpFrontEnd, turn_id: str) -> dict[str, Any]:
     try:
-        view = front.sup.turn_info(turn_id)
+        view: dict[str, Any] = front.sup.turn_info(turn_id)
     except UnknownTurn as exc:
         raise ApiError(404, "unknown_turn", str(exc)) from None
     if not view.get("input_retained"):

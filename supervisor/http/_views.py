@@ -26,9 +26,9 @@ import wire
 from wire import TurnResult
 
 from .._errors import UnknownTurn
-from ..daemon import journal_read
 from ..daemon.figures import OUTCOMES, AgentRing, kill_reason
-from ..daemon.journal_schema import JournalError
+from ..journal import reader as journal_read
+from ..journal.schema import JournalError
 
 if TYPE_CHECKING:
     from .._engine.turns import TurnRecord

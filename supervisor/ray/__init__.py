@@ -5,9 +5,10 @@
 * ``router`` — ``RaySupervisor``, the driver-side ``Backend`` that routes turns to nodes;
 * ``membership`` — the router's node supervisors, started as nodes join, and the loss handling
   that ends (or re-places) a lost node's turns once;
-* ``link`` — one node's submit and result streams (the result stream is also its liveness);
-* ``turns`` — the router's turn table and session pins (no Ray);
-* ``placement`` — turn ids naming nodes, rendezvous hashing (pure, no Ray).
+* ``node_link`` — one node's submit and result streams (the result stream is also its liveness);
+* ``turn_table`` — the router's turn table and session pins (no Ray);
+* ``placement`` — turn ids naming nodes, rendezvous hashing (pure, no Ray);
+* ``daemon`` — ``turnpool serve --ray``: the client endpoint with a ``RaySupervisor`` behind it.
 
 Importing this package imports Ray (the ``ray`` extra); ``import supervisor`` never does:
 ``supervisor.RaySupervisor`` is resolved on first use.

@@ -21,10 +21,10 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .link import NodeLink, kill_actor
 from .node import NodeSupervisor
+from .node_link import NodeLink, kill_actor
 from .placement import node_key
-from .turns import Changes, RoutedTurn, TurnTable, lost_result
+from .turn_table import Changes, RoutedTurn, TurnTable, lost_result
 
 log = logging.getLogger("turnpool.ray")
 

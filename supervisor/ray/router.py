@@ -19,6 +19,7 @@ What stays here is the public face and the placement policy: which node a turn g
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import math
@@ -35,17 +36,17 @@ import ray.exceptions
 import wire
 from wire import Cause, TurnResult, validate_cause
 
-from .._engine.options import check_agent, check_optional_str, check_seconds
+from .._checks import check_agent, check_optional_str, check_seconds
 from .._errors import SupervisorClosed, UnknownTurn, WorkerStartError
 from .._handle import TurnHandle
 from .._many import ManyTurns
 from .._stream import OwnedStreams
 from .batches import decode_cancel_reply, encode_requests
-from .link import NodeLink
 from .membership import Membership
 from .node import CANCEL_REPLY_WAIT
+from .node_link import NodeLink
 from .placement import new_turn_id, node_of, rendezvous
-from .turns import NODE_LOST, Changes, RoutedTurn, TurnTable, lost_result
+from .turn_table import NODE_LOST, Changes, RoutedTurn, TurnTable, lost_result
 
 __all__ = ["NAMESPACE", "NODE_LOST", "RaySupervisor"]
 
@@ -525,7 +526,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         poll, with its node id, key and state) and the totals across nodes, without asking the
         nodes (R-STATUS: ``status()`` is the awaitable that asks them first)."""
         nodes = []
-        workers = []
+        workers: list[dict[str, Any]] = []
         outcomes: collections.Counter[str] = collections.Counter()
         queue = running = 0
         for node in self._members.nodes.values():
@@ -534,9 +535,11 @@ class RaySupervisor(ManyTurns, OwnedStreams):
             nodes.append(status)
             if node.state != "live":
                 continue
-            for worker in status.get("workers", []):
-                # The id names the node too: a status table of all workers shows whose pool each is.
-                workers.append(dict(worker, node=node.key, id=f"{node.key}/{worker.get('id')}"))
+            # The id names the node too: a status table of all workers shows whose pool each is.
+            workers.extend(
+                dict(worker, node=node.key, id=f"{node.key}/{worker.get('id')}")
+                for worker in status.get("workers", [])
+            )
             queue += status.get("queue", 0)
             running += status.get("running", 0)
             outcomes.update(status.get("outcomes", {}))
@@ -553,10 +556,8 @@ class RaySupervisor(ManyTurns, OwnedStreams):
     async def status(self) -> dict[str, Any]:
         """``status_now()`` after asking every live node now (the Backend contract: async)."""
         for node in self._members.live():
-            try:
+            with contextlib.suppress(ray.exceptions.RayError):
                 node.status = await node.actor.status.remote()
-            except ray.exceptions.RayError:
-                pass
         return self.status_now()
 
     async def when_idle(self) -> None:
@@ -564,10 +565,8 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         while self._table.open:
             await self._changes.wait()
         for node in self._members.live():
-            try:
+            with contextlib.suppress(ray.exceptions.RayError):
                 await node.actor.when_idle.remote()
-            except ray.exceptions.RayError:
-                pass
 
     # ---- for tests and tools ----------------------------------------------------------------
 

@@ -169,12 +169,12 @@ async def big_output(turn: worker.Turn) -> dict[str, Any]:
 
 
 async def raw_steps(turn: worker.Turn) -> dict[str, Any]:
-    """Sends step records past the supervisor's checks (a hostile agent's own ``wire.Step``s): one
+    """Sends step records past the supervisor's checks (a hostile agent's own ``worker_link.Step``s): one
     out of order, one over the record limit, then 4 MiB records until the turn's total refuses one.
     Returns the refusals' reasons, in order."""
     import msgspec
 
-    import wire
+    from wire import worker_link
 
     conn = turn._conn
     log = turn._steps()
@@ -183,7 +183,7 @@ async def raw_steps(turn: worker.Turn) -> dict[str, Any]:
     async def send(seq: int, size: int) -> None:
         fut = conn._loop.create_future()
         log.waiters.append((seq, fut))
-        conn.post(wire.Step(turn.id, seq, 0, "model", msgspec.Raw(msgspec.msgpack.encode("x" * size))))
+        conn.post(worker_link.Step(turn.id, seq, 0, "model", msgspec.Raw(msgspec.msgpack.encode("x" * size))))
         await fut
         if log.error is not None:
             errors.append(log.error)

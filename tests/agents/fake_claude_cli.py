@@ -169,14 +169,18 @@ def endless(inbox, partial, stubborn, mark):
             if stubborn:
                 continue  # stdin closed: ignored
             return
-        if isinstance(msg, dict) and msg.get("type") == "control_request":
-            if msg["request"].get("subtype") == "interrupt" and not stubborn:
-                answer(msg)
-                interrupted = True
-                if mark:
-                    with open(mark, "w") as f:
-                        f.write("interrupted")
-                result("", subtype="error_during_execution", is_error=True)
+        if (
+            isinstance(msg, dict)
+            and msg.get("type") == "control_request"
+            and msg["request"].get("subtype") == "interrupt"
+            and not stubborn
+        ):
+            answer(msg)
+            interrupted = True
+            if mark:
+                with open(mark, "w") as f:
+                    f.write("interrupted")
+            result("", subtype="error_during_execution", is_error=True)
         if not interrupted and partial:
             text_delta("more ")
 

@@ -20,6 +20,7 @@ tell a survivor from a reused pid. Every loop and every child is bounded in coun
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ import msgspec
 
 import worker
 from tests.agents.soak import _note
-from wire import End
+from wire.worker_link import End
 
 FORGED = "FORGED"
 _REC_HEAD = 16  # the End log's header (worker/_endlog.py): used, pid, reserved
@@ -117,10 +118,8 @@ def forge(turn: worker.Turn) -> Any:
                 seen.add(ends)
                 owner = _forge_one(ends, ends[: -len(".ends")] + ".started", me, inp["prefix"])
                 if owner is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.kill(owner, signal.SIGKILL)
-                    except OSError:
-                        pass
                     return {"forged": True, "worker": owner, "logs_seen": len(seen)}
         time.sleep(0.05)  # allowed: an attacker polling for a target, bounded by the deadline
     return {"forged": False, "logs_seen": len(seen)}

@@ -3,6 +3,7 @@ keep (W-OWN, W-CWD, W-BIND), as an agent running as the daemon's user could."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import anyio
 
 import wire
 import worker
+from wire import worker_link
 
 
 async def wait_long(turn: worker.Turn) -> Any:
@@ -30,7 +32,7 @@ def _endpoint_dirs(pid: int) -> set[str]:
     except OSError:
         return set()
     found = set()
-    for flag, value in zip(argv, argv[1:], strict=False):
+    for flag, value in itertools.pairwise(argv):
         if flag == "--endpoint" and value.startswith("ipc://"):
             found.add(os.path.dirname(value[len("ipc://") :]))
         elif flag == "--cwd":
@@ -102,11 +104,11 @@ def forge(turn: worker.Turn) -> Any:
     forged = []
     if noted is not None:
         turn_id, started_at = noted
-        record = wire.encode(wire.End(turn_id, "completed", wire.encode_payload("FORGED")))
+        record = wire.encode(worker_link.End(turn_id, "completed", wire.encode_payload("FORGED")))
         for path in logs:
             try:
                 with open(path, "r+b") as f:
-                    used, pid = struct.unpack("@II", f.read(8))
+                    used, _pid = struct.unpack("@II", f.read(8))
                     f.seek(16 + used)
                     f.write(struct.pack("<Id", len(record), started_at) + record)
                     f.seek(0)

@@ -15,6 +15,7 @@ from typing import Any
 
 import wire
 import worker
+from wire import worker_link
 
 
 def note(path: str | None, text: str | None = None) -> None:
@@ -71,7 +72,9 @@ async def count(turn: worker.Turn) -> Any:
 async def forger(turn: worker.Turn) -> Any:
     """Sends, over its worker's own connection, an ``End`` (completed, forged output) for the turn
     ``turn.input["victim"]`` - a turn handed to this worker behind this one - then returns."""
-    forged = wire.End(turn.input["victim"], "completed", wire.encode_payload({"forged": True}, what="output"))
+    forged = worker_link.End(
+        turn.input["victim"], "completed", wire.encode_payload({"forged": True}, what="output")
+    )
     turn._conn.send_now(forged)
     await turn.emit({"type": "forged"})  # on the wire when it returns: the forged End went first
     return "forger done"

@@ -6,6 +6,7 @@ nothing until the client hangs up; any other "Hello from Claude." in three delta
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -40,10 +41,11 @@ class FakeAnthropicServer:
 
     async def _handle(self, client: anyio.abc.SocketStream) -> None:
         async with client:
-            try:
+            # the client hung up
+            with contextlib.suppress(
+                anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError
+            ):
                 await self._answer(client)
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
-                pass  # the client hung up
 
     async def _answer(self, client: anyio.abc.SocketStream) -> None:
         buf = BufferedByteReceiveStream(client)

@@ -136,7 +136,7 @@ def start(
             stderr=err,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
-            preexec_fn=_before_exec(limit_fds, preexec_fn),  # noqa: PLW1509
+            preexec_fn=_before_exec(limit_fds, preexec_fn),
         )
     finally:
         if not isinstance(err, int):

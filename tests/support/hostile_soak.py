@@ -315,13 +315,13 @@ async def hostile_soak(plan: Plan, *, progress: bool = False, keep_home: str | N
                 plan.duration * 0.6,
             )
             threads.append(threading.Thread(target=hostile_floods.half_open_http, args=late))
-        for _ in range(plan.header_streams):
-            threads.append(
-                threading.Thread(
-                    target=hostile_floods.endless_header,
-                    args=(http_host, hport, plan.header_mib, stop_floods, floods["endless HTTP header"]),
-                )
+        threads.extend(
+            threading.Thread(
+                target=hostile_floods.endless_header,
+                args=(http_host, hport, plan.header_mib, stop_floods, floods["endless HTTP header"]),
             )
+            for _ in range(plan.header_streams)
+        )
         threads.append(
             threading.Thread(
                 target=hostile_floods.raw_tcp,
@@ -507,7 +507,7 @@ def _recover(journal: Path, settle: float) -> str:
             state = anyio.run(wait_idle, d.endpoint)
             stopping = time.monotonic()
         return f"restarted on the journal, {state}, stopped in {time.monotonic() - stopping:.1f} s"
-    except Exception as exc:  # a journal the run damaged is a finding, not a crash
+    except Exception as exc:  # noqa: BLE001 - a journal the run damaged is a finding, not a crash
         return f"restart on the journal failed: {type(exc).__name__}: {str(exc)[:160]}"
 
 
@@ -515,13 +515,13 @@ def _account(
     report: Report, journal: Path, runs_log: str, pids_log: str, before_us: set[int], home: Path
 ) -> None:
     """After the stop: results from the journal, executions from the run log, what is left."""
-    from supervisor.daemon.journal_read import lookup_on, open_reader
+    from supervisor.journal.reader import lookup_on, open_reader
 
     if os.path.exists(runs_log):
         report.ran.update(Path(runs_log).read_text().split())
     try:
         record = open_reader(journal)
-    except Exception as exc:  # a journal a second daemon damaged is a finding, not a crash
+    except Exception as exc:  # noqa: BLE001 - a journal a second daemon damaged is a finding
         report.lost = sorted(report.acked)
         report.submit_errors[f"journal unreadable: {exc}"[:120]] += 1
         record = None
@@ -571,10 +571,8 @@ def _account(
     for pid, (start, kind) in noted.items():  # gone from our tree (e.g. re-parented to init)
         if _alive_with_start(pid, start):
             report.left.append(f"{pid} (outside this process's tree): left by an agent: {kind}")
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     err = home / "stderr.log"
     if err.exists():
         text = err.read_text(errors="replace")
@@ -681,9 +679,9 @@ def main() -> int:
     parser.add_argument("--keep", default=None, help="copy the run's directory here if a check failed")
     args = parser.parse_args()
 
-    from worker import lowlevel
+    from worker import proctree
 
-    lowlevel.set_child_subreaper()  # orphans come here, where the leftover check sees them
+    proctree.set_child_subreaper()  # orphans come here, where the leftover check sees them
     if args.ci:
         plan = Plan.ci()
     elif args.quick:

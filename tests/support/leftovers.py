@@ -7,6 +7,7 @@ the hostile-neighbour soak (``tests/support/hostile_soak.py``, which counts them
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -37,10 +38,8 @@ def clear(left: list[psutil.Process], timeout: float = 5.0) -> tuple[list[str], 
     gone, alive = psutil.wait_procs(left, timeout=timeout)
     zombies = []
     for p in gone:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(p.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
     for p in alive:
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
@@ -52,14 +51,10 @@ def clear(left: list[psutil.Process], timeout: float = 5.0) -> tuple[list[str], 
     really = [p for p in alive if p.pid not in zombies]
     desc = [f"{p.pid} {cmd(p)}" for p in really]
     for p in really:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     psutil.wait_procs(really, timeout=timeout)
     for p in really:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(p.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
     return desc, zombies

@@ -248,10 +248,10 @@ def _table(report: Report) -> str:
         "| turns done | seconds | supervisor fds | supervisor RSS (MiB) | zombies | worker restarts |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for s in report.samples:
-        lines.append(
-            f"| {s.turns} | {s.seconds:.1f} | {s.fds} | {s.rss_mb:.1f} | {s.zombies} | {s.restarts} |"
-        )
+    lines.extend(
+        f"| {s.turns} | {s.seconds:.1f} | {s.fds} | {s.rss_mb:.1f} | {s.zombies} | {s.restarts} |"
+        for s in report.samples
+    )
     return "\n".join(lines)
 
 
@@ -298,9 +298,9 @@ def main() -> int:
     parser.add_argument("--daemon-kills", type=int, default=20)
     args = parser.parse_args()
 
-    from worker import lowlevel
+    from worker import proctree
 
-    lowlevel.set_child_subreaper()  # orphans of killed daemons come to us, where the soak can see them
+    proctree.set_child_subreaper()  # orphans of killed daemons come to us, where the soak can see them
     from tests.support.soak_daemon import daemon_soak, markdown
 
     print(f"daemon soak: {args.daemon_turns} turns, {args.daemon_kills} SIGKILLs ...", file=sys.stderr)

@@ -15,6 +15,7 @@ alive (0 survivors), and the daemon's fds and RSS are sampled to show they stay 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import random
 import signal
@@ -31,6 +32,7 @@ import wire
 from supervisor import Client, TurnpoolError
 from tests.support import daemonkit
 from tests.support.soak import _alive_with_start
+from wire import client_link
 
 AGENT = "tests.agents.soak:counted"
 
@@ -98,9 +100,9 @@ async def _vanishing_clients(endpoint: str, ids: list[str], n: int) -> int:
             sock.connect(endpoint)
             tid = ids[i % len(ids)] if ids else "none"
             for msg in (
-                wire.Hello(1, wire.CLIENT_PROTOCOL_VERSION),
-                wire.Follow(2, tid),
-                wire.GetResult(3, tid),
+                client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION),
+                client_link.Follow(2, tid),
+                client_link.GetResult(3, tid),
             ):
                 sock.send(wire.encode(msg), zmq.NOBLOCK)
             sock.close(linger=100)
@@ -203,10 +205,8 @@ async def daemon_soak(
                     gone, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(tree, timeout=10))
                     report.kill_to_gone.append(time.monotonic() - killed_at)
                     for p in gone:
-                        try:
+                        with contextlib.suppress(ChildProcessError):
                             os.waitpid(p.pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: our own orphans (we are a subreaper)
-                        except ChildProcessError:
-                            pass
                     for p in alive:
                         try:
                             what = " ".join(p.cmdline())[:160]
@@ -215,10 +215,8 @@ async def daemon_soak(
                         report.survivors.append(
                             f"round {rnd}: pid {p.pid} alive 10 s after the daemon's SIGKILL: {what}"
                         )
-                        try:
+                        with contextlib.suppress(psutil.Error):
                             p.kill()
-                        except psutil.Error:
-                            pass
                     return
                 with anyio.fail_after(300):
                     await client.when_idle()
@@ -240,8 +238,8 @@ async def daemon_soak(
         await run_round(kills, None)
     report.seconds = time.monotonic() - t0
 
-    from supervisor.daemon.journal_read import lookup_on as _lookup
-    from supervisor.daemon.journal_read import open_reader as _reader
+    from supervisor.journal.reader import lookup_on as _lookup
+    from supervisor.journal.reader import open_reader as _reader
 
     runs = (
         collections.Counter(Path(runs_log).read_text().split())  # noqa: ASYNC240 - after the run
@@ -280,10 +278,8 @@ async def daemon_soak(
             pid, start = line.split()
             if _alive_with_start(int(pid), start):
                 report.survivors.append(f"pid {pid}: a forker's background process outlived its turn")
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
     import shutil
 
     shutil.rmtree(home, ignore_errors=True)

@@ -173,15 +173,15 @@ def map_chunk(mode: str, chunk: Any) -> list[dict[str, Any]]:
     for node, update in chunk.items():
         messages: Any = update.get("messages", []) if isinstance(update, dict) else []
         for message in messages if isinstance(messages, list) else [messages]:
-            for call in getattr(message, "tool_calls", None) or ():
-                out.append(
-                    {
-                        "type": "tool_call",
-                        "id": call.get("id"),
-                        "title": call.get("name"),
-                        "input": jsonable(call.get("args")),
-                    }
-                )
+            out.extend(
+                {
+                    "type": "tool_call",
+                    "id": call.get("id"),
+                    "title": call.get("name"),
+                    "input": jsonable(call.get("args")),
+                }
+                for call in getattr(message, "tool_calls", None) or ()
+            )
             if getattr(message, "type", None) == "tool":
                 status = "failed" if getattr(message, "status", "success") == "error" else "completed"
                 output = jsonable(message.content)

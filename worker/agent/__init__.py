@@ -9,6 +9,7 @@ records and resume), ``_model`` (``ModelClient`` protocol, ``ScriptedModel``), `
 
 from typing import Any
 
+from ._agent_loop import AgentLoop
 from ._cancel import CancelReceiver, CancelSender, cancel_channel
 from ._errors import (
     Aborted,
@@ -23,7 +24,6 @@ from ._errors import (
     UnknownToolOutcome,
 )
 from ._hooks import CONTINUE, Abort, Continue, Hook, Pause, Step, hook
-from ._loop import AgentLoop
 from ._messages import (
     AssistantMessage,
     Finish,

@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 class _Channel:
-    __slots__ = ("capacity", "pending", "senders", "scopes", "thread", "token")
+    __slots__ = ("capacity", "pending", "scopes", "senders", "thread", "token")
 
     def __init__(self, capacity: int = 1) -> None:
         self.capacity = capacity
@@ -92,7 +92,7 @@ class CancelSender:
     ``cancel_channel()``). Any task may hold one. ``close()`` it when done: once every sender of
     a channel is closed, the loop reading it counts as cancelled."""
 
-    __slots__ = ("_chan", "_closed", "__weakref__")
+    __slots__ = ("__weakref__", "_chan", "_closed")
 
     def __init__(self, chan: _Channel) -> None:
         self._chan = chan

@@ -25,7 +25,7 @@ class Block:
 
 
 class Timeline:
-    __slots__ = ("blocks", "_current")
+    __slots__ = ("_current", "blocks")
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []

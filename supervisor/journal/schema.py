@@ -8,7 +8,7 @@ when its SQLite ``application_id`` is ``APP_ID``; ``check_existing`` refuses, re
 without touching the file, a corrupt file, a file from a newer schema, a damaged journal (a
 table of its schema gone) or another application's database. ``check_private_dir`` refuses a
 directory other users can read or write (the journal holds every turn's input and output).
-``Journal`` (``journal.py``) writes the file; ``journal_read.py`` reads it.
+``Journal`` (``store.py``) writes the file; ``reader.py`` reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 
 from .._errors import DaemonAlreadyRunning, TurnpoolError
-from .journal_steps import STEPS_SCHEMA
+from .steps import STEPS_SCHEMA
 
 SCHEMA_VERSION = 2
 APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
@@ -100,7 +100,7 @@ BEGIN
 END;
 """
 
-# S-DURABLE: the ``steps`` table (``journal_steps.py``) is made at open too, but is not one J4
+# S-DURABLE: the ``steps`` table (``steps.py``) is made at open too, but is not one J4
 # requires: a journal from before it gets it, empty.
 SCHEMA = TABLES + TRIGGERS + STEPS_SCHEMA
 # J4: the tables every journal of a schema has (a schema-1 file had ``turns`` and ``events`` from

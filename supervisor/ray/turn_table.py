@@ -21,7 +21,7 @@ from wire import TurnError, TurnResult
 from .batches import Request
 
 if TYPE_CHECKING:
-    from .link import NodeLink
+    from .node_link import NodeLink
 
 NODE_LOST = "NodeLost"  # the error type of a turn whose node was lost (outcome ``crashed``)
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 import wire
+from wire import client_link
 
-from .._engine.options import check_agent, check_known_id, check_optional_str, check_seconds
+from .._checks import check_agent, check_known_id, check_optional_str, check_seconds
 from .._errors import (
     SUBMIT_ERROR_CODES,
     FollowerDropped,
@@ -41,7 +42,7 @@ class _Reply(asyncio.Future[Any]):
     one object alive, not a holder, a future and a timer (with thousands in flight, every such
     object is walked by each garbage collection)."""
 
-    __slots__ = ("req", "deadline")
+    __slots__ = ("deadline", "req")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, req: int) -> None:
         super().__init__(loop=loop)
@@ -64,7 +65,7 @@ class _Replies:
     ``fail_after`` scope, and no per-request timer (``Client._deadlines``): with thousands of
     requests in flight, every object a request keeps alive is walked by each garbage collection."""
 
-    __slots__ = ("items", "fut", "deadline")
+    __slots__ = ("deadline", "fut", "items")
 
     def __init__(self) -> None:
         self.items: list[Any] | deque[Any] | None = None
@@ -108,7 +109,7 @@ class _Many:
     run from ``base``: one object and one future for all of them, not a future (and, in the
     caller, a task) per request. With ``stop_on_error`` the wait ends at the first ``Error``."""
 
-    __slots__ = ("base", "replies", "left", "fut", "deadline", "stop_on_error")
+    __slots__ = ("base", "deadline", "fut", "left", "replies", "stop_on_error")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, base: int, n: int, *, stop_on_error: bool) -> None:
         self.base = base
@@ -129,7 +130,7 @@ class _Many:
         if self.replies[i] is None:
             self.replies[i] = msg
             self.left -= 1
-        if (self.left == 0 or (self.stop_on_error and type(msg) is wire.Error)) and not fut.done():
+        if (self.left == 0 or (self.stop_on_error and type(msg) is client_link.Error)) and not fut.done():
             self.deadline = 0.0
             fut.set_result(None)
 
@@ -149,7 +150,7 @@ def _submit_request(
     turn_id: Any,
     wait: bool = False,
     retry: Any = False,
-) -> Callable[[int], wire.Submit]:
+) -> Callable[[int], client_link.Submit]:
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
     raw = wire.encode_payload(input, what="turn input", exact=True)  # W-IN
@@ -178,12 +179,12 @@ def _submit_options(
     return session, timeout, grace, kill_after, retry
 
 
-def _submit_message(args: tuple[Any, ...], req: int) -> wire.Submit:
-    return wire.Submit(req, *args)
+def _submit_message(args: tuple[Any, ...], req: int) -> client_link.Submit:
+    return client_link.Submit(req, *args)
 
 
-def _get_result(turn_id: str, req: int) -> wire.GetResult:
-    return wire.GetResult(req, turn_id)
+def _get_result(turn_id: str, req: int) -> client_link.GetResult:
+    return client_link.GetResult(req, turn_id)
 
 
 def _check_turn_id(turn_id: Any) -> None:
@@ -192,7 +193,7 @@ def _check_turn_id(turn_id: Any) -> None:
     check_known_id("turn_id", turn_id)
 
 
-def _error(err: wire.Error, turn_id: str | None, endpoint: str) -> Exception:
+def _error(err: client_link.Error, turn_id: str | None, endpoint: str) -> Exception:
     """The typed exception for a daemon's ``Error`` reply."""
     code, message = err.code, err.message
     if code == "unknown_turn" and turn_id is not None:

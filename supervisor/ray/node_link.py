@@ -10,6 +10,7 @@ channel: its failure is how the router learns the node is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -26,20 +27,18 @@ from wire import TurnResult
 from .batches import decode_results, encode_requests
 from .node import SUBMIT_BATCH
 from .steps import keep
-from .turns import lost_result
+from .turn_table import lost_result
 
 if TYPE_CHECKING:
-    from .turns import RoutedTurn, TurnTable
+    from .turn_table import RoutedTurn, TurnTable
 
 log = logging.getLogger("turnpool.ray")
 
 
 def kill_actor(actor: Any) -> None:
     """``ray.kill`` without a restart, quietly when the actor (or Ray) is already gone."""
-    try:
+    with contextlib.suppress(Exception):  # already dead, or Ray is gone: nothing of it to stop
         ray.kill(actor, no_restart=True)
-    except Exception:  # already dead, or Ray is gone: nothing of it to stop
-        pass
 
 
 _SENDS = itertools.count(1)

@@ -33,7 +33,7 @@ import stat
 import struct
 from pathlib import Path
 
-from .journal_schema import JournalError, JournalLocked
+from .schema import JournalError, JournalLocked
 
 # J-OWN: the byte locked in the journal file. SQLite's locks sit at 0x40000000 .. 0x40000000 + 512;
 # this one is at 1 TiB, a range SQLite never locks (and a lock past the end of a file is allowed).

@@ -30,7 +30,7 @@ import anyio.to_thread
 
 from .._backend import open_backend
 from .._errors import InvalidAgent
-from ..cli.exits import EXIT_OK
+from .._exitcodes import EXIT_OK
 from .frames import screened
 
 log = logging.getLogger("turnpool.acp")

@@ -20,7 +20,8 @@ import sys
 import threading
 from types import CodeType, FrameType
 
-from . import _flusher, _tree
+from .. import _flusher
+from . import _tree
 
 _THREADS = threading._active  # type: ignore[attr-defined]  # the running threads, by ident
 # What an idle ``ThreadPoolExecutor`` thread runs (blocked in its queue's C ``get``): asyncio's

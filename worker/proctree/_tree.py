@@ -6,6 +6,7 @@ process group plus what psutil can see.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
@@ -33,7 +34,7 @@ def _prctl(option: int, arg: int) -> bool:
             _libc = ctypes.CDLL("libc.so.6", use_errno=True)
         except OSError:
             _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return _libc.prctl(option, arg, 0, 0, 0) == 0
+    return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)  # ctypes' result is untyped
 
 
 def set_child_subreaper() -> bool:
@@ -243,10 +244,8 @@ def kill_descendants(root: int, exclude: frozenset[int] = frozenset(), timeout: 
     pids = freeze_tree(root, include_root=False, exclude=exclude)
     fds = []
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             fds.append(os.pidfd_open(pid))
-        except (OSError, AttributeError):
-            pass
     signal_all(pids, signal.SIGKILL)
     try:
         poller = select.poll()
@@ -267,8 +266,6 @@ def kill_descendants(root: int, exclude: frozenset[int] = frozenset(), timeout: 
     for pid in [*pids, *children(root)]:
         if pid in exclude:
             continue
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
     return pids

@@ -16,7 +16,7 @@ import msgspec
 
 from wire import TurnResult
 
-from .journal_schema import JOINED, STATE, JournalError, check_existing
+from .schema import JOINED, STATE, JournalError, check_existing
 
 decode_result = msgspec.msgpack.Decoder(TurnResult).decode
 

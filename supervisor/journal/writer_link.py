@@ -12,6 +12,7 @@ A turn's end carries its start: its "running" row in the same batch is dropped (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .._fds import is_shortage
-from . import journal_writer as _journal_writer
-from .journal_schema import JournalError
+from . import writer as _journal_writer
+from .schema import JournalError
 
 log = logging.getLogger("turnpool.journal")
 
@@ -286,10 +287,9 @@ class JournalLink:
         loop = self._loop
         if loop is not None:
             if threading.get_ident() != self._loop_thread:
-                try:
+                # The loop may be closed: then ``close`` hands the rows to the thread.
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self.hand_over)
-                except RuntimeError:
-                    pass  # the loop is closed: ``close`` hands the rows to the thread
                 return
             if self._inflight is not None:
                 # J-LOOP: a commit is in flight; the rows held go as the next batch, taken when its

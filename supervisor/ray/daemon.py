@@ -23,6 +23,7 @@ import msgspec
 import zmq
 
 import wire
+from wire import client_link
 
 from .._errors import InvalidAgent, QueueFull, SupervisorClosed, UnknownTurn
 from ..daemon.endpoint import ClientEndpoint
@@ -34,7 +35,7 @@ log = logging.getLogger("turnpool.ray.serve")
 READY_PREFIX = "turnpool serve: ready on "
 
 # A refused request's error code, by the first class that matches (as the daemon's table).
-_ERROR_CODES: tuple[tuple[type[BaseException], wire.ErrorCode], ...] = (
+_ERROR_CODES: tuple[tuple[type[BaseException], client_link.ErrorCode], ...] = (
     (UnknownTurn, "unknown_turn"),
     (InvalidAgent, "invalid_agent"),
     (QueueFull, "queue_full"),
@@ -44,7 +45,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], wire.ErrorCode], ...] = (
 )
 
 
-def _code(exc: BaseException) -> wire.ErrorCode | None:
+def _code(exc: BaseException) -> client_link.ErrorCode | None:
     return next((code for kind, code in _ERROR_CODES if isinstance(exc, kind)), None)
 
 
@@ -57,7 +58,6 @@ class RayDaemon:
         self._ep = ClientEndpoint(endpoint)
         self._sock: Any = None
         self._tasks: dict[tuple[bytes, int], anyio.CancelScope] = {}
-        self._versions: dict[bytes, int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def serve(self, ready: Callable[[str], None] = print) -> None:
@@ -81,21 +81,22 @@ class RayDaemon:
         while True:
             ident, frame = await self._sock.recv_multipart()
             try:
-                msg = wire.decode_to_daemon(frame)
+                msgs = client_link.decode_to_daemon_frame(frame)  # a Hello alone, then batches (B1)
             except msgspec.DecodeError as exc:
-                self._send(ident, wire.Error(0, "malformed", str(exc)[:200]))
+                self._send(ident, client_link.Error(0, "malformed", str(exc)[:200]))
                 continue
-            try:
-                await self._dispatch(ident, msg)
-            except Exception as exc:  # noqa: BLE001 - a request's failure is its reply, never the daemon's end
-                code = _code(exc)
-                req = getattr(msg, "req", 0)
-                self._send(ident, wire.Error(req, code or "internal", f"{type(exc).__name__}: {exc}"[:500]))
+            for msg in msgs:
+                try:
+                    await self._dispatch(ident, msg)
+                except Exception as exc:  # noqa: BLE001 - a request's failure is its reply, never the daemon's end
+                    code = _code(exc)
+                    req = getattr(msg, "req", 0)
+                    self._send(
+                        ident,
+                        client_link.Error(req, code or "internal", f"{type(exc).__name__}: {exc}"[:500]),
+                    )
 
     def _send(self, ident: bytes, msg: Any) -> None:
-        if isinstance(msg, wire.Error) and msg.code not in wire.V1_ERROR_CODES:
-            if self._versions.get(ident, 1) < 2:
-                msg = wire.Error(msg.req, "internal", f"{msg.code}: {msg.message}")
         try:
             self._sock.send_multipart([ident, wire.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client is gone or not reading: its requests are dropped
@@ -111,7 +112,10 @@ class RayDaemon:
                 with scope:
                     await work()
             except Exception as exc:  # noqa: BLE001 - the request's error goes back to its client
-                self._send(ident, wire.Error(req, _code(exc) or "internal", f"{type(exc).__name__}: {exc}"))
+                self._send(
+                    ident,
+                    client_link.Error(req, _code(exc) or "internal", f"{type(exc).__name__}: {exc}"),
+                )
             finally:
                 self._tasks.pop((ident, req), None)
 
@@ -121,16 +125,21 @@ class RayDaemon:
     async def _dispatch(self, ident: bytes, msg: Any) -> None:
         sup = self.sup
         match msg:
-            case wire.Hello(req=req, version=version):
-                if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
-                    self._send(ident, wire.Error(req, "protocol", f"unsupported client protocol {version}"))
+            case client_link.Hello(req=req, version=version):
+                if (
+                    not client_link.MIN_CLIENT_PROTOCOL_VERSION
+                    <= version
+                    <= client_link.CLIENT_PROTOCOL_VERSION
+                ):
+                    self._send(
+                        ident,
+                        client_link.Error(req, "protocol", f"unsupported client protocol {version}"),
+                    )
                     return
-                # R-ray-serve: this endpoint speaks client protocol 2 at most (one message per frame,
-                # no Reload): a newer client is told so in Welcome and speaks 2 to it.
-                speak = min(version, 2)
-                self._versions[ident] = speak
-                self._send(ident, wire.Welcome(req, speak, wire.MAX_MESSAGE_SIZE, os.getpid()))
-            case wire.Submit(req=req):
+                # R-ray-serve: this endpoint reads the client's batches and answers one message per
+                # frame (a client reads both); a Reload is refused (``protocol``): no workers to recycle.
+                self._send(ident, client_link.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
+            case client_link.Submit(req=req):
                 existing = msg.turn_id is not None and sup.sent(msg.turn_id)
                 handle = await sup.submit(
                     msg.agent,
@@ -142,58 +151,66 @@ class RayDaemon:
                     turn_id=msg.turn_id,
                     retry=msg.retry,
                 )
-                self._send(ident, wire.Accepted(req, handle.turn_id, existing))
+                self._send(ident, client_link.Accepted(req, handle.turn_id, existing))
                 if msg.wait:
 
                     async def wait() -> None:
-                        self._send(ident, wire.Result(req, await handle.result()))
+                        self._send(ident, client_link.Result(req, await handle.result()))
 
                     self._later(ident, req, wait)
-            case wire.Cancel(req=req, turn_id=turn_id, cause=cause):
-                self._send(ident, wire.Cancelled(req, await sup.cancel(turn_id, cause)))
-            case wire.CancelSession(req=req, session=session, cause=cause):
-                self._send(ident, wire.SessionCancelled(req, await sup.cancel_session(session, cause)))
-            case wire.GetResult(req=req, turn_id=turn_id):
+            case client_link.Cancel(req=req, turn_id=turn_id, cause=cause):
+                self._send(ident, client_link.Cancelled(req, await sup.cancel(turn_id, cause)))
+            case client_link.CancelSession(req=req, session=session, cause=cause):
+                self._send(ident, client_link.SessionCancelled(req, await sup.cancel_session(session, cause)))
+            case client_link.GetResult(req=req, turn_id=turn_id):
 
                 async def result() -> None:
-                    self._send(ident, wire.Result(req, await sup.result(turn_id)))
+                    self._send(ident, client_link.Result(req, await sup.result(turn_id)))
 
                 self._later(ident, req, result)
-            case wire.Follow(req=req, turn_id=turn_id):
+            case client_link.Follow(req=req, turn_id=turn_id):
                 sup.handle(turn_id)  # UnknownTurn at once
 
                 async def follow() -> None:
                     seq = 0
                     async for event in sup.events(turn_id):
-                        self._send(ident, wire.Events(req, seq, [wire.encode_payload(event, what="event")]))
+                        self._send(
+                            ident,
+                            client_link.Events(req, seq, [wire.encode_payload(event, what="event")]),
+                        )
                         seq += 1
-                    self._send(ident, wire.FollowEnd(req))
+                    self._send(ident, client_link.FollowEnd(req))
 
                 self._later(ident, req, follow)
-            case wire.Unfollow(req=req) | wire.Abandon(req=req):
+            case client_link.Unfollow(req=req) | client_link.Abandon(req=req):
                 scope = self._tasks.pop((ident, req), None)
                 if scope is not None:
                     scope.cancel()
-                if isinstance(msg, wire.Unfollow):
-                    self._send(ident, wire.FollowEnd(req))
-            case wire.Credit():
+                if isinstance(msg, client_link.Unfollow):
+                    self._send(ident, client_link.FollowEnd(req))
+            case client_link.Credit():
                 pass  # events are sent as they come: a window is never exceeded by more than a batch
-            case wire.Lookup(req=req, turn_id=turn_id):
+            case client_link.Lookup(req=req, turn_id=turn_id):
                 sup.handle(turn_id)
-                self._send(ident, wire.Ok(req))
-            case wire.GetStatus(req=req):
+                self._send(ident, client_link.Ok(req))
+            case client_link.GetStatus(req=req):
                 status = await sup.status()
                 status["daemon"] = {"pid": os.getpid(), "endpoint": self.endpoint, "ray": True}
-                self._send(ident, wire.Status(req, msgspec.to_builtins(status)))
-            case wire.WhenIdle(req=req):
+                self._send(ident, client_link.Status(req, msgspec.to_builtins(status)))
+            case client_link.WhenIdle(req=req):
 
                 async def idle() -> None:
                     await sup.when_idle()
-                    self._send(ident, wire.Ok(req))
+                    self._send(ident, client_link.Ok(req))
 
                 self._later(ident, req, idle)
+            case client_link.Reload(req=req):
+                why = "a Ray cluster's daemon cannot reload: restart it to run edited agent code"
+                self._send(ident, client_link.Error(req, "protocol", why))
             case _:
-                self._send(ident, wire.Error(getattr(msg, "req", 0), "malformed", "unexpected message"))
+                self._send(
+                    ident, client_link.Error(getattr(msg, "req", 0), "malformed", "unexpected message")
+                )
 
 
 def run_ray_daemon(endpoint: str, address: str, **options: Any) -> int:

@@ -37,7 +37,7 @@ import anyio
 from wire import OUTCOMES, TurnError, TurnResult
 
 from .._errors import InvalidAgent, QueueFull, TurnpoolError
-from ..cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from .._exitcodes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from .jobs import InvalidLine, Job, load_jobs, turn_id_for
 from .out import Previous, ResultLog, read_previous
 

@@ -491,10 +491,8 @@ class AgentLoop:
 
     async def _close_stream(self, stream: ModelStream) -> None:
         with anyio.move_on_after(STREAM_CLOSE_TIMEOUT, shield=True):
-            try:
+            with contextlib.suppress(Exception):  # a failing close must not hide why we closed
                 await stream.aclose()
-            except Exception:  # noqa: BLE001 - a failing close must not hide why we closed
-                pass
 
     # ---- tools (detection point 4) -----------------------------------------------------------
 

@@ -19,7 +19,7 @@ from .._engine.steps import describe
 
 if TYPE_CHECKING:
     from .._engine import Supervisor
-    from .journal import Journal
+    from .store import Journal
 
 STEPS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS steps (

@@ -26,7 +26,7 @@ import time
 
 POOL_PREFIX = "turnpool-"
 
-_mount: str | None | bool = False  # False: not looked up yet
+_mount: str | bool | None = False  # False: not looked up yet
 
 
 def unified_mount() -> str | None:

@@ -5,15 +5,15 @@ session, limits, parent), its start (worker pid) and its end (outcome, output or
 and message, cause as the closed enum). No stack, no signal, no runtime object, no free text
 about the cancel.
 
-Writes are batched (``journal_link.py``): a writer thread — or, once the daemon calls ``attach``,
+Writes are batched (``writer_link.py``): a writer thread — or, once the daemon calls ``attach``,
 the daemon's event loop (J-LOOP) — drains everything queued and hands it, as one transaction, to
-the writer process (``_journal_writer``: the only owner of a writing
+the writer process (``writer``: the only owner of a writing
 connection, so a stalled disk can hold that process but never the daemon's exit), and only
 then resolves the waiters. A submit is acknowledged once its row is committed; a thousand
 concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (J6) is
 committed before any worker gets the turn.
 
-One live daemon per journal (J-OWN, ``journal_lock.py``): an OFD lock on the journal file itself
+One live daemon per journal (J-OWN, ``lock.py``): an OFD lock on the journal file itself
 (whatever namespace, link or mount reaches it) and an abstract unix socket named from its real path
 (nothing on disk, so deleting files cannot free it), both held for the daemon's lifetime.
 A corrupt file, a file from a newer schema, or a locked journal is refused at open with a clear
@@ -47,20 +47,9 @@ import msgspec
 
 from wire import TurnResult
 
-from . import journal_writer as _journal_writer
-from .journal_link import (
-    _ACCEPT,
-    _DISPATCHED,
-    _ENDED_BY_ID,
-    _REQUEUED,
-    _REQUEUED_BY_ID,
-    _STARTED_BY_ID,
-    JournalLink,
-    Rows,
-    runs,
-)
-from .journal_lock import lock_file, lock_name, lock_socket
-from .journal_read import (
+from . import writer as _journal_writer
+from .lock import lock_file, lock_name, lock_socket
+from .reader import (
     RecoveredTurn,
     decode_result,
     lookup,
@@ -70,7 +59,7 @@ from .journal_read import (
     read_result,
     unfinished,
 )
-from .journal_schema import (
+from .schema import (
     APP_ID,
     MIGRATE_FROM_1,
     SCHEMA,
@@ -80,6 +69,17 @@ from .journal_schema import (
     check_private_dir,
     default_journal_path,
     state_dir,
+)
+from .writer_link import (
+    _ACCEPT,
+    _DISPATCHED,
+    _ENDED_BY_ID,
+    _REQUEUED,
+    _REQUEUED_BY_ID,
+    _STARTED_BY_ID,
+    JournalLink,
+    Rows,
+    runs,
 )
 
 # J10: durability is chosen, and said.
@@ -201,7 +201,7 @@ class Journal(JournalLink):
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_private_dir(path.parent)
-        # J-OWN: the journal's two locks (``journal_lock``), held for the daemon's life.
+        # J-OWN: the journal's two locks (``lock``), held for the daemon's life.
         self._lock = lock_socket(path)
         try:
             self._lock_fd = lock_file(path)
@@ -228,7 +228,7 @@ class Journal(JournalLink):
         self._thread.start()
 
     def _spawn(self) -> None:
-        """Start the writer process (J7: see ``_journal_writer``) and open the database in it."""
+        """Start the writer process (J7: see ``writer``) and open the database in it."""
         assert self._lock is not None and self._lock_fd >= 0
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -334,7 +334,7 @@ class Journal(JournalLink):
 
         On an event loop the row is held until the end of the loop's pass, then handed over with
         every other row of that pass (B2); elsewhere it is handed over at once. Rows are grouped per
-        statement as they are written (J-GROUP, ``journal_link.Rows``)."""
+        statement as they are written (J-GROUP, ``writer_link.Rows``)."""
         with self._held_lock:
             self._held.add(sql, params, on_commit, on_fail)
             first, self._scheduled = not self._scheduled, True

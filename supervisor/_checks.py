@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import wire
 
-from .._errors import InvalidAgent, shown_id
+from ._errors import InvalidAgent, shown_id
 
 AGENT_RE = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -54,10 +54,15 @@ def check_seconds(name: str, value: Any, *, allow_none: bool = True, positive: b
         raise TypeError(f"{name} is required")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    value = float(value)
-    if value != value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {value}")
-    return value
+    seconds = float(value)
+    if (
+        seconds != seconds
+        or seconds in (float("inf"), float("-inf"))
+        or seconds < 0
+        or (positive and seconds == 0)
+    ):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0, got {seconds}")
+    return seconds
 
 
 def require_seconds(name: str, value: Any, *, positive: bool = False) -> float:

@@ -8,7 +8,7 @@ daemon stops on time. The process holds the journal's locks too (inherited, J-OW
 daemon opens the journal while a stuck writer might still write to it; it dies with the daemon
 (parent-death signal) or at the end of its pipe.
 
-Run as a script (``python -I _journal_writer.py FD``) so it imports nothing but the standard
+Run as a script (``python -I writer.py FD``) so it imports nothing but the standard
 library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
 answered ``(None, None)`` or ``(error, None)`` (after ``("upgrading", turns)`` when a schema-1 file is
 converted first); then one frame per batch, a list of
@@ -19,6 +19,7 @@ indexes of accept rows that inserted nothing])``. A batch runs in one transactio
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import marshal
 import os
@@ -186,24 +187,18 @@ class Writer:
         except (sqlite3.Error, OSError) as exc:
             failed, self.con = self.con, None  # reconnect next time: a failed connection may stay failed
             if failed is not None:
-                try:
+                with contextlib.suppress(sqlite3.Error):
                     failed.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
                 failed.close()
             return f"{type(exc).__name__}: {exc}", []
         self.batches += 1
         if self.batches % PRUNE_EVERY == 0:
-            try:
+            with contextlib.suppress(sqlite3.Error):  # the batch is committed all the same; pruned next time
                 prune_cleared(con)
-            except sqlite3.Error:
-                pass  # the batch is committed all the same; pruned next time
         if self.keep_days is not None and time.monotonic() - self.last_compaction > 60:
             self.last_compaction = time.monotonic()
-            try:
+            with contextlib.suppress(sqlite3.Error):  # retried at the next interval
                 compact(con, self.keep_days)
-            except sqlite3.Error:
-                pass  # retried at the next interval
         return None, conflicts
 
 
