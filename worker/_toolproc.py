@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _cgroup, _toolchild, _tree
+from . import _cgroup, _toolchild, _tooltemplate, _tree
 from ._toolerrors import KillReason
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
@@ -362,14 +362,56 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
             body(res_w)
         except BaseException as exc:  # noqa: BLE001 - told to the parent, then gone
             with contextlib.suppress(BaseException):
-                from ._isolated import report_setup_error
-
-                report_setup_error(res_w, exc)
+                _toolchild.report_setup_error(res_w, exc)
         os._exit(70)
     for fd in (res_w, out_w, err_w, in_r):
         if fd is not None:
             os.close(fd)
     return Proc(pid, limits, groups, res_r, out_r, err_r, in_w, stdin or b"")
+
+
+def start_in_template(
+    template: _tooltemplate.Template, limits: Limits, req: dict[str, Any], *, stdin: bytes | None = None
+) -> Proc:
+    """T-WARM: the call, forked by ``template`` (see ``_tooltemplate``) rather than by us. Raises
+    ``_tooltemplate.Fallback`` (fork the caller instead) or ``OSError`` (the template is gone)."""
+    groups = Groups.make(limits)
+    res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    ours = [res_r, out_r, err_r]
+    theirs = [res_w, out_w, err_w]
+    in_w = None
+    if stdin is not None:
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        theirs.append(in_r)
+        ours.append(in_w)
+    req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
+    req["env"] = limits.environment()
+    req["join"] = groups.paths()
+    req["limited"] = list(groups.dirs)
+    try:
+        pid, pidfd, channel = template.spawn(req, theirs)
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        groups.remove()
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return Proc(
+        pid,
+        limits,
+        groups,
+        res_r,
+        out_r,
+        err_r,
+        in_w,
+        stdin or b"",
+        pidfd=pidfd,
+        status=lambda: _tooltemplate.exit_status(channel),
+    )
 
 
 _LIVE: set[Proc] = set()  # calls being watched in this process
@@ -396,6 +438,8 @@ class Proc:
         err: int,
         stdin_fd: int | None,
         stdin: bytes,
+        pidfd: int | None = None,
+        status: Callable[[], int] | None = None,
     ) -> None:
         self.pid = pid
         self.limits = limits
@@ -403,7 +447,10 @@ class Proc:
         self.fds = {res: "res", out: "out", err: "err"}
         self.stdin_fd = stdin_fd
         self.stdin = memoryview(stdin)
-        self.pidfd = os.pidfd_open(pid)
+        # A call forked by a template is the template's child: its pidfd comes from there (taken
+        # before the template could reap it), and so does its exit status (``status``).
+        self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
+        self.status = status
         self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
         self.outcome = Outcome()
@@ -421,7 +468,8 @@ class Proc:
     def _signal_tree(self, sig: int) -> None:
         self.outcome.last_signal = sig
         if sig == signal.SIGINT:
-            _tree._kill(self.pid, sig)
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, sig)  # never another process with a reused pid
             return
         if sig == signal.SIGKILL and self.groups.contain is not None:
             self.tree.update(self.groups.members())
@@ -605,10 +653,13 @@ class Proc:
                 self._stop_now("cpu")
 
     def _reap(self) -> None:
-        try:
-            _, status = os.waitpid(self.pid, 0)
-        except ChildProcessError:  # reaped by someone else (a worker's end-of-turn sweep): it was killed
-            status = signal.SIGKILL
+        if self.status is not None:
+            status = self.status()
+        else:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:  # reaped by someone else (a worker's end-of-turn sweep): it was killed
+                status = signal.SIGKILL
         self.outcome.status = status
         g = self.groups
         if self.outcome.killed is None and "memory" in g.dirs and g.oom_kills() > g.base.get("oom", 0):

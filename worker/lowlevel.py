@@ -41,6 +41,7 @@ from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
 from ._toolproc import backend as tool_limits_backend
 from ._toolproc import sweep_stale_groups as tool_groups_sweep
+from ._tooltemplate import enable as tool_templates
 from ._tree import (
     TREE_ENV,
     children,
@@ -76,6 +77,7 @@ __all__ = [
     "OwnFileView",
     "tool_groups_sweep",
     "tool_limits_backend",
+    "tool_templates",
     "TREE_ENV",
     "TRIM_SLACK",
     "HeapKeeper",
