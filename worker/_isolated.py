@@ -21,7 +21,7 @@ import anyio.to_thread
 import msgspec
 
 from . import _toolchild, _toolproc, _tooltemplate
-from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled
+from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled, for_frameworks
 from ._toolproc import Limits
 
 _enc = msgspec.msgpack.Encoder()
@@ -75,17 +75,17 @@ def _finish_call(proc: _toolproc.Proc, o: _toolproc.Outcome) -> Any:
         with contextlib.suppress(msgspec.DecodeError):
             msg = _dec.decode(o.result)
     if msg and msg[0] == "setup":
-        raise ToolIsolationError(f"isolated call could not start: {msg[1]}: {msg[2]}")
+        raise for_frameworks(ToolIsolationError(f"isolated call could not start: {msg[1]}: {msg[2]}"))
     if o.killed is None and msg and msg[0] == "memory" and "memory" not in proc.groups.dirs:
         o.killed = "memory"  # the fallback's RLIMIT_AS refused an allocation
     if o.killed is not None:
         sig = o.last_signal if o.last_signal not in (None, signal.SIGINT) else None
-        raise ToolKilled(o.killed, _limit_of(o.killed, lim), signal=sig)
+        raise for_frameworks(ToolKilled(o.killed, _limit_of(o.killed, lim), signal=sig))
     if msg is None or msg[0] == "stopped":
         st = o.status
         if os.WIFSIGNALED(st):
-            raise ToolCrashed(signal=os.WTERMSIG(st))
-        raise ToolCrashed(exit_code=os.WEXITSTATUS(st) if os.WIFEXITED(st) else None)
+            raise for_frameworks(ToolCrashed(signal=os.WTERMSIG(st)))
+        raise for_frameworks(ToolCrashed(exit_code=os.WEXITSTATUS(st) if os.WIFEXITED(st) else None))
     if msg[0] == "ok":
         return msg[1]
     if msg[0] == "memory":

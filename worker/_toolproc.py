@@ -309,6 +309,13 @@ class Groups:
 
     def remove(self) -> None:
         for path in self.paths():
+            try:
+                os.rmdir(path)  # the usual case: empty, no group below it (one syscall, no listing)
+                continue
+            except FileNotFoundError:
+                continue
+            except OSError:
+                pass
             if _cgroup.procs(path):
                 _cgroup.kill(path)
                 _cgroup.wait_empty(path, 2.0)
