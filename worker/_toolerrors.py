@@ -69,7 +69,7 @@ class CommandResult(msgspec.Struct, frozen=True):
     killed_reason: KillReason | None = None
 
 
-_FLAVOURED: dict[tuple[type, type], type] = {}
+_FLAVOURED: dict[tuple[type, type], Any] = {}
 
 
 def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
@@ -87,8 +87,8 @@ def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
         cls = type(type(exc).__name__, (type(exc), base), {"__module__": type(exc).__module__})
         cls.__qualname__ = type(exc).__qualname__
         _FLAVOURED[key] = cls
-    out = cls.__new__(cls)
+    out: Any = Exception.__new__(cls)
     out.__dict__.update(exc.__dict__)
     out.args = exc.args
-    out.message = str(exc)  # type: ignore[attr-defined]
-    return out  # type: ignore[no-any-return]
+    out.message = str(exc)
+    return out
