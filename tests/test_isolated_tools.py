@@ -727,3 +727,29 @@ async def test_in_a_worker_the_template_serves_every_turn_and_is_not_a_leftover(
     assert first.worker_pid == second.worker_pid == first.output["worker"]
     assert first.output["parent"] != first.output["worker"]
     assert second.output["parent"] == first.output["parent"]
+
+
+def _call_groups_of(pid: int) -> list[str]:
+    own = lowlevel.cgroup_of()
+    assert own is not None
+    return [name for name in os.listdir(own) if name.startswith(f"turnpool-{pid}-") and "-call" in name]
+
+
+def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
+    """T-REUSE: a caller's groups kept for reuse are removed when it exits; those of a caller killed
+    with SIGKILL are swept (its v2 groups too) by the next sweep."""
+    import subprocess
+
+    if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+        pytest.skip("no cgroup v2 containment here")
+    code = "import os, sys, worker\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    assert _call_groups_of(int(done.stdout)) == []
+    killed = subprocess.run(
+        [sys.executable, "-c", code + "os.kill(os.getpid(), 9)\n"], capture_output=True, timeout=60
+    )
+    assert killed.returncode == -signal.SIGKILL
+    pid = int(killed.stdout)
+    assert _call_groups_of(pid), "the killed caller kept no group: nothing to sweep"
+    lowlevel.tool_groups_sweep()
+    assert _call_groups_of(pid) == []

@@ -15,6 +15,7 @@ SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -152,10 +153,16 @@ def sweep_stale_groups() -> list[str]:
     _swept = True
     gone: list[str] = []
     v1 = _v1_mounts()
-    for name in ("memory", "pids"):
-        if name not in v1:
+    own = _cgroup.cgroup_of()
+    for name in ("memory", "pids", "v2"):
+        if name == "v2":
+            if own is None:
+                continue
+            parent = own  # the kept groups of a caller killed with SIGKILL (T-REUSE)
+        elif name not in v1:
             continue
-        parent = os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/"))
+        else:
+            parent = os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/"))
         try:
             entries = os.listdir(parent)
         except OSError:
@@ -201,6 +208,7 @@ class Groups:
     dirs: dict[str, str] = field(default_factory=dict)  # controller -> directory with the limit
     base: dict[str, int] = field(default_factory=dict)
     v2: dict[str, bool] = field(default_factory=dict)
+    owner: int = field(default_factory=os.getpid)
 
     @classmethod
     def make(cls, limits: Limits) -> Groups:
@@ -210,6 +218,9 @@ class Groups:
         be = backend()
         if not _swept:
             sweep_stale_groups()
+        kept = _take_kept(limits)
+        if kept is not None:
+            return kept
         prefix, own, parents = _place()
         tag = prefix + secrets.token_hex(4)
         if be["containment"] == "cgroup2" and own is not None:
@@ -308,6 +319,8 @@ class Groups:
             _cgroup.kill(path)  # v1: no cgroup.kill; signals what is listed
 
     def remove(self) -> None:
+        if self.contain is not None and _keep(self):
+            return
         for path in self.paths():
             try:
                 os.rmdir(path)  # the usual case: empty, no group below it (one syscall, no listing)
@@ -323,6 +336,53 @@ class Groups:
                 if _cgroup.remove(path):
                     break
                 time.sleep(0.002)  # v1 memory groups go offline a moment after their last exit
+
+
+# T-REUSE: the groups of a call that ended empty are kept (a few per process) for the next call with
+# the same limits: making and removing three groups was a good part of a short call's cost. Emptiness
+# is the v2 group's (every process of the call was in it); the counters are read again on reuse.
+KEEP_GROUPS = 4
+_KEPT: dict[tuple[float | None, int | None], list[Groups]] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _key(limits: Limits) -> tuple[float | None, int | None]:
+    return (limits.memory_mb, limits.pids)
+
+
+def _take_kept(limits: Limits) -> Groups | None:
+    with _KEPT_LOCK:
+        free = _KEPT.get(_key(limits))
+        g = free.pop() if free else None
+    if g is None or g.owner != os.getpid():
+        return None
+    g.limits = limits
+    g.base = {"oom": g.oom_kills(), "pids": g.pids_hits()}
+    return g
+
+
+def _keep(g: Groups) -> bool:
+    if g.owner != os.getpid() or _cgroup.populated(g.contain or ""):
+        return False
+    with _KEPT_LOCK:
+        free = _KEPT.setdefault(_key(g.limits), [])
+        if len(free) >= KEEP_GROUPS:
+            return False
+        free.append(g)
+    return True
+
+
+def remove_kept() -> None:
+    """Remove the groups kept for reuse (at exit; a killed process's are swept by the next)."""
+    with _KEPT_LOCK:
+        kept = [g for free in _KEPT.values() for g in free if g.owner == os.getpid()]
+        _KEPT.clear()
+    for g in kept:
+        for path in g.paths():
+            _cgroup.remove(path)
+
+
+atexit.register(remove_kept)
 
 
 # ---- the parent: start, watch, ladder -------------------------------------------------------
@@ -397,6 +457,7 @@ def start_in_template(
     req["env"] = limits.environment()
     req["join"] = groups.paths()
     req["limited"] = list(groups.dirs)
+    req["contain"] = groups.contain
     try:
         pid, pidfd, channel = template.spawn(req, theirs)
     except BaseException:

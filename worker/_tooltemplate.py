@@ -73,6 +73,8 @@ class _Server:
         self.parent = os.getppid()
         self.calls: dict[int, tuple[socket.socket, list[str]]] = {}
         self.retiring = False
+        self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def resolve(self, req: dict[str, Any]) -> Any:
         if self.retiring:
@@ -113,7 +115,7 @@ class _Server:
                 with os.fdopen(memfd, "rb") as f:
                     req["args"] = f.read()
             fn = self.resolve(req) if req["kind"] == "fn" else None
-            pid = os.fork()
+            pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
         except Fallback as exc:
             with contextlib.suppress(OSError):
                 channel.send(_enc.encode(["fallback", str(exc), exc.retire]))
@@ -139,6 +141,41 @@ class _Server:
         for fd in fds[1:]:
             os.close(fd)
         self.calls[pid] = (channel, list(req["join"]))
+
+    def spawn(self, req: dict[str, Any], fds: list[int]) -> int:
+        """T-SPAWN: a command without a fork of ours: we step into the call's groups (so the command
+        is born in them: no moment outside), ``posix_spawn`` it (a vfork: no copy of our memory, as
+        ``subprocess`` does), and step back. Its process group, signals and descriptors are set by
+        the spawn; what the spawn cannot set (a parent-death signal, a network namespace, rlimits)
+        is why only calls with all their limits in cgroups come here (``_spawnable``)."""
+        res_w, out_w, err_w = fds[:3]
+        stdin = fds[3] if len(fds) > 3 else self.null
+        joined: list[str] = []
+        try:
+            for path in req["join"]:
+                _enter(path)
+                joined.append(path)
+            os.chdir(req["cwd"])
+            argv = req["argv"]
+            return os.posix_spawnp(
+                argv[0],
+                argv,
+                req["env"],
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, stdin, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                ],
+                setpgroup=0,
+                setsigmask=(),
+                setsigdef=_ALL_SIGNALS,
+            )
+        except OSError as exc:
+            raise Fallback(f"spawn failed: {exc}") from None  # the caller forks and reports it
+        finally:
+            for path in reversed(joined):
+                _enter(os.path.dirname(path))  # back home (ours are the caller's: the parent group)
+            os.fchdir(self.home)
 
     def reap(self) -> None:
         while True:
@@ -182,8 +219,10 @@ class _Server:
                     with contextlib.suppress(OSError):
                         os.read(wake_r, 4096)
                     continue
-                try:
-                    data, fds, _, _ = socket.recv_fds(self.sock, MAX_REQUEST + 4096, MAX_FDS)
+                try:  # (close-on-exec: a spawned command must not inherit another call's pipes)
+                    data, fds, _, _ = socket.recv_fds(
+                        self.sock, MAX_REQUEST + 4096, MAX_FDS, socket.MSG_CMSG_CLOEXEC
+                    )
                 except OSError:
                     data, fds = b"", []
                 if data:
@@ -199,6 +238,32 @@ class _Server:
                     self.kill_all()  # the caller is gone: nobody watches these calls any more
                 if not self.calls:
                     os._exit(0)
+
+
+_ALL_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
+
+
+def _spawnable(req: dict[str, Any]) -> bool:
+    """Whether a command can be spawned rather than forked: a v2 group contains it (its tree is found
+    without it being a subreaper), cgroups hold its memory and pids limits, and it keeps the network."""
+    memory_mb, pids, cpu_s, network = req["lim"]
+    limited = req["limited"]
+    return (
+        req["kind"] == "cmd"
+        and bool(req.get("contain"))
+        and network
+        and cpu_s is None
+        and (memory_mb is None or "memory" in limited)
+        and (pids is None or "pids" in limited)
+    )
+
+
+def _enter(path: str) -> None:
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
 
 
 def _child(req: dict[str, Any], fn: Any, fds: list[int]) -> None:
@@ -239,6 +304,7 @@ def _child(req: dict[str, Any], fn: Any, fds: list[int]) -> None:
 
 def serve(fd: int, kind: str, spec: Any) -> None:
     """The template's main (see ``BOOT``)."""
+    os.set_inheritable(fd, False)
     _Server(socket.socket(fileno=fd), kind, spec).run()
 
 
@@ -389,10 +455,12 @@ def drop(t: Template) -> None:
 
 
 def enable(on: bool | None) -> None:
-    """Turn templates on or off for this process (None: only inside a worker); off closes them."""
+    """Templates for this process's calls: ``True`` on, ``False`` off (calls fork the caller; a
+    running template stays, unused), ``None`` the default (on only inside a worker), which closes
+    the templates of a process that is not a worker."""
     global _forced
     _forced = on
-    if on is False or on is None:
+    if on is None and not _wanted():
         from . import _sweep
 
         for t in [*_TEMPLATES.values(), *_DROPPED]:
