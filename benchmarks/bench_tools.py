@@ -194,6 +194,17 @@ def _run(quick: bool, n: int) -> str:
         s = samples[name]
         rows.append([name, len(s), ms(med(s)), ms(pct(s, 99)), ratio(med(s) / base_iso)])
 
+    log("after an idle moment")
+    idle: dict[str, list[float]] = {ISO: [], "`worker.isolated`, warm template (rlimit fallback)": []}
+    for _ in range(10 if quick else 40):
+        for name, fn in ((ISO, iso), ("`worker.isolated`, warm template (rlimit fallback)", iso_rl)):
+            time.sleep(0.1)  # allowed: the idle moment under test (no cgroup migration just before)
+            idle[name].append(_timed(fn))
+    idle_rows = [
+        [name + ", 100 ms after the last call", len(v), ms(med(v)), ms(pct(v, 99))]
+        for name, v in idle.items()
+    ]
+
     log("in a worker")
     inside = _in_a_worker(n)
     worker_rows = [
@@ -253,6 +264,10 @@ def _run(quick: bool, n: int) -> str:
         "with its groups removed before the call returns; the last column is the median against the "
         "isolated call.\n\n"
         + table(["call", "n", "p50", "p99", "vs isolated"], rows)
+        + "\n\nA call after an idle moment: moving a process into a cgroup waits for an RCU grace period "
+        "when no move happened just before (the kernel's cgroup_threadgroup_rwsem), which back-to-back "
+        "calls above do not pay:\n\n"
+        + table(["call", "n", "p50", "p99"], idle_rows)
         + "\n\nThe same inside a real worker (its imports, threads and event loop: what a tool call forks "
         "when it forks the worker); the last column against the template's call:\n\n"
         + table(["call", "n", "p50", "p99", "vs template"], worker_rows)

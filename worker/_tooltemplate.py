@@ -42,6 +42,7 @@ _dec = msgspec.msgpack.Decoder()
 
 MAX_REQUEST = 60_000  # a larger request (big arguments) goes in a memfd instead of the message
 MAX_FDS = 8
+REPLY_S = 60.0  # the longest a call waits for its template to answer (an import that hangs: fork the caller)
 
 
 class Fallback(Exception):
@@ -362,10 +363,15 @@ class Template:
             theirs.close()
             for fd in extra:
                 os.close(fd)
+        ours.settimeout(REPLY_S)  # a first call of a module waits for its import in the template
         try:
             data, got, _, _ = socket.recv_fds(ours, 65536, 1)
+        except TimeoutError:
+            ours.close()
+            raise Fallback(f"the template took more than {REPLY_S:g} s to answer", retire=True) from None
         except OSError:
             data, got = b"", []
+        ours.settimeout(None)
         msg: list[Any] = _dec.decode(data) if data else ["error", "the tool template is gone"]
         if msg[0] == "pid" and got:
             return int(msg[1]), got[0], ours
@@ -384,6 +390,7 @@ class Template:
 
 def exit_status(channel: socket.socket) -> int:
     """The call's wait status, from its template once reaped (SIGKILL if the template is gone)."""
+    channel.settimeout(REPLY_S)  # (the template reaps at once, unless busy importing for another call)
     try:
         data = channel.recv(256)
     except OSError:
