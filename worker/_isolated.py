@@ -22,7 +22,7 @@ import msgspec
 
 from . import _toolchild, _toolproc, _tooltemplate
 from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled, for_frameworks
-from ._toolproc import Limits
+from ._toolgroups import Limits
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()

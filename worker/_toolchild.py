@@ -16,7 +16,7 @@ import msgspec
 from . import _tree
 
 if TYPE_CHECKING:
-    from ._toolproc import Groups, Limits
+    from ._toolgroups import Groups, Limits
 
 MIB = 1024 * 1024
 

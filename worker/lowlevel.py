@@ -39,8 +39,8 @@ from ._marker import read_noted as marker_read_noted
 from ._ownfile import Mapping as OwnFileView
 from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
-from ._toolproc import backend as tool_limits_backend
-from ._toolproc import sweep_stale_groups as tool_groups_sweep
+from ._toolgroups import backend as tool_limits_backend
+from ._toolgroups import sweep_stale_groups as tool_groups_sweep
 from ._tooltemplate import enable as tool_templates
 from ._tree import (
     TREE_ENV,
