@@ -745,6 +745,12 @@ def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
     code = "import os, sys, worker\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
     assert _call_groups_of(int(done.stdout)) == []
+    warm = (  # with templates: the kept groups hold an embryo (T-EMBRYO), killed and removed at exit
+        "import os, worker\nfrom worker import lowlevel\nlowlevel.tool_templates(True)\n"
+        "worker.run_command(['true'])\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", warm], capture_output=True, timeout=60, check=True)
+    assert _call_groups_of(int(done.stdout)) == []
     killed = subprocess.run(
         [sys.executable, "-c", code + "os.kill(os.getpid(), 9)\n"], capture_output=True, timeout=60
     )
@@ -753,3 +759,30 @@ def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
     assert _call_groups_of(pid), "the killed caller kept no group: nothing to sweep"
     lowlevel.tool_groups_sweep()
     assert _call_groups_of(pid) == []
+
+
+def started_at() -> list[int]:
+    """This process's pid and start time (clock ticks since boot)."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return [os.getpid(), int(fields[19])]
+
+
+def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
+    """T-EMBRYO: once a call's groups are kept, the template puts the next call's process in them
+    ahead of time (moving a process into a cgroup can wait ~10 ms for the kernel): the next call with
+    the same limits is made by a process that started before the call did."""
+    if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+        pytest.skip("no cgroup v2 containment here: no kept groups")
+    lowlevel.tool_templates(True)
+    try:
+        iso = worker.isolated(started_at)
+        template = psutil.Process(worker.isolated(parent)())
+        deadline = time.monotonic() + 20
+        while not template.children() and time.monotonic() < deadline:
+            time.sleep(0.01)  # allowed: bounded poll of another process's children
+        (embryo,) = template.children()
+        before = time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
+        pid, start = iso()
+        assert pid == embryo.pid and start <= before
+    finally:
+        lowlevel.tool_templates(None)

@@ -193,16 +193,18 @@ class Groups:
     base: dict[str, int] = field(default_factory=dict)
     v2: dict[str, bool] = field(default_factory=dict)
     owner: int = field(default_factory=os.getpid)
+    kind: str | None = None  # the template kind whose calls use them (None: forked by the caller)
+    template: Any = None  # that template: asked for an embryo in them once they are kept (T-EMBRYO)
 
     @classmethod
-    def make(cls, limits: Limits) -> Groups:
-        g = cls(limits)
+    def make(cls, limits: Limits, kind: str | None = None) -> Groups:
+        g = cls(limits, kind=kind)
         if limits.cgroups is False:
             return g
         be = backend()
         if not _swept:
             sweep_stale_groups()
-        kept = _take_kept(limits)
+        kept = _take_kept(limits, kind)
         if kept is not None:
             return kept
         prefix, own, parents = _place()
@@ -326,17 +328,17 @@ class Groups:
 # the same limits: making and removing three groups was a good part of a short call's cost. Emptiness
 # is the v2 group's (every process of the call was in it); the counters are read again on reuse.
 KEEP_GROUPS = 4
-_KEPT: dict[tuple[float | None, int | None], list[Groups]] = {}
+_KEPT: dict[tuple[float | None, int | None, str | None], list[Groups]] = {}
 _KEPT_LOCK = threading.Lock()
 
 
-def _key(limits: Limits) -> tuple[float | None, int | None]:
-    return (limits.memory_mb, limits.pids)
+def _key(limits: Limits, kind: str | None) -> tuple[float | None, int | None, str | None]:
+    return (limits.memory_mb, limits.pids, kind)
 
 
-def _take_kept(limits: Limits) -> Groups | None:
+def _take_kept(limits: Limits, kind: str | None) -> Groups | None:
     with _KEPT_LOCK:
-        free = _KEPT.get(_key(limits))
+        free = _KEPT.get(_key(limits, kind))
         g = free.pop() if free else None
     if g is None or g.owner != os.getpid():
         return None
@@ -349,10 +351,12 @@ def _keep(g: Groups) -> bool:
     if g.owner != os.getpid() or _cgroup.populated(g.contain or ""):
         return False
     with _KEPT_LOCK:
-        free = _KEPT.setdefault(_key(g.limits), [])
+        free = _KEPT.setdefault(_key(g.limits, g.kind), [])
         if len(free) >= KEEP_GROUPS:
             return False
         free.append(g)
+    if g.template is not None:
+        g.template.prepare(g.paths())  # T-EMBRYO: the next call's process waits in them already
     return True
 
 
@@ -362,6 +366,9 @@ def remove_kept() -> None:
         kept = [g for free in _KEPT.values() for g in free if g.owner == os.getpid()]
         _KEPT.clear()
     for g in kept:
+        if g.contain is not None and _cgroup.populated(g.contain):
+            _cgroup.kill(g.contain)  # an embryo waiting there
+            _cgroup.wait_empty(g.contain, 1.0)
         for path in g.paths():
             _cgroup.remove(path)
 

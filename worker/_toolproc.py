@@ -90,7 +90,8 @@ def start_in_template(
 ) -> Proc:
     """T-WARM: the call, forked by ``template`` (see ``_tooltemplate``) rather than by us. Raises
     ``_tooltemplate.Fallback`` (fork the caller instead) or ``OSError`` (the template is gone)."""
-    groups = Groups.make(limits)
+    groups = Groups.make(limits, template.kind)
+    groups.template = template
     res_r, res_w = os.pipe2(os.O_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)

@@ -73,6 +73,7 @@ class _Server:
         self.spec = spec  # the worker package, not yet executed: run in full before a function's import
         self.parent = os.getppid()
         self.calls: dict[int, tuple[socket.socket, list[str]]] = {}
+        self.embryos: dict[tuple[str, ...], tuple[int, socket.socket]] = {}
         self.retiring = False
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -108,15 +109,26 @@ class _Server:
         return obj
 
     def handle(self, data: bytes, fds: list[int]) -> None:
+        if not fds:
+            with contextlib.suppress(Exception):
+                req = _dec.decode(data)
+                if req.get("kind") == "prepare":
+                    self.prepare(req["join"])
+            return
         channel = socket.socket(fileno=fds[0])
         try:
             req = _dec.decode(data)
+            embryo = self.embryos.pop(tuple(req["join"]), None)
             if req.get("memfd"):
                 memfd = fds.pop()
                 with os.fdopen(memfd, "rb") as f:
                     req["args"] = f.read()
+                self.discard(embryo)  # (it would need the arguments' memfd again)
+                embryo = None
             fn = self.resolve(req) if req["kind"] == "fn" else None
-            pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
+            pid = self.hand_over(embryo, data, fds) if embryo is not None else 0
+            if not pid:
+                pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
         except Fallback as exc:
             with contextlib.suppress(OSError):
                 channel.send(_enc.encode(["fallback", str(exc), exc.retire]))
@@ -142,6 +154,40 @@ class _Server:
         for fd in fds[1:]:
             os.close(fd)
         self.calls[pid] = (channel, list(req["join"]))
+
+    # T-EMBRYO: moving a process into a cgroup waits for an RCU grace period when no move happened just
+    # before (~10 ms here): a call whose groups are kept gets its process ready in them ahead of time.
+    def prepare(self, join: list[str]) -> None:
+        """Fork an embryo into the kept groups ``join``: the next call that uses them is its work."""
+        key = tuple(join)
+        if self.retiring or key in self.embryos or not join:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the embryo
+            _embryo(self, theirs, join)
+        theirs.close()
+        self.embryos[key] = (pid, ours)
+
+    def discard(self, embryo: tuple[int, socket.socket] | None) -> None:
+        if embryo is not None:
+            with contextlib.suppress(OSError):
+                os.kill(embryo[0], signal.SIGKILL)  # (reaped with the orphans)
+            embryo[1].close()
+
+    def hand_over(self, embryo: tuple[int, socket.socket], data: bytes, fds: list[int]) -> int:
+        """The call to its embryo once it stands in its groups (0: it does not; fork as usual)."""
+        pid, sock = embryo
+        try:
+            sock.settimeout(2.0)
+            if sock.recv(16) == b"ready":
+                socket.send_fds(sock, [data], fds)
+                sock.close()
+                return pid
+        except OSError:
+            pass
+        self.discard(embryo)
+        return 0
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> int:
         """T-SPAWN: a command without a fork of ours: we step into the call's groups (so the command
@@ -192,6 +238,13 @@ class _Server:
                     entry[0].send(_enc.encode(["exit", status]))
                 entry[0].close()
 
+    def end_embryos(self) -> None:
+        for key in list(self.embryos):
+            pid, _ = self.embryos[key]
+            self.discard(self.embryos.pop(key))
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
     def kill_all(self) -> None:
         for pid, (_, groups) in self.calls.items():
             for path in groups:
@@ -235,6 +288,7 @@ class _Server:
                     poller.unregister(self.sock)
             self.reap()
             if closing:
+                self.end_embryos()
                 if os.getppid() != self.parent:
                     self.kill_all()  # the caller is gone: nobody watches these calls any more
                 if not self.calls:
@@ -265,6 +319,36 @@ def _enter(path: str) -> None:
         os.write(fd, b"0")
     finally:
         os.close(fd)
+
+
+def _embryo(server: _Server, sock: socket.socket, join: list[str]) -> None:
+    """A call's process made ahead of time: in its groups, waiting for its call (then as ``_child``)."""
+    try:
+        keep = sock.fileno()
+        os.setpgid(0, 0)
+        _toolchild._tree.set_parent_death_signal(signal.SIGKILL)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.closerange(3, keep)  # the template's sockets and other calls' descriptors
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        for path in join:
+            _enter(path)
+        sock.send(b"ready")
+        data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST + 4096, MAX_FDS)
+    except BaseException:  # noqa: BLE001 - not ready: the template forks the call itself
+        os._exit(70)
+    if not data or len(fds) < 4:
+        os._exit(0)
+    os.close(fds[0])  # the call's channel is the template's business
+    req = _dec.decode(data)
+    req["join"] = []  # in them already (a second write would be a move, with its wait)
+    try:
+        fn = server.resolve(req) if req["kind"] == "fn" else None
+    except BaseException as exc:  # noqa: BLE001 - told to the caller
+        with contextlib.suppress(BaseException):
+            _toolchild.report_setup_error(fds[1], exc)
+        os._exit(70)
+    _child(req, fn, fds[1:])
 
 
 def _child(req: dict[str, Any], fn: Any, fds: list[int]) -> None:
@@ -341,6 +425,12 @@ class Template:
         if ready != b"ready":
             self.close()
             raise OSError("the tool template did not start")
+
+    def prepare(self, join: list[str]) -> None:
+        """T-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer)."""
+        if self.owner == os.getpid():
+            with contextlib.suppress(OSError):
+                self.sock.send(_enc.encode({"kind": "prepare", "join": join}))
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket]:
         """Ask for one call: (its pid, a pidfd of it, its channel). Raises ``Fallback`` or
