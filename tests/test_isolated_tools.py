@@ -129,7 +129,8 @@ def daemonise(pidfile: str) -> str:
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            Path(pidfile).write_text(str(os.getpid()))
+            Path(pidfile + ".tmp").write_text(str(os.getpid()))
+            os.replace(pidfile + ".tmp", pidfile)  # whole or not there: the call returns once it is
             while True:
                 time.sleep(1)  # allowed: the daemon the tool leaves behind idles for good
         os._exit(0)

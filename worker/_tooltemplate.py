@@ -42,6 +42,7 @@ _dec = msgspec.msgpack.Decoder()
 
 MAX_REQUEST = 60_000  # a larger request (big arguments) goes in a memfd instead of the message
 MAX_FDS = 8
+EMBRYO_IDLE = 0.02  # embryos are made once requests have paused this long (s)
 REPLY_S = 60.0  # the longest a call waits for its template to answer (an import that hangs: fork the caller)
 
 
@@ -74,6 +75,7 @@ class _Server:
         self.parent = os.getppid()
         self.calls: dict[int, tuple[socket.socket, list[str]]] = {}
         self.embryos: dict[tuple[str, ...], tuple[int, socket.socket]] = {}
+        self.pending: dict[tuple[str, ...], None] = {}  # kept groups awaiting an embryo
         self.retiring = False
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -113,11 +115,12 @@ class _Server:
             with contextlib.suppress(Exception):
                 req = _dec.decode(data)
                 if req.get("kind") == "prepare":
-                    self.prepare(req["join"])
+                    self.pending[tuple(req["join"])] = None  # made once requests pause (EMBRYO_IDLE)
             return
         channel = socket.socket(fileno=fds[0])
         try:
             req = _dec.decode(data)
+            self.pending.pop(tuple(req["join"]), None)
             embryo = self.embryos.pop(tuple(req["join"]), None)
             if req.get("memfd"):
                 memfd = fds.pop()
@@ -179,7 +182,9 @@ class _Server:
         """The call to its embryo once it stands in its groups (0: it does not; fork as usual)."""
         pid, sock = embryo
         try:
-            sock.settimeout(2.0)
+            # Not ready yet (its move is waiting for the kernel: calls back to back): no wait here;
+            # the call moves itself, and the move in flight makes that one quick.
+            sock.settimeout(0.0)
             if sock.recv(16) == b"ready":
                 socket.send_fds(sock, [data], fds)
                 sock.close()
@@ -268,7 +273,15 @@ class _Server:
         self.sock.send(b"ready")
         closing = False
         while True:
-            for fd, _ in poller.poll(1000 if closing else None):
+            wait = 1000 if closing else (int(EMBRYO_IDLE * 1000) if self.pending else None)
+            events = poller.poll(wait)
+            if not events and self.pending and not closing:
+                # Requests paused: the embryos now. (Back to back, calls move themselves into their
+                # groups, each move quick after the last; an embryo's lone move would wait meanwhile.)
+                for key in list(self.pending):
+                    del self.pending[key]
+                    self.prepare(list(key))
+            for fd, _ in events:
                 if fd == wake_r:
                     with contextlib.suppress(OSError):
                         os.read(wake_r, 4096)
