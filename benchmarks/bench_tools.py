@@ -98,7 +98,7 @@ def _oom_to_raise(path: str) -> float:
     with open(path, "wb") as f:
         f.write(b"\0" * 8)
     try:
-        worker.isolated(_noting_hog, memory_mb=256)(path)
+        worker.isolated(sys.modules["benchmarks.bench_tools"]._noting_hog, memory_mb=256)(path)
     except worker.ToolKilled:
         raised = time.monotonic()
         with open(path, "rb") as f:
@@ -163,9 +163,13 @@ def run(quick: bool) -> str:
 
 
 def _run(quick: bool, n: int) -> str:
-    iso = worker.isolated(_noop)
-    iso_rl = worker.isolated(_noop, cgroups=False)
-    iso_fork = worker.isolated(_noop, fork_caller=True)
+    # By its module's name, not ``__main__`` (run as ``-m benchmarks.bench_tools``): a function of
+    # ``__main__`` cannot be found by a template, and would fork this process.
+    from benchmarks import bench_tools as here
+
+    iso = worker.isolated(here._noop)
+    iso_rl = worker.isolated(here._noop, cgroups=False)
+    iso_fork = worker.isolated(here._noop, fork_caller=True)
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("in process", _noop),
         (ISO, iso),
@@ -195,9 +199,15 @@ def _run(quick: bool, n: int) -> str:
         rows.append([name, len(s), ms(med(s)), ms(pct(s, 99)), ratio(med(s) / base_iso)])
 
     log("after an idle moment")
-    idle: dict[str, list[float]] = {ISO: [], "`worker.isolated`, warm template (rlimit fallback)": []}
+    spaced: list[tuple[str, Callable[[], Any]]] = [
+        (ISO, iso),
+        ("`worker.isolated`, warm template (rlimit fallback)", iso_rl),
+        ('`worker.run_command(["true"])`, warm template', lambda: worker.run_command(["true"])),
+        ('`subprocess.run(["true"])`', lambda: subprocess.run(["true"], capture_output=True)),
+    ]
+    idle: dict[str, list[float]] = {name: [] for name, _ in spaced}
     for _ in range(10 if quick else 40):
-        for name, fn in ((ISO, iso), ("`worker.isolated`, warm template (rlimit fallback)", iso_rl)):
+        for name, fn in spaced:
             time.sleep(0.1)  # allowed: the idle moment under test (no cgroup migration just before)
             idle[name].append(_timed(fn))
     idle_rows = [
@@ -216,17 +226,17 @@ def _run(quick: bool, n: int) -> str:
     t, g, k = 0.1, 0.05, 0.05
     m = 5 if quick else 20
     ladder = [
-        _killed_after(worker.isolated(_stubborn, timeout=t, grace=g, kill_after=k)) - (t + g + k)
+        _killed_after(worker.isolated(here._stubborn, timeout=t, grace=g, kill_after=k)) - (t + g + k)
         for _ in range(m)
     ]
-    hog = [_killed_after(worker.isolated(_hog, memory_mb=256)) for _ in range(max(3, m // 4))]
+    hog = [_killed_after(worker.isolated(here._hog, memory_mb=256)) for _ in range(max(3, m // 4))]
     hog_rl = [
-        _killed_after(worker.isolated(_hog, memory_mb=256, cgroups=False)) for _ in range(max(3, m // 4))
+        _killed_after(worker.isolated(here._hog, memory_mb=256, cgroups=False)) for _ in range(max(3, m // 4))
     ]
     import tempfile
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
-        oom = [_oom_to_raise(os.path.join(tmp, "note")) for _ in range(max(3, m // 4))]
+        oom = [here._oom_to_raise(os.path.join(tmp, "note")) for _ in range(max(3, m // 4))]
     kills = [
         [
             f"timeout ladder to SIGKILL: overshoot past T+G+K ({t}+{g}+{k} s)",
@@ -264,9 +274,9 @@ def _run(quick: bool, n: int) -> str:
         "with its groups removed before the call returns; the last column is the median against the "
         "isolated call.\n\n"
         + table(["call", "n", "p50", "p99", "vs isolated"], rows)
-        + "\n\nA call after an idle moment: moving a process into a cgroup waits for an RCU grace period "
-        "when no move happened just before (the kernel's cgroup_threadgroup_rwsem), which back-to-back "
-        "calls above do not pay:\n\n"
+        + "\n\nA call after an idle moment (as a model's tool calls come): moving a process into a cgroup "
+        "waits for an RCU grace period when no move happened just before (the kernel's "
+        "cgroup_threadgroup_rwsem); a kept group's embryo has made that move ahead of the call:\n\n"
         + table(["call", "n", "p50", "p99"], idle_rows)
         + "\n\nThe same inside a real worker (its imports, threads and event loop: what a tool call forks "
         "when it forks the worker); the last column against the template's call:\n\n"
