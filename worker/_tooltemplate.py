@@ -118,21 +118,23 @@ class _Server:
                     self.pending[tuple(req["join"])] = None  # made once requests pause (EMBRYO_IDLE)
             return
         channel = socket.socket(fileno=fds[0])
+        key: tuple[str, ...] = ()
         try:
             req = _dec.decode(data)
-            self.pending.pop(tuple(req["join"]), None)
-            embryo = self.embryos.pop(tuple(req["join"]), None)
+            key = tuple(req["join"])
+            self.pending.pop(key, None)
             if req.get("memfd"):
                 memfd = fds.pop()
                 with os.fdopen(memfd, "rb") as f:
                     req["args"] = f.read()
-                self.discard(embryo)  # (it would need the arguments' memfd again)
-                embryo = None
+                self.discard(self.embryos.pop(key, None))  # (it would need the arguments' memfd again)
             fn = self.resolve(req) if req["kind"] == "fn" else None
+            embryo = self.embryos.pop(key, None)
             pid = self.hand_over(embryo, data, fds) if embryo is not None else 0
             if not pid:
                 pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
         except Fallback as exc:
+            self.discard(self.embryos.pop(key, None))  # (its groups go: the caller forks the call)
             with contextlib.suppress(OSError):
                 channel.send(_enc.encode(["fallback", str(exc), exc.retire]))
             channel.close()
