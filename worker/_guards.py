@@ -234,6 +234,20 @@ def mark_engine_threads() -> None:
         _SWEEP.mark_engine_threads()
 
 
+def keep_child(pid: int, thread: int | None = None) -> None:
+    """R-sweep-kept: ``pid`` (a direct child) is the worker's own, not a turn's: the end-of-turn
+    sweep spares it and what it started, and ``thread`` (the ident of the thread waiting for it, if
+    any) is no thread a turn left running. The ladder and the worker's exit still kill it."""
+    if _SWEEP is not None:
+        _SWEEP.kept[pid] = thread
+
+
+def release_child(pid: int) -> None:
+    """``pid`` is no longer kept (it has exited, or is being closed)."""
+    if _SWEEP is not None:
+        _SWEEP.kept.pop(pid, None)
+
+
 def sweep_leftovers() -> bool:
     """Kill and reap what the turn that just ended left running (R-sweep: before its End).
     False when this worker cannot be made clean and must retire (``retire``): the turn left a

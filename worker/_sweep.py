@@ -46,18 +46,6 @@ def _idle_pool_thread(thread: threading.Thread) -> bool:
     return frame is not None and frame.f_code is _POOL_WORKER
 
 
-_KEPT: set[int] = set()  # T-WARM: this worker's tool templates, children that outlive turns
-
-
-def keep(pid: int) -> None:
-    """``pid`` (a child of this process) is the engine's, not a turn's: sweeps leave it."""
-    _KEPT.add(pid)
-
-
-def unkeep(pid: int) -> None:
-    _KEPT.discard(pid)
-
-
 # R-sweep: a turn's end sweeps its processes.
 class TurnSweep:
     def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = (_flusher.THREAD_NAME,)) -> None:
@@ -69,6 +57,9 @@ class TurnSweep:
         self._threads = -1
         self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
         self._engine: frozenset[int] | None = None  # the engine's threads (R-sweep-threads)
+        # R-sweep-kept: the worker's own children (worker-wide MCP servers) -> the thread that
+        # waits for each (asyncio's child watcher on 3.11), if any: neither is a turn's leftover.
+        self.kept: dict[int, int | None] = {}
 
     def mark_engine_threads(self) -> None:
         """Note the threads alive now as the engine's own (once the turn loop runs, before any
@@ -86,6 +77,8 @@ class TurnSweep:
         engine = self._engine
         if engine is None:
             return []
+        if self.kept:
+            engine = engine | {t for t in self.kept.values() if t is not None}
         if _THREADS.keys() <= engine and _thread._count() == len(_THREADS) - 1:
             return []  # every running thread is threading's (the main one is not counted), all the engine's
         left = []
@@ -123,8 +116,8 @@ class TurnSweep:
 
     def leftovers(self) -> bool:
         """Whether this process has any child besides its guardian (zombies included)."""
-        if not self._ok:
-            return bool(set(_tree.children(self.me)) - {self.guardian} - _KEPT)
+        if not self._ok or self.kept:
+            return bool(set(_tree.children(self.me)) - {self.guardian} - self.kept.keys())
         # len() of threading's table of running threads: no lock (active_count() takes one) -
         # this runs once per turn, and a thread that is only starting has forked nothing yet.
         if len(_THREADS) != self._threads:
@@ -133,28 +126,28 @@ class TurnSweep:
         try:
             for fd in self._fds:
                 # A few bytes are enough: more than the guardian's pid means leftovers anyway.
-                data = os.pread(fd, 24, 0)
-                if data not in clean and not (_KEPT and self._only_kept(fd, data)):
+                if os.pread(fd, 24, 0) not in clean:
                     return True
         except OSError:  # a thread ended: list them again
             self._threads = -1
             return self.leftovers()
         return False
 
-    def _only_kept(self, fd: int, data: bytes) -> bool:
-        if len(data) == 24:
-            data = os.pread(fd, 4096, 0)
-        return {int(x) for x in data.split()} <= _KEPT | {self.guardian}
-
     def sweep(self) -> list[int]:
-        """Kill and reap every descendant but the guardian (and what is kept); the pids killed
-        (usually none)."""
+        """Kill and reap every descendant but the guardian; the pids killed (usually none)."""
         if not self.leftovers():
             return []
-        return _tree.kill_descendants(self.me, exclude=frozenset({self.guardian, *_KEPT}))
+        return _tree.kill_descendants(self.me, exclude=self._spared())
+
+    def _spared(self) -> frozenset[int]:
+        """The guardian, and each kept child with everything it started (R-sweep-kept)."""
+        spared = {self.guardian, *self.kept}
+        for pid in self.kept:
+            spared.update(_tree.descendants(pid))
+        return frozenset(spared)
 
     def still_forking(self) -> bool:
         """After a sweep that killed something: whether a child appeared since (something in
         this process - a thread Python does not know, a C library's - forks on). Every thread's
         children are listed, not only the Python threads' the quick check reads."""
-        return bool(set(_tree.children(self.me)) - {self.guardian} - _KEPT)
+        return bool(set(_tree.children(self.me)) - {self.guardian} - self.kept.keys())

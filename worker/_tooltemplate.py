@@ -546,9 +546,9 @@ def get(kind: str) -> Template | None:
             _TEMPLATES[kind] = None
             return None
         _TEMPLATES[kind] = t
-        from . import _sweep
+        from . import _guards
 
-        _sweep.keep(t.pid)  # R-sweep: not a process the turn left behind
+        _guards.keep_child(t.pid)  # R-sweep-kept: the worker's own, not a turn's leftover
         return t
 
 
@@ -558,9 +558,9 @@ def drop(t: Template) -> None:
         if _TEMPLATES.get(t.kind) is t:
             del _TEMPLATES[t.kind]
     t.close()
-    from . import _sweep
+    from . import _guards
 
-    _sweep.unkeep(t.pid)
+    _guards.release_child(t.pid)
     with contextlib.suppress(Exception):
         if t.proc.poll() is None:  # it ends with its last call (a worker's sweep reaps it)
             _DROPPED.append(t)
@@ -573,13 +573,13 @@ def enable(on: bool | None) -> None:
     global _forced
     _forced = on
     if on is None and not _wanted():
-        from . import _sweep
+        from . import _guards
 
         for t in [*_TEMPLATES.values(), *_DROPPED]:
             if t is not None and t.owner == os.getpid():
                 t.close()
                 with contextlib.suppress(Exception):
                     t.proc.wait(timeout=10)
-                _sweep.unkeep(t.pid)
+                _guards.release_child(t.pid)
         _TEMPLATES.clear()
         _DROPPED.clear()
