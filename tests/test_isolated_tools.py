@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,20 @@ from worker.agent import ToolCall as ModelToolCall
 pytestmark = pytest.mark.anyio
 
 BIG = 2 << 30  # 2 GiB
+
+
+@pytest.fixture(params=["caller", "template"])
+def made_by(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Who forks the call: the caller itself (outside a worker, by default) or this process's warm
+    template (as inside a worker). Every limit and stop must hold either way."""
+    lowlevel.tool_templates(request.param == "template")
+    try:
+        yield request.param
+    finally:
+        lowlevel.tool_templates(None)  # closes the templates: nothing outlives the test
+
+
+both = pytest.mark.usefixtures("made_by")
 
 
 def _gone(pid: int) -> bool:
@@ -113,7 +128,8 @@ def daemonise(pidfile: str) -> str:
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            Path(pidfile).write_text(str(os.getpid()))
+            Path(pidfile + ".tmp").write_text(str(os.getpid()))
+            os.replace(pidfile + ".tmp", pidfile)  # whole or not there: the call returns once it is
             while True:
                 time.sleep(1)  # allowed: the daemon the tool leaves behind idles for good
         os._exit(0)
@@ -131,6 +147,7 @@ def add(a: int, b: int) -> int:
 
 
 @pytest.mark.parametrize("cgroups", [None, False], ids=["cgroups", "rlimit-fallback"])
+@both
 def test_a_2gib_allocation_under_256mib_is_killed_for_memory_and_the_next_call_runs(
     cgroups: bool | None,
 ) -> None:
@@ -142,6 +159,7 @@ def test_a_2gib_allocation_under_256mib_is_killed_for_memory_and_the_next_call_r
     assert worker.isolated(add, cgroups=cgroups)(2, 3) == 5
 
 
+@both
 def test_a_spinning_call_is_stopped_at_its_timeout() -> None:
     t0 = time.monotonic()
     with pytest.raises(worker.ToolKilled) as info:
@@ -152,6 +170,7 @@ def test_a_spinning_call_is_stopped_at_its_timeout() -> None:
     assert worker.isolated(add)(1, 1) == 2
 
 
+@both
 def test_a_call_ignoring_sigint_and_sigterm_is_killed_by_the_last_step(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     t0 = time.monotonic()
@@ -164,12 +183,14 @@ def test_a_call_ignoring_sigint_and_sigterm_is_killed_by_the_last_step(tmp_path:
 
 
 @pytest.mark.parametrize("cgroups", [None, False], ids=["cgroups", "rlimit-fallback"])
+@both
 def test_cpu_seconds_are_a_limit(cgroups: bool | None) -> None:
     with pytest.raises(worker.ToolKilled) as info:
         worker.isolated(spin, cpu_s=0.3, timeout=20, cgroups=cgroups)()
     assert info.value.reason == "cpu"
 
 
+@both
 def test_a_fork_bomb_is_stopped_at_its_pids_limit_with_nothing_left(tmp_path: Path) -> None:
     if lowlevel.tool_limits_backend()["pids"] == "rlimit":
         pytest.skip("no pids controller here: the fallback cannot bound root's processes (docs/tools.md)")
@@ -181,6 +202,7 @@ def test_a_fork_bomb_is_stopped_at_its_pids_limit_with_nothing_left(tmp_path: Pa
     assert worker.isolated(add)(2, 2) == 4
 
 
+@both
 def test_a_stdout_flood_is_stopped_at_output_mb(capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(worker.ToolKilled) as info:
         worker.isolated(flood, output_mb=1, timeout=20)()
@@ -189,6 +211,7 @@ def test_a_stdout_flood_is_stopped_at_output_mb(capfd: pytest.CaptureFixture[str
     assert len(out) <= 1024 * 1024  # relayed up to the cap, not past it
 
 
+@both
 def test_a_setsid_double_forked_daemon_ends_with_its_call(tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon"
     assert worker.isolated(daemonise)(str(pidfile)) == "daemon started"
@@ -211,6 +234,7 @@ def test_a_daemon_left_by_a_killed_call_is_killed_too(tmp_path: Path, cgroups: b
 # ---- crossing, errors, env, network ----------------------------------------------------------
 
 
+@both
 def test_a_call_made_from_a_thread_has_its_ladder_too() -> None:
     """The call forks from whatever thread calls it; the child's signals still work (its main thread)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -226,6 +250,7 @@ def test_a_call_made_from_a_thread_has_its_ladder_too() -> None:
         assert list(pool.map(lambda _: call(), range(2))) == ["timeout None", "timeout None"]
 
 
+@both
 def test_arguments_that_cannot_cross_are_refused_at_the_call_naming_which() -> None:
     with pytest.raises(TypeError, match=r"argument 'b' of add\(\)"):
         worker.isolated(add)(1, b=object())
@@ -233,62 +258,90 @@ def test_arguments_that_cannot_cross_are_refused_at_the_call_naming_which() -> N
         worker.isolated(add)(len, 3)
 
 
-def test_the_calls_own_exception_comes_back_and_a_dead_call_is_a_crash() -> None:
-    def bad() -> None:
-        raise ValueError("no such file")
+def bad() -> None:
+    raise ValueError("no such file")
 
+
+def exit3() -> None:
+    os._exit(3)
+
+
+def segfault() -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@both
+def test_the_calls_own_exception_comes_back_and_a_dead_call_is_a_crash() -> None:
     with pytest.raises(ValueError, match="no such file"):
         worker.isolated(bad)()
     with pytest.raises(worker.ToolCrashed) as info:
-        worker.isolated(lambda: os._exit(3))()
+        worker.isolated(exit3)()
     assert info.value.exit_code == 3
     with pytest.raises(worker.ToolCrashed) as info:
-        worker.isolated(lambda: os.kill(os.getpid(), signal.SIGSEGV))()
+        worker.isolated(segfault)()
     assert info.value.signal == signal.SIGSEGV
+    with pytest.raises(worker.ToolCrashed) as info:
+        worker.isolated(lambda: os._exit(4))()  # a lambda: the caller forks, whoever else could
+    assert info.value.exit_code == 4
 
 
+def look() -> list[Any]:
+    with open("/proc/self/environ", "rb") as f:
+        raw = f.read()
+    return [
+        os.environ.get("OPENAI_API_KEY"),
+        b"sk-hidden" in raw,
+        os.environ.get("TOOL_TOKEN"),
+        "PATH" in os.environ,
+    ]
+
+
+@both
 def test_env_none_hides_the_callers_keys_and_env_adds_exactly_what_is_given(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-hidden-from-tools")
-
-    def look() -> list[Any]:
-        with open("/proc/self/environ", "rb") as f:
-            raw = f.read()
-        return [
-            os.environ.get("OPENAI_API_KEY"),
-            b"sk-hidden" in raw,
-            os.environ.get("TOOL_TOKEN"),
-            "PATH" in os.environ,
-        ]
-
     assert worker.isolated(look)() == [None, False, None, True]
     assert worker.isolated(look, env={"TOOL_TOKEN": "t"})() == [None, False, "t", True]
     res = worker.run_command(["env"])
     assert b"OPENAI_API_KEY" not in res.stdout and b"PATH=" in res.stdout
+    assert b"sk-hidden" not in worker.run_command(["cat", "/proc/self/environ"]).stdout
 
 
+def connect(port: int) -> str:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return "connected"
+    except OSError as exc:
+        return f"refused: {exc}"
+
+
+@both
 def test_network_false_cannot_reach_a_loopback_listener() -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-
-        def connect() -> str:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=2).close()
-                return "connected"
-            except OSError as exc:
-                return f"refused: {exc}"
-
-        assert worker.isolated(connect)() == "connected"  # the control: the listener is reachable
-        got = worker.isolated(connect, network=False)()
+        assert worker.isolated(connect)(port) == "connected"  # the control: the listener is reachable
+        got = worker.isolated(connect, network=False)(port)
+        cmd = worker.run_command([sys.executable, "-c", CONNECT, str(port)], network=False)
     assert got.startswith("refused"), got
+    assert cmd.returncode == 0 and cmd.stdout.startswith(b"refused"), cmd
+
+
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2).close(); print('connected')\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc)\n"
+)
 
 
 # ---- run_command -----------------------------------------------------------------------------
 
 
+@both
 def test_run_command_captures_and_bounds_and_leaves_nothing(tmp_path: Path) -> None:
     res = worker.run_command(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (res.returncode, res.stdout, res.stderr, res.truncated, res.killed_reason) == (
@@ -341,6 +394,7 @@ def _calls(*pairs: tuple[str, str, dict[str, Any]]) -> Response:
     return Response([*(ModelToolCall(c, n, a) for c, n, a in pairs), Finish("tool_calls")])
 
 
+@both
 async def test_the_model_is_told_of_a_memory_kill_and_the_turn_completes() -> None:
     conn = FakeConn()
     turn = worker.Turn("t1", None, None, None, conn)  # type: ignore[arg-type]
@@ -376,6 +430,7 @@ async def test_max_tool_errors_still_bounds_a_turn_whose_tools_keep_getting_kill
     )
 
 
+@both
 async def test_cancelling_a_turn_stops_three_isolated_calls_within_grace_and_kill_after(
     tmp_path: Path,
 ) -> None:
@@ -414,6 +469,7 @@ async def test_cancelling_a_turn_stops_three_isolated_calls_within_grace_and_kil
     assert stopped == {"coop": "cancelled", "stubborn": "cancelled", "csleep": "cancelled"}
 
 
+@both
 async def test_async_isolated_function_and_cancel_outside_any_loop() -> None:
     async def slow(x: int) -> int:
         await anyio.sleep(0.05)  # allowed: the call's own work, in its own process
@@ -558,6 +614,7 @@ class Calculator:
         return 2 * x
 
 
+@both
 def test_the_decorator_forms_and_methods() -> None:
     assert bare_form(1) == 2
     x, pid = called_form(7)
@@ -567,3 +624,165 @@ def test_the_decorator_forms_and_methods() -> None:
         worker.isolated(add, memory_mb=-1)
     with pytest.raises(TypeError, match="env"):
         worker.isolated(add, env={"A": 1})  # type: ignore[dict-item]
+
+
+# ---- the warm template (T-WARM) ---------------------------------------------------------------
+
+
+def parent() -> int:
+    return os.getppid()
+
+
+class Asker:
+    @worker.isolated
+    def parent(self) -> int:
+        return os.getppid()
+
+
+def test_calls_are_forked_by_a_warm_template_and_what_it_cannot_find_by_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module-level function is found by name in the template, which forks the call; a lambda, a
+    method, ``fork_caller=True`` and a module that starts a thread when imported fork the caller. A
+    module imported after the template started is imported there on first use; a template that died
+    is replaced by the next call; commands have a template of their own."""
+    lowlevel.tool_templates(True)
+    try:
+        me = os.getpid()
+        tpl = worker.isolated(parent)()
+        assert tpl != me and worker.isolated(parent)() == tpl
+        assert worker.isolated(lambda: os.getppid())() == me
+        assert worker.isolated(parent, fork_caller=True)() == me
+        assert Asker().parent() == me
+        cmd_parent = int(worker.run_command(["sh", "-c", "echo $PPID"]).stdout)
+        assert cmd_parent not in (me, tpl)
+
+        (tmp_path / "late_tools_t29.py").write_text("import os\n\ndef parent():\n    return os.getppid()\n")
+        (tmp_path / "threaded_tools_t29.py").write_text(
+            "import os, threading\n"
+            "done = threading.Event()\n"
+            "threading.Thread(target=done.wait, args=(30,), daemon=True).start()\n\n"
+            "def parent():\n    return os.getppid()\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        import late_tools_t29  # type: ignore[import-not-found]
+        import threaded_tools_t29  # type: ignore[import-not-found]
+
+        try:
+            assert worker.isolated(late_tools_t29.parent)() == tpl  # imported in the template
+            assert worker.isolated(threaded_tools_t29.parent)() == me  # it would start a thread there
+        finally:
+            threaded_tools_t29.done.set()
+        fresh = worker.isolated(parent)()
+        assert fresh not in (me, tpl)  # the template that imported a thread-starting module retired
+
+        os.kill(fresh, signal.SIGKILL)
+        again = worker.isolated(parent)()  # the dead template is noticed, another started
+        assert again not in (me, tpl, fresh)
+    finally:
+        lowlevel.tool_templates(None)
+    assert _gone(tpl) and _gone(fresh)
+
+
+def test_a_templates_calls_die_with_their_caller(tmp_path: Path) -> None:
+    """A caller killed with SIGKILL while a call runs in its template: the template sees its control
+    socket close with its caller gone, kills the call's tree and exits."""
+    import subprocess
+
+    pidfile = tmp_path / "call"
+    code = (
+        "import worker\n"
+        "from worker import lowlevel\n"
+        "from tests.agents import tools\n"
+        "lowlevel.tool_templates(True)\n"
+        f"worker.isolated(tools.sleeper, timeout=None)({str(pidfile)!r})\n"
+    )
+    before = {p.pid for p in psutil.Process().children()}
+    caller = subprocess.Popen([sys.executable, "-c", code], cwd=str(Path(__file__).parent.parent))
+    try:
+        anyio.run(lambda: _wait_for(pidfile, bound=60.0))
+        call = _pid_of(pidfile)
+        template = psutil.Process(call).ppid()
+        assert template != caller.pid
+    finally:
+        caller.kill()
+        caller.wait()
+    # We are the subreaper of what the caller left: its template exits once it has killed the call.
+    for orphan in psutil.Process().children():
+        if orphan.pid not in before:
+            orphan.wait(timeout=20)
+    assert _gone(call) and _gone(template)
+
+
+async def test_in_a_worker_the_template_serves_every_turn_and_is_not_a_leftover() -> None:
+    """Inside a worker calls come from its template (started on the first call, not the worker's
+    own fork); the end-of-turn sweep leaves it, so the next turn's call comes from the same one."""
+    from supervisor import Supervisor
+
+    async with Supervisor(workers=1, spares=0) as sup:
+        with anyio.fail_after(60):
+            first = await sup.run("tests.agents.tools:whose_calls", {})
+            second = await sup.run("tests.agents.tools:whose_calls", {})
+    assert first.outcome == second.outcome == "completed", (first, second)
+    assert first.worker_pid == second.worker_pid == first.output["worker"]
+    assert first.output["parent"] != first.output["worker"]
+    assert second.output["parent"] == first.output["parent"]
+
+
+def _call_groups_of(pid: int) -> list[str]:
+    own = lowlevel.cgroup_of()
+    assert own is not None
+    return [name for name in os.listdir(own) if name.startswith(f"turnpool-{pid}-") and "-call" in name]
+
+
+def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
+    """T-REUSE: a caller's groups kept for reuse are removed when it exits; those of a caller killed
+    with SIGKILL are swept (its v2 groups too) by the next sweep."""
+    import subprocess
+
+    if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+        pytest.skip("no cgroup v2 containment here")
+    code = "import os, sys, worker\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    assert _call_groups_of(int(done.stdout)) == []
+    warm = (  # with templates: the kept groups hold an embryo (T-EMBRYO), killed and removed at exit
+        "import os, worker\nfrom worker import lowlevel\nlowlevel.tool_templates(True)\n"
+        "worker.run_command(['true'])\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", warm], capture_output=True, timeout=60, check=True)
+    assert _call_groups_of(int(done.stdout)) == []
+    killed = subprocess.run(
+        [sys.executable, "-c", code + "os.kill(os.getpid(), 9)\n"], capture_output=True, timeout=60
+    )
+    assert killed.returncode == -signal.SIGKILL
+    pid = int(killed.stdout)
+    assert _call_groups_of(pid), "the killed caller kept no group: nothing to sweep"
+    lowlevel.tool_groups_sweep()
+    assert _call_groups_of(pid) == []
+
+
+def started_at() -> list[int]:
+    """This process's pid and start time (clock ticks since boot)."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return [os.getpid(), int(fields[19])]
+
+
+def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
+    """T-EMBRYO: once a call's groups are kept, the template puts the next call's process in them
+    ahead of time (moving a process into a cgroup can wait ~10 ms for the kernel): the next call with
+    the same limits is made by a process that started before the call did."""
+    if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+        pytest.skip("no cgroup v2 containment here: no kept groups")
+    lowlevel.tool_templates(True)
+    try:
+        iso = worker.isolated(started_at)
+        template = psutil.Process(worker.isolated(parent)())
+        deadline = time.monotonic() + 20
+        while not template.children() and time.monotonic() < deadline:
+            time.sleep(0.01)  # allowed: bounded poll of another process's children
+        (embryo,) = template.children()
+        before = time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
+        pid, start = iso()
+        assert pid == embryo.pid and start <= before
+    finally:
+        lowlevel.tool_templates(None)

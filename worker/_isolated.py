@@ -11,6 +11,7 @@ import inspect
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,24 +20,12 @@ import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
-from . import _toolchild, _toolproc
-from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled
-from ._toolproc import Limits
+from . import _toolchild, _toolproc, _tooltemplate
+from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled, for_frameworks
+from ._toolgroups import Limits
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
-
-
-def report_setup_error(fd: int, exc: BaseException) -> None:
-    """In the child: the call could not be set up (or exec failed): tell the parent."""
-    errno = exc.errno if isinstance(exc, OSError) else None
-    _write_all(fd, _enc.encode(["setup", type(exc).__name__, str(exc), errno]))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _check_crossing(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> tuple[Any, ...]:
@@ -54,61 +43,6 @@ def _cross(value: Any, where: str) -> Any:
         return _dec.decode(_enc.encode(value))
     except (TypeError, ValueError, msgspec.EncodeError) as exc:
         raise TypeError(f"{where} cannot cross to an isolated call (not a msgspec value): {exc}") from None
-
-
-def _child_body(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], is_async: bool
-) -> Callable[[int], None]:
-    def body(fd: int) -> None:
-        try:
-            value = _run_async_in_child(fn, args, kwargs) if is_async else fn(*args, **kwargs)
-            try:
-                payload = _enc.encode(["ok", value])
-            except (TypeError, ValueError, msgspec.EncodeError) as exc:
-                payload = _enc.encode(
-                    [
-                        "raised",
-                        "builtins",
-                        "TypeError",
-                        [f"result of {fn.__name__}() cannot cross back: {exc}"],
-                    ]
-                )
-        except _toolchild.CallInterrupted:
-            payload = _enc.encode(["stopped"])
-        except MemoryError:
-            payload = _enc.encode(["memory"])
-        except BaseException as exc:  # noqa: BLE001 - told to the caller
-            args_ = [a if isinstance(a, (str, int, float, bool, type(None))) else repr(a) for a in exc.args]
-            payload = _enc.encode(["raised", type(exc).__module__, type(exc).__qualname__, args_])
-        with contextlib.suppress(OSError):
-            _write_all(fd, payload)
-            os.close(fd)
-        _toolchild.end_own_tree()
-        os._exit(0)
-
-    return body
-
-
-def _run_async_in_child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    import asyncio
-
-    asyncio.events._set_running_loop(None)  # forked from inside the caller's running loop
-    loop = asyncio.new_event_loop()
-    try:
-        task = loop.create_task(fn(*args, **kwargs))
-
-        def interrupt() -> None:
-            _toolchild._call_cancelled = True
-            task.cancel()
-
-        loop.add_signal_handler(signal.SIGINT, interrupt)
-        try:
-            return loop.run_until_complete(task)
-        except asyncio.CancelledError:
-            raise _toolchild.CallInterrupted("isolated call asked to stop") from None
-    finally:
-        with contextlib.suppress(Exception):
-            loop.close()
 
 
 def _rebuild(module: str, qualname: str, args: list[Any]) -> BaseException:
@@ -141,17 +75,17 @@ def _finish_call(proc: _toolproc.Proc, o: _toolproc.Outcome) -> Any:
         with contextlib.suppress(msgspec.DecodeError):
             msg = _dec.decode(o.result)
     if msg and msg[0] == "setup":
-        raise ToolIsolationError(f"isolated call could not start: {msg[1]}: {msg[2]}")
+        raise for_frameworks(ToolIsolationError(f"isolated call could not start: {msg[1]}: {msg[2]}"))
     if o.killed is None and msg and msg[0] == "memory" and "memory" not in proc.groups.dirs:
         o.killed = "memory"  # the fallback's RLIMIT_AS refused an allocation
     if o.killed is not None:
         sig = o.last_signal if o.last_signal not in (None, signal.SIGINT) else None
-        raise ToolKilled(o.killed, _limit_of(o.killed, lim), signal=sig)
+        raise for_frameworks(ToolKilled(o.killed, _limit_of(o.killed, lim), signal=sig))
     if msg is None or msg[0] == "stopped":
         st = o.status
         if os.WIFSIGNALED(st):
-            raise ToolCrashed(signal=os.WTERMSIG(st))
-        raise ToolCrashed(exit_code=os.WEXITSTATUS(st) if os.WIFEXITED(st) else None)
+            raise for_frameworks(ToolCrashed(signal=os.WTERMSIG(st)))
+        raise for_frameworks(ToolCrashed(exit_code=os.WEXITSTATUS(st) if os.WIFEXITED(st) else None))
     if msg[0] == "ok":
         return msg[1]
     if msg[0] == "memory":
@@ -159,45 +93,130 @@ def _finish_call(proc: _toolproc.Proc, o: _toolproc.Outcome) -> Any:
     raise _rebuild(msg[1], msg[2], msg[3])
 
 
-async def _watch_async(proc: _toolproc.Proc, relay: bool) -> _toolproc.Outcome:
-    """Watch the call in a thread; a cancel of the awaiting task runs the ladder, and the await
+async def _run_async(
+    start: Callable[[], _toolproc.Proc], relay: bool
+) -> tuple[_toolproc.Proc, _toolproc.Outcome]:
+    """Start and watch the call in a thread (a template's first call of a module imports it there:
+    the event loop runs on meanwhile); a cancel of the awaiting task runs the ladder, and the await
     returns (re-raising the cancel) only once the call's tree is gone."""
+    lock = threading.Lock()
+    state: dict[str, Any] = {"proc": None, "cancelled": False}
+
+    def work() -> tuple[_toolproc.Proc, _toolproc.Outcome]:
+        proc = start()
+        with lock:
+            state["proc"] = proc
+            if state["cancelled"]:
+                proc.cancel()  # (read at once by the watch: the ladder starts there)
+        return proc, proc.watch(relay)
+
     async with anyio.create_task_group() as group:
 
         async def on_cancel() -> None:
             try:
                 await anyio.sleep_forever()
             finally:
-                proc.cancel()
+                with lock:
+                    state["cancelled"] = True
+                    proc = state["proc"]
+                if proc is not None:
+                    proc.cancel()
 
         group.start_soon(on_cancel)
         try:
-            outcome = await anyio.to_thread.run_sync(proc.watch, relay)
+            proc, outcome = await anyio.to_thread.run_sync(work)
         finally:
             group.cancel_scope.cancel()
     if outcome.killed == "cancelled":
         await anyio.lowlevel.checkpoint()  # the caller's cancel goes on, now that the call is gone
-    return outcome
+    return proc, outcome
+
+
+_NOT_WARM: set[tuple[str, str]] = set()  # functions a template answered "fallback" for
+
+
+def _reference(fn: Callable[..., Any], wrapper: Any) -> tuple[str, str] | None:
+    """(module, qualified name) by which a template finds ``fn``, or None: not a module-level
+    function reachable by that name (a lambda, a nested function, ``__main__``)."""
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qual, str) or module == "__main__" or "<" in qual:
+        return None
+    obj: Any = sys.modules.get(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return (module, qual) if obj is fn or obj is wrapper else None
+
+
+def _warm_start(kind: str, limits: Limits, req: dict[str, Any], stdin: bytes | None) -> _toolproc.Proc | None:
+    """T-WARM: the call made by this process's template, or None: fork the caller instead."""
+    for _ in range(2):
+        template = _tooltemplate.get(kind)
+        if template is None:
+            return None
+        try:
+            return _toolproc.start_in_template(template, limits, req, stdin=stdin)
+        except _tooltemplate.Fallback as exc:
+            if kind == "fn":
+                _NOT_WARM.add((req["mod"], req["qual"]))
+            if exc.retire:
+                _tooltemplate.drop(template)
+            return None
+        except OSError:
+            _tooltemplate.drop(template)  # it died (killed from outside?): once more with a new one
+    return None
 
 
 class Isolated:
     """A function whose every call runs in its own process (see ``worker.isolated``)."""
 
-    def __init__(self, fn: Callable[..., Any], limits: Limits) -> None:
+    def __init__(self, fn: Callable[..., Any], limits: Limits, fork_caller: bool = False) -> None:
         self.fn = fn
         self.limits = limits
+        self.fork_caller = fork_caller
         self.is_async = inspect.iscoroutinefunction(fn)
+        self._ref: tuple[str, str] | bool | None = False  # False: not looked up yet
         functools.update_wrapper(self, fn)
 
     def _start(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], bound: tuple[Any, ...] = ()
     ) -> _toolproc.Proc:
+        name = getattr(self.fn, "__name__", "tool")
+        if not bound and not self.fork_caller:
+            if self._ref is False:
+                self._ref = _reference(self.fn, self)
+            ref = self._ref
+            if isinstance(ref, tuple) and ref not in _NOT_WARM:
+                try:
+                    payload = _enc.encode([args, kwargs])
+                except (TypeError, ValueError, msgspec.EncodeError):
+                    _check_crossing(args, dict(kwargs), name)  # names the argument
+                    raise
+                req = {
+                    "kind": "fn",
+                    "mod": ref[0],
+                    "qual": ref[1],
+                    "async": self.is_async,
+                    "args": payload,
+                    "path": sys.path,
+                    "cwd": os.getcwd(),
+                }
+                proc = _warm_start("fn", self.limits, req, None)
+                if proc is not None:
+                    return proc
         kwargs = dict(kwargs)
-        args = bound + _check_crossing(args, kwargs, getattr(self.fn, "__name__", "tool"))
-        return _toolproc.start(self.limits, _child_body(self.fn, args, kwargs, self.is_async))
+        args = bound + _check_crossing(args, kwargs, name)
+        return _toolproc.start(self.limits, _toolchild.child_body(self.fn, args, kwargs, self.is_async))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call((), args, kwargs)
+
+    def _check_early(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """T-CROSS at the call itself (an async call starts in a thread): what cannot cross."""
+        try:
+            _enc.encode([args, kwargs])
+        except (TypeError, ValueError, msgspec.EncodeError):
+            _check_crossing(args, dict(kwargs), getattr(self.fn, "__name__", "tool"))
+            raise
 
     def _call(self, bound: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.is_async:
@@ -210,8 +229,9 @@ class Isolated:
         return await self._acall((), args, kwargs)
 
     async def _acall(self, bound: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        proc = self._start(args, kwargs, bound)
-        return _finish_call(proc, await _watch_async(proc, True))
+        self._check_early(args, kwargs)
+        proc, outcome = await _run_async(lambda: self._start(args, kwargs, bound), True)
+        return _finish_call(proc, outcome)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         # A method: the instance is the caller's own, carried by the fork (it does not cross, and what
@@ -243,6 +263,7 @@ def isolated(
     grace: float = 1.0,
     kill_after: float = 1.0,
     cgroups: bool | None = None,
+    fork_caller: bool = False,
 ) -> Any:
     """Run each call of ``fn`` in a child process of the caller, under its own limits and ladder.
 
@@ -264,8 +285,8 @@ def isolated(
     if fn is not None:
         if not callable(fn):
             raise TypeError(f"worker.isolated wraps a function, not {fn!r}")
-        return Isolated(fn, limits)
-    return lambda f: Isolated(f, limits)
+        return Isolated(fn, limits, bool(fork_caller))
+    return lambda f: Isolated(f, limits, bool(fork_caller))
 
 
 def _command_limits(
@@ -295,14 +316,22 @@ def _command_limits(
     return limits
 
 
-def _start_command(
-    argv: Sequence[str], limits: Limits, cwd: str | None, stdin: bytes | None
-) -> _toolproc.Proc:
+def _check_command(argv: Sequence[str], stdin: bytes | None) -> None:
     if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) for a in argv):
         raise TypeError("run_command takes argv as a non-empty list of str (no shell)")
     if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
         raise TypeError("stdin must be bytes or None")
+
+
+def _start_command(
+    argv: Sequence[str], limits: Limits, cwd: str | None, stdin: bytes | None
+) -> _toolproc.Proc:
+    _check_command(argv, stdin)
     argv = list(argv)
+    req = {"kind": "cmd", "argv": argv, "cwd": os.path.join(os.getcwd(), cwd or "")}
+    proc = _warm_start("cmd", limits, req, bytes(stdin) if stdin is not None else b"")
+    if proc is not None:
+        return proc
 
     def body(fd: int) -> None:
         if cwd is not None:
@@ -311,7 +340,7 @@ def _start_command(
         try:
             os.execvpe(argv[0], argv, env)
         except OSError as exc:
-            report_setup_error(fd, exc)
+            _toolchild.report_setup_error(fd, exc)
         os._exit(127)
 
     return _toolproc.start(limits, body, stdin=bytes(stdin) if stdin is not None else b"")
@@ -370,8 +399,9 @@ async def arun_command(
 ) -> CommandResult:
     """``run_command`` for async code: the event loop runs on, and a cancel runs the ladder."""
     limits = _command_limits(timeout, memory_mb, pids, env, output_mb, network, grace, kill_after, cgroups)
-    proc = _start_command(argv, limits, cwd, stdin)
-    return _command_result(proc, await _watch_async(proc, False))
+    _check_command(argv, stdin)
+    proc, outcome = await _run_async(lambda: _start_command(argv, limits, cwd, stdin), False)
+    return _command_result(proc, outcome)
 
 
 def current_call_cancelled() -> bool:

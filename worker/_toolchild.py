@@ -8,14 +8,19 @@ import contextlib
 import os
 import resource
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from .proctree import _tree
 
 if TYPE_CHECKING:
-    from ._toolproc import Groups, Limits
+    from ._toolgroups import Groups, Limits
 
 MIB = 1024 * 1024
+
+_enc = msgspec.msgpack.Encoder()
 
 
 _in_call = False
@@ -40,45 +45,74 @@ def _on_sigint(signum: int, frame: Any) -> None:
 def setup_child(
     limits: Limits, groups: Groups, keep: tuple[int, ...], out: int, err: int, stdin: int | None
 ) -> None:
-    """Everything a call's child does before the call: own group, limits, signals, fds, env."""
+    """A forked caller's child: everything before the call (see ``setup``)."""
+    setup(
+        memory_mb=limits.memory_mb,
+        pids=limits.pids,
+        cpu_s=limits.cpu_s,
+        network=limits.network,
+        env=limits.environment(),
+        join=groups.paths(),
+        limited=frozenset(groups.dirs),
+        command=stdin is not None,
+        keep=keep,
+        out=out,
+        err=err,
+        stdin=stdin,
+    )
+
+
+def setup(
+    *,
+    memory_mb: float | None,
+    pids: int | None,
+    cpu_s: float | None,
+    network: bool,
+    env: dict[str, str],
+    join: list[str],
+    limited: frozenset[str],
+    command: bool,
+    keep: tuple[int, ...],
+    out: int,
+    err: int,
+    stdin: int | None,
+) -> None:
+    """Everything a call's child does before the call (a fork of the caller or of a template):
+    own process group, groups joined first, then limits, signals, fds, environment."""
     global _in_call, _call_cancelled
     _in_call, _call_cancelled = True, False
     os.setpgid(0, 0)
     _tree.set_parent_death_signal(signal.SIGKILL)
+    for path in join:  # T-JOIN: before anything of the call runs (nothing forks outside its groups)
+        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
-    for sig in (
-        signal.SIGTERM,
-        signal.SIGHUP,
-        signal.SIGCHLD,
-        signal.SIGPIPE,
-        signal.SIGUSR1,
-        signal.SIGUSR2,
-        signal.SIGXCPU,
-        signal.SIGQUIT,
-    ):
+    for sig in _RESET:
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.signal(signal.SIGINT, _on_sigint)
-    groups.join()
-    if limits.memory_mb is not None and "memory" not in groups.dirs:
-        # Fallback: address space, counted from what the forked call already maps.
-        base = _vm_size() if stdin is None else 0
-        cap = base + int(limits.memory_mb * MIB)
+    if memory_mb is not None and "memory" not in limited:
+        # Fallback: address space, counted from what the forked call already maps (a command: from 0).
+        base = 0 if command else _vm_size()
+        cap = base + int(memory_mb * MIB)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    if limits.pids is not None and "pids" not in groups.dirs and os.geteuid() != 0:
+    if pids is not None and "pids" not in limited and os.geteuid() != 0:
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.pids, limits.pids))
-    if limits.cpu_s is not None:
-        soft = max(1, int(limits.cpu_s + 0.999))
+            resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+    if cpu_s is not None:
+        soft = max(1, int(cpu_s + 0.999))
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
-    if not limits.network:
+    if not network:
         unshare_network()
-    env = limits.environment()
     os.environ.clear()
     os.environ.update(env)
-    _scrub_proc_environ()
+    if not command:
+        _scrub_proc_environ()  # (a command's exec gives it a block of its own)
     os.dup2(out, 1)
     os.dup2(err, 2)
     if stdin is not None:
@@ -92,6 +126,18 @@ def setup_child(
         last = fd
     os.closerange(last + 1, os.sysconf("SC_OPEN_MAX"))
     _tree.set_child_subreaper()  # a double-forked daemon of the call stays in the call's tree
+
+
+_RESET = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGCHLD,
+    signal.SIGPIPE,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGXCPU,
+    signal.SIGQUIT,
+)
 
 
 def unshare_network() -> None:
@@ -148,3 +194,73 @@ def end_own_tree() -> None:
     """In the child, after the call: kill what the call left running (it is our subreaped tree)."""
     with contextlib.suppress(Exception):
         _tree.kill_descendants(os.getpid(), timeout=1.0)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def report_setup_error(fd: int, exc: BaseException) -> None:
+    """The call could not be set up (or exec failed): tell the caller on the result pipe."""
+    errno = exc.errno if isinstance(exc, OSError) else None
+    write_all(fd, _enc.encode(["setup", type(exc).__name__, str(exc), errno]))
+
+
+def child_body(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], is_async: bool
+) -> Callable[[int], None]:
+    """What the call's process runs once set up: the function, its outcome on the result pipe."""
+
+    def body(fd: int) -> None:
+        try:
+            value = _run_async(fn, args, kwargs) if is_async else fn(*args, **kwargs)
+            try:
+                payload = _enc.encode(["ok", value])
+            except (TypeError, ValueError, msgspec.EncodeError) as exc:
+                payload = _enc.encode(
+                    [
+                        "raised",
+                        "builtins",
+                        "TypeError",
+                        [f"result of {fn.__name__}() cannot cross back: {exc}"],
+                    ]
+                )
+        except CallInterrupted:
+            payload = _enc.encode(["stopped"])
+        except MemoryError:
+            payload = _enc.encode(["memory"])
+        except BaseException as exc:  # noqa: BLE001 - told to the caller
+            args_ = [a if isinstance(a, (str, int, float, bool, type(None))) else repr(a) for a in exc.args]
+            payload = _enc.encode(["raised", type(exc).__module__, type(exc).__qualname__, args_])
+        with contextlib.suppress(OSError):
+            write_all(fd, payload)
+            os.close(fd)
+        end_own_tree()
+        os._exit(0)
+
+    return body
+
+
+def _run_async(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    import asyncio
+
+    asyncio.events._set_running_loop(None)  # forked from inside the caller's running loop
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(fn(*args, **kwargs))
+
+        def interrupt() -> None:
+            global _call_cancelled
+            _call_cancelled = True
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            raise CallInterrupted("isolated call asked to stop") from None
+    finally:
+        with contextlib.suppress(Exception):
+            loop.close()

@@ -3,6 +3,7 @@ simply return: the errors it raises and the result of a command."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Literal
 
 import msgspec
@@ -66,3 +67,29 @@ class CommandResult(msgspec.Struct, frozen=True):
     stderr: bytes
     truncated: bool = False
     killed_reason: KillReason | None = None
+
+
+_FLAVOURED: dict[tuple[type, type], Any] = {}
+
+
+def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
+    """T-FRAME: the error as the tool framework loaded in this process reports a failed tool to its
+    model. Where pydantic-ai is imported, the same error is also its ``ToolFailed`` (or, in versions
+    without it, ``ModelRetry``): raised from a pydantic-ai tool, the model sees the text and the run
+    goes on. ``except worker.ToolKilled`` catches it all the same."""
+    mod = sys.modules.get("pydantic_ai.exceptions")
+    base = getattr(mod, "ToolFailed", None) or getattr(mod, "ModelRetry", None)
+    if not isinstance(base, type) or isinstance(exc, base):
+        return exc
+    key = (type(exc), base)
+    cls = _FLAVOURED.get(key)
+    if cls is None:
+        cls = type(type(exc).__name__, (type(exc), base), {"__module__": type(exc).__module__})
+        cls.__qualname__ = type(exc).__qualname__
+        _FLAVOURED[key] = cls
+    out: Any = Exception.__new__(cls)
+    out.__dict__.update(exc.__dict__)
+    out.args = exc.args
+    out.message = str(exc)
+    flavoured: ToolIsolationError = out
+    return flavoured

@@ -1,7 +1,8 @@
-"""One tool call's process: its limits, its start (a fork of the caller), its watch and its ladder.
+"""One tool call's process: its start (a fork of the caller, or by the warm template), its watch and its
+ladder (its limits and groups: ``_toolgroups``).
 
-The caller forks (no new interpreter: the call starts from the caller's warm memory) and the child
-joins the call's own groups before it runs anything: a cgroup v2 directory under the caller's own
+The call's process (forked by the caller, or made by its warm template: ``_tooltemplate``) joins the
+call's own groups before it runs anything: a cgroup v2 directory under the caller's own
 (containment: ``cgroup.kill`` reaches a double-forked daemon; CPU use of the whole tree in
 ``cpu.stat``), and, where the memory, pids and cpu controllers are reachable, a group with the limits
 (v2 when the unified hierarchy delegates them, else the v1 hierarchies when mounted and writable).
@@ -17,307 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import select
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from . import _toolchild
+from . import _toolchild, _tooltemplate
 from ._toolerrors import KillReason
-from .proctree import _cgroup, _tree
+from ._toolgroups import Groups, Limits
+from .proctree import _tree
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
 MIB = 1024 * 1024
-
-# T-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
-ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL", "PWD")
-ENV_ALLOW_PREFIXES = ("LC_",)
-
-
-@dataclass(frozen=True)
-class Limits:
-    memory_mb: float | None = 256
-    timeout: float | None = 30.0
-    cpu_s: float | None = None
-    pids: int | None = 64
-    output_mb: float | None = 8
-    env: dict[str, str] | None = None
-    network: bool = True
-    grace: float = 1.0
-    kill_after: float = 1.0
-    cgroups: bool | None = None  # None: use them where they work; False: rlimits only
-
-    def check(self) -> None:
-        for name in ("memory_mb", "timeout", "cpu_s", "output_mb"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-            ):
-                raise ValueError(f"{name} must be a positive number or None, not {value!r}")
-        for name in ("grace", "kill_after"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, not {value!r}")
-        if self.pids is not None and (
-            isinstance(self.pids, bool) or not isinstance(self.pids, int) or self.pids < 1
-        ):
-            raise ValueError(f"pids must be a positive int or None, not {self.pids!r}")
-        if self.env is not None and not (
-            isinstance(self.env, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())
-        ):
-            raise TypeError("env must be a dict of str to str or None")
-
-    def environment(self) -> dict[str, str]:
-        keep = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ENV_ALLOW or any(k.startswith(p) for p in ENV_ALLOW_PREFIXES)
-        }
-        keep.update(self.env or {})
-        return keep
-
-
-# ---- where the limits live ------------------------------------------------------------------
-
-
-def _v1_mounts() -> dict[str, str]:
-    """controller -> mount point of each cgroup v1 hierarchy."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                pre, _, post = line.partition(" - ")
-                parts = post.split()
-                if len(parts) >= 3 and parts[0] == "cgroup":
-                    for opt in parts[2].split(","):
-                        if opt in ("memory", "pids", "cpu"):
-                            found[opt] = pre.split(" ")[4]
-    except OSError:
-        pass
-    return found
-
-
-def _v1_own(controller: str) -> str | None:
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, names, path = line.rstrip("\n").split(":", 2)
-                if controller in names.split(","):
-                    return path
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-_backend: dict[str, Any] | None = None
-
-
-def backend() -> dict[str, Any]:
-    """What enforces each limit here: ``{"containment": "cgroup2" | "tree", "memory": ..., ...}``."""
-    global _backend
-    if _backend is None:
-        own = _cgroup.cgroup_of()
-        contain = "cgroup2" if own is not None and os.access(own, os.W_OK) else "tree"
-        controllers: set[str] = set()
-        if own is not None:
-            with contextlib.suppress(OSError), open(os.path.join(own, "cgroup.subtree_control")) as f:
-                controllers = set(f.read().split())
-        v1 = _v1_mounts()
-        out: dict[str, Any] = {"containment": contain}
-        for name in ("memory", "pids", "cpu"):
-            if name in controllers:
-                out[name] = "cgroup2"
-            elif name in v1 and os.access(
-                os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/")), os.W_OK
-            ):
-                out[name] = "cgroup1"
-            else:
-                out[name] = "rlimit"
-        _backend = out
-    return _backend
-
-
-_swept = False
-
-
-def sweep_stale_groups() -> list[str]:
-    """Remove call groups left in the v1 hierarchies by a caller killed with SIGKILL (its v2 group
-    went with the worker's cgroup, or is swept as a pool is). Named like pools: owner pid and start."""
-    global _swept
-    _swept = True
-    gone: list[str] = []
-    v1 = _v1_mounts()
-    for name in ("memory", "pids"):
-        if name not in v1:
-            continue
-        parent = os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/"))
-        try:
-            entries = os.listdir(parent)
-        except OSError:
-            continue
-        for entry in entries:
-            if not (entry.startswith(_cgroup.POOL_PREFIX) and "-call" in entry):
-                continue
-            pid_s, start = entry[len(_cgroup.POOL_PREFIX) :].split("-")[:2]
-            if not pid_s.isdigit() or _cgroup._start_time(int(pid_s)) == start:
-                continue  # its owner lives
-            path = os.path.join(parent, entry)
-            for pid in _cgroup.procs(path):  # v1 has no cgroup.kill
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            if _cgroup.remove(path):
-                gone.append(path)
-    return gone
-
-
-_placed: tuple[int, tuple[str, str | None, dict[str, str]]] | None = None
-
-
-def _place() -> tuple[str, str | None, dict[str, str]]:
-    """(the name prefix of this process's call groups, its own v2 cgroup, the v1 parent of each
-    controller), read once per process (a forked child reads its own)."""
-    global _placed
-    me = os.getpid()
-    if _placed is None or _placed[0] != me:
-        # Named like a pool (owner pid and start time): one left by a caller killed with SIGKILL is swept.
-        prefix = f"{_cgroup.POOL_PREFIX}{me}-{_cgroup._start_time(me)}-call"
-        v1 = _v1_mounts()
-        parents = {name: os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/")) for name in v1}
-        _placed = (me, (prefix, _cgroup.cgroup_of(), parents))
-    return _placed[1]
-
-
-@dataclass
-class Groups:
-    """The call's cgroups (made by the parent before the fork, removed after the call)."""
-
-    limits: Limits
-    contain: str | None = None  # v2 directory: every process of the call, whatever it does
-    dirs: dict[str, str] = field(default_factory=dict)  # controller -> directory with the limit
-    base: dict[str, int] = field(default_factory=dict)
-    v2: dict[str, bool] = field(default_factory=dict)
-
-    @classmethod
-    def make(cls, limits: Limits) -> Groups:
-        g = cls(limits)
-        if limits.cgroups is False:
-            return g
-        be = backend()
-        if not _swept:
-            sweep_stale_groups()
-        prefix, own, parents = _place()
-        tag = prefix + secrets.token_hex(4)
-        if be["containment"] == "cgroup2" and own is not None:
-            path = os.path.join(own, tag)
-            with contextlib.suppress(OSError):
-                os.mkdir(path)
-                g.contain = path
-        for name in ("memory", "pids", "cpu"):
-            want = {"memory": limits.memory_mb, "pids": limits.pids, "cpu": None}[name]
-            if want is None or be[name] == "rlimit":
-                continue
-            if be[name] == "cgroup2":
-                if g.contain is None:
-                    continue
-                path = g.contain  # the controller is delegated to our children: the call's own group
-            else:
-                path = os.path.join(parents[name], tag)
-            try:
-                os.makedirs(path, exist_ok=True)
-                if name == "memory":
-                    limit = str(int(float(want) * MIB))
-                    _cgroup._write(
-                        os.path.join(
-                            path, "memory.max" if be[name] == "cgroup2" else "memory.limit_in_bytes"
-                        ),
-                        limit,
-                    )
-                    # Swap is no way around the limit: none (v2), or memory + swap at the same bound (v1).
-                    swap = (
-                        ("memory.swap.max", "0")
-                        if be[name] == "cgroup2"
-                        else ("memory.memsw.limit_in_bytes", limit)
-                    )
-                    with contextlib.suppress(OSError):
-                        _cgroup._write(os.path.join(path, swap[0]), swap[1])
-                else:
-                    _cgroup._write(os.path.join(path, "pids.max"), str(int(want)))
-            except OSError:
-                if path != g.contain:
-                    with contextlib.suppress(OSError):
-                        os.rmdir(path)
-                continue
-            g.dirs[name] = path
-            g.v2[name] = be[name] == "cgroup2"
-        g.base = {"oom": g.oom_kills(), "pids": g.pids_hits()}
-        return g
-
-    def paths(self) -> list[str]:
-        return list(dict.fromkeys(p for p in [self.contain, *self.dirs.values()] if p is not None))
-
-    def join(self) -> None:
-        """In the child: move into every group (before anything of the call runs)."""
-        for path in self.paths():
-            if path is not None:
-                _cgroup._write(os.path.join(path, "cgroup.procs"), "0")
-
-    def _counter(self, name: str, file: str, key: bytes) -> int:
-        path = self.dirs.get(name)
-        if path is None:
-            return 0
-        try:
-            with open(os.path.join(path, file), "rb") as f:
-                for line in f:
-                    if line.startswith(key + b" "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def oom_kills(self) -> int:
-        file = "memory.events" if self.v2.get("memory") else "memory.oom_control"
-        return self._counter("memory", file, b"oom_kill")
-
-    def pids_hits(self) -> int:
-        return self._counter("pids", "pids.events", b"max")
-
-    def cpu_seconds(self) -> float | None:
-        if self.contain is None:
-            return None
-        try:
-            with open(os.path.join(self.contain, "cpu.stat"), "rb") as f:
-                for line in f:
-                    if line.startswith(b"usage_usec "):
-                        return int(line.split()[1]) / 1e6
-        except (OSError, ValueError):
-            pass
-        return None
-
-    def members(self) -> list[int]:
-        if self.contain is None:
-            return []
-        return _cgroup.procs(self.contain)
-
-    def kill(self) -> None:
-        for path in self.paths():
-            _cgroup.kill(path)  # v1: no cgroup.kill; signals what is listed
-
-    def remove(self) -> None:
-        for path in self.paths():
-            if _cgroup.procs(path):
-                _cgroup.kill(path)
-                _cgroup.wait_empty(path, 2.0)
-            for _ in range(50):
-                if _cgroup.remove(path):
-                    break
-                time.sleep(0.002)  # v1 memory groups go offline a moment after their last exit
-
 
 # ---- the parent: start, watch, ladder -------------------------------------------------------
 
@@ -363,14 +78,58 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
             body(res_w)
         except BaseException as exc:  # noqa: BLE001 - told to the parent, then gone
             with contextlib.suppress(BaseException):
-                from ._isolated import report_setup_error
-
-                report_setup_error(res_w, exc)
+                _toolchild.report_setup_error(res_w, exc)
         os._exit(70)
     for fd in (res_w, out_w, err_w, in_r):
         if fd is not None:
             os.close(fd)
     return Proc(pid, limits, groups, res_r, out_r, err_r, in_w, stdin or b"")
+
+
+def start_in_template(
+    template: _tooltemplate.Template, limits: Limits, req: dict[str, Any], *, stdin: bytes | None = None
+) -> Proc:
+    """T-WARM: the call, forked by ``template`` (see ``_tooltemplate``) rather than by us. Raises
+    ``_tooltemplate.Fallback`` (fork the caller instead) or ``OSError`` (the template is gone)."""
+    groups = Groups.make(limits, template.kind)
+    groups.template = template
+    res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    ours = [res_r, out_r, err_r]
+    theirs = [res_w, out_w, err_w]
+    in_w = None
+    if stdin is not None:
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        theirs.append(in_r)
+        ours.append(in_w)
+    req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
+    req["env"] = limits.environment()
+    req["join"] = groups.paths()
+    req["limited"] = list(groups.dirs)
+    req["contain"] = groups.contain
+    try:
+        pid, pidfd, channel = template.spawn(req, theirs)
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        groups.remove()
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return Proc(
+        pid,
+        limits,
+        groups,
+        res_r,
+        out_r,
+        err_r,
+        in_w,
+        stdin or b"",
+        pidfd=pidfd,
+        status=lambda: _tooltemplate.exit_status(channel),
+    )
 
 
 _LIVE: set[Proc] = set()  # calls being watched in this process
@@ -397,6 +156,8 @@ class Proc:
         err: int,
         stdin_fd: int | None,
         stdin: bytes,
+        pidfd: int | None = None,
+        status: Callable[[], int] | None = None,
     ) -> None:
         self.pid = pid
         self.limits = limits
@@ -404,7 +165,10 @@ class Proc:
         self.fds = {res: "res", out: "out", err: "err"}
         self.stdin_fd = stdin_fd
         self.stdin = memoryview(stdin)
-        self.pidfd = os.pidfd_open(pid)
+        # A call forked by a template is the template's child: its pidfd comes from there (taken
+        # before the template could reap it), and so does its exit status (``status``).
+        self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
+        self.status = status
         self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
         self.outcome = Outcome()
@@ -422,7 +186,8 @@ class Proc:
     def _signal_tree(self, sig: int) -> None:
         self.outcome.last_signal = sig
         if sig == signal.SIGINT:
-            _tree._kill(self.pid, sig)
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, sig)  # never another process with a reused pid
             return
         if sig == signal.SIGKILL and self.groups.contain is not None:
             self.tree.update(self.groups.members())
@@ -606,10 +371,13 @@ class Proc:
                 self._stop_now("cpu")
 
     def _reap(self) -> None:
-        try:
-            _, status = os.waitpid(self.pid, 0)
-        except ChildProcessError:  # reaped by someone else (a worker's end-of-turn sweep): it was killed
-            status = signal.SIGKILL
+        if self.status is not None:
+            status = self.status()
+        else:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:  # reaped by someone else (a worker's end-of-turn sweep): it was killed
+                status = signal.SIGKILL
         self.outcome.status = status
         g = self.groups
         if self.outcome.killed is None and "memory" in g.dirs and g.oom_kills() > g.base.get("oom", 0):

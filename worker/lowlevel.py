@@ -28,8 +28,9 @@ from ._marker import read_noted as marker_read_noted
 from ._ownfile import Mapping as OwnFileView
 from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
-from ._toolproc import backend as tool_limits_backend
-from ._toolproc import sweep_stale_groups as tool_groups_sweep
+from ._toolgroups import backend as tool_limits_backend
+from ._toolgroups import sweep_stale_groups as tool_groups_sweep
+from ._tooltemplate import enable as tool_templates
 
 # What each name is for, beyond the supervisor's own use:
 # - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout (E1),
@@ -68,5 +69,6 @@ __all__ = [
     "take_baton",
     "tool_groups_sweep",
     "tool_limits_backend",
+    "tool_templates",
     "warm_up_state",
 ]

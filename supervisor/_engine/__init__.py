@@ -8,8 +8,8 @@ the front ends' hooks (``hooks.py``); admission (``admission.py``), child turns 
 dispatch (``dispatch.py``), the escalation ladder (``escalation.py``), ending turns (``ending.py``),
 exit handling (``exits.py``), the memory watchdog (``memory.py``), starting and disposing
 (``lifecycle.py``); worker output (``output.py``) and read-only views (``turninfo.py``); argument
-validation is shared with the client (``supervisor/_checks.py``). Front ends use only ``Supervisor``'s public methods; tests of
-the policy alone use ``supervisor.policy``.
+validation is shared with the client (``supervisor/_checks.py``). Front ends use only
+``Supervisor``'s public methods; tests of the policy alone use ``supervisor.policy``.
 """
 
 from .procs import check_agent_path

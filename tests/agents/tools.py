@@ -80,3 +80,18 @@ def sync_stubborn(turn: worker.Turn) -> Any:
             turn.signal.raise_if_cancelled()
         raise
     return "unreachable"
+
+
+def parent() -> int:
+    return os.getppid()
+
+
+def whose_calls(turn: worker.Turn) -> Any:
+    """Who forked this turn's isolated call and who ran the turn (T-WARM: a template, not the worker)."""
+    return {"parent": worker.isolated(parent)(), "worker": os.getpid()}
+
+
+def sleeper(pidfile: str) -> None:
+    _mark(pidfile)
+    while True:
+        time.sleep(1)  # allowed: the tool under test blocks for good

@@ -1,0 +1,83 @@
+"""A ``worker.isolated`` tool killed for memory inside each framework's agent, run through its adapter
+in a real worker on the framework's own offline model: the model is told
+``tool killed: memory limit 256 MiB reached``, answers, and the turn completes; the worker then runs
+the next turn. (The agent loop's own case is in tests/test_isolated_tools.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import Supervisor
+from tests.support.agents_server import text, tool_call
+from tests.support.openai_server import FakeOpenAIServer, Plan
+
+pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai extra")
+pytest.importorskip("langgraph", reason="needs the langgraph extra")
+pytest.importorskip("agents", reason="needs the openai-agents extra")
+
+pytestmark = pytest.mark.anyio
+
+A = "tests.agents.tools_frameworks:"
+TOLD = "tool killed: memory limit 256 MiB reached"
+URL_VAR = "TURNPOOL_TEST_OPENAI_URL"
+
+
+class _HogPlans:
+    """The loopback model: calls ``allocate_oa`` first, then says what the tool's message was."""
+
+    def __init__(self, server: FakeOpenAIServer) -> None:
+        self.server = server
+
+    def pop(self, index: int) -> Plan:
+        messages = self.server.requests[-1][1]["messages"]
+        told = [m["content"] for m in messages if m["role"] == "tool"]
+        if told:
+            return text(f"told: {told[-1]}")
+        return Plan(tool_call("allocate_oa", "{}"))
+
+
+@asynccontextmanager
+async def _model_server() -> AsyncIterator[FakeOpenAIServer]:
+    server = FakeOpenAIServer([])
+    server.plans = _HogPlans(server)  # type: ignore[assignment]
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        yield server
+        tg.cancel_scope.cancel()
+
+
+async def _run_twice(sup: Supervisor, name: str) -> tuple[Any, list[dict[str, Any]], Any]:
+    handle = await sup.submit(A + name, "allocate")
+    with anyio.fail_after(120):
+        result = await handle.result()
+        events = [e async for e in handle.events()]
+        again = await sup.run(A + name, "allocate")
+    return result, events, again
+
+
+async def test_each_framework_tells_its_model_of_a_memory_kill_and_the_turn_completes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with _model_server() as server:
+        monkeypatch.setenv(URL_VAR, server.base_url)
+        async with Supervisor(workers=1, spares=0) as sup:
+            seen = {
+                name: await _run_twice(sup, name) for name in ("pydantic_hog", "langgraph_hog", "openai_hog")
+            }
+    for name, (result, events, again) in seen.items():
+        assert result.outcome == "completed", (name, result)
+        # A graph's output is its final state: the model's answer is its last message.
+        answer = result.output["messages"][-1]["content"] if name == "langgraph_hog" else result.output
+        assert isinstance(answer, str) and answer.startswith("told: ") and TOLD in answer, (name, answer)
+        updates = [e for e in events if e.get("type") == "tool_call_update"]
+        if name == "openai_hog":
+            # The SDK hands the adapter the error's text as the tool's output (a completed call).
+            assert [u["output"] for u in updates] == [TOLD], (name, events)
+        else:
+            assert [u["status"] for u in updates] == ["failed"], (name, events)
+        assert again.outcome == "completed" and again.worker_pid == result.worker_pid, (name, again)

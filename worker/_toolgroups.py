@@ -1,0 +1,376 @@
+"""Where an isolated call's limits live: the call's ``Limits``, what enforces each here (``backend``), and
+its cgroups (``Groups``: made by the caller, joined by the call's process before it runs anything, kept for
+reuse or removed after it, T-REUSE); the groups a killed caller left are swept by the next."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .proctree import _cgroup
+
+MIB = 1024 * 1024
+
+# T-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
+ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL", "PWD")
+ENV_ALLOW_PREFIXES = ("LC_",)
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: float | None = 256
+    timeout: float | None = 30.0
+    cpu_s: float | None = None
+    pids: int | None = 64
+    output_mb: float | None = 8
+    env: dict[str, str] | None = None
+    network: bool = True
+    grace: float = 1.0
+    kill_after: float = 1.0
+    cgroups: bool | None = None  # None: use them where they work; False: rlimits only
+
+    def check(self) -> None:
+        for name in ("memory_mb", "timeout", "cpu_s", "output_mb"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+            ):
+                raise ValueError(f"{name} must be a positive number or None, not {value!r}")
+        for name in ("grace", "kill_after"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, not {value!r}")
+        if self.pids is not None and (
+            isinstance(self.pids, bool) or not isinstance(self.pids, int) or self.pids < 1
+        ):
+            raise ValueError(f"pids must be a positive int or None, not {self.pids!r}")
+        if self.env is not None and not (
+            isinstance(self.env, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())
+        ):
+            raise TypeError("env must be a dict of str to str or None")
+
+    def environment(self) -> dict[str, str]:
+        keep = {
+            k: v
+            for k, v in os.environ.items()
+            if k in ENV_ALLOW or any(k.startswith(p) for p in ENV_ALLOW_PREFIXES)
+        }
+        keep.update(self.env or {})
+        return keep
+
+
+# ---- where the limits live ------------------------------------------------------------------
+
+
+def _v1_mounts() -> dict[str, str]:
+    """controller -> mount point of each cgroup v1 hierarchy."""
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                pre, _, post = line.partition(" - ")
+                parts = post.split()
+                if len(parts) >= 3 and parts[0] == "cgroup":
+                    for opt in parts[2].split(","):
+                        if opt in ("memory", "pids", "cpu"):
+                            found[opt] = pre.split(" ")[4]
+    except OSError:
+        pass
+    return found
+
+
+def _v1_own(controller: str) -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, names, path = line.rstrip("\n").split(":", 2)
+                if controller in names.split(","):
+                    return path
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+_backend: dict[str, Any] | None = None
+
+
+def backend() -> dict[str, Any]:
+    """What enforces each limit here: ``{"containment": "cgroup2" | "tree", "memory": ..., ...}``."""
+    global _backend
+    if _backend is None:
+        own = _cgroup.cgroup_of()
+        contain = "cgroup2" if own is not None and os.access(own, os.W_OK) else "tree"
+        controllers: set[str] = set()
+        if own is not None:
+            with contextlib.suppress(OSError), open(os.path.join(own, "cgroup.subtree_control")) as f:
+                controllers = set(f.read().split())
+        v1 = _v1_mounts()
+        out: dict[str, Any] = {"containment": contain}
+        for name in ("memory", "pids", "cpu"):
+            if name in controllers:
+                out[name] = "cgroup2"
+            elif name in v1 and os.access(
+                os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/")), os.W_OK
+            ):
+                out[name] = "cgroup1"
+            else:
+                out[name] = "rlimit"
+        _backend = out
+    return _backend
+
+
+_swept = False
+
+
+def sweep_stale_groups() -> list[str]:
+    """Remove call groups left in the v1 hierarchies by a caller killed with SIGKILL (its v2 group
+    went with the worker's cgroup, or is swept as a pool is). Named like pools: owner pid and start."""
+    global _swept
+    _swept = True
+    gone: list[str] = []
+    v1 = _v1_mounts()
+    own = _cgroup.cgroup_of()
+    for name in ("memory", "pids", "v2"):
+        if name == "v2":
+            if own is None:
+                continue
+            parent = own  # the kept groups of a caller killed with SIGKILL (T-REUSE)
+        elif name not in v1:
+            continue
+        else:
+            parent = os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/"))
+        try:
+            entries = os.listdir(parent)
+        except OSError:
+            continue
+        for entry in entries:
+            if not (entry.startswith(_cgroup.POOL_PREFIX) and "-call" in entry):
+                continue
+            pid_s, start = entry[len(_cgroup.POOL_PREFIX) :].split("-")[:2]
+            if not pid_s.isdigit() or _cgroup._start_time(int(pid_s)) == start:
+                continue  # its owner lives
+            path = os.path.join(parent, entry)
+            for pid in _cgroup.procs(path):  # v1 has no cgroup.kill
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if _cgroup.remove(path):
+                gone.append(path)
+    return gone
+
+
+_placed: tuple[int, tuple[str, str | None, dict[str, str]]] | None = None
+
+
+def _place() -> tuple[str, str | None, dict[str, str]]:
+    """(the name prefix of this process's call groups, its own v2 cgroup, the v1 parent of each
+    controller), read once per process (a forked child reads its own)."""
+    global _placed
+    me = os.getpid()
+    if _placed is None or _placed[0] != me:
+        # Named like a pool (owner pid and start time): one left by a caller killed with SIGKILL is swept.
+        prefix = f"{_cgroup.POOL_PREFIX}{me}-{_cgroup._start_time(me)}-call"
+        v1 = _v1_mounts()
+        parents = {name: os.path.join(v1[name], (_v1_own(name) or "/").lstrip("/")) for name in v1}
+        _placed = (me, (prefix, _cgroup.cgroup_of(), parents))
+    return _placed[1]
+
+
+@dataclass
+class Groups:
+    """The call's cgroups (made by the parent before the fork, removed after the call)."""
+
+    limits: Limits
+    contain: str | None = None  # v2 directory: every process of the call, whatever it does
+    dirs: dict[str, str] = field(default_factory=dict)  # controller -> directory with the limit
+    base: dict[str, int] = field(default_factory=dict)
+    v2: dict[str, bool] = field(default_factory=dict)
+    owner: int = field(default_factory=os.getpid)
+    kind: str | None = None  # the template kind whose calls use them (None: forked by the caller)
+    template: Any = None  # that template: asked for an embryo in them once they are kept (T-EMBRYO)
+
+    @classmethod
+    def make(cls, limits: Limits, kind: str | None = None) -> Groups:
+        g = cls(limits, kind=kind)
+        if limits.cgroups is False:
+            return g
+        be = backend()
+        if not _swept:
+            sweep_stale_groups()
+        kept = _take_kept(limits, kind)
+        if kept is not None:
+            return kept
+        prefix, own, parents = _place()
+        tag = prefix + secrets.token_hex(4)
+        if be["containment"] == "cgroup2" and own is not None:
+            path = os.path.join(own, tag)
+            with contextlib.suppress(OSError):
+                os.mkdir(path)
+                g.contain = path
+        for name in ("memory", "pids", "cpu"):
+            want = {"memory": limits.memory_mb, "pids": limits.pids, "cpu": None}[name]
+            if want is None or be[name] == "rlimit":
+                continue
+            if be[name] == "cgroup2":
+                if g.contain is None:
+                    continue
+                path = g.contain  # the controller is delegated to our children: the call's own group
+            else:
+                path = os.path.join(parents[name], tag)
+            try:
+                os.makedirs(path, exist_ok=True)
+                if name == "memory":
+                    limit = str(int(float(want) * MIB))
+                    _cgroup._write(
+                        os.path.join(
+                            path, "memory.max" if be[name] == "cgroup2" else "memory.limit_in_bytes"
+                        ),
+                        limit,
+                    )
+                    # Swap is no way around the limit: none (v2), or memory + swap at the same bound (v1).
+                    swap = (
+                        ("memory.swap.max", "0")
+                        if be[name] == "cgroup2"
+                        else ("memory.memsw.limit_in_bytes", limit)
+                    )
+                    with contextlib.suppress(OSError):
+                        _cgroup._write(os.path.join(path, swap[0]), swap[1])
+                else:
+                    _cgroup._write(os.path.join(path, "pids.max"), str(int(want)))
+            except OSError:
+                if path != g.contain:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(path)
+                continue
+            g.dirs[name] = path
+            g.v2[name] = be[name] == "cgroup2"
+        g.base = {"oom": g.oom_kills(), "pids": g.pids_hits()}
+        return g
+
+    def paths(self) -> list[str]:
+        return list(dict.fromkeys(p for p in [self.contain, *self.dirs.values()] if p is not None))
+
+    def join(self) -> None:
+        """In the child: move into every group (before anything of the call runs)."""
+        for path in self.paths():
+            if path is not None:
+                _cgroup._write(os.path.join(path, "cgroup.procs"), "0")
+
+    def _counter(self, name: str, file: str, key: bytes) -> int:
+        path = self.dirs.get(name)
+        if path is None:
+            return 0
+        try:
+            with open(os.path.join(path, file), "rb") as f:
+                for line in f:
+                    if line.startswith(key + b" "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def oom_kills(self) -> int:
+        file = "memory.events" if self.v2.get("memory") else "memory.oom_control"
+        return self._counter("memory", file, b"oom_kill")
+
+    def pids_hits(self) -> int:
+        return self._counter("pids", "pids.events", b"max")
+
+    def cpu_seconds(self) -> float | None:
+        if self.contain is None:
+            return None
+        try:
+            with open(os.path.join(self.contain, "cpu.stat"), "rb") as f:
+                for line in f:
+                    if line.startswith(b"usage_usec "):
+                        return int(line.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def members(self) -> list[int]:
+        if self.contain is None:
+            return []
+        return _cgroup.procs(self.contain)
+
+    def kill(self) -> None:
+        for path in self.paths():
+            _cgroup.kill(path)  # v1: no cgroup.kill; signals what is listed
+
+    def remove(self) -> None:
+        if self.contain is not None and _keep(self):
+            return
+        for path in self.paths():
+            try:
+                os.rmdir(path)  # the usual case: empty, no group below it (one syscall, no listing)
+                continue
+            except FileNotFoundError:
+                continue
+            except OSError:
+                pass
+            if _cgroup.procs(path):
+                _cgroup.kill(path)
+                _cgroup.wait_empty(path, 2.0)
+            for _ in range(50):
+                if _cgroup.remove(path):
+                    break
+                time.sleep(0.002)  # v1 memory groups go offline a moment after their last exit
+
+
+# T-REUSE: the groups of a call that ended empty are kept (a few per process) for the next call with
+# the same limits: making and removing three groups was a good part of a short call's cost. Emptiness
+# is the v2 group's (every process of the call was in it); the counters are read again on reuse.
+KEEP_GROUPS = 4
+_KEPT: dict[tuple[float | None, int | None, str | None], list[Groups]] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _key(limits: Limits, kind: str | None) -> tuple[float | None, int | None, str | None]:
+    return (limits.memory_mb, limits.pids, kind)
+
+
+def _take_kept(limits: Limits, kind: str | None) -> Groups | None:
+    with _KEPT_LOCK:
+        free = _KEPT.get(_key(limits, kind))
+        g = free.pop() if free else None
+    if g is None or g.owner != os.getpid():
+        return None
+    g.limits = limits
+    g.base = {"oom": g.oom_kills(), "pids": g.pids_hits()}
+    return g
+
+
+def _keep(g: Groups) -> bool:
+    if g.owner != os.getpid() or _cgroup.populated(g.contain or ""):
+        return False
+    with _KEPT_LOCK:
+        free = _KEPT.setdefault(_key(g.limits, g.kind), [])
+        if len(free) >= KEEP_GROUPS:
+            return False
+        free.append(g)
+    if g.template is not None:
+        g.template.prepare(g.paths())  # T-EMBRYO: the next call's process waits in them already
+    return True
+
+
+def remove_kept() -> None:
+    """Remove the groups kept for reuse (at exit; a killed process's are swept by the next)."""
+    with _KEPT_LOCK:
+        kept = [g for free in _KEPT.values() for g in free if g.owner == os.getpid()]
+        _KEPT.clear()
+    for g in kept:
+        if g.contain is not None and _cgroup.populated(g.contain):
+            _cgroup.kill(g.contain)  # an embryo waiting there
+            _cgroup.wait_empty(g.contain, 1.0)
+        for path in g.paths():
+            _cgroup.remove(path)
+
+
+atexit.register(remove_kept)
