@@ -5,7 +5,9 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 - ``procs``: the process helpers the pool calls through this module's attributes, so a test can
   replace ``procs.spawn_worker`` (``monkeypatch.setattr``) to inject worker start failures;
-  ``orphans_of`` finds a dead worker's descendants among this process's children (R13).
+  ``orphans_of`` finds a dead worker's descendants among this process's children (R13);
+  ``OrphanIndex`` does it across many exits reading each child once (K-ORPHANS), with its
+  ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
 - ``TurnRecord``: the engine's record of a turn (the journal's hooks take one).
@@ -38,6 +40,9 @@ from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
 from ._engine.options import check_optional_str
+from ._engine.orphans import FRESH as ORPHAN_FACTS_FRESH
+from ._engine.orphans import Facts as OrphanFacts
+from ._engine.orphans import OrphanIndex
 from ._engine.procs import orphans_of
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
@@ -52,6 +57,9 @@ __all__ = [
     "KEEP_EVENT_BYTES",
     "KEEP_RESULT_BYTES",
     "MAX_HANDOVERS",
+    "ORPHAN_FACTS_FRESH",
+    "OrphanFacts",
+    "OrphanIndex",
     "SUBMIT_ERROR_CODES",
     "Timers",
     "TurnRecord",

@@ -29,6 +29,7 @@ from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
 from .options import check_nice
+from .orphans import OrphanIndex
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
@@ -178,6 +179,7 @@ class WorkerPool:
         self.changed = changed
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
+        self.orphans = OrphanIndex()  # K-ORPHANS: what dead workers left among our children
         self.zygote: Zygote | None = None
         self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
@@ -689,10 +691,12 @@ class WorkerPool:
             # ours later, and the scan finds it by its cgroup.
             await _procs.kill_cgroup(slot.cgroup)
         for _ in range(8):
-            found = set(_procs.orphans_of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
+            # K-ORPHANS: each of our children is read once, not once per exit (O(N) per exit before).
+            found = set(self.orphans.of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
             if not pending and not found:
                 break
             await _procs.kill_and_reap(pending | found)
+            self.orphans.forget(pending | found)
             exclude |= pending | found
             pending = set()
         if slot.cgroup is not None:
