@@ -29,6 +29,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
+- ``autogroup_nice``, ``AutogroupShare``: R-SHARE, the autogroup niceness a pool of N workers gives
+  each worker, and what sets it (retrying what the kernel's rate limit refuses).
 - ``check_optional_str``: R-TID, the one check of what a turn id or a session may hold.
 - ``probe``: the agent probe (A-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
@@ -44,6 +46,7 @@ from ._engine.orphans import FRESH as ORPHAN_FACTS_FRESH
 from ._engine.orphans import Facts as OrphanFacts
 from ._engine.orphans import OrphanIndex
 from ._engine.procs import orphans_of
+from ._engine.share import AutogroupShare, autogroup_nice
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._errors import SUBMIT_ERROR_CODES
@@ -52,6 +55,7 @@ from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
 __all__ = [
     "AgentAllowlist",
+    "AutogroupShare",
     "CLEAR_AHEAD",
     "HOLD_BYTES",
     "KEEP_EVENT_BYTES",
@@ -63,6 +67,7 @@ __all__ = [
     "SUBMIT_ERROR_CODES",
     "Timers",
     "TurnRecord",
+    "autogroup_nice",
     "check_optional_str",
     "connection_uid",
     "diag_uid",

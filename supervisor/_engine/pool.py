@@ -30,6 +30,7 @@ from . import output as _output
 from . import procs as _procs
 from .options import check_nice
 from .orphans import OrphanIndex
+from .share import AutogroupShare
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
@@ -180,6 +181,7 @@ class WorkerPool:
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
         self.orphans = OrphanIndex()  # K-ORPHANS: what dead workers left among our children
+        self.share = AutogroupShare(timers.call_later)  # R-SHARE
         self.zygote: Zygote | None = None
         self.cgroups: lowlevel.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
@@ -226,6 +228,7 @@ class WorkerPool:
             slot.timer.cancel()
         if self.nice is not None:
             _procs.lower_priority(slot.pid, self.nice)  # R-NICE: before it runs any turn
+        self.share.apply(slot.pid, self._fill_target, self.nice)  # R-SHARE: weigh a few programs
         slot.state = "idle"
         slot.ready_at = now
         self.start_failures = 0
@@ -690,8 +693,7 @@ class WorkerPool:
             # Not excluded below: one reaped too early (its parent still dying) is a zombie of
             # ours later, and the scan finds it by its cgroup.
             await _procs.kill_cgroup(slot.cgroup)
-        for _ in range(8):
-            # K-ORPHANS: each of our children is read once, not once per exit (O(N) per exit before).
+        for _ in range(8):  # K-ORPHANS: each child of ours is read once, not at every exit
             found = set(self.orphans.of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
             if not pending and not found:
                 break
@@ -702,6 +704,7 @@ class WorkerPool:
         if slot.cgroup is not None:
             _procs.CGROUPS.pop(slot.pid, None)
             lowlevel.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
+        self.share.forget(slot.pid)
         del self.slots[slot.id]
         slot.out = []
         if slot.workdir is not None:
