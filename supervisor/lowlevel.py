@@ -31,13 +31,15 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   ``keep_results_mb`` defaults equal.
 - ``autogroup_nice``, ``AutogroupShare``: R-SHARE, the autogroup niceness a pool of N workers gives
   each worker, and what sets it (retrying what the kernel's rate limit refuses).
+- ``treemem``: R-STATUS-MEM, the workers' memory as ``status()`` reports it (sampled in the
+  background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
 - ``check_optional_str``: R-TID, the one check of what a turn id or a session may hold.
 - ``probe``: the agent probe (A-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
 """
 
 from . import _peers as peers
-from ._engine import TurnRecord, probe, procs
+from ._engine import TurnRecord, probe, procs, treemem
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
@@ -79,4 +81,5 @@ __all__ = [
     "procs",
     "runtime_dir",
     "socket_peer_uid",
+    "treemem",
 ]

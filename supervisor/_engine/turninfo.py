@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import wire
 from worker import lowlevel
 
-from . import procs as _procs
+from . import treemem
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -141,10 +141,12 @@ def page(
 def status(sup: Supervisor) -> dict[str, Any]:
     """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
     workers = []
+    # R-STATUS-MEM: sampled in the background for a large pool, measured now for a small one.
+    live_pids = [s.pid for s in sup._slots.values() if s.state != "dead" and s.pid]
+    tg = sup.pool.tg
+    memory = treemem.of(sup).figures(live_pids, tg.start_soon if tg is not None else None)
     for slot in sup._slots.values():
-        live = slot.state != "dead" and slot.pid
-        rss = _procs.rss_of_tree(slot.pid) if live else 0
-        pss = _procs.memory_of_tree(slot.pid) if live else 0
+        rss, pss = memory.get(slot.pid, (0, 0)) if slot.state != "dead" and slot.pid else (0, 0)
         workers.append(
             {
                 "id": slot.id,
