@@ -6,8 +6,8 @@ Each (system, N) runs in a fresh interpreter (``python -m benchmarks._scale_curv
 one JSON line), so no run inherits another's processes or memory:
 
 * ``start_s``: from creating the pool until the last of N tasks, submitted at once and each
-  holding its process 0.5 s, has started (its own ``time.monotonic()``); every task must have run
-  in a distinct process (``distinct``);
+  holding its process ``hold(N)`` seconds (0.5 s, N/100 s past 50), has started (its own
+  ``time.monotonic()``); every task must have run in a distinct process (``distinct``);
 * ``cpu_ms``: the CPU that start cost, per worker - this process and every descendant, with what
   they reaped (``/proc/PID/stat`` utime + stime + cutime + cstime), from before the pool to the
   last task's end;
@@ -29,6 +29,14 @@ from typing import Any
 import psutil
 
 HOLD = 0.5
+
+
+def hold(n: int) -> float:
+    """How long each task holds its process: long enough that all N run at once, however slowly
+    the pool starts its processes (forkserver's come one at a time)."""
+    return max(HOLD, n / 100)
+
+
 TICK = os.sysconf("SC_CLK_TCK")
 SYSTEMS = ("turnpool", "ppe-fork", "ppe-forkserver", "pebble", "forked")
 
@@ -84,7 +92,7 @@ def _measure(
         "n": n,
         "start_s": start_s,
         "distinct": len({p for p, _ in stamps}),
-        "cpu_ms": (cpu - HOLD * 0) / n * 1e3,
+        "cpu_ms": cpu / n * 1e3,
         "pss_mib": pss / n / 2**20,
         "pool_mib": pss / 2**20,
         "procs": len(pids),
@@ -111,7 +119,7 @@ def _turnpool(n: int) -> dict[str, Any]:
         cpu0 = tree_cpu_s()
         t0 = time.monotonic()
         await sup.start()
-        handles = [await sup.submit("benchmarks._agents:held_stamp", {"hold": HOLD}) for _ in range(n)]
+        handles = [await sup.submit("benchmarks._agents:held_stamp", {"hold": hold(n)}) for _ in range(n)]
         for h in handles:
             out = (await h.result()).output
             stamps.append((out["pid"], out["t"]))
@@ -148,7 +156,7 @@ def _ppe(n: int, method: str) -> dict[str, Any]:
 
     def start() -> tuple[list[tuple[int, float]], Callable[[], None]]:
         ex = cf.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context(method))
-        futs = [ex.submit(_tasks.held_stamp, HOLD) for _ in range(n)]
+        futs = [ex.submit(_tasks.held_stamp, hold(n)) for _ in range(n)]
         return [f.result() for f in futs], lambda: ex.shutdown(wait=True)
 
     return _measure(n, start)
@@ -161,7 +169,7 @@ def _pebble(n: int) -> dict[str, Any]:
 
     def start() -> tuple[list[tuple[int, float]], Callable[[], None]]:
         pool = pebble.ProcessPool(max_workers=n)
-        futs = [pool.schedule(_tasks.held_stamp, args=(HOLD,)) for _ in range(n)]
+        futs = [pool.schedule(_tasks.held_stamp, args=(hold(n),)) for _ in range(n)]
         stamps = [f.result() for f in futs]
 
         def close() -> None:
