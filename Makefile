@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-quick soak soak-hostile soak-thousand venv clean
+.PHONY: demo test lint bench bench-quick soak soak-hostile soak-thousand soak-journal venv clean
 
 venv: $(STAMP)
 
@@ -55,6 +55,12 @@ soak: $(STAMP)
 # version is tests/test_thousand_soak.py.
 soak-thousand: $(STAMP)
 	$(BIN)/python -m benchmarks.soak_thousand --turns 1000 --minutes 5
+
+# The journal under a million turns, with its default retention and without: the file's size and
+# `turnpool history`'s queries; appends to benchmarks/SOAK.md. The CI version is
+# tests/test_journal_retention.py.
+soak-journal: $(STAMP)
+	$(BIN)/python -m benchmarks.soak_journal --turns 1000000
 
 # The hostile-neighbour soak: one daemon with a lowered fd limit under HTTP and raw TCP floods, a
 # second daemon on its journal, agents that forge, wipe, fork and kill, and an ordinary client
