@@ -119,7 +119,8 @@ def section(quick: bool) -> str:
         "0.5 s (N/100 s past 50 workers) so every worker gets one (each (system, N) in a fresh "
         "interpreter; `spares=0`). Start = pool "
         "created → the last task started; CPU = that start's CPU, every process counted, per worker; PSS = "
-        "every process below the parent once idle (turnpool: workers, the zygote and its one watcher); close = "
+        "every process below the parent once idle (turnpool: workers, the zygote and its one watcher); "
+        "close = "
         "`aclose()` / shutdown and join:\n\n"
         + curve
         + f"\n\nturnpool ÷ ProcessPoolExecutor (fork) at {mid}: start "
