@@ -104,6 +104,7 @@ async def soak(turns: int, seconds: float, *, sample: float = SAMPLE, rate: floa
         outcomes=outcomes,
         samples=len(rss),
         rss_mib_max=max(rss, default=float("nan")),
+        status_s_p50=pct(status_s, 50),
         status_s_p99=pct(status_s, 99),
         status_s_max=max(status_s, default=float("nan")),
         page_s_max=max(page_s, default=float("nan")),
@@ -132,7 +133,8 @@ def report(r: dict[str, Any]) -> str:
         f"outcomes {r['outcomes']}\n"
         f"- daemon RSS, worst: {r['rss_mib_max']:.0f} MiB "
         f"(target ≤ 200 MiB: {'met' if ok_rss else 'MISSED'})\n"
-        f"- `status()`: p99 {r['status_s_p99'] * 1e3:.1f} ms, worst {r['status_s_max'] * 1e3:.1f} ms "
+        f"- `status()`: p50 {r['status_s_p50'] * 1e3:.1f} ms, p99 {r['status_s_p99'] * 1e3:.1f} ms, "
+        f"worst {r['status_s_max'] * 1e3:.1f} ms "
         f"(target ≤ 20 ms: {'met' if ok_status else 'MISSED'})\n"
         f"- dashboard: page worst {r['page_s_max'] * 1e3:.1f} ms; `GET /v1/live` p99 "
         f"{r['live_s_p99'] * 1e3:.1f} ms, "
