@@ -155,3 +155,20 @@ def test_stale_facts_and_departed_children_are_read_again() -> None:
     assert len(index) == 0
     tree.kids[7] = _facts(1)
     assert index.of(1, "m1", set()) == [7]
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "spawned"])
+def test_a_crashed_workers_orphans_are_found_when_the_loop_runs_in_another_thread(
+    tmp_path: Any, zygote: bool
+) -> None:
+    """K-ORPHANS reads the children of the process's leader thread, where the kernel hands orphans:
+    with the blocking front the engine's loop (which spawns the workers) runs in a thread of its own,
+    and a crashed turn's setsid daemon and child, orphaned to this process, are still found and
+    reaped before the result."""
+    from supervisor import SyncSupervisor
+
+    pid_file = tmp_path / "pids"
+    with SyncSupervisor(workers=1, spares=0, cgroups=False, zygote=zygote) as sup:
+        result = sup.run("tests.agents.tree:daemonize_then_crash", {"pid_file": str(pid_file)})
+        assert result.outcome == "crashed", result
+        assert _alive([int(x) for x in pid_file.read_text().split()]) == []  # before aclose()

@@ -43,6 +43,23 @@ def read_facts(pid: int, now: float) -> Facts:
     )
 
 
+def adopted() -> list[int]:
+    """Our children as a dead worker's orphans are found among them: the kernel hands an orphan to
+    the subreaper's first live thread, its leader, so one read of the leader's ``children`` file
+    finds them all (every thread's was read before: one file per thread of the supervisor - the
+    loop's, ZeroMQ's, anyio's workers - at every exit). Every thread's while the leader has exited."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+            stat = f.read()
+        if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X"):
+            with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    return lowlevel.children(pid)
+
+
 class OrphanIndex:
     """This process's children with what names their origin, read once per child (K-ORPHANS)."""
 
@@ -53,7 +70,7 @@ class OrphanIndex:
         read: Callable[[int, float], Facts] = read_facts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._children = children or (lambda: lowlevel.children(os.getpid()))
+        self._children = children or adopted
         self._read = read
         self._clock = clock
         self._facts: dict[int, Facts] = {}
