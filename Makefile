@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench bench-quick soak soak-hostile venv clean
+.PHONY: demo test lint bench bench-quick soak soak-hostile soak-thousand soak-journal venv clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,18 @@ bench-quick: $(BENCH_STAMP)
 # writes benchmarks/SOAK.md. The CI version is tests/test_soak.py.
 soak: $(STAMP)
 	$(BIN)/python -m tests.support.soak --turns 30000
+
+# A thousand concurrent I/O-bound streaming turns through one daemon for 5 minutes (no event lost,
+# its RSS, status() and the dashboard sampled throughout); appends to benchmarks/SOAK.md. The CI
+# version is tests/test_thousand_soak.py.
+soak-thousand: $(STAMP)
+	$(BIN)/python -m benchmarks.soak_thousand --turns 1000 --minutes 5
+
+# The journal under a million turns, with its default retention and without: the file's size and
+# `turnpool history`'s queries; appends to benchmarks/SOAK.md. The CI version is
+# tests/test_journal_retention.py.
+soak-journal: $(STAMP)
+	$(BIN)/python -m benchmarks.soak_journal --turns 1000000
 
 # The hostile-neighbour soak: one daemon with a lowered fd limit under HTTP and raw TCP floods, a
 # second daemon on its journal, agents that forge, wipe, fork and kill, and an ordinary client

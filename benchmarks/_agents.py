@@ -83,3 +83,12 @@ async def stubborn_timed(turn: worker.Turn) -> None:
     x = 0
     while True:
         x += 1
+
+
+async def held_stamp(turn: worker.Turn) -> dict[str, float]:
+    """Notes ``time.monotonic()`` and its pid at its start, then holds its worker ``hold`` seconds
+    (default 0.5), so that N turns submitted at once to N idle workers run one on each: the scale
+    curve's "first turn on every worker"."""
+    t = time.monotonic()
+    await anyio.sleep(float((turn.input or {}).get("hold", 0.5)))  # allowed: the turn's own work
+    return {"pid": os.getpid(), "t": t}

@@ -50,3 +50,11 @@ def spin_report(path: str, seconds: float = 3600.0) -> None:
         f.write(f"{os.getpid()} {time.monotonic()}")
     os.replace(path + ".tmp", path)
     spin(seconds)
+
+
+def held_stamp(hold: float = 0.5) -> tuple[int, float]:
+    """The peers' twin of ``benchmarks._agents:held_stamp``: ``(pid, monotonic at start)``, then
+    holds the process ``hold`` seconds so N tasks submitted at once to N processes run one on each."""
+    t = time.monotonic()
+    time.sleep(hold)
+    return os.getpid(), t

@@ -1,6 +1,8 @@
 """Scale: throughput and supervisor RSS with 1/2/8/32 workers; 1k/10k/100k queued turns (submit cost
 per turn, drain rate, supervisor memory per queued turn); 1/10/50 daemon clients (when the daemon
-client exists)."""
+client exists); hundreds of workers on one host (``_hundreds``: the scale curve at 8-512 workers
+beside ProcessPoolExecutor, pebble and the forked-imports floor, 128-512 streaming turns beside the
+bare-process floor, cancels and kills under load)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import psutil
 import supervisor
 from supervisor import Supervisor
 
+from . import _hundreds
 from ._common import command, log, med, rate, table
 
 
@@ -199,6 +202,7 @@ def run(quick: bool) -> str:
         "GC walking every live turn record, and larger tables); "
         f"≤ 3 KB per queued turn — worst {worst / 1024:.2f} KB at ≥ 10k "
         f"{'met' if worst <= 3072 else 'MISSED'}.\n\n{clients}"
+        f"\n\n{_hundreds.section(quick)}"
         f"\n\nCommand: {command('scale', quick)}"
     )
 

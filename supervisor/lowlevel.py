@@ -5,7 +5,9 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 - ``procs``: the process helpers the pool calls through this module's attributes, so a test can
   replace ``procs.spawn_worker`` (``monkeypatch.setattr``) to inject worker start failures;
-  ``orphans_of`` finds a dead worker's descendants among this process's children (R13).
+  ``orphans_of`` finds a dead worker's descendants among this process's children (R13);
+  ``OrphanIndex`` does it across many exits reading each child once (K-ORPHANS), with its
+  ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
 - ``TurnRecord``: the engine's record of a turn (the journal's hooks take one).
@@ -27,6 +29,10 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
   (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
+- ``autogroup_nice``, ``AutogroupShare``: R-SHARE, the autogroup niceness a pool of N workers gives
+  each worker, and what sets it (retrying what the kernel's rate limit refuses).
+- ``treemem``: R-STATUS-MEM, the workers' memory as ``status()`` reports it (sampled in the
+  background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
 - ``check_optional_str``: R-TID, the one check of what a turn id or a session may hold.
 - ``probe``: the agent probe (A-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
@@ -34,11 +40,15 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 from . import _peers as peers
 from ._checks import check_optional_str
-from ._engine import TurnRecord, probe, procs
+from ._engine import TurnRecord, probe, procs, treemem
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
+from ._engine.orphans import FRESH as ORPHAN_FACTS_FRESH
+from ._engine.orphans import Facts as OrphanFacts
+from ._engine.orphans import OrphanIndex
 from ._engine.procs import orphans_of
+from ._engine.share import AutogroupShare, autogroup_nice
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._errors import SUBMIT_ERROR_CODES
@@ -51,10 +61,15 @@ __all__ = [
     "KEEP_EVENT_BYTES",
     "KEEP_RESULT_BYTES",
     "MAX_HANDOVERS",
+    "ORPHAN_FACTS_FRESH",
     "SUBMIT_ERROR_CODES",
     "AgentAllowlist",
+    "AutogroupShare",
+    "OrphanFacts",
+    "OrphanIndex",
     "Timers",
     "TurnRecord",
+    "autogroup_nice",
     "check_optional_str",
     "connection_uid",
     "diag_uid",
@@ -66,4 +81,5 @@ __all__ = [
     "procs",
     "runtime_dir",
     "socket_peer_uid",
+    "treemem",
 ]

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 import worker
-from worker import lowlevel
+from worker import lowlevel, proctree
 from worker.agent import (
     AgentLoop,
     Cancelled,
@@ -730,7 +730,7 @@ async def test_in_a_worker_the_template_serves_every_turn_and_is_not_a_leftover(
 
 
 def _call_groups_of(pid: int) -> list[str]:
-    own = lowlevel.cgroup_of()
+    own = proctree.cgroup_of()
     assert own is not None
     return [name for name in os.listdir(own) if name.startswith(f"turnpool-{pid}-") and "-call" in name]
 

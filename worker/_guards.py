@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from . import _flusher, _guardian
+from . import _flusher, _guardian, _watcher
 from .proctree import _cgroup, _sweep, _tree
 
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
@@ -149,14 +149,9 @@ def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | Non
     its kill), sits in the worker's session (so the supervisor's tree kill and orphan scan find
     and reap it), and costs one fork at start-up.
     """
-    global _BATON_FD
     worker_pid = os.getpid()
     worker_start = _tree.start_time(worker_pid)
-    baton, w = os.pipe()  # not inheritable: agents' children never see it
-    os.write(w, b"x")
-    os.close(w)
-    os.set_blocking(baton, False)
-    _BATON_FD = baton
+    _make_baton()
     try:
         worker_fd: int | None = os.pidfd_open(worker_pid)
     except (OSError, AttributeError):
@@ -172,15 +167,37 @@ def start_guardian(life_fd: int, *, cgroup: str | None = None, marker: str | Non
         os._exit(0)
 
 
-def install_process_guards(parent_pid: int, life_fd: int | None, cgroup: str | None = None) -> None:
-    """Subreaper, guardian, then the worker's own cgroup (if any), before anything else forks."""
+def _make_baton() -> int:
+    """The baton (``_take_baton``): a pipe holding one byte; returns (and keeps) its read end."""
+    global _BATON_FD
+    baton, w = os.pipe()  # not inheritable: agents' children never see it
+    os.write(w, b"x")
+    os.close(w)
+    os.set_blocking(baton, False)
+    _BATON_FD = baton
+    return baton
+
+
+def install_process_guards(
+    parent_pid: int, life_fd: int | None, cgroup: str | None = None, watcher_fd: int = -1
+) -> None:
+    """Subreaper, guardian (or the zygote's watcher: ``watcher_fd``), then the worker's own cgroup
+    (if any), before anything else forks."""
     global _SWEEP, _PARENT_PID
     _PARENT_PID = parent_pid
     _tree.set_child_subreaper()
     guardian = -1
-    if life_fd is not None:
+    marker = os.environ.get(_tree.TREE_ENV)
+    # R-WATCHER: a zygote-forked worker registers with the zygote's one watcher instead of forking
+    # a guardian of its own; if the watcher is gone, the guardian as before.
+    if watcher_fd >= 0 and not _watcher.register(watcher_fd, _make_baton(), cgroup, marker):
+        global _BATON_FD
+        os.close(_BATON_FD)
+        _BATON_FD = -1
+        watcher_fd = -1
+    if life_fd is not None and watcher_fd < 0:
         # First: no thread and no ZeroMQ context exist yet, and it stays outside the cgroup.
-        guardian = start_guardian(life_fd, cgroup=cgroup, marker=os.environ.get(_tree.TREE_ENV))
+        guardian = start_guardian(life_fd, cgroup=cgroup, marker=marker)
     if cgroup is not None:
         # W-JOIN: the move into the cgroup waits in the kernel for an RCU grace period (6-12 ms
         # here) when no migration happened just before; a thread waits for it while the worker

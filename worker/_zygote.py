@@ -13,6 +13,8 @@ Rules it keeps (see PITFALLS):
   re-parented to the supervisor (a child subreaper), which reaps it by pid like any worker;
   only then does the worker arm its parent-death signal (tied to its parent *thread*), so
   the signal follows the supervisor, not the short-lived intermediate;
+* R-WATCHER: it forks one watcher (``_watcher``) after its imports; each worker registers with it
+  instead of forking a guardian of its own;
 * the worker calls ``setsid`` (it leads its own session and group, like a spawned worker), sets
   its tree markers (environment for exec'd descendants, an inherited memfd for fork-only ones:
   see ``_tree``) and, with ``--cgroup-pool``, joins ``<pool>/<worker id>`` before it forks
@@ -50,6 +52,7 @@ import sys
 import time
 
 _CGROUP_POOL: str | None = None  # --cgroup-pool: workers join <pool>/<worker id>
+_WATCHER_FD = -1  # R-WATCHER: the registration socket of the pool's watcher (inherited by workers)
 
 
 def _reap(pid: int) -> None:
@@ -142,7 +145,7 @@ def _become_worker(
         time.sleep(0.0001)
     try:
         cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
-        _guards.install_process_guards(parent_pid, life_fd, cgroup)
+        _guards.install_process_guards(parent_pid, life_fd, cgroup, watcher_fd=_WATCHER_FD)
         import anyio
 
         anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, *own, backend="asyncio")
@@ -270,9 +273,11 @@ def _fork_probe(
     pid = os.fork()
     if pid == 0:
         try:
-            # The supervisor and the embryo must see EOF when the zygote goes, not when we do.
-            for fd in own:
-                os.close(fd)
+            # The supervisor, the embryo and the watcher must see EOF when the zygote goes, not
+            # when we do.
+            for fd in (*own, _WATCHER_FD):
+                if fd >= 0:
+                    os.close(fd)
             if embryo is not None:
                 embryo[1].close()
             from . import _probe as probe
@@ -305,6 +310,10 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
                 continue
         line, fds, _, _ = socket.recv_fds(req, 4096, REQUEST_FDS)
         if not line:
+            if _WATCHER_FD >= 0 and os.getppid() == parent_pid:
+                from . import _watcher
+
+                _watcher.goodbye(_WATCHER_FD)  # R-WATCHER: a close, not a death
             return  # EOF: the supervisor closed the socket (or died); an embryo sees EOF too
         if line.startswith(b"probe "):
             try:
@@ -412,6 +421,15 @@ def main(argv: list[str] | None = None) -> None:
         # back to fresh interpreters when the zygote is gone.
         print("turnpool zygote: a thread is running after preload; not forking", file=sys.stderr)
         os._exit(3)
+    global _WATCHER_FD
+    try:
+        # R-WATCHER: one watcher for every worker forked from here, forked once, after the imports.
+        from . import _watcher
+
+        watcher_pid, _WATCHER_FD = _watcher.start(args.life_fd)
+        os.write(args.resp_fd, f"watcher {watcher_pid}\n".encode())
+    except OSError as exc:
+        print(f"turnpool zygote: no watcher ({exc}); each worker forks its guardian", file=sys.stderr)
     serve(args.parent_pid, args.life_fd, args.endpoint, args.req_fd, args.resp_fd)
     os._exit(0)
 

@@ -29,6 +29,8 @@ from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
+from .orphans import OrphanIndex
+from .share import AutogroupShare
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
@@ -178,6 +180,8 @@ class WorkerPool:
         self.changed = changed
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
+        self.orphans = OrphanIndex()  # K-ORPHANS: what dead workers left among our children
+        self.share = AutogroupShare(timers.call_later)  # R-SHARE
         self.zygote: Zygote | None = None
         self.cgroups: proctree.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
@@ -226,6 +230,7 @@ class WorkerPool:
             slot.timer.cancel()
         if self.nice is not None:
             _procs.lower_priority(slot.pid, self.nice)  # R-NICE: before it runs any turn
+        self.share.apply(slot.pid, self._fill_target, self.nice)  # R-SHARE: weigh a few programs
         slot.state = "idle"
         slot.ready_at = now
         self.start_failures = 0
@@ -672,9 +677,8 @@ class WorkerPool:
             await self.on_exit(slot)
 
     async def reap_exit(self, slot: WorkerSlot) -> int | None:
-        """The worker's pid exited: reap it, then kill and reap every descendant of it (R13:
-        quiescence, before any of its turns' results is out), and forget the slot. Returns its
-        exit code."""
+        """The worker's pid exited: reap it, then kill and reap every descendant of it (R13: quiescence,
+        before any of its turns' results is out), and forget the slot. Returns its exit code."""
         code = _procs.reap(slot.pid)
         slot.exit_code = code
         if slot.timer is not None:
@@ -690,16 +694,18 @@ class WorkerPool:
             # Not excluded below: one reaped too early (its parent still dying) is a zombie of
             # ours later, and the scan finds it by its cgroup.
             await _procs.kill_cgroup(slot.cgroup)
-        for _ in range(8):
-            found = set(_procs.orphans_of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
+        for _ in range(8):  # K-ORPHANS: each child of ours is read once, not at every exit
+            found = set(self.orphans.of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
             if not pending and not found:
                 break
             await _procs.kill_and_reap(pending | found)
+            self.orphans.forget(pending | found)
             exclude |= pending | found
             pending = set()
         if slot.cgroup is not None:
             _procs.CGROUPS.pop(slot.pid, None)
             proctree.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
+        self.share.forget(slot.pid)
         del self.slots[slot.id]
         slot.out = []
         if slot.workdir is not None:

@@ -20,6 +20,8 @@ import psutil
 
 from worker import proctree
 
+from .orphans import OrphanIndex
+
 log = logging.getLogger("turnpool.supervisor")
 
 TREE_ENV = proctree.TREE_ENV
@@ -267,20 +269,9 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | No
     A setsid descendant that died before this scan is a zombie with no marker left (no
     environment, no fds): its cgroup is its only mark. The worker's guardian kills and removes
     that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
-    must still count (``removed=True``), or the zombie is never reaped."""
-    found: list[int] = []
-    for pid in proctree.children(os.getpid()):
-        if pid in exclude:
-            continue
-        if proctree.session_of(pid) == worker_pid:
-            found.append(pid)
-            continue
-        if cgroup is not None and proctree.cgroup_of(pid, removed=True) == cgroup:
-            found.append(pid)
-            continue
-        if proctree.has_marker(pid, marker):
-            found.append(pid)
-    return found
+    must still count, or the zombie is never reaped. One scan, nothing kept: the pool keeps an
+    ``OrphanIndex`` instead, which reads each child once across exits (K-ORPHANS)."""
+    return OrphanIndex().of(worker_pid, marker, exclude, cgroup)
 
 
 # R-cgroup: cgroup.kill, then reap by pidfd, then remove.

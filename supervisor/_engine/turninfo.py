@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import wire
 from worker import lowlevel
 
-from . import procs as _procs
+from . import treemem
 
 if TYPE_CHECKING:
     from .book import TurnBook
@@ -165,10 +165,12 @@ def status(
     """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
     finisher, escalation, exits = counts
     workers = []
+    # R-STATUS-MEM: sampled in the background for a large pool, measured now for a small one.
+    live_pids = [s.pid for s in pool.slots.values() if s.state != "dead" and s.pid]
+    tg = pool.tg
+    memory = treemem.of(pool).figures(live_pids, tg.start_soon if tg is not None else None)
     for slot in pool.slots.values():
-        live = slot.state != "dead" and slot.pid
-        rss = _procs.rss_of_tree(slot.pid) if live else 0
-        pss = _procs.memory_of_tree(slot.pid) if live else 0
+        rss, pss = memory.get(slot.pid, (0, 0)) if slot.state != "dead" and slot.pid else (0, 0)
         workers.append(
             {
                 "id": slot.id,

@@ -18,7 +18,6 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, cast
 
-import anyio
 import msgspec
 
 import wire
@@ -96,7 +95,7 @@ class EventReader:
 # cost the supervisor more CPU per turn than any other single step of its path (docs/design.md,
 # T-LEAN; tests/test_turn_cpu.py).
 _NO_EVENTS: list[msgspec.Raw] = cast("list[msgspec.Raw]", ())
-_NO_WAITERS: list[anyio.Event] = cast("list[anyio.Event]", ())
+_NO_WAITERS: list[asyncio.Future[None]] = cast("list[asyncio.Future[None]]", ())
 _NO_CHILDREN: set[str] = cast("set[str]", frozenset())
 _UNHELD_REFS = 2  # ``sys.getrefcount`` of a record only a local name refers to (and the call's argument)
 
@@ -187,7 +186,8 @@ class TurnRecord:
         self.events_bytes = 0  # G-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
         self.trim_at = 0  # G-KEEP: the buffer is looked at again past this many events (0: max_events)
         self.readers: list[EventReader] | None = None  # G-KEEP: its followers' positions
-        self.waiters: list[anyio.Event] = _NO_WAITERS  # T-LEAN: a list of its own from the first wait
+        # T-LEAN: a list of its own from the first wait
+        self.waiters: list[asyncio.Future[None]] = _NO_WAITERS
         self.result: TurnResult | None = None
         # The futures of the ``result()`` calls waiting for it (``wait_done``), each its own; set
         # and dropped when the result is out (``set_done``).
@@ -218,19 +218,21 @@ class TurnRecord:
         self.output_bytes = 0  # R-BUDGET: its output's encoded size, as the worker sent it (``output_of``)
 
     async def changed(self) -> None:
-        """Wait until the turn has news for its followers (an event, its end): ``wake_followers``."""
-        ev = anyio.Event()
+        """Wait until the turn has news for its followers (an event, its end): ``wake_followers``.
+        T-WAIT: a bare future per wait, as ``wait_done``: paid once per event per follower."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.waiters:
-            self.waiters.append(ev)
+            self.waiters.append(fut)
         else:
-            self.waiters = [ev]
-        await ev.wait()
+            self.waiters = [fut]
+        await fut
 
     def wake_followers(self) -> None:
         if self.waiters:
             waiters, self.waiters = self.waiters, _NO_WAITERS
-            for ev in waiters:
-                ev.set()
+            for fut in waiters:
+                if not fut.done():  # (a follower cancelled meanwhile)
+                    fut.set_result(None)
 
     def add_child(self, child_id: str) -> None:
         """A child turn spawned by this one (the only way a child is recorded: T-LEAN)."""

@@ -148,7 +148,9 @@ class Zygote:
         for worker_id, pid in out:
             if worker_id == "ready":
                 self.ready = True
-            elif worker_id == "embryo":
+            elif worker_id in ("embryo", "watcher"):
+                # R-WATCHER: the pool's watcher is reaped with the embryos once the zygote is gone
+                # (it exits by itself once every worker has too).
                 self.embryos.add(pid)
             else:
                 self.embryos.discard(pid)

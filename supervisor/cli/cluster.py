@@ -42,8 +42,8 @@ def ray_conflict(args: argparse.Namespace) -> str | None:
 # ``serve`` options that only the local daemon has (a journal, HTTP, metrics, CURVE, a worker log):
 # refused with --ray rather than silently ignored.
 _LOCAL_ONLY = (
-    "workers", "journal", "no_journal", "journal_events", "keep_days", "durability", "http", "http_token",
-    "metrics_port", "curve_secret_key", "curve_clients", "insecure_tcp", "worker_log", "config",
+    "workers", "journal", "no_journal", "journal_events", "keep_days", "keep_turns", "durability", "http",
+    "http_token", "metrics_port", "curve_secret_key", "curve_clients", "insecure_tcp", "worker_log", "config",
     "allow_agents",
 )  # fmt: skip
 

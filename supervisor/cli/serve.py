@@ -107,6 +107,11 @@ DAEMON_OPTIONS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ),
     ("keep_days", float, "delete ended turns older than this many days from the journal"),
     (
+        "keep_turns",
+        int,
+        "keep at most this many ended turns in the journal, the newest (default 100,000; 0: all)",
+    ),
+    (
         "durability",
         str,
         "journal commits: 'normal' (default; survives a daemon crash, not a power loss) or "
@@ -303,6 +308,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(f"serve: {exc}", EXIT_USAGE)
     journal_path = opts.pop("journal", None)
     keep_days = opts.pop("keep_days", None)
+    keep_turns = opts.pop("keep_turns", None)  # J-KEEP: None here means the journal's default
     journal_events = bool(opts.pop("journal_events", False))
     no_journal = bool(opts.pop("no_journal", False))
     http_options: dict[str, Any] = {
@@ -310,12 +316,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }
     durability = opts.pop("durability", None)
     if no_journal and (
-        journal_path is not None or keep_days is not None or journal_events or durability is not None
+        journal_path is not None
+        or keep_days is not None
+        or keep_turns is not None
+        or journal_events
+        or durability is not None
     ):
         return _fail(
-            "serve: --no-journal cannot go with --journal, --keep-days, --journal-events or --durability",
+            "serve: --no-journal cannot go with --journal, --keep-days, --keep-turns, --journal-events "
+            "or --durability",
             EXIT_USAGE,
         )
+    if keep_turns is not None and keep_turns < 0:
+        return _fail(f"serve: --keep-turns must be 0 (keep all) or more, got {keep_turns}", EXIT_USAGE)
     if durability is not None and durability not in ("normal", "full"):
         return _fail(f"serve: --durability must be 'normal' or 'full', got {durability!r}", EXIT_USAGE)
     try:
@@ -341,8 +354,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"turnpool serve: {exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     try:
+        retention = {} if keep_turns is None else {"keep_turns": keep_turns}
         journal = Journal.open(
-            journal_path, keep_days=keep_days, events=journal_events, durability=durability or "normal"
+            journal_path,
+            keep_days=keep_days,
+            events=journal_events,
+            durability=durability or "normal",
+            **retention,
         )
     except (JournalError, OSError) as exc:
         daemon._endpoint.release()

@@ -85,6 +85,9 @@ from .writer_link import (
 # J10: durability is chosen, and said.
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 """``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
+# J-KEEP: the default retention, by count: the newest 100,000 ended turns (≈ 40 MB of journal at
+# ≈ 400 bytes a turn) are kept, older ones deleted at the writer's next pass (every minute).
+KEEP_TURNS = 100_000
 
 
 log = logging.getLogger("turnpool.journal")
@@ -122,6 +125,7 @@ class Journal(JournalLink):
         path: Path,
         *,
         keep_days: float | None = None,
+        keep_turns: int | None = KEEP_TURNS,
         events: bool = False,
         durability: str = "normal",
         retry_interval: float = 0.5,
@@ -130,6 +134,9 @@ class Journal(JournalLink):
             raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
         self.path = Path(path)
         self.keep_days = keep_days
+        if keep_turns is not None and (isinstance(keep_turns, bool) or not isinstance(keep_turns, int)):
+            raise TypeError(f"keep_turns must be an int or None, got {keep_turns!r}")
+        self.keep_turns = keep_turns if keep_turns else None  # J-KEEP: 0 or None keeps every turn
         self.journal_events = events
         self.durability = durability
         self.retry_interval = retry_interval
@@ -183,6 +190,7 @@ class Journal(JournalLink):
         path: Path | str,
         *,
         keep_days: float | None = None,
+        keep_turns: int | None = KEEP_TURNS,
         events: bool = False,
         durability: str = "normal",
         retry_interval: float = 0.5,
@@ -190,6 +198,7 @@ class Journal(JournalLink):
         journal = cls(
             Path(path),
             keep_days=keep_days,
+            keep_turns=keep_turns,
             events=events,
             durability=durability,
             retry_interval=retry_interval,
@@ -244,6 +253,7 @@ class Journal(JournalLink):
             "path": str(self.path),
             "synchronous": DURABILITY[self.durability],
             "keep_days": self.keep_days,
+            "keep_turns": self.keep_turns,
             "schema": SCHEMA,  # idempotent: IF NOT EXISTS
             "migrate_from_1": MIGRATE_FROM_1,  # J-APPEND: a schema-1 file is upgraded at open
             "app_id": APP_ID,
@@ -496,11 +506,11 @@ class Journal(JournalLink):
     def compact(self) -> int:
         """Apply retention now on a connection of its own (chunked: the writer waits at most one
         chunk). Returns the number of turns removed."""
-        if self.keep_days is None:
+        if self.keep_days is None and self.keep_turns is None:
             return 0
         other = sqlite3.connect(self.path, isolation_level=None, timeout=5)
         try:
-            return _journal_writer.compact(other, self.keep_days)
+            return _journal_writer.compact(other, self.keep_days, self.keep_turns)
         finally:
             other.close()
 

@@ -111,6 +111,7 @@ class Writer:
         self.path: str = init["path"]
         self.synchronous: str = init["synchronous"]
         self.keep_days: float | None = init["keep_days"]
+        self.keep_turns: int | None = init.get("keep_turns")  # J-KEEP
         self.con: sqlite3.Connection | None = None
         self.last_compaction = time.monotonic()
         self.batches = 0
@@ -195,10 +196,12 @@ class Writer:
         if self.batches % PRUNE_EVERY == 0:
             with contextlib.suppress(sqlite3.Error):  # the batch is committed all the same; pruned next time
                 prune_cleared(con)
-        if self.keep_days is not None and time.monotonic() - self.last_compaction > 60:
+        if (self.keep_days is not None or self.keep_turns is not None) and (
+            time.monotonic() - self.last_compaction > COMPACT_EVERY
+        ):
             self.last_compaction = time.monotonic()
             with contextlib.suppress(sqlite3.Error):  # retried at the next interval
-                compact(con, self.keep_days)
+                compact(con, self.keep_days, self.keep_turns)
         return None, conflicts
 
 
@@ -228,13 +231,31 @@ def prune_cleared(con: sqlite3.Connection) -> None:
 
 
 # J5: retention in chunks, so it never blocks serving.
-def compact(con: sqlite3.Connection, keep_days: float) -> int:
-    """Delete ended turns older than ``keep_days`` in chunks of 500 (each its own transaction, so a
-    reader never waits long); returns how many."""
-    cutoff = time.time() - keep_days * 86400
+COMPACT_EVERY = 60.0  # seconds between the writer's retention passes
+
+
+def compact(con: sqlite3.Connection, keep_days: float | None, keep_turns: int | None = None) -> int:
+    """Delete ended turns older than ``keep_days``, and (J-KEEP) all but the ``keep_turns`` newest
+    ended turns, in chunks of 500 (each its own transaction, so a reader never waits long); returns
+    how many."""
+    removed = 0
+    if keep_days is not None:
+        removed += _delete_ended(con, "ended_at < ?", time.time() - keep_days * 86400)
+    if keep_turns is not None:
+        row = con.execute(
+            "SELECT seq FROM ends ORDER BY seq DESC LIMIT 1 OFFSET ?", (max(0, keep_turns),)
+        ).fetchone()
+        if row is not None:  # the newest ended turn past the limit: it and every older one go
+            removed += _delete_ended(con, "seq <= ?", row[0])
+    con.execute("DELETE FROM events WHERE turn_id NOT IN (SELECT turn_id FROM turns)")
+    prune_cleared(con)
+    return removed
+
+
+def _delete_ended(con: sqlite3.Connection, where: str, arg: float) -> int:
     removed = 0
     while True:
-        seqs = [r[0] for r in con.execute("SELECT seq FROM ends WHERE ended_at < ? LIMIT 500", (cutoff,))]
+        seqs = [r[0] for r in con.execute(f"SELECT seq FROM ends WHERE {where} LIMIT 500", (arg,))]
         if seqs:
             marks = ",".join("?" * len(seqs))
             con.execute("BEGIN")
@@ -248,8 +269,6 @@ def compact(con: sqlite3.Connection, keep_days: float) -> int:
         removed += len(seqs)
         if len(seqs) < 500:
             break
-    con.execute("DELETE FROM events WHERE turn_id NOT IN (SELECT turn_id FROM turns)")
-    prune_cleared(con)
     return removed
 
 

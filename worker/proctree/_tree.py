@@ -231,6 +231,47 @@ def has_marker(pid: int, marker: str) -> bool:
         return False
 
 
+def markers_of(pid: int) -> frozenset[str]:
+    """Every tree marker ``pid`` carries (what ``has_marker`` tests for one marker): the
+    environment's, a held marker memfd's, a mapped one's. Read once, it answers for every worker
+    (K-ORPHANS: the supervisor classifies each adopted child once, not once per worker exit)."""
+    found: set[str] = set()
+    prefix = f"{TREE_ENV}=".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(prefix):
+                    found.add(entry[len(prefix) :].decode(errors="replace"))
+    except OSError:
+        pass
+    head, tail = f"/memfd:{memfd_name('')}", " (deleted)"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith(head) and link.endswith(tail):
+            found.add(link[len(head) : -len(tail)])
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        maps = b""
+    needle = f" {head}".encode()
+    at = maps.find(needle)
+    while at >= 0:
+        end = maps.find(b"\n", at)
+        line = maps[at + len(needle) : end if end >= 0 else len(maps)].decode(errors="replace")
+        if line.endswith(tail):
+            found.add(line[: -len(tail)])
+        at = maps.find(needle, at + 1)
+    return frozenset(found)
+
+
 def all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 

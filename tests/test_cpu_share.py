@@ -1,0 +1,77 @@
+"""R-SHARE: a pool of workers weighs a few programs against its supervisor, not one per worker.
+
+Each worker leads its own session, and the kernel's autogroups weigh each session as one program:
+without this, hundreds of streaming workers had hundreds of shares of the CPUs against their
+supervisor's one, and it fell seconds behind delivering their events. By default each worker's
+autogroup gets a niceness from the pool's size; its threads keep their own.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import Supervisor
+from supervisor.lowlevel import AutogroupShare, autogroup_nice
+
+pytestmark = pytest.mark.anyio
+
+HAVE_AUTOGROUP = os.path.exists("/proc/self/autogroup")
+
+
+def test_the_pool_weighs_about_four_programs() -> None:
+    assert [autogroup_nice(n) for n in (0, 1, 2, 4)] == [0, 0, 0, 0]
+    assert autogroup_nice(5) == 2  # 820 × 5 > 4 × 1024 ≥ 655 × 5
+    assert autogroup_nice(24) == 9
+    assert autogroup_nice(64) == 13
+    assert autogroup_nice(384) == autogroup_nice(10_000) == 19
+    values = [autogroup_nice(n) for n in range(1, 600)]
+    assert values == sorted(values)
+
+
+def test_what_the_rate_limit_refuses_is_retried_in_order() -> None:
+    """Without CAP_SYS_ADMIN the kernel takes one autogroup change per 100 ms machine-wide and
+    refuses the others (EAGAIN): those are retried one per tick, oldest first; a worker gone
+    meanwhile is dropped; other errors (no autogroups, the process gone) are not retried."""
+    written: list[tuple[int, int]] = []
+    refuse = {"next": 0}
+    later: list[Any] = []
+
+    def write(pid: int, nice: int) -> int:
+        if refuse["next"] > 0:
+            refuse["next"] -= 1
+            return errno.EAGAIN
+        if pid == 99:
+            return errno.ESRCH
+        written.append((pid, nice))
+        return 0
+
+    share = AutogroupShare(lambda delay, fn: later.append(fn), write=write)
+    share.apply(1, 64)
+    refuse["next"] = 1
+    share.apply(2, 64)  # refused: waits
+    share.apply(3, 64, 15)  # behind it; worker_nice 15 is above the pool's 13
+    share.apply(4, 64)
+    share.forget(4)
+    share.apply(99, 64)
+    assert written == [(1, 13)] and len(later) == 1
+    while later:
+        later.pop(0)()
+    assert written == [(1, 13), (2, 13), (3, 15)]
+    assert share.set == 3
+
+
+@pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
+async def test_each_worker_of_a_pool_runs_in_a_lighter_autogroup_its_threads_untouched() -> None:
+    with anyio.fail_after(120):
+        async with Supervisor(workers=24, spares=0, start_timeout=60) as sup:
+            got = (await sup.run("tests.agents.stream_load:niceness")).output
+        async with Supervisor(workers=1, spares=0) as sup:
+            one = (await sup.run("tests.agents.stream_load:niceness")).output
+    assert got["autogroup"] == autogroup_nice(24) == 9, got
+    assert got["nice"] == os.getpriority(os.PRIO_PROCESS, 0), got
+    assert one["autogroup"] == 0, one

@@ -1,0 +1,67 @@
+"""R-STATUS-MEM: ``status()`` of a large pool reports each worker's memory from a background sample
+instead of reading /proc for every process on every call; a small pool is measured on every call."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import Supervisor
+from supervisor.lowlevel import treemem
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_large_pool_is_sampled_once_per_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(treemem, "SYNC_WORKERS", 1)
+    now = [100.0]
+    memory = treemem.TreeMemory(clock=lambda: now[0])
+    spawned: list[Any] = []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pids = [os.getpid(), child.pid]
+        first = memory.figures(pids, lambda fn, *args: spawned.append((fn, args)))
+        assert first == {pid: (0, 0) for pid in pids}  # not sampled yet: nothing read on this call
+        assert len(spawned) == 1  # a sample is due (none taken yet)
+        again = memory.figures(pids, lambda fn, *args: spawned.append((fn, args)))
+        assert again == first and len(spawned) == 1  # one sample at a time
+        fn, args = spawned.pop()
+        anyio.run(fn, *args)  # the sample, in a thread
+        sampled = memory.figures(pids, lambda fn, *args: spawned.append((fn, args)))
+        assert all(rss > 0 and pss > 0 for rss, pss in sampled.values()), sampled
+        assert spawned == []
+        now[0] += treemem.REFRESH / 2
+        memory.figures(pids, lambda fn, *args: spawned.append((fn, args)))
+        assert spawned == []  # fresh enough
+        now[0] += treemem.REFRESH
+        memory.figures(pids, lambda fn, *args: spawned.append((fn, args)))
+        assert len(spawned) == 1
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_small_pool_is_measured_on_every_call() -> None:
+    memory = treemem.TreeMemory()
+    spawned: list[Any] = []
+    got = memory.figures([os.getpid()], lambda fn, *args: spawned.append(fn))
+    assert got[os.getpid()][0] > 0 and spawned == []
+
+
+async def test_status_of_a_sampled_pool_reports_every_workers_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker's figures are there once the first background sample has landed (a bounded
+    poll: the sample is another thread's work, with no event to wait on)."""
+    monkeypatch.setattr(treemem, "SYNC_WORKERS", 1)
+    with anyio.fail_after(60):
+        async with Supervisor(workers=3, spares=0) as sup:
+            while True:
+                workers = (await sup.status())["workers"]
+                assert len(workers) == 3
+                if all(w["rss"] > 0 and w["pss"] > 0 for w in workers):
+                    break
+                await anyio.sleep(0.05)  # allowed: a bounded poll for the background sample
