@@ -5,7 +5,7 @@ scrape never races the engine (no lock, no copy kept up to date). ``prometheus-c
 renders the text format; the HTTP side is a few lines of anyio (GET only, one response per
 connection).
 
-Every metric, its type, labels and meaning is in the reference table of ``docs/observability.md``
+Every metric, its type, labels and meaning is in the reference table of ``docs/reference.md``
 (``tests/test_metrics.py`` checks that table against what a scrape shows). M-AGENT: per-agent
 series carry an ``agent`` label bounded to the first ``AGENT_LABELS`` agent names the daemon sees;
 later names share ``other``, so a client naming agents at will cannot grow the scrape.
