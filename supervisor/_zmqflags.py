@@ -1,6 +1,6 @@
 """pyzmq's flags and socket options as plain ints, for the three hot read/send paths of the
 supervisor side (the worker link, the daemon's client link, the client): pyzmq's are enums, and
-each ``&`` or ``|`` on one builds an enum member (B6; on the worker link ≈ 10% of the
+each ``&`` or ``|`` on one builds an enum member (LINK-FLAGS; on the worker link ≈ 10% of the
 supervisor's time while a turn streams events, measured). The worker keeps its own copy
 (``worker/_loop.py``), since ``worker/`` never imports ``supervisor/``."""
 

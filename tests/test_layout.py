@@ -218,9 +218,9 @@ def test_every_command_is_registered_from_the_cli_package() -> None:
 
 
 def test_every_rule_of_the_design_is_tagged_where_the_code_enforces_it() -> None:
-    """Each named rule of ``docs/design.md`` (``**R13 — …**``, ``**J6 — …**``, ``**R-OUT — …**``)
-    appears as a tag in at least one source file of wire/, worker/ or supervisor/, so the doc and
-    the code point at each other; and the doc names a file for each rule (``Code:``)."""
+    """Each named rule of ``docs/design.md`` (``**LADDER-STEPS — …**``, ``**JOURNAL-GATE — …**``,
+    ``**WORKER-OUTPUT — …**``) appears as a tag in at least one source file of wire/, worker/ or supervisor/,
+    so the doc and the code point at each other; and the doc names a file for each rule (``Code:``)."""
     design = (ROOT / "docs" / "design.md").read_text()
     rules = re.findall(r"^\*\*([A-Z]+[0-9]*(?:-[A-Za-z]+)*) — ", design, re.M)
     assert len(rules) > 50

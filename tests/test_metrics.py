@@ -1,6 +1,6 @@
 """The daemon's Prometheus metrics: the reference table is the truth, agents are labelled within a
 bound, queue/run/cancel times are histograms (HTTP cancels included), and an ordinary disconnect is
-not counted as a dropped client (design rule M-AGENT; ``docs/reference.md``)."""
+not counted as a dropped client (design rule OBS-AGENTS; ``docs/reference.md``)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _documented() -> set[str]:
 
 
 def test_agent_labels_are_bounded_and_stable() -> None:
-    """M-AGENT, the policy alone: the first ``AGENT_LABELS`` names keep their label for good; every
+    """OBS-AGENTS, the policy alone: the first ``AGENT_LABELS`` names keep their label for good; every
     later one is ``other``, however many there are."""
     daemon = SimpleNamespace(fd_refused={}, fd_shortages={})  # the collector is not scraped here
     metrics = Metrics(daemon)  # type: ignore[arg-type]

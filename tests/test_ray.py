@@ -260,7 +260,7 @@ async def test_cooperative_cancel_ends_aborted_well_inside_grace(sup: RaySupervi
 
 
 async def test_a_cancel_reply_and_the_results_stream_settle_a_turn_once(sup: RaySupervisor) -> None:
-    """Promise (R-ray-cancel-reply): a cooperative cancel's end comes back in the cancel call's own
+    """Promise (RAY-CANCEL-REPLY): a cooperative cancel's end comes back in the cancel call's own
     reply, so the turn has its result when ``cancel()`` returns; the same end also arrives in a
     second concurrent cancel's reply and on the node's results stream, and the turn is still
     settled exactly once: one result object for every handle, one ``aborted`` on the node."""
@@ -330,7 +330,7 @@ def _thread_niceness(pid: int) -> dict[int, int]:
 
 
 async def test_node_supervisors_and_their_workers_run_at_normal_niceness(sup: RaySupervisor) -> None:
-    """Promise (R-ray-priority): Ray starts its workers at nice 15, below every other process; a
+    """Promise (RAY-PRIORITY): Ray starts its workers at nice 15, below every other process; a
     node supervisor (which keeps the grace and does the kill) and the workers it starts run at
     ``node_niceness`` (0) instead, so a loaded machine does not stretch a kill's overshoot."""
     limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
@@ -639,7 +639,7 @@ def test_serve_ray_keeps_its_client_endpoint_and_runs_turns_cluster_wide(
 
 
 async def test_submit_many_and_results_run_each_input_once_across_the_nodes(sup: RaySupervisor) -> None:
-    """Promise (M-MANY on a cluster): ``submit_many`` of 40 echo turns returns 40 distinct
+    """Promise (API-MANY on a cluster): ``submit_many`` of 40 echo turns returns 40 distinct
     handles in input order, spread over the nodes; ``results`` answers in input order with each
     input echoed back; one bad input submits nothing."""
     with anyio.fail_after(BOUND):

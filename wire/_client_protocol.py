@@ -24,7 +24,7 @@ not have (new codes go out as ``internal``, with the message; ``error_for``). Ve
 (answered ``Reloaded``) and the code ``turn_id_conflict`` (an older client gets it as ``bad_value``,
 which it is).
 
-Version 3 (batching, rule B1 of docs/design.md): the client's ``Hello`` is a single message;
+Version 3 (batching, rule CLIENT-BATCHES of docs/design.md): the client's ``Hello`` is a single message;
 from then on a version-3 client sends batches — msgpack arrays of messages, handled in order —
 and the daemon answers a version-3 client in batches (its ``Welcome`` included). A client packs
 the requests made in one pass of its event loop (a thousand concurrent submits: a few frames),
@@ -69,7 +69,7 @@ ErrorCode = Literal[
     # version 3:
     "turn_id_conflict",  # the turn_id is already used by another request (agent, input or session)
 ]
-# R24: the client protocol grows by addition; a version-1 client gets new codes as internal.
+# CLIENT-PROTOCOL: the client protocol grows by addition; a version-1 client gets new codes as internal.
 V1_ERROR_CODES: tuple[str, ...] = (
     "malformed",
     "protocol",

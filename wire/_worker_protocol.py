@@ -70,7 +70,7 @@ class _Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=T
 class Run(_Msg, tag="run", frozen=True):
     """Start a turn. The worker answers ``Started`` then exactly one ``End``.
 
-    K-HEIR: a ``Run`` with ``after_pid`` is held: the worker starts it only once the process
+    LADDER-HEIR: a ``Run`` with ``after_pid`` is held: the worker starts it only once the process
     ``after_pid`` (whose start time, in clock ticks since boot as ``/proc/PID/stat`` field 22 gives
     it, is ``after_start``: a reused pid is another process) is gone, or on ``Proceed``."""
 
@@ -81,7 +81,7 @@ class Run(_Msg, tag="run", frozen=True):
     parent: str | None = None
     after_pid: int = 0
     after_start: int = 0
-    trace: str | None = None  # W3C ``traceparent`` the agent's own spans nest under (T-TRACE)
+    trace: str | None = None  # W3C ``traceparent`` the agent's own spans nest under (OBS-TRACE)
 
 
 class Abort(_Msg, tag="abort", frozen=True):
@@ -117,7 +117,7 @@ class EndAck(_Msg, tag="end_ack", frozen=True):
 
 
 class Proceed(_Msg, tag="proceed", frozen=True):
-    """K-HEIR: the supervisor saw the exit of the worker a held ``Run`` waits for: start it now
+    """LADDER-HEIR: the supervisor saw the exit of the worker a held ``Run`` waits for: start it now
     (if it has not started already, or been dropped)."""
 
     turn_id: str

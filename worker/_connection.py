@@ -1,6 +1,6 @@
 """The worker's side of the link to the supervisor: messages posted and batched per loop
-iteration, the stale flusher's hand-off (S1), events (``Turn.emit``) and child turns (``Turn.spawn``).
-``WorkerLoop`` (``_loop.py``) runs the turns over it."""
+iteration, the stale flusher's hand-off (LADDER-EARLY), events (``Turn.emit``) and child turns
+(``Turn.spawn``). ``WorkerLoop`` (``_loop.py``) runs the turns over it."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Connection:
     a turn that ends without suspending sends ``Started`` and ``End`` in one frame.
 
     A batch that waits a whole tick because a turn never gives the loop back is sent by the
-    stale flusher's thread (``worker/_flusher.py``, rule S1): every use of the socket holds
+    stale flusher's thread (``worker/_flusher.py``, rule LADDER-EARLY): every use of the socket holds
     ``lock``, since a ZeroMQ socket must not be used by two threads at once."""
 
     def __init__(
@@ -54,7 +54,7 @@ class Connection:
             self.batches += 1
             self._loop.call_soon(self.flush)
             self._out.append(msg)
-            # S-PARK: a parked stale flusher must watch this batch (looked at after the append:
+            # WORKER-PARK: a parked stale flusher must watch this batch (looked at after the append:
             # the flusher parks only after seeing no batch waiting, see ``StaleFlusher._run``).
             flusher = self.flusher
             if flusher is not None and flusher.parked:
@@ -102,10 +102,10 @@ class Connection:
         self.flush()
 
     def emit(self, turn_id: str, event: Any) -> bool:
-        """Send one event now (R18: on the wire when this returns), in one frame with whatever
+        """Send one event now (EVENTS-ON-WIRE: on the wire when this returns), in one frame with whatever
         was posted before it (a turn's ``Started``), which must not be overtaken. True when the
         event loop has turned since the previous emit (its look at the socket ran): the caller
-        need not yield to it (R-EMIT)."""
+        need not yield to it (EVENTS-EMIT-NOW)."""
         data = wire.encode_payload(event, what="event")
         with self.lock:
             out = self._out

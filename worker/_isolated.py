@@ -1,5 +1,5 @@
 """``worker.isolated`` and ``worker.run_command``: a tool call in its own process, with its own limits
-and ladder (the machinery is in ``_toolproc``). T-CROSS: arguments and results cross as msgspec values;
+and ladder (the machinery is in ``_toolproc``). TOOL-CROSS: arguments and results cross as msgspec values;
 what cannot cross is refused at the call, naming where."""
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def _idle_pool_thread(thread: threading.Thread) -> bool:
     return frame is not None and frame.f_code is _POOL_WORKER
 
 
-# R-sweep: a turn's end sweeps its processes.
+# TREE-SWEEP: a turn's end sweeps its processes.
 class TurnSweep:
     def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = (_flusher.THREAD_NAME,)) -> None:
         self.me = os.getpid()
@@ -56,14 +56,14 @@ class TurnSweep:
         self._fds: list[int] = []
         self._threads = -1
         self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
-        self._engine: frozenset[int] | None = None  # the engine's threads (R-sweep-threads)
+        self._engine: frozenset[int] | None = None  # the engine's threads (TREE-THREADS)
 
     def mark_engine_threads(self) -> None:
         """Note the threads alive now as the engine's own (once the turn loop runs, before any
         turn of the supervisor's): any other thread alive after a turn is the turn's."""
         self._engine = frozenset(sys._current_frames())
 
-    # R-sweep-threads: a thread a turn left running retires its worker.
+    # TREE-THREADS: a thread a turn left running retires its worker.
     def agent_threads(self) -> list[str]:
         """The names of the threads a turn left running: neither the engine's nor a thread pool's
         idle worker. Threads started with ``_thread`` (not in ``threading``'s table) count too.

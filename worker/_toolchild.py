@@ -95,7 +95,7 @@ def setup_child(
 
 
 def unshare_network() -> None:
-    """T-NET: a network namespace of its own (root: CLONE_NEWNET; else user + net), or raise."""
+    """TOOL-NET: a network namespace of its own (root: CLONE_NEWNET; else user + net), or raise."""
     flags = os.CLONE_NEWNET if hasattr(os, "CLONE_NEWNET") else 0x40000000
     unshare = getattr(os, "unshare", None)
     if unshare is None:

@@ -9,7 +9,7 @@ Without any of them the limits fall back to rlimits (see ``docs/tools.md`` for w
 
 The parent watches the child's pidfd, its output pipes, its result pipe and a cancel pipe in one
 ``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds, output) are
-checked on each wake and at least every ``WATCH_S``. T-LADDER: on timeout or cancel the call gets
+checked on each wake and at least every ``WATCH_S``. TOOL-LADDER: on timeout or cancel the call gets
 SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit gets SIGKILL.
 """
 
@@ -33,7 +33,7 @@ from ._toolerrors import KillReason
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
 MIB = 1024 * 1024
 
-# T-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
+# TOOL-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL", "PWD")
 ENV_ALLOW_PREFIXES = ("LC_",)
 
@@ -377,7 +377,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 def cancel_all() -> int:
-    """T-AGENT: the turn's abort reaches every isolated call of this process first; how many."""
+    """TOOL-TOLD: the turn's abort reaches every isolated call of this process first; how many."""
     with _LIVE_LOCK:
         live = list(_LIVE)
     for proc in live:

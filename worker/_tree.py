@@ -101,7 +101,7 @@ def _kill(pid: int, sig: int) -> bool:
         return False
 
 
-# R14: freeze, then list, then signal.
+# TREE-FREEZE: freeze, then list, then signal.
 def freeze_tree(root: int, *, include_root: bool = True, exclude: frozenset[int] = frozenset()) -> list[int]:
     """SIGSTOP ``root`` and every descendant, listing again until nothing new appears.
 
@@ -177,14 +177,14 @@ def start_time(pid: int) -> int | None:
 
 TREE_ENV = "TURNPOOL_TREE"
 _MARKER_FD = -1
-_MARKER_MAP: object = None  # the memfd's mapping, kept for the life of the process (R-markers)
+_MARKER_MAP: object = None  # the memfd's mapping, kept for the life of the process (TREE-MARKERS)
 
 
 def memfd_name(marker: str) -> str:
     return f"turnpool-tree:{marker}"
 
 
-# R-markers: a marker that forks inherit (memfd) besides the environment one.
+# TREE-MARKERS: a marker that forks inherit (memfd) besides the environment one.
 def mark_tree(marker: str) -> None:
     """Set both markers in this process (a worker, before it forks anything)."""
     global _MARKER_FD, _MARKER_MAP

@@ -16,7 +16,7 @@ from ._errors import TurnCancelled
 if TYPE_CHECKING:
     from ._connection import Connection
 
-# R-EMIT: ``emit`` gives the event loop a turn when this long has passed since the loop last
+# EVENTS-EMIT-NOW: ``emit`` gives the event loop a turn when this long has passed since the loop last
 # turned, not on every call: a shielded checkpoint costs ≈ 4 µs (and a loop iteration), more
 # than sending the event itself. A turn that awaited something between two emits (a model
 # streaming deltas) has let the loop turn already and never pays it. What the loop must not
@@ -112,16 +112,16 @@ class Turn:
         self.parent = parent
         self.signal = CancelSignal()
         self._conn = conn
-        self._yielded_at = 0.0  # when the event loop was last seen to turn by ``emit`` (R-EMIT)
+        self._yielded_at = 0.0  # when the event loop was last seen to turn by ``emit`` (EVENTS-EMIT-NOW)
 
-    # R18: an emitted event is on the wire when emit returns.
+    # EVENTS-ON-WIRE: an emitted event is on the wire when emit returns.
     async def emit(self, event: Any) -> None:
         """Stream ``event`` (anything msgspec encodes). On return it is on the wire.
 
         It is not where a cancellation lands: a turn cancelled just after emitting sees it at its
         next await (the cancel scope stays cancelled); an ``Abort`` that came in meanwhile is
         read right after the send, so ``turn.signal`` already shows it. It yields to the event
-        loop at least once a millisecond (R-EMIT), so a turn that does nothing but emit still
+        loop at least once a millisecond (EVENTS-EMIT-NOW), so a turn that does nothing but emit still
         lets the worker's other tasks (and the agent's own) run, without paying a loop
         iteration per event."""
         turned = self._conn.emit(self.id, event)

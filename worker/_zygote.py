@@ -27,12 +27,12 @@ An embryo whose zygote dies sees EOF on that pipe and exits.
 Protocol: the supervisor sends ``"<id> <token> <marker> <heartbeat>"`` as one message on a unix
 seqpacket socket, with four fds attached (``SCM_RIGHTS``): the worker's output, which it makes its
 fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output; its start marker and
-End log, which it maps and closes (W-OWN); and its own working directory, which it enters (W-CWD).
-The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
-embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
-the imports are done.
+End log, which it maps and closes (SEC-WORKER-FILES); and its own working directory, which it enters
+(WORKER-CWD). The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
+embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says the imports are
+done.
 
-A-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
+ADAPT-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
 (``_probe``), a direct child of the zygote in a group of its own, that classifies the agent and
 answers on that pipe; the zygote reaps it, and kills its group once it has exited or once the
 deadline (``time.monotonic``, system-wide) has passed. A request read past its deadline is dropped.
@@ -123,11 +123,11 @@ def _become_worker(
 
     out_fd, marker_fd, endlog_fd, cwd_fd = fds
     _take_output(out_fd)
-    _guards.mark_role("worker")  # H3
-    own = _loop.own_files(marker_fd, endlog_fd)  # W-OWN: before the guardian's fork
+    _guards.mark_role("worker")  # API-NO-NESTING
+    own = _loop.own_files(marker_fd, endlog_fd)  # SEC-WORKER-FILES: before the guardian's fork
     if own[0] is not None:
         own[0].take_token()  # (ours came with the request: erase the copy the supervisor left there)
-    os.fchdir(cwd_fd)  # W-CWD: its own directory, before any agent code
+    os.fchdir(cwd_fd)  # WORKER-CWD: its own directory, before any agent code
     os.close(cwd_fd)
     if not reparented:
         os.setsid()
@@ -264,7 +264,7 @@ def _fork_probe(
     embryo: tuple[int, socket.socket] | None,
     own: tuple[int, int],
 ) -> None:
-    """A-PROBE: fork a probe answering on ``fds[0]`` (the caller closes it)."""
+    """ADAPT-PROBE: fork a probe answering on ``fds[0]`` (the caller closes it)."""
     _, deadline_text, spec = line.decode().split(" ")
     deadline = float(deadline_text)
     if time.monotonic() > deadline:
@@ -291,7 +291,7 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
     req = socket.socket(fileno=req_fd)
     os.write(resp_fd, b"ready 0\n")
     embryo: tuple[int, socket.socket] | None = None
-    probes: dict[int, float] = {}  # A-PROBE: pid -> deadline
+    probes: dict[int, float] = {}  # ADAPT-PROBE: pid -> deadline
     while True:
         if probes:
             _tend_probes(probes)
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from ._guards import mark_role
 
-    mark_role("zygote")  # H3: before any preload runs; the workers it forks inherit it
+    mark_role("zygote")  # API-NO-NESTING: before any preload runs; the workers it forks inherit it
     global _CGROUP_POOL
     _CGROUP_POOL = args.cgroup_pool or None
     from . import _tree

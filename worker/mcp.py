@@ -83,7 +83,7 @@ class Server:
 
 @asynccontextmanager
 async def serve(**named: StdioServer) -> AsyncIterator[dict[str, Server]]:
-    """A-MCP: start the named MCP stdio servers as children of this worker for the block; yields them.
+    """ADAPT-MCP: start the named MCP stdio servers as children of this worker for the block; yields them.
 
     The servers' client sessions live in a task of their own, outside the turn's cancel scope: a
     turn's cancel abandons the calls in flight, whose ``notifications/cancelled`` then still reach

@@ -68,7 +68,7 @@ class ChildTurns:
         child.spawn_origin = (slot, msg.req)
         slot.spawns[msg.req] = child.id
         # The parent waits on its child: it lends its slot, so the pool can never deadlock.
-        # R12: a waiting parent lends its slot.
+        # TURN-LEND: a waiting parent lends its slot.
         sup._lent += 1
         for handed in slot.ahead:  # they would wait behind the parent: give them back
             if not handed.revoking and handed.cause is None:

@@ -5,7 +5,7 @@
 result until they end (rule 7: a child never outlives its parent). ``deliver`` publishes it: the
 record's result, its waiters and followers, the result hooks (the journal's end row), the session's
 next turn, the reply to a parent that spawned it, and the idle waiters once nothing is active. The
-``Supervisor`` composes one; callers have already made sure the turn is quiescent (R13).
+``Supervisor`` composes one; callers have already made sure the turn is quiescent (LADDER-STEPS).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Finisher:
         self.causes: collections.Counter[str] = collections.Counter()
         self.idle_waiters: list[anyio.Event] = []
 
-    # R10: idle means every turn ended, each after its worker's tree was reaped.
+    # TURN-QUIESCENCE: idle means every turn ended, each after its worker's tree was reaped.
     async def wait_idle(self) -> None:
         """Return once no turn is active (accepted and not ended)."""
         while self.sup._active:
@@ -52,12 +52,13 @@ class Finisher:
                 ev.set()
 
     async def wait_quiescent(self, turn: TurnRecord) -> None:
-        """R-RUN-CANCEL: wait until ``turn`` has its result (it is quiescent), shielded from every
+        """API-RUN-OWNS: wait until ``turn`` has its result (it is quiescent), shielded from every
         cancellation — anyio's, and a native ``Task.cancel()`` (``asyncio.wait_for``), which is
         re-raised once the wait is over."""
         interrupted: BaseException | None = None
         with anyio.CancelScope(shield=True):
-            while turn.result is None and turn.state != "kept":  # (D-KEEP: set aside, never ends here)
+            # (DAEMON-KEEP-QUEUED: set aside, never ends here)
+            while turn.result is None and turn.state != "kept":
                 try:
                     await wait_done(turn)
                 except asyncio.CancelledError as exc:
@@ -77,7 +78,7 @@ class Finisher:
         sup = self.sup
         now = sup._clock()
         cause = turn.cause
-        # R9: disposal wins.
+        # TURN-DISPOSAL: disposal wins.
         if sup._disposing and outcome in ("aborted", "killed"):
             cause = DISPOSED  # disposal wins over an earlier user or parent cause
         started_at = turn.started_at
@@ -107,7 +108,7 @@ class Finisher:
         if turn.state == "running":
             sup._running -= 1
         live_children = [c for c in turn.children if c in sup._turns and sup._turns[c].state != "ended"]
-        # R11: a child never outlives its parent: the parent's result waits for them.
+        # TURN-PARENT: a child never outlives its parent: the parent's result waits for them.
         if live_children:
             # A child never outlives its parent: hold the parent's result until they end.
             turn.state = "ending"
@@ -124,14 +125,14 @@ class Finisher:
         turn.pending_result = None
         turn.state = "ended"
         turn.ended_at = sup._clock()
-        seal_input(turn)  # R-ID: a digest stays, so a later submit under this id is still told apart
-        sup.input_bytes -= len(turn.input)  # I-BUDGET
+        seal_input(turn)  # API-TURN-ID: a digest stays, so a later submit under this id is still told apart
+        sup.input_bytes -= len(turn.input)  # MEM-INPUTS
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self.outcomes[result.outcome] += 1
         if result.cause is not None:
             self.causes[result.cause.kind] += 1
         sup._active -= 1
-        set_done(turn)  # T-WAIT, T-LEAN: the waiters' list goes with it
+        set_done(turn)  # API-BARE-FUTURE, MEM-LEAN: the waiters' list goes with it
         turn.wake_followers()
         for hook in sup._hooks.result:
             hook(turn, result)
@@ -167,7 +168,7 @@ class Finisher:
 
 def output_of(msg: wire.End, turn: TurnRecord) -> Any:
     """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands). Notes
-    its encoded size on ``turn`` (R-BUDGET), which the frame gives for free."""
+    its encoded size on ``turn`` (MEM-OUTPUTS), which the frame gives for free."""
     turn.output_bytes = len(msg.output)
     try:
         return wire.decode_payload(msg.output)

@@ -4,7 +4,7 @@
 ``kill_after`` → SIGKILL to the tree → reaped → ``killed`` (SPEC, "Escalation ladder"). ``Escalation``
 owns the ladder's state (the ``kill_now`` switch and the count of steps taken) and its rules: first
 cause wins (rule 3), a queued turn is aborted unstarted (rule 4), a cancel reaches the children of
-a turn (rule 7), a turn handed ahead is escalatable from the handoff (S1: its start marker says
+a turn (rule 7), a turn handed ahead is escalatable from the handoff (LADDER-EARLY: its start marker says
 whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on.
 The ``Supervisor`` composes one and calls in here; this object reads the turn table, the queue, the
 timers and the worker link through its back-reference, and ends turns through ``Supervisor._finish``.
@@ -44,22 +44,22 @@ class Escalation:
         state = turn.state
         if state == "ended" or state == "ending":
             return turn.cause
-        # R3: first cause wins; an ended turn keeps its cause.
+        # TURN-FIRST-CAUSE: first cause wins; an ended turn keeps its cause.
         first = turn.cause is None
         if first:
             turn.cause = cause
-        # R11: the children are cancelled first, with cause parent, recursively.
+        # TURN-PARENT: the children are cancelled first, with cause parent, recursively.
         for child_id in list(turn.children):
             child = sup._turns.get(child_id)
             if child is not None:
                 self.cancel(child, PARENT)
-        # R4: a queued turn is removed and ends aborted, never started.
+        # TURN-PRERUN: a queued turn is removed and ends aborted, never started.
         if state == "queued":
             sup._queue.discard(turn)
             sup._finish(turn, "aborted")
         elif state == "handed" and first:
             # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
-            # started meanwhile, honours the Abort. Its start marker tells whether it started (S1):
+            # started meanwhile, honours the Abort. Its start marker tells whether it started (LADDER-EARLY):
             # the ladder is armed now either way, and looks again if it had not.
             slot = turn.worker
             assert slot is not None
@@ -83,7 +83,8 @@ class Escalation:
         else:
             turn.esc_timer = sup._timers.call_later(turn.grace, self.escalate, turn, slot, 1)
 
-    # R6: exactly the turns queued at the call, and the running one: never armed for the future.
+    # TURN-SESSION-CANCEL: exactly the turns queued at the call, and the running one: never armed for the
+    # future.
     def cancel_session(self, session: str, cause: Cause) -> list[str]:
         sup = self.sup
         cancelled = []
@@ -104,11 +105,12 @@ class Escalation:
     def deadline(self, turn: TurnRecord) -> None:
         self.cancel(turn, wire.DEADLINE)
 
-    # R13: the ladder's steps, each keyed by the turn and logged with turn id, pid and step.
+    # LADDER-STEPS: the ladder's steps, each keyed by the turn and logged with turn id, pid and step.
     def escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
         sup = self.sup
         if turn.state == "handed" and turn.worker is slot and slot.state != "dead":
-            # Cancelled while handed ahead and no Started yet: the start marker may say it runs (S1).
+            # Cancelled while handed ahead and no Started yet: the start marker may say it runs
+            # (LADDER-EARLY).
             sup._note_marked_start(slot)
             if turn.state == "handed":  # not reached yet: look again later (its Started re-arms too)
                 again = max(turn.grace, 0.05)
@@ -120,9 +122,9 @@ class Escalation:
         slot.doomed = True
         decided = not turn.escalation
         if decided:
-            # K-HANDOVER: the kill is decided. The turn's outcome is ``killed`` from here whatever
-            # its worker sends (R7): the turns handed ahead to its worker go back to the queue now
-            # (another worker may take them); the slot itself is given up at the worker's exit.
+            # LADDER-HANDOVER: the kill is decided. The turn's outcome is ``killed`` from here whatever
+            # its worker sends (TURN-ONE-OUTCOME): the turns handed ahead to its worker go back to the queue
+            # now (another worker may take them); the slot itself is given up at the worker's exit.
             turn.escalation = step
             turn.escalated_at = sup._clock()
             sup._dispatch.take_back_ahead(slot)
@@ -147,7 +149,7 @@ class Escalation:
                 turn.kill_after,
             )
         if decided:
-            # K-HEIR: the signal is out first (the kill is not delayed); a warm spare now gets the
+            # LADDER-HEIR: the signal is out first (the kill is not delayed); a warm spare now gets the
             # next queued turn, held until this worker's process is gone.
             sup._dispatch.hand_to_heir(slot)
 

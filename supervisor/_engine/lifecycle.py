@@ -2,7 +2,7 @@
 running, the pool up, and ``workers`` workers ready) and disposing it (every live turn cancelled
 with cause ``disposed`` and ended, every worker retired and reaped with its tree, everything
 released); and, at a daemon's graceful stop, setting aside the turns still queued for its journal
-to run at the next start (D-KEEP).
+to run at the next start (DAEMON-KEEP-QUEUED).
 
 ``Supervisor.start``, ``aclose`` and ``keep_queued`` call ``Lifecycle``; the supervisor keeps its
 state (``new`` → ``running`` → ``closing`` → ``closed``), which every part reads.
@@ -31,7 +31,7 @@ class Lifecycle:
 
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
-        # H1: the background tasks (timers, the worker link, the pool's watchers) live in a task
+        # API-ASYNCIO: the background tasks (timers, the worker link, the pool's watchers) live in a task
         # of their own, so the supervisor may be closed from another task than the one that
         # started it.
         self.bg = Background("turnpool supervisor")
@@ -42,7 +42,8 @@ class Lifecycle:
         sup = self.sup
         if sup._state != "new":
             raise RuntimeError("a Supervisor can be started once")
-        loop = require_asyncio("Supervisor", "SyncSupervisor")  # H1: trio refused before anything starts
+        # API-ASYNCIO: trio refused before anything starts
+        loop = require_asyncio("Supervisor", "SyncSupervisor")
         pool = sup.pool
         pool.prepare(
             worker_output=sup.worker_output,
@@ -117,7 +118,7 @@ class Lifecycle:
             sup._notify_change()
 
     def keep_queued(self) -> list[str]:
-        """``Supervisor.keep_queued`` (D-KEEP): the ids set aside, in queue order."""
+        """``Supervisor.keep_queued`` (DAEMON-KEEP-QUEUED): the ids set aside, in queue order."""
         sup = self.sup
         kept: list[str] = []
         for turn in list(sup._turns.values()):

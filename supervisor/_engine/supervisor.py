@@ -5,12 +5,13 @@ its state, the public methods and one handler per message a worker sends, and co
 parts, each an object with its own state:
 
 * starting and disposing (``lifecycle.py``): the link bound, the pool up; every turn disposed,
-  every worker reaped; D-KEEP's queued turns set aside at a daemon's graceful stop;
+  every worker reaped; DAEMON-KEEP-QUEUED's queued turns set aside at a daemon's graceful stop;
 * the worker link (``link.py``): a ROUTER on a private ipc endpoint; workers connect DEALERs; the
   pool (``pool.py``): ``workers`` slots plus ``spares`` warm workers; exits settled by ``exits.py``;
 * the turn table (``TurnRecord`` per turn: the one cancellation holder) and the ``TurnQueue``
   (``turns.py``); turns come in through admission (``admission.py``), children through
-  ``children.py``, and go to workers through the dispatcher (``dispatch.py``: prefetch, J6, S1);
+  ``children.py``, and go to workers through the dispatcher (``dispatch.py``: prefetch, JOURNAL-GATE,
+  LADDER-EARLY);
 * the escalation ladder (``escalation.py``): ``Abort`` → ``grace`` → SIGTERM to the tree →
   ``kill_after`` → SIGKILL → reaped with every descendant → ``killed``; driven by one ``Timers``
   task; the memory watchdog (``memory.py``) cancels a turn over ``max_rss_mb``;
@@ -72,7 +73,7 @@ __all__ = ["AGENT_RE", "MAX_GRACE", "MAX_HANDOVERS", "MAX_TURN_ID", "Supervisor"
 
 log = logging.getLogger("turnpool.supervisor")
 
-# J6: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
+# JOURNAL-GATE: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
 DispatchGate = Callable[[list[TurnRecord]], None]
 
 
@@ -96,16 +97,17 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns not ended (``QueueFull`` past it);
     ``keep_events_mb``, ended turns' events; ``keep_results_mb``, the outputs of the ended turns kept (the
     oldest forgotten first). Isolation (keyword-only): ``agent_path`` is where workers import agents from
-    (R-PATH): directories searched first and exactly, then installed packages; ``None`` (default) mirrors this
-    process's ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private runtime
-    directory: a module planted in a working directory never runs. ``worker_output`` is where workers' stdout
-    and stderr go (R-OUT), never shared with this process's stderr: ``"stderr"`` (default) forwards each line,
-    prefixed ``w<n>[pid]``, to this process's stderr through a thread, so a stalled stderr never blocks the
-    supervisor; a file path writes them to that log, rotated by size (``worker_output_max_mb``, default 16,
-    per file; four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"``
-    shares this process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
-    ``worker_nice`` (0-19): workers below this process (R-NICE). ``allow_agents``: agent globs turns and their
-    children may name (A-ALLOW). ``tracing``: a span per turn (T-TRACE).
+    (WORKER-PATH): directories searched first and exactly, then installed packages; ``None`` (default) mirrors
+    this process's ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private
+    runtime directory: a module planted in a working directory never runs. ``worker_output`` is where workers'
+    stdout and stderr go (WORKER-OUTPUT), never shared with this process's stderr: ``"stderr"`` (default)
+    forwards each line, prefixed ``w<n>[pid]``, to this process's stderr through a thread, so a stalled stderr
+    never blocks the supervisor; a file path writes them to that log, rotated by size
+    (``worker_output_max_mb``, default 16, per file; four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``);
+    ``None`` discards them; ``"inherit"`` shares this process's fd 2 with the workers (a stalled stderr then
+    stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process (WORKER-NICE).
+    ``allow_agents``: agent globs turns and their children may name (SEC-ALLOW). ``tracing``: a span per turn
+    (OBS-TRACE).
     """
 
     def __init__(
@@ -143,7 +145,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         tracing: bool = False,
         allow_agents: Any = None,
     ) -> None:
-        refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
+        refuse_inside_worker()  # API-NO-NESTING: no pool of pools from an agent module imported by a worker
         check_sizes(
             cgroups=cgroups,
             workers=workers,
@@ -157,7 +159,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self.workers = workers
         # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
-        # S4: shutdown is bounded whatever a client asks for.
+        # LADDER-BOUNDED: shutdown is bounded whatever a client asks for.
         self.max_grace = require_seconds("max_grace", max_grace, positive=True)
         self.grace = check_grace("grace", require_seconds("grace", grace), self.max_grace)
         self.kill_after = check_grace("kill_after", require_seconds("kill_after", kill_after), self.max_grace)
@@ -166,7 +168,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self.max_rss_mb = check_seconds("max_rss_mb", max_rss_mb, positive=True)
         self.timeout = check_seconds("timeout", timeout, positive=True)
         self.max_queue = max_queue
-        self.max_input_bytes = mib_bytes("max_input_mb", max_input_mb)  # I-BUDGET
+        self.max_input_bytes = mib_bytes("max_input_mb", max_input_mb)  # MEM-INPUTS
         self.input_bytes = 0  # the inputs of turns not ended: added at admission, taken at delivery
         self.max_events = max_events
         self.keep_results = keep_results
@@ -187,7 +189,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self.agent_path = _procs.check_agent_path(agent_path)
         self.worker_output = _output.check_worker_output(worker_output)
         self.worker_output_max_mb = check_mib("worker_output_max_mb", worker_output_max_mb)
-        self.allow_agents = AgentAllowlist.of(allow_agents)  # A-ALLOW
+        self.allow_agents = AgentAllowlist.of(allow_agents)  # SEC-ALLOW
 
         # The event loop's clock once started (asyncio's loop.time() is time.monotonic()).
         self._clock: Callable[[], float] = time.monotonic
@@ -195,7 +197,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._prefix = secrets.token_hex(4)
         # The composed parts: the turn table, the queue, the worker link and the worker pool.
         budgets = mib_bytes("keep_events_mb", keep_events_mb), mib_bytes("keep_results_mb", keep_results_mb)
-        self.table = TurnTable(keep_results, max_events, *budgets)  # E-BUDGET, R-BUDGET
+        self.table = TurnTable(keep_results, max_events, *budgets)  # MEM-EVENTS, MEM-OUTPUTS
         self._turns = self.table.records  # the same dict: read on every message
         self._queue = self.queue = TurnQueue()
         self.link = WorkerLink(
@@ -205,7 +207,8 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             on_bad_frame=self._bad_frame,
         )
         self._send = self.link.send
-        # Exit handling: what a worker's death means for its turns (E1, S1, R13).
+        # Exit handling: what a worker's death means for its turns (WORKER-END-LOG, LADDER-EARLY,
+        # LADDER-STEPS).
         self._exits = ExitHandler(self)
         self.pool = WorkerPool(
             link=self.link,
@@ -239,17 +242,19 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             wire.Heartbeat: self._on_heartbeat,
             wire.BadFrame: self._on_bad_frame,
         }
-        # Dispatch: which worker gets which turn when (prefetch, the J6 gate, S1 start notes).
+        # Dispatch: which worker gets which turn when (prefetch, the JOURNAL-GATE gate, LADDER-EARLY start
+        # notes).
         self._dispatch = dispatch = Dispatcher(self)
         self._pump = dispatch.pump
         self._note_marked_start = dispatch.note_marked_start
-        # Cancellation and the escalation ladder (rules 3, 4, 7; S1; keyed by turn).
+        # Cancellation and the escalation ladder (rules 3, 4, 7; LADDER-EARLY; keyed by turn).
         self._ladder = ladder = Escalation(self)
         self._cancel = ladder.cancel
-        # Ending turns: one result each, delivered after quiescence (rules 6, 7; R13).
+        # Ending turns: one result each, delivered after quiescence (rules 6, 7; LADDER-STEPS).
         self._ending = ending = Finisher(self)
         self._finish = ending.finish
-        # Admission: the one way in for every turn; A-PROBE: ``learn_agent`` a name not in ``agents_known``.
+        # Admission: the one way in for every turn; ADAPT-PROBE: ``learn_agent`` a name not in
+        # ``agents_known``.
         self._admission = admission = Admission(self)
         self._accept, self.learn_agent, self.agents_known = admission.accept, admission.learn, admission.known
         self._running = 0  # turns a worker reported Started for and not yet ended
@@ -264,7 +269,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
         self._state = "new"  # new → running → closing → closed
         self._disposing = False
-        # Starting and disposing (H1: its background tasks live in a task of their own).
+        # Starting and disposing (API-ASYNCIO: its background tasks live in a task of their own).
         self._life = Lifecycle(self)
         self._wall_offset = 0.0
 
@@ -333,9 +338,9 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         ``retry=True`` lets a daemon with a journal run the turn again after a restart that
         interrupted it (``attempts`` counts the runs); otherwise such a turn ends ``crashed``.
         """
-        # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
+        # TypeError (also LINK-EXACT: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)
-        if type(agent) is str and agent not in self.agents_known:  # A-PROBE: probed once
+        if type(agent) is str and agent not in self.agents_known:  # ADAPT-PROBE: probed once
             await self.learn_agent(agent)
         turn = self._accept(
             agent,
@@ -348,10 +353,10 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             parent=None,
             retry=retry,
         )
-        return TurnHandle(self, turn.id, pin=turn)  # R-KEEP: the handle holds the record
+        return TurnHandle(self, turn.id, pin=turn)  # API-HANDLE-KEEPS: the handle holds the record
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
-        """``submit`` then ``result``; the caller owns the turn (R-RUN-CANCEL).
+        """``submit`` then ``result``; the caller owns the turn (API-RUN-OWNS).
 
         Cancelling the task that awaits ``run`` (a cancel scope, ``asyncio.wait_for``,
         ``Task.cancel()``) cancels the turn with cause ``user`` and returns (raising the
@@ -396,13 +401,13 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         await self._ending.wait_idle()
 
     async def reload(self) -> dict[str, int]:
-        """Replace every worker gracefully so that turns starting from now import agent code anew (D-RELOAD;
-        ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with their globals, for its
-        whole life: edited code reaches only workers started after the edit. Turns running now finish on their
-        old workers, which are then retired; idle workers are replaced at once. Modules named in ``preload``
-        are imported once by the zygote and are not refreshed (restart the supervisor for those). Returns
-        ``{"workers": replaced, "busy": of those, still finishing a turn}``. Raises ``SupervisorClosed`` when
-        closed."""
+        """Replace every worker gracefully so that turns starting from now import agent code anew
+        (WORKER-RELOAD; ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with their
+        globals, for its whole life: edited code reaches only workers started after the edit. Turns running
+        now finish on their old workers, which are then retired; idle workers are replaced at once. Modules
+        named in ``preload`` are imported once by the zygote and are not refreshed (restart the supervisor for
+        those). Returns ``{"workers": replaced, "busy": of those, still finishing a turn}``. Raises
+        ``SupervisorClosed`` when closed."""
         if self._state != "running":
             raise SupervisorClosed("the supervisor is not running")
         return self.recycle_workers()
@@ -412,12 +417,12 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         return self._dispatch.recycle()
 
     def keep_queued(self) -> list[str]:
-        """D-KEEP: set aside, for a journal to run at the next start, every turn still queued that no
-        worker was ever cleared to take: it leaves the queue without an end (no result, no end
-        hook: its journal row stays ``queued``); whoever waits on it gets ``SupervisorClosed``.
-        Child turns (their parent is being disposed) and turns already cleared for a worker (J6:
-        their row says they may have run) are left to disposal. Call it at shutdown, before
-        ``aclose``; the ids set aside, in queue order."""
+        """DAEMON-KEEP-QUEUED: set aside, for a journal to run at the next start, every turn still queued that
+        no worker was ever cleared to take: it leaves the queue without an end (no result, no end hook: its
+        journal row stays ``queued``); whoever waits on it gets ``SupervisorClosed``. Child turns (their
+        parent is being disposed) and turns already cleared for a worker (JOURNAL-GATE: their row says they
+        may have run) are left to disposal. Call it at shutdown, before ``aclose``; the ids set aside, in
+        queue order."""
         return self._life.keep_queued()
 
     # ---- the Backend contract: results and events --------------------------------------
@@ -429,18 +434,18 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     def find(self, turn_id: str) -> TurnRecord | None:
         """The record of ``turn_id``, or ``None`` if this supervisor does not know it (kept, or
-        beyond ``keep_results`` but held by a handle: R-KEEP)."""
+        beyond ``keep_results`` but held by a handle: API-HANDLE-KEEPS)."""
         return self.table.find(turn_id)
 
     def request_differs(
         self, turn: TurnRecord, agent: str, raw: msgspec.Raw, session: str | None
     ) -> tuple[str, ...]:
-        """R-ID: what differs (``agent``, ``input``, ``session``) between ``turn``'s request and this
+        """API-TURN-ID: what differs (``agent``, ``input``, ``session``) between ``turn``'s request and this
         one; an input the record cannot tell (restored from a journal) is not counted."""
         return request_differs(turn, agent, raw, session)
 
     def knows_input(self, turn: TurnRecord) -> bool:
-        """R-ID: whether ``turn``'s record can tell its input apart (``False`` for a result
+        """API-TURN-ID: whether ``turn``'s record can tell its input apart (``False`` for a result
         restored from a journal: ask the journal)."""
         return input_known(turn)
 
@@ -452,10 +457,10 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         turn = self.table.get(turn_id)
         if turn.result is None:
-            # A bare asyncio future (T-WAIT), not anyio's event: this engine runs on asyncio only,
+            # A bare asyncio future (API-BARE-FUTURE), not anyio's event: this engine runs on asyncio only,
             # and anyio's constructor looks the backend up on every call.
             await wait_done(turn)
-        if turn.result is None and turn.state == "kept":  # D-KEEP: set aside for the next start
+        if turn.result is None and turn.state == "kept":  # DAEMON-KEEP-QUEUED: set aside for the next start
             raise SupervisorClosed(
                 f"turn {shown_id(turn.id)} was still queued when the supervisor stopped: it stays in the "
                 "journal and runs when the daemon starts again"
@@ -467,7 +472,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends.
 
         At most ``max_events`` events are retained per turn, and ``keep_events_mb`` in all for ended
-        turns (E-BUDGET): a follower that starts late or falls further behind skips the dropped
+        turns (MEM-EVENTS): a follower that starts late or falls further behind skips the dropped
         ones (``seq`` shows the gap; ``events`` yields an ``EventsDropped`` marker there). Raises
         ``UnknownTurn`` at once.
         """
@@ -477,7 +482,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events, decoded (``TurnHandle.events``), in order; where this follower lost
         events to the bounded buffer, one ``EventsDropped(count, first)`` stands in their place
-        (E-GAP). Raises ``UnknownTurn`` at once."""
+        (EVENTS-DROPPED). Raises ``UnknownTurn`` at once."""
         self.table.get(turn_id)
         return self.table.events(turn_id)
 
@@ -522,8 +527,8 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         existing record (never runs twice).
 
         ``readmit=True`` accepts again a turn the journal already acknowledged (restart recovery,
-        J3), its ``attempts`` so far counted: the ``max_queue`` limit does not apply, since refusing
-        would lose a turn a client was promised. For recovery only."""
+        JOURNAL-RECOVERY), its ``attempts`` so far counted: the ``max_queue`` limit does not apply, since
+        refusing would lose a turn a client was promised. For recovery only."""
         return self._accept(
             agent,
             raw,
@@ -552,14 +557,14 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         return self._ladder.cancel_session(session, cause)
 
     def set_dispatch_gate(self, gate: DispatchGate) -> None:
-        """J6: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
+        """JOURNAL-GATE: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
         accept row is committed and ``gate`` (called with turns from the head of the queue whose
-        row is written, J6-WITH) answered ``clear_for_dispatch``. Set before the first submit."""
+        row is written, JOURNAL-GATE-SHARE) answered ``clear_for_dispatch``. Set before the first submit."""
         self._dispatch.gate = gate
 
     def dispatch_once(self, calls: Iterable[Callable[[], Any]]) -> None:
         """Run ``calls`` (a journal commit's callbacks: ``mark_recorded``, ``clear_for_dispatch``)
-        with dispatch deferred to their end, as a receive batch from the workers is (J6-BATCH): a
+        with dispatch deferred to their end, as a receive batch from the workers is (JOURNAL-DISPATCH-ONCE): a
         commit of a thousand accept rows pumps once, not once per row (each pump walks up to
         capacity × depth turns at the head of the queue)."""
         dispatch = self._dispatch
@@ -575,25 +580,26 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             dispatch.end_deferral()
 
     def mark_written(self, turn: TurnRecord) -> None:
-        """J6-WITH: the journal wrote ``turn``'s accept row, not committed yet (``Dispatcher.written``)."""
+        """JOURNAL-GATE-SHARE: the journal wrote ``turn``'s accept row, not committed yet
+        (``Dispatcher.written``)."""
         self._dispatch.written(turn)
 
     def mark_recorded(self, turn: TurnRecord) -> None:
-        """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
+        """JOURNAL-GATE: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
         turn.recorded = turn.written = True
         self._pump()
 
     def clear_for_dispatch(self, turns: list[TurnRecord]) -> None:
-        """J6: the gate committed the "may run" row of ``turns``: hand them to workers."""
+        """JOURNAL-GATE: the gate committed the "may run" row of ``turns``: hand them to workers."""
         for turn in turns:
             turn.clearing = False
             turn.dispatchable = True
         self._pump()
 
     def withdraw(self, turn: TurnRecord, why: str) -> None:
-        """J6: a turn whose accept row could not be committed: it was never acknowledged and never
+        """JOURNAL-GATE: a turn whose accept row could not be committed: it was never acknowledged and never
         ran (the gate held it); it ends ``failed`` (``JournalUnavailable``) and its id is forgotten."""
-        if turn.state == "queued" and not turn.recorded:  # (J6-WITH: cleared or not, never handed)
+        if turn.state == "queued" and not turn.recorded:  # (JOURNAL-GATE-SHARE: cleared or not, never handed)
             self._queue.discard(turn)
             self._finish(turn, "failed", error=TurnError("JournalUnavailable", why))
         if turn.parent is None and turn.state == "ended":
@@ -649,16 +655,16 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     def _on_end(self, slot: WorkerSlot, msg: wire.End) -> None:
         turn = slot.turn
         turn_id = msg.turn_id
-        self._dispatch.retire_if_kept(slot, turn, turn_id)  # M-KEPT: before the EndAck lets it go on
+        self._dispatch.retire_if_kept(slot, turn, turn_id)  # MEM-RETIRE: before the EndAck lets it go on
         if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
             # The worker holds back its next handed turn until this End is known here. A worker
-            # being killed never gets it (K-HANDOVER): it starts nothing more.
+            # being killed never gets it (LADDER-HANDOVER): it starts nothing more.
             self._send(slot, wire.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
             if not self._dispatch.ended_ahead(slot, msg):
-                self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
+                self.bad_frames += 1  # SEC-FORGE: not the end of a turn handed here that it could end
             return
-        # R7: exactly one outcome; once SIGTERM went out it is killed.
+        # TURN-ONE-OUTCOME: exactly one outcome; once SIGTERM went out it is killed.
         if turn.escalation:
             return  # once SIGTERM went out the outcome is "killed", whatever the worker says
         # (A slot doomed only because a send to it failed still reports truthfully: a turn

@@ -174,16 +174,16 @@ def status(sup: Supervisor) -> dict[str, Any]:
         "escalations": dict(sup._ladder.counts),
         "bad_frames": sup.bad_frames,
         "worker_restarts": sup.worker_restarts,
-        "worker_endpoint_rebinds": sup.link.rebinds,  # W-BIND
+        "worker_endpoint_rebinds": sup.link.rebinds,  # WORKER-REBIND
         "last_start_error": sup.pool.last_start_error,
-        # P-FD: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
+        # WORKER-FD-RETRY: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
         "fd_shortage": dict(sup.pool.shortage.counts),
         "worker_output": sup.describe_output(),
         "worker_output_dropped": sup.pool.output.dropped if sup.pool.output is not None else 0,
         "worker_output_dropped_lines": sup.pool.output.dropped_lines if sup.pool.output is not None else 0,
         # What enforces worker.isolated's limits here (cgroup2 / cgroup1 controllers, else rlimits).
         "tool_limits": dict(lowlevel.tool_limits_backend()),
-        # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
+        # The byte budgets beside the counts, each with what it holds now (I-, E-, MEM-OUTPUTS).
         "memory": {
             "inputs_mb": _mib(sup.input_bytes),
             "max_input_mb": _mib(sup.max_input_bytes),
@@ -222,7 +222,7 @@ class Views:
         Async, as on ``Client`` (one contract: async on the async classes, blocking on
         ``SyncSupervisor``/``SyncClient``); ``status_now`` is the synchronous form for front ends that run on
         the supervisor's loop."""
-        return self.status_now()  # R-STATUS
+        return self.status_now()  # API-ONE-CONTRACT
 
     def status_now(self) -> dict[str, Any]:
         """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a

@@ -144,7 +144,7 @@ DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_lev
 
 
 JOURNAL_CLOSE_TIMEOUT = 5.0
-"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (J7)."""
+"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (JOURNAL-UNAVAILABLE)."""
 
 
 def _flag(name: str) -> str:
@@ -316,7 +316,8 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _isolation_options(opts: dict[str, Any]) -> dict[str, Any]:
-    """``--path``, ``--worker-log`` and ``--worker-log-max-mb`` as ``Supervisor`` options (R-PATH, R-OUT).
+    """``--path``, ``--worker-log`` and ``--worker-log-max-mb`` as ``Supervisor`` options (WORKER-PATH,
+    WORKER-OUTPUT).
 
     The daemon's workers import from the ``--path`` directories only (nothing implicit), and
     write their output to a rotated log file by default, never to the daemon's stderr.
@@ -355,7 +356,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
-    if "allow_agents" in opts:  # A-ALLOW: the supervisor refuses other agents, spawned ones too
+    if "allow_agents" in opts:  # SEC-ALLOW: the supervisor refuses other agents, spawned ones too
         sup["allow_agents"] = opts.pop("allow_agents")
     try:
         sup.update(_isolation_options(opts))
@@ -412,7 +413,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         attach_journal(daemon, journal)
         code = run_daemon(daemon)
     finally:
-        # J7: bounded even when the disk stalls or fails; what could not be written is said.
+        # JOURNAL-UNAVAILABLE: bounded even when the disk stalls or fails; what could not be written is said.
         if not journal.close(timeout=JOURNAL_CLOSE_TIMEOUT):
             print(
                 f"turnpool serve: journal {journal.path} could not be written at shutdown "
@@ -462,7 +463,7 @@ def _run(fn: Callable[[], Any]) -> int:
     """Run an async command; map turnpool's errors to messages and exit codes."""
     try:
         return int(anyio.run(fn, backend="asyncio"))
-    except BaseException as exc:  # C-ONE: the same one line whether or not a task group wrapped it
+    except BaseException as exc:  # CLI-ONE-LINE: the same one line whether or not a task group wrapped it
         if innermost(exc, (BrokenPipeError, KeyboardInterrupt)) is not None:
             raise  # ``main`` ends those (quietly, 141; 130)
         usage = innermost(exc, (InvalidAgent, TypeError, ValueError))
@@ -479,7 +480,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         data = json.loads(args.input) if args.input is not None else None
     except json.JSONDecodeError as exc:
         return _fail(f"--input is not valid JSON: {exc}", EXIT_USAGE)
-    except RecursionError:  # W-DEEP
+    except RecursionError:  # LINK-DEPTH
         return _fail(f"--input {wire.TOO_DEEP}", EXIT_USAGE)
 
     async def main() -> int:
@@ -492,13 +493,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 return EXIT_OK
             return await _submit_and_wait(client, args, data)
 
-    # T-TRACE: a trace context handed down the environment (W3C's TRACEPARENT; an invalid one is ignored).
+    # OBS-TRACE: a trace context handed down the environment (W3C's TRACEPARENT; an invalid one is ignored).
     CALLER_TRACE.set(valid_traceparent(os.environ.get("TRACEPARENT")))
     return _run(main)
 
 
 async def _submit_and_wait(client: Any, args: argparse.Namespace, data: Any) -> int:
-    """``submit --wait``/``--follow`` (C-INT): the turn id goes to stderr before any waiting, so it is
+    """``submit --wait``/``--follow`` (CLI-INTERRUPT): the turn id goes to stderr before any waiting, so it is
     never lost. The first Ctrl-C (SIGINT) cancels the turn (cause user) and waits for its end; a
     second stops waiting at once and leaves the turn to its escalation ladder, naming the commands
     that follow it up. Exit 130 either way."""
@@ -593,7 +594,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def print_status_plain(st: dict[str, Any]) -> None:
-    """``status`` when stdout is not a terminal (C-PIPE): tab-separated plain text, every value whole.
+    """``status`` when stdout is not a terminal (CLI-PLAIN): tab-separated plain text, every value whole.
 
     One ``key<TAB>value`` line per daemon fact, then a ``worker`` header line and one ``worker`` row
     per worker (``grep ^worker``, ``cut -f``): nothing is cut to a terminal's width."""
@@ -663,7 +664,7 @@ def render_status(st: dict[str, Any]) -> None:
         f"turnpool daemon pid {daemon.get('pid', st.get('pid'))} at {daemon.get('endpoint', '?')} "
         f"({st.get('state')}{'' if daemon.get('accepting', True) else ', not accepting'})"
     )
-    if daemon.get("journal_error"):  # J7: why submits are refused
+    if daemon.get("journal_error"):  # JOURNAL-UNAVAILABLE: why submits are refused
         console.print(f"journal unavailable: {daemon['journal_error']}", markup=False)
     table = Table(title="workers")
     for col in ("id", "pid", "state", "turn", "turns run", "RSS MiB"):

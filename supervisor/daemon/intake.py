@@ -1,8 +1,9 @@
 """Reading clients' requests off the daemon's ROUTER: frames in a reader callback on the socket's
-edge-triggered FD (B1), a bounded slice of requests per call (J-PIPE), the rest of a frame kept
-in a backlog that shares each later call with what other clients sent meanwhile (J-PIPE-FAIR; a
-client's own later frames wait behind its backlog). Each request goes to ``Daemon._handle``; a
-frame that is not one well-formed request batch costs one error reply (``Daemon._malformed``, D5).
+edge-triggered FD (CLIENT-BATCHES), a bounded slice of requests per call (DAEMON-INTAKE-SLICE), the rest of a
+frame kept in a backlog that shares each later call with what other clients sent meanwhile
+(DAEMON-INTAKE-FAIR; a client's own later frames wait behind its backlog). Each request goes to
+``Daemon._handle``; a frame that is not one well-formed request batch costs one error reply
+(``Daemon._malformed``, CLIENT-BAD-FRAME).
 """
 
 from __future__ import annotations
@@ -25,20 +26,20 @@ from .._zmqflags import RCVMORE as _RCVMORE
 if TYPE_CHECKING:
     from .server import Daemon
 
-# Frames read from clients per reader callback before the loop gets a turn (B1).
+# Frames read from clients per reader callback before the loop gets a turn (CLIENT-BATCHES).
 READ_BATCH = 512
-# J-PIPE: requests handled per reader callback. A burst of batch frames (``submit_many`` packs about a
-# thousand submits into a frame) is handled a slice at a time, so that between slices the loop reads
-# the journal's commit replies and hands it the next rows: the writer commits while the daemon
-# accepts, instead of waiting for the whole burst and then holding every dispatch behind one commit.
+# DAEMON-INTAKE-SLICE: requests handled per reader callback. A burst of batch frames (``submit_many`` packs
+# about a thousand submits into a frame) is handled a slice at a time, so that between slices the loop reads
+# the journal's commit replies and hands it the next rows: the writer commits while the daemon accepts,
+# instead of waiting for the whole burst and then holding every dispatch behind one commit.
 READ_MESSAGES = 256
-# J-PIPE-FAIR: while a backlog waits, it gets this share of a call's budget and frames read meanwhile
+# DAEMON-INTAKE-FAIR: while a backlog waits, it gets this share of a call's budget and frames read meanwhile
 # the rest: a client whose frame is not in the backlog is answered within a slice, not after the
 # whole backlog (one frame of a raw client may hold a hundred thousand requests). A client with
 # requests in the backlog has its later frames queued behind them (its own order).
 BACKLOG_SHARE = READ_MESSAGES // 2
 # ... and at most this many frames wait in the backlog: past that, nothing more is read until it
-# shrinks (ZeroMQ's queue, bounded by its high-water mark, holds the rest, as before J-PIPE-FAIR).
+# shrinks (ZeroMQ's queue, bounded by its high-water mark, holds the rest, as before DAEMON-INTAKE-FAIR).
 BACKLOG_FRAMES = 64
 
 
@@ -49,10 +50,10 @@ class Intake:
         self.daemon = daemon
         self.loop: asyncio.AbstractEventLoop | None = None
         self.scheduled = False  # a call of ``on_readable`` is on its way (``recheck``)
-        # J-PIPE: requests decoded but not handled yet (the rest of a frame past the budget of one
-        # call), in arrival order: (client, the frame's requests, the first not handled).
+        # DAEMON-INTAKE-SLICE: requests decoded but not handled yet (the rest of a frame past the budget of
+        # one call), in arrival order: (client, the frame's requests, the first not handled).
         self.backlog: collections.deque[tuple[bytes, list[Any], int]] = collections.deque()
-        self.behind: dict[bytes, int] = {}  # J-PIPE-FAIR: client -> its frames in the backlog
+        self.behind: dict[bytes, int] = {}  # DAEMON-INTAKE-FAIR: client -> its frames in the backlog
 
     def on_readable(self) -> None:
         # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
@@ -63,12 +64,12 @@ class Intake:
             return
         budget = READ_MESSAGES
         if self.backlog:
-            # J-PIPE-FAIR: part of the slice for the backlog, the rest for what other clients sent.
+            # DAEMON-INTAKE-FAIR: part of the slice for the backlog, the rest for what other clients sent.
             budget = self.drain(BACKLOG_SHARE) + READ_MESSAGES - BACKLOG_SHARE
             if len(self.backlog) >= BACKLOG_FRAMES:
                 self.recheck()
                 return
-        # B6: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
+        # LINK-FLAGS: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
         getsockopt: Callable[[int], int] = sync.getsockopt  # type: ignore[assignment]
         recv = sync.recv
         peers = self.daemon._clients.peers
@@ -77,7 +78,7 @@ class Intake:
                 break
             if not getsockopt(_EVENTS) & _POLLIN:
                 if self.backlog:
-                    self.recheck()  # J-PIPE-FAIR: nothing new, the backlog goes on at the next call
+                    self.recheck()  # DAEMON-INTAKE-FAIR: nothing new, the backlog goes on at the next call
                 return
             try:
                 ident = recv(_NOBLOCK)
@@ -86,7 +87,7 @@ class Intake:
                     body = recv(_NOBLOCK)
                 else:
                     # A new client: its first frame tells which descriptor it came in on, which is
-                    # how a disconnect reported by the monitor finds its client (R20).
+                    # how a disconnect reported by the monitor finds its client (CLIENT-STATE).
                     frame = recv(_NOBLOCK, copy=False)
                     try:
                         fd = frame.get(zmq.SRCFD)
@@ -111,8 +112,8 @@ class Intake:
             self.loop.call_soon(self.on_readable)
 
     def _on_frame(self, ident: bytes, body: bytes, fd: int | None, extra: int, budget: int) -> int:
-        """Handle one frame from a client, at most ``budget`` of its requests now (J-PIPE: the rest
-        wait in the backlog, ahead of anything read later); returns what is left of the budget."""
+        """Handle one frame from a client, at most ``budget`` of its requests now (DAEMON-INTAKE-SLICE: the
+        rest wait in the backlog, ahead of anything read later); returns what is left of the budget."""
         daemon = self.daemon
         peer = daemon._clients.peers.get(ident)
         if peer is None:
@@ -129,7 +130,7 @@ class Intake:
             return budget - 1
         handle = daemon._handle
         behind = self.behind
-        if ident in behind:  # J-PIPE-FAIR: behind its own requests still in the backlog
+        if ident in behind:  # DAEMON-INTAKE-FAIR: behind its own requests still in the backlog
             behind[ident] += 1
             self.backlog.append((ident, messages, 0))
             return budget - 1

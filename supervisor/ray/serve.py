@@ -5,7 +5,7 @@ hooks, turn records); this front end is written against the ``Backend`` contract
 on a ``RaySupervisor``. It speaks the same client protocol (``wire``'s client messages), so
 ``Client``, ``turnpool submit/cancel/status`` and ``batch --connect`` work unchanged. What it does
 not have: a journal (a restart forgets turns; each node's engine keeps no state either), the
-HTTP front end, CURVE over tcp. ``status`` shows each node's pool (R-ray-serve).
+HTTP front end, CURVE over tcp. ``status`` shows each node's pool (RAY-SERVE).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class RayDaemon:
                 if not wire.MIN_CLIENT_PROTOCOL_VERSION <= version <= wire.CLIENT_PROTOCOL_VERSION:
                     self._send(ident, wire.Error(req, "protocol", f"unsupported client protocol {version}"))
                     return
-                # R-ray-serve: this endpoint speaks client protocol 2 at most (one message per frame,
+                # RAY-SERVE: this endpoint speaks client protocol 2 at most (one message per frame,
                 # no Reload): a newer client is told so in Welcome and speaks 2 to it.
                 speak = min(version, 2)
                 self._versions[ident] = speak
@@ -201,7 +201,7 @@ def run_ray_daemon(endpoint: str, address: str, **options: Any) -> int:
     from .._errors import DaemonAlreadyRunning, WorkerStartError
 
     daemon = RayDaemon(endpoint, RaySupervisor(address, **options))
-    # B4 here too, and more so: the driver holds Ray's own tens of thousands of objects, and each
+    # DAEMON-GC here too, and more so: the driver holds Ray's own tens of thousands of objects, and each
     # full collection walked them all (≈ 90 ms a pass at load 10, several per 15k turns). They are
     # frozen out of collection once Ray and the node supervisors are up (the ready line).
     gc.set_threshold(*GC_THRESHOLDS)

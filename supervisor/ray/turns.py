@@ -169,7 +169,7 @@ class TurnTable:
         self.open += 1
 
     def pin(self, turn: RoutedTurn, node: NodeLink) -> None:
-        """R-ray-sessions: the session stays on ``node`` while any of its turns is in flight."""
+        """RAY-SESSIONS: the session stays on ``node`` while any of its turns is in flight."""
         if turn.session is not None:
             _, count = self.pins.get(turn.session, (node, 0))
             self.pins[turn.session] = (node, count + 1)

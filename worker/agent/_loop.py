@@ -210,7 +210,7 @@ class AgentLoop:
         self._chan.attach()
         self._chan.drain()  # stale cancels from before this run never reach it
 
-    # R19: the agent loop's abort becomes its typed Cancelled after its hooks ran.
+    # LOOP-POINTS: the agent loop's abort becomes its typed Cancelled after its hooks ran.
     async def _finalize(self, steps: Any) -> RunResult:
         """The spec's ``finalize_interruption``: every result of run()/resume() passes here."""
         try:
@@ -483,7 +483,7 @@ class AgentLoop:
             try:
                 value = await t(call.arguments)
             except ToolIsolationError as exc:
-                # T-AGENT: a tool stopped by its own limits (or dead) is told to the model, bounded
+                # TOOL-TOLD: a tool stopped by its own limits (or dead) is told to the model, bounded
                 # by max_tool_errors like the model's mistakes; the turn goes on.
                 await self._emit(_failed_update(call, exc))
                 self._tool_errors += 1

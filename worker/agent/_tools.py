@@ -46,7 +46,7 @@ class Tool:
 
     async def __call__(self, arguments: dict[str, Any]) -> Any:
         if isinstance(self.fn, Isolated):
-            # T-AGENT: awaited, so the loop's cancel reaches the call's ladder (a thread would not).
+            # TOOL-TOLD: awaited, so the loop's cancel reaches the call's ladder (a thread would not).
             return await self.fn.acall(**arguments)
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**arguments)
