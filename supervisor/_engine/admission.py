@@ -7,7 +7,7 @@ spawned by a running turn. It validates the turn's arguments at the call (``Inva
 supervisor is not running (``SupervisorClosed``) or the queue is full (``QueueFull``), returns the
 existing record for a known ``turn_id`` with the same request (a submit is idempotent: never runs
 twice; another agent, input or session under that id is ``TurnIdConflict``, API-TURN-ID), and otherwise
-creates the turn's record - its one cancellation holder (rule 1) - runs the accept hooks and queues
+creates the turn's record - its one cancellation holder (TURN-HOLDER) - runs the accept hooks and queues
 it. With a journal (JOURNAL-GATE) a new turn is held back from dispatch until its accept row is committed.
 """
 

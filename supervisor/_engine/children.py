@@ -3,7 +3,7 @@
 A child is accepted only while its parent runs and is not cancelled; the parent then waits on it
 and lends its worker slot (``Supervisor._lent``), so a pool of parents waiting on children can
 never deadlock, and turns handed ahead to the parent's worker are revoked (they would wait behind
-it). A cancelled parent's children are cancelled with cause ``parent`` (rule 7, ``escalation.py``);
+it). A cancelled parent's children are cancelled with cause ``parent`` (TURN-PARENT, ``escalation.py``);
 a child's result is sent back to the parent when it is delivered (``ending.py``).
 """
 

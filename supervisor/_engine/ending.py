@@ -1,8 +1,8 @@
 """Ending a turn: its one ``TurnResult``, built once and delivered once, after quiescence.
 
-``Finisher.finish`` builds the result (disposal wins, rule 6: an interrupted turn reports cause
+``Finisher.finish`` builds the result (disposal wins, TURN-DISPOSAL: an interrupted turn reports cause
 ``disposed`` during shutdown) and stops the turn's timers; a turn with live children holds its
-result until they end (rule 7: a child never outlives its parent). ``deliver`` publishes it: the
+result until they end (TURN-PARENT: a child never outlives its parent). ``deliver`` publishes it: the
 record's result, its waiters and followers, the result hooks (the journal's end row), the session's
 next turn, the reply to a parent that spawned it, and the idle waiters once nothing is active. The
 ``Supervisor`` composes one; callers have already made sure the turn is quiescent (LADDER-STEPS).

@@ -3,11 +3,11 @@
 ``cancel(cause)`` → ``Abort`` to the worker → ``grace`` → SIGTERM to the worker's whole tree →
 ``kill_after`` → SIGKILL to the tree → reaped → ``killed`` (SPEC, "Escalation ladder"). ``Escalation``
 owns the ladder's state (the ``kill_now`` switch and the count of steps taken) and its rules: first
-cause wins (rule 3), a queued turn is aborted unstarted (rule 4), a cancel reaches the children of
-a turn (rule 7), a turn handed ahead is escalatable from the handoff (LADDER-EARLY: its start marker says
-whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on.
-The ``Supervisor`` composes one and calls in here; this object reads the turn table, the queue, the
-timers and the worker link through its back-reference, and ends turns through ``Supervisor._finish``.
+cause wins (TURN-FIRST-CAUSE), a queued turn is aborted unstarted (TURN-PRERUN), a cancel reaches the children
+of a turn (TURN-PARENT), a turn handed ahead is escalatable from the handoff (LADDER-EARLY: its start marker
+says whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on. The
+``Supervisor`` composes one and calls in here; this object reads the turn table, the queue, the timers and the
+worker link through its back-reference, and ends turns through ``Supervisor._finish``.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             nice=worker_nice,
         )
         self._slots = self.pool.slots  # the same dict
-        # Child turns a running turn spawns (rule 7).
+        # Child turns a running turn spawns (TURN-PARENT).
         self._children = ChildTurns(self)
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
@@ -247,10 +247,12 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._dispatch = dispatch = Dispatcher(self)
         self._pump = dispatch.pump
         self._note_marked_start = dispatch.note_marked_start
-        # Cancellation and the escalation ladder (rules 3, 4, 7; LADDER-EARLY; keyed by turn).
+        # Cancellation and the escalation ladder (TURN-FIRST-CAUSE, TURN-PRERUN, TURN-PARENT; LADDER-EARLY;
+        # keyed by turn).
         self._ladder = ladder = Escalation(self)
         self._cancel = ladder.cancel
-        # Ending turns: one result each, delivered after quiescence (rules 6, 7; LADDER-STEPS).
+        # Ending turns: one result each, delivered after quiescence (TURN-DISPOSAL, TURN-PARENT;
+        # LADDER-STEPS).
         self._ending = ending = Finisher(self)
         self._finish = ending.finish
         # Admission: the one way in for every turn; ADAPT-PROBE: ``learn_agent`` a name not in
