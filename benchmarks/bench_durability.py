@@ -1,4 +1,5 @@
-"""Step records (S-DURABLE, S-RESUME): what recording a step costs, and how fast a crashed turn resumes.
+"""Step records (LOOP-STEP-DURABLE, LOOP-RESUME): what recording a step costs, and how fast a crashed turn
+resumes.
 
 *Cost per recorded step*: an agent in a worker records steps as an ``AgentLoop`` does for a tool step
 (a model response; the call's ``started`` record, waited for until durable; its ``completed`` record,

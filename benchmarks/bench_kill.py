@@ -143,7 +143,7 @@ async def _recovery(n: int, spares: int) -> tuple[list[float], list[float], list
     doomed worker's exit → next running). "Killed" is the moment the supervisor delivered the
     ``killed`` result: the worker and its tree reaped. The kill decision is the SIGTERM step (grace
     0: right after the cancel). With a spare, the spare is handed the next turn at the decision,
-    held, and starts it itself the moment the doomed worker's process is gone (K-HEIR), while the
+    held, and starts it itself the moment the doomed worker's process is gone (LADDER-HEIR), while the
     tree is reaped: exit → running is how long a free slot stays unused (negative when the spare
     started it before the supervisor saw the exit), and the next turn may start before the
     ``killed`` result."""
@@ -197,7 +197,8 @@ def run(quick: bool) -> str:
     )
     over["breakdown: a turnpool worker's own exit"] = (
         "SIGKILL sent straight to a worker spinning in a turn → exited (pidfd readable): no ladder, "
-        "no handler, no reaping; 4 threads (ZeroMQ's I/O and reaper, the watcher: K-THREADS), ≈ 25 MB",
+        "no handler, no reaping; 4 threads (ZeroMQ's I/O and reaper, the watcher: WORKER-ONE-THREAD), "
+        "≈ 25 MB",
         wexit,
     )
     over["breakdown: the stop floor with a worker's imports"] = (
@@ -221,7 +222,7 @@ def run(quick: bool) -> str:
     recov["turnpool, spare"] = (
         "the doomed worker's exit seen (its slot is free from here) → next queued turn running on "
         "the warm spare, which held it from the kill decision and watched that worker's exit itself "
-        "(K-HEIR; the tree is reaped meanwhile)",
+        "(LADDER-HEIR; the tree is reaped meanwhile)",
         rec_exit,
         rec_cancel,
     )
@@ -301,9 +302,9 @@ def run(quick: bool) -> str:
         "imports: the kernel's teardown of the process's memory (≈ 25 MB, ≈ 300 mappings, against "
         "the bare interpreter's 11 MB) and of its threads is most of a kill, before any of "
         "turnpool's own steps. On top of it the ladder adds the grace timer's wake-up, the SIGTERM "
-        "step (K-FIRST: the worker is signalled without being frozen), the worker's handler "
-        "killing its tree, and reaping the tree before the result (docs/design.md, K-THREADS to "
-        "K-REAP, has the instrumented split)."
+        "step (LADDER-TERM-FIRST: the worker is signalled without being frozen), the worker's handler "
+        "killing its tree, and reaping the tree before the result (docs/design.md, WORKER-ONE-THREAD to "
+        "LADDER-REAP, has the instrumented split)."
         + f"\n\nTargets: p50 ≤ 2.5× the stop floor measured in the same run — {ms(med(tp))} = "
         f"{med(tp) / med(floor):.1f}× {ms(med(floor))} {'met' if med(tp) <= 2.5 * med(floor) else 'MISSED'}; "
         f"p50 ≤ 5 ms — {'met' if med(tp) <= 5e-3 else 'MISSED'}; p90 ≤ 20 ms — {ms(pct(tp, 90))} "
@@ -331,18 +332,18 @@ def run(quick: bool) -> str:
         f"no-op turns, {len(lat)} samples back to back with the recovery samples): p50 {ms(med(lat))}."
         + "\n\nWith a spare, the spare is handed the next turn at the kill decision and holds it; it "
         "starts it itself the moment the doomed worker's process is gone (its own pidfd on it, "
-        "K-HEIR), while the tree is reaped, so the row times from the supervisor seeing that exit: "
+        "LADDER-HEIR), while the tree is reaped, so the row times from the supervisor seeing that exit: "
         "how long a free slot stays unused (a sample is negative when the spare started before the "
         "supervisor saw the exit). On the same samples: from the `killed` result as before, p50 "
         f"{ms(med(rec_kill))} (negative when the next turn was already running); from the kill "
         f"decision (the SIGTERM step), p50 {ms(med(rec_decision))}, which adds the worker's own "
         "teardown (the kill overshoot's breakdown rows). "
-        "Before K-HEIR the takeover was one way (the supervisor's `Run` → agent start) on a worker "
+        "Before LADDER-HEIR the takeover was one way (the supervisor's `Run` → agent start) on a worker "
         f"that sat idle; measured in the same run on a warm worker, that one way is p50 {ms(med(hot))} "
         f"back to back and {ms(med(idle))} after 50 ms idle ({len(idle)} samples each): waking an idle "
         "process's threads (ZeroMQ's I/O thread, then the main thread) on a loaded 2-core machine "
-        "cost more than the whole hot round trip. With K-HEIR only the spare's main thread wakes, "
-        "on the exit itself. W-WARM (no first-turn page faults) and P-SPARE (the replacement's "
+        "cost more than the whole hot round trip. With LADDER-HEIR only the spare's main thread wakes, "
+        "on the exit itself. WORKER-WARM (no first-turn page faults) and WORKER-SPARE (the replacement's "
         "start held back 10 ms) take out what turnpool added on top."
         + f"\n\nTargets: with a spare p50 ≤ 2× the embedded one-at-a-time latency — {ms(med(ts))} = "
         f"{med(ts) / med(lat):.1f}× {ms(med(lat))} {'met' if med(ts) <= 2 * med(lat) else 'MISSED'}; "

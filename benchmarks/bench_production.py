@@ -74,7 +74,7 @@ async def _embedded(n: int) -> float:
 
 async def _daemon(endpoint: str, clients: int, n: int, *, gather: bool = False) -> tuple[float, float]:
     """``clients`` clients, each submitting its share at once, then awaiting every result at once:
-    (acks/s, turns/s). Each client's share goes through ``submit_many`` and ``results`` (M-MANY:
+    (acks/s, turns/s). Each client's share goes through ``submit_many`` and ``results`` (API-MANY:
     no task per call); with ``gather``, through one ``submit`` and one ``result`` task per turn
     (``asyncio.gather``), as an asyncio application without ``submit_many`` would write it."""
     from supervisor import Client
@@ -284,7 +284,7 @@ async def _tickers(quick: bool, nice: int | None = None) -> dict[str, Any]:
     opts = (*_serve_opts(turns), "--no-journal")
     opts = tuple(o if o != str(WORKERS) else str(turns) for o in opts)  # one worker per streaming turn
     if nice is not None:
-        opts = (*opts, "--worker-nice", str(nice))  # R-NICE: the workers below the daemon
+        opts = (*opts, "--worker-nice", str(nice))  # WORKER-NICE: the workers below the daemon
 
     async def follow(
         client: Any, inp: dict[str, float], firsts: list[float], into: list[float] | None
@@ -502,7 +502,8 @@ def _report(
         f"{tick['turns']} turns submitted at once, one to each fresh worker: submit → first event p50 "
         f"{_pct(tick['fresh'], 0.5) * 1e3:.1f} ms, p99 {_pct(tick['fresh'], 0.99) * 1e3:.1f} ms (what a user "
         f"submitting {tick['turns']} turns to a fresh pool waits for).\n\n"
-        f"With `--worker-nice 19` (R-NICE: the workers below the daemon), right after: emit → delivery p50 "
+        f"With `--worker-nice 19` (WORKER-NICE: the workers below the daemon), right after: "
+        f"emit → delivery p50 "
         f"{_pct(n19['lat'], 0.5) * 1e3:.2f} ms, p99 **{_pct(n19['lat'], 0.99) * 1e3:.2f} ms**; daemon CPU "
         f"{n19['cpu']:.2f} cores, waiting for a CPU {n19['wait']:.2f} s per second; workers "
         f"{n19['worker_us']:.0f} µs per event. Load average at the end {n19['load'][0]:.1f}.\n\n"

@@ -1,6 +1,6 @@
 """The journal under a million turns: ``python -m benchmarks.soak_journal`` (``make soak-journal``;
 ``--turns`` to change the million). Writes N turns (accept row, end row) through ``Journal`` in
-rounds of 10,000, twice: with the default retention (J-KEEP: the newest ``KEEP_TURNS`` ended
+rounds of 10,000, twice: with the default retention (JOURNAL-KEEP-NEWEST: the newest ``KEEP_TURNS`` ended
 turns; retention applied after each round, as the writer does every minute) and with none. After
 each: the file's size (with its WAL) and how long ``turnpool history``'s queries take (the newest
 page, and one filtered by outcome). Printed as Markdown and appended to ``benchmarks/SOAK.md``;

@@ -8,7 +8,7 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
   ``worker.proctree``.
 * ``_backend`` — the ``Backend`` contract every front end is written against (``Supervisor`` and
   ``Client`` implement it) and ``open_backend``; ``_handle`` / ``_sync`` — ``TurnHandle`` and the
-  blocking twins; ``_events`` — ``EventsDropped``, the gap marker every follower yields (G1).
+  blocking twins; ``_events`` — ``EventsDropped``, the gap marker every follower yields (EVENTS-GAP-WHERE).
 * front ends: ``daemon/`` (``turnpool serve``: server, endpoint, clients, metrics, journal,
   recovery), ``client/`` (``Client``, ``SyncClient``), ``batch/`` (the batch runner), ``acp/`` (the
   Agent Client Protocol front end), ``http/`` (``serve --http``), ``cli/`` (the ``turnpool`` command).

@@ -22,7 +22,7 @@ MAX_GRACE = 300.0
 _CHECKED_AGENTS: set[str] = set()
 
 
-# A-MAIN: said at the call, since the worker could only fail with a puzzling AttributeError.
+# API-NO-MAIN: said at the call, since the worker could only fail with a puzzling AttributeError.
 MAIN_AGENT = (
     "agent {agent!r} names the __main__ module: agents run in worker processes, which import them "
     "by module name, and a worker's __main__ is the worker itself, not your script. Put {attr} in "
@@ -35,7 +35,8 @@ def check_agent(agent: Any) -> str:
     """``agent`` as ``package.module:attr``, or ``InvalidAgent``. Never imports it."""
     if type(agent) is str and agent in _CHECKED_AGENTS:
         return agent
-    if isinstance(agent, str) and len(agent) > wire.MAX_AGENT_CHARS:  # R23: a result always fits a message
+    # LINK-RESULT-FITS: a result always fits a message
+    if isinstance(agent, str) and len(agent) > wire.MAX_AGENT_CHARS:
         raise InvalidAgent(f"agent must be at most {wire.MAX_AGENT_CHARS} characters, got {len(agent)}")
     if not isinstance(agent, str) or not AGENT_RE.match(agent):
         raise InvalidAgent(f"agent must be written 'package.module:attr', got {agent!r}")
@@ -72,7 +73,7 @@ def require_seconds(name: str, value: Any, *, positive: bool = False) -> float:
     return checked
 
 
-# R-TID: what a turn id or a session name may hold, the same at every front end (the Python API,
+# LINK-TURN-ID: what a turn id or a session name may hold, the same at every front end (the Python API,
 # the daemon's clients, HTTP, the CLI, batch): 1 to ``MAX_TURN_ID`` characters of text, without
 # control characters (C0, DEL, C1: a NUL or a newline cannot travel in a header, a log line or a
 # terminal), line or paragraph separators, or surrogate code points (a lone surrogate is not text:
@@ -83,7 +84,7 @@ _NOT_IN_IDS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def id_problem(name: str, value: str) -> str | None:
-    """Why ``value`` cannot be a turn id (or session, ``name``) under R-TID, or ``None``."""
+    """Why ``value`` cannot be a turn id (or session, ``name``) under LINK-TURN-ID, or ``None``."""
     if not value or len(value) > MAX_TURN_ID:
         return f"{name} must be a non-empty string of at most {MAX_TURN_ID} characters, got {shown_id(value)}"
     bad = _NOT_IN_IDS.search(value)
@@ -100,7 +101,7 @@ def id_problem(name: str, value: str) -> str | None:
 
 
 def check_known_id(name: str, value: str) -> None:
-    """R-TID for a look-up (result, cancel, follow): an id holding a surrogate can never have been
+    """LINK-TURN-ID for a look-up (result, cancel, follow): an id holding a surrogate can never have been
     accepted, nor be sent or stored, so it is bad input (``ValueError``), said as the rule says
     it. Other ids are looked up as given (a journal may hold ids accepted under an older rule)."""
     if not value.isascii() and _SURROGATE.search(value) is not None:
@@ -108,7 +109,7 @@ def check_known_id(name: str, value: str) -> None:
 
 
 def check_optional_str(name: str, value: Any) -> str | None:
-    """A turn id or session name (R-TID), or ``None``: ``TypeError`` for a non-string, an empty or
+    """A turn id or session name (LINK-TURN-ID), or ``None``: ``TypeError`` for a non-string, an empty or
     a too long one, ``ValueError`` for a string holding a character ids may not hold."""
     if value is None:
         return None
@@ -149,7 +150,7 @@ def check_sizes(*, cgroups: Any, max_turns_per_worker: Any, **counts: Any) -> No
 _Grace = TypeVar("_Grace", bound=float | None)
 
 
-# I-BUDGET: the inputs held by turns not ended yet (queued or running), in bytes; a submit past it gets
+# MEM-INPUTS: the inputs held by turns not ended yet (queued or running), in bytes; a submit past it gets
 # ``QueueFull``. ``max_queue`` alone let 100,000 queued turns hold up to 32 MiB of input each.
 MAX_INPUT_BYTES = 2048 * 2**20
 
@@ -176,7 +177,7 @@ def mib_bytes(name: str, value: Any) -> int:
 
 
 def check_nice(value: Any) -> int | None:
-    """``worker_nice`` (R-NICE): ``None`` (workers keep this process's niceness) or an int from 0
+    """``worker_nice`` (WORKER-NICE): ``None`` (workers keep this process's niceness) or an int from 0
     to 19 - only ever lower than the supervisor's priority, which needs no privilege."""
     if value is None:
         return None

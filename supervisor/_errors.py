@@ -133,7 +133,7 @@ SUBMIT_ERROR_CODES: tuple[tuple[type[Exception], ErrorCode], ...] = (
     (DaemonShuttingDown, "shutting_down"),
     (SupervisorClosed, "shutting_down"),
     (JournalUnavailable, "journal_unavailable"),
-    (TurnIdConflict, "turn_id_conflict"),  # R-ID (client protocol 3; older clients read bad_value)
+    (TurnIdConflict, "turn_id_conflict"),  # API-TURN-ID (client protocol 3; older clients read bad_value)
     (TypeError, "bad_type"),
     (ValueError, "bad_value"),
 )

@@ -7,7 +7,7 @@ they were lost: ``handle.events()`` yields one ``EventsDropped`` whose ``count``
 events were skipped, then goes on with the oldest event still kept. A follower that starts after
 the turn has dropped its oldest events gets one first (``first`` 0). A follower that keeps up never
 sees one. The embedded ``Supervisor``'s follower and the daemon ``Client``'s follower yield the same
-type (rules G1 and E-GAP of docs/design.md).
+type (rules EVENTS-GAP-WHERE and EVENTS-DROPPED of docs/design.md).
 
 Agent events are plain decoded msgpack values (dicts, lists, strings, numbers ...), never an
 instance of this class, so ``isinstance(event, EventsDropped)`` tells the two apart.

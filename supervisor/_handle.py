@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 class TurnHandle:
     """A handle on one turn. Cheap: holds the turn id, who owns the turn and, for an embedded
     supervisor, the turn's record, so its result stays available while the handle exists even
-    past ``keep_results`` (R-KEEP)."""
+    past ``keep_results`` (API-HANDLE-KEEPS)."""
 
     __slots__ = ("_backend", "_pin", "turn_id")
 

@@ -1,4 +1,4 @@
-"""The event-loop hosts the async API runs in (issue 15, item 1; design rule H1).
+"""The event-loop hosts the async API runs in (issue 15, item 1; design rule API-ASYNCIO).
 
 ``Supervisor`` and ``Client`` are asyncio programs (``zmq.asyncio``, reader callbacks on the
 loop, pidfds): they run under every asyncio runner — ``asyncio.run``, an ``asyncio.Runner`` with
@@ -103,7 +103,7 @@ class Background:
             task.result()
 
 
-# H3: multiprocessing's bootstrapping check, for turnpool's own processes.
+# API-NO-NESTING: multiprocessing's bootstrapping check, for turnpool's own processes.
 INSIDE_WORKER = (
     "a turnpool Supervisor cannot be started inside a turnpool {role} (pid {pid}). This usually "
     "means a module that defines agents also starts a supervisor when it is imported: every worker "

@@ -60,7 +60,7 @@ def check_many(
     for tid in ids:
         if tid is not None and (not isinstance(tid, str) or not tid):
             raise TypeError(f"each of turn_ids must be a non-empty string or None, got {shown_id(tid)}")
-        check_optional_str("turn_id", tid)  # R-TID, before any is submitted
+        check_optional_str("turn_id", tid)  # LINK-TURN-ID, before any is submitted
     return items, raws, ids
 
 

@@ -19,7 +19,7 @@ ENDPOINT_ENV = "TURNPOOL_ENDPOINT"
 
 
 def runtime_dir() -> Path:
-    """The per-user runtime directory, private (ours, a real directory, mode 0700) (R-RUN).
+    """The per-user runtime directory, private (ours, a real directory, mode 0700) (SEC-RUNDIR).
 
     ``$XDG_RUNTIME_DIR/turnpool`` when that is set, else ``<tmp>/turnpool-<uid>``. In a shared
     temp directory another user can create that name first (a directory of theirs, or a symlink
@@ -87,7 +87,8 @@ def _private(path: Path) -> Path:
 
 
 def default_worker_log(endpoint: str) -> Path:
-    """The worker log of the daemon serving ``endpoint``: next to its journal, in the state dir (R-OUT)."""
+    """The worker log of the daemon serving ``endpoint``: next to its journal, in the state dir
+    (WORKER-OUTPUT)."""
     import hashlib
 
     from .journal import state_dir
@@ -104,7 +105,8 @@ def default_endpoint() -> str:
 
 
 def check_endpoint(endpoint: object, *, bind: bool = False) -> str:
-    """``endpoint`` if it is one turnpool can use, else ``ValueError`` naming it and what is wrong (R-EP).
+    """``endpoint`` if it is one turnpool can use, else ``ValueError`` naming it and what is wrong
+    (CLI-ENDPOINT).
 
     The one place an endpoint is judged, for the daemon (``bind``: ``tcp://*:0`` allowed) and for
     every client: ZeroMQ itself accepts a malformed address without complaint and then waits for
@@ -178,7 +180,7 @@ def clean_stale(base: Path) -> list[Path]:
 
 def private_dir(base: Path | None = None, *, kind: str = "sup") -> Path:
     """A fresh 0700 directory for one supervisor: ``sup-<pid>-*`` for its private worker endpoint,
-    ``work-<pid>-*`` for its workers' own working directories (W-CWD)."""
+    ``work-<pid>-*`` for its workers' own working directories (WORKER-CWD)."""
     base = base or runtime_dir()
     clean_stale(base)
     return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=base))

@@ -1,4 +1,4 @@
-"""Which local uid is on the other end of a TCP connection (A-PEER).
+"""Which local uid is on the other end of a TCP connection (SEC-PEER).
 
 The kernel knows the uid that owns every socket. For an accepted connection ``peer`` → ``local``,
 the *client's* socket is the one whose local address is ``peer`` and whose remote address is

@@ -3,7 +3,7 @@
 ``run()`` owns its turn but yields no events; a handle streams but only observes. The pattern a
 service needs sits between them: an endpoint streams a turn's events to a browser and must cancel
 the turn when the browser goes away. ``stream()`` submits, yields the events, and owns the turn as
-``run()`` does (R-STREAM): leaving the block before the turn ended (``break``, an exception, the
+``run()`` does (API-STREAM): leaving the block before the turn ended (``break``, an exception, the
 caller's cancellation) cancels the turn with cause ``user`` and waits, shielded, until it is
 quiescent. The result is there afterwards (``await stream.result()``).
 
@@ -106,7 +106,7 @@ async def open_stream(
     backend: Any, agent: str, input: Any = None, **options: Any
 ) -> AsyncIterator[TurnStream]:
     """``backend.stream(agent, input, **submit_options)``: submit, then yield the turn's
-    ``TurnStream``; the block owns the turn (R-STREAM)."""
+    ``TurnStream``; the block owns the turn (API-STREAM)."""
     handle = await backend.submit(agent, input, **options)
     stream = TurnStream(handle)
     try:

@@ -2,7 +2,7 @@
 
 The async object runs on an asyncio loop in a background thread of its own (an anyio blocking
 portal), which lives until ``close()``, so workers are started from a thread that outlives them
-(the parent-death signal is tied to the starting thread). Rules (docs/design.md, H2):
+(the parent-death signal is tied to the starting thread). Rules (docs/design.md, API-SYNC):
 
 * Usable with or without ``with``: the first call opens the object, ``close()`` (or leaving the
   ``with`` block) ends it, as httpx's and redis's clients do.
@@ -12,7 +12,7 @@ portal), which lives until ``close()``, so workers are started from a thread tha
 * A blocking call interrupted in the calling thread (Ctrl-C: ``KeyboardInterrupt``) cancels the
   async call it waits for and waits (again interruptibly) for that cancellation to finish, then
   raises: an interrupted start tears down what it started; an interrupted ``run`` cancels its turn
-  (cause ``user``, R-RUN-CANCEL), while an interrupted ``result()``/``events()`` only stops
+  (cause ``user``, API-RUN-OWNS), while an interrupted ``result()``/``events()`` only stops
   observing.
 """
 
@@ -142,7 +142,7 @@ class SyncTurnHandle:
         return f"SyncTurnHandle({self.turn_id!r})"
 
 
-# Fronts not closed yet: closed at interpreter exit (H2). Held strongly: a forgotten front's loop
+# Fronts not closed yet: closed at interpreter exit (API-SYNC). Held strongly: a forgotten front's loop
 # thread and workers live on whether or not the user still holds it, so it must still be reachable
 # here to be disposed of at exit.
 _OPEN: set[SyncFront] = set()
@@ -341,7 +341,7 @@ class SyncSupervisor(SyncFront):
         super().__init__()
         from ._engine import Supervisor
 
-        refuse_inside_worker()  # H3 (``Supervisor`` checks it too)
+        refuse_inside_worker()  # API-NO-NESTING (``Supervisor`` checks it too)
         self._args = args
         self._kwargs = kwargs
         self._factory = Supervisor

@@ -1,4 +1,4 @@
-"""Tracing (T-TRACE): W3C trace context carried from the caller to the agent, and a span per turn.
+"""Tracing (OBS-TRACE): W3C trace context carried from the caller to the agent, and a span per turn.
 
 Two parts, each off unless asked for:
 

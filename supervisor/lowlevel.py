@@ -5,8 +5,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 - ``procs``: the process helpers the pool calls through this module's attributes, so a test can
   replace ``procs.spawn_worker`` (``monkeypatch.setattr``) to inject worker start failures;
-  ``orphans_of`` finds a dead worker's descendants among this process's children (R13);
-  ``OrphanIndex`` does it across many exits reading each child once (K-ORPHANS), with its
+  ``orphans_of`` finds a dead worker's descendants among this process's children (LADDER-STEPS);
+  ``OrphanIndex`` does it across many exits reading each child once (LADDER-ORPHANS), with its
   ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
@@ -16,25 +16,25 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``runtime_dir``, ``private_dir``: the per-user runtime directory and a supervisor's private
   directory in it (mode 0700, checked).
 - ``Timers``: the engine's timer heap (grace, kill-after, deadlines), precise through a timerfd
-  where the clock allows (T-PRECISE), else on the loop's timeout.
+  where the clock allows (LADDER-TIMERFD), else on the loop's timeout.
 - ``CLEAR_AHEAD``: how many windows of short turns (capacity × prefetch depth) a journal's dispatch
-  gate clears ahead of the workers (J6-AHEAD).
+  gate clears ahead of the workers (JOURNAL-GATE-AHEAD).
 - ``HOLD_BYTES``: how much of a turn's events a follower that keeps up may hold past
-  ``max_events`` (G-KEEP).
-- ``AgentAllowlist``: the glob patterns of ``allow_agents`` (A-ALLOW), as admission reads them.
+  ``max_events`` (EVENTS-KEEP).
+- ``AgentAllowlist``: the glob patterns of ``allow_agents`` (SEC-ALLOW), as admission reads them.
 - ``connection_uid``, ``socket_peer_uid``: the local uid owning the client end of a TCP connection
-  (A-PEER), asked through ``sock_diag`` (``diag_uid``) or read from ``/proc/net/tcp{,6}`` (``proc_uid``);
+  (SEC-PEER), asked through ``sock_diag`` (``diag_uid``) or read from ``/proc/net/tcp{,6}`` (``proc_uid``);
   ``peers`` is their module, which the HTTP front end calls through its attributes (a test can
   replace ``peers.diag_uid`` or ``peers.socket_peer_uid``).
 - ``KEEP_EVENT_BYTES``, ``KEEP_RESULT_BYTES``: the default byte budgets of ended turns' events
-  (E-BUDGET) and outputs (R-BUDGET), which ``Supervisor``'s ``keep_events_mb`` and
+  (MEM-EVENTS) and outputs (MEM-OUTPUTS), which ``Supervisor``'s ``keep_events_mb`` and
   ``keep_results_mb`` defaults equal.
-- ``autogroup_nice``, ``AutogroupShare``: R-SHARE, the autogroup niceness a pool of N workers gives
+- ``autogroup_nice``, ``AutogroupShare``: WORKER-CPU-SHARE, the autogroup niceness a pool of N workers gives
   each worker, and what sets it (retrying what the kernel's rate limit refuses).
-- ``treemem``: R-STATUS-MEM, the workers' memory as ``status()`` reports it (sampled in the
+- ``treemem``: MEM-STATUS-SAMPLE, the workers' memory as ``status()`` reports it (sampled in the
   background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
-- ``check_optional_str``: R-TID, the one check of what a turn id or a session may hold.
-- ``probe``: the agent probe (A-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
+- ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
+- ``probe``: the agent probe (ADAPT-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
 """
 

@@ -7,8 +7,8 @@ manual clock (``Timers(clock)`` with ``Timers.fire_due``). Not user API: the use
 - ``EngineOptions``: ``Supervisor(...)``'s arguments as one frozen value (``EngineOptions()`` has
   the defaults; ``EngineOptions.checked`` validates as ``Supervisor`` does).
 - ``MOVES``, ``move``, ``IllegalMove``, ``first_cause``, ``mark_started``, ``escalated``: a turn's
-  states and the moves allowed between them (T-STATE), the first cause (R3), the start, the ladder's
-  step; ``gate_recorded``, ``gate_cleared``: a journal's rows committed for a turn (J6).
+  states and the moves allowed between them (TURN-STATES), the first cause (TURN-FIRST-CAUSE), the start, the
+  ladder's step; ``gate_recorded``, ``gate_cleared``: a journal's rows committed for a turn (JOURNAL-GATE).
 - The parts, each built from its collaborators as ``Supervisor.__init__`` builds them: ``Admission``,
   ``Dispatcher``, ``Escalation``, ``Finisher``, ``ChildTurns``; ``Hooks``; ``Timers``.
 - ``TurnRecord``, ``TurnTable``, ``TurnQueue``, ``WorkerSlot``: the records they work on.

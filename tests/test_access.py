@@ -1,13 +1,13 @@
 """Who gets in, through every front end of the daemon (issue 27, section 3).
 
 * A loopback HTTP listener serves only the daemon's own uid, as the ``ipc://`` socket does: a real
-  process running as ``nobody`` gets ``403`` for everything, submits nothing (A-PEER).
+  process running as ``nobody`` gets ``403`` for everything, submits nothing (SEC-PEER).
 * ``serve --allow-agent PATTERN`` (and TOML ``allow_agents``): a name no pattern matches is refused
   at submit through ``Client``, ``SyncClient``, HTTP (``403``), the CLI (one line, exit 2) and a
   running turn's ``spawn``, and is never imported (an agent module whose import writes a file
-  proves it) (A-ALLOW).
+  proves it) (SEC-ALLOW).
 * A front end another uid can reach (``tcp://``, abstract ``ipc://@``, HTTP off loopback) needs a
-  credential and an allowlist, or ``serve`` refuses to start with one line (A-SHARED).
+  credential and an allowlist, or ``serve`` refuses to start with one line (SEC-SHARED).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _http_as(uid: int | None, url: str) -> list[list[Any]]:
 
 @AS_ROOT
 def test_another_uid_is_refused_on_the_loopback_http_listener() -> None:
-    """A-PEER: ``nobody`` gets 403 (JSON, naming the rule) for the API, a submit and the dashboard;
+    """SEC-PEER: ``nobody`` gets 403 (JSON, naming the rule) for the API, a submit and the dashboard;
     no turn is submitted. The daemon's own uid, on the same listener, gets 200/201."""
     with serving(*FAST, "--no-journal", *HTTP) as d:
         foreign = _http_as(NOBODY, d.http_url)
@@ -139,7 +139,7 @@ def _refused_netlink(*args: Any) -> None:
 def test_a_loopback_listener_is_refused_at_start_where_no_owner_can_be_known(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A-PEER at start: where the system cannot say who owns a loopback connection, a loopback
+    """SEC-PEER at start: where the system cannot say who owns a loopback connection, a loopback
     listener would refuse everyone: ``--http`` is refused at once with one line instead."""
     from supervisor.daemon import Daemon
     from supervisor.http import attach_http
@@ -178,7 +178,7 @@ def _traced_agents(home: Path) -> tuple[Path, Path, Path]:
 
 
 def test_allow_agent_refuses_other_agents_through_every_front_end_and_never_imports_them() -> None:
-    """A-ALLOW: with ``--allow-agent`` a non-matching agent is refused by ``Client`` and
+    """SEC-ALLOW: with ``--allow-agent`` a non-matching agent is refused by ``Client`` and
     ``SyncClient`` (``InvalidAgent`` naming the patterns), HTTP (403 ``agent_not_allowed``), the CLI
     (one line, exit 2), ``turnpool batch --connect`` and a running turn's ``spawn``; its module is
     never imported. An allowed module with the same import side effect is imported and runs."""
@@ -214,7 +214,7 @@ def test_allow_agent_refuses_other_agents_through_every_front_end_and_never_impo
         batch = d.cli(
             "batch", str(jobs), "--agent", "access_refused:run", "-o", str(out), "--connect", d.endpoint
         )
-        # A-PROBE: batch records a job whose agent is refused at submit as a final failed line.
+        # ADAPT-PROBE: batch records a job whose agent is refused at submit as a final failed line.
         line = json.loads(out.read_text().splitlines()[0]) if out.exists() else {}
         refusal = f"{batch.stderr} {line.get('error') or ''}"
         assert batch.returncode != 0 and "not allowed" in refusal, (batch, line)
@@ -227,7 +227,7 @@ def test_allow_agent_refuses_other_agents_through_every_front_end_and_never_impo
 
 
 def test_allow_agents_in_the_toml_config() -> None:
-    """A-ALLOW: ``allow_agents = [...]`` in ``--config`` restricts as the flag does; a value that is
+    """SEC-ALLOW: ``allow_agents = [...]`` in ``--config`` restricts as the flag does; a value that is
     not a list of patterns is one line and exit 2 before anything starts."""
     home = daemonkit.short_dir()
     config = home / "serve.toml"
@@ -268,7 +268,7 @@ def _serve_refused(home: Path, *args: str) -> str:
 
 
 def test_a_front_end_other_users_can_reach_needs_a_credential_and_an_allowlist() -> None:
-    """A-SHARED: ``tcp://`` (even with ``--insecure-tcp``), abstract ``ipc://@`` and HTTP off
+    """SEC-SHARED: ``tcp://`` (even with ``--insecure-tcp``), abstract ``ipc://@`` and HTTP off
     loopback (even with a token) are refused at start without ``--allow-agent``, in one line."""
     home = daemonkit.short_dir()
     try:
@@ -290,7 +290,7 @@ def test_a_front_end_other_users_can_reach_needs_a_credential_and_an_allowlist()
 
 @pytest.mark.anyio
 async def test_the_embedded_supervisor_refuses_agents_outside_allow_agents() -> None:
-    """A-ALLOW in the engine: ``Supervisor(allow_agents=...)`` refuses other agents at the call
+    """SEC-ALLOW in the engine: ``Supervisor(allow_agents=...)`` refuses other agents at the call
     (``AgentNotAllowed``, an ``InvalidAgent``); bad pattern lists are refused at construction."""
     sup = Supervisor(workers=1, spares=0, allow_agents=["examples.agents:e*"])
     with pytest.raises(InvalidAgent, match="not allowed") as refused:
@@ -310,7 +310,7 @@ async def test_the_embedded_supervisor_refuses_agents_outside_allow_agents() -> 
 
 @pytest.mark.anyio
 async def test_a_restart_with_a_narrower_allowlist_never_runs_a_queued_turn_it_refuses() -> None:
-    """A-ALLOW at recovery: a turn acknowledged and still queued when the daemon died, whose agent
+    """SEC-ALLOW at recovery: a turn acknowledged and still queued when the daemon died, whose agent
     the restarted daemon's ``--allow-agent`` no longer matches, ends ``failed`` (``AgentNotAllowed``)
     and is never imported; an allowed queued turn beside it runs."""
     home = daemonkit.short_dir()
@@ -330,7 +330,7 @@ async def test_a_restart_with_a_narrower_allowlist_never_runs_a_queued_turn_it_r
         served.proc.kill()  # the queued turns stay queued in the journal
         served.proc.wait(timeout=60)
         daemonkit.stop_process(served.proc)
-    # The first daemon, with no allowlist, probed the name at submit (A-PROBE imports it in a probe
+    # The first daemon, with no allowlist, probed the name at submit (ADAPT-PROBE imports it in a probe
     # child): what this test holds is that the restarted daemon, which refuses it, never imports it.
     refused.unlink(missing_ok=True)
     flags = ("--allow-agent", "examples.agents:*", "--allow-agent", "access_allowed:*")

@@ -355,7 +355,7 @@ async def test_agent_output_never_reaches_the_channel(tmp_path: Path) -> None:
 
 
 async def test_stdio_may_be_files_and_dev_null(tmp_path: Path) -> None:
-    """S-ACP-FILES: ``turnpool acp < in.jsonl > out.jsonl`` answers every request of the file into the
+    """ACP-FILES: ``turnpool acp < in.jsonl > out.jsonl`` answers every request of the file into the
     file (asyncio's pipe transports refuse regular files: this was "Pipe transport is for
     pipes/sockets only"), and ``< /dev/null`` exits 0 at once (this was an asyncio traceback)."""
     import json
@@ -563,7 +563,7 @@ async def test_turn_stopped_by_its_deadline_answers_an_error() -> None:
     ]
 
 
-# ---- A-FRAME: whatever the editor sends ---------------------------------------------------------
+# ---- ACP-SCREEN: whatever the editor sends ---------------------------------------------------------
 
 
 class _Lines:
@@ -598,7 +598,7 @@ class _Lines:
 
 
 def test_fuzzed_frames_are_answered_and_the_agent_stays_up(tmp_path: Path) -> None:
-    """A-FRAME: random bytes, JSON that is not an object (``[1, 2]``, which ended the agent), a line
+    """ACP-SCREEN: random bytes, JSON that is not an object (``[1, 2]``, which ended the agent), a line
     nested 100,000 deep and hypothesis-made JSON-RPC messages: a line that is not a JSON object
     gets a ``-32700``/``-32600`` error with ``id`` null, a request gets its answer, and after
     each line the agent still answers ``initialize``; it exits 0 at EOF."""

@@ -136,7 +136,7 @@ async def test_max_steps_bounds_a_model_that_never_finishes() -> None:
 
 @pytest.mark.parametrize("agent", ["raises_unreadable", "raises_unreadable_sync", "raises_surrogate"])
 async def test_an_error_whose_text_cannot_be_read_ends_failed_and_the_worker_stays(agent: str) -> None:
-    """E-TEXT: an exception whose ``__str__`` raises, or whose message holds a lone surrogate
+    """WORKER-ERROR-TEXT: an exception whose ``__str__`` raises, or whose message holds a lone surrogate
     (which UTF-8 cannot carry), ends its turn ``failed`` with the error's type and what can be
     said of its message; the worker stays up for the next turn (was: the worker died, ``crashed``)."""
     async with Supervisor(workers=1, spares=0) as sup:

@@ -516,7 +516,7 @@ async def test_cancelling_run_batch_on_a_client_like_backend(tmp_path: Path) -> 
 
     with anyio.fail_after(120):
         async with Supervisor(workers=2, spares=0) as sup:
-            # Both names known first: the first submit of a name waits for its probe (A-PROBE), and
+            # Both names known first: the first submit of a name waits for its probe (ADAPT-PROBE), and
             # the lanes' submits are then accepted in the order their probes answer, so the slow jobs
             # could take both workers before the echoes this test waits for.
             await sup.run(E + "echo", 0)
@@ -597,7 +597,7 @@ def test_same_batch_through_connect(tmp_path: Path) -> None:
 
 
 def test_unusual_lines_are_refused_before_anything_runs(tmp_path: Path) -> None:
-    """B-CHECK: a line nested 100,000 deep, a lone-surrogate id, a session R-TID refuses, an input
+    """BATCH-CHECK: a line nested 100,000 deep, a lone-surrogate id, a session LINK-TURN-ID refuses, an input
     of 40 MB (above the message limit) and an integer too large to encode are each reported by
     line number, exit 2, one line each, nothing ran (was: a traceback, after other jobs had
     started and were interrupted); with --skip-invalid the others run and these are recorded."""
@@ -658,9 +658,9 @@ _line = st.binary(max_size=40) | st.tuples(_job, _extra).map(lambda t: json.dump
 @settings(max_examples=150, deadline=None, database=None)
 @given(lines=st.lists(_line, max_size=8))
 def test_fuzzed_job_lines_are_each_a_job_or_an_invalid_line(lines: list[bytes]) -> None:
-    """B-CHECK under hypothesis: any bytes, any JSON job of any shape: ``load_jobs`` never raises;
+    """BATCH-CHECK under hypothesis: any bytes, any JSON job of any shape: ``load_jobs`` never raises;
     every non-blank line is exactly one valid job or one invalid line; a valid job's input
-    encodes, its turn id passes R-TID, and its id and every invalid line's id can be written to
+    encodes, its turn id passes LINK-TURN-ID, and its id and every invalid line's id can be written to
     the results file (so nothing accepted fails later, and nothing refused stops the run)."""
     import tempfile
 

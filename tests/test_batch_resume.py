@@ -1,5 +1,5 @@
 """A batch killed outright (SIGKILL of the batch process, mid-run) and resumed still runs each job
-once: result lines are written whole (several per ``write(2)`` since B-LINES; only a write the
+once: result lines are written whole (several per ``write(2)`` since BATCH-LINES; only a write the
 kernel cut at the SIGKILL can leave a torn last line, which ``--resume`` truncates) and a job with a
 whole final line never runs again."""
 

@@ -1,4 +1,4 @@
-"""A supervisor started inside a worker is refused (issue 15, item 5; design rule H3).
+"""A supervisor started inside a worker is refused (issue 15, item 5; design rule API-NO-NESTING).
 
 The user's script defines an agent and starts a ``SyncSupervisor`` at import time, with no
 ``if __name__ == "__main__":`` guard, and names the agent by its module: every worker that imports

@@ -1,4 +1,4 @@
-"""Cancelling the caller (issue 15, item 7; design rule R-RUN-CANCEL).
+"""Cancelling the caller (issue 15, item 7; design rule API-RUN-OWNS).
 
 Cancelling the task that awaits ``run()`` — ``anyio.move_on_after``, ``asyncio.wait_for``, a
 cancelled task, Ctrl-C in a blocking twin — cancels its turn (cause ``user``) and returns only

@@ -96,7 +96,7 @@ def test_status_table_and_json() -> None:
         assert raw.returncode == 0, raw.stderr
         st = msgspec.json.decode(raw.stdout)
         assert len(st["workers"]) == 2 and st["outcomes"] == {"completed": 1}
-        piped = d.cli("status")  # stdout is a pipe here: tab-separated text (C-PIPE)
+        piped = d.cli("status")  # stdout is a pipe here: tab-separated text (CLI-PLAIN)
         assert piped.returncode == 0, piped.stderr
         text = piped.stdout
         for needle in ("pid", "state", "turn", "turns_run", "rss_mb", "queue\t0", "completed\t1"):

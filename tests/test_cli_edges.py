@@ -543,7 +543,7 @@ def test_sighup_drains_like_sigterm() -> None:
         assert d.wait(timeout=60) == 0
 
 
-# ---- every path one line; a closed pipe is quiet (C-ONE) -------------------------------------
+# ---- every path one line; a closed pipe is quiet (CLI-ONE-LINE) -------------------------------------
 
 
 WAITED_BAD: tuple[tuple[str, ...], ...] = (
@@ -553,14 +553,14 @@ WAITED_BAD: tuple[tuple[str, ...], ...] = (
     ("examples.agents:echo", "--turn-id", "a\nb"),
     ("examples.agents:echo", "--session", "tab\there"),
     ("examples.agents:echo", "--turn-id", "\udcff"),  # a non-UTF-8 argument byte
-    ("examples.agents:echo", "--input", "[" * 20_000 + "]" * 20_000),  # W-DEEP
+    ("examples.agents:echo", "--input", "[" * 20_000 + "]" * 20_000),  # LINK-DEPTH
 )
 
 
 @pytest.mark.parametrize("mode", ["--wait", "--follow"])
 def test_submit_wait_and_follow_answer_bad_input_as_submit_does(mode: str) -> None:
-    """C-ONE: ``submit BAD --wait`` / ``--follow`` (a bad agent name, ``__main__:x``, a timeout
-    of ``1e999``, a turn id or session R-TID refuses) prints the same one line and exit 2 as
+    """CLI-ONE-LINE: ``submit BAD --wait`` / ``--follow`` (a bad agent name, ``__main__:x``, a timeout
+    of ``1e999``, a turn id or session LINK-TURN-ID refuses) prints the same one line and exit 2 as
     ``submit BAD`` (was: a 53-line ExceptionGroup traceback and exit 1)."""
     home = daemonkit.short_dir()
     with serving(*FAST, "--no-journal", home=home) as d:
@@ -592,7 +592,7 @@ def _closed_stdout(*args: str, env: dict[str, str]) -> subprocess.CompletedProce
 
 
 def test_a_closed_pipe_is_quiet_with_exit_141() -> None:
-    """C-ONE: every command that prints, writing into a pipe whose reader is gone (``turnpool
+    """CLI-ONE-LINE: every command that prints, writing into a pipe whose reader is gone (``turnpool
     history | head -1``), ends quietly with exit 141 (128 + SIGPIPE, as a shell tool ends) and
     nothing on stderr (was: a BrokenPipeError traceback)."""
     home = daemonkit.short_dir()
@@ -616,7 +616,7 @@ def test_a_closed_pipe_is_quiet_with_exit_141() -> None:
 
 
 def _ids_said(err: str) -> list[str]:
-    """``submit --wait`` names its turn on stderr before waiting (C-INT): allowed, nothing else."""
+    """``submit --wait`` names its turn on stderr before waiting (CLI-INTERRUPT): allowed, nothing else."""
     lines = err.strip().splitlines()
     return [err.strip()] if lines and all("submitted; waiting" in line for line in lines) else []
 
@@ -634,7 +634,7 @@ def _refusal(out: subprocess.CompletedProcess[str]) -> None:
 
 
 def test_fuzzed_cli_arguments_get_an_acknowledgement_or_one_line() -> None:
-    """C-ONE under hypothesis: ``submit`` (plain, ``--wait``, ``--follow``) and ``cancel`` with any
+    """CLI-ONE-LINE under hypothesis: ``submit`` (plain, ``--wait``, ``--follow``) and ``cancel`` with any
     agent, input, turn id, session and timeout text (a non-UTF-8 byte included): exit 0 with the
     turn id printed, or exit 1/2 with one line on stderr, never a traceback. (Few examples: each
     is two processes.)"""

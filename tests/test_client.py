@@ -379,7 +379,7 @@ async def test_curve_over_tcp() -> None:
         server_sec,
         "--curve-clients",
         str(allowed),
-        "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
+        "--allow-agent",  # SEC-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
         "examples.agents:*",
         home=home,
         endpoint="tcp://127.0.0.1:0",

@@ -55,7 +55,7 @@ async def _first_event(client: Client, turn_id: str) -> Any:
     raise AssertionError("no event")
 
 
-# M-TRIM: how close to its RSS before an attack the daemon comes back once the attackers are gone.
+# MEM-TRIM: how close to its RSS before an attack the daemon comes back once the attackers are gone.
 RSS_BACK = 64 * 2**20
 
 
@@ -96,7 +96,7 @@ async def test_vanished_clients_free_their_streams_waits_and_memory() -> None:
             finally:
                 ctx.term()
             # Waited for (bounded): a snapshot right after the frees reads what the allocator has not
-            # handed back yet, which the daemon does within a second or two (M-TRIM).
+            # handed back yet, which the daemon does within a second or two (MEM-TRIM).
             rss_after = await rss_under(daemon, rss_before + RSS_BACK)
             status = await client.status()
             assert status["running"] == 1, status  # the turn was never touched
@@ -174,7 +174,7 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
             assert result.outcome == "completed", result
             if not stopped:
                 return result.run_s, done, await _daemon_facts(client)
-            # R-NOWIN: each window-less one fills its queue (4 MiB, less than the flood) and is
+            # CLIENT-NO-WINDOW: each window-less one fills its queue (4 MiB, less than the flood) and is
             # dropped, if not during the turn then right after it, while its socket is still open.
             facts = await _until(
                 client,
@@ -192,7 +192,7 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     """20 followers that never read an event-flooding turn: the turn runs about as fast as with
     none, another client's submits and results go on at a comparable rate (generous bounds), the
     stopped followers are dropped (the daemon's memory stays bounded), and it gets back what
-    it grew once they are gone. R-NOWIN: each window-less one is dropped after at most
+    it grew once they are gone. CLIENT-NO-WINDOW: each window-less one is dropped after at most
     ``CLIENT_SNDHWM`` × 16 KiB (4 MiB) of a flood of ≈ 12 MB; before, when the daemon fell
     behind, 256 full 64 KiB batches held the whole flood, they were never dropped, the daemon
     pushed ≈ 12 MB to each (RSS +120-220 MiB) and the other client got 3-12 % of its rate."""
@@ -207,7 +207,7 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
         rss_peak = daemon.memory_info().rss
         async with Client.connect(d.endpoint, timeout=30) as client:
             after = await _until(client, "followers freed", lambda f: f["streams"] == 0 and f["clients"] <= 1)
-            # M-TRIM: what the daemon grew goes back to the system once they are gone: it looks
+            # MEM-TRIM: what the daemon grew goes back to the system once they are gone: it looks
             # once a second. Before, it stayed resident at its peak (+258 MiB in CI, 8 MiB of
             # it in use), so a snapshot here measured the allocator, not what the daemon holds.
             rss_after = await rss_under(daemon, rss_before + RSS_BACK)
@@ -230,17 +230,17 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     )
     assert crowd_s < 2 * alone_s + 5
     # Generous: on a shared 2-core box the crowded window is short and noisy. Before the first fix
-    # the other client got ~3 % of its rate alone (36/s against 1 052/s); measured after R-NOWIN
+    # the other client got ~3 % of its rate alone (36/s against 1 052/s); measured after CLIENT-NO-WINDOW
     # 7-130 %, mostly 20-80 % (single rounds; 7 % with other tests running beside it).
     assert crowd_rate > 0.08 * alone_rate
     # The windowed ones fell behind the kept events and were told; the window-less ones were
     # either sent everything within the socket's bound or dropped when their queue filled.
     assert facts["lagged_followers"] >= 10
-    # R-NOWIN: the 10 window-less ones filled their queues with at most 4 MiB each, and were dropped
+    # CLIENT-NO-WINDOW: the 10 window-less ones filled their queues with at most 4 MiB each, and were dropped
     # (``_flood_while`` waited for it: on the old code, when the daemon fell behind, it never came).
     assert facts["clients_stalled"] >= 10, facts
     assert after["streams"] == 0
-    # M-TRIM: back within ``RSS_BACK`` of where it stood before the crowd (+5 to +39 MiB measured, two
+    # MEM-TRIM: back within ``RSS_BACK`` of where it stood before the crowd (+5 to +39 MiB measured, two
     # CPU hogs beside it; what stays is in use: Python's arenas, the other client's kept turns).
     # ``rss_under`` waited for it: the daemon hands freed memory back once a second.
     assert rss_after - rss_before < RSS_BACK, (rss_after - rss_before, f"{trims} trims")
@@ -350,7 +350,7 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
         server_sec,
         "--curve-clients",
         str(allowed),
-        "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
+        "--allow-agent",  # SEC-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
         "examples.agents:*",
         home=home,
         endpoint="tcp://127.0.0.1:0",
@@ -375,7 +375,7 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
 
 
 def test_wire_evolves_by_addition_only() -> None:
-    """The client protocol grows by addition (R24): version 3 is the first released one, every
+    """The client protocol grows by addition (CLIENT-PROTOCOL): version 3 is the first released one, every
     error code of ``ErrorCode`` is in ``ERROR_CODES``, and a message without its later optional
     fields still decodes."""
     assert client_link.MIN_CLIENT_PROTOCOL_VERSION == client_link.CLIENT_PROTOCOL_VERSION == 3

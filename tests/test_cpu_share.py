@@ -1,4 +1,4 @@
-"""R-SHARE: a pool of workers weighs a few programs against its supervisor, not one per worker.
+"""WORKER-CPU-SHARE: a pool of workers weighs a few programs against its supervisor, not one per worker.
 
 Each worker leads its own session, and the kernel's autogroups weigh each session as one program:
 without this, hundreds of streaming workers had hundreds of shares of the CPUs against their

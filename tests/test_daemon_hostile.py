@@ -169,7 +169,7 @@ async def test_tcp_without_curve_is_refused_unless_insecure() -> None:
     with serving(*FAST, "--no-journal") as d:
         refused = d.cli("serve", "--endpoint", "tcp://127.0.0.1:0", "--no-journal")
         assert refused.returncode == 2 and "without CURVE" in refused.stderr
-    allow = ("--allow-agent", "examples.agents:*")  # A-SHARED: tcp:// needs an allowlist too
+    allow = ("--allow-agent", "examples.agents:*")  # SEC-SHARED: tcp:// needs an allowlist too
     with serving(*FAST, "--no-journal", "--insecure-tcp", *allow, endpoint="tcp://127.0.0.1:0") as d:
         async with Client.connect(d.endpoint) as client:
             with anyio.fail_after(60):
@@ -194,7 +194,7 @@ async def test_curve_client_with_an_unknown_key_cannot_submit() -> None:
             server_sec,
             "--curve-clients",
             str(allowed),
-            "--allow-agent",  # A-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
+            "--allow-agent",  # SEC-SHARED: a tcp:// endpoint needs an agent allowlist besides CURVE
             "examples.agents:*",
             home=home,
             endpoint="tcp://127.0.0.1:0",

@@ -4,7 +4,7 @@ serve`` and real ``Client``\\ s:
 
 * pipelined submits (many in flight on one connection, packed into one frame) keep the client's
   order, stay idempotent by ``turn_id``, and a cancel sent right behind a submit still wins;
-* a burst handled a slice at a time (J-PIPE) keeps each client's order beside another client's
+* a burst handled a slice at a time (DAEMON-INTAKE-SLICE) keeps each client's order beside another client's
   burst, and a daemon stopped in the middle of one answers every request it had read;
 * an acknowledged submit is durable: SIGKILL the daemon the moment an ack arrives, restart it on
   the same journal, and every acknowledged turn is there;
@@ -45,7 +45,7 @@ async def test_pipelined_submits_keep_order_ids_and_cancel_wins(journal: bool) -
     order they were accepted) run in exactly the order the client made them; 20 concurrent submits
     of one ``turn_id`` are one turn that runs once; a cancel sent in the same frame right behind
     its turn's submit ends that queued turn ``aborted`` without it ever starting. With the journal
-    too: the twins wait on the first submit's row (J-GATE), every ack after its commit."""
+    too: the twins wait on the first submit's row (JOURNAL-GATE-WAIT), every ack after its commit."""
     home = daemonkit.short_dir()
     path = home / "order.txt"
     n = 300
@@ -271,7 +271,7 @@ async def test_thousands_of_submits_in_flight_on_one_client_are_all_acknowledged
 
 @pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
 async def test_bursts_handled_in_slices_keep_each_clients_order(journal: bool) -> None:
-    """J-PIPE: two clients each ``submit_many`` 2,000 turns of their own session at once, so the
+    """DAEMON-INTAKE-SLICE: two clients each ``submit_many`` 2,000 turns of their own session at once, so the
     daemon handles both bursts a slice at a time (its budget per reader callback is far below a
     burst) with the slices interleaved. Each session's turns run in exactly the order its client
     listed them, and every turn runs once."""
@@ -305,7 +305,7 @@ async def test_bursts_handled_in_slices_keep_each_clients_order(journal: bool) -
 
 
 async def test_a_daemon_stopped_mid_burst_answers_every_request_it_read() -> None:
-    """J-PIPE: SIGTERM reaches the daemon while it is still handling a burst of 20,000 submits a
+    """DAEMON-INTAKE-SLICE: SIGTERM reaches the daemon while it is still handling a burst of 20,000 submits a
     slice at a time (another client saw the first of them arrive). ``submit_many`` comes back well
     inside its request timeout: accepted, refused with ``DaemonShuttingDown`` past the point where
     the daemon stopped accepting, or ``DaemonUnavailable`` for requests still unread when it went.
@@ -361,7 +361,7 @@ async def test_a_daemon_stopped_mid_burst_answers_every_request_it_read() -> Non
 
 @pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
 async def test_a_client_that_vanishes_behind_its_backlog_leaves_nothing_held(journal: bool) -> None:
-    """J-PIPE-FAIR and R-GONE attacked: a raw client sends 10,000 submits of a long turn in one
+    """DAEMON-INTAKE-FAIR and CLIENT-GONE attacked: a raw client sends 10,000 submits of a long turn in one
     frame, each asking for its result too (``wait``), reads the first ack (the rest wait in the
     daemon's backlog, a slice per loop pass) and vanishes while the daemon is still working through
     them. Another client's ``status()`` is answered while the backlog drains (before, it waited

@@ -1,9 +1,9 @@
-"""Step records and resume (S-DURABLE, S-RESUME, S-UNKNOWN): a 3-tool ``AgentLoop`` turn submitted
-with ``retry=True`` is SIGKILLed at every boundary — its worker here, its daemon in
-``test_durability_daemon.py`` — and resumed from its last recorded step: a completed call never runs
-again, the idempotent call runs again with the same key, a call that started and did not complete is
-told to the model (or fails the turn), recorded model responses are not asked for again, and the
-final output is the uninterrupted run's."""
+"""Step records and resume (LOOP-STEP-DURABLE, LOOP-RESUME, LOOP-UNKNOWN-CALL): a 3-tool ``AgentLoop`` turn
+submitted with ``retry=True`` is SIGKILLed at every boundary — its worker here, its daemon in
+``test_durability_daemon.py`` — and resumed from its last recorded step: a completed call never runs again,
+the idempotent call runs again with the same key, a call that started and did not complete is told to the
+model (or fails the turn), recorded model responses are not asked for again, and the final output is the
+uninterrupted run's."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ async def test_without_retry_a_killed_turn_still_ends_crashed(tmp_path: Path) ->
 async def test_a_record_too_large_is_refused_the_model_still_gets_it_and_resume_stops_there(
     tmp_path: Path,
 ) -> None:
-    """S-SIZE: a tool returning 5 MiB: its record is refused with a clear event in the turn, the
+    """LOOP-STEP-SIZE: a tool returning 5 MiB: its record is refused with a clear event in the turn, the
     model still gets the output in this attempt; the steps show the call ``not_recorded``; a crash
     after it ends the resumed attempt ``failed`` (it cannot be resumed past that call), never blind."""
     async with Supervisor(workers=1, spares=0, heartbeat=0) as sup:
@@ -129,7 +129,7 @@ async def test_a_resumed_turn_cancelled_before_its_next_attempt_says_it_started(
 
 
 async def test_step_records_a_worker_sends_past_the_limits_are_refused_at_the_supervisor() -> None:
-    """S-SIZE at the supervisor's boundary: a worker that sends step records itself, out of order, too
+    """LOOP-STEP-SIZE at the supervisor's boundary: a worker that sends step records itself, out of order, too
     large or past the turn's total, gets each refused with the reason (the supervisor keeps none of
     them), and the turn goes on."""
     async with Supervisor(workers=1, spares=0) as sup:

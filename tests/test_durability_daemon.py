@@ -1,4 +1,4 @@
-"""Step records in a daemon's journal (S-DURABLE, S-RESUME): the 3-tool turn of
+"""Step records in a daemon's journal (LOOP-STEP-DURABLE, LOOP-RESUME): the 3-tool turn of
 ``test_durability.py``, submitted with ``retry=True``, SIGKILLs its daemon at every boundary; the
 daemon restarted on the same journal resumes it from the last step its journal committed, with
 the same promises as a worker's death: no completed call runs again, the idempotent call runs
@@ -75,7 +75,7 @@ async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_com
             journal = home / f"{boundary}.sqlite3"
             result, events = await run_once(home, journal, d, boundary)
             check_resumed(boundary, d, result, events, baseline.output)
-            # S-INSPECT: the journal shows every call completed (the told one with its error output).
+            # LOOP-STEP-INSPECT: the journal shows every call completed (the told one with its error output).
             steps = view_steps(journal, result.turn_id)
             assert [s["step"] for s in steps] == [0, 1, 2, 3], steps
             assert all(c["state"] == "completed" for s in steps for c in s["calls"]), steps
@@ -85,7 +85,7 @@ async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_com
 
 @pytest.mark.parametrize("damage", ["corrupt", "foreign"])
 async def test_a_corrupt_or_foreign_step_record_is_refused_at_resume(tmp_path: Path, damage: str) -> None:
-    """S-CORRUPT: a record in the journal that cannot be read, or that belongs to another turn, is
+    """LOOP-STEP-CORRUPT: a record in the journal that cannot be read, or that belongs to another turn, is
     refused when the turn resumes: the turn ends ``failed`` with ``StepRecordError`` saying why, and
     no call runs again (the loop never runs blind)."""
     home = short_dir()
@@ -129,7 +129,7 @@ async def test_a_corrupt_or_foreign_step_record_is_refused_at_resume(tmp_path: P
 
 
 async def test_result_steps_and_history_show_which_calls_completed_before_a_crash(tmp_path: Path) -> None:
-    """S-INSPECT: after the daemon died inside the third tool, ``turnpool result ID --steps`` shows
+    """LOOP-STEP-INSPECT: after the daemon died inside the third tool, ``turnpool result ID --steps`` shows
     the two calls before it completed (with their outputs) and the third started, its outcome
     unknown; ``turnpool history --steps`` sums it up per turn."""
     home = short_dir()

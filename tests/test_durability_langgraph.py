@@ -1,5 +1,5 @@
 """A LangGraph graph compiled with ``worker.adapters.langgraph.TurnCheckpointer`` run as a
-``retry=True`` turn (S-RESUME): SIGKILL of its worker inside the model node or the tool node
+``retry=True`` turn (LOOP-RESUME): SIGKILL of its worker inside the model node or the tool node
 resumes it from its last recorded checkpoint, a completed node never runs again, and a tool node
 that started without completing is told to the model (or fails the turn)."""
 

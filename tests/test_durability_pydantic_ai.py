@@ -1,5 +1,5 @@
 """A pydantic-ai agent wrapped in ``worker.adapters.pydantic_ai.durable`` run as a ``retry=True``
-turn (S-RESUME): SIGKILL of its worker as a model request is made or inside a tool resumes the run
+turn (LOOP-RESUME): SIGKILL of its worker as a model request is made or inside a tool resumes the run
 from its recorded messages; no call runs twice unless its tool is idempotent (then with the same
 key), and a call whose outcome is unknown is told to the model (or fails the turn)."""
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.anyio
 async def test_follower_that_keeps_up_gets_every_event_in_order() -> None:
     """A follower reading the whole time gets every one of a fast burst, in order, no marker.
 
-    Attacks R-FAIR: the worker link once handled every frame it could read in one callback, so
+    Attacks LINK-FAIR: the worker link once handled every frame it could read in one callback, so
     while a worker streamed faster than the supervisor read, the follower's task never ran and
     the per-turn buffer overflowed under it (a reader missed events it was there for)."""
     n = 60_000
@@ -32,7 +32,7 @@ async def test_follower_that_keeps_up_gets_every_event_in_order() -> None:
 async def test_gap_marker_stands_where_a_slow_follower_lost_events() -> None:
     """A follower that stops reading while the turn emits far more than the buffer gets one
     ``EventsDropped`` whose ``count`` and ``first`` say exactly which events it lost, then the rest
-    in order; a late follower gets one at the start (E-GAP)."""
+    in order; a late follower gets one at the start (EVENTS-DROPPED)."""
     n, keep = 10_000, 1_000
     async with Supervisor(workers=1, spares=0, max_events=keep) as sup:
         handle = await sup.submit("tests.agents.stream:burst_then_wait", {"n": n})
@@ -76,7 +76,7 @@ async def test_follower_behind_but_within_the_buffer_gets_no_marker() -> None:
 
 async def test_a_turn_that_only_emits_still_sees_its_abort() -> None:
     """A turn that does nothing but emit (``emit`` yields to the loop at most once a millisecond
-    now, R-EMIT) still learns of its cancel: the Abort is read within a millisecond of the
+    now, EVENTS-EMIT-NOW) still learns of its cancel: the Abort is read within a millisecond of the
     emits, ``turn.signal`` shows it, and the turn ends ``aborted`` long before any escalation."""
     async with Supervisor(workers=1, spares=0, grace=30) as sup:
         handle = await sup.submit("tests.agents.stream:emit_while_cancelled")

@@ -1,4 +1,4 @@
-"""A turn a worker ran is never run again because a later turn killed that worker (rule E1).
+"""A turn a worker ran is never run again because a later turn killed that worker (rule WORKER-END-LOG).
 
 SPEC: after any crash an acknowledged turn runs at most once (unless submitted with
 ``retry=True``) and ends exactly once. With prefetch a worker runs quick handed turns back to
@@ -84,7 +84,7 @@ async def test_quick_turns_before_a_crash_run_once_and_keep_their_outcome(tmp_pa
 
 async def test_turns_passed_before_a_marked_crash_run_once(tmp_path: Path) -> None:
     """The same mix while the supervisor reads every busy worker's start marker each millisecond
-    (the memory check does, S1; so do a cancel or a deadline of a handed turn). A read that falls
+    (the memory check does, LADDER-EARLY; so do a cancel or a deadline of a handed turn). A read that falls
     between a crashing turn's start and its worker's death finds the crashing turn marked, with
     the quick turns before it passed (run, their frames unsent): when the worker then dies, their
     ends come from the End log. They used to be re-queued and run a second time."""
@@ -101,7 +101,7 @@ async def test_ends_too_big_for_the_log_still_run_once(tmp_path: Path) -> None:
 def test_end_log_shows_only_whole_records_of_its_own_worker() -> None:
     """The supervisor reads a log only if the pid in it is the dead worker's; it sees records
     only up to the committed length (a record written but not committed is not there), and
-    nothing after ``clear()``. The log is a memory file without a name (W-OWN): the writer maps
+    nothing after ``clear()``. The log is a memory file without a name (SEC-WORKER-FILES): the writer maps
     the descriptor it is handed and closes it; the reader keeps a read-only mapping."""
     import wire
     from wire import worker_link

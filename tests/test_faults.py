@@ -122,7 +122,7 @@ FAULTS: dict[str, Fault] = {
         cause="user",
     ),
     # The agent returns after closing the socket: the worker logged its End before it died of the
-    # lost link, so the turn ends with its own outcome (rule E1); the worker is replaced.
+    # lost link, so the turn ends with its own outcome (rule WORKER-END-LOG); the worker is replaced.
     "closes_its_zmq_socket": Fault(
         "tests.agents.faults:socket_closer", None, "completed", output="closed", replaced=True
     ),
@@ -169,7 +169,7 @@ async def test_fault_matrix(name: str) -> None:
         with anyio.fail_after(60):
             after = await sup.run("examples.agents:echo", "next")
         status = await sup.status()
-        held = sup.input_bytes  # I-BUDGET: every ended turn gave its input back, whatever its end
+        held = sup.input_bytes  # MEM-INPUTS: every ended turn gave its input back, whatever its end
 
     assert held == 0, held
     assert result.outcome == fault.outcome, result

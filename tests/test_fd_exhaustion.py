@@ -1,4 +1,4 @@
-"""Running out of file descriptors never kills the daemon or empties the pool (P-FD, D-FD).
+"""Running out of file descriptors never kills the daemon or empties the pool (WORKER-FD-RETRY, DAEMON-FD).
 
 * The pool: a worker that dies while the process has no descriptor left is replaced once there
   are descriptors again, by itself (the failed start is backed off and retried, counted in
@@ -70,7 +70,7 @@ def exhausted(headroom: int = 24) -> Iterator[list[int]]:
 
 
 async def test_the_pool_refills_by_itself_after_running_out_of_descriptors() -> None:
-    """P-FD: the only worker dies while no descriptor is free; its replacement cannot start (the
+    """WORKER-FD-RETRY: the only worker dies while no descriptor is free; its replacement cannot start (the
     shortage is counted and shown), and once descriptors are free again the pool refills by itself
     and the next turn runs. (Before: the ``EMFILE`` escaped from a loop callback, nothing retried
     it, and ``workers`` stayed empty for good.)"""
@@ -145,7 +145,7 @@ async def _connect_when_let_in(endpoint: str, options: dict[str, Any]) -> Client
 
 
 async def test_a_daemon_at_a_low_descriptor_limit_survives_connection_floods() -> None:
-    """D-FD: a daemon limited to 256 descriptors (soft and hard: it cannot raise them) meets 300
+    """DAEMON-FD: a daemon limited to 256 descriptors (soft and hard: it cannot raise them) meets 300
     half-open HTTP connections and 300 raw TCP connections to its CURVE endpoint while one of its
     workers dies. Each front end closes what it accepts past its share: the daemon lives, an
     ordinary CURVE client's turn completes, the pool is full again and the refusals are counted in
@@ -163,7 +163,7 @@ async def test_a_daemon_at_a_low_descriptor_limit_survives_connection_floods() -
         "--curve-clients",
         str(allowed),
         "--allow-agent",
-        "examples.agents:*",  # A-SHARED: a tcp endpoint names the agents its clients may run
+        "examples.agents:*",  # SEC-SHARED: a tcp endpoint names the agents its clients may run
         home=home,
         endpoint="tcp://127.0.0.1:0",
         limit_fds=256,
@@ -212,7 +212,7 @@ async def test_a_daemon_at_a_low_descriptor_limit_survives_connection_floods() -
 
 
 async def test_a_half_open_http_flood_leaves_room_for_ipc_clients() -> None:
-    """D-FD: a daemon limited to 128 descriptors on its default ``ipc://`` endpoint meets 200
+    """DAEMON-FD: a daemon limited to 128 descriptors on its default ``ipc://`` endpoint meets 200
     half-open HTTP connections; the HTTP front end keeps to its share, so an ordinary client still
     connects and its turn completes. (Before: the flood took every descriptor and the client's
     connection made libzmq abort the daemon: SIGABRT, "Too many open files (src/ipc_listener.cpp)".)"""
@@ -241,7 +241,7 @@ async def test_a_half_open_http_flood_leaves_room_for_ipc_clients() -> None:
 
 
 async def test_a_flood_of_zeromq_clients_is_refused_never_the_daemon() -> None:
-    """D-FD: 150 ZeroMQ clients (DEALERs that reconnect at once when closed) on the ``ipc://``
+    """DAEMON-FD: 150 ZeroMQ clients (DEALERs that reconnect at once when closed) on the ``ipc://``
     endpoint of a daemon limited to 128 descriptors: connections past the clients' share are shut
     down, and near the limit the endpoint stops listening for a moment. The daemon lives; once the
     flood goes, an ordinary client's turn completes and the refusals are counted. (Before: libzmq
@@ -276,7 +276,7 @@ async def test_a_flood_of_zeromq_clients_is_refused_never_the_daemon() -> None:
 
 
 async def test_a_flood_of_metrics_connections_leaves_room_for_clients() -> None:
-    """D-FD: 200 connections to the metrics port that never send a request, on a daemon limited to
+    """DAEMON-FD: 200 connections to the metrics port that never send a request, on a daemon limited to
     128 descriptors: the metrics listener holds at most 16 and closes the rest at once, so an
     ordinary client's turn completes and a scrape still answers once the flood goes. (Before: the
     listener's accept raised EMFILE out of the daemon, which exited with "Too many open files".)"""

@@ -1,4 +1,4 @@
-"""A handle keeps its turn's result (issue 15, item 11a; design rule R-KEEP).
+"""A handle keeps its turn's result (issue 15, item 11a; design rule API-HANDLE-KEEPS).
 
 ``keep_results`` bounds only what is kept for lookups by id: a turn's result stays available
 while any handle to it exists, as a ``concurrent.futures.Future`` keeps its value. Tested with a

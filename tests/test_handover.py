@@ -1,9 +1,9 @@
-"""K-HANDOVER (docs/design.md): the turns handed ahead to a doomed worker come back at the kill
+"""LADDER-HANDOVER (docs/design.md): the turns handed ahead to a doomed worker come back at the kill
 decision (the SIGTERM step), and a warm spare takes the doomed worker's slot the moment that worker
 process has exited, while its tree is reaped - not at the ``killed`` result. These tests attack
 what that could break: the queued turn runs exactly once, on the spare, never on the doomed worker;
 an agent that survives SIGTERM keeps its slot (the pool never runs more than ``workers`` agents);
-the doomed turn still ends ``killed`` whatever its worker says after the decision (R7)."""
+the doomed turn still ends ``killed`` whatever its worker says after the decision (TURN-ONE-OUTCOME)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ async def test_the_spare_takes_the_slot_when_the_doomed_worker_exits(tmp_path: P
             result = await doomed.result()
             left = [p for p in [*info["children"], info["daemon"], info["worker"]] if _alive(p)]
     assert result.outcome == "killed" and result.exit_code == -signal.SIGTERM, result
-    assert left == []  # R10: the doomed tree is reaped before its result, handover or not
+    assert left == []  # TURN-QUIESCENCE: the doomed tree is reaped before its result, handover or not
     assert out["pid"] in before and out["pid"] != info["worker"]
     assert [(t, p) for t, p, _ in starts(path)] == [(nxt.turn_id, out["pid"])]
 
@@ -116,7 +116,7 @@ async def test_capacity_stays_at_workers_while_a_doomed_worker_dies(tmp_path: Pa
             third = await sup.submit("tests.agents.handover:note_start", {"path": str(path)})
             await doomed.cancel()
             await wait_for_start(path, second.turn_id)
-            # The third waits: no slot for it (queued; "handed" would still count as queued, P1).
+            # The third waits: no slot for it (queued; "handed" would still count as queued, TURN-HANDED).
             assert sup.record(third.turn_id).state in ("queued", "handed")
             assert (await doomed.result()).outcome == "killed"
             killed_at = sup.record(doomed.turn_id).ended_at
@@ -134,8 +134,8 @@ async def test_a_doomed_turn_that_reports_an_end_is_still_killed_and_the_next_ru
     tmp_path: Path,
 ) -> None:
     """The doomed turn's agent returns on SIGTERM: its worker sends an ``End`` after the kill
-    decision and stays alive until the SIGKILL step. The turn is ``killed`` (R7); the queued turn
-    ran once, on the spare; the doomed worker, idle now, is never handed a turn."""
+    decision and stays alive until the SIGKILL step. The turn is ``killed`` (TURN-ONE-OUTCOME); the queued
+    turn ran once, on the spare; the doomed worker, idle now, is never handed a turn."""
     path = tmp_path / "starts"
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=1, grace=0.0, kill_after=0.5) as sup:

@@ -1,4 +1,4 @@
-"""K-HEIR (docs/design.md): at the kill decision a warm spare is handed the next queued turn, held
+"""LADDER-HEIR (docs/design.md): at the kill decision a warm spare is handed the next queued turn, held
 until the doomed worker's process is gone; the spare watches that process itself (a pidfd, the pid's
 start time guarding against reuse) and starts the turn the moment it exits. These tests attack what
 that could break: a spare starting while the doomed worker still runs (one agent more than
@@ -41,7 +41,7 @@ async def worker_pids(sup: Supervisor) -> set[int]:
 async def held_by(sup: Supervisor, turn_id: str, doomed_pid: int) -> int:
     """Wait until ``turn_id`` is handed to a worker other than the doomed one (and not started);
     return that worker's pid. (Short turns before make the pool hand turns ahead: the turn may be
-    handed to the doomed worker first, and come back at the kill decision, K-HANDOVER.)"""
+    handed to the doomed worker first, and come back at the kill decision, LADDER-HANDOVER.)"""
     while True:
         record = sup.record(turn_id)
         if record.state == "handed" and record.worker is not None and record.worker.pid != doomed_pid:
@@ -101,7 +101,7 @@ async def test_the_spare_holds_the_next_turn_from_the_decision_and_starts_it_onc
 
 
 async def test_a_held_turn_cancelled_before_it_starts_ends_aborted_unstarted() -> None:
-    """A turn held by the spare is still a queued turn (P1): cancelling it while the doomed worker
+    """A turn held by the spare is still a queued turn (TURN-HANDED): cancelling it while the doomed worker
     survives its SIGTERM ends it ``aborted`` with ``started`` false at once, exactly once; the spare
     drops its watch (no pidfd left open) and takes the next turn when the doomed worker is gone."""
     with anyio.fail_after(BOUND):
@@ -187,7 +187,7 @@ async def test_a_held_turn_imports_its_agent_only_once_the_doomed_worker_is_gone
             assert (await nxt.result()).output == spare_pid
             assert (await doomed.result()).outcome == "killed"
             record = sup.record(doomed.turn_id)
-    # A-PROBE imported the module once in a probe at the first submit (its own pid, not a worker's);
+    # ADAPT-PROBE imported the module once in a probe at the first submit (its own pid, not a worker's);
     # the workers imported it once, in the spare, after the doomed worker was gone.
     (line,) = [
         line for line in note.read_text().splitlines() if int(line.split()[0]) in (doomed_pid, spare_pid)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 # round. The others are figures under the machine's load, printed (``pytest -s``) and written to
 # benchmarks/SOAK.md by the full soak: ``idle_within_settle``, ``fds_back_near_start``, ``rss_bounded``,
 # and ``http_served_under_flood`` — while half-open connections hold the HTTP front end's share of
-# descriptors, a new connection is refused (503, D-FD), which is the promise; under CI's load the short
+# descriptors, a new connection is refused (503, DAEMON-FD), which is the promise; under CI's load the short
 # plan's flood can hold the share for the whole run, so an authenticated probe may never get in.
 REQUIRED = (
     "turns_lost_0",

@@ -1,4 +1,4 @@
-"""The async API under every event-loop host a user brings (issue 15, item 1; design rule H1).
+"""The async API under every event-loop host a user brings (issue 15, item 1; design rule API-ASYNCIO).
 
 Each host runs as a user's script in a subprocess (``tests/support/hosts.py``), bounded, so a
 hang fails instead of hanging: plain ``asyncio.run``, uvloop, a loop already running in another

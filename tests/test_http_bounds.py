@@ -1,4 +1,4 @@
-"""H-BOUND: what one HTTP connection may cost is bounded before authentication — the request line,
+"""HTTP-BOUND: what one HTTP connection may cost is bounded before authentication — the request line,
 the headers' count and size, the time to complete headers and body, keep-alive idle time and the
 number of connections (``supervisor/http/_bounds.py``)."""
 

@@ -1,4 +1,4 @@
-"""Unusual input at the HTTP front end gets a clear answer, never a 500 (R-TID, W-DEEP).
+"""Unusual input at the HTTP front end gets a clear answer, never a 500 (LINK-TURN-ID, LINK-DEPTH).
 
 Every turn id the rule accepts (any script, ``/``, ``%``, ``?``, dots) is addressable at the URL the
 submit's ``Location`` names, and every retry of the submit gets its acknowledgement again; an id the
@@ -52,7 +52,7 @@ def id_segment(value: str) -> str:
 
 
 def obeys_the_id_rule(value: str) -> bool:
-    """R-TID as docs/guarantees.md words it (written here again, not imported from the code)."""
+    """LINK-TURN-ID as docs/guarantees.md words it (written here again, not imported from the code)."""
     return 1 <= len(value) <= 256 and not re.search("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]", value)
 
 
@@ -72,7 +72,7 @@ def _result(http: httpx.Client, location: str) -> dict[str, Any]:
 
 
 def test_every_accepted_turn_id_is_addressable_and_its_retry_acknowledged() -> None:
-    """R-TID over HTTP: an id of ``日本``, one holding ``/``, ``%``, ``?`` or ``#``, or made of dots
+    """LINK-TURN-ID over HTTP: an id of ``日本``, one holding ``/``, ``%``, ``?`` or ``#``, or made of dots
     is acknowledged 201 with a percent-encoded ``Location``; the result, state, events and cancel
     are reached through it; every retry answers 200 with the same ``Location`` (was: 500 for
     ``日本`` on every retry, ``/`` unreachable)."""
@@ -102,7 +102,7 @@ def test_every_accepted_turn_id_is_addressable_and_its_retry_acknowledged() -> N
 
 
 def test_refused_turn_ids_and_deep_inputs_are_a_400_before_anything_runs() -> None:
-    """R-TID, W-DEEP: a NUL, a newline, a C1 control or a line separator in ``turn_id`` or
+    """LINK-TURN-ID, LINK-DEPTH: a NUL, a newline, a C1 control or a line separator in ``turn_id`` or
     ``session``, a lone surrogate, and an input nested 100,000 deep are each a 400 JSON error and
     nothing runs (was: the NUL id ran and got an empty reply; the deep input a 500)."""
     js = {"content-type": "application/json"}
@@ -277,7 +277,7 @@ def test_fuzzed_submits_are_acknowledged_or_refused_the_same_embedded_and_throug
     """Hypothesis: ``submit`` with any agent, input, session, turn id, times and retry, on a
     ``SyncSupervisor`` and on a ``SyncClient`` of a daemon: each call either returns a handle whose
     turn ends (and a repeat under its id is that turn), or raises ``TypeError``/``ValueError`` at
-    the call; both backends decide alike, what they accept obeys R-TID, and neither knows a turn it
+    the call; both backends decide alike, what they accept obeys LINK-TURN-ID, and neither knows a turn it
     did not acknowledge."""
     from supervisor import SyncClient, SyncSupervisor
 
@@ -301,7 +301,7 @@ def test_fuzzed_submits_are_acknowledged_or_refused_the_same_embedded_and_throug
                     answers.append("refused")  # (with two faults, the backends may name either first)
                     continue
                 ids.add(handle.turn_id)
-                assert obeys_the_id_rule(handle.turn_id), call  # R-TID holds for what was accepted
+                assert obeys_the_id_rule(handle.turn_id), call  # LINK-TURN-ID holds for what was accepted
                 assert call.get("session") is None or obeys_the_id_rule(call["session"]), call
                 result = handle.result()
                 assert result.turn_id == handle.turn_id

@@ -626,7 +626,7 @@ def test_the_decorator_forms_and_methods() -> None:
         worker.isolated(add, env={"A": 1})  # type: ignore[dict-item]
 
 
-# ---- the warm template (T-WARM) ---------------------------------------------------------------
+# ---- the warm template (TOOL-WARM) ---------------------------------------------------------------
 
 
 def parent() -> int:
@@ -736,7 +736,7 @@ def _call_groups_of(pid: int) -> list[str]:
 
 
 def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
-    """T-REUSE: a caller's groups kept for reuse are removed when it exits; those of a caller killed
+    """TOOL-REUSE-GROUPS: a caller's groups kept for reuse are removed when it exits; those of a caller killed
     with SIGKILL are swept (its v2 groups too) by the next sweep."""
     import subprocess
 
@@ -745,7 +745,7 @@ def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
     code = "import os, sys, worker\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
     assert _call_groups_of(int(done.stdout)) == []
-    warm = (  # with templates: the kept groups hold an embryo (T-EMBRYO), killed and removed at exit
+    warm = (  # with templates: the kept groups hold an embryo (TOOL-EMBRYO), killed and removed at exit
         "import os, worker\nfrom worker import lowlevel\nlowlevel.tool_templates(True)\n"
         "worker.run_command(['true'])\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
     )
@@ -768,7 +768,7 @@ def started_at() -> list[int]:
 
 
 def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
-    """T-EMBRYO: once a call's groups are kept, the template puts the next call's process in them
+    """TOOL-EMBRYO: once a call's groups are kept, the template puts the next call's process in them
     ahead of time (moving a process into a cgroup can wait ~10 ms for the kernel): the next call with
     the same limits is made by a process that started before the call did."""
     if lowlevel.tool_limits_backend()["containment"] != "cgroup2":

@@ -1,10 +1,10 @@
 """Workers are isolated from the supervisor's stderr, working directory and shared temp dir.
 
-* R-OUT: no agent output ever blocks the supervisor; it lands where documented, size-bounded.
-* R-PATH: workers import agents only from the explicit path (``--path`` / ``agent_path``; the
+* WORKER-OUTPUT: no agent output ever blocks the supervisor; it lands where documented, size-bounded.
+* WORKER-PATH: workers import agents only from the explicit path (``--path`` / ``agent_path``; the
   embedded default mirrors the host's ``sys.path``), in safe-path mode, from a private directory:
   a module planted in the daemon's working directory never runs.
-* R-RUN: a runtime directory squatted by another user neither denies service nor redirects the
+* SEC-RUNDIR: a runtime directory squatted by another user neither denies service nor redirects the
   socket: a private fallback under the home directory is used, and said.
 """
 
@@ -59,7 +59,7 @@ def home() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-# ---- R-OUT: worker output --------------------------------------------------------------
+# ---- WORKER-OUTPUT: worker output --------------------------------------------------------------
 
 
 def test_serve_flood_with_unread_stderr_never_blocks_daemon(home: Path) -> None:
@@ -157,7 +157,7 @@ async def test_embedded_worker_output_file(tmp_path: Path, zygote: bool) -> None
     """Promise: with ``worker_output=PATH`` each line a worker prints (stdout or stderr) lands in
     PATH as ``<time> w<n>[<pid>]: line``, the log is rotated at ``worker_output_max_mb`` (4 files at
     most) and the host's stderr gets none of it; each worker runs in a 0700 directory of its own
-    (W-CWD), not the host's cwd nor the engine's private directory."""
+    (WORKER-CWD), not the host's cwd nor the engine's private directory."""
     log = tmp_path / "w.log"
     with anyio.fail_after(BOUND):
         async with Supervisor(
@@ -198,7 +198,7 @@ def test_worker_output_option_is_validated() -> None:
         Supervisor(worker_output_max_mb=0)
 
 
-# ---- R-PATH: the import path -----------------------------------------------------------
+# ---- WORKER-PATH: the import path -----------------------------------------------------------
 
 PLANTED = ("msgspec", "worker", "anyio", "zmq", "wire", "tests")
 
@@ -289,7 +289,7 @@ async def test_embedded_agent_path(tmp_path: Path) -> None:
             assert r.outcome == "failed" and r.error is not None and r.error.type == "ModuleNotFoundError"
 
 
-# ---- R-RUN: the runtime directory ------------------------------------------------------
+# ---- SEC-RUNDIR: the runtime directory ------------------------------------------------------
 
 
 def _as_nobody(fn: object) -> None:

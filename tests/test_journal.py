@@ -96,7 +96,7 @@ def test_locked_by_another_live_daemon(tmp_path: Path) -> None:
             Journal.open(path)
         assert digest(path) == before
         # The holder's journal writer (a child process) holds the lock too, until it has written
-        # everything it was handed (J7): free again once both are gone.
+        # everything it was handed (JOURNAL-UNAVAILABLE): free again once both are gone.
         writers = psutil.Process(holder.pid).children()
         assert holder.stdin is not None
         holder.stdin.close()
@@ -131,9 +131,9 @@ def test_corrupt_newer_and_foreign_files_are_refused_untouched(tmp_path: Path) -
 
 @pytest.mark.parametrize("table", ["turns", "ends", "open_turns", "cleared", "events"])
 def test_a_journal_missing_a_table_is_refused_untouched_never_recreated(tmp_path: Path, table: str) -> None:
-    """J4: a journal with a turn in it whose ``table`` was dropped (quick_check still says ok) is
-    refused at open, by ``turnpool serve`` and by ``turnpool history``, with one line naming the table;
-    the file is left as it was (before, the writer recreated the table empty and the turns were gone)."""
+    """JOURNAL-REFUSE-BAD: a journal with a turn in it whose ``table`` was dropped (quick_check still says ok)
+    is refused at open, by ``turnpool serve`` and by ``turnpool history``, with one line naming the table; the
+    file is left as it was (before, the writer recreated the table empty and the turns were gone)."""
     path = tmp_path / "j.sqlite3"
     journal = Journal.open(path)
     done = threading.Event()

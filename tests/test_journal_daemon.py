@@ -29,7 +29,7 @@ async def test_sigkill_mid_batch_then_restart_ends_every_turn_once() -> None:
     """SIGKILL the daemon with turns running and queued, restart it on the same journal: ended
     turns' results are fetched as before; queued turns run (a session in its order); a running
     turn ends ``crashed`` (supervisor lost) unless submitted with ``retry=True``, which runs again
-    with ``attempts`` 2. A queued turn the journal had already cleared to run (J6: handed ahead to
+    with ``attempts`` 2. A queued turn the journal had already cleared to run (JOURNAL-GATE: handed ahead to
     a worker, so it may have started) ends ``crashed`` too; one still ``queued`` there runs. Every
     accepted turn ends exactly once."""
     home = short_dir()

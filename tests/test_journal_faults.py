@@ -246,7 +246,7 @@ async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: boo
 
 
 async def test_sigkill_under_load_never_runs_an_acknowledged_turn_twice() -> None:
-    """J6 (issue 13 item 2): SIGKILL the daemon at random points under load, six times,
+    """JOURNAL-GATE (issue 13 item 2): SIGKILL the daemon at random points under load, six times,
     restarting each time; lost acks are retried with the same turn_id. Every acknowledged id ends
     exactly once, no turn without ``retry=True`` runs twice (the agents count their own runs), a
     completed turn ran at most ``attempts`` times."""
@@ -258,7 +258,7 @@ async def test_sigkill_under_load_never_runs_an_acknowledged_turn_twice() -> Non
 
 
 async def test_sigkill_with_a_frozen_journal_disk_never_runs_a_turn_twice() -> None:
-    """J6: the journal's filesystem is frozen (``fsfreeze``) just before each SIGKILL, so journal
+    """JOURNAL-GATE: the journal's filesystem is frozen (``fsfreeze``) just before each SIGKILL, so journal
     commits stall: a turn must not reach a worker before its rows are committed, so nothing runs
     twice after the restart (before the fix nearly every kill produced a duplicate)."""
     with ext4_image() as where:
@@ -277,10 +277,10 @@ def _metric(served: Served, name: str) -> float:
 
 
 async def test_full_disk_refuses_submits_then_recovers() -> None:
-    """J7 (item 3): the journal's tmpfs fills up. Submits get ``JournalUnavailable`` (never an
-    ack for what is not durable), status says ``accepting`` false with the journal's error, the
-    metric ``turnpool_journal_available`` is 0; a refused turn never runs. When space is freed
-    the daemon writes and acknowledges again, and everything acknowledged survives a SIGKILL."""
+    """JOURNAL-UNAVAILABLE (item 3): the journal's tmpfs fills up. Submits get ``JournalUnavailable`` (never
+    an ack for what is not durable), status says ``accepting`` false with the journal's error, the metric
+    ``turnpool_journal_available`` is 0; a refused turn never runs. When space is freed the daemon writes and
+    acknowledges again, and everything acknowledged survives a SIGKILL."""
     with tmpfs("3m") as where:
         journal, log = where / "journal.sqlite3", where / "runs.log"
         home = short_dir()
@@ -326,7 +326,7 @@ async def test_full_disk_refuses_submits_then_recovers() -> None:
 
 
 async def test_read_only_remount_refuses_submits_and_loses_no_acknowledged_turn() -> None:
-    """J7: the journal's ext4 filesystem remounts itself read-only after an error (as with
+    """JOURNAL-UNAVAILABLE: the journal's ext4 filesystem remounts itself read-only after an error (as with
     ``errors=remount-ro``; ``trigger_fs_error`` raises a real one). Submits get
     ``JournalUnavailable`` and status shows the error; SIGTERM still ends the daemon (bounded),
     non-zero, saying the journal could not be written. After a repair (fsck) and a restart every
@@ -354,7 +354,7 @@ async def test_read_only_remount_refuses_submits_and_loses_no_acknowledged_turn(
                     await client.submit(AGENT, {"log": str(log)}, turn_id="refused")
                 st = await status(served)
                 assert st["daemon"]["accepting"] is False and "journal" in st["daemon"]["journal_error"]
-                shown = served.cli("status")  # piped: tab-separated facts (C-PIPE)
+                shown = served.cli("status")  # piped: tab-separated facts (CLI-PLAIN)
                 assert "accepting\tno\n" in shown.stdout and "journal_error\t" in shown.stdout, shown
             served.signal(signal.SIGTERM)
             assert served.wait(timeout=60) != 0
@@ -390,9 +390,9 @@ async def _in_journal(journal: Path, turn_id: str, state: str) -> None:
 
 
 async def test_deleted_journal_is_noticed_and_its_path_stays_locked() -> None:
-    """J7: the journal file is deleted under a live daemon. A second daemon on the same path is
-    still refused (the lock is not a file); the first daemon's next write notices the deletion:
-    the submit gets ``JournalUnavailable`` and the daemon stops with exit code 3 and a message."""
+    """JOURNAL-UNAVAILABLE: the journal file is deleted under a live daemon. A second daemon on the same path
+    is still refused (the lock is not a file); the first daemon's next write notices the deletion: the submit
+    gets ``JournalUnavailable`` and the daemon stops with exit code 3 and a message."""
     home = short_dir()
     journal = home / "journal.sqlite3"
     served = start(*FAST, "--journal", str(journal), home=home)
@@ -418,9 +418,9 @@ async def test_deleted_journal_is_noticed_and_its_path_stays_locked() -> None:
 
 
 async def test_sigterm_ends_the_daemon_in_bounded_time_with_a_frozen_journal_disk() -> None:
-    """J7: the journal's filesystem is frozen (``fsfreeze``) with turns in flight. SIGTERM ends
-    the daemon within a bound (drain 0 + worker stop + the 5 s journal close bound + margin), and it
-    says that the journal could not be written."""
+    """JOURNAL-UNAVAILABLE: the journal's filesystem is frozen (``fsfreeze``) with turns in flight. SIGTERM
+    ends the daemon within a bound (drain 0 + worker stop + the 5 s journal close bound + margin), and it says
+    that the journal could not be written."""
     with ext4_image() as where:
         journal = where / "journal.sqlite3"
         home = short_dir()
@@ -449,7 +449,7 @@ async def test_sigterm_ends_the_daemon_in_bounded_time_with_a_frozen_journal_dis
 
 
 def test_journal_lock_is_an_abstract_socket_not_a_file(tmp_path: Path) -> None:
-    """J7: the single-daemon lock is an abstract unix socket named from the journal's real
+    """JOURNAL-UNAVAILABLE: the single-daemon lock is an abstract unix socket named from the journal's real
     path: nothing on disk to delete."""
     name = lock_name(tmp_path / "j.sqlite3")
     assert name.startswith(b"\0")
@@ -464,7 +464,7 @@ def test_journal_lock_is_an_abstract_socket_not_a_file(tmp_path: Path) -> None:
 
 
 async def test_restart_readmits_more_queued_turns_than_max_queue() -> None:
-    """J3 (item 4): the journal holds more queued turns than the restarted daemon's
+    """JOURNAL-RECOVERY (item 4): the journal holds more queued turns than the restarted daemon's
     ``--max-queue``: it starts anyway and runs every one of them (they were acknowledged)."""
     home = short_dir()
     journal, log = home / "journal.sqlite3", home / "runs.log"
@@ -497,7 +497,7 @@ async def test_restart_readmits_more_queued_turns_than_max_queue() -> None:
 
 
 async def test_reused_evicted_turn_id_is_the_existing_turn_across_a_restart() -> None:
-    """J8 (item 12): with ``--keep-results 1`` a finished turn's id is evicted from memory. The
+    """JOURNAL-LOOKUP (item 12): with ``--keep-results 1`` a finished turn's id is evicted from memory. The
     same id submitted again (same agent and input) is the existing turn, answered from the journal
     and never run again; with another input it is refused, never acknowledged and lost. After a
     SIGKILL and restart the id still gives its one result."""
@@ -532,7 +532,7 @@ async def test_reused_evicted_turn_id_is_the_existing_turn_across_a_restart() ->
 
 
 async def test_journal_files_are_private_and_open_directories_are_refused() -> None:
-    """J9: the journal and its ``-wal``/``-shm`` side files are 0600 whatever the umask; a
+    """SEC-JOURNAL: the journal and its ``-wal``/``-shm`` side files are 0600 whatever the umask; a
     journal directory that other users can read or write is refused with a clear message."""
     home = short_dir()
     journal = home / "journal.sqlite3"
@@ -564,7 +564,7 @@ async def test_journal_files_are_private_and_open_directories_are_refused() -> N
 
 
 def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
-    """J7: ``JournalUnavailable`` is exported from ``supervisor`` and the client turns the
+    """JOURNAL-UNAVAILABLE: ``JournalUnavailable`` is exported from ``supervisor`` and the client turns the
     daemon's ``journal_unavailable`` error code into it."""
     import supervisor
     from supervisor.client.client import _error
@@ -580,10 +580,10 @@ def test_journal_unavailable_is_public_and_has_its_wire_code() -> None:
 
 
 async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
-    """J1/J6/J8: a submit whose commit stalls (the journal's filesystem frozen) is not
-    acknowledged, nor is a repeat of its id meanwhile, and the turn does not run. The daemon is
-    SIGKILLed; the client, never having seen an ack, submits the same turn_id after the restart: it
-    runs exactly once (before the fix it had already run unacknowledged, and ran again)."""
+    """JOURNAL-ACK/JOURNAL-GATE/JOURNAL-LOOKUP: a submit whose commit stalls (the journal's filesystem frozen)
+    is not acknowledged, nor is a repeat of its id meanwhile, and the turn does not run. The daemon is
+    SIGKILLed; the client, never having seen an ack, submits the same turn_id after the restart: it runs
+    exactly once (before the fix it had already run unacknowledged, and ran again)."""
     with ext4_image() as where:
         journal = where / "journal.sqlite3"
         logdir = short_dir()
@@ -629,7 +629,7 @@ async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
 
 
 def test_an_id_already_in_the_journal_is_reported_never_silently_kept(tmp_path: Path) -> None:
-    """J8 (item 12): recording a turn whose id the journal already holds does not report a commit
+    """JOURNAL-LOOKUP (item 12): recording a turn whose id the journal already holds does not report a commit
     (which would acknowledge a turn that will not run): the accept row reports a conflict."""
     import threading
     from types import SimpleNamespace

@@ -1,5 +1,6 @@
-"""P-FD for the journal: a writer that cannot be restarted for want of file descriptors is counted,
-and its rows are written once descriptors are free again (J7's retry), in a process of its own."""
+"""WORKER-FD-RETRY for the journal: a writer that cannot be restarted for want of file descriptors is counted,
+and its rows are written once descriptors are free again (JOURNAL-UNAVAILABLE's retry), in a process of its
+own."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
-"""J-GROUP and J6-SKIP: journal rows grouped per statement, and the dispatch gate's walk that does
-not start again from the head of the queue at every pump. What that could break, attacked with a
+"""JOURNAL-GROUP and JOURNAL-GATE-RESUME: journal rows grouped per statement, and the dispatch gate's walk
+that does not start again from the head of the queue at every pump. What that could break, attacked with a
 real writer process, real SQLite files, a real pool and a real ``turnpool serve``:
 
 * an accept row whose id is already in the journal, in the middle of a grouped batch, is reported
   for its own turn (and in its place among the batch's callbacks), on the writer thread and on the
-  event loop (J-LOOP);
+  event loop (JOURNAL-DIRECT);
 * rows of one turn written in one pass (accept, dispatched, running, ended), among other turns'
   rows, reach the file in their order: the turn ends ``ended`` with its start's values;
 * behind a gate, with queued turns cancelled whether cleared or not and workers crashing (their
   handed turns go back to the front of the queue), every other turn still runs and the gate never
   has more turns cleared and waiting than its bound: ``CLEAR_AHEAD`` windows of the workers'
-  prefetch while turns are short (J6-AHEAD), the workers alone while turns are long;
+  prefetch while turns are short (JOURNAL-GATE-AHEAD), the workers alone while turns are long;
 * the daemon SIGKILLed the moment ``submit_many`` returned (every ack in): after a restart every
   acknowledged turn is there, and none ran twice (each agent run notes itself in a file).
 """
@@ -44,11 +44,11 @@ from tests.support.journalkit import completed, record
 def test_a_conflict_in_the_middle_of_a_grouped_batch_is_reported_for_its_own_turn(
     tmp_path: Path, path: str
 ) -> None:
-    """J8 with J-GROUP: one pass writes accept rows ``a``, ``dup`` (an id already in the journal)
-    and ``c``, with a start and an end of another turn and a dispatched row between them. The
-    writer runs them grouped per statement; the conflict comes back for ``dup`` alone (its
-    ``on_fail`` with ``conflict`` true, never its ``on_commit``), in its place among the batch's
-    callbacks; the journal keeps ``dup``'s first row untouched and has every other row."""
+    """JOURNAL-LOOKUP with JOURNAL-GROUP: one pass writes accept rows ``a``, ``dup`` (an id already in the
+    journal) and ``c``, with a start and an end of another turn and a dispatched row between them. The writer
+    runs them grouped per statement; the conflict comes back for ``dup`` alone (its ``on_fail`` with
+    ``conflict`` true, never its ``on_commit``), in its place among the batch's callbacks; the journal keeps
+    ``dup``'s first row untouched and has every other row."""
     file = tmp_path / "j.sqlite3"
     journal = Journal.open(file)
     calls: list[tuple[str, object]] = []
@@ -95,7 +95,7 @@ def test_a_conflict_in_the_middle_of_a_grouped_batch_is_reported_for_its_own_tur
 
 
 def test_rows_of_one_turn_in_one_pass_reach_the_file_in_their_order(tmp_path: Path) -> None:
-    """J-GROUP runs a batch's statements grouped (accept, queued again, dispatched, running,
+    """JOURNAL-GROUP runs a batch's statements grouped (accept, queued again, dispatched, running,
     running + ended, ended): a turn whose every row is written in one pass — interleaved with
     other turns' rows, its end written before another turn's accept — ends ``ended`` with its
     start's pid and time; a turn that ran, requeued by recovery and cleared again in the same
@@ -139,13 +139,12 @@ def test_rows_of_one_turn_in_one_pass_reach_the_file_in_their_order(tmp_path: Pa
 
 @pytest.mark.anyio
 async def test_the_gate_walk_stays_exact_with_cancels_and_turns_back_at_the_front() -> None:
-    """J6-SKIP: behind a dispatch gate that records and clears turns asynchronously (as the journal
-    does), 600 short turns on 2 workers; every fifth is cancelled as soon as it is accepted, every
-    seventh a while later (cleared or not by then), and every 97th crashes its worker (the turns
-    handed ahead to it go back to the front of the queue). Every other turn completes — a gate
-    whose count of cleared turns drifted up would stop clearing, and the run would hang — and at
-    no call does the gate have more turns cleared and waiting than ``CLEAR_AHEAD`` × capacity ×
-    prefetch (J6-AHEAD)."""
+    """JOURNAL-GATE-RESUME: behind a dispatch gate that records and clears turns asynchronously (as the
+    journal does), 600 short turns on 2 workers; every fifth is cancelled as soon as it is accepted, every
+    seventh a while later (cleared or not by then), and every 97th crashes its worker (the turns handed ahead
+    to it go back to the front of the queue). Every other turn completes — a gate whose count of cleared turns
+    drifted up would stop clearing, and the run would hang — and at no call does the gate have more turns
+    cleared and waiting than ``CLEAR_AHEAD`` × capacity × prefetch (JOURNAL-GATE-AHEAD)."""
     loop = asyncio.get_running_loop()
     worst = 0
     async with Supervisor(workers=2, spares=0, grace=0.5, kill_after=0.5, max_queue=10_000) as sup:
@@ -195,7 +194,7 @@ async def test_the_gate_walk_stays_exact_with_cancels_and_turns_back_at_the_fron
 
 @pytest.mark.anyio
 async def test_long_turns_get_no_cleared_reserve() -> None:
-    """J6-AHEAD is for short turns only: turns longer than the prefetch window are not handed ahead
+    """JOURNAL-GATE-AHEAD is for short turns only: turns longer than the prefetch window are not handed ahead
     (depth 1), and behind a gate no more of them are cleared than the workers run at once. Were the
     reserve applied to them, turns would be cleared that wait long behind running ones, and a
     daemon killed meanwhile would end them ``crashed`` though they never ran."""

@@ -1,4 +1,5 @@
-"""J-OWN: one live daemon per journal, whatever the network namespace, link or mount that reaches it.
+"""JOURNAL-ONE-DAEMON: one live daemon per journal, whatever the network namespace, link or mount that reaches
+it.
 
 A second ``turnpool serve`` is started on the journal of a live daemon that has a turn running and
 one queued: from another network namespace (``unshare --net``: a second container sharing the
@@ -89,13 +90,13 @@ def _runs(log: Path) -> collections.Counter[str]:
 
 
 async def test_a_second_daemon_is_refused_across_namespaces_links_and_mounts() -> None:
-    """J-OWN: with a daemon live on a journal (one turn running, one queued), a second daemon on that
-    journal from another network namespace, through a hard link, through a symlink from another
-    namespace, and through a bind mount in another mount+network namespace is refused with one line
-    ("locked by another live daemon"); the running turn keeps running, nothing ran twice. After a
-    SIGKILL of the live daemon (its writer dies with it), a daemon in another namespace starts and
-    recovers: the running turn ends ``crashed``, every acknowledged turn ends once, none ran twice.
-    Before the fix the namespaced daemon started, recovered the live journal and ran the queued turn."""
+    """JOURNAL-ONE-DAEMON: with a daemon live on a journal (one turn running, one queued), a second daemon on
+    that journal from another network namespace, through a hard link, through a symlink from another
+    namespace, and through a bind mount in another mount+network namespace is refused with one line ("locked
+    by another live daemon"); the running turn keeps running, nothing ran twice. After a SIGKILL of the live
+    daemon (its writer dies with it), a daemon in another namespace starts and recovers: the running turn ends
+    ``crashed``, every acknowledged turn ends once, none ran twice. Before the fix the namespaced daemon
+    started, recovered the live journal and ran the queued turn."""
     why = _unshare_works()
     if why is not None:
         pytest.skip(why)
@@ -171,10 +172,10 @@ async def test_a_second_daemon_is_refused_across_namespaces_links_and_mounts() -
 
 
 def test_the_lock_survives_the_daemons_own_sqlite_connections_closing(tmp_path: Path) -> None:
-    """J-OWN: a classic POSIX lock is dropped when its process closes *any* descriptor of the file, as
-    SQLite does all the time; the journal's OFD lock is not. With a journal open here, SQLite
-    connections to it opened and closed in this process, and the file reached through a hard link, a
-    lock attempt from another process (another network namespace when permitted) is still refused."""
+    """JOURNAL-ONE-DAEMON: a classic POSIX lock is dropped when its process closes *any* descriptor of the
+    file, as SQLite does all the time; the journal's OFD lock is not. With a journal open here, SQLite
+    connections to it opened and closed in this process, and the file reached through a hard link, a lock
+    attempt from another process (another network namespace when permitted) is still refused."""
     import sqlite3
 
     path = tmp_path / "j.sqlite3"
@@ -219,8 +220,8 @@ def test_a_lock_refusal_is_both_a_journal_error_and_daemon_already_running(tmp_p
 
 
 def test_a_filesystem_that_cannot_lock_is_refused_in_one_line(tmp_path: Path, monkeypatch: Any) -> None:
-    """J-OWN: where the filesystem cannot take the lock (``ENOLCK``: NFS without its lock service;
-    ``EINVAL``: no OFD locks), the journal is refused with one line saying why, and nothing is left
+    """JOURNAL-ONE-DAEMON: where the filesystem cannot take the lock (``ENOLCK``: NFS without its lock
+    service; ``EINVAL``: no OFD locks), the journal is refused with one line saying why, and nothing is left
     open or running."""
     real = fcntl.fcntl
 

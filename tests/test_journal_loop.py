@@ -1,7 +1,6 @@
-"""J-LOOP and J-ROWS: the daemon's event loop talks to the journal's writer process itself (no
-writer thread on the fast path), and a turn's "running" and "ended" rows of one batch are one
-``UPDATE``. What that could break, attacked with a real writer process, real SQLite files and a
-real ``turnpool serve``:
+"""JOURNAL-DIRECT and JOURNAL-MERGE-ROWS: the daemon's event loop talks to the journal's writer process itself
+(no writer thread on the fast path), and a turn's "running" and "ended" rows of one batch are one ``UPDATE``.
+What that could break, attacked with a real writer process, real SQLite files and a real ``turnpool serve``:
 
 * a batch still in flight when the event loop ends is committed by ``close`` (nothing handed over
   is lost because the loop that was to read the reply is gone);
@@ -38,7 +37,7 @@ from tests.support.journalkit import completed, record
 
 
 def test_a_batch_in_flight_when_the_loop_ends_is_committed_by_close(tmp_path: Path) -> None:
-    """J-LOOP: rows handed over on an attached loop, the loop ended before it could read the
+    """JOURNAL-DIRECT: rows handed over on an attached loop, the loop ended before it could read the
     commit's reply (and more rows pending behind it): ``close`` finishes the batch in flight and
     writes the rest; every accept's ``on_commit`` ran exactly once, and every row is in the file."""
     path = tmp_path / "j.sqlite3"
@@ -67,7 +66,7 @@ def test_a_batch_in_flight_when_the_loop_ends_is_committed_by_close(tmp_path: Pa
 
 
 def test_a_turn_started_and_ended_in_one_batch_is_one_row_with_both_rows_values(tmp_path: Path) -> None:
-    """J-ROWS: a turn started and ended in one batch is written as one end row that carries what
+    """JOURNAL-MERGE-ROWS: a turn started and ended in one batch is written as one end row that carries what
     the two would have (state ``ended``, ``started_at``, ``worker_pid``, outcome, result), its
     "running" row dropped; a turn queued again between its start and its end keeps its "queued
     again" row (its end shows the second start); rows of other turns and statements are untouched."""
@@ -124,7 +123,7 @@ def _writer_pid(daemon_pid: int) -> int:
 
 
 def _die_after_reply(journal: Journal, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """J-LOST, made exact: the next time the journal reads a whole reply from its writer (through
+    """JOURNAL-LOST-WRITER, made exact: the next time the journal reads a whole reply from its writer (through
     ``journal_writer.<name>``: ``recv`` on the thread, ``parse`` on the loop), the writer process
     is SIGKILLed and the reply dropped — the writer died after its commit, before its answer."""
     real = getattr(journal_writer, name)
@@ -154,7 +153,7 @@ def _accept(journal: Journal, tid: str, said: dict[str, str]) -> None:
 def test_a_writer_that_dies_after_its_commit_keeps_the_acks_of_the_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """J-LOST on the writer thread: the writer commits a batch of accept rows and dies before its
+    """JOURNAL-LOST-WRITER on the writer thread: the writer commits a batch of accept rows and dies before its
     reply. The rows are in the file, so the submits are acknowledged, not refused: a refusal says
     "not recorded, never run", and the next daemon on this journal would run them. A new writer
     takes the next batch."""
@@ -185,10 +184,10 @@ def test_a_writer_that_dies_after_its_commit_keeps_the_acks_of_the_thread(
 def test_a_writer_that_dies_after_its_commit_keeps_the_acks_of_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """J-LOST on the event loop (J-LOOP): the reply of a committed batch never comes, the writer is
-    dead. The loop hands the batch to a writer thread, which reads the file (not the loop: the disk
-    may be why the writer died), finds the rows and acknowledges them; rows written meanwhile go
-    after it, to a new writer; every accept is acknowledged exactly once."""
+    """JOURNAL-LOST-WRITER on the event loop (JOURNAL-DIRECT): the reply of a committed batch never comes, the
+    writer is dead. The loop hands the batch to a writer thread, which reads the file (not the loop: the disk
+    may be why the writer died), finds the rows and acknowledges them; rows written meanwhile go after it, to
+    a new writer; every accept is acknowledged exactly once."""
     path = tmp_path / "j.sqlite3"
     journal = Journal.open(path)
     said: dict[str, str] = {}
@@ -217,7 +216,7 @@ def test_a_writer_that_dies_after_its_commit_keeps_the_acks_of_the_loop(
 
 @pytest.mark.anyio
 async def test_a_killed_writer_process_is_replaced_and_acks_stay_durable() -> None:
-    """J-LOOP: the journal's writer process SIGKILLed while the daemon's loop talks to it. Submits
+    """JOURNAL-DIRECT: the journal's writer process SIGKILLed while the daemon's loop talks to it. Submits
     made meanwhile are refused (``JournalUnavailable``) or acknowledged, never acknowledged
     unwritten: later submits are acknowledged again, and after the daemon itself is SIGKILLed and
     restarted on the same journal every acknowledged turn is there."""
@@ -263,7 +262,7 @@ async def test_a_killed_writer_process_is_replaced_and_acks_stay_durable() -> No
 
 @pytest.mark.anyio
 async def test_a_writer_that_dies_while_the_daemon_is_idle_is_noticed_without_spinning() -> None:
-    """J-LOOP: the writer process SIGKILLed while nothing is in flight. The end of its socket is
+    """JOURNAL-DIRECT: the writer process SIGKILLed while nothing is in flight. The end of its socket is
     read once (the journal goes back to its thread, which starts a new writer on the next
     commit), not left readable under the loop, which would call the reader callback forever:
     an idle daemon stays idle, and the next submit is acknowledged."""
@@ -289,7 +288,7 @@ async def test_a_writer_that_dies_while_the_daemon_is_idle_is_noticed_without_sp
 
 
 def test_a_batch_larger_than_the_socket_buffer_is_sent_in_pieces(tmp_path: Path) -> None:
-    """J-LOOP: one pass of the loop hands over 30,000 accept rows (a frame of megabytes, far more
+    """JOURNAL-DIRECT: one pass of the loop hands over 30,000 accept rows (a frame of megabytes, far more
     than the socket takes at once): the rest goes out as the socket drains (the loop's writer
     callback), the writer process commits the whole batch, every ``on_commit`` runs once."""
     path = tmp_path / "j.sqlite3"

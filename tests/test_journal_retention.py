@@ -1,6 +1,6 @@
-"""J-KEEP: the journal keeps the newest ``keep_turns`` ended turns (100,000 by default), so a daemon
-that runs for ever has a bounded journal file. The full million-turn soak is
-``python -m benchmarks.soak_journal``; this is it scaled down."""
+"""JOURNAL-KEEP-NEWEST: the journal keeps the newest ``keep_turns`` ended turns (100,000 by default), so a
+daemon that runs for ever has a bounded journal file. The full million-turn soak is ``python -m
+benchmarks.soak_journal``; this is it scaled down."""
 
 from __future__ import annotations
 

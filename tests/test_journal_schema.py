@@ -1,4 +1,4 @@
-"""J-APPEND: the journal's schema 2, where rows are inserted and never rewritten, and the upgrade of a
+"""JOURNAL-APPEND: the journal's schema 2, where rows are inserted and never rewritten, and the upgrade of a
 schema-1 journal in place. What it could break, attacked on real SQLite files with a real writer
 process and a real ``turnpool serve``:
 
@@ -35,7 +35,7 @@ from tests.support.journalkit import SCHEMA_1, completed, record
 
 
 def _schema_1_file(path: Path) -> wire.TurnResult:
-    """A schema-1 journal holding a turn in each state (as turnpool before J-APPEND wrote them),
+    """A schema-1 journal holding a turn in each state (as turnpool before JOURNAL-APPEND wrote them),
     in a private directory; returns the result recorded for the ended one."""
     path.parent.chmod(0o700)
     done = wire.TurnResult(
@@ -185,9 +185,9 @@ def test_cleared_runs_are_pruned_once_their_turns_ended(tmp_path: Path) -> None:
 
 
 def test_a_conflicting_accept_writes_nothing_and_never_touches_the_turn_with_its_id(tmp_path: Path) -> None:
-    """J8 with J-APPEND: a second accept of an id already in the journal inserts nothing and is
-    refused; the refused turn's end (its withdrawal) writes no row, and the first turn's own rows
-    (open, then its real end) stay its own."""
+    """JOURNAL-LOOKUP with JOURNAL-APPEND: a second accept of an id already in the journal inserts nothing and
+    is refused; the refused turn's end (its withdrawal) writes no row, and the first turn's own rows (open,
+    then its real end) stay its own."""
     path = tmp_path / "j.sqlite3"
     journal = Journal.open(path)
     journal.accepted(record("same", tag=b"first"))

@@ -1,4 +1,4 @@
-"""J6-WITH: a turn's accept row and its "may run" row in one commit. The dispatch gate may clear
+"""JOURNAL-GATE-SHARE: a turn's accept row and its "may run" row in one commit. The dispatch gate may clear
 a turn as soon as its accept row is written to the journal, before that row is committed; the
 "dispatched" row then commits with it or after it, and the turn is handed to a worker only once
 both are committed. What that could break, attacked with a real writer process, real SQLite files,
@@ -13,7 +13,7 @@ a real pool and a real ``turnpool serve``:
 * a full disk fails the batch that holds both rows: the submits get ``JournalUnavailable``, the
   turns never run and leave no row, the retried "dispatched" rows change nothing, and the gate
   still clears (a drift of its count would stop it for good: the pool would hang);
-* an accept row whose id is already in the journal (J8), its "dispatched" row in the same batch:
+* an accept row whose id is already in the journal (JOURNAL-LOOKUP), its "dispatched" row in the same batch:
   refused, never run, the existing row not made "dispatched", the gate still clears;
 * a cancel of each turn right behind its submit, in the same frame (between its clearance and
   its commit): ended ``aborted`` in the journal, never run, not even after a SIGKILL and a restart.
@@ -72,7 +72,7 @@ async def _in_process(home: Path, **options: Any) -> AsyncIterator[tuple[Daemon,
 
 async def _quiet(journal: Journal) -> None:
     """Wait until everything handed to the journal so far is committed (from a thread: on the
-    loop, J-LOOP, ``flush`` would block the loop that reads the commit's reply)."""
+    loop, JOURNAL-DIRECT, ``flush`` would block the loop that reads the commit's reply)."""
     with anyio.fail_after(30):
         await anyio.to_thread.run_sync(journal.flush)
 
@@ -116,16 +116,15 @@ def _doomed(i: int) -> bool:
 
 
 async def test_turns_cleared_before_they_are_recorded_start_only_once_recorded_and_cleared() -> None:
-    """J6-WITH against the engine's bookkeeping (J6-SKIP's counts, ``TurnQueue``'s): a gate that
-    clears turns asynchronously (0 to 3 passes of the loop later), and the accept rows of the same
-    turns recorded - or refused, every eleventh turn withdrawn as a failed batch does - 1 to 3
-    passes after their accept: a turn's clearance comes before or after its record, and a
-    withdrawn turn's before or after its withdrawal (as the journal's retried "dispatched" row
-    does). 600 short turns on 2 workers; every fifth cancelled at once (between its clearance and
-    any commit), every seventh a while later, every 97th crashing its worker. No turn starts
-    before it is both recorded and cleared; no withdrawn turn starts; every other turn ends as it
-    should (a drifted count of cleared turns would stop the gate and hang the run); the gate never
-    holds more than ``CLEAR_AHEAD`` × capacity × prefetch cleared and waiting; and many turns were
+    """JOURNAL-GATE-SHARE against the engine's bookkeeping (JOURNAL-GATE-RESUME's counts, ``TurnQueue``'s): a
+    gate that clears turns asynchronously (0 to 3 passes of the loop later), and the accept rows of the same
+    turns recorded - or refused, every eleventh turn withdrawn as a failed batch does - 1 to 3 passes after
+    their accept: a turn's clearance comes before or after its record, and a withdrawn turn's before or after
+    its withdrawal (as the journal's retried "dispatched" row does). 600 short turns on 2 workers; every fifth
+    cancelled at once (between its clearance and any commit), every seventh a while later, every 97th crashing
+    its worker. No turn starts before it is both recorded and cleared; no withdrawn turn starts; every other
+    turn ends as it should (a drifted count of cleared turns would stop the gate and hang the run); the gate
+    never holds more than ``CLEAR_AHEAD`` × capacity × prefetch cleared and waiting; and many turns were
     cleared before they were recorded (the case under test did happen)."""
     loop = asyncio.get_running_loop()
     rng = random.Random(6006)
@@ -237,13 +236,13 @@ async def _gate_still_clears(client: Client, log: Path, n: int = 8) -> None:
 
 
 async def test_a_full_disk_fails_the_batch_holding_a_turns_accept_and_dispatched_rows() -> None:
-    """J7 with J6-WITH: the journal's tmpfs is full; six submits arrive in one frame while both
-    workers are idle, so the first turns are cleared at once and their "dispatched" rows go in
-    the batch of their accept rows. The batch fails: every submit gets ``JournalUnavailable``,
-    none of those turns runs, and none leaves a row in the journal; the "dispatched" rows kept and
-    retried until the disk is back change nothing. Once space is freed the gate still clears
-    (its window is two turns here: had the withdrawn turns stayed counted as cleared, no turn
-    would start again), and a refused id submitted again runs once, as a new turn."""
+    """JOURNAL-UNAVAILABLE with JOURNAL-GATE-SHARE: the journal's tmpfs is full; six submits arrive in one
+    frame while both workers are idle, so the first turns are cleared at once and their "dispatched" rows go
+    in the batch of their accept rows. The batch fails: every submit gets ``JournalUnavailable``, none of
+    those turns runs, and none leaves a row in the journal; the "dispatched" rows kept and retried until the
+    disk is back change nothing. Once space is freed the gate still clears (its window is two turns here: had
+    the withdrawn turns stayed counted as cleared, no turn would start again), and a refused id submitted
+    again runs once, as a new turn."""
     with tmpfs("3m") as where:
         journal, log = where / "journal.sqlite3", where / "runs.log"
         home = short_dir()
@@ -286,13 +285,13 @@ async def test_a_full_disk_fails_the_batch_holding_a_turns_accept_and_dispatched
 
 
 async def test_an_id_already_in_the_journal_with_its_dispatched_row_in_the_same_batch() -> None:
-    """J8 with J6-WITH: a submit under an id whose row is already in the journal, the daemon's
-    lookup missing it (the race J8's insert-time check is for: here the lookup is made to miss).
-    Its turn is cleared at once, so its "dispatched" row shares the batch of its conflicting
-    accept row: the submit is refused (``ValueError``), the turn never runs, the existing row is
-    not made "dispatched" (after a crash that would end it a second time) and keeps its own result
-    (schema 1 overwrote it with the refused turn's end), and the gate, whose
-    window is the two workers alone (``prefetch=1``), still clears turn after turn."""
+    """JOURNAL-LOOKUP with JOURNAL-GATE-SHARE: a submit under an id whose row is already in the journal, the
+    daemon's lookup missing it (the race JOURNAL-LOOKUP's insert-time check is for: here the lookup is made to
+    miss). Its turn is cleared at once, so its "dispatched" row shares the batch of its conflicting accept
+    row: the submit is refused (``ValueError``), the turn never runs, the existing row is not made
+    "dispatched" (after a crash that would end it a second time) and keeps its own result (schema 1 overwrote
+    it with the refused turn's end), and the gate, whose window is the two workers alone (``prefetch=1``),
+    still clears turn after turn."""
     home = short_dir()
     log = home / "runs.log"
     try:
@@ -320,7 +319,7 @@ async def test_an_id_already_in_the_journal_with_its_dispatched_row_in_the_same_
         shutil.rmtree(home, ignore_errors=True)
     assert counted["dup"] == 1
     assert [(r["state"], r["outcome"]) for r in rows] == [("ended", "completed")]
-    # J-APPEND: the refused turns' ends ("failed") wrote nothing, least of all onto this turn's record.
+    # JOURNAL-APPEND: the refused turns' ends ("failed") wrote nothing, least of all onto this turn's record.
     assert recorded == first
 
 
@@ -337,8 +336,8 @@ async def _all_ended(journal: Path, ids: list[str]) -> None:
 
 
 async def test_a_cancel_between_clearance_and_commit_ends_the_turn_aborted_for_good() -> None:
-    """A cancel right behind each submit, in the same frame (B1 keeps their order): the turn is
-    accepted and cleared at once (J6-WITH), then cancelled before its batch — accept,
+    """A cancel right behind each submit, in the same frame (CLIENT-BATCHES keeps their order): the turn is
+    accepted and cleared at once (JOURNAL-GATE-SHARE), then cancelled before its batch — accept,
     "dispatched" and "ended" rows — is even sent. Forty such pairs: every turn ends ``aborted``
     unstarted and never runs; the gate still clears (each cancel must give its place back); the
     journal says ``ended``/``aborted`` for each, and after a SIGKILL and a restart they are still

@@ -1,5 +1,5 @@
-"""Issue 16, the kill and recovery paths made shorter (docs/design.md K-THREADS, K-FIRST,
-K-REAP, W-WARM, P-SPARE): each change keeps the tree-kill and reaping promises."""
+"""Issue 16, the kill and recovery paths made shorter (docs/design.md WORKER-ONE-THREAD, LADDER-TERM-FIRST,
+LADDER-REAP, WORKER-WARM, WORKER-SPARE): each change keeps the tree-kill and reaping promises."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _gone(pid: int) -> bool:
 
 
 async def test_a_worker_runs_one_thread_of_its_own_besides_main() -> None:
-    """K-THREADS: a worker has its main thread, ZeroMQ's two and one watcher (stale flusher and
+    """WORKER-ONE-THREAD: a worker has its main thread, ZeroMQ's two and one watcher (stale flusher and
     life pipe together): a killed worker has four threads to end, not five. The life pipe is
     still watched: ``tests/test_supervisor_death.py`` kills the supervisor under it."""
     with anyio.fail_after(BOUND):
@@ -34,7 +34,7 @@ async def test_a_worker_runs_one_thread_of_its_own_besides_main() -> None:
 
 
 async def test_the_sigterm_step_never_stops_the_worker(tmp_path: Path) -> None:
-    """K-FIRST: at the SIGTERM step the worker is signalled without being frozen and thawed (its
+    """LADDER-TERM-FIRST: at the SIGTERM step the worker is signalled without being frozen and thawed (its
     handler starts at once); a worker that ignores SIGTERM is still killed by the SIGKILL step,
     tree reaped, and never saw a SIGCONT."""
     path = tmp_path / "cont"
@@ -50,7 +50,7 @@ async def test_the_sigterm_step_never_stops_the_worker(tmp_path: Path) -> None:
 
 
 async def test_a_forker_killed_at_the_sigterm_step_leaves_nothing() -> None:
-    """K-FIRST with K-FAST: the worker's handler kills its tree while the supervisor, which
+    """LADDER-TERM-FIRST with LADDER-NO-WAIT: the worker's handler kills its tree while the supervisor, which
     listed that tree before signalling the worker, reaps every process of it before ``killed``."""
     with anyio.fail_after(BOUND):
         async with Supervisor(workers=1, spares=0, grace=0.05, kill_after=2.0) as sup:
@@ -65,7 +65,7 @@ async def test_a_forker_killed_at_the_sigterm_step_leaves_nothing() -> None:
 
 
 async def test_the_warm_up_turn_runs_before_ready_and_leaves_no_trace() -> None:
-    """W-WARM: a worker runs one private no-op turn before it says it is ready; the supervisor
+    """WORKER-WARM: a worker runs one private no-op turn before it says it is ready; the supervisor
     never hears of it (no frame, no turn, no bad frame), the start marker names no turn, and the
     warm-up agent is not left in the worker's agent cache."""
 
@@ -80,7 +80,7 @@ async def test_the_warm_up_turn_runs_before_ready_and_leaves_no_trace() -> None:
 
 
 async def test_a_second_kill_before_the_spare_is_replaced_still_recovers() -> None:
-    """P-SPARE: the replacement for a spare that took over starts a little later; a second kill
+    """WORKER-SPARE: the replacement for a spare that took over starts a little later; a second kill
     in that window (no spare left) starts a worker at once, the queued turns all run, and the
     pool is back to ``workers + spares`` live workers."""
     with anyio.fail_after(BOUND):
@@ -102,7 +102,7 @@ async def test_a_second_kill_before_the_spare_is_replaced_still_recovers() -> No
 
 
 async def test_a_killed_worker_leaves_no_marker_or_end_log_behind() -> None:
-    """K-SETTLE: a killed worker that held only its escalated turn is settled without reading its
+    """LADDER-SETTLE: a killed worker that held only its escalated turn is settled without reading its
     start marker and End log; the turn is still ``killed``, the next turn runs, and both are
     dropped (after the result, in a loop callback): the supervisor keeps no mapping of them."""
     with anyio.fail_after(BOUND):

@@ -235,9 +235,9 @@ def test_front_ends_import_neither_the_cli_nor_the_engine_for_checks() -> None:
 
 
 def test_every_rule_of_the_design_is_tagged_where_the_code_enforces_it() -> None:
-    """Each named rule of ``docs/design.md`` (``**R13 — …**``, ``**J6 — …**``, ``**R-OUT — …**``)
-    appears as a tag in at least one source file of wire/, worker/ or supervisor/, so the doc and
-    the code point at each other; and the doc names a file for each rule (``Code:``)."""
+    """Each named rule of ``docs/design.md`` (``**LADDER-STEPS — …**``, ``**JOURNAL-GATE — …**``,
+    ``**WORKER-OUTPUT — …**``) appears as a tag in at least one source file of wire/, worker/ or supervisor/,
+    so the doc and the code point at each other; and the doc names a file for each rule (``Code:``)."""
     design = (ROOT / "docs" / "design.md").read_text()
     rules = re.findall(r"^\*\*([A-Z]+[0-9]*(?:-[A-Za-z]+)*) — ", design, re.M)
     assert len(rules) > 50
@@ -335,3 +335,28 @@ def test_daemon_parts_are_given_their_collaborators_never_the_daemon() -> None:
         for found in _back_references(path, "Daemon", "server", {"daemon", "_daemon"})
     ]
     assert offenders == []
+
+
+def test_the_zeromq_edge_rule_and_the_batching_are_written_once() -> None:
+    """LINK-EDGE, CLIENT-BATCHES: every ZeroMQ link (the engine's worker link, the daemon's client link, the
+    client, the worker) is read through ``worker.zmqlink.ReadableEdge`` and batches what it sends
+    through ``worker.zmqlink.LoopFlush``: no other module registers a socket's FD on the loop,
+    schedules its reader after a send or its flush for the end of a pass itself, and the plain-int
+    flags are defined there only."""
+    edge = ROOT / "worker" / "zmqlink.py"
+    rule = re.compile(
+        r"getsockopt\(zmq\.FD\)|\bcall_soon(?:_threadsafe)?\([^)]*\.(?:_?flush|on_readable)\b"
+        r"|^\w+ = int\(zmq\.",
+        re.M,
+    )
+    offenders = [
+        path.relative_to(ROOT).as_posix()
+        for package in _OWN_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != edge and rule.search(path.read_text())
+    ]
+    assert offenders == []
+    users = ["supervisor/_engine/link.py", "supervisor/daemon/server.py", "supervisor/client/client.py"]
+    users += ["worker/_connection.py"]
+    assert all("ReadableEdge" in (ROOT / user).read_text() for user in users)
+    assert all("LoopFlush" in (ROOT / user).read_text() for user in users)

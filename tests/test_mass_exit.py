@@ -1,7 +1,7 @@
 """Many workers ending at once (``aclose()``, a daemon's SIGTERM): each adopted child is read once
-(K-ORPHANS), and what every dead worker left is still found and reaped.
+(LADDER-ORPHANS), and what every dead worker left is still found and reaped.
 
-Before K-ORPHANS each worker's exit read /proc for every child of the supervisor that was not a
+Before LADDER-ORPHANS each worker's exit read /proc for every child of the supervisor that was not a
 live worker - during a mass exit, the guardians of every worker already dead - so N exits cost N²
 reads. The count of reads is the behaviour checked here, never a time.
 """
@@ -161,7 +161,7 @@ def test_stale_facts_and_departed_children_are_read_again() -> None:
 def test_a_crashed_workers_orphans_are_found_when_the_loop_runs_in_another_thread(
     tmp_path: Any, zygote: bool
 ) -> None:
-    """K-ORPHANS reads the children of the process's leader thread, where the kernel hands orphans:
+    """LADDER-ORPHANS reads the children of the process's leader thread, where the kernel hands orphans:
     with the blocking front the engine's loop (which spawns the workers) runs in a thread of its own,
     and a crashed turn's setsid daemon and child, orphaned to this process, are still found and
     reaped before the result."""

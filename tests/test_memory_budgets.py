@@ -1,5 +1,5 @@
-"""Byte budgets beside the count bounds: the events of ended turns (E-BUDGET, ``keep_events_mb``) and
-the inputs of turns not ended yet (I-BUDGET, ``max_input_mb``).
+"""Byte budgets beside the count bounds: the events of ended turns (MEM-EVENTS, ``keep_events_mb``) and
+the inputs of turns not ended yet (MEM-INPUTS, ``max_input_mb``).
 
 Before, each of the last ``keep_results`` ended turns kept up to ``max_events`` events for late
 followers: 2,000 turns of 1,000 small events grew a supervisor by 327 MiB, and the defaults allow a
@@ -110,7 +110,7 @@ async def test_a_follower_whose_client_vanishes_mid_replay_holds_nothing_back() 
 
 async def test_a_daemon_running_event_heavy_turns_stays_within_its_event_budget() -> None:
     """600 turns of 1,000 events through ``turnpool serve --keep-events-mb 8``: the daemon grows by
-    less than 40 MiB (+14 MiB measured; waited for: M-TRIM hands back what was shed), where without
+    less than 40 MiB (+14 MiB measured; waited for: MEM-TRIM hands back what was shed), where without
     a budget it kept them all (+80 MiB measured, ``--keep-events-mb 100000``). The newest turn
     replays in full; the oldest replays a marker, then its last event."""
     turns, events = 600, 1_000
@@ -190,7 +190,7 @@ async def test_a_daemon_refuses_inputs_past_its_budget_with_queue_full() -> None
 async def test_ended_turns_outputs_are_kept_within_keep_results_mb_newest_first() -> None:
     """10 turns returning 1 MiB each under ``keep_results_mb=4``: the newest results are answered by
     id, the oldest forgotten (``UnknownTurn``), at most 4 MiB of them kept; a handle still held keeps
-    its own result (R-KEEP), whatever the budget forgot."""
+    its own result (API-HANDLE-KEEPS), whatever the budget forgot."""
     async with Supervisor(workers=2, spares=0, keep_results_mb=4) as sup:
         held = await sup.submit("examples.agents:echo", MIB_INPUT)
         with anyio.fail_after(120):

@@ -1,5 +1,5 @@
 """A turn is measured against ``max_rss_mb`` with its own memory, not with what the turns before it
-left in their worker (M-TRIM, M-KEPT).
+left in their worker (MEM-TRIM, MEM-RETIRE).
 
 Attacks, each on a real pool with the memory watchdog on: turns that build hundreds of MiB and drop
 them (``malloc`` keeps the pages: before, the next turn on that worker started at ≈ 300 MiB and was
@@ -61,7 +61,7 @@ async def _not_cancelled_while_it_holds(handle: Any) -> None:
 async def test_a_turn_does_not_start_with_the_memory_the_turns_before_it_freed() -> None:
     """Two turns each build ≈ 250 MiB on one worker and drop it (the second reusing the pages the
     first freed). The next turn on that same worker starts with the memory handed back, so its own
-    100 MiB keep it under a 330 MiB limit: before M-TRIM it started at ≈ 290 MiB and was cancelled
+    100 MiB keep it under a 330 MiB limit: before MEM-TRIM it started at ≈ 290 MiB and was cancelled
     for memory within a watchdog tick."""
     async with Supervisor(workers=1, spares=0, max_rss_mb=330, rss_interval=RSS_INTERVAL) as sup:
         with anyio.fail_after(120):
@@ -135,7 +135,7 @@ print(json.dumps(steps))
 
 
 async def test_the_heap_keeper_trims_what_was_freed_and_never_what_is_in_use() -> None:
-    """M-TRIM's rule on its own, in a fresh process: 150 MiB in use is not due; freed (with small
+    """MEM-TRIM's rule on its own, in a fresh process: 150 MiB in use is not due; freed (with small
     survivors between, as a cache leaves them) it stays resident and is due; one trim hands it
     back, and right after it nothing is due."""
     proc = await anyio.run_process([sys.executable, "-c", _KEEPER_PROBE, ROOT], stderr=subprocess.STDOUT)

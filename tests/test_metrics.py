@@ -1,6 +1,6 @@
 """The daemon's Prometheus metrics: the reference table is the truth, agents are labelled within a
 bound, queue/run/cancel times are histograms (HTTP cancels included), and an ordinary disconnect is
-not counted as a dropped client (design rule M-AGENT; ``docs/observability.md``)."""
+not counted as a dropped client (design rule OBS-AGENTS; ``docs/reference.md``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from wire import client_link
 pytestmark = pytest.mark.anyio
 
 BOUND = 60.0
-DOC = Path(ROOT) / "docs" / "observability.md"
+DOC = Path(ROOT) / "docs" / "reference.md"
 
 
 def _scrape(url: str) -> tuple[dict[str, float], set[str]]:
@@ -44,12 +44,12 @@ def _scrape(url: str) -> tuple[dict[str, float], set[str]]:
 
 
 def _documented() -> set[str]:
-    table = DOC.read_text().split("## Metrics (Prometheus)", 1)[1]
+    table = DOC.read_text().split("## Prometheus metrics", 1)[1].split("\n## ", 1)[0]
     return set(re.findall(r"^\| `(turnpool_[a-z_]+)` \|", table, re.M))
 
 
 def test_agent_labels_are_bounded_and_stable() -> None:
-    """M-AGENT, the policy alone: the first ``AGENT_LABELS`` names keep their label for good; every
+    """OBS-AGENTS, the policy alone: the first ``AGENT_LABELS`` names keep their label for good; every
     later one is ``other``, however many there are."""
     metrics = Metrics(
         None,  # type: ignore[arg-type]  # no supervisor: the collector is not scraped here

@@ -1,4 +1,4 @@
-"""Owned streams (design rule R-STREAM): ``stream()`` yields a turn's events and owns the turn.
+"""Owned streams (design rule API-STREAM): ``stream()`` yields a turn's events and owns the turn.
 
 Leaving the block before the turn ended — ``break``, an exception, the caller's cancellation, an
 HTTP client that goes away from a Starlette endpoint streaming the events — cancels the turn with

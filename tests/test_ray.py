@@ -231,7 +231,7 @@ async def test_every_outcome_on_every_node(sup: RaySupervisor) -> None:
 async def test_unrunnable_agents_are_refused_at_submit_on_every_node(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """A-PROBE on a cluster: a submit naming what no worker can run raises ``InvalidAgent`` naming
+    """ADAPT-PROBE on a cluster: a submit naming what no worker can run raises ``InvalidAgent`` naming
     the type (and, for a framework object the installed framework cannot run, the extra), on
     whichever node the turn is placed; nothing is accepted and a callable agent runs on."""
     from supervisor import InvalidAgent
@@ -284,7 +284,7 @@ async def test_cooperative_cancel_ends_aborted_well_inside_grace(sup: RaySupervi
 
 
 async def test_a_cancel_reply_and_the_results_stream_settle_a_turn_once(sup: RaySupervisor) -> None:
-    """Promise (R-ray-cancel-reply): a cooperative cancel's end comes back in the cancel call's own
+    """Promise (RAY-CANCEL-REPLY): a cooperative cancel's end comes back in the cancel call's own
     reply, so the turn has its result when ``cancel()`` returns; the same end also arrives in a
     second concurrent cancel's reply and on the node's results stream, and the turn is still
     settled exactly once: one result object for every handle, one ``aborted`` on the node."""
@@ -352,7 +352,7 @@ def _thread_niceness(pid: int) -> dict[int, int]:
 
 
 async def test_node_supervisors_and_their_workers_run_at_normal_niceness(sup: RaySupervisor) -> None:
-    """Promise (R-ray-priority): Ray starts its workers at nice 15, below every other process; a
+    """Promise (RAY-PRIORITY): Ray starts its workers at nice 15, below every other process; a
     node supervisor (which keeps the grace and does the kill) and the workers it starts run at
     ``node_niceness`` (0) instead, so a loaded machine does not stretch a kill's overshoot."""
     limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
@@ -663,7 +663,7 @@ def test_serve_ray_keeps_its_client_endpoint_and_runs_turns_cluster_wide(
 
 
 async def test_submit_many_and_results_run_each_input_once_across_the_nodes(sup: RaySupervisor) -> None:
-    """Promise (M-MANY on a cluster): ``submit_many`` of 40 echo turns returns 40 distinct
+    """Promise (API-MANY on a cluster): ``submit_many`` of 40 echo turns returns 40 distinct
     handles in input order, spread over the nodes; ``results`` answers in input order with each
     input echoed back; one bad input submits nothing."""
     with anyio.fail_after(BOUND):
@@ -680,7 +680,7 @@ async def test_submit_many_and_results_run_each_input_once_across_the_nodes(sup:
 async def test_a_lost_node_resumes_a_retried_agent_turn_from_its_last_step(
     sup: RaySupervisor, cluster: Cluster, tmp_path: Path
 ) -> None:
-    """S-RAY: a ``retry=True`` 3-tool ``AgentLoop`` turn whose node is removed while its third tool
+    """RAY-STEP-RECORDS: a ``retry=True`` 3-tool ``AgentLoop`` turn whose node is removed while its third tool
     runs (the first two completed, the third started after its effect) runs again on another node
     from its last recorded step: its records lived with the router. No call runs twice; the third,
     whose outcome the loss left unknown, is told to the model; the model is not asked again for

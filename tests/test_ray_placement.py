@@ -1,5 +1,5 @@
 """The Ray backend's placement rules as pure functions (no cluster): turn ids name their node,
-and rendezvous hashing moves only what a joining node wins (R-ray-ids, R-ray-sessions)."""
+and rendezvous hashing moves only what a joining node wins (RAY-IDS, RAY-SESSIONS)."""
 
 from __future__ import annotations
 

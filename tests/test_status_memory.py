@@ -1,4 +1,4 @@
-"""R-STATUS-MEM: ``status()`` of a large pool reports each worker's memory from a background sample
+"""MEM-STATUS-SAMPLE: ``status()`` of a large pool reports each worker's memory from a background sample
 instead of reading /proc for every process on every call; a small pool is measured on every call."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Event streams under load (issue 16): what a waiting streaming turn costs its worker, so that a
-pool of them leaves the CPUs to the supervisor that delivers their events (docs/design.md S-PARK),
-and a follower that keeps up with a flood gets every event (G-KEEP, docs/guarantees.md)."""
+pool of them leaves the CPUs to the supervisor that delivers their events (docs/design.md WORKER-PARK),
+and a follower that keeps up with a flood gets every event (EVENTS-KEEP, docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ BOUND = 60
 
 
 async def test_a_turn_waiting_between_emits_leaves_the_watcher_thread_asleep() -> None:
-    """S-PARK: a turn that emits every 20 ms and waits in between (an LLM turn streaming deltas)
-    gives its worker's watcher thread (stale flusher, S1) nothing to do: the thread sleeps until
+    """WORKER-PARK: a turn that emits every 20 ms and waits in between (an LLM turn streaming deltas)
+    gives its worker's watcher thread (stale flusher, LADDER-EARLY) nothing to do: the thread sleeps until
     a batch is posted instead of waking every 5 ms tick while the turn runs. 50 events over a
     second: before, ≈ 200 wake-ups; now ≈ 20 (50 ms of ticks after the turn's start and after each
     heartbeat's batch)."""
@@ -47,7 +47,7 @@ async def _read_all(handle: Any) -> tuple[list[int], list[EventsDropped]]:
 
 
 async def test_a_client_follower_reading_a_flood_as_fast_as_it_can_gets_every_event() -> None:
-    """G-KEEP: one turn emits 200,000 small events as fast as ``emit`` allows (faster than a
+    """EVENTS-KEEP: one turn emits 200,000 small events as fast as ``emit`` allows (faster than a
     ``Client`` can take them for stretches: the worker, the daemon and the client share 2 cores),
     through a daemon with the default 10,000-event buffer. The follower reads the whole time, so it
     keeps up in the documented sense (it takes events while the buffer fills): it gets all 200,000,
@@ -65,7 +65,7 @@ async def test_a_client_follower_reading_a_flood_as_fast_as_it_can_gets_every_ev
 
 
 async def test_an_embedded_follower_reading_a_flood_as_fast_as_it_can_gets_every_event() -> None:
-    """G-KEEP, embedded: the same 200,000-event flood with the default buffer, followed by
+    """EVENTS-KEEP, embedded: the same 200,000-event flood with the default buffer, followed by
     ``handle.events()`` in the supervisor's own process: every event, in order, no marker."""
     n = 200_000
     async with Supervisor(workers=1, spares=0) as sup:
@@ -79,7 +79,7 @@ async def test_an_embedded_follower_reading_a_flood_as_fast_as_it_can_gets_every
 
 
 async def test_a_follower_that_reads_slower_than_the_agent_holds_at_most_hold_bytes() -> None:
-    """G-KEEP's bound: a follower that keeps reading, but far slower than the agent, holds the
+    """EVENTS-KEEP's bound: a follower that keeps reading, but far slower than the agent, holds the
     turn's buffer past ``max_events`` only up to ``HOLD_BYTES``: 4,000 events of 16 KiB (64 MiB)
     with a 100-event buffer leave at most 32 MiB (+ one event) kept; the follower is told exactly
     what it missed (each ``EventsDropped`` where its events stop being contiguous, received +
@@ -106,7 +106,7 @@ async def test_a_follower_that_reads_slower_than_the_agent_holds_at_most_hold_by
 
 
 async def test_workers_run_at_the_worker_nice_they_were_given() -> None:
-    """R-NICE: ``Supervisor(worker_nice=10)`` runs every worker below the supervisor: the worker's
+    """WORKER-NICE: ``Supervisor(worker_nice=10)`` runs every worker below the supervisor: the worker's
     threads and its session's autogroup (each worker leads a session, so without this the kernel
     gives each worker as large a share of the CPUs as its supervisor) at niceness 10. The default
     leaves them alone; a bad value is refused at the call."""

@@ -3,7 +3,7 @@
 SPEC "Precise points": a turn is escalatable from the moment its worker may run any of its code
 (the import of the agent included): deadline, cancel, memory limit and disposal reach a turn whose
 ``Started`` never arrived, and such a turn that is then killed ends ``killed`` with ``started`` true.
-Design rules S1-S3 in ``docs/design.md``.
+Design rules LADDER-EARLY, LADDER-NO-STARTED and SEC-FORGE in ``docs/design.md``.
 
 The stuck agents cannot emit (``emit`` is awaited), so each writes its pid to a file first; the
 tests wait for that file (a bounded poll of another process's write), never for a sleep.
@@ -38,7 +38,7 @@ async def wait_file(path: Path, bound: float = 60) -> str:
 
 async def wait_worker_import(sup: Supervisor, path: Path, bound: float = 60) -> int:
     """Wait (bounded) until a worker of ``sup`` is importing the agent module: ``path`` holds a
-    worker's pid. A-PROBE imports the module once in a probe at the first submit of its name, which
+    worker's pid. ADAPT-PROBE imports the module once in a probe at the first submit of its name, which
     writes the same file with the probe's pid first."""
     with anyio.fail_after(bound):
         while True:

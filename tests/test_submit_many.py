@@ -1,4 +1,4 @@
-"""``submit_many`` and ``results`` (M-MANY): many turns in one call, on the embedded pool and
+"""``submit_many`` and ``results`` (API-MANY): many turns in one call, on the embedded pool and
 through a real ``turnpool serve``, attacked where pipelining could break a promise:
 
 * order: handles and results come back in input order, each input's own turn and output;

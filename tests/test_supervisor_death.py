@@ -106,7 +106,7 @@ async def kill_host_and_measure(rounds: int = 1) -> list[float]:
             tree |= {forker["daemon"], *forker["children"]}
             workers = {w["pid"] for w in info["status"]["workers"]}
             assert workers <= tree and len(workers) == 5  # 4 busy + 1 spare
-            # R-WATCHER: the workers are watched by the pool's one watcher, the zygote's child
+            # TREE-WATCHER: the workers are watched by the pool's one watcher, the zygote's child
             # (no guardian per worker); it must outlive the host and kill the GIL holder's tree.
             zygote = next(p for p in psutil.Process(host.pid).children() if "worker._zygote" in p.cmdline())
             assert [c.pid for c in zygote.children()] != []

@@ -1,4 +1,4 @@
-"""The blocking twins as scripts use them (issue 15, items 3 and 4; design rule H2).
+"""The blocking twins as scripts use them (issue 15, items 3 and 4; design rule API-SYNC).
 
 ``SyncSupervisor`` and ``SyncClient`` work without ``with`` (opened on first use, ended by
 ``close()``); one never closed never keeps the interpreter from exiting; Ctrl-C while a

@@ -1,5 +1,5 @@
 """The engine's timers (grace, kill-after, deadlines) fire in time order, never early, and a
-cancelled one never fires — through the timerfd (T-PRECISE) and through the loop's own timeout
+cancelled one never fires — through the timerfd (LADDER-TIMERFD) and through the loop's own timeout
 (the path taken when the owner's clock is not CLOCK_MONOTONIC)."""
 
 from __future__ import annotations

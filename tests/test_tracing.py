@@ -1,4 +1,4 @@
-"""Tracing (design rule T-TRACE): the caller's trace reaches the agent, and each turn is a span.
+"""Tracing (design rule OBS-TRACE): the caller's trace reaches the agent, and each turn is a span.
 
 With OpenTelemetry's SDK and its in-memory exporter in this process (the caller), the turn's span is a
 child of the caller's span, with events for queued, started, each escalation step and the end; an

@@ -94,7 +94,7 @@ def _in_session(leader: int) -> list[int]:
 async def test_a_thread_forking_after_its_turn_retires_the_worker(
     tmp_path: Path, cgroups: bool, agent: str
 ) -> None:
-    """R-sweep-threads: the agent leaves a thread that forks a child every few ms after the turn
+    """TREE-THREADS: the agent leaves a thread that forks a child every few ms after the turn
     returned. The turn still ends ``completed`` with its output, but only once its worker, which
     cannot stop that thread, is gone with every process the thread forked (none alive, none left
     in the worker's session); the next turn runs on a fresh worker with nothing of the last one,
@@ -118,7 +118,7 @@ async def test_a_thread_forking_after_its_turn_retires_the_worker(
 
 
 async def test_turns_around_a_retiring_worker_end_once_each(tmp_path: Path) -> None:
-    """R-sweep-threads with prefetch: quick turns run before the thread forker (their ends may still
+    """TREE-THREADS with prefetch: quick turns run before the thread forker (their ends may still
     be batched when the worker retires) and turns handed to it behind the forker each end once with
     their own output; those behind it run on the replacement worker, never beside the thread."""
     with anyio.fail_after(60):
@@ -138,7 +138,7 @@ async def test_turns_around_a_retiring_worker_end_once_each(tmp_path: Path) -> N
 
 
 async def test_an_idle_thread_pool_does_not_retire_its_worker() -> None:
-    """R-sweep-threads, the other side: turns that used asyncio's default thread pool (whose idle
+    """TREE-THREADS, the other side: turns that used asyncio's default thread pool (whose idle
     thread stays, and may still be on its way back to its queue when the turn's await returns:
     19 of 300 such turns retired their worker before that was allowed for) leave their worker
     serving the next turn."""
@@ -346,7 +346,7 @@ async def test_each_worker_has_its_own_cgroup_removed_at_close() -> None:
 
 @pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
 async def test_a_replacement_worker_is_in_its_cgroup_with_every_thread_before_its_first_turn() -> None:
-    """W-JOIN: a worker moves into its cgroup in a thread while it starts, and says ``Ready`` only
+    """WORKER-JOIN-CGROUP: a worker moves into its cgroup in a thread while it starts, and says ``Ready`` only
     once it is in. A replacement forked right after a kill (no spare) runs the turn queued behind
     the kill the moment it is ready: that first turn finds the worker, every one of its threads
     (ZeroMQ's, the watcher, started while the move was under way) and a child it runs in the
@@ -372,7 +372,7 @@ async def test_a_replacement_worker_is_in_its_cgroup_with_every_thread_before_it
 
 @pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
 async def test_a_replacement_workers_first_turn_forking_without_exec_is_killed_whole(tmp_path: Path) -> None:
-    """W-JOIN attacked: the very first turn of a fresh replacement (queued behind a kill, so it
+    """WORKER-JOIN-CGROUP attacked: the very first turn of a fresh replacement (queued behind a kill, so it
     runs the moment the worker says ``Ready``) forks without exec a setsid daemon and a plain
     child, then never awaits. Both were forked inside the worker's cgroup, and once the turn is
     ``killed`` neither is alive."""
@@ -410,7 +410,7 @@ with open("/proc/self/cgroup") as f:
 
 @pytest.mark.skipif(not HAVE_CGROUP, reason="no writable cgroup v2 hierarchy on this machine")
 async def test_cgroup_joined_returns_only_once_the_process_is_in_its_cgroup() -> None:
-    """W-JOIN's contract, alone: the guards start the move in a thread and return at once;
+    """WORKER-JOIN-CGROUP's contract, alone: the guards start the move in a thread and return at once;
     ``cgroup_joined()`` returns only once the process is in the cgroup (read right after it).
     Without the wait the read comes a fraction of a millisecond after the thread started, before
     the kernel's move (0.4 ms back to back, 6-12 ms alone, measured here)."""

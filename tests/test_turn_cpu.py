@@ -1,5 +1,5 @@
 """What cutting the per-turn CPU could break (issue 16): the worker's cancel scope, the lean turn
-record (T-LEAN) and the release of a turn's ``done`` event once its result is out."""
+record (MEM-LEAN) and the release of a turn's ``done`` event once its result is out."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_abort_keeps_a_level_triggered_scope_with_shield() -> None:
-    """W-SCOPE: the worker builds each turn's cancel scope from a cached class. It must still be
+    """WORKER-SCOPE: the worker builds each turn's cancel scope from a cached class. It must still be
     anyio's own scope: an agent that swallows the first cancellation is cancelled again at its
     next await, a shielded cleanup inside it runs to its end, the outcome is ``aborted``; the
     next turn on that worker gets a fresh scope (it completes, nothing stale cancels it)."""
@@ -39,7 +39,7 @@ async def test_abort_keeps_a_level_triggered_scope_with_shield() -> None:
 
 
 async def test_a_kept_turn_holds_few_objects_the_collector_tracks() -> None:
-    """T-LEAN: a kept turn without events, followers or children holds at most two objects that
+    """MEM-LEAN: a kept turn without events, followers or children holds at most two objects that
     Python's cyclic collector tracks (its record and its result): no empty containers of its own,
     and no ``done`` event once its result is out, even when ``result()`` was awaited before the
     turn ended (as each lane of ``run_batch`` does). Before: five to seven per turn, which made the
@@ -68,7 +68,7 @@ async def test_a_kept_turn_holds_few_objects_the_collector_tracks() -> None:
 
 
 async def test_shared_empties_stay_empty_and_turns_keep_their_own() -> None:
-    """T-LEAN: turns with events, followers and children get containers of their own; the shared
+    """MEM-LEAN: turns with events, followers and children get containers of their own; the shared
     empty values of the turns without stay empty (a stray write would raise, never be shared),
     so a turn that emits nothing follows as empty while another streams."""
     async with Supervisor(workers=3, spares=0) as sup:
@@ -112,7 +112,7 @@ async def test_shared_empties_stay_empty_and_turns_keep_their_own() -> None:
 
 @pytest.mark.parametrize("agent", ["examples.agents:crasher", "examples.agents:stubborn"])
 async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agent: str) -> None:
-    """T-WAIT, T-LEAN: ``result()`` waits on a future of its own, and the record drops the
+    """API-BARE-FUTURE, MEM-LEAN: ``result()`` waits on a future of its own, and the record drops the
     waiters' list once set. Several ``result()`` waiters that started before the end (fifty
     more cancelled while waiting, which leave nothing behind) and a
     ``result()`` after the end all see the turn's one outcome - ``crashed`` for a worker that
@@ -135,7 +135,7 @@ async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agen
                         with anyio.move_on_after(0) as gone:
                             await handle.result()
                         assert gone.cancelled_caught
-                    # T-WAIT: a cancelled wait leaves nothing behind; the three live ones wait.
+                    # API-BARE-FUTURE: a cancelled wait leaves nothing behind; the three live ones wait.
                     (record,) = [r for r in sup.records() if r.id == handle.turn_id]
                     assert record.done is not None and len(record.done) == 3
                 if agent.endswith("stubborn"):
@@ -152,7 +152,7 @@ async def test_waiters_of_a_crashed_or_killed_turn_each_get_its_one_outcome(agen
 
 
 async def test_an_evicted_turn_stays_reachable_exactly_while_something_holds_it() -> None:
-    """T-LEAN: an ended turn pushed out of ``keep_results`` is weakly held only when something
+    """MEM-LEAN: an ended turn pushed out of ``keep_results`` is weakly held only when something
     else still refers to it. A turn whose handle is kept still answers by id and gives its
     result; one nobody holds is forgotten at once (``UnknownTurn``), as the bound promises."""
     async with Supervisor(workers=1, spares=0, keep_results=2) as sup:

@@ -1,4 +1,4 @@
-"""A turn id names one request (issue 15, item 6; design rule R-ID).
+"""A turn id names one request (issue 15, item 6; design rule API-TURN-ID).
 
 The same ``turn_id`` with the same agent, input and session is idempotent (the existing turn,
 never run twice); with another agent, input or session it raises ``TurnIdConflict`` naming what
@@ -97,7 +97,7 @@ GOOD_IDS = ["日本", "a/b", "100%", "..", "a b", "👨\u200d👩", "x" * 256]
 
 
 async def test_the_turn_id_rule_is_the_same_embedded_and_through_a_client() -> None:
-    """R-TID: a turn id (or session) of 1 to 256 characters holding no control character, line
+    """LINK-TURN-ID: a turn id (or session) of 1 to 256 characters holding no control character, line
     separator or surrogate is accepted and runs; any other is refused at the call, embedded and
     by a ``Client`` before anything is sent (the daemon refuses it too), and ``submit_many`` with
     one bad id among good ones submits nothing (was: a NUL or a lone surrogate was accepted)."""
@@ -125,7 +125,7 @@ async def test_the_turn_id_rule_is_the_same_embedded_and_through_a_client() -> N
 
 
 async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None:
-    """R-TID at the daemon itself: a ``Submit`` frame carrying a NUL turn id (sent by a client that
+    """LINK-TURN-ID at the daemon itself: a ``Submit`` frame carrying a NUL turn id (sent by a client that
     skipped the check) is refused with a ``bad_value`` error, and nothing runs."""
     import wire
     from wire import client_link
@@ -148,7 +148,7 @@ async def test_the_daemon_refuses_a_bad_turn_id_a_client_did_not_check() -> None
 
 
 async def test_a_turn_acknowledged_under_an_older_rule_is_readmitted_as_it_is() -> None:
-    """R-TID binds new submits only: a turn the journal acknowledged before the rule (an id holding
+    """LINK-TURN-ID binds new submits only: a turn the journal acknowledged before the rule (an id holding
     a control character) is readmitted at recovery and runs, where a new submit of that id is
     refused, so a daemon upgraded over such a journal still starts and loses nothing."""
     import msgspec

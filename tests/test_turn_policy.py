@@ -1,7 +1,7 @@
 """The turn policy alone: admission, queue-depth arithmetic, a turn's moves, first cause wins and the
 escalation ladder's timing, driven through the engine's parts (``supervisor.policy``) with a fake link
 (a send callback that records), a fake pool (slots in a dict) and a manual clock. No process, no
-socket, no event loop: the whole file runs in milliseconds (T-STATE). The process-level tests
+socket, no event loop: the whole file runs in milliseconds (TURN-STATES). The process-level tests
 (test_foundation, test_semantics, test_timers, …) hold the same rules end to end."""
 
 from __future__ import annotations
@@ -207,14 +207,14 @@ def test_a_turn_goes_queued_handed_running_ended_through_the_parts() -> None:
 
 def test_admission_refuses_past_max_queue_counting_handed_turns_and_readmits_beyond_it() -> None:
     eng = Engine(workers=1, max_queue=3)
-    first = eng.submit()  # handed to the idle worker: still counts as queued (P1)
+    first = eng.submit()  # handed to the idle worker: still counts as queued (TURN-HANDED)
     assert first.state == "handed"
     eng.submit()
     eng.submit()
     assert eng.book.queued() == 3
     with pytest.raises(QueueFull):
         eng.submit()
-    readmitted = eng.submit(readmit=True)  # J3: a turn already promised is never refused
+    readmitted = eng.submit(readmit=True)  # JOURNAL-RECOVERY: a turn already promised is never refused
     assert readmitted.state == "queued" and eng.book.queued() == 4
 
 
@@ -253,10 +253,10 @@ def test_the_input_budget_counts_inputs_until_their_turn_ends() -> None:
 def test_behind_the_dispatch_gate_a_turn_is_handed_only_once_both_its_rows_are_committed() -> None:
     eng = Engine(workers=1)
     asked: list[policy.TurnRecord] = []
-    eng.dispatcher.gate = asked.extend  # J6: the journal's gate, asked to clear written turns
+    eng.dispatcher.gate = asked.extend  # JOURNAL-GATE: the journal's gate, asked to clear written turns
     turn = eng.submit()
     assert turn.state == "queued" and asked == []  # its accept row is not even written
-    eng.dispatcher.written(turn)  # J6-WITH: written, not committed: the gate may clear it already
+    eng.dispatcher.written(turn)  # JOURNAL-GATE-SHARE: written, not committed: the gate may clear it already
     assert asked == [turn] and turn.clearing and turn.state == "queued"
     policy.gate_cleared(turn)
     eng.dispatcher.pump()
@@ -436,8 +436,8 @@ def test_the_deadline_counts_from_the_start_and_cancels_with_cause_deadline() ->
 
 
 def test_a_handed_turn_cancelled_is_escalated_once_its_start_marker_shows_it_running() -> None:
-    """S1: a turn cancelled while handed ahead (its Started not seen) has its ladder armed at the cancel;
-    at each step the start marker is read: not started yet, the step is looked at again a grace later;
+    """LADDER-EARLY: a turn cancelled while handed ahead (its Started not seen) has its ladder armed at the
+    cancel; at each step the start marker is read: not started yet, the step is looked at again a grace later;
     once the marker names it, it runs from the noted time and the ladder goes on from there."""
     eng = Engine(workers=1, grace=1.0, kill_after=1.0)
     turn = eng.submit()
@@ -459,7 +459,7 @@ def test_a_handed_turn_cancelled_is_escalated_once_its_start_marker_shows_it_run
 
 
 def test_a_parent_waiting_on_its_child_lends_its_slot_until_the_child_ends() -> None:
-    """R12: a child is accepted while its parent runs; the parent lends its worker's place (the pool is
+    """TURN-LEND: a child is accepted while its parent runs; the parent lends its worker's place (the pool is
     asked for one worker more) and the turns handed behind it are revoked; the child's result goes
     back to the parent's worker and the place is given back."""
     eng = Engine(workers=1, spares=0)

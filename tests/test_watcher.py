@@ -1,4 +1,4 @@
-"""R-WATCHER: the workers a zygote forks are watched by one process of the pool, not by a guardian
+"""TREE-WATCHER: the workers a zygote forks are watched by one process of the pool, not by a guardian
 process each (what each guardian promised is proven in test_supervisor_death.py and
 test_tree_cleanup.py, which run with the zygote by default)."""
 

@@ -1,4 +1,5 @@
-"""What an agent touches in its worker stays its own (W-OWN, W-CWD, W-BIND in ``docs/design.md``).
+"""What an agent touches in its worker stays its own (SEC-WORKER-FILES, WORKER-CWD, WORKER-REBIND in
+``docs/design.md``).
 
 An agent runs as the supervisor's user. These tests play the agent that goes after what other
 workers and the engine keep: another worker's start marker and End log (to forge the end of a turn
@@ -147,7 +148,7 @@ def _fd_links(pid: int) -> list[str]:
 
 
 def test_own_files_have_mode_zero_and_hold_no_descriptor() -> None:
-    """W-OWN, as policy: a worker's own file is born with mode 0 (no re-open through ``/proc``
+    """SEC-WORKER-FILES, as policy: a worker's own file is born with mode 0 (no re-open through ``/proc``
     without the right to trace its holder), and a mapping of it keeps no descriptor (Python's
     ``mmap.mmap`` would keep a duplicate open)."""
     from worker import lowlevel

@@ -63,7 +63,7 @@ MEMORY: Final = _BY_KIND["memory"]
 DISPOSED: Final = _BY_KIND["disposed"]
 
 
-# R2: causes are strict and closed; the accepted value is detached and frozen.
+# TURN-CAUSES: causes are strict and closed; the accepted value is detached and frozen.
 def validate_cause(value: Any, *, default: Cause | None = USER) -> Cause:
     """Return the detached immutable :class:`Cause` for ``value`` or raise.
 

@@ -18,9 +18,9 @@ a reply whose ``req`` they did not ask for.
 
 Versions: the client sends its version in ``Hello``; the daemon accepts every version from
 ``MIN_CLIENT_PROTOCOL_VERSION`` to ``CLIENT_PROTOCOL_VERSION`` and answers ``Welcome`` with the
-version both speak; the protocol grows by addition (R24). Version 3 is the first released one.
+version both speak; the protocol grows by addition (CLIENT-PROTOCOL). Version 3 is the first released one.
 
-Batches (rule B1 of docs/design.md): the client's ``Hello`` is a single message; from then on the
+Batches (rule CLIENT-BATCHES of docs/design.md): the client's ``Hello`` is a single message; from then on the
 client sends batches — msgpack arrays of messages, handled in order — and the daemon answers in
 batches (its ``Welcome`` included). A client packs the requests made in one pass of its event
 loop (a thousand concurrent submits: a few frames), the daemon the replies made in one pass of its
@@ -62,7 +62,7 @@ ErrorCode = Literal[
     "too_large",  # the reply would not fit in one message (the turn is unharmed)
     "turn_id_conflict",  # the turn_id is already used by another request (agent, input or session)
 ]
-# R24: the client protocol grows by addition: a new code is added here, never renamed.
+# CLIENT-PROTOCOL: the client protocol grows by addition: a new code is added here, never renamed.
 ERROR_CODES: tuple[str, ...] = get_args(ErrorCode)
 
 

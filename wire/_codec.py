@@ -23,7 +23,7 @@ MAX_PAYLOAD_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
 MAX_ERROR_CHARS = 8 * 1024
 MAX_ERROR_TYPE_CHARS = 256
 MAX_AGENT_CHARS = 1024
-# W-DEEP: msgspec encodes and decodes nested values by recursion, bounded by the interpreter's
+# LINK-DEPTH: msgspec encodes and decodes nested values by recursion, bounded by the interpreter's
 # recursion limit (about 1000 levels in all); a deeper value is refused as a ``ValueError`` saying so.
 TOO_DEEP = "nests too deeply (more levels of lists or objects than about 900)"
 
@@ -51,13 +51,13 @@ encode = _encoder.encode
 def encode_payload(value: Any, *, what: str = "value", exact: bool = False) -> msgspec.Raw:
     """Encode a user value (turn input, output, event) once; raise ``TypeError`` if it can't be.
 
-    With ``exact`` (a turn's input, W-IN), a value msgspec would silently turn into a string
+    With ``exact`` (a turn's input, LINK-EXACT), a value msgspec would silently turn into a string
     is refused too (``check_round_trip``)."""
     try:
         data = _encoder.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{what} is not encodable with msgspec: {exc}") from None
-    except RecursionError:  # W-DEEP: a value nested past the interpreter's recursion limit
+    except RecursionError:  # LINK-DEPTH: a value nested past the interpreter's recursion limit
         raise ValueError(f"{what} {TOO_DEEP}") from None
     if len(data) > MAX_PAYLOAD_SIZE:
         raise PayloadTooLarge(f"{what} is {len(data)} bytes encoded; the limit is {MAX_PAYLOAD_SIZE}")
@@ -68,7 +68,7 @@ def encode_payload(value: Any, *, what: str = "value", exact: bool = False) -> m
 
 
 def check_round_trip(value: Any, raw: msgspec.Raw, *, what: str = "value") -> None:
-    """Refuse a value that msgspec encoded but that would not come back as itself (W-IN).
+    """Refuse a value that msgspec encoded but that would not come back as itself (LINK-EXACT).
 
     msgspec writes ``Decimal``, ``UUID``, ``date``, ``time``, ``timedelta``, a naive
     ``datetime`` or a string-valued ``Enum`` as strings: the agent would get ``"1.5"`` for
@@ -79,7 +79,7 @@ def check_round_trip(value: Any, raw: msgspec.Raw, *, what: str = "value") -> No
     also come back as lists) walks the value to find the culprit."""
     try:
         back = msgspec.msgpack.decode(raw)
-    except RecursionError:  # W-DEEP: encodable here, but too deep to decode where it is read
+    except RecursionError:  # LINK-DEPTH: encodable here, but too deep to decode where it is read
         raise ValueError(f"{what} {TOO_DEEP}") from None
     if back == value:
         return

@@ -70,7 +70,7 @@ class _Msg(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=T
 class Run(_Msg, tag="run", frozen=True):
     """Start a turn. The worker answers ``Started`` then exactly one ``End``.
 
-    K-HEIR: a ``Run`` with ``after_pid`` is held: the worker starts it only once the process
+    LADDER-HEIR: a ``Run`` with ``after_pid`` is held: the worker starts it only once the process
     ``after_pid`` (whose start time, in clock ticks since boot as ``/proc/PID/stat`` field 22 gives
     it, is ``after_start``: a reused pid is another process) is gone, or on ``Proceed``."""
 
@@ -81,8 +81,8 @@ class Run(_Msg, tag="run", frozen=True):
     parent: str | None = None
     after_pid: int = 0
     after_start: int = 0
-    trace: str | None = None  # W3C ``traceparent`` the agent's own spans nest under (T-TRACE)
-    # S-RESUME: the attempt this run is (1: the first) and, on a later attempt, the step records of
+    trace: str | None = None  # W3C ``traceparent`` the agent's own spans nest under (OBS-TRACE)
+    # LOOP-RESUME: the attempt this run is (1: the first) and, on a later attempt, the step records of
     # the earlier ones (a msgpack array of ``Step.record`` payloads, in ``seq`` order; NIL: none).
     attempt: int = 1
     steps: msgspec.Raw = NIL
@@ -121,14 +121,14 @@ class EndAck(_Msg, tag="end_ack", frozen=True):
 
 
 class Proceed(_Msg, tag="proceed", frozen=True):
-    """K-HEIR: the supervisor saw the exit of the worker a held ``Run`` waits for: start it now
+    """LADDER-HEIR: the supervisor saw the exit of the worker a held ``Run`` waits for: start it now
     (if it has not started already, or been dropped)."""
 
     turn_id: str
 
 
 class StepAck(_Msg, tag="step_ack", frozen=True):
-    """S-DURABLE: every step record of ``turn_id`` up to ``seq`` is durable (a daemon's journal
+    """LOOP-STEP-DURABLE: every step record of ``turn_id`` up to ``seq`` is durable (a daemon's journal
     committed it); ``error``: record ``seq`` was refused (why), nothing after it was kept."""
 
     turn_id: str
@@ -208,7 +208,7 @@ class BadFrame(_Msg, tag="bad_frame", frozen=True):
 
 
 class Step(_Msg, tag="step", frozen=True):
-    """S-DURABLE: one step record of a running turn (``worker.agent``'s records: a model response,
+    """LOOP-STEP-DURABLE: one step record of a running turn (``worker.agent``'s records: a model response,
     a tool call started, a tool call completed), ``seq`` counting from 0 across the turn's attempts;
     ``step`` is the model step it belongs to, ``kind`` what it records. The supervisor keeps it
     (a daemon: in its journal) and answers ``StepAck`` once it is durable."""

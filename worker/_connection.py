@@ -1,6 +1,6 @@
 """The worker's side of the link to the supervisor: messages posted and batched per loop
-iteration, the stale flusher's hand-off (S1), events (``Turn.emit``) and child turns (``Turn.spawn``).
-``WorkerLoop`` (``_loop.py``) runs the turns over it."""
+iteration, the stale flusher's hand-off (LADDER-EARLY), events (``Turn.emit``) and child turns
+(``Turn.spawn``). ``WorkerLoop`` (``_loop.py``) runs the turns over it."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Connection:
     a turn that ends without suspending sends ``Started`` and ``End`` in one frame.
 
     A batch that waits a whole tick because a turn never gives the loop back is sent by the
-    stale flusher's thread (``worker/_flusher.py``, rule S1): every use of the socket holds
+    stale flusher's thread (``worker/_flusher.py``, rule LADDER-EARLY): every use of the socket holds
     ``lock``, since a ZeroMQ socket must not be used by two threads at once."""
 
     def __init__(
@@ -41,10 +41,10 @@ class Connection:
         self._out: list[Any] = []
         self._spawns: dict[int, asyncio.Future[Any]] = {}
         self._next_req = 0
-        # L-EDGE: the socket's reader (set and attached by ``WorkerLoop``'s serve), re-run when a send
+        # LINK-EDGE: the socket's reader (set and attached by ``WorkerLoop``'s serve), re-run when a send
         # hid a readable edge.
         self.edge = ReadableEdge(sock)
-        self._pass = LoopFlush(self.flush, loop)  # B1: what is posted in one pass leaves together
+        self._pass = LoopFlush(self.flush, loop)  # CLIENT-BATCHES: what is posted in one pass leaves together
         self.frames = 0  # frames sent so far: tells whether a Started already left
         self.batches = 0  # batches begun: the stale flusher tells a batch that waits by it
         self.lock = threading.RLock()
@@ -56,7 +56,7 @@ class Connection:
             self.batches += 1
             self._pass.soon()
             self._out.append(msg)
-            # S-PARK: a parked stale flusher must watch this batch (looked at after the append:
+            # WORKER-PARK: a parked stale flusher must watch this batch (looked at after the append:
             # the flusher parks only after seeing no batch waiting, see ``StaleFlusher._run``).
             flusher = self.flusher
             if flusher is not None and flusher.parked:
@@ -72,7 +72,7 @@ class Connection:
                     return
                 self.frames += 1
                 self._sock.send(worker_link.encode_frame(out), _NOBLOCK)
-                self.edge.after_send()  # L-EDGE: a message that arrived meanwhile is not stranded
+                self.edge.after_send()  # LINK-EDGE: a message that arrived meanwhile is not stranded
 
     def flush_stale(self, batch: int) -> None:
         """Called by the stale flusher's thread: send batch ``batch`` if the event loop has not
@@ -100,10 +100,10 @@ class Connection:
         self.flush()
 
     def emit(self, turn_id: str, event: Any) -> bool:
-        """Send one event now (R18: on the wire when this returns), in one frame with whatever
+        """Send one event now (EVENTS-ON-WIRE: on the wire when this returns), in one frame with whatever
         was posted before it (a turn's ``Started``), which must not be overtaken. True when the
         event loop has turned since the previous emit (its look at the socket ran): the caller
-        need not yield to it (R-EMIT)."""
+        need not yield to it (EVENTS-EMIT-NOW)."""
         data = wire.encode_payload(event, what="event")
         with self.lock:
             out = self._out
@@ -122,7 +122,7 @@ class Connection:
                 frame = self._event_prefix[1] + data
             self.frames += 1
             self._sock.send(frame, _NOBLOCK)
-        # The send may have consumed the FD's readable edge (L-EDGE): look at the socket once the
+        # The send may have consumed the FD's readable edge (LINK-EDGE): look at the socket once the
         # agent gives the loop a turn (at once if it awaits anything, within EMIT_YIELD_INTERVAL if
         # it only emits), not after every event: a streaming turn would pay ≈ 1.2 µs per event for
         # it, more than the send.

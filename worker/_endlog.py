@@ -9,11 +9,11 @@ as handed and never started, and run them again elsewhere.
 So, before the worker starts anything of its next turn, the ``End`` of the turn it finished is
 copied (already encoded: one memcpy) into this memory-mapped file, made like the start marker
 (``worker/_marker.py``): it has no name, the supervisor keeps a read-only mapping of it and the
-worker maps the descriptor it was handed and closes it (``worker/_ownfile.py``, rule W-OWN), so no
+worker maps the descriptor it was handed and closes it (``worker/_ownfile.py``, rule SEC-WORKER-FILES), so no
 other worker's agent can open it to write an end of its own making into it. The kernel keeps the
 pages whatever happens to the process. When the worker dies, the supervisor reads the log and
 applies each logged ``End`` of a turn it still believes handed to or running on that worker, as if
-the frame had arrived (rule E1 in ``docs/design.md``).
+the frame had arrived (rule WORKER-END-LOG in ``docs/design.md``).
 
 Layout: a 16-byte header - ``used`` (4 bytes, native order: bytes of records after the header), the
 worker's pid (4 bytes, native), 8 bytes reserved - then records, each a 4-byte little-endian length
@@ -23,7 +23,7 @@ is moved past it (one aligned 4-byte store), so a death at any instant leaves ei
 the new one visible, never a torn record.
 
 The log is bounded (``SIZE``). An ``End`` that does not fit is not logged: it asks for an ``EndAck``
-instead (the mechanism of rule P2), the worker starts nothing before that ack is in, and every
+instead (the mechanism of rule WORKER-FLUSH), the worker starts nothing before that ack is in, and every
 ``EndAck`` empties the log - the supervisor has every ``End`` sent before the acked one, since
 frames on the link arrive in order.
 """

@@ -1,4 +1,4 @@
-"""E-TEXT: the text of an agent's exception, read without trusting it.
+"""WORKER-ERROR-TEXT: the text of an agent's exception, read without trusting it.
 
 The exception an agent raises is the agent's code: its ``__str__`` may raise, or return text that
 UTF-8 cannot carry (a lone surrogate). Either way the turn ends ``failed`` with what can be said of

@@ -1,4 +1,4 @@
-"""The worker's one helper thread: the stale-batch flusher (rule S1) and the life-pipe watcher.
+"""The worker's one helper thread: the stale-batch flusher (rule LADDER-EARLY) and the life-pipe watcher.
 
 The worker batches what it sends per event-loop iteration (``Connection.post``): a quick turn's
 ``Started`` and ``End`` share one frame, and turns handed ahead run back to back in one
@@ -8,7 +8,7 @@ import that blocks) never gives the loop back, so that batch - its own ``Started
 whole tick and sends it itself (ZeroMQ's own I/O thread then writes it without the GIL).
 
 It costs nothing per turn while turns keep the loop turning (one check per tick, 5 ms), and it
-ticks only while batches are being posted (S-PARK): after ``PARK_TICKS`` ticks (50 ms) in which no
+ticks only while batches are being posted (WORKER-PARK): after ``PARK_TICKS`` ticks (50 ms) in which no
 batch began and none waits, it parks (sleeps without a timeout) and the next ``Connection.post`` that
 begins a batch wakes it through a pipe. A turn that waits between its events - a model streaming
 deltas, the common case - posts no batch at all (``emit`` sends at once), so its worker's thread
@@ -19,10 +19,10 @@ A turn that holds the GIL in one C call from its first line, or that stops its w
 SIGSTOP, starves this thread too: the supervisor then reads the start marker instead
 (``worker/_marker.py``).
 
-K-THREADS: the same thread watches the life pipe (EOF: the supervisor is gone), in the same
+WORKER-ONE-THREAD: the same thread watches the life pipe (EOF: the supervisor is gone), in the same
 ``poll`` that times its ticks. One thread fewer than a watcher of its own: a killed worker's exit
 must wake and end every thread of the process before its pidfd is readable, and each costs a
-scheduling round on a loaded machine (docs/design.md, K-THREADS).
+scheduling round on a loaded machine (docs/design.md, WORKER-ONE-THREAD).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 TICK = 0.005  # seconds a batch may wait before this thread sends it
-PARK_TICKS = 10  # S-PARK: quiet ticks in a row (50 ms: no batch begun, none waiting) before it parks
+PARK_TICKS = 10  # WORKER-PARK: quiet ticks in a row (50 ms: no batch begun, none waiting) before it parks
 THREAD_NAME = "worker-watcher"  # never forks: the end-of-turn sweep skips it (``_sweep``)
 
 
@@ -51,13 +51,13 @@ class StaleFlusher:
         on_life_lost: Callable[[], None] | None = None,
     ) -> None:
         self._conn: Any = None
-        self._blocked = blocked  # signals the main thread must get (docs/design.md P4)
+        self._blocked = blocked  # signals the main thread must get (docs/design.md WORKER-SIGNALS)
         self._life_fd = life_fd
         self._on_life_lost = on_life_lost
         self._wake_r, self._wake_w = os.pipe()  # not inheritable: agents' children never see it
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        # S-PARK: sleeping until ``poke``: no batch began for a few ticks and none waits. The
+        # WORKER-PARK: sleeping until ``poke``: no batch began for a few ticks and none waits. The
         # worker's ``Connection.post`` pokes when it begins a batch and sees this set.
         self.parked = False
 
@@ -90,7 +90,7 @@ class StaleFlusher:
     def _run(self) -> None:
         # Leave SIGTERM and the parent-death signal to the main thread, where Python runs the
         # handler. Delivered here, an interrupted poll's EINTR retry needs the GIL that a busy
-        # agent holds: the handler then started one switch interval (5 ms) late (P4).
+        # agent holds: the handler then started one switch interval (5 ms) late (WORKER-SIGNALS).
         signal.pthread_sigmask(signal.SIG_BLOCK, self._blocked)
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)

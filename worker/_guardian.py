@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .proctree import _cgroup, _tree
 
 
-# R-guardian: the guardian outlives its worker and sweeps after it (R-ray-guardian: also when a
+# TREE-GUARDIAN: the guardian outlives its worker and sweeps after it (RAY-GUARDIAN: also when a
 # host such as a Ray actor SIGKILLs its direct children, the workers among them).
 def run(
     worker_pid: int,

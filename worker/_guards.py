@@ -6,9 +6,9 @@ thread and a forked guardian, where the loop's state must not be touched:
 * the worker is the child subreaper of its own descendants, so a grandchild that double-forks
   stays in this worker's tree where a kill finds it;
 * on SIGTERM it freezes and kills its whole tree, then dies of SIGTERM (reaping the tree first
-  only when its supervisor is gone: K-FAST in docs/design.md);
+  only when its supervisor is gone: LADDER-NO-WAIT in docs/design.md);
 * when the supervisor dies (parent-death signal, or EOF on the inherited life pipe, watched by
-  the stale flusher's thread: K-THREADS) it does
+  the stale flusher's thread: WORKER-ONE-THREAD) it does
   the same, so killing the supervisor with SIGKILL leaves no process behind;
 * the guardian (``start_guardian``) does it for the worker when the worker cannot, and sweeps
   what the worker left when it exits;
@@ -32,10 +32,11 @@ _BATON_FD = -1  # set by start_guardian: see _take_baton
 _SWEEP: _sweep.TurnSweep | None = None  # set by install_process_guards
 _KILLING = False  # this process has begun killing its tree
 _PARENT_PID = -1  # the supervisor's pid (set by install_process_guards)
-_JOIN: threading.Thread | None = None  # W-JOIN: the move into the worker's cgroup, while it starts
+# WORKER-JOIN-CGROUP: the move into the worker's cgroup, while it starts
+_JOIN: threading.Thread | None = None
 _WATCHER: _flusher.StaleFlusher | None = None  # the life-pipe watcher, later the stale flusher
 
-# H3: which turnpool process this is ("worker", "zygote"; a zygote's fork inherits it), or None
+# API-NO-NESTING: which turnpool process this is ("worker", "zygote"; a zygote's fork inherits it), or None
 # in any other program. A supervisor refuses to start where it is set (``lowlevel.process_role``).
 _ROLE: str | None = None
 
@@ -72,11 +73,11 @@ def kill_own_tree_and_exit(
     with ``exit_code`` when one is given. If the guardian holds the baton, it is killing this
     tree already (this worker included): wait for it.
 
-    With ``reap=False`` the descendants are frozen and SIGKILLed but not waited for (K-FAST):
+    With ``reap=False`` the descendants are frozen and SIGKILLed but not waited for (LADDER-NO-WAIT):
     for the supervisor's SIGTERM step, while the supervisor lives. They die all the same (a
     SIGKILL is not refused, a stopped process included); their exits then run in parallel with
     this worker's own instead of before it, and the supervisor - their subreaper once this worker
-    is gone - reaps every one of them before the turn's ``killed`` result (R13)."""
+    is gone - reaps every one of them before the turn's ``killed`` result (LADDER-STEPS)."""
     global _KILLING
     if _KILLING:
         # This process is at it already: a second signal (the parent-death signal can come more
@@ -116,7 +117,7 @@ def kill_own_tree_and_exit(
 
 
 def _on_term(signum: int, frame: Any) -> None:
-    # K-FAST: the supervisor, alive, reaps what this worker kills; without it, reap here.
+    # LADDER-NO-WAIT: the supervisor, alive, reaps what this worker kills; without it, reap here.
     kill_own_tree_and_exit(signal.SIGTERM, reap=os.getppid() != _PARENT_PID)
 
 
@@ -188,7 +189,7 @@ def install_process_guards(
     _tree.set_child_subreaper()
     guardian = -1
     marker = os.environ.get(_tree.TREE_ENV)
-    # R-WATCHER: a zygote-forked worker registers with the zygote's one watcher instead of forking
+    # TREE-WATCHER: a zygote-forked worker registers with the zygote's one watcher instead of forking
     # a guardian of its own; if the watcher is gone, the guardian as before.
     if watcher_fd >= 0 and not _watcher.register(watcher_fd, _make_baton(), cgroup, marker):
         global _BATON_FD
@@ -199,7 +200,7 @@ def install_process_guards(
         # First: no thread and no ZeroMQ context exist yet, and it stays outside the cgroup.
         guardian = start_guardian(life_fd, cgroup=cgroup, marker=marker)
     if cgroup is not None:
-        # W-JOIN: the move into the cgroup waits in the kernel for an RCU grace period (6-12 ms
+        # WORKER-JOIN-CGROUP: the move into the cgroup waits in the kernel for an RCU grace period (6-12 ms
         # here) when no migration happened just before; a thread waits for it while the worker
         # starts its link and warm-up, and ``cgroup_joined`` (before Ready) waits for the thread.
         # Nothing forks meanwhile, and the move takes every thread of the process with it.
@@ -213,7 +214,7 @@ def install_process_guards(
         _on_supervisor_death()
     if life_fd is not None:
         os.set_inheritable(life_fd, False)
-        # K-THREADS: one thread watches the life pipe and, once the turn loop runs, flushes its
+        # WORKER-ONE-THREAD: one thread watches the life pipe and, once the turn loop runs, flushes its
         # stale batches (``_flusher``).
         global _WATCHER
         _WATCHER = _flusher.StaleFlusher(
@@ -229,7 +230,7 @@ def _join(cgroup: str) -> None:
 
 
 def cgroup_joined() -> None:
-    """W-JOIN: return once the worker is in its cgroup (or could not join it): before ``Ready``,
+    """WORKER-JOIN-CGROUP: return once the worker is in its cgroup (or could not join it): before ``Ready``,
     so no turn's code runs, and nothing forks, outside it."""
     global _JOIN
     if _JOIN is not None:
@@ -243,17 +244,17 @@ def watcher() -> _flusher.StaleFlusher | None:
 
 
 THREAD_SETTLE = 0.05  # seconds a thread seen after a turn has to end or go idle before the worker retires
-EXIT_RETIRED = 76  # R-sweep-threads: the worker retired itself after its turn's End was logged
+EXIT_RETIRED = 76  # TREE-THREADS: the worker retired itself after its turn's End was logged
 
 
 def mark_engine_threads() -> None:
-    """R-sweep-threads: the threads alive now are the engine's (called once the loop runs)."""
+    """TREE-THREADS: the threads alive now are the engine's (called once the loop runs)."""
     if _SWEEP is not None:
         _SWEEP.mark_engine_threads()
 
 
 def keep_child(pid: int, thread: int | None = None) -> None:
-    """R-sweep-kept: ``pid`` (a direct child) is the worker's own, not a turn's: the end-of-turn
+    """TREE-KEPT-CHILDREN: ``pid`` (a direct child) is the worker's own, not a turn's: the end-of-turn
     sweep spares it and what it started, and ``thread`` (the ident of the thread waiting for it, if
     any) is no thread a turn left running. The ladder and the worker's exit still kill it."""
     if _SWEEP is not None:
@@ -267,9 +268,9 @@ def release_child(pid: int) -> None:
 
 
 def sweep_leftovers() -> bool:
-    """Kill and reap what the turn that just ended left running (R-sweep: before its End).
+    """Kill and reap what the turn that just ended left running (TREE-SWEEP: before its End).
     False when this worker cannot be made clean and must retire (``retire``): the turn left a
-    thread running (R-sweep-threads), or something went on forking through the sweep."""
+    thread running (TREE-THREADS), or something went on forking through the sweep."""
     if _SWEEP is None:
         return True
     left = _SWEEP.agent_threads()
@@ -305,7 +306,7 @@ def sweep_leftovers() -> bool:
 
 
 def retire() -> NoReturn:
-    """R-sweep-threads: end this worker now. Its descendants are frozen and SIGKILLed (not waited
+    """TREE-THREADS: end this worker now. Its descendants are frozen and SIGKILLed (not waited
     for: a thread that forks on would keep a reaping loop busy), then the process exits, which
     ends every thread at once; what a thread forked meanwhile is left to the supervisor (its
     subreaper: the worker's cgroup, session and tree markers name it) and the guardian."""

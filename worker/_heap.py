@@ -1,4 +1,4 @@
-"""Giving freed heap back to the system (M-TRIM).
+"""Giving freed heap back to the system (MEM-TRIM).
 
 glibc's ``malloc`` keeps what a process frees: a turn that built 300 MiB of objects and dropped
 them leaves its worker resident at 300 MiB (measured: 326 MiB after ``del``), and a daemon that

@@ -1,4 +1,4 @@
-"""K-HEIR: a held turn, and the process whose end lets it start.
+"""LADDER-HEIR: a held turn, and the process whose end lets it start.
 
 At the kill decision the supervisor hands the next queued turn to a warm spare together with the
 doomed worker's identity (pid and start time). The spare holds the turn and starts it itself the

@@ -1,5 +1,5 @@
 """``worker.isolated`` and ``worker.run_command``: a tool call in its own process, with its own limits
-and ladder (the machinery is in ``_toolproc``). T-CROSS: arguments and results cross as msgspec values;
+and ladder (the machinery is in ``_toolproc``). TOOL-CROSS: arguments and results cross as msgspec values;
 what cannot cross is refused at the call, naming where."""
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def _reference(fn: Callable[..., Any], wrapper: Any) -> tuple[str, str] | None:
 
 
 def _warm_start(kind: str, limits: Limits, req: dict[str, Any], stdin: bytes | None) -> _toolproc.Proc | None:
-    """T-WARM: the call made by this process's template, or None: fork the caller instead."""
+    """TOOL-WARM: the call made by this process's template, or None: fork the caller instead."""
     for _ in range(2):
         template = _tooltemplate.get(kind)
         if template is None:
@@ -211,7 +211,7 @@ class Isolated:
         return self._call((), args, kwargs)
 
     def _check_early(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """T-CROSS at the call itself (an async call starts in a thread): what cannot cross."""
+        """TOOL-CROSS at the call itself (an async call starts in a thread): what cannot cross."""
         try:
             _enc.encode([args, kwargs])
         except (TypeError, ValueError, msgspec.EncodeError):

@@ -51,13 +51,13 @@ from .zmqlink import POLLIN as _POLLIN
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
 
-# M-TRIM: after turns that ran this long in all since the last look, the worker looks whether what
+# MEM-TRIM: after turns that ran this long in all since the last look, the worker looks whether what
 # they freed is worth handing back to the system before it starts the next one. A turn allocates at
 # most a few MiB per millisecond, so what is left unlooked-at stays small, and a look (≈ 0.1 ms)
 # costs the turns at most 2 % of their time; no-op turns pay one clock reading each.
 LOOK_AFTER = 0.005
 
-# W-SCOPE: the running backend's own cancel scope class, looked up once. ``anyio.CancelScope()``
+# WORKER-SCOPE: the running backend's own cancel scope class, looked up once. ``anyio.CancelScope()``
 # asks sniffio which async library runs on every construction (measured: ≈ 1 µs of a no-op
 # turn's ≈ 5 µs of Python in this process); the class it returns is the same for the whole life
 # of the worker, whose event loop is always asyncio. Same object, same semantics: only the lookup
@@ -78,7 +78,7 @@ def _new_scope() -> anyio.CancelScope:
 # ---- agents --------------------------------------------------------------------------
 
 
-# A-GEN: an agent returns its output and streams with ``emit``; a generator would only fail later
+# API-NO-GENERATOR: an agent returns its output and streams with ``emit``; a generator would only fail later
 # with "generator is not encodable".
 GENERATOR_AGENT = (
     "agent {spec!r} is a generator function: an agent returns its output and emits events as it "
@@ -105,7 +105,7 @@ def load_agent(spec: str) -> Any:
             ) from None
         for part in attr.split("."):
             obj = getattr(obj, part)
-        obj = adapters.adapt(spec, obj)  # A-ADAPT: a framework object runs through its adapter
+        obj = adapters.adapt(spec, obj)  # ADAPT-OBJECT: a framework object runs through its adapter
         call = getattr(obj, "__call__", None)  # noqa: B004 - an instance with a generator __call__ too
         if any(inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f) for f in (obj, call)):
             raise TypeError(GENERATOR_AGENT.format(spec=spec))
@@ -114,7 +114,7 @@ def load_agent(spec: str) -> Any:
 
 
 def resolve_loaded(spec: str) -> bool:
-    """K-HEIR: look up a held turn's agent while the doomed worker dies, if that runs no code of the
+    """LADDER-HEIR: look up a held turn's agent while the doomed worker dies, if that runs no code of the
     agent: its module is imported already (``preload``, an earlier turn) and the attribute is a plain
     function in the module's own namespace (a dict lookup: no module ``__getattr__``, no descriptor).
     Anything else is imported when the turn starts, as always: an import runs the turn's code.
@@ -143,8 +143,8 @@ def _is_async(fn: Any) -> bool:
 
 
 def _error(exc: BaseException) -> TurnError:
-    """The turn's error, cut at the source so its result always fits in one message (R23); its
-    text read so that nothing the agent's exception does can take the worker down (E-TEXT)."""
+    """The turn's error, cut at the source so its result always fits in one message (LINK-RESULT-FITS); its
+    text read so that nothing the agent's exception does can take the worker down (WORKER-ERROR-TEXT)."""
     return TurnError(
         type=wire.cut_error_text(safe_text(type(exc).__name__), wire.MAX_ERROR_TYPE_CHARS),
         message=wire.cut_error_text(error_message(exc), wire.MAX_ERROR_CHARS),
@@ -160,7 +160,7 @@ class WorkerLoop:
     ) -> None:
         self.conn = conn
         self.marker = marker
-        # E1: the End of each finished turn is logged here (shared memory) before the next turn
+        # WORKER-END-LOG: the End of each finished turn is logged here (shared memory) before the next turn
         # starts, so a crash in that next turn cannot take it along.
         self.endlog = endlog
         self.pending: collections.deque[Run] = collections.deque()
@@ -175,28 +175,28 @@ class WorkerLoop:
         # worker could take the End of the turn before it along (reported crashed, not completed).
         self.unacked: str | None = None
         self.acked: asyncio.Future[None] | None = None
-        # K-HEIR: held turns (in ``pending``) that wait for another worker's process to be gone,
+        # LADDER-HEIR: held turns (in ``pending``) that wait for another worker's process to be gone,
         # by turn id: the pidfd watched for it, or ``_heir.UNWATCHABLE`` (waits for ``Proceed``).
         self.held: dict[str, int] = {}
-        # M-TRIM: what the turns freed goes back to the system between turns, so the next turn's
+        # MEM-TRIM: what the turns freed goes back to the system between turns, so the next turn's
         # tree is not measured (``max_rss_mb``) with memory the turns before it dropped.
         self.heap = _heap.HeapKeeper()
         self.ran_s = 0.0  # turn time since the last look
 
     def on_abort(self, msg: Abort) -> None:
         turn = self.current
-        # R1: an Abort for a turn this worker does not run never reaches the one it runs.
+        # TURN-HOLDER: an Abort for a turn this worker does not run never reaches the one it runs.
         if turn is None or turn.id != msg.turn_id:
             # Not running it: it may be waiting here (handed ahead); otherwise stale, dropped.
             for run in self.pending:
                 if run.turn_id == msg.turn_id:
                     self.pending.remove(run)
-                    self.unhold(run.turn_id)  # K-HEIR: a held turn ends unstarted, like any handed one
+                    self.unhold(run.turn_id)  # LADDER-HEIR: a held turn ends unstarted, like any handed one
                     self.conn.post(End(msg.turn_id, "aborted"))
                     break
             return
         if turn.signal._set(msg.cause):
-            _toolproc.cancel_all()  # T-AGENT: isolated calls first, sync ones in threads included
+            _toolproc.cancel_all()  # TOOL-TOLD: isolated calls first, sync ones in threads included
             if self.current_async and self.current_scope is not None:
                 self.current_scope.cancel()
 
@@ -219,7 +219,7 @@ class WorkerLoop:
                 self.acked.set_result(None)
 
     def on_step_ack(self, msg: StepAck) -> None:
-        """S-DURABLE: the supervisor made the running turn's step records durable up to ``seq``."""
+        """LOOP-STEP-DURABLE: the supervisor made the running turn's step records durable up to ``seq``."""
         turn = self.current
         if turn is not None and turn.id == msg.turn_id and turn._steplog is not None:
             turn._steplog.on_ack(msg)
@@ -232,7 +232,7 @@ class WorkerLoop:
         if wakeup is not None and not wakeup.done():
             wakeup.set_result(None)
 
-    # ---- K-HEIR: a turn held until a doomed worker is gone -------------------------------
+    # ---- LADDER-HEIR: a turn held until a doomed worker is gone -------------------------------
 
     def hold(self, msg: Run) -> None:
         """``msg`` may start only once process ``after_pid`` is gone: watch its pidfd on the event
@@ -267,7 +267,7 @@ class WorkerLoop:
 
     async def runner(self) -> None:
         while True:
-            # K-HEIR: a held turn at the head waits (asleep) until ``proceed`` wakes the runner.
+            # LADDER-HEIR: a held turn at the head waits (asleep) until ``proceed`` wakes the runner.
             if not self.pending or (self.held and self.pending[0].turn_id in self.held):
                 # Going idle: send what the finished turns posted now rather than one loop
                 # iteration later (the call_soon'd flush then finds nothing to do).
@@ -293,7 +293,7 @@ class WorkerLoop:
                 self.settle_memory()
 
     def settle_memory(self) -> None:
-        """M-TRIM: hand what the turns freed back to the system if it is worth it; their Ends
+        """MEM-TRIM: hand what the turns freed back to the system if it is worth it; their Ends
         leave first (a trim of hundreds of MiB takes milliseconds)."""
         self.ran_s = 0.0
         if self.heap.due():
@@ -302,16 +302,16 @@ class WorkerLoop:
 
     async def run_turn(self, msg: Run) -> None:
         conn = self.conn
-        # S1: a batch this turn holds up still leaves: the stale flusher watches every batch
-        # posted (its Started first), waking from its park for it (S-PARK).
+        # LADDER-EARLY: a batch this turn holds up still leaves: the stale flusher watches every batch
+        # posted (its Started first), waking from its park for it (WORKER-PARK).
         started_at = self.marker.mark(msg.turn_id) if self.marker is not None else 0.0  # survives the process
         # Before the post: a Started that the stale flusher sends in an earlier frame than the
-        # End must make that End ask for an EndAck (P2).
+        # End must make that End ask for an EndAck (WORKER-FLUSH).
         frames_at_start = conn.frames
         conn.post(worker_link.Started(msg.turn_id))
         try:
             value = wire.decode_payload(msg.input)
-        except (msgspec.DecodeError, RecursionError) as exc:  # W-DEEP: too deep to decode here
+        except (msgspec.DecodeError, RecursionError) as exc:  # LINK-DEPTH: too deep to decode here
             self.post_end(End(msg.turn_id, "failed", error=_error(exc)), started_at)
             return
         turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn, msg.attempt, msg.steps)
@@ -328,7 +328,7 @@ class WorkerLoop:
                     is_async = _ASYNC_CACHE[msg.agent] = _is_async(fn)
                 if not imported and conn.edge.attached:
                     # The import may have taken long: an Abort that came meanwhile is honoured
-                    # before the agent runs (S2), not after it returned.
+                    # before the agent runs (LADDER-NO-STARTED), not after it returned.
                     conn.edge.reader()
                     turn.signal.raise_if_cancelled()
             except TurnCancelled:
@@ -342,7 +342,7 @@ class WorkerLoop:
                 with _new_scope() as scope, traced(msg.trace):
                     self.current_scope = scope
                     try:
-                        # R17: async agents on the main thread, plain def agents in a thread.
+                        # WORKER-MAIN-THREAD: async agents on the main thread, plain def agents in a thread.
                         if is_async:
                             result = await fn(turn)
                         else:
@@ -355,7 +355,7 @@ class WorkerLoop:
                         outcome = "aborted"
                         raise
                     except Exception as exc:  # noqa: BLE001
-                        # R8: an unrelated exception after a cancel stays failed.
+                        # TURN-FAILURES: an unrelated exception after a cancel stays failed.
                         outcome = "aborted" if _is_cancellation(exc, turn) else "failed"
                         if outcome == "failed":
                             error = _error(exc)
@@ -380,10 +380,10 @@ class WorkerLoop:
         self.post_end(end, started_at)
 
     def retire(self, end: End, started_at: float) -> NoReturn:
-        """R-sweep-threads: the turn left a thread running (or something forking): this worker can
+        """TREE-THREADS: the turn left a thread running (or something forking): this worker can
         never be made clean again. Its End goes to the End log only, and the worker exits: the
-        supervisor reaps the whole tree (R13) and then ends the turn as logged (E1), so the result
-        comes after quiescence, and no other turn ever runs here. Without an End log (a non-ipc
+        supervisor reaps the whole tree (LADDER-STEPS) and then ends the turn as logged (WORKER-END-LOG), so
+        the result comes after quiescence, and no other turn ever runs here. Without an End log (a non-ipc
         link) the End is sent on the link: its result may then come just before the exit."""
         data = wire.encode(end)
         if self.endlog is None or not self.endlog.append(data, started_at):
@@ -392,7 +392,7 @@ class WorkerLoop:
         retire()
 
     async def warm_up(self) -> None:
-        """W-WARM: run one private no-op turn through the whole turn path before ``Ready``.
+        """WORKER-WARM: run one private no-op turn through the whole turn path before ``Ready``.
 
         A worker forked from the zygote shares its memory copy-on-write: the first turn it runs
         touches (refcounts, caches) hundreds of pages of code and objects that the kernel then
@@ -428,8 +428,8 @@ class WorkerLoop:
             _ASYNC_CACHE.pop(_WARM_AGENT, None)
 
     def post_end(self, end: End, started_at: float) -> None:
-        """Log the End (E1), then post it; an End the log cannot take asks for an EndAck (P2),
-        which also empties the log. Encoded once: the frame carries the logged bytes."""
+        """Log the End (WORKER-END-LOG), then post it; an End the log cannot take asks for an EndAck
+        (WORKER-FLUSH), which also empties the log. Encoded once: the frame carries the logged bytes."""
         endlog = self.endlog
         if endlog is None:
             if end.ack:
@@ -446,7 +446,7 @@ class WorkerLoop:
         self.conn.post(msgspec.Raw(data))
 
 
-_WARM_TURN = "turnpool-warm-up"  # W-WARM: never a supervisor's turn id, never sent
+_WARM_TURN = "turnpool-warm-up"  # WORKER-WARM: never a supervisor's turn id, never sent
 _WARM_AGENT = f"{__name__}:_warm_agent"
 
 
@@ -454,11 +454,11 @@ _WARMED = False  # this worker ran its warm-up turn
 
 
 async def _warm_agent(turn: Turn) -> None:
-    """The no-op agent of the warm-up turn (W-WARM)."""
+    """The no-op agent of the warm-up turn (WORKER-WARM)."""
 
 
 def warm_up_state() -> dict[str, bool]:
-    """W-WARM, for tests (``worker.lowlevel``): whether this worker ran its warm-up turn, and
+    """WORKER-WARM, for tests (``worker.lowlevel``): whether this worker ran its warm-up turn, and
     whether the warm-up's agent is still in the agent cache (it must not be)."""
     return {"ran": _WARMED, "cached": _WARM_AGENT in _IMPORT_CACHE}
 
@@ -477,7 +477,7 @@ def _is_cancellation(exc: BaseException, turn: Turn) -> bool:
 
 
 def own_files(marker_fd: int, endlog_fd: int) -> tuple[_marker.StartMarker | None, _endlog.EndLog | None]:
-    """W-OWN: map the start marker and End log the supervisor made for this worker and close their
+    """SEC-WORKER-FILES: map the start marker and End log the supervisor made for this worker and close their
     descriptors (-1: none), before the worker forks anything (its guardian) or runs any agent code."""
     marker = _marker.StartMarker(marker_fd) if marker_fd >= 0 else None
     endlog = _endlog.EndLog(endlog_fd) if endlog_fd >= 0 else None
@@ -508,14 +508,14 @@ async def serve(
     # protocol) and does not reconnect it: a worker left like that could never report a turn's
     # end again, so it must not stay up deaf. Watch for the disconnection and exit.
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    await loop.warm_up()  # W-WARM: the first real turn finds the worker's pages its own
-    cgroup_joined()  # W-JOIN: in its cgroup before any turn of the supervisor's can run
+    await loop.warm_up()  # WORKER-WARM: the first real turn finds the worker's pages its own
+    cgroup_joined()  # WORKER-JOIN-CGROUP: in its cgroup before any turn of the supervisor's can run
     conn.send_now(worker_link.Ready(os.getpid(), token, worker_link.PROTOCOL_VERSION))
     aloop = asyncio.get_running_loop()
     stop = aloop.create_future()
 
     def on_readable() -> None:
-        # Called by the event loop when the socket's FD is readable (and after a send: L-EDGE):
+        # Called by the event loop when the socket's FD is readable (and after a send: LINK-EDGE):
         # drain every frame, dispatch each message. No task switch per frame.
         # Under the connection's lock: the stale flusher's thread must not send meanwhile.
         with conn.lock:
@@ -527,7 +527,7 @@ async def serve(
     def read_all() -> None:
         first = True
         while True:
-            # L-LONE: after each frame, one look at EVENTS (≈ 1.6 µs) says whether another is
+            # LINK-LONE: after each frame, one look at EVENTS (≈ 1.6 µs) says whether another is
             # there; a ``recv`` that finds none raises ``zmq.Again`` (≈ 4.4 µs). A worker gets one
             # frame per wake-up in the common case (a turn, or every turn handed in a burst).
             if not first and not cast(int, events(_EVENTS)) & _POLLIN:
@@ -570,13 +570,13 @@ async def serve(
                         if not stop.done():
                             stop.set_result(None)
 
-    flusher = watcher()  # K-THREADS: the life-pipe watcher's thread, where there is one
+    flusher = watcher()  # WORKER-ONE-THREAD: the life-pipe watcher's thread, where there is one
     if flusher is None:
         flusher = StaleFlusher({signal.SIGTERM, PARENT_DEATH_SIGNAL})
         flusher.start()
     conn.flusher = flusher
     flusher.attach(conn)
-    mark_engine_threads()  # R-sweep-threads: every thread alive now is the engine's
+    mark_engine_threads()  # TREE-THREADS: every thread alive now is the engine's
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_link, monitor)
@@ -584,7 +584,7 @@ async def serve(
             if heartbeat > 0:
                 tg.start_soon(_heartbeats, conn, heartbeat)
             conn.edge.reader = on_readable
-            conn.edge.attach(aloop)  # L-EDGE: the FD's reader, run once now
+            conn.edge.attach(aloop)  # LINK-EDGE: the FD's reader, run once now
             try:
                 await stop
             finally:

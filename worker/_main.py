@@ -28,17 +28,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--life-fd", type=int)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--cgroup", help="the cgroup v2 directory this worker joins before it forks anything")
-    parser.add_argument("--cwd", default=None, help="directory to run in (this worker's own, W-CWD)")
-    parser.add_argument("--marker-fd", type=int, default=-1, help="the start marker's descriptor (W-OWN)")
-    parser.add_argument("--endlog-fd", type=int, default=-1, help="the End log's descriptor (W-OWN)")
+    parser.add_argument("--cwd", default=None, help="directory to run in (this worker's own, WORKER-CWD)")
+    parser.add_argument(
+        "--marker-fd", type=int, default=-1, help="the start marker's descriptor (SEC-WORKER-FILES)"
+    )
+    parser.add_argument(
+        "--endlog-fd", type=int, default=-1, help="the End log's descriptor (SEC-WORKER-FILES)"
+    )
     args = parser.parse_args(argv)
-    mark_role("worker")  # H3: before any agent code can run
-    start_marker, endlog = own_files(args.marker_fd, args.endlog_fd)  # W-OWN: before the guardian's fork
+    mark_role("worker")  # API-NO-NESTING: before any agent code can run
+    # SEC-WORKER-FILES: before the guardian's fork
+    start_marker, endlog = own_files(args.marker_fd, args.endlog_fd)
     if args.cwd:
         os.chdir(args.cwd)  # before any agent is imported or run
     token = os.environ.pop("TURNPOOL_SPAWN_TOKEN", "")  # a worker started by hand (tests)
     if start_marker is not None:
-        token = start_marker.take_token() or token  # W-OWN: not in /proc/<pid>/environ
+        token = start_marker.take_token() or token  # SEC-WORKER-FILES: not in /proc/<pid>/environ
     marker = os.environ.get(_tree.TREE_ENV)
     if marker:
         _tree.mark_tree(marker)

@@ -6,13 +6,13 @@ memory-mapped file, written before any agent code runs (a memory write, no sysca
 kernel keeps it whatever happens to the process next. When a worker dies, the supervisor
 reads it to tell a turn that started (and crashed) from one that never did.
 
-The supervisor also reads it while the worker lives (rule S1 in ``docs/design.md``): a turn
+The supervisor also reads it while the worker lives (rule LADDER-EARLY in ``docs/design.md``): a turn
 whose ``Started`` frame cannot leave (an agent that stopped its own worker with SIGSTOP, or that
 holds the GIL in one C call from its first line) is still known to have started, and when: the
 marker carries the ``CLOCK_MONOTONIC`` time of the start, which is the same clock in every
 process of the machine (the supervisor's event loop runs on it).
 
-The file has no name (``worker/_ownfile.py``, rule W-OWN): the supervisor creates it, keeps a
+The file has no name (``worker/_ownfile.py``, rule SEC-WORKER-FILES): the supervisor creates it, keeps a
 read-only mapping and hands the worker its descriptor, which the worker maps and closes.
 
 Layout: a 4-byte little-endian length, the start time (8-byte little-endian double, seconds of
@@ -30,7 +30,7 @@ from . import _ownfile
 
 HEAD = 4 + 8  # length, start time
 ID_MAX = 1024  # turn ids are at most 256 characters
-TOKEN_AT = HEAD + ID_MAX  # the spawn token, for a worker started as a fresh interpreter (W-OWN)
+TOKEN_AT = HEAD + ID_MAX  # the spawn token, for a worker started as a fresh interpreter (SEC-WORKER-FILES)
 TOKEN_MAX = 64
 SIZE = TOKEN_AT + TOKEN_MAX
 _len = struct.Struct("<I")
@@ -54,12 +54,12 @@ class StartMarker:
 
     def prime(self) -> None:
         """Write "nothing started" (what a new file reads as anyway): the page is then this
-        process's own and writable, so the first ``mark`` takes no page fault (W-WARM)."""
+        process's own and writable, so the first ``mark`` takes no page fault (WORKER-WARM)."""
         self._map[0:4] = b"\0\0\0\0"
 
     def mark(self, turn_id: str) -> float:
         """Note ``turn_id`` as starting now; returns the start time noted (the End log records the
-        same value with the turn's end: rule E1 tells a current end from a stale one by it)."""
+        same value with the turn's end: rule WORKER-END-LOG tells a current end from a stale one by it)."""
         data = turn_id.encode()[:ID_MAX]
         m = self._map
         now = time.monotonic()

@@ -6,7 +6,7 @@ the descriptor to the worker it starts (inherited at a fixed number, or passed o
 socket). The worker maps it and closes the descriptor before any agent code runs (``take``). From
 then on the pages exist only as two mappings: the worker's (writable) and the supervisor's
 (read-only). Another worker's agent running as the same user finds no file to open in any
-directory and no descriptor to open under ``/proc/<pid>/fd`` (rule W-OWN in ``docs/design.md``);
+directory and no descriptor to open under ``/proc/<pid>/fd`` (rule SEC-WORKER-FILES in ``docs/design.md``);
 what is left to it is another process's memory itself (``/proc/<pid>/mem``, ``map_files``,
 ``ptrace``), which the kernel grants only to root or to a process allowed to trace the other
 (see "The trust boundary" in ``docs/guarantees.md``).

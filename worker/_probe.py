@@ -1,4 +1,4 @@
-"""A-PROBE: what an agent name points at, answered in a process of the worker side before the
+"""ADAPT-PROBE: what an agent name points at, answered in a process of the worker side before the
 turn is accepted (the supervisor never imports agent code).
 
 The zygote forks a probe per agent name the supervisor does not know yet (``_zygote.serve``): the

@@ -3,8 +3,8 @@
 ``StepLog`` belongs to one ``Turn`` (made on first use: a turn that records nothing pays
 nothing). ``record`` posts one ``worker_link.Step`` (batched with the turn's other messages) and returns
 its ``seq``; ``durable(seq)`` waits for the supervisor's ``StepAck`` saying every record up to it
-is durable (S-DURABLE: a daemon acknowledges only once its journal committed it). ``recorded`` are
-the records of the turn's earlier attempts, handed back in ``Run.steps`` (S-RESUME), decoded on
+is durable (LOOP-STEP-DURABLE: a daemon acknowledges only once its journal committed it). ``recorded`` are
+the records of the turn's earlier attempts, handed back in ``Run.steps`` (LOOP-RESUME), decoded on
 first use; ``corrupt`` says why they cannot be read, if so (the loop refuses to run blind).
 """
 
@@ -20,7 +20,7 @@ from wire import worker_link
 
 from ._connection import Connection
 
-# S-SIZE: the largest step record kept (a tool returning more is told to the model in this
+# LOOP-STEP-SIZE: the largest step record kept (a tool returning more is told to the model in this
 # attempt, but not recorded: the turn cannot be resumed past it), and the most a turn's records
 # may hold in all (they travel back in one ``Run`` frame, under ``wire.MAX_MESSAGE_SIZE``).
 MAX_STEP_BYTES = 4 * 1024 * 1024

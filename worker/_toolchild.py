@@ -83,7 +83,7 @@ def setup(
     _in_call, _call_cancelled = True, False
     os.setpgid(0, 0)
     _tree.set_parent_death_signal(signal.SIGKILL)
-    for path in join:  # T-JOIN: before anything of the call runs (nothing forks outside its groups)
+    for path in join:  # TOOL-JOIN-FIRST: before anything of the call runs (nothing forks outside its groups)
         fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
         try:
             os.write(fd, b"0")
@@ -141,7 +141,7 @@ _RESET = (
 
 
 def unshare_network() -> None:
-    """T-NET: a network namespace of its own (root: CLONE_NEWNET; else user + net), or raise."""
+    """TOOL-NET: a network namespace of its own (root: CLONE_NEWNET; else user + net), or raise."""
     flags = os.CLONE_NEWNET if hasattr(os, "CLONE_NEWNET") else 0x40000000
     unshare = getattr(os, "unshare", None)
     if unshare is None:

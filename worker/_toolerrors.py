@@ -73,10 +73,10 @@ _FLAVOURED: dict[tuple[type, type], Any] = {}
 
 
 def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
-    """T-FRAME: the error as the tool framework loaded in this process reports a failed tool to its
-    model. Where pydantic-ai is imported, the same error is also its ``ToolFailed`` (or, in versions
-    without it, ``ModelRetry``): raised from a pydantic-ai tool, the model sees the text and the run
-    goes on. ``except worker.ToolKilled`` catches it all the same."""
+    """TOOL-FRAMEWORK-ERROR: the error as the tool framework loaded in this process reports a failed tool to
+    its model. Where pydantic-ai is imported, the same error is also its ``ToolFailed`` (or, in versions
+    without it, ``ModelRetry``): raised from a pydantic-ai tool, the model sees the text and the run goes on.
+    ``except worker.ToolKilled`` catches it all the same."""
     mod = sys.modules.get("pydantic_ai.exceptions")
     base = getattr(mod, "ToolFailed", None) or getattr(mod, "ModelRetry", None)
     if not isinstance(base, type) or isinstance(exc, base):

@@ -1,6 +1,6 @@
 """Where an isolated call's limits live: the call's ``Limits``, what enforces each here (``backend``), and
 its cgroups (``Groups``: made by the caller, joined by the call's process before it runs anything, kept for
-reuse or removed after it, T-REUSE); the groups a killed caller left are swept by the next."""
+reuse or removed after it, TOOL-REUSE-GROUPS); the groups a killed caller left are swept by the next."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .proctree import _cgroup
 
 MIB = 1024 * 1024
 
-# T-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
+# TOOL-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL", "PWD")
 ENV_ALLOW_PREFIXES = ("LC_",)
 
@@ -142,7 +142,7 @@ def sweep_stale_groups() -> list[str]:
         if name == "v2":
             if own is None:
                 continue
-            parent = own  # the kept groups of a caller killed with SIGKILL (T-REUSE)
+            parent = own  # the kept groups of a caller killed with SIGKILL (TOOL-REUSE-GROUPS)
         elif name not in v1:
             continue
         else:
@@ -194,7 +194,7 @@ class Groups:
     v2: dict[str, bool] = field(default_factory=dict)
     owner: int = field(default_factory=os.getpid)
     kind: str | None = None  # the template kind whose calls use them (None: forked by the caller)
-    template: Any = None  # that template: asked for an embryo in them once they are kept (T-EMBRYO)
+    template: Any = None  # that template: asked for an embryo in them once they are kept (TOOL-EMBRYO)
 
     @classmethod
     def make(cls, limits: Limits, kind: str | None = None) -> Groups:
@@ -324,7 +324,7 @@ class Groups:
                 time.sleep(0.002)  # v1 memory groups go offline a moment after their last exit
 
 
-# T-REUSE: the groups of a call that ended empty are kept (a few per process) for the next call with
+# TOOL-REUSE-GROUPS: the groups of a call that ended empty are kept (a few per process) for the next call with
 # the same limits: making and removing three groups was a good part of a short call's cost. Emptiness
 # is the v2 group's (every process of the call was in it); the counters are read again on reuse.
 KEEP_GROUPS = 4
@@ -356,7 +356,7 @@ def _keep(g: Groups) -> bool:
             return False
         free.append(g)
     if g.template is not None:
-        g.template.prepare(g.paths())  # T-EMBRYO: the next call's process waits in them already
+        g.template.prepare(g.paths())  # TOOL-EMBRYO: the next call's process waits in them already
     return True
 
 

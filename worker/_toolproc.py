@@ -10,7 +10,7 @@ Without any of them the limits fall back to rlimits (see ``docs/tools.md`` for w
 
 The parent watches the child's pidfd, its output pipes, its result pipe and a cancel pipe in one
 ``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds, output) are
-checked on each wake and at least every ``WATCH_S``. T-LADDER: on timeout or cancel the call gets
+checked on each wake and at least every ``WATCH_S``. TOOL-LADDER: on timeout or cancel the call gets
 SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit gets SIGKILL.
 """
 
@@ -89,7 +89,7 @@ def start(limits: Limits, body: Callable[[int], None], *, stdin: bytes | None = 
 def start_in_template(
     template: _tooltemplate.Template, limits: Limits, req: dict[str, Any], *, stdin: bytes | None = None
 ) -> Proc:
-    """T-WARM: the call, forked by ``template`` (see ``_tooltemplate``) rather than by us. Raises
+    """TOOL-WARM: the call, forked by ``template`` (see ``_tooltemplate``) rather than by us. Raises
     ``_tooltemplate.Fallback`` (fork the caller instead) or ``OSError`` (the template is gone)."""
     groups = Groups.make(limits, template.kind)
     groups.template = template
@@ -137,7 +137,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 def cancel_all() -> int:
-    """T-AGENT: the turn's abort reaches every isolated call of this process first; how many."""
+    """TOOL-TOLD: the turn's abort reaches every isolated call of this process first; how many."""
     with _LIVE_LOCK:
         live = list(_LIVE)
     for proc in live:

@@ -1,4 +1,4 @@
-"""The warm template of isolated tool calls: a small process that forks each call (T-WARM).
+"""The warm template of isolated tool calls: a small process that forks each call (TOOL-WARM).
 
 Forking the caller costs what the caller is: a worker with its imports and threads is several times
 slower to fork than a small interpreter, and a command exec'd from its copy pays the teardown of that
@@ -161,7 +161,7 @@ class _Server:
             os.close(fd)
         self.calls[pid] = (channel, list(req["join"]))
 
-    # T-EMBRYO: moving a process into a cgroup waits for an RCU grace period when no move happened just
+    # TOOL-EMBRYO: moving a process into a cgroup waits for an RCU grace period when no move happened just
     # before (~10 ms here): a call whose groups are kept gets its process ready in them ahead of time.
     def prepare(self, join: list[str]) -> None:
         """Fork an embryo into the kept groups ``join``: the next call that uses them is its work."""
@@ -198,7 +198,7 @@ class _Server:
         return 0
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> int:
-        """T-SPAWN: a command without a fork of ours: we step into the call's groups (so the command
+        """TOOL-SPAWN: a command without a fork of ours: we step into the call's groups (so the command
         is born in them: no moment outside), ``posix_spawn`` it (a vfork: no copy of our memory, as
         ``subprocess`` does), and step back. Its process group, signals and descriptors are set by
         the spawn; what the spawn cannot set (a parent-death signal, a network namespace, rlimits)
@@ -441,7 +441,7 @@ class Template:
             raise OSError("the tool template did not start")
 
     def prepare(self, join: list[str]) -> None:
-        """T-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer)."""
+        """TOOL-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer)."""
         if self.owner == os.getpid():
             with contextlib.suppress(OSError):
                 self.sock.send(_enc.encode({"kind": "prepare", "join": join}))
@@ -547,7 +547,7 @@ def get(kind: str) -> Template | None:
         _TEMPLATES[kind] = t
         from . import _guards
 
-        _guards.keep_child(t.pid)  # R-sweep-kept: the worker's own, not a turn's leftover
+        _guards.keep_child(t.pid)  # TREE-KEPT-CHILDREN: the worker's own, not a turn's leftover
         return t
 
 

@@ -1,4 +1,4 @@
-"""T-TRACE, the worker's side: an agent runs inside the trace context its turn carries.
+"""OBS-TRACE, the worker's side: an agent runs inside the trace context its turn carries.
 
 A ``Run`` with ``trace`` (a W3C ``traceparent``) has its agent run with that context attached, so the
 agent's and its framework's OpenTelemetry spans nest under the turn's span (or the caller's). Nothing

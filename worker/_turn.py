@@ -18,7 +18,7 @@ from ._steps import StepLog
 if TYPE_CHECKING:
     from ._connection import Connection
 
-# R-EMIT: ``emit`` gives the event loop a turn when this long has passed since the loop last
+# EVENTS-EMIT-NOW: ``emit`` gives the event loop a turn when this long has passed since the loop last
 # turned, not on every call: a shielded checkpoint costs ≈ 4 µs (and a loop iteration), more
 # than sending the event itself. A turn that awaited something between two emits (a model
 # streaming deltas) has let the loop turn already and never pays it. What the loop must not
@@ -101,7 +101,7 @@ class Turn:
     ``id``, ``input``, ``session``, ``parent``; ``signal`` (this turn's cancellation);
     ``emit`` streams an event to whoever follows the turn; ``checkpoint`` raises
     :class:`TurnCancelled` once cancelled; ``spawn`` runs a child turn in another worker.
-    ``attempt`` is 1, or more for a ``retry=True`` turn run again after its worker died (S-RESUME).
+    ``attempt`` is 1, or more for a ``retry=True`` turn run again after its worker died (LOOP-RESUME).
     """
 
     __slots__ = (
@@ -134,8 +134,8 @@ class Turn:
         self.signal = CancelSignal()
         self.attempt = attempt
         self._conn = conn
-        self._yielded_at = 0.0  # when the event loop was last seen to turn by ``emit`` (R-EMIT)
-        self._recorded = recorded  # S-RESUME: the earlier attempts' step records (``Run.steps``)
+        self._yielded_at = 0.0  # when the event loop was last seen to turn by ``emit`` (EVENTS-EMIT-NOW)
+        self._recorded = recorded  # LOOP-RESUME: the earlier attempts' step records (``Run.steps``)
         self._steplog: StepLog | None = None
 
     def _steps(self) -> StepLog:
@@ -145,14 +145,14 @@ class Turn:
             log = self._steplog = StepLog(self.id, self.attempt, self._recorded, self._conn)
         return log
 
-    # R18: an emitted event is on the wire when emit returns.
+    # EVENTS-ON-WIRE: an emitted event is on the wire when emit returns.
     async def emit(self, event: Any) -> None:
         """Stream ``event`` (anything msgspec encodes). On return it is on the wire.
 
         It is not where a cancellation lands: a turn cancelled just after emitting sees it at its
         next await (the cancel scope stays cancelled); an ``Abort`` that came in meanwhile is
         read right after the send, so ``turn.signal`` already shows it. It yields to the event
-        loop at least once a millisecond (R-EMIT), so a turn that does nothing but emit still
+        loop at least once a millisecond (EVENTS-EMIT-NOW), so a turn that does nothing but emit still
         lets the worker's other tasks (and the agent's own) run, without paying a loop
         iteration per event."""
         turned = self._conn.emit(self.id, event)

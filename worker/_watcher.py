@@ -1,4 +1,4 @@
-"""R-WATCHER: one watcher for every worker a zygote forks, instead of a guardian process per worker.
+"""TREE-WATCHER: one watcher for every worker a zygote forks, instead of a guardian process per worker.
 
 The guardian (``_guardian``) was a second Python process per worker (1.5 MiB of PSS each, a fork
 per start, a child the supervisor had to find and reap at every exit). The zygote forks this

@@ -13,7 +13,7 @@ Rules it keeps (see PITFALLS):
   re-parented to the supervisor (a child subreaper), which reaps it by pid like any worker;
   only then does the worker arm its parent-death signal (tied to its parent *thread*), so
   the signal follows the supervisor, not the short-lived intermediate;
-* R-WATCHER: it forks one watcher (``_watcher``) after its imports; each worker registers with it
+* TREE-WATCHER: it forks one watcher (``_watcher``) after its imports; each worker registers with it
   instead of forking a guardian of its own;
 * the worker calls ``setsid`` (it leads its own session and group, like a spawned worker), sets
   its tree markers (environment for exec'd descendants, an inherited memfd for fork-only ones:
@@ -29,12 +29,12 @@ An embryo whose zygote dies sees EOF on that pipe and exits.
 Protocol: the supervisor sends ``"<id> <token> <marker> <heartbeat>"`` as one message on a unix
 seqpacket socket, with four fds attached (``SCM_RIGHTS``): the worker's output, which it makes its
 fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output; its start marker and
-End log, which it maps and closes (W-OWN); and its own working directory, which it enters (W-CWD).
-The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
-embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
-the imports are done.
+End log, which it maps and closes (SEC-WORKER-FILES); and its own working directory, which it enters
+(WORKER-CWD). The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
+embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says the imports are
+done.
 
-A-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
+ADAPT-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
 (``_probe``), a direct child of the zygote in a group of its own, that classifies the agent and
 answers on that pipe; the zygote reaps it, and kills its group once it has exited or once the
 deadline (``time.monotonic``, system-wide) has passed. A request read past its deadline is dropped.
@@ -52,7 +52,7 @@ import sys
 import time
 
 _CGROUP_POOL: str | None = None  # --cgroup-pool: workers join <pool>/<worker id>
-_WATCHER_FD = -1  # R-WATCHER: the registration socket of the pool's watcher (inherited by workers)
+_WATCHER_FD = -1  # TREE-WATCHER: the registration socket of the pool's watcher (inherited by workers)
 
 
 def _reap(pid: int) -> None:
@@ -126,11 +126,11 @@ def _become_worker(
 
     out_fd, marker_fd, endlog_fd, cwd_fd = fds
     _take_output(out_fd)
-    _guards.mark_role("worker")  # H3
-    own = _loop.own_files(marker_fd, endlog_fd)  # W-OWN: before the guardian's fork
+    _guards.mark_role("worker")  # API-NO-NESTING
+    own = _loop.own_files(marker_fd, endlog_fd)  # SEC-WORKER-FILES: before the guardian's fork
     if own[0] is not None:
         own[0].take_token()  # (ours came with the request: erase the copy the supervisor left there)
-    os.fchdir(cwd_fd)  # W-CWD: its own directory, before any agent code
+    os.fchdir(cwd_fd)  # WORKER-CWD: its own directory, before any agent code
     os.close(cwd_fd)
     if not reparented:
         os.setsid()
@@ -265,7 +265,7 @@ def _fork_probe(
     embryo: tuple[int, socket.socket] | None,
     own: tuple[int, int],
 ) -> None:
-    """A-PROBE: fork a probe answering on ``fds[0]`` (the caller closes it)."""
+    """ADAPT-PROBE: fork a probe answering on ``fds[0]`` (the caller closes it)."""
     _, deadline_text, spec = line.decode().split(" ")
     deadline = float(deadline_text)
     if time.monotonic() > deadline:
@@ -294,7 +294,7 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
     req = socket.socket(fileno=req_fd)
     os.write(resp_fd, b"ready 0\n")
     embryo: tuple[int, socket.socket] | None = None
-    probes: dict[int, float] = {}  # A-PROBE: pid -> deadline
+    probes: dict[int, float] = {}  # ADAPT-PROBE: pid -> deadline
     while True:
         if probes:
             _tend_probes(probes)
@@ -313,7 +313,7 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
             if _WATCHER_FD >= 0 and os.getppid() == parent_pid:
                 from . import _watcher
 
-                _watcher.goodbye(_WATCHER_FD)  # R-WATCHER: a close, not a death
+                _watcher.goodbye(_WATCHER_FD)  # TREE-WATCHER: a close, not a death
             return  # EOF: the supervisor closed the socket (or died); an embryo sees EOF too
         if line.startswith(b"probe "):
             try:
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from ._guards import mark_role
 
-    mark_role("zygote")  # H3: before any preload runs; the workers it forks inherit it
+    mark_role("zygote")  # API-NO-NESTING: before any preload runs; the workers it forks inherit it
     global _CGROUP_POOL
     _CGROUP_POOL = args.cgroup_pool or None
     from .proctree import _tree
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(3)
     global _WATCHER_FD
     try:
-        # R-WATCHER: one watcher for every worker forked from here, forked once, after the imports.
+        # TREE-WATCHER: one watcher for every worker forked from here, forked once, after the imports.
         from . import _watcher
 
         watcher_pid, _WATCHER_FD = _watcher.start(args.life_fd)

@@ -33,12 +33,12 @@ from ._toolgroups import sweep_stale_groups as tool_groups_sweep
 from ._tooltemplate import enable as tool_templates
 
 # What each name is for, beyond the supervisor's own use:
-# - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout (E1),
-#   so a test can write a log and damage a record as a dying worker could;
+# - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout
+#   (WORKER-END-LOG), so a test can write a log and damage a record as a dying worker could;
 # - ``start_guardian``, ``take_baton``, ``EXIT_LINK_LOST``: the worker's process guards (its
 #   guardian process, the baton that lets exactly one of worker and guardian kill the tree, the
 #   exit code of a worker whose link to the supervisor is lost), for tests that play the worker;
-# - ``start_ticks``, ``heir_watch``, ``HEIR_GONE``/``HEIR_UNWATCHABLE``: K-HEIR's process identity
+# - ``start_ticks``, ``heir_watch``, ``HEIR_GONE``/``HEIR_UNWATCHABLE``: LADDER-HEIR's process identity
 #   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse.
 
 __all__ = [

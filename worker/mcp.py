@@ -14,7 +14,7 @@ holds the turn until the ladder kills the worker's tree, the server with it (``k
 Worker-wide servers: ``async with shared(files=FILES) as servers:`` gives the same, but each named
 server is the worker's: the first block in a worker that names it starts it, and later blocks (later
 turns in that worker) use the running server. It is a child of the worker that the end-of-turn sweep
-spares (R-sweep-kept), so the ladder and the worker's own end still reach it. A call in flight when
+spares (TREE-KEPT-CHILDREN), so the ladder and the worker's own end still reach it. A call in flight when
 the turn is cancelled gets ``notifications/cancelled``; since no answer tells whether the server
 stopped the work, the block's end then closes that server (stdin, SIGTERM, SIGKILL of its group:
 the ``mcp`` client's shutdown), holding the turn until it is gone or the ladder ends it; the next
@@ -109,7 +109,7 @@ class Server:
 
 @asynccontextmanager
 async def serve(**named: StdioServer) -> AsyncIterator[dict[str, Server]]:
-    """A-MCP: start the named MCP stdio servers as children of this worker for the block; yields them.
+    """ADAPT-MCP: start the named MCP stdio servers as children of this worker for the block; yields them.
 
     The servers' client sessions live in a task of their own, outside the turn's cancel scope: a
     turn's cancel abandons the calls in flight, whose ``notifications/cancelled`` then still reach
@@ -256,7 +256,7 @@ def _waiting_thread(pid: int) -> int | None:
 
 
 async def _own_kept(kept: _Kept) -> None:
-    """A worker-wide server's owner: starts it, marks it the worker's (R-sweep-kept), hands it over,
+    """A worker-wide server's owner: starts it, marks it the worker's (TREE-KEPT-CHILDREN), hands it over,
     and closes it once retired."""
     from mcp.client.session import ClientSession
     from mcp.client.stdio import stdio_client
@@ -283,7 +283,7 @@ async def _own_kept(kept: _Kept) -> None:
             _guards.release_child(kept.pid)
 
 
-# A-MCP-WORKER: worker-wide servers, started on first use, spared by the sweep, closed after a cancel.
+# ADAPT-MCP-WORKER: worker-wide servers, started on first use, spared by the sweep, closed after a cancel.
 @asynccontextmanager
 async def shared(**named: StdioServer) -> AsyncIterator[dict[str, Server]]:
     """The named worker-wide MCP stdio servers for the block, each started on its first use in this
@@ -316,7 +316,7 @@ async def shared(**named: StdioServer) -> AsyncIterator[dict[str, Server]]:
                 await kept.retire()  # it may still run the abandoned call: closed, the ladder bounds it
 
 
-# A-MCP-FW: a framework's own MCP server objects, entered outside the turn's cancel scope.
+# ADAPT-MCP-FRAMEWORK: a framework's own MCP server objects, entered outside the turn's cancel scope.
 @asynccontextmanager
 async def held(contexts: Sequence[AbstractAsyncContextManager[Any]]) -> AsyncIterator[None]:
     """Enter ``contexts`` (a framework's MCP server objects) in a task of their own for the block,

@@ -6,7 +6,7 @@ Owner-agnostic: it knows a socket and an event loop, never who holds them or wha
 It lives in ``worker/`` because the worker may not import the supervisor, and is public so the
 supervisor (which reaches ``worker`` through public names only) uses the same code.
 
-The flags (B6): pyzmq's flags and socket options are enums, and each ``&`` or ``|`` on one builds
+The flags (LINK-FLAGS): pyzmq's flags and socket options are enums, and each ``&`` or ``|`` on one builds
 an enum member (on the worker link ≈ 10% of the supervisor's time while a turn streams events,
 measured); these are plain ints.
 """
@@ -34,7 +34,7 @@ def _nothing() -> None:
 
 
 class ReadableEdge:
-    """L-EDGE — the one place of ZeroMQ's edge-trigger rule. A ZeroMQ socket's FD is
+    """LINK-EDGE — the one place of ZeroMQ's edge-trigger rule. A ZeroMQ socket's FD is
     edge-triggered: it fires when the socket goes from "nothing to read" to "something", and a send
     (or any look at the socket's state) can consume that transition. So a reader that stops while
     frames are still queued (its fair slice ended) must be run again from the loop, and after every
@@ -130,7 +130,7 @@ class ReadableEdge:
 
 
 class LoopFlush:
-    """B1 — the one batching rule of every link: what is posted during one pass of the event loop
+    """CLIENT-BATCHES — the one batching rule of every link: what is posted during one pass of the event loop
     leaves together once the loop turns. The poster queues its message where its owner keeps them
     (one list, or one per peer) and calls ``soon``: the first call of a pass schedules ``flush``
     once, later ones cost a flag test. A thousand submits made in one pass are a few frames, a

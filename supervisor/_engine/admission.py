@@ -1,14 +1,14 @@
 """Admission: how a turn gets into the supervisor.
 
 ``Admission.accept`` is the one way in for every turn: ``submit``, a daemon's already-encoded input
-(``accept_encoded``), a journal's readmitted turn (J3: ``max_queue`` does not apply) and a child
+(``accept_encoded``), a journal's readmitted turn (JOURNAL-RECOVERY: ``max_queue`` does not apply) and a child
 spawned by a running turn. It validates the turn's arguments at the call (``InvalidAgent``,
 ``TypeError``, ``ValueError``; a grace above ``max_grace`` is refused, R-GRACE), refuses when the
 supervisor is not running (``SupervisorClosed``) or the queue is full (``QueueFull``), returns the
 existing record for a known ``turn_id`` with the same request (a submit is idempotent: never runs
-twice; another agent, input or session under that id is ``TurnIdConflict``, R-ID), and otherwise
-creates the turn's record - its one cancellation holder (rule 1) - runs the accept hooks and queues
-it. With a journal (J6) a new turn is held back from dispatch until its accept row is committed.
+twice; another agent, input or session under that id is ``TurnIdConflict``, API-TURN-ID), and otherwise
+creates the turn's record - its one cancellation holder (TURN-HOLDER) - runs the accept hooks and queues
+it. With a journal (JOURNAL-GATE) a new turn is held back from dispatch until its accept row is committed.
 
 Its collaborators: the ``TurnBook`` (table, queue, counters, phase), the ``EngineOptions``, the hooks
 (``accept``), the ``Dispatcher`` (its gate; a pump for a turn that may go now), the timers (their
@@ -51,11 +51,11 @@ class AcceptMany(ManyTurns):
         self, agent: str, item: Any, raw: Any, turn_id: str | None, options: dict[str, Any]
     ) -> TurnHandle:
         admission = self._admission
-        if type(agent) is str and agent not in admission.agents.kinds:  # A-PROBE: the first asks
+        if type(agent) is str and agent not in admission.agents.kinds:  # ADAPT-PROBE: the first asks
             await admission.learn(agent)
         turn = admission.accept(agent, raw, turn_id=turn_id, parent=None, **options)
         backend: Any = self  # a Supervisor
-        return TurnHandle(backend, turn.id, pin=turn)  # R-KEEP: the handle holds the record
+        return TurnHandle(backend, turn.id, pin=turn)  # API-HANDLE-KEEPS: the handle holds the record
 
 
 class Admission:
@@ -81,7 +81,7 @@ class Admission:
         self.agents = AgentKinds(zygote)  # ``kinds``: agent -> InvalidAgent's message, or None (accepted)
 
     async def learn(self, agent: Any) -> None:
-        """A-PROBE: before the first turn of an agent name not known yet is accepted, ask a probe
+        """ADAPT-PROBE: before the first turn of an agent name not known yet is accepted, ask a probe
         what it points at (bounded; see ``probe``), so that ``accept`` can refuse what no worker
         can run. A name that is no agent name at all is left to ``accept`` to refuse."""
         if type(agent) is str and agent not in self.agents.kinds and self.book.phase == "running":
@@ -91,7 +91,7 @@ class Admission:
                 return
             allowed = self.options.allow_agents
             if allowed is not None and not allowed.allows(agent):
-                return  # A-ALLOW: a refused name is never imported, not even by a probe
+                return  # SEC-ALLOW: a refused name is never imported, not even by a probe
             await self.agents.learn(agent)
 
     def accept(
@@ -117,11 +117,11 @@ class Admission:
             raise TypeError(f"retry must be True or False, got {retry!r}")
         check_agent(agent)
         if options.allow_agents is not None:
-            options.allow_agents.check(agent)  # A-ALLOW: submits, spawned children and readmits alike
-        refusal = self.agents.kinds.get(agent)  # A-PROBE: what the probe of this name answered
+            options.allow_agents.check(agent)  # SEC-ALLOW: submits, spawned children and readmits alike
+        refusal = self.agents.kinds.get(agent)  # ADAPT-PROBE: what the probe of this name answered
         if refusal is not None and not readmit:
             raise InvalidAgent(refusal)
-        if not readmit:  # R-TID; a readmitted turn was acknowledged under the rule of its day
+        if not readmit:  # LINK-TURN-ID; a readmitted turn was acknowledged under the rule of its day
             session = check_optional_str("session", session)
             turn_id = check_optional_str("turn_id", turn_id)
         timeout = check_seconds("timeout", timeout, positive=True)
@@ -133,9 +133,9 @@ class Admission:
                 "the supervisor is shutting down" if closing else "the supervisor is not running"
             )
         if turn_id is not None:
-            known = book.table.find(turn_id)  # kept, or held by a handle (R-KEEP)
+            known = book.table.find(turn_id)  # kept, or held by a handle (API-HANDLE-KEEPS)
             if known is not None:
-                # R-ID: idempotent for the same request only; another one under this id is refused.
+                # API-TURN-ID: idempotent for the same request only; another one under this id is refused.
                 differs = request_differs(known, agent, raw, session)
                 if differs:
                     raise TurnIdConflict(turn_id, differs)
@@ -148,7 +148,7 @@ class Admission:
         chosen = turn_id is not None
         if turn_id is None:
             turn_id = f"{self.prefix}-{next(self.ids)}"
-        # R1: the turn's one cancellation holder, new for every accepted turn.
+        # TURN-HOLDER: the turn's one cancellation holder, new for every accepted turn.
         turn = TurnRecord(
             turn_id=turn_id,
             agent=agent,
@@ -162,7 +162,7 @@ class Admission:
         )
         turn.retry = retry
         turn.attempts = attempts
-        # T-TRACE: the caller's trace context (a child turn: its parent's), the turn span's once an
+        # OBS-TRACE: the caller's trace context (a child turn: its parent's), the turn span's once an
         # accept hook of ``TurnSpans`` has opened it.
         records = book.table.records
         parent_turn = records.get(parent) if parent is not None else None
@@ -172,21 +172,21 @@ class Admission:
             gate_hold(turn, readmit)  # a readmitted turn's row is already in the journal
         records[turn_id] = turn
         book.active += 1
-        book.input_bytes += size  # I-BUDGET: until its result is delivered (``Finisher.deliver``)
+        book.input_bytes += size  # MEM-INPUTS: until its result is delivered (``Finisher.deliver``)
         for accept_hook in self.hooks.accept:
             accept_hook(turn)
         book.queue.push(turn)
         if turn.written:
-            # J6-SKIP, J6-WITH: behind the dispatch gate a new turn cannot be cleared before its
-            # accept row is written (``mark_written`` pumps then; an accept hook that writes it
-            # calls that before the turn is queued, so the pump is here): a pump per accept walked
-            # the gate for nothing. Without a gate every turn is written from the start.
+            # JOURNAL-GATE-RESUME, JOURNAL-GATE-SHARE: behind the dispatch gate a new turn cannot be cleared
+            # before its accept row is written (``mark_written`` pumps then; an accept hook that writes it
+            # calls that before the turn is queued, so the pump is here): a pump per accept walked the gate
+            # for nothing. Without a gate every turn is written from the start.
             self.dispatcher.pump()
         return turn
 
 
 def _refuse_input(size: int, held: int, most: int) -> None:
-    """I-BUDGET: an input that can never fit is bad input (``ValueError``); one that does not fit
+    """MEM-INPUTS: an input that can never fit is bad input (``ValueError``); one that does not fit
     now waits for turns to end (``QueueFull``, which ``turnpool batch`` retries)."""
     mib = 2**20
     if size > most:

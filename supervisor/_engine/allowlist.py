@@ -1,4 +1,4 @@
-"""Which agents a pool may run: ``allow_agents``, glob patterns on ``"package.module:attr"`` (A-ALLOW).
+"""Which agents a pool may run: ``allow_agents``, glob patterns on ``"package.module:attr"`` (SEC-ALLOW).
 
 ``serve --allow-agent PATTERN`` (repeatable; TOML ``allow_agents``) and ``Supervisor(allow_agents=...)``
 build one ``AgentAllowlist``. Admission (``admission.py``) asks it about every turn before the turn is
@@ -56,7 +56,7 @@ class AgentAllowlist:
             self._allowed.add(agent)
         return True
 
-    # A-ALLOW: a name no pattern matches is refused before its turn exists; nothing imports it.
+    # SEC-ALLOW: a name no pattern matches is refused before its turn exists; nothing imports it.
     def check(self, agent: str) -> str:
         """``agent`` if a pattern matches it, else ``AgentNotAllowed`` naming the patterns."""
         if self.allows(agent):

@@ -4,12 +4,12 @@ that reads or writes turns is given (instead of the ``Supervisor``).
 ``table`` holds every turn's record (``TurnTable``: the live ones and the retained ended ones);
 ``queue`` the turns waiting for a worker (``TurnQueue``). The counters are the engine's arithmetic
 about them, each changed in one place: ``active`` (accepted, not ended: admission adds, delivery or
-D-KEEP takes), ``running`` (started, not ended: ``Dispatcher.start_turn`` adds, ``Finisher.finish``
-takes), ``handed`` (handed ahead, not started: they still count as queued, P1), ``lent`` (slots lent
-by parents waiting on a child, R12) and ``input_bytes`` (the inputs of turns not ended, I-BUDGET).
-``phase`` is the engine's (``new`` → ``running`` → ``closing`` → ``closed``: only a running engine
-admits turns), ``disposing`` is set when disposal begins (R9: disposal wins) and ``wall_offset``
-turns the loop clock's readings into epoch seconds.
+DAEMON-KEEP-QUEUED takes), ``running`` (started, not ended: ``Dispatcher.start_turn`` adds,
+``Finisher.finish`` takes), ``handed`` (handed ahead, not started: they still count as queued, TURN-HANDED),
+``lent`` (slots lent by parents waiting on a child, TURN-LEND) and ``input_bytes`` (the inputs of turns not
+ended, MEM-INPUTS). ``phase`` is the engine's (``new`` → ``running`` → ``closing`` → ``closed``: only a
+running engine admits turns), ``disposing`` is set when disposal begins (TURN-DISPOSAL: disposal wins) and
+``wall_offset`` turns the loop clock's readings into epoch seconds.
 """
 
 from __future__ import annotations
@@ -50,5 +50,5 @@ class TurnBook:
         self.wall_offset = 0.0
 
     def queued(self) -> int:
-        """Turns waiting for a worker: in the queue, or handed ahead and not started (P1)."""
+        """Turns waiting for a worker: in the queue, or handed ahead and not started (TURN-HANDED)."""
         return len(self.queue) + self.handed

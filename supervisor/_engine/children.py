@@ -3,7 +3,7 @@
 A child is accepted only while its parent runs and is not cancelled; the parent then waits on it
 and lends its worker slot (``TurnBook.lent``), so a pool of parents waiting on children can
 never deadlock, and turns handed ahead to the parent's worker are revoked (they would wait behind
-it). A cancelled parent's children are cancelled with cause ``parent`` (rule 7, ``escalation.py``);
+it). A cancelled parent's children are cancelled with cause ``parent`` (TURN-PARENT, ``escalation.py``);
 a child's result is sent back to the parent when it is delivered (``ending.py``).
 
 Its collaborators: the ``TurnBook`` (table, lent slots), the send callback, ``Admission`` (a child
@@ -92,7 +92,7 @@ class ChildTurns:
         child.spawn_origin = (slot, msg.req)
         slot.spawns[msg.req] = child.id
         # The parent waits on its child: it lends its slot, so the pool can never deadlock.
-        # R12: a waiting parent lends its slot.
+        # TURN-LEND: a waiting parent lends its slot.
         self.book.lent += 1
         for handed in slot.ahead:  # they would wait behind the parent: give them back
             self.dispatcher.revoke(slot, handed)

@@ -4,8 +4,8 @@
 handed ahead, the adaptive prefetch depth) and the rules that use it: one turn to each idle
 worker first, then prefetching up to ``prefetch`` turns per worker while turns are short
 (``prefetch_window``), rebalancing when a handed-ahead turn would wait behind a busy worker while
-another is free, the journal's dispatch gate (J6), and the start marker (S1) that tells a turn
-started although its ``Started`` never came. It also keeps the pool at its size (``refill``).
+another is free, the journal's dispatch gate (JOURNAL-GATE), and the start marker (LADDER-EARLY) that tells a
+turn started although its ``Started`` never came. It also keeps the pool at its size (``refill``).
 
 Its collaborators: the ``TurnBook`` (queue, counters), the ``EngineOptions``, the pool (its slots,
 retiring, start notes), the send callback, the timers and the hooks (``start``); once wired
@@ -40,16 +40,16 @@ if TYPE_CHECKING:
     from .turns import TurnRecord
 
 Send = Callable[["WorkerSlot", Any], None]
-# J6: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
+# JOURNAL-GATE: what a journal sets to clear written turns for dispatch (``Supervisor.set_dispatch_gate``).
 DispatchGate = Callable[[list["TurnRecord"]], None]
 
 log = logging.getLogger("turnpool.supervisor")
 
-# K-HEIR: how long after a doomed worker's exit the supervisor tells a heir that has not started
+# LADDER-HEIR: how long after a doomed worker's exit the supervisor tells a heir that has not started
 # its held turn to start it (``Proceed``); a heir that watches the exit itself started long before.
 PROCEED_DELAY = 0.01
 
-# J6-AHEAD: while turns are short enough to be handed ahead (depth > 1), the dispatch gate clears
+# JOURNAL-GATE-AHEAD: while turns are short enough to be handed ahead (depth > 1), the dispatch gate clears
 # up to this many windows of turns (capacity × depth each): the next window's "may run" rows are
 # committed while the workers run the current one, so a worker never waits for a journal commit.
 # Long turns (depth 1) get no reserve: at most ``capacity`` turns are cleared, running included.
@@ -70,7 +70,7 @@ class Dispatcher:
         steps: StepRecords | None = None,
     ) -> None:
         self.book = book
-        self.steps = steps  # S-RESUME: the records a later attempt's Run carries (None: none kept)
+        self.steps = steps  # LOOP-RESUME: the records a later attempt's Run carries (None: none kept)
         self.options = options
         self.pool = pool
         self.send = send
@@ -84,24 +84,24 @@ class Dispatcher:
         self.depth = 1
         self.pump_wanted = False  # a pump was asked for during a receive batch
         self.defer = False  # inside a receive batch: pump once, at its end
-        self.recycling = False  # D-RELOAD: stale workers may still be busy (see ``recycle``)
-        # K-HANDOVER: doomed workers (escalation began) whose slot was given up before their exit;
+        self.recycling = False  # WORKER-RELOAD: stale workers may still be busy (see ``recycle``)
+        # LADDER-HANDOVER: doomed workers (escalation began) whose slot was given up before their exit;
         # their turn still counts in ``_running`` until its ``killed`` result.
         self.released: set[WorkerSlot] = set()
-        # J6, the dispatch gate. When set (a journal sets it, ``Supervisor.set_dispatch_gate``), a
+        # JOURNAL-GATE, the dispatch gate. When set (a journal sets it, ``Supervisor.set_dispatch_gate``), a
         # new turn is handed to a worker only once (1) ``mark_recorded(turn)`` says its accept row is
         # committed and (2) the gate, called with a batch of turns from the head of the queue whose
-        # accept row is written (J6-WITH: ``written``, committed or not), has answered
+        # accept row is written (JOURNAL-GATE-SHARE: ``written``, committed or not), has answered
         # ``clear_for_dispatch``: a row saying they may run is committed. Intent before effect, in
         # batches (group commit).
         self.gate: DispatchGate | None = None
-        # J6-SKIP: the head of the ready queue that the gate's walk already went through: its
+        # JOURNAL-GATE-RESUME: the head of the ready queue that the gate's walk already went through: its
         # first ``skip`` entries are all cleared (or on their way) or ended, ``live`` of them
         # still queued; ``seen`` is the queue's (taken, dropped, gone, fronts) counts then.
         self.skip = 0
         self.live = 0
         self.seen = (0, 0, 0, 0)
-        self.full = False  # J6-WITH: the last walk left no room in the gate's window
+        self.full = False  # JOURNAL-GATE-SHARE: the last walk left no room in the gate's window
 
     def connect(self, *, finisher: Finisher, escalation: Escalation) -> None:
         """The parts dispatch needs and that need it (built after it): wired once."""
@@ -156,13 +156,13 @@ class Dispatcher:
         if self.depth > 1 and queue.has_ready():
             self._top_up()
 
-    # K-HANDOVER: a doomed worker's handed turns come back at the kill decision; its slot goes to
+    # LADDER-HANDOVER: a doomed worker's handed turns come back at the kill decision; its slot goes to
     # another worker (a warm spare) the moment its process has exited, before its tree is reaped.
     def take_back_ahead(self, slot: WorkerSlot) -> None:
         """The supervisor decided to kill ``slot``'s worker (its first escalation signal is out):
         the turns handed ahead to it come back to the front of the queue now, when it provably
         cannot start them: its running turn's ``Started`` came over the wire, so that turn's End
-        asks for an ``EndAck`` (P2) that a doomed worker is never sent (``Supervisor._on_end``),
+        asks for an ``EndAck`` (WORKER-FLUSH) that a doomed worker is never sent (``Supervisor._on_end``),
         and the worker starts no handed turn before it. (A turn known to run only from its start
         marker may end in the same frame as its Started, with no ack to wait for: its worker's
         handed turns stay with it and come back at its exit, as before.)"""
@@ -182,7 +182,7 @@ class Dispatcher:
 
     def release_exited(self, slot: WorkerSlot) -> None:
         """``slot``'s doomed worker process has exited: no agent code of it runs any more (its
-        descendants were frozen at the SIGTERM step, K-FIRST, and are being killed and reaped).
+        descendants were frozen at the SIGTERM step, LADDER-TERM-FIRST, and are being killed and reaped).
         Its slot goes to another worker now - a warm spare takes the next queued turn while the
         tree is reaped - instead of after the ``killed`` result. Its turn still counts in
         ``_running`` until that result (``released``)."""
@@ -199,22 +199,22 @@ class Dispatcher:
         self.released.discard(slot)
         self._heir_may_start(slot)
 
-    # K-HEIR: at the kill decision a warm spare is handed the next queued turn, held until the
+    # LADDER-HEIR: at the kill decision a warm spare is handed the next queued turn, held until the
     # doomed worker's process is gone; the spare watches that process itself (its pidfd).
     def hand_to_heir(self, doomed: WorkerSlot) -> None:
-        """The kill of ``doomed`` is decided and its handed turns came back (K-HANDOVER): if the
+        """The kill of ``doomed`` is decided and its handed turns came back (LADDER-HANDOVER): if the
         pool is full only because of it and a warm worker is idle, hand that worker the next
         queued turn now, held: the worker starts it the moment ``doomed``'s process is gone (its
         pidfd, with the pid's start time so a reused pid cannot fool it), not when this
         supervisor has seen the exit and sent a ``Run``. Never more than ``workers`` agents run:
         the held turn starts only after the doomed worker is gone, the same moment its slot is
         given up here (``release_exited``). Until it starts it is a handed turn like any other
-        (P1): a cancel ends it ``aborted`` unstarted, its worker's death puts it back in the queue.
+        (TURN-HANDED): a cancel ends it ``aborted`` unstarted, its worker's death puts it back in the queue.
         ``doomed`` stays in ``busy`` until its exit, so ``busy`` holds one slot more than the
         pool's capacity meanwhile and ``pump`` hands nothing more."""
         book = self.book
         if (
-            doomed.ahead  # (not taken back, K-HANDOVER: its turns come back first, at its exit)
+            doomed.ahead  # (not taken back, LADDER-HANDOVER: its turns come back first, at its exit)
             or doomed.heir_turn is not None
             or doomed not in self.busy
             or book.phase != "running"
@@ -305,18 +305,18 @@ class Dispatcher:
             if not gave:
                 return
 
-    # P1: a handed turn is still queued until its worker reports it started.
+    # TURN-HANDED: a handed turn is still queued until its worker reports it started.
     def _hand(self, slot: WorkerSlot, turn: TurnRecord, after: tuple[int, int] | None = None) -> None:
         move(turn, "handed")
         turn.worker = slot
         slot.ahead.append(turn)
         self.book.handed += 1
         if turn.timeout is not None:
-            # S1: the deadline is armed at handoff; it counts from the start the worker reports
+            # LADDER-EARLY: the deadline is armed at handoff; it counts from the start the worker reports
             # or notes in its start marker, whichever the supervisor learns first.
             turn.timer = self.timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
         if turn.attempts > 1 and self.steps is not None:
-            # S-RESUME: a later attempt carries the earlier ones' step records
+            # LOOP-RESUME: a later attempt carries the earlier ones' step records
             held = after or (0, 0)
             records = self.steps.for_run(turn)
             run = worker_link.Run(
@@ -336,7 +336,7 @@ class Dispatcher:
                 slot,
                 worker_link.Run(turn.id, turn.agent, turn.input, turn.session, turn.parent, trace=turn.trace),
             )
-        else:  # K-HEIR: held until process ``after`` (pid, start time) is gone
+        else:  # LADDER-HEIR: held until process ``after`` (pid, start time) is gone
             run = worker_link.Run(
                 turn.id, turn.agent, turn.input, turn.session, turn.parent, *after, trace=turn.trace
             )
@@ -353,7 +353,7 @@ class Dispatcher:
             turn.timer = self.timers.call_later(turn.timeout, self._handed_deadline, turn, slot)
 
     def note_marked_start(self, slot: WorkerSlot) -> TurnRecord | None:
-        """S1: the worker notes each turn in its start marker before any of the turn's code runs.
+        """LADDER-EARLY: the worker notes each turn in its start marker before any of the turn's code runs.
         If it names a turn handed to this worker whose Started has not arrived (a turn stuck
         before it could send it), that turn is running from the noted time: started, deadline
         counted from then, escalatable. Turns handed before it were passed by the worker: their
@@ -386,14 +386,14 @@ class Dispatcher:
         slot.heard = False  # (set by the Started handler when this start came over the wire)
         move(turn, "running")
         self.book.running += 1
-        if turn.timer is not None:  # the handoff deadline (S1)
+        if turn.timer is not None:  # the handoff deadline (LADDER-EARLY)
             turn.timer.cancel()
             turn.timer = None
         escalation = self.escalation
         assert escalation is not None
         if mark_started(turn, started_at):
             if turn.timeout is not None:
-                # R15: the deadline counts from the start and cancels with cause deadline.
+                # LADDER-CAUSES: the deadline counts from the start and cancels with cause deadline.
                 turn.timer = self.timers.call_at(started_at + turn.timeout, escalation.deadline, turn)
             for start_hook in self.hooks.start:
                 start_hook(turn, slot.pid)
@@ -418,8 +418,8 @@ class Dispatcher:
             turn.esc_timer = None
 
     def _stale_busy(self) -> int:
-        """D-RELOAD: busy workers that are stale (finishing a turn on old code): they hold no fresh
-        worker's place, in the dispatch cap or at the J6 gate. 0 at once unless a reload is on."""
+        """WORKER-RELOAD: busy workers that are stale (finishing a turn on old code): they hold no fresh
+        worker's place, in the dispatch cap or at the JOURNAL-GATE gate. 0 at once unless a reload is on."""
         if not self.recycling:
             return 0
         stale = sum(1 for s in self.busy if s.stale)
@@ -427,7 +427,7 @@ class Dispatcher:
         return stale
 
     def recycle(self) -> dict[str, int]:
-        """D-RELOAD (``Supervisor.recycle_workers``): every worker that may have imported agent code
+        """WORKER-RELOAD (``Supervisor.recycle_workers``): every worker that may have imported agent code
         is replaced. Idle ones are retired now; a busy one is marked stale: its running turn
         finishes on it, the turns handed ahead to it are revoked (back to the queue, for fresh
         workers), it takes no new turn and is retired when its turn ends. Stale workers do not
@@ -465,13 +465,13 @@ class Dispatcher:
             turn.revoking = True
             self.send(slot, worker_link.Revoke(turn.id))
 
-    # M-KEPT: memory a worker kept is not the next turn's.
+    # MEM-RETIRE: memory a worker kept is not the next turn's.
     def retire_if_kept(self, slot: WorkerSlot, turn: TurnRecord | None, turn_id: str) -> None:
         """The End of ``turn_id`` came from ``slot``: if it is the turn it runs, cancelled for memory
         and not being killed, its worker may still hold what put it over ``max_rss_mb`` (a cache, a
-        leak: M-TRIM hands back only what was freed). It is not reused: the turns handed ahead to it
+        leak: MEM-TRIM hands back only what was freed). It is not reused: the turns handed ahead to it
         are revoked and it is replaced once they are back. Called before the ``EndAck`` goes, so a
-        worker waiting for it (P2) reads the ``Revoke`` first and starts none of them."""
+        worker waiting for it (WORKER-FLUSH) reads the ``Revoke`` first and starts none of them."""
         if (
             turn is not None
             and turn.cause is not None
@@ -502,7 +502,7 @@ class Dispatcher:
                 self.revoke(slot, turn)
 
     def written(self, turn: TurnRecord) -> None:
-        """J6-WITH (``Supervisor.mark_written``): the journal has ``turn``'s accept row written -
+        """JOURNAL-GATE-SHARE (``Supervisor.mark_written``): the journal has ``turn``'s accept row written -
         handed to it, not committed yet. Every row written from now on commits with that row or
         after it (a batch runs its accept rows before its "dispatched" rows, and batches commit in
         order, one at a time), so the gate may already clear ``turn``: for a turn at the head of an
@@ -513,18 +513,18 @@ class Dispatcher:
         if turn.state == "queued" and not self.full:
             # (When the last walk found the gate's window full, a pump here is for nothing - 0.5 µs
             # per submit in a burst; the next turn's end pumps, and so does ``mark_recorded``: a
-            # turn this skips wrongly only waits for its record, as before J6-WITH.)
+            # turn this skips wrongly only waits for its record, as before JOURNAL-GATE-SHARE.)
             self.pump()
 
     def _request_clearance(self) -> None:
-        """J6: ask the gate to clear the written turns at the head of the queue (J6-WITH: their
-        accept row handed to the journal, committed or not), as many as
-        the workers could take now (running + handed ahead + cleared ≤ capacity × depth), and
-        while turns are short (depth > 1) ``CLEAR_AHEAD`` times that (J6-AHEAD): with one window
-        only, the workers ran out of cleared turns while each clearance waited for its commit (2
-        workers, journal on: 33k turns/s between the commits against 52k/s with no journal).
+        """JOURNAL-GATE: ask the gate to clear the written turns at the head of the queue (JOURNAL-GATE-SHARE:
+        their accept row handed to the journal, committed or not), as many as the workers could take now
+        (running + handed ahead + cleared ≤ capacity × depth), and while turns are short (depth > 1)
+        ``CLEAR_AHEAD`` times that (JOURNAL-GATE-AHEAD): with one window only, the workers ran out of cleared
+        turns while each clearance waited for its commit (2 workers, journal on: 33k turns/s between the
+        commits against 52k/s with no journal).
 
-        J6-SKIP: the cleared turns at the head are not walked again at every pump: ``skip`` and
+        JOURNAL-GATE-RESUME: the cleared turns at the head are not walked again at every pump: ``skip`` and
         ``live`` are brought up to date from what the queue counted since the last walk (turns
         taken or dropped from the head, cleared turns cancelled), and the walk goes on from there.
         Only a turn pushed back to the front (rare: a revoked or taken-back turn) makes it start
@@ -571,7 +571,7 @@ class Dispatcher:
                 continue
             if not turn.written:
                 break  # in order: no turn is cleared ahead of an earlier one
-            # J6-WITH: a written turn is cleared whether or not its accept row is committed yet;
+            # JOURNAL-GATE-SHARE: a written turn is cleared whether or not its accept row is committed yet;
             # its "may run" row is written after the accept row (same batch or a later one), and
             # ``TurnQueue.pop`` hands it only once both are committed.
             gate_clearing(turn)
@@ -601,7 +601,7 @@ class Dispatcher:
         return True
 
     def started_passed(self, slot: WorkerSlot, turn_id: str) -> bool:
-        """S1: a ``Started`` from a worker running another turn, for a turn it went past before the
+        """LADDER-EARLY: a ``Started`` from a worker running another turn, for a turn it went past before the
         one its marker named: that turn did start. False if it is no such turn."""
         if turn_id not in slot.passed:
             return False
@@ -612,8 +612,8 @@ class Dispatcher:
 
     def ended_ahead(self, slot: WorkerSlot, msg: worker_link.End) -> bool:
         """An ``End`` for a turn handed to ``slot`` that it does not run: the end of a turn it went
-        past (S1: its own outcome stands), or a handed turn dropped unstarted on ``Abort``. False
-        otherwise (S3: an End for a turn this worker does not run is taken only as the answer to an
+        past (LADDER-EARLY: its own outcome stands), or a handed turn dropped unstarted on ``Abort``. False
+        otherwise (SEC-FORGE: an End for a turn this worker does not run is taken only as the answer to an
         Abort the supervisor sent for a handed turn; anything else - an agent forging another
         turn's end over its worker's connection - changes nothing)."""
         finisher = self.finisher
@@ -667,7 +667,7 @@ class Dispatcher:
         if (
             (limit is not None and slot.turns_run >= limit)
             or live > target
-            or slot.stale  # D-RELOAD: its turn is done; a fresh worker already took its place
+            or slot.stale  # WORKER-RELOAD: its turn is done; a fresh worker already took its place
         ):
             slot.state = "idle"
             self.pool.retire(slot)

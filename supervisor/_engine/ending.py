@@ -1,11 +1,11 @@
 """Ending a turn: its one ``TurnResult``, built once and delivered once, after quiescence.
 
-``Finisher.finish`` builds the result (disposal wins, rule 6: an interrupted turn reports cause
+``Finisher.finish`` builds the result (disposal wins, TURN-DISPOSAL: an interrupted turn reports cause
 ``disposed`` during shutdown) and stops the turn's timers; a turn with live children holds its
-result until they end (rule 7: a child never outlives its parent). ``deliver`` publishes it: the
+result until they end (TURN-PARENT: a child never outlives its parent). ``deliver`` publishes it: the
 record's result, its waiters and followers, the result hooks (the journal's end row), the session's
 next turn, the reply to a parent that spawned it, and the idle waiters once nothing is active.
-Callers have already made sure the turn is quiescent (R13).
+Callers have already made sure the turn is quiescent (LADDER-STEPS).
 
 Its collaborators: the ``TurnBook`` (table, queue, counters), the hooks, the send callback to the
 workers and the timers (their clock); once wired (``connect``), the ``Escalation`` that cancels a
@@ -59,7 +59,7 @@ class Finisher:
         self.escalation = escalation
         self.dispatcher = dispatcher
 
-    # R10: idle means every turn ended, each after its worker's tree was reaped.
+    # TURN-QUIESCENCE: idle means every turn ended, each after its worker's tree was reaped.
     async def wait_idle(self) -> None:
         """Return once no turn is active (accepted and not ended)."""
         while self.book.active:
@@ -75,12 +75,13 @@ class Finisher:
                 ev.set()
 
     async def wait_quiescent(self, turn: TurnRecord) -> None:
-        """R-RUN-CANCEL: wait until ``turn`` has its result (it is quiescent), shielded from every
+        """API-RUN-OWNS: wait until ``turn`` has its result (it is quiescent), shielded from every
         cancellation — anyio's, and a native ``Task.cancel()`` (``asyncio.wait_for``), which is
         re-raised once the wait is over."""
         interrupted: BaseException | None = None
         with anyio.CancelScope(shield=True):
-            while turn.result is None and turn.state != "kept":  # (D-KEEP: set aside, never ends here)
+            # (DAEMON-KEEP-QUEUED: set aside, never ends here)
+            while turn.result is None and turn.state != "kept":
                 try:
                     await wait_done(turn)
                 except asyncio.CancelledError as exc:
@@ -101,7 +102,7 @@ class Finisher:
         now = self.timers.clock()
         offset = book.wall_offset
         cause = turn.cause
-        # R9: disposal wins.
+        # TURN-DISPOSAL: disposal wins.
         if book.disposing and outcome in ("aborted", "killed"):
             cause = DISPOSED  # disposal wins over an earlier user or parent cause
         started_at = turn.started_at
@@ -111,7 +112,7 @@ class Finisher:
             output=output,
             error=error,
             cause=cause,
-            # S-RESUME: a turn queued again after an attempt ran (or may have) says so, even if it
+            # LOOP-RESUME: a turn queued again after an attempt ran (or may have) says so, even if it
             # ends before its next attempt starts.
             started=turn.started or turn.attempts > 1,
             worker_pid=worker_pid,
@@ -134,7 +135,7 @@ class Finisher:
             book.running -= 1
         records = book.table.records
         live_children = [c for c in turn.children if c in records and records[c].state != "ended"]
-        # R11: a child never outlives its parent: the parent's result waits for them.
+        # TURN-PARENT: a child never outlives its parent: the parent's result waits for them.
         if live_children:
             # A child never outlives its parent: hold the parent's result until they end.
             move(turn, "ending")
@@ -152,14 +153,14 @@ class Finisher:
         turn.pending_result = None
         move(turn, "ended")
         turn.ended_at = self.timers.clock()
-        seal_input(turn)  # R-ID: a digest stays, so a later submit under this id is still told apart
-        book.input_bytes -= len(turn.input)  # I-BUDGET
+        seal_input(turn)  # API-TURN-ID: a digest stays, so a later submit under this id is still told apart
+        book.input_bytes -= len(turn.input)  # MEM-INPUTS
         turn.input = None  # type: ignore[assignment]  # no longer needed: free it
         self.outcomes[result.outcome] += 1
         if result.cause is not None:
             self.causes[result.cause.kind] += 1
         book.active -= 1
-        set_done(turn)  # T-WAIT, T-LEAN: the waiters' list goes with it
+        set_done(turn)  # API-BARE-FUTURE, MEM-LEAN: the waiters' list goes with it
         turn.wake_followers()
         for hook in self.hooks.result:
             hook(turn, result)
@@ -198,7 +199,7 @@ class Finisher:
 
 def output_of(msg: worker_link.End, turn: TurnRecord) -> Any:
     """An End's output, decoded; ``None`` if it cannot be (the turn's outcome still stands). Notes
-    its encoded size on ``turn`` (R-BUDGET), which the frame gives for free."""
+    its encoded size on ``turn`` (MEM-OUTPUTS), which the frame gives for free."""
     turn.output_bytes = len(msg.output)
     try:
         return wire.decode_payload(msg.output)

@@ -3,9 +3,9 @@
 ``cancel(cause)`` → ``Abort`` to the worker → ``grace`` → SIGTERM to the worker's whole tree →
 ``kill_after`` → SIGKILL to the tree → reaped → ``killed`` (SPEC, "Escalation ladder"). ``Escalation``
 owns the ladder's state (the ``kill_now`` switch and the count of steps taken) and its rules: first
-cause wins (rule 3), a queued turn is aborted unstarted (rule 4), a cancel reaches the children of
-a turn (rule 7), a turn handed ahead is escalatable from the handoff (S1: its start marker says
-whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on.
+cause wins (TURN-FIRST-CAUSE), a queued turn is aborted unstarted (TURN-PRERUN), a cancel reaches the children
+of a turn (TURN-PARENT), a turn handed ahead is escalatable from the handoff (LADDER-EARLY: its start marker
+says whether it runs), and every step is keyed by turn, so a signal never reaches a worker that moved on.
 
 Its collaborators: the ``TurnBook`` (table, queue), the pool's slots, the send callback, the timers,
 the hooks (``abort``, ``sigterm``, ``sigkill`` steps), the ``Dispatcher`` (start notes, the handover
@@ -70,21 +70,21 @@ class Escalation:
         state = turn.state
         if state == "ended" or state == "ending":
             return turn.cause
-        # R3: first cause wins; an ended turn keeps its cause.
+        # TURN-FIRST-CAUSE: first cause wins; an ended turn keeps its cause.
         first = first_cause(turn, cause)
-        # R11: the children are cancelled first, with cause parent, recursively.
+        # TURN-PARENT: the children are cancelled first, with cause parent, recursively.
         records = self.book.table.records
         for child_id in list(turn.children):
             child = records.get(child_id)
             if child is not None:
                 self.cancel(child, PARENT)
-        # R4: a queued turn is removed and ends aborted, never started.
+        # TURN-PRERUN: a queued turn is removed and ends aborted, never started.
         if state == "queued":
             self.book.queue.discard(turn)
             self.finisher.finish(turn, "aborted")
         elif state == "handed" and first:
             # Handed ahead: the worker drops it unstarted (End aborted, never Started), or, if it
-            # started meanwhile, honours the Abort. Its start marker tells whether it started (S1):
+            # started meanwhile, honours the Abort. Its start marker tells whether it started (LADDER-EARLY):
             # the ladder is armed now either way, and looks again if it had not.
             slot = turn.worker
             assert slot is not None
@@ -107,7 +107,8 @@ class Escalation:
         else:
             turn.esc_timer = self.timers.call_later(turn.grace, self.escalate, turn, slot, 1)
 
-    # R6: exactly the turns queued at the call, and the running one: never armed for the future.
+    # TURN-SESSION-CANCEL: exactly the turns queued at the call, and the running one: never armed for the
+    # future.
     def cancel_session(self, session: str, cause: Cause) -> list[str]:
         cancelled = []
         for turn in self.book.queue.queued_of_session(session):
@@ -127,10 +128,11 @@ class Escalation:
     def deadline(self, turn: TurnRecord) -> None:
         self.cancel(turn, wire.DEADLINE)
 
-    # R13: the ladder's steps, each keyed by the turn and logged with turn id, pid and step.
+    # LADDER-STEPS: the ladder's steps, each keyed by the turn and logged with turn id, pid and step.
     def escalate(self, turn: TurnRecord, slot: WorkerSlot, step: int) -> None:
         if turn.state == "handed" and turn.worker is slot and slot.state != "dead":
-            # Cancelled while handed ahead and no Started yet: the start marker may say it runs (S1).
+            # Cancelled while handed ahead and no Started yet: the start marker may say it runs
+            # (LADDER-EARLY).
             self.dispatcher.note_marked_start(slot)
             if turn.state == "handed":  # not reached yet: look again later (its Started re-arms too)
                 again = max(turn.grace, 0.05)
@@ -140,9 +142,9 @@ class Escalation:
         if slot.turn is not turn or slot.state == "dead":
             return
         slot.doomed = True
-        # K-HANDOVER: the first signal is the kill decision. The turn's outcome is ``killed`` from
-        # here whatever its worker sends (R7): the turns handed ahead to its worker go back to the
-        # queue now (another worker may take them); the slot itself is given up at the worker's exit.
+        # LADDER-HANDOVER: the first signal is the kill decision. The turn's outcome is ``killed`` from
+        # here whatever its worker sends (TURN-ONE-OUTCOME): the turns handed ahead to its worker go back to
+        # the queue now (another worker may take them); the slot itself is given up at the worker's exit.
         decided = escalated(turn, step, self.timers.clock())
         if decided:
             self.dispatcher.take_back_ahead(slot)
@@ -165,7 +167,7 @@ class Escalation:
                 turn.kill_after,
             )
         if decided:
-            # K-HEIR: the signal is out first (the kill is not delayed); a warm spare now gets the
+            # LADDER-HEIR: the signal is out first (the kill is not delayed); a warm spare now gets the
             # next queued turn, held until this worker's process is gone.
             self.dispatcher.hand_to_heir(slot)
 

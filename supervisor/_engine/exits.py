@@ -2,11 +2,11 @@
 
 ``ExitHandler.on_exit`` runs when the pool sees a worker's pid exit (a pidfd event). It first reads
 what the worker sent before it died (its frames still in the socket), reaps the worker with every
-descendant (R13: quiescence before any result), then settles each turn the worker held: the ends
-it logged whose frames died with it (E1), the turn its start marker says it started (S1), turns
-handed ahead and never started (back to the front of the queue, unharmed, at most
-``MAX_HANDOVERS`` times), and the running turn (``killed`` if its escalation began, else
-``crashed``). It counts the workers replaced (``restarts``).
+descendant (LADDER-STEPS: quiescence before any result), then settles each turn the worker held: the ends
+it logged whose frames died with it (WORKER-END-LOG), the turn its start marker says it started
+(LADDER-EARLY), turns handed ahead and never started (back to the front of the queue, unharmed, at most
+``MAX_HANDOVERS`` times), and the running turn (``killed`` if its escalation began, else ``crashed``). It
+counts the workers replaced (``restarts``).
 
 Its collaborators: the ``TurnBook`` (queue, counters), the pool (reaping, the worker's files), the
 link's ``drain`` (the frames a dead worker left in the socket), the ``Dispatcher`` (its slots, the
@@ -53,7 +53,7 @@ class ExitHandler:
         steps: StepRecords | None = None,
     ) -> None:
         self.book = book
-        self.steps = steps  # S-RESUME: requeues a retry=True turn whose worker died
+        self.steps = steps  # LOOP-RESUME: requeues a retry=True turn whose worker died
         self.pool = pool
         self.drain = drain
         self.dispatcher = dispatcher
@@ -73,27 +73,28 @@ class ExitHandler:
         was = slot.state
         slot.state = "dead"  # first: an End drained here must not hand the slot a new turn
         self.drain()
-        # K-HANDOVER: a killed worker whose handed turns already came back gives up its slot now,
+        # LADDER-HANDOVER: a killed worker whose handed turns already came back gives up its slot now,
         # before its tree is reaped: a warm spare starts the next queued turn meanwhile.
         doomed = slot.turn
         if doomed is not None and doomed.escalation > 0:
             doomed.exited_at = self.timers.clock()
             if not slot.ahead:
                 dispatcher.release_exited(slot)
-        # R10, R13: quiescence: every descendant is killed and reaped before the turn's result is out.
+        # TURN-QUIESCENCE, LADDER-STEPS: quiescence: every descendant is killed and reaped before the turn's
+        # result is out.
         code = await pool.reap_exit(slot)
         dispatcher.exited(slot)
         # Turns handed ahead never started: back to the front of the queue, unharmed, in order
         # (or aborted, never started, if they were cancelled meanwhile).
         turn = slot.turn
         slot.turn = None
-        # K-SETTLE: a killed worker holding nothing but its escalated turn (its handed turns came
-        # back at the kill decision: K-HANDOVER) has nothing its marker or End log could change:
-        # that turn is ``killed`` whatever it logged (R7), and no handed turn is left to place.
+        # LADDER-SETTLE: a killed worker holding nothing but its escalated turn (its handed turns came
+        # back at the kill decision: LADDER-HANDOVER) has nothing its marker or End log could change:
+        # that turn is ``killed`` whatever it logged (TURN-ONE-OUTCOME), and no handed turn is left to place.
         # Their files are removed unread, after the result is out (``drop_files_later``).
         moot = turn is not None and turn.escalation > 0 and not slot.ahead
         noted = None if moot else pool.take_noted(slot)
-        # E1: first the ends the worker logged but whose frames died with it: those turns ran,
+        # WORKER-END-LOG: first the ends the worker logged but whose frames died with it: those turns ran,
         # and end with their own outcome.
         if not moot:
             turn = self.apply_end_log(slot, turn, noted)
@@ -102,7 +103,7 @@ class ExitHandler:
             started_id = noted[0]
             index = next((i for i, t in enumerate(handed_turns) if t.id == started_id), -1)
             if turn is None and index >= 0:
-                # S1: the worker noted it started this turn, but its Started died with it: the turn
+                # LADDER-EARLY: the worker noted it started this turn, but its Started died with it: the turn
                 # ran (and crashed), it must not be handed to another worker. (Turns before it
                 # that ran in the same unreported burst ended per the End log, above; one still
                 # here was revoked or dropped unstarted.)
@@ -118,7 +119,7 @@ class ExitHandler:
             handed = handed_turns[index]
             dispatcher.unhand(slot, handed)
             if handed.started:
-                # A turn the worker went past (S1) whose Started came but whose End died with it.
+                # A turn the worker went past (LADDER-EARLY) whose Started came but whose End died with it.
                 finish(handed, "crashed", exit_code=code, worker_pid=slot.pid)
             elif handed.cause is not None:
                 finish(handed, "aborted")
@@ -152,7 +153,7 @@ class ExitHandler:
                 log.warning(
                     "worker %s (pid %s) died running turn %s: exit %s", slot.id, slot.pid, turn.id, code
                 )
-                # R16: a crash costs one turn and one worker (refilled below); S-RESUME: a
+                # WORKER-CRASH: a crash costs one turn and one worker (refilled below); LOOP-RESUME: a
                 # retry=True turn runs again from its last recorded step instead.
                 if self.steps is None or not self.steps.requeue(turn):
                     finish(turn, "crashed", exit_code=code, worker_pid=slot.pid)
@@ -165,16 +166,18 @@ class ExitHandler:
     def apply_end_log(
         self, slot: WorkerSlot, turn: TurnRecord | None, noted: tuple[str, float] | None
     ) -> TurnRecord | None:
-        """E1: apply the ends a dead worker logged (``worker/_endlog.py``) whose frames never came.
+        """WORKER-END-LOG: apply the ends a dead worker logged (``worker/_endlog.py``) whose frames never
+        came.
 
         Only turns the worker provably reached are considered: the turn it reported running, the
         handed turns up to the one its start marker names (it runs them in the order handed), and
         the turns it went past before a marked turn that an earlier read made the running one,
         so a record naming a turn handed behind that - which the worker never started - changes
-        nothing (S3). A turn already ended is not there to match (the log keeps stale records). A
+        nothing (SEC-FORGE). A turn already ended is not there to match (the log keeps stale records). A
         record for the marked turn counts only if it carries the marker's start time (a record
         left by an earlier turn under the same id does not). A turn whose escalation began ends
-        ``killed`` whatever the worker logged (R7). Returns the running turn, or None if it ended."""
+        ``killed`` whatever the worker logged (TURN-ONE-OUTCOME). Returns the running turn, or None if it
+        ended."""
         records = self.pool.take_end_log(slot)
         if not records:
             return turn
@@ -183,7 +186,7 @@ class ExitHandler:
         reached: list[TurnRecord] = [turn] if turn is not None else []
         ahead = list(slot.ahead)
         index = next((i for i, t in enumerate(ahead) if t.id == marked_id), -1)
-        # The handed turns up to the marked one, and those the worker went past (S1) before a
+        # The handed turns up to the marked one, and those the worker went past (LADDER-EARLY) before a
         # marked turn that already runs here: a read of the marker made it ``turn``, so it is no
         # longer in ``ahead``, but the quick turns before it ran and their ends are in the log.
         reached += [t for i, t in enumerate(ahead) if i <= index or t.id in slot.passed]

@@ -2,7 +2,7 @@
 running, the pool up, and ``workers`` workers ready) and disposing it (every live turn cancelled
 with cause ``disposed`` and ended, every worker retired and reaped with its tree, everything
 released); and, at a daemon's graceful stop, setting aside the turns still queued for its journal
-to run at the next start (D-KEEP).
+to run at the next start (DAEMON-KEEP-QUEUED).
 
 ``Supervisor.start``, ``aclose`` and ``keep_queued`` call ``Lifecycle``; it moves the engine's phase
 (``TurnBook.phase``: ``new`` → ``running`` → ``closing`` → ``closed``), which admission reads.
@@ -76,7 +76,7 @@ class Lifecycle:
         self.escalation = escalation
         self.finisher = finisher
         self.changes = changes
-        # H1: the background tasks (timers, the worker link, the pool's watchers) live in a task
+        # API-ASYNCIO: the background tasks (timers, the worker link, the pool's watchers) live in a task
         # of their own, so the supervisor may be closed from another task than the one that
         # started it.
         self.bg = Background("turnpool supervisor")
@@ -88,7 +88,8 @@ class Lifecycle:
         options = self.options
         if book.phase != "new":
             raise RuntimeError("a Supervisor can be started once")
-        loop = require_asyncio("Supervisor", "SyncSupervisor")  # H1: trio refused before anything starts
+        # API-ASYNCIO: trio refused before anything starts
+        loop = require_asyncio("Supervisor", "SyncSupervisor")
         pool = self.pool
         pool.prepare(
             worker_output=options.worker_output,
@@ -164,7 +165,7 @@ class Lifecycle:
             self.changes.notify()
 
     def keep_queued(self) -> list[str]:
-        """``Supervisor.keep_queued`` (D-KEEP): the ids set aside, in queue order."""
+        """``Supervisor.keep_queued`` (DAEMON-KEEP-QUEUED): the ids set aside, in queue order."""
         book = self.book
         kept: list[str] = []
         for turn in list(book.table.records.values()):

@@ -42,13 +42,13 @@ from .workspace import ensure_private
 
 log = logging.getLogger("turnpool.supervisor")
 
-# R-FAIR: frames handled per receive batch, and how long the reader callback may go on reading
+# LINK-FAIR: frames handled per receive batch, and how long the reader callback may go on reading
 # batches before the loop runs what they woke (followers, other clients' requests). The time
 # bound matters where handling a frame is costly (a daemon fanning each event out to many
 # followers): 256 such frames held the loop for ≈ 10 ms, and another client's turns crawled.
 BATCH_FRAMES = 64
 FAIR_SLICE = 0.0005
-# L-QUIET: an immediate send this long after the last one leaves at once even if no frame was read
+# LINK-QUIET: an immediate send this long after the last one leaves at once even if no frame was read
 # in between (a task submitting long turns one by one keeps each turn's latency).
 QUIET_GAP = 0.001
 FAIR_FRAMES = 256  # and at most this many frames, however cheap: a follower's lag stays bounded
@@ -69,25 +69,26 @@ class WorkerLink:
         self.on_batch_start = on_batch_start
         self.on_batch_end = on_batch_end
         self.on_bad_frame = on_bad_frame  # a frame refused here (not a worker's, undecodable)
-        # Identity frame -> slot: a frame from an identity not here is a bad frame (S3).
+        # Identity frame -> slot: a frame from an identity not here is a bad frame (SEC-FORGE).
         self.peers: dict[bytes, WorkerSlot] = {}
         self.endpoint = ""
-        self._bound: tuple[int, int] | None = None  # W-BIND: the socket file we bound (device, inode)
-        self.rebinds = 0  # W-BIND: times the endpoint was bound again after its file was deleted
+        self._bound: tuple[int, int] | None = None  # WORKER-REBIND: the socket file we bound (device, inode)
+        self.rebinds = 0  # WORKER-REBIND: times the endpoint was bound again after its file was deleted
         self.batching = False  # inside the receive loop: frames go out once the batch is handled
         self._dirty: list[WorkerSlot] = []  # slots with messages waiting in slot.out
         self._ctx: zmq.asyncio.Context | None = None
         self.socket: zmq.asyncio.Socket | None = None  # the ROUTER (exposed for tests' monitors)
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of it, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader on the loop
-        # B1: a flush of what was sent outside a receive batch, once the loop turns (set by run()).
+        self._edge: ReadableEdge | None = None  # LINK-EDGE: the socket's reader on the loop
+        # CLIENT-BATCHES: a flush of what was sent outside a receive batch, once the loop turns (set by
+        # run()).
         self._pass = LoopFlush(self._deferred_flush)
-        # L-QUIET (R-COALESCE without a callback per send): something was sent at once since frames
+        # LINK-QUIET (LINK-COALESCE without a callback per send): something was sent at once since frames
         # were last read, and when; the next send outside a batch then waits for the loop to turn.
         self._sent_quiet = False
         self._sent_at = 0.0
-        self._context = contextvars.Context()  # set by run(): the context callbacks run in (H1)
+        self._context = contextvars.Context()  # set by run(): the context callbacks run in (API-ASYNCIO)
 
     def bind(self, endpoint: str) -> None:
         """Bind the ROUTER: no queue limits (the supervisor bounds turns, not frames), a frame to
@@ -125,7 +126,7 @@ class WorkerLink:
             return None
         return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
 
-    # W-BIND: the endpoint a new worker connects to is there, made again if it was deleted.
+    # WORKER-REBIND: the endpoint a new worker connects to is there, made again if it was deleted.
     def ensure_bound(self) -> None:
         """Before a worker starts: if the endpoint's socket file is gone or is not the one we bound
         (an agent or a temp cleaner deleted it, or the private directory with it), make the
@@ -160,7 +161,7 @@ class WorkerLink:
         assert self._edge is not None
         loop = asyncio.get_running_loop()
         self._loop = loop
-        # H1: the callback runs outside any task, where anyio cannot tell the loop's library by
+        # API-ASYNCIO: the callback runs outside any task, where anyio cannot tell the loop's library by
         # itself (it asks sniffio, which looks for a current task): under plain ``asyncio.run``, or a
         # loop Jupyter runs, an anyio call in a message handler (a task started, a cancel scope)
         # raised NoEventLoopError. Say it once, in the context every callback of this link runs in.
@@ -168,14 +169,14 @@ class WorkerLink:
         self._context = contextvars.copy_context()
         self._pass = LoopFlush(self._deferred_flush, loop, self._context)
         try:
-            await self._edge.watch(self._context)  # L-EDGE; the FD's handle runs in a copy of this context
+            await self._edge.watch(self._context)  # LINK-EDGE; the FD's handle runs in a copy of this context
         finally:
             self._loop = None
             self._pass.loop = None
 
     def on_readable(self) -> None:
-        """The reader callback: read and handle what the workers sent (R-FAIR, see ``_read``)."""
-        self._sent_quiet = False  # L-QUIET: the loop turned
+        """The reader callback: read and handle what the workers sent (LINK-FAIR, see ``_read``)."""
+        self._sent_quiet = False  # LINK-QUIET: the loop turned
         self._read(fair=True)
 
     def _read(self, *, fair: bool) -> None:
@@ -186,7 +187,7 @@ class WorkerLink:
         ``Again`` is paid once per wake-up, not once per frame). Two ``recv`` calls and one
         ``RCVMORE`` look per frame instead of ``recv_multipart`` (≈ 2 µs).
 
-        R-FAIR (``fair``): once batches have taken ``FAIR_SLICE`` (0.5 ms), or ``FAIR_FRAMES``
+        LINK-FAIR (``fair``): once batches have taken ``FAIR_SLICE`` (0.5 ms), or ``FAIR_FRAMES``
         frames were read, the rest waits for the
         next loop iteration (scheduled here: the FD is edge-triggered and will not fire again for
         frames already queued), so the tasks those frames woke - a follower reading a turn's
@@ -200,7 +201,7 @@ class WorkerLink:
         more_parts = sync.get
         started = time.monotonic()
         frames = 0
-        lone = True  # L-LONE: the first frame of this wake-up may be the only one
+        lone = True  # LINK-LONE: the first frame of this wake-up may be the only one
         while True:
             batch: list[tuple[bytes, bytes]] = []
             empty = False
@@ -217,7 +218,7 @@ class WorkerLink:
                         continue
                     batch.append((ident, body))
                     if lone:
-                        # L-LONE: after a wake-up's first frame, one look at EVENTS (≈ 1.6 µs)
+                        # LINK-LONE: after a wake-up's first frame, one look at EVENTS (≈ 1.6 µs)
                         # instead of the ``recv`` that raises ``zmq.Again`` (≈ 4.4 µs): a lone
                         # frame - one turn's Started and End - is the common case one at a time.
                         lone = False
@@ -239,7 +240,7 @@ class WorkerLink:
                 and self._edge is not None
                 and (frames >= FAIR_FRAMES or time.monotonic() - started >= FAIR_SLICE)
             ):
-                self._edge.again()  # L-EDGE: the FD will not fire again for frames already queued
+                self._edge.again()  # LINK-EDGE: the FD will not fire again for frames already queued
                 return
 
     def _handle(self, batch: list[tuple[bytes, bytes]]) -> None:
@@ -284,7 +285,7 @@ class WorkerLink:
     def send(self, slot: WorkerSlot, msg: Any) -> None:
         """Queue ``msg`` for ``slot``; it goes out at the end of the receive batch or, outside one,
         now if nothing was sent since the event loop last turned, else with everything sent
-        until it turns (R-COALESCE): the first message of a burst keeps its latency (a lone
+        until it turns (LINK-COALESCE): the first message of a burst keeps its latency (a lone
         ``run()``, the turn a warm spare takes over), and a task that sends many in a row - a
         batch's lanes woken together by their results, a loop of ``submit`` - hands each worker
         one more frame for all the rest instead of one frame per turn."""
@@ -300,10 +301,10 @@ class WorkerLink:
         elif self._pass.due:
             return
         else:
-            # L-QUIET: the first send since frames were last read (or since the last immediate
+            # LINK-QUIET: the first send since frames were last read (or since the last immediate
             # send, 1 ms ago or more) leaves now, and schedules nothing: a lone ``run()`` costs
             # no extra loop iteration. A second one before the loop turns waits for it, with
-            # everything sent until then (R-COALESCE).
+            # everything sent until then (LINK-COALESCE).
             now = time.monotonic()
             if not self._sent_quiet or now - self._sent_at >= QUIET_GAP:
                 self._sent_quiet = True
@@ -341,6 +342,6 @@ class WorkerLink:
                     )
                     slot.doomed = True
                     _procs.signal_tree(slot.pid, signal.SIGKILL, known=slot.known)
-        # L-EDGE: a send can consume the readable edge (the reader itself re-checks after each batch).
+        # LINK-EDGE: a send can consume the readable edge (the reader itself re-checks after each batch).
         if dirty and not self.batching and self._edge is not None:
             self._edge.after_send()

@@ -3,7 +3,7 @@
 Every ``rss_interval`` seconds it measures the proportional set size (PSS) of the tree of each
 worker running a turn not already cancelled, and cancels that turn with cause ``memory`` when it is
 over the limit; the escalation ladder does the rest. A turn whose ``Started`` is stuck behind a
-blocked agent is found through its start marker (S1). Runs as one task in the supervisor's task
+blocked agent is found through its start marker (LADDER-EARLY). Runs as one task in the supervisor's task
 group, only when ``max_rss_mb`` is set.
 
 Its collaborators: the pool's slots, the ``EngineOptions`` (``max_rss_mb``, ``rss_interval``), the
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.supervisor")
 
 
-# R15, R-pss: memory is just a cause (memory), measured as the tree's PSS.
+# LADDER-CAUSES, MEM-PSS: memory is just a cause (memory), measured as the tree's PSS.
 class MemoryWatchdog:
     """Measures each busy worker's tree and cancels a turn over the limit (cause ``memory``)."""
 
@@ -57,7 +57,8 @@ class MemoryWatchdog:
             for slot in list(self.slots.values()):
                 turn = slot.turn
                 if turn is None and slot.state == "busy":
-                    turn = self.dispatcher.note_marked_start(slot)  # S1: running, though its Started is stuck
+                    # LADDER-EARLY: running, though its Started is stuck
+                    turn = self.dispatcher.note_marked_start(slot)
                 if (
                     slot.state == "busy"
                     and turn is not None

@@ -1,8 +1,8 @@
-"""K-ORPHANS: which of this process's children descend from a dead worker, each child read once.
+"""LADDER-ORPHANS: which of this process's children descend from a dead worker, each child read once.
 
 When a worker dies, what it left (its guardian, a setsid daemon, a grandchild whose parent died
 with it) is re-parented to the supervisor, the child subreaper, and must be killed and reaped before
-the worker's turns end (R13). Telling them from the host's own children and from what other dead
+the worker's turns end (LADDER-STEPS). Telling them from the host's own children and from what other dead
 workers left takes /proc reads (session, cgroup, environment, descriptors, mappings). Made for every
 child at every exit, that cost O(N) per exit: a mass exit of N workers (``aclose()``, SIGTERM of
 ``turnpool serve``), whose N guardians are all our children until their own worker is reaped, then
@@ -33,7 +33,7 @@ FRESH = 1.0  # seconds the facts read about a child are used before they are rea
 class Facts(NamedTuple):
     session: int | None
     markers: frozenset[str]
-    cgroup: str | None  # a removed cgroup's path too (R-removed-cgroup)
+    cgroup: str | None  # a removed cgroup's path too (TREE-ZOMBIES)
     read_at: float
 
 
@@ -61,7 +61,7 @@ def adopted() -> list[int]:
 
 
 class OrphanIndex:
-    """This process's children with what names their origin, read once per child (K-ORPHANS)."""
+    """This process's children with what names their origin, read once per child (LADDER-ORPHANS)."""
 
     def __init__(
         self,

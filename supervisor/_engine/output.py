@@ -1,4 +1,4 @@
-"""Where workers' stdout and stderr go: never onto the supervisor's own stderr (R-OUT).
+"""Where workers' stdout and stderr go: never onto the supervisor's own stderr (WORKER-OUTPUT).
 
 A process that shares a pipe as stderr blocks in ``write`` when nobody reads that pipe; an
 event loop that then logs stops, and with it deadlines, status and signal handling. So every

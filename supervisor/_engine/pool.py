@@ -41,10 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.supervisor")
 
-# P-FD: a worker is started only while this many descriptors are free: its connection to the worker
+# WORKER-FD-RETRY: a worker is started only while this many descriptors are free: its connection to the worker
 # link is accepted by libzmq, which aborts the process when that accept finds none.
 SPAWN_HEADROOM = 16
-# P-SPARE: how long a replacement for a spare that took over waits before it starts (seconds).
+# WORKER-SPARE: how long a replacement for a spare that took over waits before it starts (seconds).
 SPARE_REFILL_DELAY = 0.01
 
 SlotState = Literal["starting", "idle", "busy", "stopping", "dead"]
@@ -107,20 +107,20 @@ class WorkerSlot:
         self.deferred_ready: Any = None  # a Ready that came before the zygote's report of the pid
         self.failure: str | None = None  # why it was killed before it was ready, if we know
         self.cgroup: str | None = None  # its own cgroup v2 directory, where the pool has one
-        # Handed turns the worker went past (its start marker names a later one, rule S1): their
+        # Handed turns the worker went past (its start marker names a later one, rule LADDER-EARLY): their
         # Started and End may still come, and are then taken as theirs.
         self.passed: set[str] = set()
-        # D-RELOAD: it imported agent code before a reload: it finishes its running turn, takes no
+        # WORKER-RELOAD: it imported agent code before a reload: it finishes its running turn, takes no
         # new one, and is replaced (not counted as live, so its replacement starts at once).
         self.stale = False
-        # K-HANDOVER: the running turn's ``Started`` came over the wire (not only its start marker):
-        # its End then asks for an ``EndAck`` (P2), so no turn handed ahead can start before one.
+        # LADDER-HANDOVER: the running turn's ``Started`` came over the wire (not only its start marker):
+        # its End then asks for an ``EndAck`` (WORKER-FLUSH), so no turn handed ahead can start before one.
         self.heard = False
-        # K-HEIR: the turn handed, at this doomed worker's kill decision, to a warm spare that
+        # LADDER-HEIR: the turn handed, at this doomed worker's kill decision, to a warm spare that
         # starts it once this worker's process is gone (the spare's own pidfd on it).
         self.heir_turn: TurnRecord | None = None
-        self.files: WorkerFiles | None = None  # W-OWN: its start marker and End log
-        self.workdir: str | None = None  # W-CWD: the directory its agents run in
+        self.files: WorkerFiles | None = None  # SEC-WORKER-FILES: its start marker and End log
+        self.workdir: str | None = None  # WORKER-CWD: the directory its agents run in
 
     @property
     def inflight(self) -> int:
@@ -165,7 +165,7 @@ class WorkerPool:
         nice: int | None = None,
     ) -> None:
         self.link = link
-        self.nice = check_nice(nice)  # R-NICE: workers run at this niceness (None: as this process)
+        self.nice = check_nice(nice)  # WORKER-NICE: workers run at this niceness (None: as this process)
         self.timers = timers
         self.prefix = prefix
         self.heartbeat = heartbeat
@@ -180,17 +180,17 @@ class WorkerPool:
         self.changed = changed
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
-        self.orphans = OrphanIndex()  # K-ORPHANS: what dead workers left among our children
-        self.share = AutogroupShare(timers.call_later)  # R-SHARE
+        self.orphans = OrphanIndex()  # LADDER-ORPHANS: what dead workers left among our children
+        self.share = AutogroupShare(timers.call_later)  # WORKER-CPU-SHARE
         self.zygote: Zygote | None = None
         self.cgroups: proctree.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
         self.runtime_dir: Path | None = None  # the engine's private directory: the worker endpoint
-        self.work_dir: Path | None = None  # W-CWD: where each worker gets a directory of its own
+        self.work_dir: Path | None = None  # WORKER-CWD: where each worker gets a directory of its own
         self.pythonpath = ""
         self.start_failures = 0
         self.last_start_error: str | None = None
-        self.shortage = FdShortage()  # EMFILE/ENFILE met starting workers (P-FD), by where
+        self.shortage = FdShortage()  # EMFILE/ENFILE met starting workers (WORKER-FD-RETRY), by where
         self.ready_event: anyio.Event | None = None
         self.tg: anyio.abc.TaskGroup | None = None
         self.closing = False  # the supervisor is shutting down: a lost zygote is expected
@@ -200,8 +200,8 @@ class WorkerPool:
         self._backoff_until = 0.0
         self._refill_timer: Timer | None = None
         self._fill_target = 0
-        self._fill_scheduled = False  # P-LATER: a fill is due in a loop callback
-        self._spare_fill: Timer | None = None  # P-SPARE: a replacement for a spare, due later
+        self._fill_scheduled = False  # WORKER-REPLACE-LATER: a fill is due in a loop callback
+        self._spare_fill: Timer | None = None  # WORKER-SPARE: a replacement for a spare, due later
 
     def ready(
         self, slot: WorkerSlot, msg: worker_link.Ready, now: float
@@ -229,8 +229,8 @@ class WorkerPool:
         if slot.timer is not None:
             slot.timer.cancel()
         if self.nice is not None:
-            _procs.lower_priority(slot.pid, self.nice)  # R-NICE: before it runs any turn
-        self.share.apply(slot.pid, self._fill_target, self.nice)  # R-SHARE: weigh a few programs
+            _procs.lower_priority(slot.pid, self.nice)  # WORKER-NICE: before it runs any turn
+        self.share.apply(slot.pid, self._fill_target, self.nice)  # WORKER-CPU-SHARE: weigh a few programs
         slot.state = "idle"
         slot.ready_at = now
         self.start_failures = 0
@@ -239,10 +239,10 @@ class WorkerPool:
     # ---- start and stop ----------------------------------------------------------------
 
     def prepare(self, *, worker_output: Any, max_bytes: int, agent_path: Any) -> None:
-        """Before anything starts: the workers' output (R-OUT: a log that cannot be written fails
+        """Before anything starts: the workers' output (WORKER-OUTPUT: a log that cannot be written fails
         here, before anything exists), the engine's private directory (the worker endpoint) and the
-        one workers' own directories go in (W-CWD), this process as child subreaper, and the
-        import path workers get (R-PATH)."""
+        one workers' own directories go in (WORKER-CWD), this process as child subreaper, and the
+        import path workers get (WORKER-PATH)."""
         output = _output.WorkerOutput(worker_output, max_bytes=max_bytes)
         output.start()
         self.output = output
@@ -305,7 +305,7 @@ class WorkerPool:
 
     async def release(self) -> None:
         """After every worker is reaped: close the life pipe, remove the engine's directory and the
-        workers' (W-CWD), and drain what workers left in their output and stop its pump, off the
+        workers' (WORKER-CWD), and drain what workers left in their output and stop its pump, off the
         event loop."""
         self.close_pipe()
         with anyio.CancelScope(shield=True):
@@ -326,12 +326,12 @@ class WorkerPool:
     def fill(self, target: int, *, spares: int = 0) -> None:
         """Start workers until ``target`` are live, unless start failures put the pool in back-off.
 
-        P-LATER: on a running event loop the starts happen in a loop callback of their own, after
+        WORKER-REPLACE-LATER: on a running event loop the starts happen in a loop callback of their own, after
         what is already scheduled - above all the frame handing a queued turn to a warm spare,
         which the same exit scheduled first: a replacement's start (a cgroup, a pipe, a request to
         the zygote: ≈ 0.2 ms) no longer delays the spare taking over.
 
-        P-SPARE: when the pool is short of no more than its ``spares`` (a spare took the place of
+        WORKER-SPARE: when the pool is short of no more than its ``spares`` (a spare took the place of
         a worker that died, so every turn slot still has a worker), the replacement starts
         ``SPARE_REFILL_DELAY`` later instead: its start (the zygote's fork, the new process's
         imports and warm-up) no longer competes for the CPUs with the spare taking over the
@@ -370,7 +370,7 @@ class WorkerPool:
                 self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
             return
         while live < target:
-            if not self._spawn():  # P-FD: backed off; fill again once the back-off is over
+            if not self._spawn():  # WORKER-FD-RETRY: backed off; fill again once the back-off is over
                 if self._refill_timer is None:
                     self._refill_timer = self.timers.call_at(self._backoff_until, self._after_backoff)
                 return
@@ -399,7 +399,7 @@ class WorkerPool:
 
     # ---- spawning ----------------------------------------------------------------------
 
-    # P-FD: a worker start that finds no file descriptor (EMFILE/ENFILE) backs off and is retried.
+    # WORKER-FD-RETRY: a worker start that finds no file descriptor (EMFILE/ENFILE) backs off and is retried.
     def _spawn(self) -> bool:
         """Start one worker; ``False`` when it could not be (the failure is recorded and the pool
         backs off: ``start_failed`` sets the timer that fills it again)."""
@@ -411,13 +411,13 @@ class WorkerPool:
             used = open_fds()
             if used is None or used + SPAWN_HEADROOM > nofile_limit():
                 raise OSError(errno.EMFILE, f"fewer than {SPAWN_HEADROOM} file descriptors are free")
-            # W-BIND: the endpoint it will connect to is there (made again if it was deleted).
+            # WORKER-REBIND: the endpoint it will connect to is there (made again if it was deleted).
             self.link.ensure_bound()
-            # W-OWN, W-CWD: its start marker and End log (no name anywhere), its own directory.
+            # SEC-WORKER-FILES, WORKER-CWD: its start marker and End log (nameless), its own directory.
             files = WorkerFiles(worker_id, token)
         except OSError as exc:
             # Raised here, in a loop callback, it would reach no one and the pool would stay short
-            # for good: every failure to start is a failed start, backed off and retried (P-FD).
+            # for good: every failure to start is a failed start, backed off and retried (WORKER-FD-RETRY).
             self._start_error(exc, f"could not prepare worker {worker_id}")
             return False
         try:
@@ -648,7 +648,7 @@ class WorkerPool:
     def _abandon_preloading_zygote(self) -> None:
         """Closing while the zygote still imports its preload (a start interrupted by Ctrl-C, a
         preload that never returns): it has forked no worker yet and none is needed any more, so
-        it is killed now instead of waited for; its unborn slots are dropped with it (H2)."""
+        it is killed now instead of waited for; its unborn slots are dropped with it (API-SYNC)."""
         zygote = self.zygote
         if zygote is None:
             return
@@ -677,8 +677,8 @@ class WorkerPool:
             await self.on_exit(slot)
 
     async def reap_exit(self, slot: WorkerSlot) -> int | None:
-        """The worker's pid exited: reap it, then kill and reap every descendant of it (R13: quiescence,
-        before any of its turns' results is out), and forget the slot. Returns its exit code."""
+        """The worker's pid exited: reap it, then kill and reap every descendant of it (LADDER-STEPS:
+        quiescence, before any of its turns' results is out), and forget the slot. Returns its exit code."""
         code = _procs.reap(slot.pid)
         slot.exit_code = code
         if slot.timer is not None:
@@ -694,7 +694,7 @@ class WorkerPool:
             # Not excluded below: one reaped too early (its parent still dying) is a zombie of
             # ours later, and the scan finds it by its cgroup.
             await _procs.kill_cgroup(slot.cgroup)
-        for _ in range(8):  # K-ORPHANS: each child of ours is read once, not at every exit
+        for _ in range(8):  # LADDER-ORPHANS: each child of ours is read once, not at every exit
             found = set(self.orphans.of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
             if not pending and not found:
                 break
@@ -709,7 +709,7 @@ class WorkerPool:
         del self.slots[slot.id]
         slot.out = []
         if slot.workdir is not None:
-            # W-CWD: what its agents left in their directory goes with it, off the event loop.
+            # WORKER-CWD: what its agents left in their directory goes with it, off the event loop.
             assert self.tg is not None
             self.tg.start_soon(anyio.to_thread.run_sync, remove_tree, slot.workdir)
             slot.workdir = None
@@ -725,23 +725,23 @@ class WorkerPool:
             slot.workdir = None
 
     def read_noted(self, slot: WorkerSlot) -> tuple[str, float] | None:
-        """S1: the turn ``slot``'s worker last noted it started, and when; ``None`` if none."""
+        """LADDER-EARLY: the turn ``slot``'s worker last noted it started, and when; ``None`` if none."""
         return slot.files.noted() if slot.files is not None else None
 
     def drop_files_later(self, slot: WorkerSlot) -> None:
-        """K-SETTLE: drop a dead worker's start marker and End log unread, in a loop callback
+        """LADDER-SETTLE: drop a dead worker's start marker and End log unread, in a loop callback
         after the one delivering its turn's result."""
         files, slot.files = slot.files, None
         if files is not None:
             asyncio.get_running_loop().call_soon(files.close)
 
     def take_noted(self, slot: WorkerSlot) -> tuple[str, float] | None:
-        """After the worker exited: the turn its start marker names and when it started it (S1)."""
+        """After the worker exited: the turn its start marker names and when it started it (LADDER-EARLY)."""
         return self.read_noted(slot)
 
     def take_end_log(self, slot: WorkerSlot) -> list[tuple[float, Any]]:
-        """After the worker exited: the ends it logged (E1) as ``(start time, End)``, oldest first,
-        checked against the worker's pid; its marker and log are then dropped."""
+        """After the worker exited: the ends it logged (WORKER-END-LOG) as ``(start time, End)``, oldest
+        first, checked against the worker's pid; its marker and log are then dropped."""
         files, slot.files = slot.files, None
         if files is None:
             return []

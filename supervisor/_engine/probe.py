@@ -1,4 +1,4 @@
-"""A-PROBE: an agent name that points at something no worker can run (an ``int``, an object that
+"""ADAPT-PROBE: an agent name that points at something no worker can run (an ``int``, an object that
 is not callable, a framework object whose extra is not installed) is refused at submit with
 ``InvalidAgent``, although the supervisor never imports agent code.
 

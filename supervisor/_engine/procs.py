@@ -50,9 +50,9 @@ def spawn_worker(
     own_fds: tuple[int, int] = (-1, -1),
 ) -> int:
     """Start ``python -P -m worker`` in its own session with ``out_fd`` as its stdout and stderr
-    (never our stderr: ``_output``), importing from ``pythonpath`` only (R-PATH), and moving to
-    ``cwd`` (its own directory: W-CWD) before it imports anything of an agent. ``own_fds``: its
-    start marker and End log (W-OWN), inherited at numbers above every fd it is given."""
+    (never our stderr: ``_output``), importing from ``pythonpath`` only (WORKER-PATH), and moving to
+    ``cwd`` (its own directory: WORKER-CWD) before it imports anything of an agent. ``own_fds``: its
+    start marker and End log (SEC-WORKER-FILES), inherited at numbers above every fd it is given."""
     exe = python or sys.executable
     actions = output_actions(out_fd)
     own_args: list[str] = []
@@ -87,7 +87,8 @@ def spawn_worker(
     ]
     env = worker_env(pythonpath)
     if own_fds[0] < 0:
-        env[TOKEN_ENV] = token  # no start marker to carry it (W-OWN: it is carried there otherwise)
+        # no start marker to carry it (SEC-WORKER-FILES: it is carried there otherwise)
+        env[TOKEN_ENV] = token
     env[TREE_ENV] = marker
     # An empty signal mask, whatever the spawning thread blocks (a blocking front's loop thread
     # blocks SIGINT so Ctrl-C reaches the main thread; Ray's workers start with SIGINT blocked).
@@ -124,7 +125,7 @@ def check_agent_path(value: Any) -> tuple[str, ...] | None:
 
 
 def import_path(agent_path: tuple[str, ...] | None) -> str:
-    """The ``PYTHONPATH`` of workers (R-PATH).
+    """The ``PYTHONPATH`` of workers (WORKER-PATH).
 
     ``None`` (an embedded ``Supervisor``'s default): the host's own ``sys.path`` as it is now,
     the embedding program's choice (its script's directory, pytest's rootdir); an empty entry,
@@ -156,7 +157,7 @@ def worker_env(pythonpath: str) -> dict[str, str]:
 
 
 def lower_priority(pid: int, nice: int) -> None:
-    """R-NICE: run worker ``pid`` at niceness ``nice``: its session's autogroup (the kernel weighs
+    """WORKER-NICE: run worker ``pid`` at niceness ``nice``: its session's autogroup (the kernel weighs
     each session as one: a worker leads its own, so it would otherwise get as large a share of the
     CPUs as its supervisor) and each of its threads (new threads and processes inherit it). Best
     effort: a worker already gone, or a kernel without autogroups, is skipped."""
@@ -192,7 +193,7 @@ def exited(fd: int) -> bool:
 
 
 async def wait_exit(pid: int, fd: int | None) -> None:
-    """Return once ``pid`` has exited (it may still need reaping). K-REAP: a process already gone
+    """Return once ``pid`` has exited (it may still need reaping). LADDER-REAP: a process already gone
     costs no turn of the event loop (the descendants a killed worker SIGKILLed itself usually are)."""
     if fd is not None:
         if not exited(fd):
@@ -226,23 +227,24 @@ def reap(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status)
 
 
-# R14: the fallback kill of a tree (freeze, list, signal); R-cgroup first where it can.
+# TREE-FREEZE: the fallback kill of a tree (freeze, list, signal); TREE-CGROUP first where it can.
 def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     """Freeze the worker's tree, signal every process in it and its process group, thaw it
     (unless the signal is SIGKILL; for any other signal the worker itself is never frozen, and
-    is signalled before its descendants: K-FIRST). Adds what it found to ``known``; returns the pids."""
+    is signalled before its descendants: LADDER-TERM-FIRST). Adds what it found to ``known``; returns the
+    pids."""
     if pid <= 0:  # a worker whose pid is not known yet (zygote fork in flight): never signal 0 or -1
         return []
     cgroup = CGROUPS.get(pid)
     if cgroup is not None and sig == signal.SIGKILL:
         proctree.cgroup_kill(cgroup)  # atomic: nothing in the worker's cgroup forks past it
     if sig != signal.SIGKILL:
-        # K-FIRST: the worker itself is never stopped: its descendants are frozen and listed
+        # LADDER-TERM-FIRST: the worker itself is never stopped: its descendants are frozen and listed
         # first (stopped, none of them forks), then the worker is signalled - its handler, which
-        # kills its whole tree itself (K-FAST), starts at once instead of after a SIGSTOP and a
+        # kills its whole tree itself (LADDER-NO-WAIT), starts at once instead of after a SIGSTOP and a
         # SIGCONT that wake and park every one of its threads - then they are. The listing is made
         # before the worker's handler kills them: a descendant it reaps away from the worker by
-        # re-parenting is in ``known``, for the reaping (R13) after the worker's exit.
+        # re-parenting is in ``known``, for the reaping (LADDER-STEPS) after the worker's exit.
         pids = [pid, *proctree.freeze_tree(pid, include_root=False)]
         known.update(pids)
         for target in (pid, -pid):  # the worker, then its process group
@@ -270,17 +272,17 @@ def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | No
     environment, no fds): its cgroup is its only mark. The worker's guardian kills and removes
     that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
     must still count, or the zombie is never reaped. One scan, nothing kept: the pool keeps an
-    ``OrphanIndex`` instead, which reads each child once across exits (K-ORPHANS)."""
+    ``OrphanIndex`` instead, which reads each child once across exits (LADDER-ORPHANS)."""
     return OrphanIndex().of(worker_pid, marker, exclude, cgroup)
 
 
-# R-cgroup: cgroup.kill, then reap by pidfd, then remove.
+# TREE-CGROUP: cgroup.kill, then reap by pidfd, then remove.
 async def kill_cgroup(path: str) -> list[int]:
     """Kill everything in a dead worker's cgroup at once, wait for each process to exit (pidfds,
     no polling) and reap those that became our children; returns the pids seen."""
     seen: list[int] = []
     if not proctree.cgroup_populated(path):
-        # K-SETTLE: the usual case once a killed worker's handler has killed its own tree: one
+        # LADDER-SETTLE: the usual case once a killed worker's handler has killed its own tree: one
         # read, not a kill, a listing and a read (nothing can join a cgroup with no live member).
         return seen
     for _ in range(8):
@@ -331,7 +333,7 @@ def rss_of_tree(pid: int) -> int:
             with contextlib.suppress(psutil.Error):
                 total += child.memory_info().rss
         return total
-    except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc (P-FD)
+    except (psutil.Error, OSError):  # OSError: no descriptor free to read /proc (WORKER-FD-RETRY)
         return 0
 
 
@@ -346,12 +348,12 @@ def tree_pids(pid: int) -> list[int]:
     return [pid, *proctree.descendants(pid)]
 
 
-# R-pss: memory is PSS.
+# MEM-PSS: memory is PSS.
 def memory_of_tree(pid: int) -> int:
     """Proportional set size (PSS) of the worker's whole tree, in bytes: each shared page is
     split between the processes that map it, so 500 forked children of a 46 MiB worker count
     about 46 MiB, not 500 times that. What ``max_rss_mb`` is compared with."""
     try:
         return proctree.cgroup_pss_bytes(tree_pids(pid))
-    except OSError:  # no descriptor free to read /proc (P-FD): unknown now, read again next time
+    except OSError:  # no descriptor free to read /proc (WORKER-FD-RETRY): unknown now, read again next time
         return 0

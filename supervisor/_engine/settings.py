@@ -31,7 +31,7 @@ class EngineOptions:
     max_rss_mb: float | None = None
     timeout: float | None = None
     max_queue: int = 100_000
-    max_input_bytes: int = 2048 * 2**20  # I-BUDGET
+    max_input_bytes: int = 2048 * 2**20  # MEM-INPUTS
     max_events: int = 10_000
     keep_results: int = 10_000
     keep_event_bytes: int = 256 * 2**20
@@ -54,7 +54,7 @@ class EngineOptions:
     worker_output_max_mb: float = _output.MAX_BYTES / 2**20
     max_grace: float = 300.0
     worker_nice: int | None = None
-    allow_agents: AgentAllowlist | None = None  # A-ALLOW
+    allow_agents: AgentAllowlist | None = None  # SEC-ALLOW
 
     @classmethod
     def checked(
@@ -104,7 +104,7 @@ class EngineOptions:
         )
         # R-GRACE: the cap on every turn's grace and kill_after (a submit above it is refused): a
         # turn's ladder, and so a disposal, is bounded whatever a client asks for.
-        # S4: shutdown is bounded whatever a client asks for.
+        # LADDER-BOUNDED: shutdown is bounded whatever a client asks for.
         cap = require_seconds("max_grace", max_grace, positive=True)
         return cls(
             workers=workers,
@@ -115,11 +115,11 @@ class EngineOptions:
             max_rss_mb=check_seconds("max_rss_mb", max_rss_mb, positive=True),
             timeout=check_seconds("timeout", timeout, positive=True),
             max_queue=max_queue,
-            max_input_bytes=mib_bytes("max_input_mb", max_input_mb),  # I-BUDGET
+            max_input_bytes=mib_bytes("max_input_mb", max_input_mb),  # MEM-INPUTS
             max_events=max_events,
             keep_results=keep_results,
-            keep_event_bytes=mib_bytes("keep_events_mb", keep_events_mb),  # E-BUDGET
-            keep_result_bytes=mib_bytes("keep_results_mb", keep_results_mb),  # R-BUDGET
+            keep_event_bytes=mib_bytes("keep_events_mb", keep_events_mb),  # MEM-EVENTS
+            keep_result_bytes=mib_bytes("keep_results_mb", keep_results_mb),  # MEM-OUTPUTS
             heartbeat=require_seconds("heartbeat", heartbeat),
             start_timeout=require_seconds("start_timeout", start_timeout, positive=True),
             rss_interval=require_seconds("rss_interval", rss_interval, positive=True),
@@ -137,5 +137,5 @@ class EngineOptions:
             worker_output_max_mb=check_mib("worker_output_max_mb", worker_output_max_mb),
             max_grace=cap,
             worker_nice=worker_nice,
-            allow_agents=AgentAllowlist.of(allow_agents),  # A-ALLOW
+            allow_agents=AgentAllowlist.of(allow_agents),  # SEC-ALLOW
         )

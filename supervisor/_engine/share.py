@@ -1,4 +1,4 @@
-"""R-SHARE: the workers' share of the CPUs against their supervisor's, by default.
+"""WORKER-CPU-SHARE: the workers' share of the CPUs against their supervisor's, by default.
 
 Each worker leads its own session, and with ``sched_autogroup_enabled=1`` (the default of most
 distributions) the kernel schedules each session as one group with the weight of one program:
@@ -29,7 +29,7 @@ POOL_PROGRAMS = 4  # all the workers together weigh about this many programs at 
 
 
 def autogroup_nice(workers: int) -> int:
-    """The niceness of each worker's autogroup in a pool of ``workers`` (R-SHARE): the lowest
+    """The niceness of each worker's autogroup in a pool of ``workers`` (WORKER-CPU-SHARE): the lowest
     whose weight, times ``workers``, is at most ``POOL_PROGRAMS`` programs' (19 past that)."""
     budget = WEIGHTS[0] * POOL_PROGRAMS / max(1, workers)
     for nice, weight in enumerate(WEIGHTS):
@@ -55,7 +55,7 @@ RETRY = 0.11  # seconds between attempts the kernel's rate limit refused (it all
 
 
 class AutogroupShare:
-    """R-SHARE: set each new worker's autogroup niceness; what the kernel's rate limit refuses is
+    """WORKER-CPU-SHARE: set each new worker's autogroup niceness; what the kernel's rate limit refuses is
     retried, one a ``RETRY``, oldest first (a worker gone by then is skipped)."""
 
     def __init__(
@@ -71,7 +71,7 @@ class AutogroupShare:
 
     def apply(self, pid: int, workers: int, worker_nice: int | None = None) -> None:
         """Worker ``pid`` of a pool of ``workers`` is ready: set its autogroup's niceness, never
-        below ``worker_nice`` (R-NICE: the threads' own, when one was asked for)."""
+        below ``worker_nice`` (WORKER-NICE: the threads' own, when one was asked for)."""
         nice = max(autogroup_nice(workers), worker_nice or 0)
         if self._pending:
             self._pending.append((pid, nice))  # behind those already waiting for the rate limit

@@ -1,16 +1,16 @@
 """A turn's life as data: its states, the moves allowed between them, and the few facts that change
 with them (the first cause, the start, the ladder's step).
 
-T-STATE: every change of a ``TurnRecord``'s ``state`` goes through ``move``, which refuses a move the
+TURN-STATES: every change of a ``TurnRecord``'s ``state`` goes through ``move``, which refuses a move the
 table below does not allow (``IllegalMove``: a bug in the engine, never bad input). The states:
 
 * ``queued``  — accepted, waiting for a worker (in the ``TurnQueue``, or taken back from one);
-* ``handed``  — given to a worker ahead of its start (P1: still counts as queued);
-* ``running`` — its worker reported it started (``Started``, or its start marker: S1);
-* ``ending``  — its result is built and held until its live children end (R11);
-* ``ended``   — its one result is delivered (R7);
+* ``handed``  — given to a worker ahead of its start (TURN-HANDED: still counts as queued);
+* ``running`` — its worker reported it started (``Started``, or its start marker: LADDER-EARLY);
+* ``ending``  — its result is built and held until its live children end (TURN-PARENT);
+* ``ended``   — its one result is delivered (TURN-ONE-OUTCOME);
 * ``kept``    — set aside at a daemon's graceful stop for its journal to run at the next start
-  (D-KEEP); it never ends here.
+  (DAEMON-KEEP-QUEUED); it never ends here.
 
 A turn is created ``queued`` (``TurnRecord``); a result restored from a journal is created ``queued``
 and moved straight to ``ended``.
@@ -27,18 +27,18 @@ if TYPE_CHECKING:
 
 TurnState = Literal["queued", "handed", "running", "ending", "ended", "kept"]
 
-# T-STATE: the allowed moves, from each state.
+# TURN-STATES: the allowed moves, from each state.
 MOVES: dict[str, frozenset[str]] = {
     "queued": frozenset({"handed", "ended", "kept"}),  # handed to a worker; aborted unstarted; set aside
     "handed": frozenset({"queued", "running"}),  # given back (revoked, taken back, its worker died); started
-    # held behind live children; ended; S-RESUME: its worker died and a retry=True turn runs again
+    # held behind live children; ended; LOOP-RESUME: its worker died and a retry=True turn runs again
     "running": frozenset({"ending", "ended", "queued"}),
     "ending": frozenset({"ended"}),  # its last child ended
     "ended": frozenset(),
     "kept": frozenset(),
 }
 
-# The states in which a turn still counts as waiting for a worker (``TurnBook.queued``: P1).
+# The states in which a turn still counts as waiting for a worker (``TurnBook.queued``: TURN-HANDED).
 WAITING = frozenset({"queued", "handed"})
 # The states in which a turn is live: accepted, not ended, not set aside.
 LIVE = frozenset({"queued", "handed", "running", "ending"})
@@ -55,7 +55,7 @@ def move(turn: TurnRecord, to: TurnState) -> None:
     turn.state = to
 
 
-# R3: first cause wins; an ended turn keeps its cause.
+# TURN-FIRST-CAUSE: first cause wins; an ended turn keeps its cause.
 def first_cause(turn: TurnRecord, cause: Cause) -> bool:
     """Give ``turn`` its cause if it has none yet; whether this one won."""
     if turn.cause is not None:
@@ -75,7 +75,7 @@ def mark_started(turn: TurnRecord, at: float) -> bool:
 
 def escalated(turn: TurnRecord, step: int, now: float) -> bool:
     """The ladder's signal ``step`` (1: SIGTERM, 2: SIGKILL) went to ``turn``'s worker tree; whether
-    this was the kill decision (K-HANDOVER: the first signal; from then on the outcome is ``killed``)."""
+    this was the kill decision (LADDER-HANDOVER: the first signal; from then on the outcome is ``killed``)."""
     decided = not turn.escalation
     if decided:
         turn.escalated_at = now
@@ -83,8 +83,9 @@ def escalated(turn: TurnRecord, step: int, now: float) -> bool:
     return decided
 
 
-# J6: the dispatch gate's facts about a turn (``TurnRecord``: ``written`` → ``recorded`` for its accept
-# row, ``clearing`` → ``dispatchable`` for its "may run" row). Without a gate all are set from the start.
+# JOURNAL-GATE: the dispatch gate's facts about a turn (``TurnRecord``: ``written`` → ``recorded`` for its
+# accept row, ``clearing`` → ``dispatchable`` for its "may run" row). Without a gate all are set from the
+# start.
 def gate_hold(turn: TurnRecord, readmit: bool) -> None:
     """Behind a journal's gate: held until its rows are committed (a readmitted turn's accept row
     already is)."""
@@ -93,21 +94,21 @@ def gate_hold(turn: TurnRecord, readmit: bool) -> None:
 
 
 def gate_written(turn: TurnRecord) -> None:
-    """J6-WITH: its accept row is handed to the journal (committed or not)."""
+    """JOURNAL-GATE-SHARE: its accept row is handed to the journal (committed or not)."""
     turn.written = True
 
 
 def gate_recorded(turn: TurnRecord) -> None:
-    """J6: its accept row is committed."""
+    """JOURNAL-GATE: its accept row is committed."""
     turn.recorded = turn.written = True
 
 
 def gate_clearing(turn: TurnRecord) -> None:
-    """J6: its "may run" row is being written."""
+    """JOURNAL-GATE: its "may run" row is being written."""
     turn.clearing = True
 
 
 def gate_cleared(turn: TurnRecord) -> None:
-    """J6: its "may run" row is committed: it may be handed to a worker (once recorded)."""
+    """JOURNAL-GATE: its "may run" row is committed: it may be handed to a worker (once recorded)."""
     turn.clearing = False
     turn.dispatchable = True

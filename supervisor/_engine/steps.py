@@ -1,12 +1,12 @@
 """Step records: what an agent loop made durable of a running turn, and its resume after a crash.
 
 ``StepRecords`` keeps each live turn's step records (``worker_link.Step``, in ``seq`` order) in memory and
-answers each with ``worker_link.StepAck`` once it is durable (S-DURABLE): at once when embedded, once the
-journal committed it when a sink is set (a daemon's journal, ``set_sink``). A turn submitted with
-``retry=True`` whose worker died without its turn being escalated runs again as ``attempts + 1``
-(S-RESUME, ``requeue``), up to ``MAX_ATTEMPTS``: its followers get a ``resumed`` event, and its next
-``Run`` carries the records (``for_run``), so the loop resumes from its last recorded step. Ended
-turns' records are kept (bounded) for inspection (``view``, S-INSPECT).
+answers each with ``worker_link.StepAck`` once it is durable (LOOP-STEP-DURABLE): at once when embedded, once
+the journal committed it when a sink is set (a daemon's journal, ``set_sink``). A turn submitted with
+``retry=True`` whose worker died without its turn being escalated runs again as ``attempts + 1`` (LOOP-RESUME,
+``requeue``), up to ``MAX_ATTEMPTS``: its followers get a ``resumed`` event, and its next ``Run`` carries the
+records (``for_run``), so the loop resumes from its last recorded step. Ended turns' records are kept
+(bounded) for inspection (``view``, LOOP-STEP-INSPECT).
 """
 
 from __future__ import annotations
@@ -31,15 +31,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.supervisor")
 
-# S-RESUME: a retry=True turn whose worker died runs at most this many times in all, then ends
+# LOOP-RESUME: a retry=True turn whose worker died runs at most this many times in all, then ends
 # ``crashed`` (a turn that kills its worker every time does not loop through the pool forever).
 MAX_ATTEMPTS = 5
-# S-SIZE: the largest record kept (the worker refuses bigger ones itself; this is the boundary's check).
+# LOOP-STEP-SIZE: the largest record kept (the worker refuses bigger ones itself; this is the boundary's
+# check).
 MAX_RECORD_BYTES = 4 * 1024 * 1024 + 4096
-# S-SIZE: the most a live turn's records may hold here (the worker stops at 24 MiB; a worker that
+# LOOP-STEP-SIZE: the most a live turn's records may hold here (the worker stops at 24 MiB; a worker that
 # does not is refused past this, so no agent can grow the supervisor's memory without bound).
 MAX_TURN_BYTES = 24 * 1024 * 1024 + 65536
-# Ended turns whose records stay readable (S-INSPECT), and their bytes in all; the oldest go first.
+# Ended turns whose records stay readable (LOOP-STEP-INSPECT), and their bytes in all; the oldest go first.
 KEEP_TURNS = 10_000
 KEEP_BYTES = 64 * 1024 * 1024
 
@@ -87,7 +88,7 @@ class StepRecords:
         self.resumed = 0  # attempts begun again after a crash
 
     def set_sink(self, sink: StepSink | None) -> None:
-        """S-DURABLE: records are acknowledged only once ``sink`` committed them (set it before the
+        """LOOP-STEP-DURABLE: records are acknowledged only once ``sink`` committed them (set it before the
         first turn)."""
         self.sink = sink
 
@@ -133,7 +134,7 @@ class StepRecords:
             try:
                 _decode(data)
             except (msgspec.DecodeError, RecursionError) as exc:
-                # S-CORRUPT: one that cannot be read must not break the Run frame it travels in:
+                # LOOP-STEP-CORRUPT: one that cannot be read must not break the Run frame it travels in:
                 # the worker is handed why, and its loop refuses to resume.
                 data = _encode({"unreadable": f"a step record in the journal cannot be read: {exc}"})
             steps.records.append(data)
@@ -141,12 +142,12 @@ class StepRecords:
             steps.bytes += len(data)
 
     def for_run(self, turn: TurnRecord) -> msgspec.Raw:
-        """S-RESUME: the records a ``Run`` of ``turn`` carries (NIL: none, the first attempt)."""
+        """LOOP-RESUME: the records a ``Run`` of ``turn`` carries (NIL: none, the first attempt)."""
         steps = self.live.get(turn.id)
         if steps is None or not steps.records or turn.attempts <= 1:
             return wire.NIL
         if steps.bytes + len(turn.input) > wire.MAX_PAYLOAD_SIZE:
-            # S-SIZE: a Run over the link's frame limit would cost the worker its link; the loop
+            # LOOP-STEP-SIZE: a Run over the link's frame limit would cost the worker its link; the loop
             # is told why it cannot resume instead.
             why = f"the turn's step records ({steps.bytes} bytes) and input do not fit in one message"
             return msgspec.Raw(_encode([{"unreadable": why}]))
@@ -161,7 +162,7 @@ class StepRecords:
     # ---- resume ---------------------------------------------------------------------------
 
     def requeue(self, turn: TurnRecord) -> bool:
-        """S-RESUME: ``turn``'s worker died while it ran (not escalated, not cancelled). With
+        """LOOP-RESUME: ``turn``'s worker died while it ran (not escalated, not cancelled). With
         ``retry=True`` it is queued again at the front as ``attempts + 1`` and its followers get a
         ``resumed`` event; False (it ends ``crashed``) otherwise, or past ``MAX_ATTEMPTS``."""
         book = self.book
@@ -212,13 +213,13 @@ class StepRecords:
         return None if steps is None else list(steps.records)
 
     def view(self, turn_id: str) -> list[dict[str, Any]] | None:
-        """S-INSPECT: the turn's steps as ``describe`` shows them; ``None`` if none are held here."""
+        """LOOP-STEP-INSPECT: the turn's steps as ``describe`` shows them; ``None`` if none are held here."""
         records = self.records(turn_id)
         return None if records is None else describe(records)
 
 
 def describe(records: list[bytes]) -> list[dict[str, Any]]:
-    """S-INSPECT: records as steps: ``{"loop", "step", "text", "finish", "calls": [{"call_id",
+    """LOOP-STEP-INSPECT: records as steps: ``{"loop", "step", "text", "finish", "calls": [{"call_id",
     "name", "arguments", "state", "output", "error"}]}``, each call's ``state`` one of
     ``not_started``, ``started`` (its outcome unknown if the turn crashed then), ``completed``,
     ``not_recorded`` (its output was too large to record). A record that cannot be read is shown

@@ -7,16 +7,17 @@ the public API and one handler per message a worker sends, and wires the parts (
 
 * the ``EngineOptions`` (``settings.py``): the arguments, checked once, frozen;
 * the ``TurnBook`` (``book.py``): the turn table and the ``TurnQueue`` (``turns.py``) with their
-  counters; a turn's state changes only through ``states.move`` (``states.py``, T-STATE);
+  counters; a turn's state changes only through ``states.move`` (``states.py``, TURN-STATES);
 * the worker link (``link.py``: a ROUTER on a private ipc endpoint; ``link.send`` is every part's
   send callback), the pool (``pool.py``: ``workers`` slots plus ``spares`` warm workers), the
   ``Timers`` (``timers.py``: every deadline, and the clock) and the ``Hooks`` (``hooks.py``);
 * ``Admission`` (``admission.py``: the one way in), ``ChildTurns`` (``children.py``), the
-  ``Dispatcher`` (``dispatch.py``: prefetch, J6, S1), the ``Escalation`` (``escalation.py``:
-  ``Abort`` → ``grace`` → SIGTERM to the tree → ``kill_after`` → SIGKILL → reaped → ``killed``), the
-  ``Finisher`` (``ending.py``: one result, delivered once, after quiescence), the ``ExitHandler``
-  (``exits.py``: a worker's death), the ``MemoryWatchdog`` (``memory.py``) and the ``Lifecycle``
-  (``lifecycle.py``: starting, disposing; D-KEEP's queued turns set aside at a daemon's stop).
+  ``Dispatcher`` (``dispatch.py``: prefetch, JOURNAL-GATE, LADDER-EARLY), the ``Escalation``
+  (``escalation.py``: ``Abort`` → ``grace`` → SIGTERM to the tree → ``kill_after`` → SIGKILL → reaped →
+  ``killed``), the ``Finisher`` (``ending.py``: one result, delivered once, after quiescence), the
+  ``ExitHandler`` (``exits.py``: a worker's death), the ``MemoryWatchdog`` (``memory.py``) and the
+  ``Lifecycle`` (``lifecycle.py``: starting, disposing; DAEMON-KEEP-QUEUED's queued turns set aside at a
+  daemon's stop).
 """
 
 from __future__ import annotations
@@ -90,16 +91,17 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     the counts (MiB, keyword-only): ``max_input_mb``, the inputs of turns not ended (``QueueFull`` past it);
     ``keep_events_mb``, ended turns' events; ``keep_results_mb``, the outputs of the ended turns kept (the
     oldest forgotten first). Isolation (keyword-only): ``agent_path`` is where workers import agents from
-    (R-PATH): directories searched first and exactly, then installed packages; ``None`` (default) mirrors this
-    process's ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private runtime
-    directory: a module planted in a working directory never runs. ``worker_output`` is where workers' stdout
-    and stderr go (R-OUT), never shared with this process's stderr: ``"stderr"`` (default) forwards each line,
-    prefixed ``w<n>[pid]``, to this process's stderr through a thread, so a stalled stderr never blocks the
-    supervisor; a file path writes them to that log, rotated by size (``worker_output_max_mb``, default 16,
-    per file; four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``); ``None`` discards them; ``"inherit"``
-    shares this process's fd 2 with the workers (a stalled stderr then stalls workers and this process alike).
-    ``worker_nice`` (0-19): workers below this process (R-NICE). ``allow_agents``: agent globs turns and their
-    children may name (A-ALLOW). ``tracing``: a span per turn (T-TRACE).
+    (WORKER-PATH): directories searched first and exactly, then installed packages; ``None`` (default) mirrors
+    this process's ``sys.path``. Workers run in ``python -P`` safe-path mode from this supervisor's private
+    runtime directory: a module planted in a working directory never runs. ``worker_output`` is where workers'
+    stdout and stderr go (WORKER-OUTPUT), never shared with this process's stderr: ``"stderr"`` (default)
+    forwards each line, prefixed ``w<n>[pid]``, to this process's stderr through a thread, so a stalled stderr
+    never blocks the supervisor; a file path writes them to that log, rotated by size
+    (``worker_output_max_mb``, default 16, per file; four files at most: ``PATH``, ``PATH.1`` … ``PATH.3``);
+    ``None`` discards them; ``"inherit"`` shares this process's fd 2 with the workers (a stalled stderr then
+    stalls workers and this process alike). ``worker_nice`` (0-19): workers below this process (WORKER-NICE).
+    ``allow_agents``: agent globs turns and their children may name (SEC-ALLOW). ``tracing``: a span per turn
+    (OBS-TRACE).
     """
 
     def __init__(
@@ -137,7 +139,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         tracing: bool = False,
         allow_agents: Any = None,
     ) -> None:
-        refuse_inside_worker()  # H3: no pool of pools from an agent module imported by a worker
+        refuse_inside_worker()  # API-NO-NESTING: no pool of pools from an agent module imported by a worker
         self.options = options = EngineOptions.checked(
             workers=workers,
             grace=grace,
@@ -173,7 +175,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         # The timers hold the clock: the event loop's once started (asyncio's loop.time(): monotonic).
         self.timers = timers = Timers(time.monotonic)
         table = TurnTable(keep_results, max_events, options.keep_event_bytes, options.keep_result_bytes)
-        self.book = book = TurnBook(table, TurnQueue())  # E-BUDGET, R-BUDGET
+        self.book = book = TurnBook(table, TurnQueue())  # MEM-EVENTS, MEM-OUTPUTS
         self.bad_frames = 0  # frames from workers refused: unknown sender, undecodable, out of order
         self._hooks = hooks = Hooks()
         if tracing:
@@ -204,7 +206,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             nice=options.worker_nice,
         )
         send = link.send
-        # S-DURABLE, S-RESUME: the step records of running turns, and resume after a crash.
+        # LOOP-STEP-DURABLE, LOOP-RESUME: the step records of running turns, and resume after a crash.
         self.steps = steps = StepRecords(book, send, hooks, self._bad_frame)
         hooks.result.append(steps.ended)
         # The parts, each given what it reads and writes. Dispatch, escalation and ending need each
@@ -217,14 +219,16 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         )
         finisher.connect(escalation=escalation, dispatcher=dispatcher)
         dispatcher.connect(finisher=finisher, escalation=escalation)
-        # Admission: the one way in for every turn; A-PROBE: ``learn_agent`` a name not in ``agents_known``.
+        # Admission: the one way in for every turn; ADAPT-PROBE: ``learn_agent`` a name not in
+        # ``agents_known``.
         self._admission = admission = Admission(
             book, options, hooks, dispatcher, timers, prefix, lambda: pool.zygote
         )
-        self._children = children = ChildTurns(book, send, admission, escalation, dispatcher)  # rule 7
-        # Exit handling: what a worker's death means for its turns (E1, S1, R13).
+        self._children = children = ChildTurns(book, send, admission, escalation, dispatcher)  # TURN-PARENT
+        # Exit handling: what a worker's death means for its turns (WORKER-END-LOG, LADDER-EARLY,
+        # LADDER-STEPS).
         self._exits = ExitHandler(book, pool, link.drain, dispatcher, finisher, timers, changes.notify, steps)
-        # Starting and disposing (H1: its background tasks live in a task of their own).
+        # Starting and disposing (API-ASYNCIO: its background tasks live in a task of their own).
         self._life = Lifecycle(book, options, pool, link, timers, dispatcher, escalation, finisher, changes)
         # One handler per message type a worker sends (``_on_message``).
         self._handlers: dict[type, Callable[[WorkerSlot, Any], None]] = {
@@ -278,7 +282,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     @property
     def input_bytes(self) -> int:
-        """The inputs of turns not ended, in bytes (I-BUDGET)."""
+        """The inputs of turns not ended, in bytes (MEM-INPUTS)."""
         return self.book.input_bytes
 
     @property
@@ -287,11 +291,11 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     @property
     def agents_known(self) -> dict[str, str | None]:
-        """A-PROBE: the agent names probed, each with why it is refused (``None``: accepted)."""
+        """ADAPT-PROBE: the agent names probed, each with why it is refused (``None``: accepted)."""
         return self._admission.agents.kinds
 
     async def learn_agent(self, agent: Any) -> None:
-        """A-PROBE: probe ``agent`` (a name not in ``agents_known``) before its first turn is accepted."""
+        """ADAPT-PROBE: probe ``agent`` (a name not in ``agents_known``) before its first turn is accepted."""
         await self._admission.learn(agent)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -351,12 +355,12 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         A ``turn_id`` that already exists returns the existing turn's handle (never runs twice).
         ``retry=True`` runs the turn again when its worker dies while it runs, or after a restart of a
         daemon with a journal that interrupted it (``attempts`` counts the runs), resuming from its
-        recorded steps (S-RESUME, docs/durability.md); otherwise such a turn ends ``crashed``.
+        recorded steps (LOOP-RESUME, docs/durability.md); otherwise such a turn ends ``crashed``.
         """
-        # TypeError (also W-IN: a value that would come back a string), or PayloadTooLarge (ValueError)
+        # TypeError (also LINK-EXACT: a value that would come back a string), or PayloadTooLarge (ValueError)
         raw = wire.encode_payload(input, what="turn input", exact=True)
         admission = self._admission
-        if type(agent) is str and agent not in admission.agents.kinds:  # A-PROBE: probed once
+        if type(agent) is str and agent not in admission.agents.kinds:  # ADAPT-PROBE: probed once
             await admission.learn(agent)
         turn = admission.accept(
             agent,
@@ -369,10 +373,10 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             parent=None,
             retry=retry,
         )
-        return TurnHandle(self, turn.id, pin=turn)  # R-KEEP: the handle holds the record
+        return TurnHandle(self, turn.id, pin=turn)  # API-HANDLE-KEEPS: the handle holds the record
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
-        """``submit`` then ``result``; the caller owns the turn (R-RUN-CANCEL).
+        """``submit`` then ``result``; the caller owns the turn (API-RUN-OWNS).
 
         Cancelling the task that awaits ``run`` (a cancel scope, ``asyncio.wait_for``,
         ``Task.cancel()``) cancels the turn with cause ``user`` and returns (raising the
@@ -417,29 +421,29 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         await self._finisher.wait_idle()
 
     async def reload(self) -> dict[str, int]:
-        """Replace every worker gracefully so that turns starting from now import agent code anew (D-RELOAD;
-        ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with their globals, for its
-        whole life: edited code reaches only workers started after the edit. Turns running now finish on their
-        old workers, which are then retired; idle workers are replaced at once. Modules named in ``preload``
-        are imported once by the zygote and are not refreshed (restart the supervisor for those). Returns
-        ``{"workers": replaced, "busy": of those, still finishing a turn}``. Raises ``SupervisorClosed`` when
-        closed."""
+        """Replace every worker gracefully so that turns starting from now import agent code anew
+        (WORKER-RELOAD; ``turnpool reload`` on a daemon). A worker keeps the modules it imported, with their
+        globals, for its whole life: edited code reaches only workers started after the edit. Turns running
+        now finish on their old workers, which are then retired; idle workers are replaced at once. Modules
+        named in ``preload`` are imported once by the zygote and are not refreshed (restart the supervisor for
+        those). Returns ``{"workers": replaced, "busy": of those, still finishing a turn}``. Raises
+        ``SupervisorClosed`` when closed."""
         if self.book.phase != "running":
             raise SupervisorClosed("the supervisor is not running")
         return self.recycle_workers()
 
     def recycle_workers(self) -> dict[str, int]:
         """``reload``, synchronous, for a front end on the supervisor's event loop (the daemon)."""
-        self._admission.agents.clear()  # A-PROBE: agent code may have changed
+        self._admission.agents.clear()  # ADAPT-PROBE: agent code may have changed
         return self._dispatcher.recycle()
 
     def keep_queued(self) -> list[str]:
-        """D-KEEP: set aside, for a journal to run at the next start, every turn still queued that no
-        worker was ever cleared to take: it leaves the queue without an end (no result, no end
-        hook: its journal row stays ``queued``); whoever waits on it gets ``SupervisorClosed``.
-        Child turns (their parent is being disposed) and turns already cleared for a worker (J6:
-        their row says they may have run) are left to disposal. Call it at shutdown, before
-        ``aclose``; the ids set aside, in queue order."""
+        """DAEMON-KEEP-QUEUED: set aside, for a journal to run at the next start, every turn still queued that
+        no worker was ever cleared to take: it leaves the queue without an end (no result, no end hook: its
+        journal row stays ``queued``); whoever waits on it gets ``SupervisorClosed``. Child turns (their
+        parent is being disposed) and turns already cleared for a worker (JOURNAL-GATE: their row says they
+        may have run) are left to disposal. Call it at shutdown, before ``aclose``; the ids set aside, in
+        queue order."""
         return self._life.keep_queued()
 
     # ---- the Backend contract: results and events --------------------------------------
@@ -451,18 +455,18 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
 
     def find(self, turn_id: str) -> TurnRecord | None:
         """The record of ``turn_id``, or ``None`` if this supervisor does not know it (kept, or
-        beyond ``keep_results`` but held by a handle: R-KEEP)."""
+        beyond ``keep_results`` but held by a handle: API-HANDLE-KEEPS)."""
         return self.book.table.find(turn_id)
 
     def request_differs(
         self, turn: TurnRecord, agent: str, raw: msgspec.Raw, session: str | None
     ) -> tuple[str, ...]:
-        """R-ID: what differs (``agent``, ``input``, ``session``) between ``turn``'s request and this
+        """API-TURN-ID: what differs (``agent``, ``input``, ``session``) between ``turn``'s request and this
         one; an input the record cannot tell (restored from a journal) is not counted."""
         return request_differs(turn, agent, raw, session)
 
     def knows_input(self, turn: TurnRecord) -> bool:
-        """R-ID: whether ``turn``'s record can tell its input apart (``False`` for a result
+        """API-TURN-ID: whether ``turn``'s record can tell its input apart (``False`` for a result
         restored from a journal: ask the journal)."""
         return input_known(turn)
 
@@ -474,10 +478,10 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         """Wait for the turn's one outcome (``TurnHandle.result``); raises ``UnknownTurn``."""
         turn = self.book.table.get(turn_id)
         if turn.result is None:
-            # A bare asyncio future (T-WAIT), not anyio's event: this engine runs on asyncio only,
+            # A bare asyncio future (API-BARE-FUTURE), not anyio's event: this engine runs on asyncio only,
             # and anyio's constructor looks the backend up on every call.
             await wait_done(turn)
-        if turn.result is None and turn.state == "kept":  # D-KEEP: set aside for the next start
+        if turn.result is None and turn.state == "kept":  # DAEMON-KEEP-QUEUED: set aside for the next start
             raise SupervisorClosed(
                 f"turn {shown_id(turn.id)} was still queued when the supervisor stopped: it stays in the "
                 "journal and runs when the daemon starts again"
@@ -489,7 +493,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends.
 
         At most ``max_events`` events are retained per turn, and ``keep_events_mb`` in all for ended
-        turns (E-BUDGET): a follower that starts late or falls further behind skips the dropped
+        turns (MEM-EVENTS): a follower that starts late or falls further behind skips the dropped
         ones (``seq`` shows the gap; ``events`` yields an ``EventsDropped`` marker there). Raises
         ``UnknownTurn`` at once.
         """
@@ -500,7 +504,7 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
     def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events, decoded (``TurnHandle.events``), in order; where this follower lost
         events to the bounded buffer, one ``EventsDropped(count, first)`` stands in their place
-        (E-GAP). Raises ``UnknownTurn`` at once."""
+        (EVENTS-DROPPED). Raises ``UnknownTurn`` at once."""
         table = self.book.table
         table.get(turn_id)
         return table.events(turn_id)
@@ -546,8 +550,8 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         existing record (never runs twice).
 
         ``readmit=True`` accepts again a turn the journal already acknowledged (restart recovery,
-        J3), its ``attempts`` so far counted: the ``max_queue`` limit does not apply, since refusing
-        would lose a turn a client was promised. For recovery only."""
+        JOURNAL-RECOVERY), its ``attempts`` so far counted: the ``max_queue`` limit does not apply, since
+        refusing would lose a turn a client was promised. For recovery only."""
         return self._admission.accept(
             agent,
             raw,
@@ -576,14 +580,14 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         return self._escalation.cancel_session(session, cause)
 
     def set_dispatch_gate(self, gate: DispatchGate) -> None:
-        """J6: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
+        """JOURNAL-GATE: from now on a new turn is handed to a worker only once ``mark_recorded`` said its
         accept row is committed and ``gate`` (called with turns from the head of the queue whose
-        row is written, J6-WITH) answered ``clear_for_dispatch``. Set before the first submit."""
+        row is written, JOURNAL-GATE-SHARE) answered ``clear_for_dispatch``. Set before the first submit."""
         self._dispatcher.gate = gate
 
     def dispatch_once(self, calls: Iterable[Callable[[], Any]]) -> None:
         """Run ``calls`` (a journal commit's callbacks: ``mark_recorded``, ``clear_for_dispatch``)
-        with dispatch deferred to their end, as a receive batch from the workers is (J6-BATCH): a
+        with dispatch deferred to their end, as a receive batch from the workers is (JOURNAL-DISPATCH-ONCE): a
         commit of a thousand accept rows pumps once, not once per row (each pump walks up to
         capacity × depth turns at the head of the queue)."""
         dispatch = self._dispatcher
@@ -599,24 +603,25 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
             dispatch.end_deferral()
 
     def mark_written(self, turn: TurnRecord) -> None:
-        """J6-WITH: the journal wrote ``turn``'s accept row, not committed yet (``Dispatcher.written``)."""
+        """JOURNAL-GATE-SHARE: the journal wrote ``turn``'s accept row, not committed yet
+        (``Dispatcher.written``)."""
         self._dispatcher.written(turn)
 
     def mark_recorded(self, turn: TurnRecord) -> None:
-        """J6: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
+        """JOURNAL-GATE: the journal committed ``turn``'s accept row: it may now pass the dispatch gate."""
         gate_recorded(turn)
         self._dispatcher.pump()
 
     def clear_for_dispatch(self, turns: list[TurnRecord]) -> None:
-        """J6: the gate committed the "may run" row of ``turns``: hand them to workers."""
+        """JOURNAL-GATE: the gate committed the "may run" row of ``turns``: hand them to workers."""
         for turn in turns:
             gate_cleared(turn)
         self._dispatcher.pump()
 
     def withdraw(self, turn: TurnRecord, why: str) -> None:
-        """J6: a turn whose accept row could not be committed: it was never acknowledged and never
+        """JOURNAL-GATE: a turn whose accept row could not be committed: it was never acknowledged and never
         ran (the gate held it); it ends ``failed`` (``JournalUnavailable``) and its id is forgotten."""
-        if turn.state == "queued" and not turn.recorded:  # (J6-WITH: cleared or not, never handed)
+        if turn.state == "queued" and not turn.recorded:  # (JOURNAL-GATE-SHARE: cleared or not, never handed)
             self.book.queue.discard(turn)
             self._finisher.finish(turn, "failed", error=TurnError("JournalUnavailable", why))
         if turn.parent is None and turn.state == "ended":
@@ -675,16 +680,16 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         turn = slot.turn
         turn_id = msg.turn_id
         dispatcher = self._dispatcher
-        dispatcher.retire_if_kept(slot, turn, turn_id)  # M-KEPT: before the EndAck lets it go on
+        dispatcher.retire_if_kept(slot, turn, turn_id)  # MEM-RETIRE: before the EndAck lets it go on
         if msg.ack and not (turn is not None and turn.id == turn_id and turn.escalation):
             # The worker holds back its next handed turn until this End is known here. A worker
-            # being killed never gets it (K-HANDOVER): it starts nothing more.
+            # being killed never gets it (LADDER-HANDOVER): it starts nothing more.
             self.link.send(slot, worker_link.EndAck(turn_id))
         if turn is None or turn.id != turn_id:
             if not dispatcher.ended_ahead(slot, msg):
-                self.bad_frames += 1  # S3: not the end of a turn handed here that it could end
+                self.bad_frames += 1  # SEC-FORGE: not the end of a turn handed here that it could end
             return
-        # R7: exactly one outcome; once SIGTERM went out it is killed.
+        # TURN-ONE-OUTCOME: exactly one outcome; once SIGTERM went out it is killed.
         if turn.escalation:
             return  # once SIGTERM went out the outcome is "killed", whatever the worker says
         # (A slot doomed only because a send to it failed still reports truthfully: a turn

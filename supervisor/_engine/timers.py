@@ -3,7 +3,7 @@
 A heap of entries and a single sleeper that wakes for the earliest one, instead of a task
 per running turn. Cancelling an entry marks it dead; it is dropped when it reaches the top.
 
-T-PRECISE: the sleeper wakes through a ``timerfd`` (Linux) armed at the earliest deadline, in
+LADDER-TIMERFD: the sleeper wakes through a ``timerfd`` (Linux) armed at the earliest deadline, in
 nanoseconds. The event loop's own timeout goes through ``epoll_wait``, whose unit is the
 millisecond, rounded up: a grace of 50 ms fired 0.4-1 ms late (measured), which was a tenth of a
 kill's whole overshoot. Elsewhere (or if the timerfd cannot be made) the loop's timeout is used.
@@ -123,7 +123,7 @@ class Timers:
         self._heap: list[Timer] = []
         self._seq = itertools.count()
         self._wake = anyio.Event()
-        # T-PRECISE: the timerfd is used only where its clock is the owner's (asyncio's loop
+        # LADDER-TIMERFD: the timerfd is used only where its clock is the owner's (asyncio's loop
         # clock and time.monotonic() are both CLOCK_MONOTONIC).
         self.precise = True
 
@@ -177,7 +177,7 @@ class Timers:
 
     async def _run(self, tfd: TimerFd | None) -> None:
         """Fire timers in order; between two, wait for the head's time through the timerfd when
-        there is one (T-PRECISE), else with the loop's own timeout (millisecond rounding)."""
+        there is one (LADDER-TIMERFD), else with the loop's own timeout (millisecond rounding)."""
         heap = self._heap
         while True:
             while heap and not heap[0].active:

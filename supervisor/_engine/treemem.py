@@ -1,4 +1,4 @@
-"""R-STATUS-MEM: the workers' memory as ``status()`` reports it, without reading /proc for every
+"""MEM-STATUS-SAMPLE: the workers' memory as ``status()`` reports it, without reading /proc for every
 process of a large pool on every call.
 
 Each worker's entry in ``status()`` carries its tree's summed RSS and PSS. Read on every call,
@@ -49,7 +49,7 @@ def measure(pid: int) -> tuple[int, int]:
     try:
         pids = _procs.tree_pids(pid)
         return rss_bytes(pids), proctree.cgroup_pss_bytes(pids)
-    except OSError:  # no descriptor free to read /proc (P-FD): unknown now
+    except OSError:  # no descriptor free to read /proc (WORKER-FD-RETRY): unknown now
         return 0, 0
 
 

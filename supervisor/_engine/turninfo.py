@@ -165,7 +165,7 @@ def status(
     """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
     finisher, escalation, exits = counts
     workers = []
-    # R-STATUS-MEM: sampled in the background for a large pool, measured now for a small one.
+    # MEM-STATUS-SAMPLE: sampled in the background for a large pool, measured now for a small one.
     live_pids = [s.pid for s in pool.slots.values() if s.state != "dead" and s.pid]
     tg = pool.tg
     memory = treemem.of(pool).figures(live_pids, tg.start_soon if tg is not None else None)
@@ -200,16 +200,16 @@ def status(
         "escalations": dict(escalation.counts),
         "bad_frames": bad_frames,
         "worker_restarts": exits.restarts,
-        "worker_endpoint_rebinds": link.rebinds,  # W-BIND
+        "worker_endpoint_rebinds": link.rebinds,  # WORKER-REBIND
         "last_start_error": pool.last_start_error,
-        # P-FD: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
+        # WORKER-FD-RETRY: EMFILE/ENFILE met starting workers (each backed off and retried), by where.
         "fd_shortage": dict(pool.shortage.counts),
         "worker_output": describe_output(options),
         "worker_output_dropped": pool.output.dropped if pool.output is not None else 0,
         "worker_output_dropped_lines": pool.output.dropped_lines if pool.output is not None else 0,
         # What enforces worker.isolated's limits here (cgroup2 / cgroup1 controllers, else rlimits).
         "tool_limits": dict(lowlevel.tool_limits_backend()),
-        # The byte budgets beside the counts, each with what it holds now (I-, E-, R-BUDGET).
+        # The byte budgets beside the counts, each with what it holds now (I-, E-, MEM-OUTPUTS).
         "memory": {
             "inputs_mb": _mib(book.input_bytes),
             "max_input_mb": _mib(options.max_input_bytes),
@@ -254,7 +254,7 @@ class Views:
         Async, as on ``Client`` (one contract: async on the async classes, blocking on
         ``SyncSupervisor``/``SyncClient``); ``status_now`` is the synchronous form for front ends that run on
         the supervisor's loop."""
-        return self.status_now()  # R-STATUS
+        return self.status_now()  # API-ONE-CONTRACT
 
     def status_now(self) -> dict[str, Any]:
         """``status()`` synchronously, for code on the supervisor's event loop (a daemon answering a

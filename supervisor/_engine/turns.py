@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .pool import WorkerSlot
     from .timers import Timer
 
-# G-KEEP: events a follower that keeps up has not read yet are kept beyond ``max_events``, up to
+# EVENTS-KEEP: events a follower that keeps up has not read yet are kept beyond ``max_events``, up to
 # this many bytes per turn (each event counted as its encoded size plus ``EVENT_OVERHEAD``, about
 # what the object holding it costs in memory): a follower slower than the agent for a while loses
 # nothing, and a turn's buffer stays bounded whatever its followers do.
@@ -39,14 +39,14 @@ HOLD_BYTES = 32 * 2**20
 EVENT_OVERHEAD = 64
 
 
-# E-BUDGET: the events of ended turns kept in all (each counted as in ``HOLD_BYTES``), for late
+# MEM-EVENTS: the events of ended turns kept in all (each counted as in ``HOLD_BYTES``), for late
 # followers: past it the oldest turns' events go first (their results stay). 2,000 turns of 1,000
 # 60-byte events had grown a supervisor by 327 MiB; the default ``keep_results`` × ``max_events`` allows
 # a hundred million events.
 KEEP_EVENT_BYTES = 256 * 2**20
 
 
-# R-BUDGET: the outputs of the ended turns kept, in bytes (encoded): past it the oldest ended turns are
+# MEM-OUTPUTS: the outputs of the ended turns kept, in bytes (encoded): past it the oldest ended turns are
 # forgotten first, as past ``keep_results`` (through a journal their results are still answered).
 # ``keep_results`` alone let 10,000 results of up to 32 MiB each stay. Outputs under ``SIZED_OUTPUT``
 # are not counted (``keep_results`` bounds them: 10 MiB at most with the defaults).
@@ -55,7 +55,7 @@ SIZED_OUTPUT = 1024
 
 
 def output_size(output: Any) -> int:
-    """About how many bytes ``output`` takes encoded (R-BUDGET), for a result restored from a
+    """About how many bytes ``output`` takes encoded (MEM-OUTPUTS), for a result restored from a
     journal (a worker's End carries its size: ``output_of``): exact for strings and bytes, an
     encoding for containers, 0 for scalars and what cannot be encoded."""
     if output is None or isinstance(output, (bool, int, float)):
@@ -68,13 +68,13 @@ def output_size(output: Any) -> int:
         return 0
 
 
-# G-KEEP: a follower that took no event while the buffer filled this many times in a row (each
+# EVENTS-KEEP: a follower that took no event while the buffer filled this many times in a row (each
 # time ``max_events // 2`` more events came: ``4 × max_events`` events in all) has stopped reading.
 HOLD_CHECKS = 8
 
 
 class EventReader:
-    """One follower's place in a turn's events (G-KEEP): ``seq`` is the next event it takes;
+    """One follower's place in a turn's events (EVENTS-KEEP): ``seq`` is the next event it takes;
     ``mark`` is where it was when the buffer was last full, ``still`` how many times in a row
     it had not moved by then. A reader that moved within the last ``HOLD_CHECKS`` keeps up,
     and the events it has still to take are kept."""
@@ -87,13 +87,13 @@ class EventReader:
         self.still = 0
 
 
-# T-LEAN: what a turn without events, followers or children holds: one shared empty value each,
+# MEM-LEAN: what a turn without events, followers or children holds: one shared empty value each,
 # never mutated (immutable underneath: a stray ``append`` or ``add`` raises instead of sharing).
 # Every turn used to bring three empty containers of its own, kept with its record for the last
 # ``keep_results`` turns: three of the five objects per turn that Python's cyclic garbage collector
 # tracks. Each collection walks what it tracks, and at thousands of turns a second the collections
 # cost the supervisor more CPU per turn than any other single step of its path (docs/design.md,
-# T-LEAN; tests/test_turn_cpu.py).
+# MEM-LEAN; tests/test_turn_cpu.py).
 _NO_EVENTS: list[msgspec.Raw] = cast("list[msgspec.Raw]", ())
 _NO_WAITERS: list[asyncio.Future[None]] = cast("list[asyncio.Future[None]]", ())
 _NO_CHILDREN: set[str] = cast("set[str]", frozenset())
@@ -102,7 +102,7 @@ _UNHELD_REFS = 2  # ``sys.getrefcount`` of a record only a local name refers to 
 
 class TurnRecord:
     __slots__ = (
-        "__weakref__",  # R-KEEP: the table finds a record evicted by id while a handle holds it
+        "__weakref__",  # API-HANDLE-KEEPS: the table finds a record evicted by id while a handle holds it
         "agent",
         "attempts",
         "cause",
@@ -168,7 +168,7 @@ class TurnRecord:
         self.timeout = timeout
         self.grace = grace
         self.kill_after = kill_after
-        self.state: TurnState = "queued"  # T-STATE: changed only by ``states.move``
+        self.state: TurnState = "queued"  # TURN-STATES: changed only by ``states.move``
         self.cause: Cause | None = None  # first cause wins
         self.started = False
         self.worker: WorkerSlot | None = None
@@ -176,24 +176,24 @@ class TurnRecord:
         self.submitted_at = now
         self.started_at: float | None = None
         self.ended_at: float | None = None
-        # K-HANDOVER: the loop clock when the first escalation signal went out (the kill decision:
+        # LADDER-HANDOVER: the loop clock when the first escalation signal went out (the kill decision:
         # from then on the turn's outcome is ``killed``), and when its worker's exit was seen (its
         # slot goes to another worker there, while the tree is reaped).
         self.escalated_at: float | None = None
         self.exited_at: float | None = None
-        self.events: list[msgspec.Raw] = _NO_EVENTS  # T-LEAN: a list of its own from the first event
+        self.events: list[msgspec.Raw] = _NO_EVENTS  # MEM-LEAN: a list of its own from the first event
         self.events_base = 0  # sequence number of events[0] (older ones were dropped)
-        self.events_bytes = 0  # G-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
-        self.trim_at = 0  # G-KEEP: the buffer is looked at again past this many events (0: max_events)
-        self.readers: list[EventReader] | None = None  # G-KEEP: its followers' positions
-        # T-LEAN: a list of its own from the first wait
+        self.events_bytes = 0  # EVENTS-KEEP: what ``events`` holds (each: its size + EVENT_OVERHEAD)
+        self.trim_at = 0  # EVENTS-KEEP: the buffer is looked at again past this many events (0: max_events)
+        self.readers: list[EventReader] | None = None  # EVENTS-KEEP: its followers' positions
+        # MEM-LEAN: a list of its own from the first wait
         self.waiters: list[asyncio.Future[None]] = _NO_WAITERS
         self.result: TurnResult | None = None
         # The futures of the ``result()`` calls waiting for it (``wait_done``), each its own; set
         # and dropped when the result is out (``set_done``).
         self.done: list[asyncio.Future[None]] | None = None
-        self.children: set[str] = _NO_CHILDREN  # T-LEAN: a set of its own from the first child
-        self.trace: str | None = None  # T-TRACE: the ``traceparent`` its agent's spans nest under
+        self.children: set[str] = _NO_CHILDREN  # MEM-LEAN: a set of its own from the first child
+        self.trace: str | None = None  # OBS-TRACE: the ``traceparent`` its agent's spans nest under
         self.spawn_origin: tuple[Any, int] | None = None  # (worker slot, request id) of a spawn
         self.pending_result: TurnResult | None = None  # held until live children have ended
         self.timer: Timer | None = None  # the deadline (timeout), armed when the turn starts
@@ -201,9 +201,9 @@ class TurnRecord:
         self.attempts = 1
         self.retry = False
         self.revoking = False  # a Revoke for this handed turn is on its way to the worker
-        # The dispatch gate (J6, ``Supervisor.set_dispatch_gate``): with a journal a turn is handed
+        # The dispatch gate (JOURNAL-GATE, ``Supervisor.set_dispatch_gate``): with a journal a turn is handed
         # to a worker only once its accept row is committed (``recorded``) and a row saying it may
-        # run is committed (``dispatchable``: cleared). J6-WITH: the gate may ask for that row as
+        # run is committed (``dispatchable``: cleared). JOURNAL-GATE-SHARE: the gate may ask for that row as
         # soon as the accept row is written (``written``: queued to the journal, so any row
         # written later commits with it or after it), before it is committed; both rows are then
         # committed before the turn is handed. Without a gate all three are true from the start.
@@ -211,15 +211,15 @@ class TurnRecord:
         self.written = True
         self.dispatchable = True
         self.clearing = False  # its "may run" row is being written
-        # R-ID: the input's digest once the input itself is freed (the turn ended), so a later
+        # API-TURN-ID: the input's digest once the input itself is freed (the turn ended), so a later
         # submit under this id can still be told apart; None while the input is held, or unknown.
         self.digest: int | None = None
         self.id_chosen = False  # the caller chose the id (the idempotency case): canonical digest
-        self.output_bytes = 0  # R-BUDGET: its output's encoded size, as the worker sent it (``output_of``)
+        self.output_bytes = 0  # MEM-OUTPUTS: its output's encoded size, as the worker sent it (``output_of``)
 
     async def changed(self) -> None:
         """Wait until the turn has news for its followers (an event, its end): ``wake_followers``.
-        T-WAIT: a bare future per wait, as ``wait_done``: paid once per event per follower."""
+        API-BARE-FUTURE: a bare future per wait, as ``wait_done``: paid once per event per follower."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.waiters:
             self.waiters.append(fut)
@@ -235,14 +235,14 @@ class TurnRecord:
                     fut.set_result(None)
 
     def add_child(self, child_id: str) -> None:
-        """A child turn spawned by this one (the only way a child is recorded: T-LEAN)."""
+        """A child turn spawned by this one (the only way a child is recorded: MEM-LEAN)."""
         if self.children:
             self.children.add(child_id)
         else:
             self.children = {child_id}
 
 
-# T-WAIT: ``result()`` waits on a bare future of its own per call, not an ``asyncio.Event``: an
+# API-BARE-FUTURE: ``result()`` waits on a bare future of its own per call, not an ``asyncio.Event``: an
 # event per awaited turn cost its construction, a loop check under a lock and a deque, ≈ 1 µs more
 # per waiter (wake-up and re-wait: 1.9 µs against 0.85 µs, 100k rounds). Each waiter's future is
 # its own, so a waiter that is cancelled cancels only its own, as with an event.
@@ -263,8 +263,8 @@ async def wait_done(turn: TurnRecord) -> None:
 
 
 def set_done(turn: TurnRecord) -> None:
-    """The turn's result is out (or it was set aside, D-KEEP): wake every ``wait_done``. The
-    list is dropped from the record (T-LEAN): a kept record holds no spent waiters."""
+    """The turn's result is out (or it was set aside, DAEMON-KEEP-QUEUED): wake every ``wait_done``. The
+    list is dropped from the record (MEM-LEAN): a kept record holds no spent waiters."""
     waiters = turn.done
     if waiters is not None:
         turn.done = None
@@ -273,7 +273,7 @@ def set_done(turn: TurnRecord) -> None:
                 fut.set_result(None)
 
 
-# R-ID: what makes two submits under one id the same request.
+# API-TURN-ID: what makes two submits under one id the same request.
 _SORTED = msgspec.msgpack.Encoder(order="sorted")
 
 
@@ -336,7 +336,7 @@ class TurnTable:
 
     ``records`` maps turn id to record; ``ended`` lists ended ids oldest first, so the oldest
     ended record is forgotten once more than ``keep`` have ended (results retention, one place
-    for turns that end here and for results restored from a journal). E-BUDGET: the events of
+    for turns that end here and for results restored from a journal). MEM-EVENTS: the events of
     ended turns are kept within ``keep_event_bytes`` in all, the oldest turns' dropped first.
     """
 
@@ -362,17 +362,17 @@ class TurnTable:
         keep_result_bytes: int = KEEP_RESULT_BYTES,
     ) -> None:
         self.records: dict[str, TurnRecord] = {}
-        # R-KEEP: ended records evicted from ``records`` that a handle still holds (weakly here).
+        # API-HANDLE-KEEPS: ended records evicted from ``records`` that a handle still holds (weakly here).
         self.held: weakref.WeakValueDictionary[str, TurnRecord] = weakref.WeakValueDictionary()
         self.ended: collections.deque[str] = collections.deque()
         self.keep = keep
         self.max_events = max_events
-        # E-BUDGET: ended turns that kept events, oldest first, each with the bytes it was counted
+        # MEM-EVENTS: ended turns that kept events, oldest first, each with the bytes it was counted
         # for (``events_bytes`` at its end); ``ended_bytes`` is their sum.
         self.keep_event_bytes = keep_event_bytes
         self.ended_events: collections.deque[tuple[TurnRecord, int]] = collections.deque()
         self.ended_bytes = 0
-        # R-BUDGET: the outputs of at least ``SIZED_OUTPUT`` bytes of the kept ended turns, by id
+        # MEM-OUTPUTS: the outputs of at least ``SIZED_OUTPUT`` bytes of the kept ended turns, by id
         # (smaller ones are bounded by ``keep``), and their sum.
         self.keep_result_bytes = keep_result_bytes
         self.output_sizes: dict[str, int] = {}
@@ -401,7 +401,7 @@ class TurnTable:
 
     def note_ended(self, turn_id: str) -> None:
         """``turn_id`` ended (or was restored ended): keep it, forgetting the oldest ended turns
-        beyond ``keep``, or while the outputs kept pass ``keep_result_bytes`` (R-BUDGET: never the
+        beyond ``keep``, or while the outputs kept pass ``keep_result_bytes`` (MEM-OUTPUTS: never the
         turn that just ended)."""
         ended = self.ended
         ended.append(turn_id)
@@ -420,12 +420,12 @@ class TurnTable:
             old = self.records.get(ended.popleft())
             if old is not None and old.state == "ended":
                 if self.ended_events and self.ended_events[0][0] is old:
-                    self._shed_oldest()  # E-BUDGET: forgotten, so no longer counted
+                    self._shed_oldest()  # MEM-EVENTS: forgotten, so no longer counted
                 if self.output_sizes:
                     self.result_bytes -= self.output_sizes.pop(old.id, 0)
                 del self.records[old.id]
-                # R-KEEP: a handle may still hold it; then its result (and its id) stay reachable.
-                # T-LEAN: only then is it worth a weak reference. With the table's entry deleted,
+                # API-HANDLE-KEEPS: a handle may still hold it; then its result (and its id) stay reachable.
+                # MEM-LEAN: only then is it worth a weak reference. With the table's entry deleted,
                 # two references (``old`` and ``getrefcount``'s argument) mean nobody else has it:
                 # it is freed on return, and a weak reference (made, then removed by its callback
                 # at once) would only cost every evicted turn its churn.
@@ -433,8 +433,8 @@ class TurnTable:
                     self.held[old.id] = old
 
     def _shed_events(self) -> None:
-        """E-BUDGET: the events of ended turns passed ``keep_event_bytes``: drop the oldest turns'
-        events until they fit. A turn a follower is reading now is passed over, in its place (G-KEEP:
+        """MEM-EVENTS: the events of ended turns passed ``keep_event_bytes``: drop the oldest turns'
+        events until they fit. A turn a follower is reading now is passed over, in its place (EVENTS-KEEP:
         a follower that reads keeps what it reads); a follower that comes later gets one
         ``EventsDropped`` for them, then the turn's last event. Results are untouched."""
         pending = self.ended_events
@@ -448,7 +448,7 @@ class TurnTable:
 
     def _shed_oldest(self) -> None:
         """Drop the events of the oldest ended turn counted, all but its last: a follower then
-        reads one ``EventsDropped`` and that event (E-GAP's form: the gap, then the oldest kept;
+        reads one ``EventsDropped`` and that event (EVENTS-DROPPED's form: the gap, then the oldest kept;
         with nothing after the gap it would pass unseen). The last one is copied: a decoded event
         is a view of the whole frame it came in, which it would keep alive."""
         turn, counted = self.ended_events.popleft()
@@ -464,10 +464,10 @@ class TurnTable:
     def add_event(self, turn: TurnRecord, data: msgspec.Raw) -> None:
         """Retain one event of ``turn`` and wake its followers. At most ``max_events`` are
         retained (the older half is dropped when full, and followers skip the gap), except for
-        events a follower that keeps up has still to read (G-KEEP, ``_trim``)."""
+        events a follower that keeps up has still to read (EVENTS-KEEP, ``_trim``)."""
         events = turn.events
         if events is _NO_EVENTS:
-            events = turn.events = []  # T-LEAN: the turn's first event
+            events = turn.events = []  # MEM-LEAN: the turn's first event
         events.append(data)
         turn.events_bytes += len(data) + EVENT_OVERHEAD
         if len(events) > (turn.trim_at or self.max_events):
@@ -475,10 +475,10 @@ class TurnTable:
         turn.wake_followers()
 
     def _trim(self, turn: TurnRecord) -> None:
-        """G-KEEP: the buffer is full. Drop its older half, but not the events that a follower
+        """EVENTS-KEEP: the buffer is full. Drop its older half, but not the events that a follower
         which keeps reading has still to take, while the turn's buffer is within ``HOLD_BYTES``.
         A follower that took nothing while ``HOLD_CHECKS × max_events // 2`` events came has
-        stopped: it holds nothing, its events go as before and it is told (E-GAP). Looked at again
+        stopped: it holds nothing, its events go as before and it is told (EVENTS-DROPPED). Looked at again
         once another ``max_events // 2`` events came, so a flood pays this once per half buffer,
         not per event."""
         events = turn.events
@@ -502,7 +502,7 @@ class TurnTable:
         turn.trim_at = max(self.max_events, len(events) + keep)
 
     def add_reader(self, turn: TurnRecord, seq: int) -> EventReader:
-        """G-KEEP: a follower of ``turn`` starting at ``seq``; it updates ``reader.seq`` as it
+        """EVENTS-KEEP: a follower of ``turn`` starting at ``seq``; it updates ``reader.seq`` as it
         takes events and calls ``drop_reader`` when it stops following."""
         reader = EventReader(seq)
         if turn.readers is None:
@@ -527,7 +527,7 @@ class TurnTable:
         """The turn's events as ``(seq, raw)`` from the oldest retained; ends when the turn ends."""
         turn = self.get(turn_id)
         seq = turn.events_base
-        reader = self.add_reader(turn, seq)  # G-KEEP
+        reader = self.add_reader(turn, seq)  # EVENTS-KEEP
         try:
             while True:
                 if seq < turn.events_base:
@@ -547,10 +547,10 @@ class TurnTable:
     async def events(self, turn_id: str) -> AsyncIterator[Any]:
         """The turn's events decoded, in order, from the first; ends when the turn ends.
 
-        E-GAP: where events were dropped before this follower read them (it fell more than
+        EVENTS-DROPPED: where events were dropped before this follower read them (it fell more than
         ``max_events // 2`` behind, or started after the buffer had overflowed), one
         ``EventsDropped(count, first)`` stands in their place, then the oldest event kept follows.
-        A follower that keeps up never sees one (the worker link yields between batches, R-FAIR)."""
+        A follower that keeps up never sees one (the worker link yields between batches, LINK-FAIR)."""
         decode = wire.decode_payload
         expected = 0
         async for seq, raw in self.follow(turn_id):
@@ -577,7 +577,7 @@ class TurnTable:
         )
         move(turn, "ended")
         turn.result = result
-        turn.output_bytes = output_size(result.output)  # R-BUDGET: not from a worker's frame here
+        turn.output_bytes = output_size(result.output)  # MEM-OUTPUTS: not from a worker's frame here
         turn.cause = result.cause
         turn.started = result.started
         turn.attempts = result.attempts
@@ -598,13 +598,13 @@ class TurnQueue:
         self.waiting: dict[str, collections.deque[TurnRecord]] = {}
         self.active: dict[str, str] = {}  # session -> id of its turn that is ready or running
         self.count = 0  # turns in state "queued"
-        # J6-SKIP: how the head of ``ready`` changed, for the dispatch gate's walk (``Dispatcher``
+        # JOURNAL-GATE-RESUME: how the head of ``ready`` changed, for the dispatch gate's walk (``Dispatcher``
         # remembers how far the cleared turns at the head reach and keeps that up to date from
         # these counts instead of walking them again at every pump).
         self.taken = 0  # turns ``pop`` returned (from the head)
         self.dropped = 0  # ended turns dropped from the head
         self.fronts = 0  # turns pushed back to the front
-        self.gone = 0  # cleared turns (J6) cancelled while queued
+        self.gone = 0  # cleared turns (JOURNAL-GATE) cancelled while queued
 
     def __len__(self) -> int:
         return self.count
@@ -635,7 +635,8 @@ class TurnQueue:
                 self.dropped += 1
                 continue
             if not (turn.dispatchable and turn.recorded):
-                return None  # J6 (J6-WITH: a turn may be cleared before its accept row is committed)
+                # JOURNAL-GATE (JOURNAL-GATE-SHARE: a turn may be cleared before its accept row is committed)
+                return None
             ready.popleft()
             self.count -= 1
             self.taken += 1
@@ -658,7 +659,7 @@ class TurnQueue:
         if turn.dispatchable or turn.clearing:
             self.gone += 1
 
-    # R5: a session's next turn becomes ready only once the current one is quiescent.
+    # TURN-SESSIONS: a session's next turn becomes ready only once the current one is quiescent.
     def session_quiescent(self, turn: TurnRecord) -> None:
         """``turn`` ended: if it was its session's current turn, the session's next queued
         turn (if any) becomes ready."""

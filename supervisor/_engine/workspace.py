@@ -1,14 +1,14 @@
 """What the engine keeps from agents, and what it gives each worker of its own.
 
-* W-OWN: each worker's start marker and End log are memory files with no name (``worker/_ownfile``).
-  ``WorkerFiles`` creates them, keeps a read-only mapping of each and hands the descriptors to the
-  worker, which maps and closes them: no other worker's agent can open them by a path or a
+* SEC-WORKER-FILES: each worker's start marker and End log are memory files with no name
+  (``worker/_ownfile``). ``WorkerFiles`` creates them, keeps a read-only mapping of each and hands the
+  descriptors to the worker, which maps and closes them: no other worker's agent can open them by a path or a
   descriptor, so none can write an end of its own making into another worker's log.
-* W-CWD: agents never run in a directory of the engine's. Each worker runs in a directory of its
+* WORKER-CWD: agents never run in a directory of the engine's. Each worker runs in a directory of its
   own, ``<runtime dir>/work-<pid>-<random>/<worker id>`` (mode 0700), made empty when it starts
   and removed once it is reaped; the engine's private directory (``sup-<pid>-<random>``, the
   worker endpoint) is nobody's working directory. An agent that empties its cwd empties its own.
-* W-BIND: the engine's private directory and its ``workers.sock`` are checked before each worker
+* WORKER-REBIND: the engine's private directory and its ``workers.sock`` are checked before each worker
   start (one ``lstat``); deleted (a temp cleaner, an agent that found them), they are made again and
   the endpoint bound anew, beside the old binding, so the workers already connected stay connected.
   Where that is impossible the start fails with the reason in ``status()["last_start_error"]``.
@@ -30,7 +30,7 @@ log = logging.getLogger("turnpool.supervisor")
 
 
 class WorkerFiles:
-    """One worker's start marker and End log (W-OWN): the descriptors to hand over, and the
+    """One worker's start marker and End log (SEC-WORKER-FILES): the descriptors to hand over, and the
     supervisor's read-only mappings, which stay readable after the worker died."""
 
     __slots__ = ("endlog", "endlog_fd", "marker", "marker_fd")
@@ -60,11 +60,11 @@ class WorkerFiles:
                 setattr(self, name, -1)
 
     def noted(self) -> tuple[str, float] | None:
-        """S1: the turn the worker last noted it started, and when."""
+        """LADDER-EARLY: the turn the worker last noted it started, and when."""
         return lowlevel.marker_read_noted(self.marker.buf) if self.marker is not None else None
 
     def ends(self, pid: int) -> list[tuple[float, End]]:
-        """E1: the ends the worker with ``pid`` logged, oldest first."""
+        """WORKER-END-LOG: the ends the worker with ``pid`` logged, oldest first."""
         return lowlevel.endlog_read(self.endlog.buf, pid) if self.endlog is not None and pid else []
 
     def close(self) -> None:
@@ -91,7 +91,7 @@ def ensure_private(path: Path) -> None:
 
 
 def make_worker_dir(base: Path, worker_id: str) -> str:
-    """W-CWD: a new empty directory for one worker's agents (mode 0700), under ``base``, made
+    """WORKER-CWD: a new empty directory for one worker's agents (mode 0700), under ``base``, made
     again if it was removed. Anything left under the worker's name (it cannot be: ids are never
     reused by one supervisor) is removed first."""
     ensure_private(base)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from . import procs as _procs
 
 
-# P3: workers are forked from a zygote, and stay ours.
+# WORKER-ZYGOTE: workers are forked from a zygote, and stay ours.
 class Zygote:
     def __init__(self, pid: int, req: socket.socket, resp_r: int) -> None:
         self.pid = pid
@@ -105,7 +105,7 @@ class Zygote:
             return False
 
     def probe(self, agent: str, seconds: float) -> int | None:
-        """A-PROBE: ask for a probe of ``agent``; the read end (non-blocking) of the pipe its one
+        """ADAPT-PROBE: ask for a probe of ``agent``; the read end (non-blocking) of the pipe its one
         JSON line comes back on (EOF without it: no answer), or None if the zygote cannot be asked."""
         if self.lost or self._req is None:
             return None
@@ -149,7 +149,7 @@ class Zygote:
             if worker_id == "ready":
                 self.ready = True
             elif worker_id in ("embryo", "watcher"):
-                # R-WATCHER: the pool's watcher is reaped with the embryos once the zygote is gone
+                # TREE-WATCHER: the pool's watcher is reaped with the embryos once the zygote is gone
                 # (it exits by itself once every worker has too).
                 self.embryos.add(pid)
             else:

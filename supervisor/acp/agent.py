@@ -191,7 +191,7 @@ class TurnpoolAgent:
             handle = await self._backend.submit(
                 self._agent, turn_input(session, blocks), session=session.id, **self._times
             )
-        except InvalidAgent as exc:  # A-PROBE: the daemon's probe refused the agent name
+        except InvalidAgent as exc:  # ADAPT-PROBE: the daemon's probe refused the agent name
             raise acp.RequestError(
                 -32602, f"InvalidAgent: {exc}", {"agent": self._agent, "error": "InvalidAgent"}
             ) from None

@@ -1,9 +1,9 @@
-"""A-FRAME: every line the editor sends is checked before the ACP library sees it.
+"""ACP-SCREEN: every line the editor sends is checked before the ACP library sees it.
 
 The ``agent-client-protocol`` package reads one JSON-RPC message per line and takes it for an
 object: a line that is JSON but not an object (``[1, 2]``, ``3``) raised inside its receive loop
 and ended the whole agent, and a line nested 100,000 deep raised ``RecursionError`` there. Here
-each line is decoded first (msgspec, depth-bounded by W-DEEP); a line that is not JSON is answered
+each line is decoded first (msgspec, depth-bounded by LINK-DEPTH); a line that is not JSON is answered
 with JSON-RPC's ``-32700 Parse error``, one that is not an object (or too long, or too deep) with
 ``-32600 Invalid Request``, both with ``"id": null`` as JSON-RPC says, and dropped; every other
 line goes on to the library unchanged, in order. The editor always gets an answer; the agent

@@ -40,7 +40,7 @@ log = logging.getLogger("turnpool.acp")
 # the pool carries (wire.MAX_MESSAGE_SIZE, 32 MiB), far above asyncio's default of 64 KiB.
 STREAM_LIMIT = 64 * 1024 * 1024
 
-# Seconds allowed at exit for a bridged output file to take what was written (S-ACP-FILES).
+# Seconds allowed at exit for a bridged output file to take what was written (ACP-FILES).
 FLUSH_BOUND = 30.0
 
 
@@ -63,7 +63,7 @@ def claim_stdio() -> tuple[int, int]:
 
 def _pollable(fd: int) -> bool:
     """Whether asyncio can watch ``fd`` itself: a pipe or a socket. A regular file (``< in.jsonl``,
-    ``> out.jsonl``), ``/dev/null`` or a terminal is bridged through a pipe instead (S-ACP-FILES)."""
+    ``> out.jsonl``), ``/dev/null`` or a terminal is bridged through a pipe instead (ACP-FILES)."""
     mode = os.fstat(fd).st_mode
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
@@ -93,7 +93,7 @@ async def open_stdio(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, list[threading.Thread]]:
     """asyncio streams on the claimed descriptors, the reader's limit set to ``STREAM_LIMIT``.
 
-    S-ACP-FILES: a side that is not a pipe or a socket (a file, ``/dev/null``, a terminal) is carried
+    ACP-FILES: a side that is not a pipe or a socket (a file, ``/dev/null``, a terminal) is carried
     by a thread through a pipe of our own, since asyncio's pipe transports refuse it. The returned
     threads are the output's copiers: join them after closing the writer, so nothing written is lost.
     """
@@ -135,7 +135,7 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
         # Given explicitly, the times go with every turn: they then hold on a daemon too.
         agent = TurnpoolAgent(backend, args.agent, grace=args.grace, kill_after=args.kill_after)
         raw, writer, flushers = await open_stdio(proto_in, proto_out)
-        reader, pump = screened(raw, writer, STREAM_LIMIT)  # A-FRAME: only JSON objects go on
+        reader, pump = screened(raw, writer, STREAM_LIMIT)  # ACP-SCREEN: only JSON objects go on
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             # Returns at EOF on stdin (the editor went away); in-flight prompts are then cancelled.
@@ -154,7 +154,7 @@ async def serve(args: argparse.Namespace, proto_in: int, proto_out: int) -> int:
 
 
 async def refuse_unrunnable(backend: Any, agent: str) -> None:
-    """A-PROBE: on its own pool, ``InvalidAgent`` before the editor is served when the agent name
+    """ADAPT-PROBE: on its own pool, ``InvalidAgent`` before the editor is served when the agent name
     points at what no worker can run (the probe's answer, as a submit would get it). Connected to
     a daemon, the daemon's probe answers each prompt's submit instead."""
     learn = getattr(backend, "learn_agent", None)

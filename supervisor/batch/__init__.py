@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-# Turns submitted at a time per worker by default (B-WINDOW): as deep as the pool's own prefetch
+# Turns submitted at a time per worker by default (BATCH-WINDOW): as deep as the pool's own prefetch
 # would hand trivial turns ahead, so a worker never waits for the batch's next submit. With 4 per
 # worker (the old default) a 2-worker pool ran trivial jobs at ≈ 7k/s; with 64, ≈ 12-16k/s.
 PER_WORKER = 64

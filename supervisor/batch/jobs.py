@@ -93,7 +93,7 @@ def _check_job(obj: Any, line: int, default_agent: str | None) -> Job | InvalidL
         return InvalidLine(line, "no 'id'")
     if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
         return InvalidLine(line, f"'id' must be a non-empty string or an integer, got {raw_id!r}")
-    # B-CHECK: what would stop the run later is found here, before anything runs.
+    # BATCH-CHECK: what would stop the run later is found here, before anything runs.
     if isinstance(raw_id, str) and not raw_id.isascii() and _SURROGATE.search(raw_id):
         # (no UTF-8 results file, and no turn id, can carry a lone surrogate)
         return InvalidLine(line, f"'id' must be text, got {raw_id!r} (it holds a lone surrogate)")
@@ -188,14 +188,14 @@ def _parse_lines(path: str | PathLike[str]) -> Iterable[tuple[int, Any]]:
             if not text:
                 continue
             try:
-                # B-PARSE: msgspec's decoder first (several times faster); whatever it refuses
+                # BATCH-PARSE: msgspec's decoder first (several times faster); whatever it refuses
                 # (NaN, huge integers, bad UTF-8, bad JSON) goes through ``json`` as before, which
                 # accepts what it always accepted and words the error the same way.
                 yield number, _decode(text)
                 continue
             except (msgspec.DecodeError, ValueError, TypeError):
                 pass
-            except RecursionError:  # W-DEEP (``json`` would recurse as deep)
+            except RecursionError:  # LINK-DEPTH (``json`` would recurse as deep)
                 yield number, InvalidLine(number, f"the line {wire.TOO_DEEP}")
                 continue
             try:

@@ -41,7 +41,7 @@ class ResultLog:
 
     ``write`` appends one line now. ``add`` (what the batch engine uses) appends it in the same
     event-loop iteration: the lines of every job that ended in that iteration go to the kernel in
-    one ``write(2)`` (B-LINES). Still whole lines only, in the order the jobs ended, so a runner
+    one ``write(2)`` (BATCH-LINES). Still whole lines only, in the order the jobs ended, so a runner
     killed at any instant leaves whole lines, but for one case: Linux stops a write to a regular
     file between pages when its writer gets SIGKILL, so the last write can be cut and its last line
     torn (``read_previous`` truncates it on ``--resume``). What it loses is at most the lines of
@@ -69,7 +69,7 @@ class ResultLog:
         self.flush()
 
     def add(self, record: dict[str, Any]) -> None:
-        """Append one record at the end of this event-loop iteration (B-LINES); at once when no
+        """Append one record at the end of this event-loop iteration (BATCH-LINES); at once when no
         event loop runs here."""
         self._pending.append(encode_record(record))
         if self._scheduled:

@@ -46,7 +46,7 @@ log = logging.getLogger("turnpool.batch")
 RETRYABLE = frozenset({"failed", "aborted", "killed", "crashed"})
 DEFAULT_RETRY_ON = frozenset({"crashed", "killed"})
 STOP_INTERRUPTED = "interrupted"
-# B-FULL: a submit refused with QueueFull is retried after a wait growing from the first to the max.
+# BATCH-FULL: a submit refused with QueueFull is retried after a wait growing from the first to the max.
 QUEUE_FULL_FIRST_WAIT = 0.05
 QUEUE_FULL_MAX_WAIT = 2.0
 STOP_ABANDONED = "abandoned"
@@ -133,7 +133,7 @@ STDOUT = "-"  # ``-o -``: results go to standard output, one line each (nothing 
 
 
 def check_output(jobs: object, output: str, *, resume: bool) -> None:
-    """Refuse an output that cannot work, before anything runs (B-OUT).
+    """Refuse an output that cannot work, before anything runs (BATCH-OUTPUT).
 
     ``OutputIsInput`` when it is the jobs file itself (a symlink or hard link to it included:
     results would be appended into the jobs); ``OSError`` naming the directory when it does not
@@ -347,7 +347,7 @@ class BatchRun:
         self._by_cause: Counter[tuple[str, str | None]] = Counter()
         self._interrupted = 0
         self._retries = 0
-        self._full_waits = 0  # submits that met QueueFull and waited (B-FULL)
+        self._full_waits = 0  # submits that met QueueFull and waited (BATCH-FULL)
         self._done = 0
         self._slowest: list[tuple[float, int, dict[str, Any]]] = []
         self._seq = itertools.count()
@@ -463,8 +463,8 @@ class BatchRun:
                 try:
                     handle = await self._submit_call(job, turn_id)
                 except QueueFull:
-                    handle = await self._submit_when_room(job, turn_id)  # B-FULL
-                except InvalidAgent as exc:  # A-PROBE: no worker can run what the name points at
+                    handle = await self._submit_when_room(job, turn_id)  # BATCH-FULL
+                except InvalidAgent as exc:  # ADAPT-PROBE: no worker can run what the name points at
                     refused = TurnResult(
                         turn_id=turn_id,
                         outcome="failed",
@@ -537,7 +537,7 @@ class BatchRun:
             raise
 
     def _submit_call(self, job: Job, turn_id: str) -> Any:
-        """The backend's submit of one attempt, not yet awaited (B-DIRECT: the caller awaits it
+        """The backend's submit of one attempt, not yet awaited (BATCH-DIRECT: the caller awaits it
         itself, so a job's submit costs no coroutine of the engine's own)."""
         return self.backend.submit(
             job.agent,
@@ -552,7 +552,7 @@ class BatchRun:
     async def _submit_when_room(self, job: Job, turn_id: str) -> Any:
         """The submit was refused because the backend is full (``QueueFull``: a daemon's
         ``--max-queue`` shared with other clients): wait and try again, backing off from 50 ms to
-        2 s, for as long as it takes (B-FULL). ``None`` when the run was stopped while waiting."""
+        2 s, for as long as it takes (BATCH-FULL). ``None`` when the run was stopped while waiting."""
         delay = QUEUE_FULL_FIRST_WAIT
         while True:
             if self._stopping is not None:
@@ -602,7 +602,7 @@ class BatchRun:
             "session": job.session,
             "worker_pid": result.worker_pid if result is not None else None,
             "exit_code": result.exit_code if result is not None else None,
-            "submitted_at": round(submitted_wall, 6),  # epoch seconds, as in every JSON output (T1)
+            "submitted_at": round(submitted_wall, 6),  # epoch seconds, as in every JSON output (CLI-TIMES)
             "ended_at": round(time.time(), 6),
             "duration_s": round(duration, 6),
             "queued_s": round(result.queued_s, 6) if result is not None else None,

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         proto_in, proto_out = claim_stdio()
         return anyio.run(serve, args, proto_in, proto_out, backend="asyncio")
-    except InvalidAgent as exc:  # A-PROBE: what the agent name points at, no worker can run
+    except InvalidAgent as exc:  # ADAPT-PROBE: what the agent name points at, no worker can run
         print(f"turnpool acp: InvalidAgent: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (TurnpoolError, OSError, ValueError, TypeError) as exc:

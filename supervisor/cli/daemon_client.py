@@ -97,7 +97,7 @@ def _run(fn: Callable[[], Any]) -> int:
     """Run an async command; map turnpool's errors to messages and exit codes."""
     try:
         return int(anyio.run(fn, backend="asyncio"))
-    except BaseException as exc:  # C-ONE: the same one line whether or not a task group wrapped it
+    except BaseException as exc:  # CLI-ONE-LINE: the same one line whether or not a task group wrapped it
         if innermost(exc, (BrokenPipeError, KeyboardInterrupt)) is not None:
             raise  # ``main`` ends those (quietly, 141; 130)
         usage = innermost(exc, (InvalidAgent, TypeError, ValueError))
@@ -114,7 +114,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         data = json.loads(args.input) if args.input is not None else None
     except json.JSONDecodeError as exc:
         return _fail(f"--input is not valid JSON: {exc}", EXIT_USAGE)
-    except RecursionError:  # W-DEEP
+    except RecursionError:  # LINK-DEPTH
         return _fail(f"--input {wire.TOO_DEEP}", EXIT_USAGE)
 
     async def main() -> int:
@@ -127,13 +127,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 return EXIT_OK
             return await _submit_and_wait(client, args, data)
 
-    # T-TRACE: a trace context handed down the environment (W3C's TRACEPARENT; an invalid one is ignored).
+    # OBS-TRACE: a trace context handed down the environment (W3C's TRACEPARENT; an invalid one is ignored).
     CALLER_TRACE.set(valid_traceparent(os.environ.get("TRACEPARENT")))
     return _run(main)
 
 
 async def _submit_and_wait(client: Any, args: argparse.Namespace, data: Any) -> int:
-    """``submit --wait``/``--follow`` (C-INT): the turn id goes to stderr before any waiting, so it is
+    """``submit --wait``/``--follow`` (CLI-INTERRUPT): the turn id goes to stderr before any waiting, so it is
     never lost. The first Ctrl-C (SIGINT) cancels the turn (cause user) and waits for its end; a
     second stops waiting at once and leaves the turn to its escalation ladder, naming the commands
     that follow it up. Exit 130 either way."""
@@ -228,7 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def print_status_plain(st: dict[str, Any]) -> None:
-    """``status`` when stdout is not a terminal (C-PIPE): tab-separated plain text, every value whole.
+    """``status`` when stdout is not a terminal (CLI-PLAIN): tab-separated plain text, every value whole.
 
     One ``key<TAB>value`` line per daemon fact, then a ``worker`` header line and one ``worker`` row
     per worker (``grep ^worker``, ``cut -f``): nothing is cut to a terminal's width."""
@@ -298,7 +298,7 @@ def render_status(st: dict[str, Any]) -> None:
         f"turnpool daemon pid {daemon.get('pid', st.get('pid'))} at {daemon.get('endpoint', '?')} "
         f"({st.get('state')}{'' if daemon.get('accepting', True) else ', not accepting'})"
     )
-    if daemon.get("journal_error"):  # J7: why submits are refused
+    if daemon.get("journal_error"):  # JOURNAL-UNAVAILABLE: why submits are refused
         console.print(f"journal unavailable: {daemon['journal_error']}", markup=False)
     table = Table(title="workers")
     for col in ("id", "pid", "state", "turn", "turns run", "RSS MiB"):

@@ -1,12 +1,12 @@
 """``turnpool history`` and ``turnpool result``: past turns read from a daemon's journal.
 
 They read the journal file directly (read-only; SQLite's WAL lets a live daemon keep
-writing), so they work whether or not the daemon is running. Which file (C-JOURNAL): ``--journal
+writing), so they work whether or not the daemon is running. Which file (CLI-HISTORY): ``--journal
 PATH`` when given; else the running daemon at ``--endpoint`` is asked where its journal is (it
 may have been started with ``--journal PATH``, or ``--no-journal``: then there is none, and
 that is said); with no daemon running, the default journal of that endpoint.
 
-Output (C-PIPE, T1): ``--json`` prints one object per line with epoch-second timestamps and the
+Output (CLI-PLAIN, CLI-TIMES): ``--json`` prints one object per line with epoch-second timestamps and the
 cause written ``{"kind": K}`` as in results; a table on a terminal; tab-separated text with a
 header row when stdout is not a terminal (every value whole). Times in text are ISO 8601 UTC.
 """
@@ -51,7 +51,7 @@ def _since(value: str) -> float:
 
 
 def iso_utc(ts: float | None) -> str:
-    """An epoch time as ISO 8601 UTC to the second (``2026-12-01T01:40:52Z``), for text output (T1)."""
+    """An epoch time as ISO 8601 UTC to the second (``2026-12-01T01:40:52Z``), for text output (CLI-TIMES)."""
     if ts is None:
         return ""
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -89,7 +89,7 @@ def register(sub: Any) -> None:
 
 
 def _path(args: argparse.Namespace) -> str:
-    """``--journal``, else the journal of the daemon at ``--endpoint`` (C-JOURNAL): asked of the
+    """``--journal``, else the journal of the daemon at ``--endpoint`` (CLI-HISTORY): asked of the
     daemon when it runs, else that endpoint's default path. Raises ``JournalError`` when the
     running daemon keeps no journal."""
     if args.journal:
@@ -137,7 +137,7 @@ def _daemon_journal(endpoint: str) -> tuple[bool, str | None]:
 
 
 def history_json(row: dict[str, Any]) -> dict[str, Any]:
-    """A journal row as ``history --json`` prints it: the cause as in results (T2)."""
+    """A journal row as ``history --json`` prints it: the cause as in results (CLI-CAUSE)."""
     out = dict(row)
     out["cause"] = {"kind": row["cause"]} if row.get("cause") else None
     return out
@@ -172,14 +172,14 @@ def history(args: argparse.Namespace) -> int:
     except (JournalError, ValueError) as exc:
         print(f"turnpool history: {exc}", file=sys.stderr)
         return 2
-    if args.steps:  # S-INSPECT
+    if args.steps:  # LOOP-STEP-INSPECT
         for row in rows:
             row["steps"] = steps_summary(turn_steps(path, row["turn_id"]))
     if args.json:
         for row in rows:
             print(json.dumps(history_json(row)))
         return 0
-    if not sys.stdout.isatty():  # C-PIPE: plain, whole values, one header row
+    if not sys.stdout.isatty():  # CLI-PLAIN: plain, whole values, one header row
         print("\t".join(HISTORY_COLUMNS + (("steps",) if args.steps else ())))
         for row in rows:
             print("\t".join(" ".join(c.split()) if c else "" for c in _cells(row)))
@@ -200,7 +200,7 @@ def result(args: argparse.Namespace) -> int:
     try:
         check_known_id("TURN_ID", args.turn_id)
         path = _path(args)
-        if args.steps:  # S-INSPECT: a turn still running (or crashed, before it resumed) too
+        if args.steps:  # LOOP-STEP-INSPECT: a turn still running (or crashed, before it resumed) too
             return _print_steps(path, args.turn_id)
         res = read_result(path, args.turn_id)
     except (JournalError, ValueError) as exc:

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         return int(args.func(args) or 0)
-    except BaseException as exc:  # noqa: BLE001 - C-ONE: every command, every path: one line, a documented code
+    except BaseException as exc:  # noqa: BLE001 - CLI-ONE-LINE: every command, every path: one line, a documented code
         return _exit_for(exc)
 
 

@@ -123,5 +123,5 @@ PATH_HELP = (
 
 
 def add_path(parser: argparse.ArgumentParser, *, help: str = PATH_HELP) -> None:
-    """``--path DIR`` (repeatable): where workers import agents from (R-PATH)."""
+    """``--path DIR`` (repeatable): where workers import agents from (WORKER-PATH)."""
     parser.add_argument("--path", dest="path", action="append", default=None, metavar="DIR", help=help)

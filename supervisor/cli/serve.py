@@ -139,7 +139,7 @@ DEFAULTS: dict[str, Any] = {"drain": 30.0, "metrics_host": "127.0.0.1", "log_lev
 
 
 JOURNAL_CLOSE_TIMEOUT = 5.0
-"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (J7)."""
+"""Seconds ``turnpool serve`` waits for its journal at shutdown before giving up (JOURNAL-UNAVAILABLE)."""
 
 
 def _flag(name: str) -> str:
@@ -261,7 +261,8 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _isolation_options(opts: dict[str, Any]) -> dict[str, Any]:
-    """``--path``, ``--worker-log`` and ``--worker-log-max-mb`` as ``Supervisor`` options (R-PATH, R-OUT).
+    """``--path``, ``--worker-log`` and ``--worker-log-max-mb`` as ``Supervisor`` options (WORKER-PATH,
+    WORKER-OUTPUT).
 
     The daemon's workers import from the ``--path`` directories only (nothing implicit), and
     write their output to a rotated log file by default, never to the daemon's stderr.
@@ -300,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     sup = {name: opts.pop(name) for name, _, _ in SUPERVISOR_OPTIONS if name in opts}
-    if "allow_agents" in opts:  # A-ALLOW: the supervisor refuses other agents, spawned ones too
+    if "allow_agents" in opts:  # SEC-ALLOW: the supervisor refuses other agents, spawned ones too
         sup["allow_agents"] = opts.pop("allow_agents")
     try:
         sup.update(_isolation_options(opts))
@@ -308,7 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(f"serve: {exc}", EXIT_USAGE)
     journal_path = opts.pop("journal", None)
     keep_days = opts.pop("keep_days", None)
-    keep_turns = opts.pop("keep_turns", None)  # J-KEEP: None here means the journal's default
+    keep_turns = opts.pop("keep_turns", None)  # JOURNAL-KEEP-NEWEST: None here means the journal's default
     journal_events = bool(opts.pop("journal_events", False))
     no_journal = bool(opts.pop("no_journal", False))
     http_options: dict[str, Any] = {
@@ -370,7 +371,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         attach_journal(daemon, journal)
         code = run_daemon(daemon)
     finally:
-        # J7: bounded even when the disk stalls or fails; what could not be written is said.
+        # JOURNAL-UNAVAILABLE: bounded even when the disk stalls or fails; what could not be written is said.
         if not journal.close(timeout=JOURNAL_CLOSE_TIMEOUT):
             print(
                 f"turnpool serve: journal {journal.path} could not be written at shutdown "

@@ -1,4 +1,4 @@
-"""``--steps`` for ``turnpool result`` and ``turnpool history`` (S-INSPECT): a turn's step records as
+"""``--steps`` for ``turnpool result`` and ``turnpool history`` (LOOP-STEP-INSPECT): a turn's step records as
 its journal holds them: each model step and each tool call's state (``not_started``, ``started``,
 ``completed``, ``not_recorded``), so an operator sees which calls completed before a crash."""
 

@@ -87,7 +87,7 @@ class Client(PipelinedMany, OwnedStreams):
         curve_secret_key: str | os.PathLike[str] | None = None,
         follow_window: int = 1024,
     ) -> None:
-        self.endpoint = check_endpoint(endpoint or default_endpoint())  # R-EP: fail fast, never hang
+        self.endpoint = check_endpoint(endpoint or default_endpoint())  # CLI-ENDPOINT: fail fast, never hang
         self.timeout = check_seconds("timeout", timeout, allow_none=False, positive=True)
         self.request_timeout = check_seconds(
             "request_timeout", request_timeout, allow_none=False, positive=True
@@ -110,11 +110,11 @@ class Client(PipelinedMany, OwnedStreams):
         self._pending: dict[int, _Reply | _Replies | _Many] = {}
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of _sock, for NOBLOCK I/O
         self._loop: asyncio.AbstractEventLoop | None = None
-        # B1: requests made in one pass of the event loop leave as one batch frame (protocol 3).
+        # CLIENT-BATCHES: requests made in one pass of the event loop leave as one batch frame (protocol 3).
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._pass = LoopFlush(self._flush)  # B1: its loop is set at connect
-        self._edge: ReadableEdge | None = None  # L-EDGE: the socket's reader, while connected
+        self._pass = LoopFlush(self._flush)  # CLIENT-BATCHES: its loop is set at connect
+        self._edge: ReadableEdge | None = None  # LINK-EDGE: the socket's reader, while connected
         # Bounded waits in the order they began; every bound is request_timeout, so deadlines come
         # in order too: one timer for the oldest replaces a timer per request.
         self._deadlines: deque[_Reply | _Replies | _Many] = deque()
@@ -125,7 +125,7 @@ class Client(PipelinedMany, OwnedStreams):
         self.protocol = client_link.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
-    # D7: never hang on a missing daemon (connect and request timeouts).
+    # CLIENT-NO-HANG: never hang on a missing daemon (connect and request timeouts).
     def connect(
         cls,
         endpoint: str | None = None,
@@ -187,10 +187,10 @@ class Client(PipelinedMany, OwnedStreams):
         frame. This task only owns the registration."""
         assert self._sync is not None and self._loop is not None
         self._edge = ReadableEdge(self._sync, self._on_readable)
-        await self._edge.watch()  # L-EDGE
+        await self._edge.watch()  # LINK-EDGE
 
     def _on_readable(self) -> None:
-        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left (L-EDGE).
+        # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left (LINK-EDGE).
         sync = self._sync
         if sync is None or sync.closed:
             return
@@ -225,7 +225,7 @@ class Client(PipelinedMany, OwnedStreams):
 
     def _post(self, msg: Any) -> None:
         """Send ``msg``: at once during the handshake (and to a daemon below protocol 3), else into
-        the outgoing batch, flushed at the end of this pass of the event loop (B1). Raises
+        the outgoing batch, flushed at the end of this pass of the event loop (CLIENT-BATCHES). Raises
         ``ValueError`` for a request above the daemon's size limit, before anything is sent."""
         self._post_frame(self._encode(msg))
 
@@ -267,7 +267,7 @@ class Client(PipelinedMany, OwnedStreams):
             self._fail_pending(self._lost)
             return
         if self._edge is not None:
-            self._edge.after_send()  # L-EDGE: a send can consume the readable edge
+            self._edge.after_send()  # LINK-EDGE: a send can consume the readable edge
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -428,7 +428,7 @@ class Client(PipelinedMany, OwnedStreams):
         """``submit`` then ``result``, in one request: the daemon answers ``Accepted`` and later the
         ``Result`` under the same request id. Raises as ``submit`` does.
 
-        The caller owns the turn (R-RUN-CANCEL): cancelling the task that awaits ``run`` cancels
+        The caller owns the turn (API-RUN-OWNS): cancelling the task that awaits ``run`` cancels
         the turn (cause ``user``) and returns, raising the cancellation, once the daemon reports it
         ended. A wait on a handle's ``result()`` or ``events()`` only observes."""
         make = _submit_request(
@@ -473,7 +473,7 @@ class Client(PipelinedMany, OwnedStreams):
         return reply.result
 
     async def _stop_own_turn(self, pending: _Replies, accepted_id: str | None, asked_id: str | None) -> None:
-        """R-RUN-CANCEL: the caller of ``run`` was cancelled: cancel its turn (cause ``user``) and
+        """API-RUN-OWNS: the caller of ``run`` was cancelled: cancel its turn (cause ``user``) and
         wait for the turn's result, shielded from every cancellation (anyio's, and a native
         ``Task.cancel()``, such as ``asyncio.wait_for``'s). Bounded: a lost daemon ends the wait
         (its ``_Lost`` reply), and a daemon that never acknowledged the submit within
@@ -538,7 +538,7 @@ class Client(PipelinedMany, OwnedStreams):
         accepted = validate_cause(cause)
         if not isinstance(session, str) or not session:
             raise TypeError(f"session must be a non-empty string, got {shown_id(session)}")
-        check_known_id("session", session)  # R-TID: one that cannot be sent is bad input
+        check_known_id("session", session)  # LINK-TURN-ID: one that cannot be sent is bad input
         reply = await self._call(lambda req: client_link.CancelSession(req, session, accepted))
         return list(reply.turn_ids)
 
@@ -596,7 +596,7 @@ class Client(PipelinedMany, OwnedStreams):
                 item = await pending.get()
                 if isinstance(item, client_link.Events):
                     if item.seq > expected:
-                        yield EventsDropped(item.seq - expected, expected)  # G1
+                        yield EventsDropped(item.seq - expected, expected)  # EVENTS-GAP-WHERE
                     expected = item.seq + len(item.data)
                     for raw in item.data:
                         yield decode(raw)

@@ -3,7 +3,7 @@ CURVE keys, the handshake (``Hello``/``Welcome``), and what a refused or lost co
 
 ``Client.open`` and ``Client.aclose`` call these; they read and set the client's connection state
 (its socket, context, tasks and ``_lost``), which the client's request path then uses. A client call
-never hangs on a daemon that is not there (D7): a missing ``ipc://`` socket file or a refused
+never hangs on a daemon that is not there (CLIENT-NO-HANG): a missing ``ipc://`` socket file or a refused
 connection fails at once, a silent one after ``timeout``, a refused key as an authentication error.
 """
 
@@ -43,7 +43,7 @@ async def open_connection(client: Client) -> None:
     ``AuthenticationFailed`` or ``ProtocolError``; nothing is left open when it raises."""
     if client._state != "new":
         raise RuntimeError("a Client connects once")
-    loop = require_asyncio("Client", "SyncClient")  # H1: trio is refused here, at once
+    loop = require_asyncio("Client", "SyncClient")  # API-ASYNCIO: trio is refused here, at once
     client._state = "open"
     path = ipc_path(client.endpoint)
     if path is not None and not path.exists():
@@ -67,7 +67,7 @@ async def open_connection(client: Client) -> None:
     client._sock = sock
     client._sync = zmq.Socket.shadow(sock.underlying)
     client._loop = client._pass.loop = loop
-    # H1: the reader and the monitor live in a task of their own, so the client may be
+    # API-ASYNCIO: the reader and the monitor live in a task of their own, so the client may be
     # closed from another task than the one that opened it (Jupyter cells, app lifespans).
     client._tg = Background(f"turnpool client {client.endpoint}")
     await client._tg.start(loop)
@@ -81,7 +81,7 @@ async def open_connection(client: Client) -> None:
                 # the monitor sees every reconnect attempt being refused.
                 welcome = await hello(client)
         if client._auth_failed and client.curve_secret_key is None:
-            # R25: a refused key is an authentication error.
+            # CLIENT-AUTH: a refused key is an authentication error.
             raise AuthenticationFailed(
                 f"the turnpool daemon at {client.endpoint} refused this client: it requires CURVE "
                 "(pass curve_server_key and curve_secret_key)"

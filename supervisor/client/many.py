@@ -1,6 +1,6 @@
-"""``submit_many`` and ``results`` through the daemon, pipelined (M-MANY).
+"""``submit_many`` and ``results`` through the daemon, pipelined (API-MANY).
 
-Every request of the call leaves at once (``Client._post_frame`` packs them into batch frames, B1)
+Every request of the call leaves at once (``Client._post_frame`` packs them into batch frames, CLIENT-BATCHES)
 and one ``_Many`` waits for all their replies: no task, future or round trip per turn. With a
 task per ``submit`` (``asyncio.gather``), a caller's 20,000 tasks were most of a turn's cost
 through the daemon: every garbage collection walked them (issue 16). Mixed into ``Client``, whose
@@ -55,7 +55,7 @@ class PipelinedMany(ManyTurns):
         turn_ids: Sequence[str | None] | None = None,
         retry: bool = False,
     ) -> list[TurnHandle]:
-        """``Supervisor.submit_many`` through the daemon, pipelined (M-MANY): every submit leaves at
+        """``Supervisor.submit_many`` through the daemon, pipelined (API-MANY): every submit leaves at
         once, in batch frames, and one object waits for all the acknowledgements - no task, future
         or round trip per turn. Every input is checked and every request encoded (and held to the
         daemon's size limit) before any is sent. A refusal raises as ``ManyTurns.submit_many``
@@ -69,7 +69,7 @@ class PipelinedMany(ManyTurns):
         if not raws:
             return []
         base = self._take_reqs(len(raws))
-        submit, encode, trace = client_link.Submit, self._encode, caller_trace()  # T-TRACE
+        submit, encode, trace = client_link.Submit, self._encode, caller_trace()  # OBS-TRACE
         frames = [
             encode(
                 submit(base + i, agent, raw, session, timeout, grace, kill_after, tid, False, retry, trace)
@@ -107,7 +107,7 @@ class PipelinedMany(ManyTurns):
         raise refused(first, handles)
 
     async def results(self, turns: Iterable[TurnHandle | str]) -> list[TurnResult]:
-        """``Supervisor.results`` through the daemon, pipelined (M-MANY): every wait leaves at once
+        """``Supervisor.results`` through the daemon, pipelined (API-MANY): every wait leaves at once
         and one object collects the results, in the order given. Raises ``UnknownTurn`` for the
         first unknown id (and drops the other waits). Cancelling it leaves the turns running."""
         ids = turn_ids_of(turns)

@@ -153,14 +153,14 @@ def _submit_request(
 ) -> Callable[[int], client_link.Submit]:
     """Validate and encode a submit here, strictly, before anything is sent (as ``Supervisor`` does)."""
     check_agent(agent)
-    raw = wire.encode_payload(input, what="turn input", exact=True)  # W-IN
+    raw = wire.encode_payload(input, what="turn input", exact=True)  # LINK-EXACT
     session, timeout, grace, kill_after, retry = _submit_options(
         session=session, timeout=timeout, grace=grace, kill_after=kill_after, retry=retry
     )
     turn_id = check_optional_str("turn_id", turn_id)
     # A partial over one tuple, not a closure: a closure keeps a cell per argument alive for as long
     # as the request is in flight, and thousands in flight are walked by every garbage collection.
-    trace = caller_trace()  # T-TRACE: None at once when no trace context is in force
+    trace = caller_trace()  # OBS-TRACE: None at once when no trace context is in force
     return functools.partial(
         _submit_message, (agent, raw, session, timeout, grace, kill_after, turn_id, wait, retry, trace)
     )
@@ -200,7 +200,7 @@ def _error(err: client_link.Error, turn_id: str | None, endpoint: str) -> Except
         return UnknownTurn(turn_id)
     if code == "unknown_turn":
         return TurnpoolError(message)
-    if code == "turn_id_conflict":  # R-ID: the fields that differ are read back from the message
+    if code == "turn_id_conflict":  # API-TURN-ID: the fields that differ are read back from the message
         return TurnIdConflict.from_message(turn_id or "", message)
     for kind, known in SUBMIT_ERROR_CODES:  # the daemon's own table, read the other way
         if known == code:

@@ -1,8 +1,8 @@
-"""What frees a client's state in the daemon (R20, R21): a request the client abandoned, a client
-that went away (seen by a monitor of the ROUTER's disconnects, or by a probe that finds it gone), and
-a client that stopped reading until its send queue was full (its pending requests are dropped and it
-is owed an error for each, delivered as its queue drains). A client never owns a turn (D2): none of
-this cancels one.
+"""What frees a client's state in the daemon (CLIENT-STATE, CLIENT-ISOLATED): a request the client abandoned,
+a client that went away (seen by a monitor of the ROUTER's disconnects, or by a probe that finds it gone), and
+a client that stopped reading until its send queue was full (its pending requests are dropped and it is owed
+an error for each, delivered as its queue drains). A client never owns a turn (DAEMON-NO-OWNER): none of this
+cancels one.
 
 ``ClientWatch`` is composed by ``Daemon`` (``server.py``), whose reply path calls ``forget``,
 ``stall`` and ``pay`` when a send finds a client gone or full. Its collaborators: the per-client
@@ -50,7 +50,7 @@ class ClientWatch:
         if stream is not None:
             stream.scope.cancel()
 
-    # D2: a client never owns a turn: a client gone frees its requests, never cancels a turn.
+    # DAEMON-NO-OWNER: a client never owns a turn: a client gone frees its requests, never cancels a turn.
     def forget(self, ident: bytes) -> None:
         """The client is gone: free everything it held."""
         clients = self.clients
@@ -104,7 +104,7 @@ class ClientWatch:
         """A monitor of the ROUTER's disconnects. Our end has no receive limit, so a burst of
         thousands of disconnects is not cut short (the monitor drops events it cannot queue)."""
         address = f"inproc://turnpool-clients-monitor-{id(self)}"
-        # D-FD: connections accepted are counted (and failed accepts), disconnects free clients.
+        # DAEMON-FD: connections accepted are counted (and failed accepts), disconnects free clients.
         sock.monitor(address, zmq.EVENT_ACCEPTED | zmq.EVENT_ACCEPT_FAILED | zmq.EVENT_DISCONNECTED)
         mon: zmq.asyncio.Socket = sock.context.socket(zmq.PAIR)
         mon.setsockopt(zmq.RCVHWM, 0)
@@ -113,7 +113,7 @@ class ClientWatch:
         return mon
 
     async def watch_disconnects(self, mon: zmq.asyncio.Socket, conns: ClientConnections) -> None:
-        """Count the connections accepted and closed (``conns``, D-FD); a closed one makes its
+        """Count the connections accepted and closed (``conns``, DAEMON-FD); a closed one makes its
         clients suspects, probed soon."""
         from zmq.utils.monitor import parse_monitor_message
 

@@ -1,20 +1,21 @@
-"""The daemon's per-client state, and how it is bounded and freed (rules R20–R22 of ``docs/design.md``).
+"""The daemon's per-client state, and how it is bounded and freed (rules CLIENT-STATE, CLIENT-ISOLATED and
+CLIENT-NO-SKIP of ``docs/design.md``).
 
 A client is a routing id on the daemon's ROUTER. Everything the daemon holds for it lives here:
 its protocol version, its pending requests (result waits, follows, ``when_idle``), each with a
 cancel scope, and the errors it is owed. That state goes away
 
-* when the client abandons a request (``Abandon``, ``Unfollow``) — R20;
-* when the client is gone (R20): ZeroMQ's socket monitor reports each closed connection with
+* when the client abandons a request (``Abandon``, ``Unfollow``) — CLIENT-STATE;
+* when the client is gone (CLIENT-STATE): ZeroMQ's socket monitor reports each closed connection with
   its file descriptor; the clients last heard on that descriptor are *suspects*, and a probe
   (a send under ``ROUTER_MANDATORY``: ``EHOSTUNREACH`` means gone) settles each one. A slow
   sweep probes every client holding requests, in case the monitor missed a disconnect;
-* when the client stops reading (R21): a send that finds its queue at ``SNDHWM`` fails with
+* when the client stops reading (CLIENT-ISOLATED): a send that finds its queue at ``SNDHWM`` fails with
   ``EAGAIN``; its requests are dropped at once and it is owed one error per request
   (``lagged`` for a follow, ``dropped`` otherwise), delivered as soon as its queue has room.
 
 ``FollowStream`` is one follow's flow control: ``window`` events (and ``STREAM_BYTES`` bytes)
-beyond what the client has credited (R22).
+beyond what the client has credited (CLIENT-NO-SKIP).
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ from .._errors import JournalUnavailable
 # a catching-up follower costs one send per batch, not one per event, and a client that never
 # reads holds at most SNDHWM such batches in the daemon.
 EVENTS_BATCH_BYTES = 64 * 1024
-# R-NOWIN: a follow without a window (no credit: nothing tells the daemon what its client read) sends
+# CLIENT-NO-WINDOW: a follow without a window (no credit: nothing tells the daemon what its client read) sends
 # batches of at most this many bytes, so a client that never reads fills its CLIENT_SNDHWM-message queue
 # with 4 MiB, not 16 MiB, before the daemon drops it.
 WINDOWLESS_BATCH_BYTES = 16 * 1024
-# R-SLICE: a batch holds at most this many events (however small they are), so cutting one
+# CLIENT-SLICE: a batch holds at most this many events (however small they are), so cutting one
 # slices a bounded part of the turn's buffer; a stream starts by slicing ``BATCH_GUESS``.
 BATCH_EVENTS = 8192
 BATCH_GUESS = 1024
 # A follow that has just sent waits this long before its next batch, so a flood is sent in a few
 # hundred batches a second per follower instead of one send per event; an idle stream sends at once.
 COALESCE = 0.005
-# G-KEEP: a follower with this many events waiting (or all its credit's worth) gets them at once,
+# EVENTS-KEEP: a follower with this many events waiting (or all its credit's worth) gets them at once,
 # coalesced or not: each send still carries at least this many (or a whole window).
 COALESCE_FULL = 1024
 # Bytes a windowed follow may have in flight (sent, not yet credited), whatever its window.
@@ -77,12 +78,13 @@ class Peer:
         # Messages (or, for a version-3 client, batch frames already encoded) that did not fit its queue.
         self.owed: deque[Any] = deque(maxlen=MAX_OWED)
         self.suspect_since: float | None = None
-        # B1: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
+        # CLIENT-BATCHES: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
         self.out: list[bytes] = []
         self.out_bytes = 0
 
     def hold(self, req: int, scope: anyio.CancelScope | Waiter, kind: str) -> None:
-        """Register a request that waits (R20); a client reusing a live request id replaces that request."""
+        """Register a request that waits (CLIENT-STATE); a client reusing a live request id replaces that
+        request."""
         old = self.tasks.get(req)
         if old is not None:
             old[0].cancel()
@@ -104,7 +106,7 @@ class Waiter:
 
 
 class Gate:
-    """J-GATE: what a submit waits for before it is acknowledged (the journal's commit of its row):
+    """JOURNAL-GATE-WAIT: what a submit waits for before it is acknowledged (the journal's commit of its row):
     settled once, with ``None`` or an exception. Its callbacks run the moment it settles, in order
     (an ``asyncio.Future`` schedules each through ``call_soon``: a handle and a context copy per
     ack, and with thousands of acks in flight their garbage collections cost more than the acks).
@@ -167,7 +169,7 @@ def gate_error(gate: Any) -> BaseException | None:
 
 
 class Ack(Waiter):
-    """A submit waiting for its gates (J-GATE): its cancel scope under the client and its gates'
+    """A submit waiting for its gates (JOURNAL-GATE-WAIT): its cancel scope under the client and its gates'
     callback in one object — a closure, its cells and a counter per submit were most of what the
     garbage collector walked with thousands of acks waiting for a commit."""
 
@@ -215,7 +217,7 @@ class ClientTable:
         self.disconnected_total = 0  # clients freed because they disconnected (ordinary)
         self.gone = 0  # of those, clients that still had requests pending: dropped work
         self.stalled = 0  # clients whose requests were dropped because they stopped reading
-        self.lagged_followers = 0  # follows that fell behind the events kept (told so, R22)
+        self.lagged_followers = 0  # follows that fell behind the events kept (told so, CLIENT-NO-SKIP)
 
     def speaks(self, ident: bytes, version: int) -> bool:
         """Whether the client ``ident`` speaks at least protocol ``version``."""
@@ -254,7 +256,7 @@ class ClientTable:
         return sum(len(p.tasks) for p in self.peers.values())
 
 
-# D6: followers are flow-controlled (window and credit).
+# CLIENT-FLOW: followers are flow-controlled (window and credit).
 class FollowStream:
     """One follow: its cancel scope and, with a window, what the client still allows.
 
@@ -272,7 +274,7 @@ class FollowStream:
         self.inflight: deque[int] = deque()  # sizes of events sent and not yet credited
         self.inflight_bytes = 0
         self._more: anyio.Event | None = None
-        self.guess = BATCH_GUESS  # R-SLICE: how many events to slice for the next batch
+        self.guess = BATCH_GUESS  # CLIENT-SLICE: how many events to slice for the next batch
 
     def allowance(self) -> tuple[int | None, int | None]:
         """How many events and bytes may go now (``None``: no limit); (0, _) means wait."""

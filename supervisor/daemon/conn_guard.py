@@ -1,4 +1,4 @@
-"""D-FD: the daemon's descriptors are shared out, so no flood of connections brings it down.
+"""DAEMON-FD: the daemon's descriptors are shared out, so no flood of connections brings it down.
 
 libzmq accepts every connection to the client endpoint by itself, however many come, and aborts
 the process (SIGABRT) when an ``accept`` on an ``ipc://`` listener — the client endpoint's or the

@@ -3,7 +3,7 @@
 * ``ipc://``: the directory is made 0700; an exclusive ``flock`` on ``<socket>.lock`` (holding
   the pid) is held for the daemon's life, so a second daemon is refused with a clear message and
   a socket file nobody holds the lock for is stale and replaced. The socket file is born 0600
-  (umask during bind) and removed at exit, and so is the lock file (R-LOCK): it is unlinked while
+  (umask during bind) and removed at exit, and so is the lock file (DAEMON-LOCK): it is unlinked while
   still locked, and a claim counts only once the path still names the inode it locked (else it
   opens the path again), so a daemon that locked an unlinked file never believes it holds the
   endpoint. A lock file left by a daemon killed with SIGKILL is taken over by the next daemon on
@@ -11,15 +11,15 @@
 * ``tcp://``: the bind itself refuses a second daemon (``EADDRINUSE``); ``:0`` picks a free port.
   With a CURVE secret key and a directory of allowed client certificates, only those clients
   get in (``zmq.auth``'s asyncio authenticator).
-* Who can reach it (A-SHARED): an ``ipc://`` path is private (the socket 0600 in a 0700
+* Who can reach it (SEC-SHARED): an ``ipc://`` path is private (the socket 0600 in a 0700
   directory, so only this uid connects). ``tcp://`` and abstract ``ipc://@name`` are reachable by
   every local user: they need CURVE (or ``--insecure-tcp``) **and** an agent allowlist
   (``--allow-agent``); without them the daemon refuses to start.
 * Every client-link socket, both sides: ``LINGER`` 0, ``MAXMSGSIZE``; the ROUTER also
   ``ROUTER_MANDATORY`` (a reply to a client that is gone fails instead of vanishing) and a send
   high-water mark of ``CLIENT_SNDHWM`` messages per client, so a client that stops reading makes
-  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (R21), and a
-  handshake deadline (``HANDSHAKE_IVL``, D-FD).
+  the daemon's send fail (``EAGAIN``) instead of growing the daemon's memory (CLIENT-ISOLATED), and a
+  handshake deadline (``HANDSHAKE_IVL``, DAEMON-FD).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class ClientEndpoint:
         insecure_tcp: bool = False,
         agents_restricted: bool = False,
     ) -> None:
-        check_endpoint(address, bind=True)  # R-EP
+        check_endpoint(address, bind=True)  # CLI-ENDPOINT
         if curve_secret_key is not None and curve_clients is None:
             raise ValueError("CURVE needs the directory of allowed client certificates (--curve-clients)")
         if reachable_by_others(address) and curve_secret_key is None and not insecure_tcp:
@@ -77,7 +77,7 @@ class ClientEndpoint:
                 "this user. Give --curve-secret-key FILE and --curve-clients DIR (see zmq.auth), use an "
                 "ipc:// path, or pass --insecure-tcp on a trusted network"
             )
-        # A-SHARED: an endpoint other users can reach names only allowed agents.
+        # SEC-SHARED: an endpoint other users can reach names only allowed agents.
         if reachable_by_others(address) and not agents_restricted:
             raise ValueError(
                 f"refusing to serve {address} without an agent allowlist: other users (and, over tcp, "
@@ -92,9 +92,9 @@ class ClientEndpoint:
         self._auth: Any = None
         self._lock_fd = -1
         self._owns_socket_file = False
-        self.paused = False  # D-FD: unbound while the clients hold their whole share of descriptors
+        self.paused = False  # DAEMON-FD: unbound while the clients hold their whole share of descriptors
 
-    # D1: one daemon per endpoint (flock on <socket>.lock), private by default.
+    # DAEMON-PRIVATE: one daemon per endpoint (flock on <socket>.lock), private by default.
     def claim(self) -> None:
         """Take the endpoint's lock (``ipc://``); raises ``DaemonAlreadyRunning`` if a live daemon has it."""
         path = ipc_path(self.address)
@@ -120,7 +120,7 @@ class ClientEndpoint:
                     "stop it first or choose another --endpoint"
                 ) from None
             try:
-                same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # R-LOCK: not unlinked meanwhile
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # DAEMON-LOCK: not unlinked meanwhile
             except FileNotFoundError:
                 same = False
             if same:
@@ -140,7 +140,7 @@ class ClientEndpoint:
         client_link_options(sock)
         sock.setsockopt(zmq.SNDHWM, CLIENT_SNDHWM)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # D-FD: a connection that has not finished its handshake (CURVE's included) in time is closed.
+        # DAEMON-FD: a connection that has not finished its handshake (CURVE's included) in time is closed.
         sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
         sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)  # fewer accepted in one burst before a pause
         if self.curve_secret_key is not None:
@@ -169,7 +169,7 @@ class ClientEndpoint:
         self._sock = sock
         return sock
 
-    # D-FD: libzmq accepts every connection it is offered and aborts when an ipc accept finds no
+    # DAEMON-FD: libzmq accepts every connection it is offered and aborts when an ipc accept finds no
     # descriptor: while the clients hold their share, the endpoint stops listening.
     def pause(self) -> None:
         """Stop listening (connected clients stay; new ones are refused and ZeroMQ retries)."""
@@ -239,7 +239,7 @@ class ClientEndpoint:
         if self._lock_fd >= 0:
             if path is not None:
                 with contextlib.suppress(OSError):
-                    Path(f"{path}.lock").unlink()  # R-LOCK: unlinked while still locked
+                    Path(f"{path}.lock").unlink()  # DAEMON-LOCK: unlinked while still locked
             os.ftruncate(self._lock_fd, 0)
             os.close(self._lock_fd)
             self._lock_fd = -1

@@ -1,8 +1,8 @@
 """Reading clients' requests off the daemon's ROUTER: frames in a reader callback on the socket's
-edge-triggered FD (B1), a bounded slice of requests per call (J-PIPE), the rest of a frame kept
-in a backlog that shares each later call with what other clients sent meanwhile (J-PIPE-FAIR; a
-client's own later frames wait behind its backlog). Each request goes to ``handle``; a frame that
-is not one well-formed request batch costs one error reply (``malformed``, D5).
+edge-triggered FD (CLIENT-BATCHES), a bounded slice of requests per call (DAEMON-INTAKE-SLICE), the rest of a
+frame kept in a backlog that shares each later call with what other clients sent meanwhile
+(DAEMON-INTAKE-FAIR; a client's own later frames wait behind its backlog). Each request goes to ``handle``; a
+frame that is not one well-formed request batch costs one error reply (``malformed``, CLIENT-BAD-FRAME).
 
 Its collaborators: the ``ClientTable`` (a client is known from its first frame), ``handle`` (one
 request), ``malformed`` (a bad frame), ``pay`` (a client that sends again may read again: the errors
@@ -28,20 +28,20 @@ from worker.zmqlink import ReadableEdge
 if TYPE_CHECKING:
     from .clients import ClientTable, Peer
 
-# Frames read from clients per reader callback before the loop gets a turn (B1).
+# Frames read from clients per reader callback before the loop gets a turn (CLIENT-BATCHES).
 READ_BATCH = 512
-# J-PIPE: requests handled per reader callback. A burst of batch frames (``submit_many`` packs about a
-# thousand submits into a frame) is handled a slice at a time, so that between slices the loop reads
-# the journal's commit replies and hands it the next rows: the writer commits while the daemon
-# accepts, instead of waiting for the whole burst and then holding every dispatch behind one commit.
+# DAEMON-INTAKE-SLICE: requests handled per reader callback. A burst of batch frames (``submit_many`` packs
+# about a thousand submits into a frame) is handled a slice at a time, so that between slices the loop reads
+# the journal's commit replies and hands it the next rows: the writer commits while the daemon accepts,
+# instead of waiting for the whole burst and then holding every dispatch behind one commit.
 READ_MESSAGES = 256
-# J-PIPE-FAIR: while a backlog waits, it gets this share of a call's budget and frames read meanwhile
+# DAEMON-INTAKE-FAIR: while a backlog waits, it gets this share of a call's budget and frames read meanwhile
 # the rest: a client whose frame is not in the backlog is answered within a slice, not after the
 # whole backlog (one frame of a raw client may hold a hundred thousand requests). A client with
 # requests in the backlog has its later frames queued behind them (its own order).
 BACKLOG_SHARE = READ_MESSAGES // 2
 # ... and at most this many frames wait in the backlog: past that, nothing more is read until it
-# shrinks (ZeroMQ's queue, bounded by its high-water mark, holds the rest, as before J-PIPE-FAIR).
+# shrinks (ZeroMQ's queue, bounded by its high-water mark, holds the rest, as before DAEMON-INTAKE-FAIR).
 BACKLOG_FRAMES = 64
 
 
@@ -60,26 +60,26 @@ class Intake:
         self.malformed = malformed
         self.pay = pay
         self.sync: zmq.Socket[bytes] | None = None  # the ROUTER, once bound
-        self.edge: ReadableEdge | None = None  # L-EDGE: set once the daemon's socket is bound
-        # J-PIPE: requests decoded but not handled yet (the rest of a frame past the budget of one
-        # call), in arrival order: (client, the frame's requests, the first not handled).
+        self.edge: ReadableEdge | None = None  # LINK-EDGE: set once the daemon's socket is bound
+        # DAEMON-INTAKE-SLICE: requests decoded but not handled yet (the rest of a frame past the budget of
+        # one call), in arrival order: (client, the frame's requests, the first not handled).
         self.backlog: collections.deque[tuple[bytes, list[Any], int]] = collections.deque()
-        self.behind: dict[bytes, int] = {}  # J-PIPE-FAIR: client -> its frames in the backlog
+        self.behind: dict[bytes, int] = {}  # DAEMON-INTAKE-FAIR: client -> its frames in the backlog
 
     def on_readable(self) -> None:
         # ZeroMQ's FD is edge-triggered: drain until EVENTS says nothing is left, a bounded number
-        # of requests per call (then again from the loop, L-EDGE), so a flood never starves other work.
+        # of requests per call (then again from the loop, LINK-EDGE), so a flood never starves other work.
         sync = self.sync
         if sync is None or sync.closed:
             return
         budget = READ_MESSAGES
         if self.backlog:
-            # J-PIPE-FAIR: part of the slice for the backlog, the rest for what other clients sent.
+            # DAEMON-INTAKE-FAIR: part of the slice for the backlog, the rest for what other clients sent.
             budget = self.drain(BACKLOG_SHARE) + READ_MESSAGES - BACKLOG_SHARE
             if len(self.backlog) >= BACKLOG_FRAMES:
                 self.recheck()
                 return
-        # B6: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
+        # LINK-FLAGS: plain-int flags, bytes instead of ``zmq.Frame`` objects for clients already known.
         getsockopt: Callable[[int], int] = sync.getsockopt  # type: ignore[assignment]
         recv = sync.recv
         peers = self.clients.peers
@@ -88,7 +88,7 @@ class Intake:
                 break
             if not getsockopt(_EVENTS) & _POLLIN:
                 if self.backlog:
-                    self.recheck()  # J-PIPE-FAIR: nothing new, the backlog goes on at the next call
+                    self.recheck()  # DAEMON-INTAKE-FAIR: nothing new, the backlog goes on at the next call
                 return
             try:
                 ident = recv(_NOBLOCK)
@@ -97,7 +97,7 @@ class Intake:
                     body = recv(_NOBLOCK)
                 else:
                     # A new client: its first frame tells which descriptor it came in on, which is
-                    # how a disconnect reported by the monitor finds its client (R20).
+                    # how a disconnect reported by the monitor finds its client (CLIENT-STATE).
                     frame = recv(_NOBLOCK, copy=False)
                     try:
                         fd = frame.get(zmq.SRCFD)
@@ -116,13 +116,13 @@ class Intake:
         self.recheck()
 
     def recheck(self) -> None:
-        """Read again soon, from the loop (once, however often asked before it runs: L-EDGE)."""
+        """Read again soon, from the loop (once, however often asked before it runs: LINK-EDGE)."""
         if self.edge is not None:
             self.edge.again()
 
     def _on_frame(self, ident: bytes, body: bytes, fd: int | None, extra: int, budget: int) -> int:
-        """Handle one frame from a client, at most ``budget`` of its requests now (J-PIPE: the rest
-        wait in the backlog, ahead of anything read later); returns what is left of the budget."""
+        """Handle one frame from a client, at most ``budget`` of its requests now (DAEMON-INTAKE-SLICE: the
+        rest wait in the backlog, ahead of anything read later); returns what is left of the budget."""
         clients = self.clients
         peer = clients.peers.get(ident)
         if peer is None:
@@ -139,7 +139,7 @@ class Intake:
             return budget - 1
         handle = self.handle
         behind = self.behind
-        if ident in behind:  # J-PIPE-FAIR: behind its own requests still in the backlog
+        if ident in behind:  # DAEMON-INTAKE-FAIR: behind its own requests still in the backlog
             behind[ident] += 1
             self.backlog.append((ident, messages, 0))
             return budget - 1

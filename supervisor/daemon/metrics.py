@@ -6,7 +6,7 @@ renders the text format; the HTTP side is a few lines of anyio (GET only, one re
 connection).
 
 Every metric, its type, labels and meaning is in the reference table of ``docs/observability.md``
-(``tests/test_metrics.py`` checks that table against what a scrape shows). M-AGENT: per-agent
+(``tests/test_metrics.py`` checks that table against what a scrape shows). OBS-AGENTS: per-agent
 series carry an ``agent`` label bounded to the first ``AGENT_LABELS`` agent names the daemon sees;
 later names share ``other``, so a client naming agents at will cannot grow the scrape.
 """
@@ -35,13 +35,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnpool.daemon")
 
-# D-FD: scrapes served at once (each holds a descriptor for up to 10 s); one more is closed at once.
+# DAEMON-FD: scrapes served at once (each holds a descriptor for up to 10 s); one more is closed at once.
 METRICS_CONNECTIONS = 16
 ACCEPT_RETRY = 0.1
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Queue and run times of agent turns span milliseconds to hours.
 TURN_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-AGENT_LABELS = 20  # M-AGENT: agent names with a label of their own; the rest are "other"
+AGENT_LABELS = 20  # OBS-AGENTS: agent names with a label of their own; the rest are "other"
 
 
 class MetricsUnavailable(OSError):
@@ -49,14 +49,14 @@ class MetricsUnavailable(OSError):
     bound; the message names the port and what to do."""
 
 
-# D10: metrics are read from the supervisor and daemon at scrape time, not mirrored.
+# OBS-METRICS: metrics are read from the supervisor and daemon at scrape time, not mirrored.
 class Metrics:
     """Counters the daemon keeps, and the collector that reads the rest from the supervisor.
 
     Its collaborators: the ``Supervisor``, and the daemon's own facts read at scrape time —
-    ``malformed`` (client frames refused), ``client_facts`` (R20–R22), ``journal_error`` (J7: why
-    submits cannot be made durable, or ``None``), ``fd_facts`` (D-FD) — and the registries of
-    refused connections and shortages by front end, where it adds its own (``fd_refused``,
+    ``malformed`` (client frames refused), ``client_facts`` (CLIENT-STATE–CLIENT-NO-SKIP), ``journal_error``
+    (JOURNAL-UNAVAILABLE: why submits cannot be made durable, or ``None``), ``fd_facts`` (DAEMON-FD) — and the
+    registries of refused connections and shortages by front end, where it adds its own (``fd_refused``,
     ``fd_shortages``)."""
 
     def __init__(
@@ -77,7 +77,7 @@ class Metrics:
         self.fd_facts = fd_facts
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()
         self.by_agent: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.agents: dict[str, str] = {}  # M-AGENT: agent name -> its label
+        self.agents: dict[str, str] = {}  # OBS-AGENTS: agent name -> its label
         self.accepted = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(
@@ -215,7 +215,7 @@ class Metrics:
         )
         yield CounterMetricFamily(
             "turnpool_worker_endpoint_rebinds",
-            "Times the worker endpoint was bound again after its socket file was deleted (W-BIND)",
+            "Times the worker endpoint was bound again after its socket file was deleted (WORKER-REBIND)",
             value=sup.link.rebinds,
         )
         yield GaugeMetricFamily(
@@ -225,7 +225,7 @@ class Metrics:
         )
 
     def _fds(self) -> Iterator[Metric]:
-        """D-FD: descriptors open and allowed, shortages met, connections refused past a share."""
+        """DAEMON-FD: descriptors open and allowed, shortages met, connections refused past a share."""
         fds = self.fd_facts()
         yield GaugeMetricFamily(
             "turnpool_fds_open", "File descriptors the daemon has open", value=fds["open"] or 0
@@ -278,7 +278,7 @@ class Metrics:
             bound = listener.extra(SocketAttribute.local_port)
             log.info("metrics on http://%s:%s/metrics", host, bound)
             task_status.started(bound)
-            # D-FD: one connection accepted at a time, at most METRICS_CONNECTIONS open; an accept that
+            # DAEMON-FD: one connection accepted at a time, at most METRICS_CONNECTIONS open; an accept that
             # finds no descriptor is counted and retried after a pause, never raised out of the daemon.
             async with anyio.create_task_group() as tg:
                 for one in getattr(listener, "listeners", [listener]):

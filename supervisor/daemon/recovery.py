@@ -7,7 +7,7 @@ Recovery, before clients can connect:
 
 * turns that ended are registered again, so their results can be fetched by id;
 * turns that were queued run again, in their original order (sessions keep their order);
-* turns that may have run (their "dispatched" row, J6, or "running" row is committed) end
+* turns that may have run (their "dispatched" row, JOURNAL-GATE, or "running" row is committed) end
   ``crashed`` (the supervisor was lost), unless they were submitted with ``retry=True``: those
   are queued again, ``attempts`` + 1; a turn still ``queued`` provably never reached a worker;
 * all of them are readmitted whatever ``--max-queue`` says: they were acknowledged;
@@ -50,15 +50,16 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     """Record every turn the daemon accepts in ``journal`` and recover unfinished ones at start.
     Call before ``daemon.serve()``.
 
-    It also installs the supervisor's dispatch gate (J6: a turn reaches a worker only after its
+    It also installs the supervisor's dispatch gate (JOURNAL-GATE: a turn reaches a worker only after its
     accept row and then its "dispatched" row are committed), the lookup of ids the supervisor no
-    longer holds (J8), and the write-failure state (J7: ``daemon.unavailable``)."""
+    longer holds (JOURNAL-LOOKUP), and the write-failure state (JOURNAL-UNAVAILABLE:
+    ``daemon.unavailable``)."""
     loop_box: list[asyncio.AbstractEventLoop] = []
     # The daemon's own context, so that callbacks handed over from the journal's thread run as
     # the loop's own code does (anyio knows its event loop there; a thread's context does not).
     context_box: list[contextvars.Context] = []
 
-    # B3: the journal's thread hands its callbacks over in bursts (a commit of a thousand rows
+    # JOURNAL-CALLBACKS: the journal's thread hands its callbacks over in bursts (a commit of a thousand rows
     # resolves a thousand acks): they queue here and one wake-up of the loop runs them all, in
     # order, instead of a ``call_soon_threadsafe`` (a write to the loop's self-pipe) per row.
     handed: list[tuple[Any, tuple[Any, ...]]] = []
@@ -75,7 +76,7 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
 
     def on_loop(fn: Any, *args: Any) -> None:
         if loop_thread and threading.get_ident() == loop_thread[0] and not handed:
-            fn(*args)  # J-LOOP: the loop read the commit's reply itself
+            fn(*args)  # JOURNAL-DIRECT: the loop read the commit's reply itself
             return
         with handed_lock:
             handed.append((fn, args))
@@ -91,18 +92,19 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             for fn in fns:
                 fn()
             return
-        sup.dispatch_once(fns)  # J6-BATCH: one pump for the whole commit, not one per row
+        sup.dispatch_once(fns)  # JOURNAL-DISPATCH-ONCE: one pump for the whole commit, not one per row
 
     journal.deliver = lambda fns: on_loop(run_all, fns)
     daemon.before_reply.append(journal.hand_over)
 
     def record(turn: TurnRecord, gate: Gate | None) -> None:
-        # The row's callbacks are one object (J-GATE): ``committed`` runs on the loop (B3, J-LOOP).
+        # The row's callbacks are one object (JOURNAL-GATE-WAIT): ``committed`` runs on the loop
+        # (JOURNAL-CALLBACKS, JOURNAL-DIRECT).
         sup = daemon.sup
         assert sup is not None
         row = _AcceptRow(sup, daemon.unrecorded, turn, gate, on_loop)
         journal.accepted(turn, row, row)
-        sup.mark_written(turn)  # J6-WITH: its "dispatched" row may now share this row's commit
+        sup.mark_written(turn)  # JOURNAL-GATE-SHARE: its "dispatched" row may now share this row's commit
 
     def accepted(turn: TurnRecord) -> Any:
         gate = Gate()
@@ -135,7 +137,8 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     def gate(turns: list[TurnRecord]) -> None:
         sup = daemon.sup
         assert sup is not None
-        journal.dispatched([t.id for t in turns], lambda: sup.clear_for_dispatch(turns))  # on the loop (B3)
+        # on the loop (JOURNAL-CALLBACKS)
+        journal.dispatched([t.id for t in turns], lambda: sup.clear_for_dispatch(turns))
 
     def startup(sup: Supervisor) -> None:
         loop_box.append(asyncio.get_running_loop())
@@ -146,8 +149,9 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
             error_changed(journal.error)
         sup.set_dispatch_gate(gate)
         recover(sup, journal)
-        attach_steps(sup, journal)  # S-DURABLE, S-RESUME: records to the journal; resumed turns get theirs
-        journal.attach()  # J-LOOP: from here the loop talks to the writer process itself
+        # LOOP-STEP-DURABLE, LOOP-RESUME: records to the journal; resumed turns get theirs
+        attach_steps(sup, journal)
+        journal.attach()  # JOURNAL-DIRECT: from here the loop talks to the writer process itself
         sup.add_hooks(on_accept=child_accepted)
 
     daemon.startup_hooks.append(startup)
@@ -155,14 +159,15 @@ def attach_journal(daemon: Daemon, journal: Journal) -> None:
     daemon.start_hooks.append(started)
     daemon.end_hooks.append(ended)
     daemon.lookup = journal.lookup
-    daemon.fd_shortages["journal"] = lambda: journal.fd_shortage  # P-FD: counted in status and metrics
-    daemon.journal_path = str(journal.path)  # C-JOURNAL
+    # WORKER-FD-RETRY: counted in status and metrics
+    daemon.fd_shortages["journal"] = lambda: journal.fd_shortage
+    daemon.journal_path = str(journal.path)  # CLI-HISTORY
     if journal.journal_events:
         daemon.event_hooks.append(event)
 
 
 class _AcceptRow:
-    """The callbacks of one accept row (J-GATE), as one object — not three closures and their cells
+    """The callbacks of one accept row (JOURNAL-GATE-WAIT), as one object — not three closures and their cells
     per submit (the garbage collector walked them all while thousands waited for a commit): called
     with no argument when the row is committed (``on_commit``), with ``(why, conflict)`` when its
     batch failed or the id was already there (``on_fail``)."""
@@ -181,7 +186,7 @@ class _AcceptRow:
 
     def __call__(self, why: str | None = None, conflict: bool = False) -> None:
         if why is not None:
-            self.on_loop(self._refused, why, conflict)  # from the writer thread (or the loop, J-LOOP)
+            self.on_loop(self._refused, why, conflict)  # from the writer thread (or the loop, JOURNAL-DIRECT)
             return
         self.sup.mark_recorded(self.turn)
         gate = self.gate
@@ -199,7 +204,7 @@ class _AcceptRow:
 
 def _lost(turn: RecoveredTurn, outcome: str, cause: wire.Cause | None, error: TurnError | None) -> TurnResult:
     """The result of a turn the daemon lost. ``started`` is true for every turn that may have run
-    (``dispatched`` or ``running``, J6): a turn's ``running`` row is committed after its worker
+    (``dispatched`` or ``running``, JOURNAL-GATE): a turn's ``running`` row is committed after its worker
     started it, so a turn that ran just before a SIGKILL is often still ``dispatched``, and a
     result saying it never started would invite a resubmission that runs it twice."""
     now = time.time()
@@ -224,7 +229,8 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
         sup.restore_result(result)
         counts["results"] += 1
     for turn in journal.recover():
-        may_have_run = turn.state in ("dispatched", "running")  # J6: cleared to run, so maybe it did
+        # JOURNAL-GATE: cleared to run, so maybe it did
+        may_have_run = turn.state in ("dispatched", "running")
         if turn.parent is not None:
             if may_have_run:
                 result = _lost(turn, "crashed", None, SUPERVISOR_LOST)
@@ -235,7 +241,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             counts["orphaned"] += 1
             continue
         if sup.allow_agents is not None and not sup.allow_agents.allows(turn.agent):
-            # A-ALLOW: a daemon restarted with a narrower allowlist never imports what it refuses.
+            # SEC-ALLOW: a daemon restarted with a narrower allowlist never imports what it refuses.
             why = f"agent {turn.agent!r} is no longer allowed by this daemon (--allow-agent)"
             result = _lost(turn, "failed", None, TurnError("AgentNotAllowed", why))
             journal.ended(result)
@@ -255,7 +261,7 @@ def recover(sup: Supervisor, journal: Journal) -> dict[str, int]:
             counts["retried"] += 1
         else:
             counts["requeued"] += 1
-        # Everything here was acknowledged once: readmitted whatever --max-queue says (J3).
+        # Everything here was acknowledged once: readmitted whatever --max-queue says (JOURNAL-RECOVERY).
         sup.accept_encoded(
             turn.agent,
             msgspec.Raw(turn.input),

@@ -8,9 +8,9 @@ client link and calls ``handle`` for each decoded request. Its collaborators: th
 its client), ``abandon`` (``ClientWatch``), and the daemon's acceptance path — ``admit``,
 ``answer_result``, ``ack_when_done``, ``cancel_timed`` — its ``status`` and the journal's ``lookup``. Rules
 kept here: a client never owns a turn (a cancel is always explicit), a submit is acknowledged only
-once its journal row is committed (J1, ``Daemon._admit``), a result evicted from memory is answered
-from the journal (J8), and a follower that falls behind the kept events is told so, never given a
-silent gap (R22), in batches that never crowd out the workers or other clients (R21).
+once its journal row is committed (JOURNAL-ACK, ``Daemon._admit``), a result evicted from memory is answered
+from the journal (JOURNAL-LOOKUP), and a follower that falls behind the kept events is told so, never given a
+silent gap (CLIENT-NO-SKIP), in batches that never crowd out the workers or other clients (CLIENT-ISOLATED).
 """
 
 from __future__ import annotations
@@ -86,14 +86,14 @@ class Requests:
         self.cancel_timed = cancel_timed
         self.status = status
         self.lookup = lookup
-        self._fallback = self._result  # one bound method, not one per waiting request (J-GATE)
-        self._probing: dict[bytes, deque[Any]] = {}  # A-PROBE: a client's requests held behind a probe
+        self._fallback = self._result  # one bound method, not one per waiting request (JOURNAL-GATE-WAIT)
+        self._probing: dict[bytes, deque[Any]] = {}  # ADAPT-PROBE: a client's requests held behind a probe
 
-    # D4: requests are multiplexed by req, each answered with its typed reply.
+    # CLIENT-MULTIPLEX: requests are multiplexed by req, each answered with its typed reply.
     def handle(self, ident: bytes, msg: Any) -> None:
         """Answer one decoded request from the client ``ident``.
 
-        A-PROBE: a submit of an agent name not known yet waits (bounded) for the probe that says
+        ADAPT-PROBE: a submit of an agent name not known yet waits (bounded) for the probe that says
         whether a worker can run it; every request read after it waits its turn behind it, so that
         the client's requests are still handled in the order it sent them (a session's order, a
         cancel right behind its submit). Other clients' requests go on meanwhile."""
@@ -180,7 +180,7 @@ class Requests:
             case client_link.WhenIdle(req=req):
                 self.task(self._when_idle, ident, req, key=(ident, req, "when_idle"))
             case client_link.Reload(req=req):
-                done = sup.recycle_workers()  # D-RELOAD
+                done = sup.recycle_workers()  # WORKER-RELOAD
                 self.send(ident, client_link.Reloaded(req, done["workers"], done["busy"]))
 
     def _record(self, ident: bytes, req: int, turn_id: str) -> TurnRecord | None:
@@ -192,7 +192,7 @@ class Requests:
             return None
 
     async def _handle_probed(self, ident: bytes, waiting: deque[Any]) -> None:
-        """A-PROBE: handle the requests of client ``ident`` held behind a submit of an agent name not
+        """ADAPT-PROBE: handle the requests of client ``ident`` held behind a submit of an agent name not
         known yet, in the order they came, each such submit once its name's probe has answered."""
         sup = self.sup
         handled = 0
@@ -202,7 +202,7 @@ class Requests:
                 if type(msg) is client_link.Submit and msg.agent not in sup.agents_known:
                     await sup.learn_agent(msg.agent)
                 elif handled % PROBED_SLICE == PROBED_SLICE - 1:
-                    await anyio.lowlevel.checkpoint()  # J-PIPE-FAIR: other work between slices
+                    await anyio.lowlevel.checkpoint()  # DAEMON-INTAKE-FAIR: other work between slices
                 handled += 1
                 waiting.popleft()
                 try:
@@ -215,7 +215,7 @@ class Requests:
 
     def _accept(self, ident: bytes, msg: client_link.Submit) -> None:
         req = msg.req
-        # T-TRACE: the client's trace context, for the acceptance below (an invalid one is ignored).
+        # OBS-TRACE: the client's trace context, for the acceptance below (an invalid one is ignored).
         traced = CALLER_TRACE.set(valid_traceparent(msg.trace)) if msg.trace is not None else None
         try:
             turn_id, existed, gates = self.admit(
@@ -259,10 +259,11 @@ class Requests:
         for gate in gates:
             try:
                 await gate
-            except JournalUnavailable as exc:  # not durable, so not acknowledged; it never ran (J7)
+            # not durable, so not acknowledged; it never ran (JOURNAL-UNAVAILABLE)
+            except JournalUnavailable as exc:
                 self.send(ident, client_link.Error(req, "journal_unavailable", str(exc)))
                 return
-            except ValueError as exc:  # the id was recorded meanwhile by another submit (J8)
+            except ValueError as exc:  # the id was recorded meanwhile by another submit (JOURNAL-LOOKUP)
                 self.send(ident, client_link.Error(req, "bad_value", str(exc)))
                 return
             except Exception as exc:
@@ -294,13 +295,14 @@ class Requests:
 
         A follower whose next event was dropped from the turn's buffer (it fell more than
         ``max_events`` behind) goes on from the oldest kept event; the jump in ``seq`` is the gap
-        its client reports (G1, R22: never a silent gap). Each batch is one send, then a checkpoint,
-        so followers never crowd out the workers' frames or other clients (R21).
+        its client reports (EVENTS-GAP-WHERE, CLIENT-NO-SKIP: never a silent gap). Each batch is one send,
+        then a checkpoint, so followers never crowd out the workers' frames or other clients
+        (CLIENT-ISOLATED).
         """
         sup = self.sup
         seq = turn.events_base  # a late follower starts at the oldest event kept
         sent_at = -COALESCE
-        reader = sup.table.add_reader(turn, seq)  # G-KEEP: while it moves, its events are kept
+        reader = sup.table.add_reader(turn, seq)  # EVENTS-KEEP: while it moves, its events are kept
         try:
             while True:
                 reader.seq = seq
@@ -309,7 +311,7 @@ class Requests:
                     if not self.clients.speaks(ident, 3):
                         self._lagged(ident, req, turn, base - seq)
                         return
-                    # G1: a version-3 follower goes on from the oldest kept event; the jump in
+                    # EVENTS-GAP-WHERE: a version-3 follower goes on from the oldest kept event; the jump in
                     # ``seq`` is the gap its client reports (``EventsDropped``), never silent.
                     self.clients.lagged_followers += 1
                     seq = base
@@ -323,20 +325,20 @@ class Requests:
                     early = sent_at + COALESCE - anyio.current_time()
                     if early > 0 and turn.state != "ended" and kept - (seq - base) < (count or COALESCE_FULL):
                         # A busy stream sends at most one batch per COALESCE: a flood costs each
-                        # follower a few hundred sends a second, whatever the event rate (R21).
-                        # G-KEEP: unless a whole batch is waiting (all the client's credit, or
+                        # follower a few hundred sends a second, whatever the event rate (CLIENT-ISOLATED).
+                        # EVENTS-KEEP: unless a whole batch is waiting (all the client's credit, or
                         # COALESCE_FULL events): waiting then only lets the follower fall behind.
                         await anyio.sleep(early)
                         continue
-                    # R-SLICE: the batch is cut in C (a slice of about as many events as the last
+                    # CLIENT-SLICE: the batch is cut in C (a slice of about as many events as the last
                     # batch held, the running sum of their sizes, a bisection), not with a Python
                     # step per event, which cost each follower ~60 ns per event: ten followers of a
-                    # flood made the daemon fall behind the workers' frames (R21).
+                    # flood made the daemon fall behind the workers' frames (CLIENT-ISOLATED).
                     i = seq - base
                     stop = kept if count is None else min(kept, i + count)
                     want = min(stop, i + stream.guess)
-                    # R-NOWIN: a window-less follow's batches are smaller, so a client that stopped
-                    # reading fills its queue (and is dropped, R21) after 4 MiB, not 16.
+                    # CLIENT-NO-WINDOW: a window-less follow's batches are smaller, so a client that stopped
+                    # reading fills its queue (and is dropped, CLIENT-ISOLATED) after 4 MiB, not 16.
                     limit = WINDOWLESS_BATCH_BYTES if room is None else min(EVENTS_BATCH_BYTES, room)
                     batch: list[msgspec.Raw] = turn.events[i:want]
                     sizes = list(map(len, batch))
@@ -356,7 +358,8 @@ class Requests:
                 if turn.state == "ended" or turn.pending_result is not None:
                     self.send(ident, client_link.FollowEnd(req))
                     return
-                if turn.state == "kept":  # D-KEEP: set aside for the next start, never started here
+                # DAEMON-KEEP-QUEUED: set aside for the next start, never started here
+                if turn.state == "kept":
                     why = f"turn {turn.id} stays queued in the journal: it runs when the daemon starts again"
                     self.send(ident, client_link.Error(req, "shutting_down", why))
                     return

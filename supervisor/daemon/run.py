@@ -1,6 +1,6 @@
 """Running a daemon: start-up (the supervisor, the startup hooks, the client endpoint, the front
-ends, the ready line), the signals, the shutdown (D8: drain, then disposal wins; D-KEEP: queued
-turns stay in the journal), and ``run_daemon``, the blocking entry of ``turnpool serve``.
+ends, the ready line), the signals, the shutdown (DAEMON-DRAIN: drain, then disposal wins; DAEMON-KEEP-QUEUED:
+queued turns stay in the journal), and ``run_daemon``, the blocking entry of ``turnpool serve``.
 
 ``Daemon.serve`` (``server.py``) calls ``serve_until_stopped``; these functions drive the daemon
 through its state (its supervisor, sockets and task group), as its own methods did.
@@ -35,13 +35,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnpool.daemon")
 
 READY_PREFIX = "turnpool serve: ready on "
-# The daemon's garbage-collection thresholds (B4): a young collection every 20 000 net allocations
+# The daemon's garbage-collection thresholds (DAEMON-GC): a young collection every 20 000 net allocations
 # instead of 700, a full one after 50 of those.
 GC_THRESHOLDS = (20_000, 10, 50)
-# B5: how long the event loop's thread may hold the GIL while another thread (the journal's writer,
+# JOURNAL-GIL: how long the event loop's thread may hold the GIL while another thread (the journal's writer,
 # back from a commit) waits for it; the interpreter's default is 5 ms.
 SWITCH_INTERVAL = 0.0005
-# M-TRIM: how often the daemon looks whether memory it freed is worth handing back to the system.
+# MEM-TRIM: how often the daemon looks whether memory it freed is worth handing back to the system.
 TRIM_EVERY = 1.0
 
 
@@ -61,7 +61,7 @@ async def watch_signals(daemon: Daemon, signals: Any) -> None:
         daemon.stop()
 
 
-# M-TRIM: a burst leaves the daemon resident at its peak, though it freed nearly all of it.
+# MEM-TRIM: a burst leaves the daemon resident at its peak, though it freed nearly all of it.
 async def give_back_memory(daemon: Daemon) -> None:
     """Every ``TRIM_EVERY`` seconds, hand ``malloc``'s free pages back to the system when the
     daemon grew by ``lowlevel.TRIM_SLACK`` since it last did and that much is free
@@ -81,7 +81,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
     ready line; wait for ``stop``; shut down; and close the sockets whatever happened."""
     sup = Supervisor(**daemon.sup_kwargs)
     daemon.use(sup)  # the parts that need the supervisor are built (requests, metrics)
-    # D-FD: the soft descriptor limit up to the hard one, and each front end's share of it.
+    # DAEMON-FD: the soft descriptor limit up to the hard one, and each front end's share of it.
     limit, _ = raise_nofile_limit()
     daemon.fd_budget = FdBudget(limit=limit, workers=sup.workers + sup.spares)
     daemon.conns = ClientConnections(daemon.fd_budget)
@@ -121,7 +121,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
                     listener = None  # served: closed by ``serve``
                 daemon.accepting = True
                 line = f"{READY_PREFIX}{daemon.endpoint} (pid {os.getpid()})"
-                line += f" workers' output: {sup.describe_output()}"  # R-OUT: say where it goes
+                line += f" workers' output: {sup.describe_output()}"  # WORKER-OUTPUT: say where it goes
                 for front_end in daemon.front_ends:
                     announced = await tg.start(front_end)
                     if announced:
@@ -152,7 +152,7 @@ async def serve_until_stopped(daemon: Daemon, signals: Any, ready: Callable[[str
                 await listener.aclose()
 
 
-# D8: shutdown drains, then disposal wins.
+# DAEMON-DRAIN: shutdown drains, then disposal wins.
 async def shutdown(daemon: Daemon) -> None:
     """Stop accepting, let accepted turns run for ``drain`` seconds (unless the drain is skipped),
     set queued turns aside for a journal, dispose the supervisor, and let the requests woken by
@@ -171,7 +171,7 @@ async def shutdown(daemon: Daemon) -> None:
             await sup.when_idle()
             drain.cancel_scope.cancel()
     if daemon.journal_path is not None:
-        # D-KEEP: what never reached a worker stays queued in the journal for the next start.
+        # DAEMON-KEEP-QUEUED: what never reached a worker stays queued in the journal for the next start.
         kept = sup.keep_queued()
         if kept:
             log.info("%d queued turns stay in the journal for the next start", len(kept))
@@ -191,13 +191,13 @@ def run_daemon(daemon: Daemon) -> int:
     def ready(line: str) -> None:
         print(line, flush=True)
 
-    # B4: the daemon keeps thousands of live records (turns in flight, results kept for clients,
+    # DAEMON-GC: the daemon keeps thousands of live records (turns in flight, results kept for clients,
     # acks waiting for the journal); with the interpreter's default thresholds every few thousand
     # turns set off a full collection walking all of them, which cost more CPU than the requests.
     # Objects from start-up are frozen out of collection, and collections run less often.
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    # B5: the journal's writer thread gets the GIL back within half a millisecond of its commit's
+    # JOURNAL-GIL: the journal's writer thread gets the GIL back within half a millisecond of its commit's
     # reply, not after the interpreter's default 5 ms: every ack waits for that hand-back.
     sys.setswitchinterval(SWITCH_INTERVAL)
     try:

@@ -26,8 +26,8 @@ Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
   ``disposed``, escalation, reap) and exits 0; a second signal skips the rest of the drain and
   SIGKILLs every turn being cancelled at once (``Supervisor.kill_now``). SIGHUP (the terminal
   that started ``serve`` closed) drains like SIGTERM instead of killing the daemon outright
-  (D-HUP). With a journal, turns still queued when the drain ends are set aside, not disposed:
-  their rows stay ``queued`` and the next start runs them (D-KEEP).
+  (DAEMON-HUP). With a journal, turns still queued when the drain ends are set aside, not disposed:
+  their rows stay ``queued`` and the next start runs them (DAEMON-KEEP-QUEUED).
 * **Hook sites** for a journal: ``accept_hooks`` (a new turn was accepted; an awaitable it
   returns holds the submit's acknowledgement until it is done, e.g. committed), ``start_hooks``
   (a worker started it), ``end_hooks`` (its one result) — all called on the event loop.
@@ -115,7 +115,7 @@ class Daemon:
             curve_secret_key=curve_secret_key,
             curve_clients=curve_clients,
             insecure_tcp=insecure_tcp,
-            agents_restricted=self.sup_kwargs.get("allow_agents") is not None,  # A-SHARED
+            agents_restricted=self.sup_kwargs.get("allow_agents") is not None,  # SEC-SHARED
         )
         if drain < 0:
             raise ValueError(f"drain must be >= 0 seconds, got {drain}")
@@ -123,7 +123,7 @@ class Daemon:
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
 
-        # D9: hook sites for a journal.
+        # JOURNAL-HOOKS: hook sites for a journal.
         # Hook sites (a durable journal hooks in here). Called on the event loop; must not block.
         # An accept hook may return an awaitable: the submit is acknowledged only once it is done
         # (e.g. the journal row is committed).
@@ -133,27 +133,29 @@ class Daemon:
         self.event_hooks: list[Callable[[TurnRecord, msgspec.Raw], None]] = []  # each event, as emitted
         # Run once the pool is up, before clients can connect (a journal's restart recovery).
         self.startup_hooks: list[Callable[[Supervisor], Any]] = []
-        # Called before replies go out (B2: the journal hands the rows of this loop pass to its
+        # Called before replies go out (JOURNAL-HANDOFF: the journal hands the rows of this loop pass to its
         # writer, so a reply never overtakes the record of what it reports). Must be cheap.
         self.before_reply: list[Callable[[], None]] = []
         # Other front ends (the HTTP API): each is started with ``tg.start`` in the daemon's task
         # group once clients can connect, reports what to add to the ready line (or None), and
         # is cancelled after the supervisor has closed.
         self.front_ends: list[Callable[..., Coroutine[Any, Any, Any]]] = []
-        # J8: where a turn id the supervisor no longer holds may still be recorded (the journal):
+        # JOURNAL-LOOKUP: where a turn id the supervisor no longer holds may still be recorded (the journal):
         # returns its agent, input and result (None until it ended), or None if never recorded.
         self.lookup: Callable[[str], tuple[str, bytes, TurnResult | None] | None] | None = None
-        # J7: why submits cannot be made durable now (a journal write failure); None when they can.
+        # JOURNAL-UNAVAILABLE: why submits cannot be made durable now (a journal write failure); None when
+        # they can.
         self.unavailable: str | None = None
-        # C-JOURNAL: the journal's path (status shows it; ``history`` asks for it); None: no journal.
+        # CLI-HISTORY: the journal's path (status shows it; ``history`` asks for it); None: no journal.
         self.journal_path: str | None = None
-        self.exit_code = 0  # what ``run_daemon`` returns (non-zero: the journal broke, see J7)
-        # J1: turns accepted whose row is not committed yet -> the awaitable of that commit. A repeat
+        # what ``run_daemon`` returns (non-zero: the journal broke, see JOURNAL-UNAVAILABLE)
+        self.exit_code = 0
+        # JOURNAL-ACK: turns accepted whose row is not committed yet -> the awaitable of that commit. A repeat
         # of such an id is acknowledged only once the first one's row is committed.
         self.unrecorded: dict[str, Awaitable[Any]] = {}
 
         self.sup: Supervisor | None = None
-        # D-FD: the descriptor limit's shares (set at start), the client endpoint's connections, and
+        # DAEMON-FD: the descriptor limit's shares (set at start), the client endpoint's connections, and
         # each other front end's count of connections refused past its share (by name).
         self.fd_budget = FdBudget(limit=nofile_limit(), workers=1)
         self.conns = ClientConnections(self.fd_budget)
@@ -167,15 +169,18 @@ class Daemon:
         self._sock: zmq.asyncio.Socket | None = None
         self._sync: zmq.Socket[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (B1)
-        # B1: result requests waiting for a live turn, answered from the end hook (no task each):
+        self._dirty: list[Peer] = []  # version-3 clients with replies in ``peer.out`` (CLIENT-BATCHES)
+        # CLIENT-BATCHES: result requests waiting for a live turn, answered from the end hook (no task each):
         # turn id -> [(client, req, the scope registered under the client)].
         self._result_waiters: dict[str, list[tuple[bytes, int, Waiter]]] = {}
-        self._pass = LoopFlush(self._flush)  # B1: replies made in one pass leave together (loop: _receive)
-        self._clients = ClientTable()  # every client, its follow streams, their counters (R20–R22)
+        # CLIENT-BATCHES: replies made in one pass leave together (loop: _receive)
+        self._pass = LoopFlush(self._flush)
+        # every client, its follow streams, their counters (CLIENT-STATE–CLIENT-NO-SKIP)
+        self._clients = ClientTable()
         self._mon: zmq.asyncio.Socket | None = None
         self.too_large_replies = 0
-        self.heap = lowlevel.HeapKeeper()  # M-TRIM: when to hand freed memory back (``run.give_back_memory``)
+        # MEM-TRIM: when to hand freed memory back (``run.give_back_memory``)
+        self.heap = lowlevel.HeapKeeper()
         self._inflight = 0
         self._inflight_zero = anyio.Event()
         self._cancel_times: dict[str, float] = {}
@@ -184,10 +189,11 @@ class Daemon:
         self._stop_asked: anyio.Event | None = None
         self._skip_drain: anyio.Event | None = None
         # The parts, each given what it reads and writes (never the daemon). What frees a client's
-        # state when it abandons a request, goes or stops reading (R20, R21), called from the reply
-        # path and the requests:
+        # state when it abandons a request, goes or stops reading (CLIENT-STATE, CLIENT-ISOLATED), called from
+        # the reply path and the requests:
         self._watch = ClientWatch(self._clients, self._put, self._send_hwm)
-        self._intake = Intake(self._clients, self._handle, self._malformed, self._watch.pay)  # B1, J-PIPE
+        # CLIENT-BATCHES, DAEMON-INTAKE-SLICE
+        self._intake = Intake(self._clients, self._handle, self._malformed, self._watch.pay)
         # The answers to client requests (one case per request type, and the waiting ones), once
         # the supervisor runs (``use``).
         self._requests: Requests | None = None
@@ -208,7 +214,8 @@ class Daemon:
         )  # fmt: skip
 
     def _lookup(self, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
-        """J8: the journal's record of ``turn_id`` (``lookup``), or ``None`` (none, or no journal)."""
+        """JOURNAL-LOOKUP: the journal's record of ``turn_id`` (``lookup``), or ``None`` (none, or no
+        journal)."""
         return self.lookup(turn_id) if self.lookup is not None else None
 
     def _send_hwm(self) -> int:
@@ -232,7 +239,8 @@ class Daemon:
         self._stop_asked = anyio.Event()
         self._skip_drain = anyio.Event()
         self._inflight_zero = anyio.Event()
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:  # D-HUP
+        # DAEMON-HUP
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             self._endpoint.claim()
             try:
                 await serve_until_stopped(self, signals, ready)
@@ -252,7 +260,7 @@ class Daemon:
 
     async def _receive(self) -> None:
         """Frames from clients are read in a reader callback on the ROUTER's FD (as the engine
-        reads its workers): no future and no task switch per frame (B1). This task only owns
+        reads its workers): no future and no task switch per frame (CLIENT-BATCHES). This task only owns
         the registration."""
         assert self._sync is not None
         self._loop = self._pass.loop = asyncio.get_running_loop()
@@ -260,7 +268,7 @@ class Daemon:
         intake.sync = self._sync
         intake.edge = ReadableEdge(self._sync, intake.on_readable)
         try:
-            await intake.edge.watch()  # L-EDGE
+            await intake.edge.watch()  # LINK-EDGE
         finally:
             intake.drain(None)  # read from the socket: every one of them is answered
             self._flush()
@@ -274,7 +282,7 @@ class Daemon:
             log.exception("request %r failed", msg)
             self._send(ident, client_link.Error(msg.req, "internal", f"{type(exc).__name__}: {exc}"))
 
-    # D5: a bad frame costs one reply.
+    # CLIENT-BAD-FRAME: a bad frame costs one reply.
     def _malformed(self, ident: bytes, why: str) -> None:
         self.malformed += 1
         # Warn about the first few only: a flood of garbage must not flood the log too.
@@ -285,14 +293,14 @@ class Daemon:
     def _send(self, ident: bytes, msg: Any) -> bool:
         """Send one reply; ``False`` when it did not go: the client is gone (``ROUTER_MANDATORY``
         says ``EHOSTUNREACH``: its state is freed) or its queue is full (``SNDHWM``: its requests
-        are dropped and it is owed an error each, R21)."""
+        are dropped and it is owed an error each, CLIENT-ISOLATED)."""
         peer = self._clients.peers.get(ident)
         if peer is None:
-            return False  # R-GONE: every client has a peer from its first frame on; this one went
-        if peer.version:  # after its Hello, B1: replies are batched
+            return False  # CLIENT-GONE: every client has a peer from its first frame on; this one went
+        if peer.version:  # after its Hello, CLIENT-BATCHES: replies are batched
             self._queue_reply(peer, msg)  # goes in ``_flush``, which hands journal rows over first
             return True
-        for before in self.before_reply:  # B2: this reply leaves now; the journal's rows first
+        for before in self.before_reply:  # JOURNAL-HANDOFF: this reply leaves now; the journal's rows first
             before()
         sent = self._put(ident, msg, peer)
         if sent == "gone":
@@ -302,7 +310,7 @@ class Daemon:
         return sent == "ok"
 
     def _queue_reply(self, peer: Peer, msg: Any) -> None:
-        """B1: a reply to a version-3 client joins its outgoing batch; the batches go at the end
+        """CLIENT-BATCHES: a reply to a version-3 client joins its outgoing batch; the batches go at the end
         of this pass of the event loop (``_flush``), so a burst of acks, results and events costs
         one send per client, not one per reply."""
         frame = self._encode_reply(msg, peer)
@@ -315,8 +323,8 @@ class Daemon:
     def _flush(self) -> None:
         """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES``. A
         client whose queue is full (it stopped reading) keeps the frames that did not go, in order,
-        with the errors it is owed (R21). Journal rows written in this pass go to the journal's
-        writer first (``before_reply``, B2): no reply overtakes the record of what it reports."""
+        with the errors it is owed (CLIENT-ISOLATED). Journal rows written in this pass go to the journal's
+        writer first (``before_reply``, JOURNAL-HANDOFF): no reply overtakes the record of what it reports."""
         for before in self.before_reply:
             before()
         dirty, self._dirty = self._dirty, []
@@ -375,7 +383,7 @@ class Daemon:
         assert self._sync is not None
         try:
             send = self._sync.send
-            send(ident, _NOBLOCK_MORE)  # B6: not send_multipart, which ORs enum flags per part
+            send(ident, _NOBLOCK_MORE)  # LINK-FLAGS: not send_multipart, which ORs enum flags per part
             send(frame, _NOBLOCK)
             return "ok"
         except zmq.Again:
@@ -386,9 +394,10 @@ class Daemon:
             return "gone"
         finally:
             if self._intake.edge is not None:
-                self._intake.edge.after_send()  # L-EDGE: a send can consume the readable edge
+                self._intake.edge.after_send()  # LINK-EDGE: a send can consume the readable edge
 
-    # ---- client state: abandon, gone, stalled (R20, R21) -------------------------------
+    # ---- client state: abandon, gone, stalled (CLIENT-STATE, CLIENT-ISOLATED)
+    # -------------------------------
 
     async def submit(
         self,
@@ -410,7 +419,7 @@ class Daemon:
         raw = wire.encode_payload(input, what="turn input")
         assert self.sup is not None
         if type(agent) is str and agent not in self.sup.agents_known:
-            await self.sup.learn_agent(agent)  # A-PROBE
+            await self.sup.learn_agent(agent)  # ADAPT-PROBE
         accepted, existed, gates = self._admit(
             agent,
             raw,
@@ -427,17 +436,18 @@ class Daemon:
 
     def _admit(self, agent: str, raw: msgspec.Raw, **options: Any) -> tuple[str, bool, list[Awaitable[Any]]]:
         """The one acceptance path of every front end: ``(turn_id, existed, gates)``. The submit may be
-        acknowledged once every gate is done (J1: the journal's commit of its row).
+        acknowledged once every gate is done (JOURNAL-ACK: the journal's commit of its row).
 
         Raises ``DaemonShuttingDown`` while draining, ``JournalUnavailable`` while the journal cannot
-        be written (J7), ``TurnIdConflict`` for an id known (here or in the journal, J8) with another
-        agent, input or session (R-ID), and what ``Supervisor.submit`` raises."""
+        be written (JOURNAL-UNAVAILABLE), ``TurnIdConflict`` for an id known (here or in the journal,
+        JOURNAL-LOOKUP) with another agent, input or session (API-TURN-ID), and what ``Supervisor.submit``
+        raises."""
         sup = self.sup
         assert sup is not None
         if sup.allow_agents is not None:
-            sup.allow_agents.check(check_agent(agent))  # A-ALLOW: before any id is looked up
+            sup.allow_agents.check(check_agent(agent))  # SEC-ALLOW: before any id is looked up
         turn_id = options["turn_id"]
-        # D3: submit is idempotent by turn_id (for the same request: R-ID).
+        # DAEMON-IDEMPOTENT: submit is idempotent by turn_id (for the same request: API-TURN-ID).
         known = sup.find(turn_id) if turn_id is not None else None
         if known is not None:
             # Idempotent by turn_id for the same request: the known turn is returned, never run twice
@@ -459,8 +469,8 @@ class Daemon:
         if self.unavailable is not None:
             raise JournalUnavailable(self.unavailable)
         if turn_id is not None and self.lookup is not None:
-            # J8: an id known only to the journal (result evicted, or a lost ack across a restart) is
-            # the existing turn: answered from the record, never run again.
+            # JOURNAL-LOOKUP: an id known only to the journal (result evicted, or a lost ack across a restart)
+            # is the existing turn: answered from the record, never run again.
             found = self.lookup(turn_id)
             if found is not None:
                 known_agent, known_raw, known_result = found
@@ -477,7 +487,7 @@ class Daemon:
                     if not same
                 )
                 if differs:
-                    raise TurnIdConflict(turn_id, differs)  # R-ID
+                    raise TurnIdConflict(turn_id, differs)  # API-TURN-ID
                 return turn_id, True, []
         turn = sup.accept_encoded(agent, raw, **options)
         if self.metrics is not None:
@@ -503,7 +513,7 @@ class Daemon:
         if key is not None:
             peer = self._clients.peers.get(key[0])
             if peer is None:
-                return  # R-GONE: its client is gone (a request read before it went): nobody waits
+                return  # CLIENT-GONE: its client is gone (a request read before it went): nobody waits
         self._inflight += 1
         if self._inflight == 1:
             self._inflight_zero = anyio.Event()
@@ -543,8 +553,8 @@ class Daemon:
         """Answer a result request (``GetResult``, or the second half of a ``run``): at once if the
         turn has ended, from the turn's end otherwise — a callback registered under the client (an
         ``Abandon``, a disconnect or a full queue drops it as it would a task), not a task per
-        request (B1). A turn the supervisor does not hold goes to ``fallback`` (a task: the
-        journal's lookup, J8)."""
+        request (CLIENT-BATCHES). A turn the supervisor does not hold goes to ``fallback`` (a task: the
+        journal's lookup, JOURNAL-LOOKUP)."""
         sup = self.sup
         assert sup is not None
         turn = sup.find(turn_id)
@@ -556,7 +566,7 @@ class Daemon:
             return
         peer = self._clients.peers.get(ident)
         if peer is None:
-            return  # R-GONE: the client is gone; nothing is held for it until the turn ends
+            return  # CLIENT-GONE: the client is gone; nothing is held for it until the turn ends
         scope = Waiter()
         peer.hold(req, scope, "result")
         self._result_waiters.setdefault(turn_id, []).append((ident, req, scope))
@@ -571,12 +581,13 @@ class Daemon:
         existing: bool,
         fallback: Callable[..., Any],
     ) -> None:
-        """Acknowledge a submit once every gate (the journal's commit of its row, J1) is done: one
-        ``Ack`` registered under the client and on its gates, not a task per submit (B1, J-GATE).
-        A gate that failed answers the error instead; the turn never ran (J7)."""
+        """Acknowledge a submit once every gate (the journal's commit of its row, JOURNAL-ACK) is done: one
+        ``Ack`` registered under the client and on its gates, not a task per submit (CLIENT-BATCHES,
+        JOURNAL-GATE-WAIT). A gate that failed answers the error instead; the turn never ran
+        (JOURNAL-UNAVAILABLE)."""
         peer = self._clients.peers.get(ident)
         if peer is None:
-            return  # R-GONE: nobody to acknowledge (the submit is accepted all the same)
+            return  # CLIENT-GONE: nobody to acknowledge (the submit is accepted all the same)
         ack = Ack(self._acked, ident, req, turn_id, gates, wait, existing, fallback)
         peer.hold(req, ack, "result")
         for gate in gates:
@@ -596,7 +607,7 @@ class Daemon:
                 continue
             if isinstance(exc, JournalUnavailable):
                 self._send(ident, client_link.Error(req, "journal_unavailable", str(exc)))
-            elif isinstance(exc, ValueError):  # the id was recorded meanwhile (J8)
+            elif isinstance(exc, ValueError):  # the id was recorded meanwhile (JOURNAL-LOOKUP)
                 self._send(ident, client_link.Error(req, "bad_value", str(exc)))
             else:
                 log.error("accept hook failed for turn %s: %r", turn_id, exc)
@@ -628,7 +639,7 @@ class Daemon:
             self.metrics.turn_ended(turn, result, self._cancel_asked_at(turn, result.cause, asked))
         for hook in self.end_hooks:
             hook(turn, result)
-        # B2: the journal's "ended" row goes to its writer before any client is told the result:
+        # JOURNAL-HANDOFF: the journal's "ended" row goes to its writer before any client is told the result:
         # a reply that leaves at once (``_send``, a client before version 3) hands the rows over
         # first, and batched replies leave in ``_flush``, which does too (a hand-over per ended
         # turn here cost the journal more than the turn's row).
@@ -663,7 +674,8 @@ class Daemon:
         return self._cancelling_at
 
     def client_facts(self) -> dict[str, int]:
-        """What the daemon holds for its clients (R20–R22): status and metrics show these."""
+        """What the daemon holds for its clients (CLIENT-STATE–CLIENT-NO-SKIP): status and metrics show
+        these."""
         clients = self._clients
         return {
             "streams": len(clients.streams),
@@ -684,7 +696,7 @@ class Daemon:
             "pid": os.getpid(),
             "endpoint": self.endpoint,
             "accepting": self.accepting and self.unavailable is None,
-            "journal": self.journal_path,  # C-JOURNAL: where ``history``/``result`` read; None: none
+            "journal": self.journal_path,  # CLI-HISTORY: where ``history``/``result`` read; None: none
             "journal_error": self.unavailable,
             "malformed_frames": self.malformed,
             **self.client_facts(),
@@ -697,7 +709,7 @@ class Daemon:
         return st
 
     def fd_facts(self) -> dict[str, Any]:
-        """D-FD: the descriptor limit, how many are open, the reserve and each front end's share, the
+        """DAEMON-FD: the descriptor limit, how many are open, the reserve and each front end's share, the
         shortages met (``EMFILE``/``ENFILE``, by where) and the connections refused past a share."""
         sup = self.sup
         return {

@@ -2,7 +2,7 @@
 
 Every handler calls public methods only: ``Daemon.submit`` / ``Daemon.status`` and the
 supervisor's ``handle``, ``cancel``, ``cancel_session``, ``follow_raw``, ``turn_info`` and
-``turns``. Bad input is a 4xx with ``{"error": {"code", "message"}}``, never a 500 (R-H1).
+``turns``. Bad input is a 4xx with ``{"error": {"code", "message"}}``, never a 500 (HTTP-BAD-INPUT).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _number(request: Request, name: str, default: float, low: float, high: float
 
 
 def id_segment(value: str) -> str:
-    """R-TID: ``value`` (a turn id or session) as one path segment: every character but letters,
+    """LINK-TURN-ID: ``value`` (a turn id or session) as one path segment: every character but letters,
     digits and ``_.-~`` percent-encoded (``/`` included), and an id of dots only (``.``, ``..``)
     written ``%2E…`` so that no client or proxy takes it for a relative path step."""
     if value.strip(".") == "":
@@ -107,7 +107,7 @@ def _param(request: Request, name: str) -> str:
 
 
 class IdPaths:
-    """R-TID: route on the path as sent, so that an id holding ``/`` (sent as ``%2F``) is one
+    """LINK-TURN-ID: route on the path as sent, so that an id holding ``/`` (sent as ``%2F``) is one
     segment. The server decodes ``%2F`` into ``/`` in ``path``; this rebuilds ``path`` from
     ``raw_path`` with each segment decoded then percent-encoded again (``id_segment``), and the
     handlers decode the id once (``_param``). A path that is not UTF-8 names nothing: 404."""
@@ -182,7 +182,7 @@ async def submit(request: Request) -> Response:
         raise ApiError(400, "bad_type", str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "malformed", f"the body is not JSON: {exc}") from None
-    except RecursionError:  # W-DEEP
+    except RecursionError:  # LINK-DEPTH
         raise ApiError(400, "bad_value", f"the body {wire.TOO_DEEP}") from None
     if req.turn_id is not None:
         differs = _conflict(front, req)
@@ -193,7 +193,7 @@ async def submit(request: Request) -> Response:
                 f"turn {req.turn_id!r} exists with another "
                 f"{' and '.join(differs)}: a turn_id names one request",
             )
-    # T-TRACE: the caller's W3C trace context, carried to the agent (an invalid one is ignored).
+    # OBS-TRACE: the caller's W3C trace context, carried to the agent (an invalid one is ignored).
     CALLER_TRACE.set(valid_traceparent(request.headers.get("traceparent")))
     try:
         turn_id, existed = await front.daemon.submit(
@@ -206,11 +206,11 @@ async def submit(request: Request) -> Response:
             turn_id=req.turn_id,
             retry=req.retry,
         )
-    except AgentNotAllowed as exc:  # A-ALLOW
+    except AgentNotAllowed as exc:  # SEC-ALLOW
         raise ApiError(403, "agent_not_allowed", str(exc)) from None
     except InvalidAgent as exc:
         raise ApiError(400, "invalid_agent", str(exc)) from None
-    except TurnIdConflict as exc:  # R-ID, found by the daemon (e.g. an id known from the journal)
+    except TurnIdConflict as exc:  # API-TURN-ID, found by the daemon (e.g. an id known from the journal)
         raise ApiError(409, "turn_id_conflict", str(exc)) from None
     except QueueFull as exc:
         raise ApiError(429, "queue_full", str(exc), {"retry-after": "1"}) from None
@@ -226,7 +226,7 @@ async def submit(request: Request) -> Response:
         raise ApiError(503, "internal", f"{type(exc).__name__}: {exc}") from None
     if not existed:
         front.inputs.put(turn_id, req.input, len(body))
-    location = f"/v1/turns/{id_segment(turn_id)}"  # R-TID: any accepted id, percent-encoded
+    location = f"/v1/turns/{id_segment(turn_id)}"  # LINK-TURN-ID: any accepted id, percent-encoded
     return _respond(
         _schema.Submitted(turn_id=turn_id, existing=existed), 200 if existed else 201, {"location": location}
     )
@@ -271,7 +271,7 @@ async def get_turn_state(request: Request) -> Response:
 
 
 async def get_turn_steps(request: Request) -> Response:
-    """S-INSPECT: ``GET /v1/turns/{id}/steps``: the turn's step records as steps, each tool call with
+    """LOOP-STEP-INSPECT: ``GET /v1/turns/{id}/steps``: the turn's step records as steps, each tool call with
     its state (from the daemon's memory while it holds them, else from its journal)."""
     front = _front(request)
     turn_id = _param(request, "turn_id")

@@ -1,4 +1,4 @@
-"""What one HTTP connection may cost before anything looks at who sent it (H-BOUND).
+"""What one HTTP connection may cost before anything looks at who sent it (HTTP-BOUND).
 
 uvicorn's ``httptools`` parser keeps a header that never ends in memory without limit (four
 connections streaming one grew a daemon from 45 to 361 MiB), and neither it nor uvicorn times out a

@@ -121,8 +121,8 @@ def _regular(file: Path, mode: int) -> None:
 
 
 def check_access(host: str, port: int, loopback: bool, allow_agents: object) -> None:
-    """A loopback listener can tell its clients' uid (A-PEER, probed now); a listener others can
-    reach (off loopback) needs an agent allowlist besides its token (A-SHARED)."""
+    """A loopback listener can tell its clients' uid (SEC-PEER, probed now); a listener others can
+    reach (off loopback) needs an agent allowlist besides its token (SEC-SHARED)."""
     if loopback:
         check_peer_lookup(f"{host}:{port}")
     elif allow_agents is None:

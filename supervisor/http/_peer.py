@@ -1,4 +1,4 @@
-"""Only the daemon's own user gets in through a loopback HTTP listener (A-PEER).
+"""Only the daemon's own user gets in through a loopback HTTP listener (SEC-PEER).
 
 A loopback TCP port is reachable by every local user, unlike the daemon's ``ipc://`` socket (0600 in
 a 0700 directory). So each connection to a loopback listener is checked once, when it is accepted:
@@ -45,13 +45,13 @@ class SameUserOnly:
             return
         sock = transport.get_extra_info("socket")
         uid = _peers.socket_peer_uid(sock) if sock is not None else None
-        if uid != os.geteuid():  # A-PEER
+        if uid != os.geteuid():  # SEC-PEER
             self.app = _refusal(uid)
             self.front.guard.refused += 1
 
 
 def check_peer_lookup(listen: str) -> None:
-    """A-PEER at start: a loopback listener is served only if this system says who owns a loopback
+    """SEC-PEER at start: a loopback listener is served only if this system says who owns a loopback
     connection (``sock_diag`` or ``/proc/net/tcp``): else every request, the daemon user's too,
     would get 403. Probed on a throwaway loopback connection; ``ValueError`` saying so."""
     try:

@@ -66,7 +66,7 @@ class TurnState(msgspec.Struct, kw_only=True):
 
 
 class StepCall(msgspec.Struct, kw_only=True):
-    """One tool call of a step (S-INSPECT): ``state`` ``not_started``, ``started`` (its outcome
+    """One tool call of a step (LOOP-STEP-INSPECT): ``state`` ``not_started``, ``started`` (its outcome
     unknown if the turn crashed then), ``completed`` (``output``, or ``error``), ``not_recorded``
     (its output was too large to record)."""
 
@@ -313,7 +313,7 @@ def openapi() -> dict[str, Any]:
         },
         "/v1/turns/{turn_id}/steps": {
             "get": {
-                "summary": "The turn's recorded steps, each tool call with its state (S-INSPECT)",
+                "summary": "The turn's recorded steps, each tool call with its state (LOOP-STEP-INSPECT)",
                 "parameters": [turn_id],
                 "responses": {"200": _json(_ref("TurnSteps"), "its steps"), **_errors(404, 503)},
             },

@@ -194,10 +194,10 @@ class HttpFrontEnd:
                 "(every request then carries Authorization: Bearer <token>)"
             )
         check_access(host, port, self.loopback, daemon.sup_kwargs.get("allow_agents"))
-        self.same_user_only = self.loopback  # A-PEER: loopback serves the daemon's uid only (_peer)
+        self.same_user_only = self.loopback  # SEC-PEER: loopback serves the daemon's uid only (_peer)
         self.stall = stall
         self.sse_buffer = sse_buffer
-        self.limits = limits or HttpLimits()  # H-BOUND: what a connection may cost before auth
+        self.limits = limits or HttpLimits()  # HTTP-BOUND: what a connection may cost before auth
         self.bounded: collections.Counter[str] = collections.Counter()  # refusals by why
         self.gate = AcceptGate(self.limits.connections, self.bounded)  # open connections vs the cap
         self.stats: collections.Counter[str] = collections.Counter()
@@ -230,14 +230,14 @@ class HttpFrontEnd:
             "dropped_slow": self.stats["dropped_slow"],
             "refused": self.guard.refused,
             "limits": dataclasses.asdict(self.limits),
-            "bounded": dict(self.bounded),  # H-BOUND: connections refused or closed, by why
+            "bounded": dict(self.bounded),  # HTTP-BOUND: connections refused or closed, by why
         }
 
     def _bind(self) -> socket.socket:
         try:
             infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             family, kind, proto, _, addr = infos[0]
-            sock = CappedSocket(family, kind, proto)  # H-BOUND: no connection accepted past the cap
+            sock = CappedSocket(family, kind, proto)  # HTTP-BOUND: no connection accepted past the cap
             sock.gate = self.gate
         except OSError as exc:
             raise OSError(
@@ -257,7 +257,7 @@ class HttpFrontEnd:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started`` gets the ready line's addition."""
-        # D-FD: at most the HTTP share of the daemon's descriptors (``supervisor/_fds.py``).
+        # DAEMON-FD: at most the HTTP share of the daemon's descriptors (``supervisor/_fds.py``).
         share = self.daemon.fd_budget.share
         if share < self.limits.connections:
             self.limits = dataclasses.replace(self.limits, connections=share)
@@ -270,7 +270,7 @@ class HttpFrontEnd:
         self.url = f"http://{shown}:{self.bound_port}/"
         protocol = type(
             "TurnpoolHTTPProtocol",
-            (BoundsMixin, SameUserOnly, _StallMixin, AutoHTTPProtocol),  # H-BOUND first: every byte
+            (BoundsMixin, SameUserOnly, _StallMixin, AutoHTTPProtocol),  # HTTP-BOUND first: every byte
             {
                 "stall": self.stall,
                 "front": self,
@@ -291,7 +291,7 @@ class HttpFrontEnd:
             timeout_keep_alive=self.limits.keep_alive,  # type: ignore[arg-type]  # call_later takes a float
             timeout_graceful_shutdown=2,
             h11_max_incomplete_event_size=64 * 1024,
-            limit_concurrency=self.limits.connections + 1,  # H-BOUND: the cap is BoundsMixin's
+            limit_concurrency=self.limits.connections + 1,  # HTTP-BOUND: the cap is BoundsMixin's
         )
         server = _Server(config)
         self.server = server

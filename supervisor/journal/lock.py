@@ -1,4 +1,4 @@
-"""One live daemon per journal (J-OWN): what "a daemon owns this journal" is made of.
+"""One live daemon per journal (JOURNAL-ONE-DAEMON): what "a daemon owns this journal" is made of.
 
 Two locks, taken by ``Journal.open`` and held for the daemon's life, each inherited by the journal's
 writer process (so no second daemon opens the journal while a stuck writer might still write to it):
@@ -35,8 +35,8 @@ from pathlib import Path
 
 from .schema import JournalError, JournalLocked
 
-# J-OWN: the byte locked in the journal file. SQLite's locks sit at 0x40000000 .. 0x40000000 + 512;
-# this one is at 1 TiB, a range SQLite never locks (and a lock past the end of a file is allowed).
+# JOURNAL-ONE-DAEMON: the byte locked in the journal file. SQLite's locks sit at 0x40000000 .. 0x40000000 +
+# 512; this one is at 1 TiB, a range SQLite never locks (and a lock past the end of a file is allowed).
 LOCK_OFFSET = 1 << 40
 # ``struct flock`` on 64-bit Linux (64-bit ``off_t``): l_type, l_whence, l_start, l_len, l_pid (0 for
 # OFD locks), padding.

@@ -1,5 +1,5 @@
 """Reading a journal without owning it: what a daemon recovers at start-up (``unfinished``), the
-id lookups that keep a submit idempotent across evictions and restarts (J8: ``lookup``), and what
+id lookups that keep a submit idempotent across evictions and restarts (JOURNAL-LOOKUP: ``lookup``), and what
 ``turnpool history`` and ``turnpool result`` print (``read_history``, ``read_result``). Every read
 opens its own read-only connection (WAL lets it run beside the writer) after checking the file.
 """
@@ -36,7 +36,7 @@ class RecoveredTurn:
     retry: bool
     attempts: int
     state: str
-    seq: int = 0  # J-APPEND: the journal's own number for the turn
+    seq: int = 0  # JOURNAL-APPEND: the journal's own number for the turn
     started_at: float | None = None
     worker_pid: int | None = None
 
@@ -51,7 +51,7 @@ def open_reader(path: Path) -> sqlite3.Connection:
 
 
 def _schema(con: sqlite3.Connection) -> int:
-    """1 for a journal written by a turnpool before J-APPEND (one rewritten row per turn), else 2."""
+    """1 for a journal written by a turnpool before JOURNAL-APPEND (one rewritten row per turn), else 2."""
     return 1 if con.execute("PRAGMA user_version").fetchone()[0] == 1 else 2
 
 
@@ -87,7 +87,7 @@ def unfinished(path: Path) -> Iterator[RecoveredTurn]:
 
 def lookup(path: Path | str, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
     """A turn id's agent, input and result (``None`` until it ended), or ``None`` if the journal
-    has never recorded it: the daemon asks before accepting an id it no longer holds (J8)."""
+    has never recorded it: the daemon asks before accepting an id it no longer holds (JOURNAL-LOOKUP)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return lookup_on(con, turn_id)

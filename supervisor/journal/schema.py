@@ -1,6 +1,6 @@
 """The journal file: its schema, how a file is recognised as a journal, and where it lives.
 
-``SCHEMA`` is the one definition of the tables (schema 2, J-APPEND: ``turns``, one row per accepted
+``SCHEMA`` is the one definition of the tables (schema 2, JOURNAL-APPEND: ``turns``, one row per accepted
 turn written once; ``ends``, one row per ended turn; ``open_turns`` and ``cleared``, what is still
 open and what may run; ``events``; ``health``: the row the writer rewrites to learn that a failed
 disk is back); ``MIGRATE_FROM_1`` brings a schema-1 file to it. A file is a turnpool journal
@@ -25,10 +25,10 @@ from .steps import STEPS_SCHEMA
 SCHEMA_VERSION = 2
 APP_ID = 0x54504A31  # "TPJ1": marks a SQLite file as a turnpool journal
 
-# J-APPEND (schema 2): rows are inserted, not rewritten. A turn's acceptance is one ``turns`` row
+# JOURNAL-APPEND (schema 2): rows are inserted, not rewritten. A turn's acceptance is one ``turns`` row
 # (``seq`` given by the daemon, in acceptance order), its end one ``ends`` row; while it is open
 # it has an ``open_turns`` row (made and removed by the triggers), which its start fills in; the
-# turns cleared to run (J6) are runs of seqs in ``cleared``. A turn's state is derived: ``ended``
+# turns cleared to run (JOURNAL-GATE) are runs of seqs in ``cleared``. A turn's state is derived: ``ended``
 # (an ``ends`` row), ``running`` (started), ``dispatched`` (in a cleared run), else ``queued``.
 # Schema 1 kept one row per turn and rewrote it at every step (three updates of a row and of four
 # indexes per turn): twice the writer's work.
@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS open_turns (  -- accepted, not ended; started_at and 
     started_at REAL,
     worker_pid INTEGER
 );
-CREATE TABLE IF NOT EXISTS cleared (     -- J6: turns seq lo..hi (inclusive) may run
+CREATE TABLE IF NOT EXISTS cleared (     -- JOURNAL-GATE: turns seq lo..hi (inclusive) may run
     lo INTEGER NOT NULL,
     hi INTEGER NOT NULL
 );
@@ -100,15 +100,16 @@ BEGIN
 END;
 """
 
-# S-DURABLE: the ``steps`` table (``steps.py``) is made at open too, but is not one J4
+# LOOP-STEP-DURABLE: the ``steps`` table (``steps.py``) is made at open too, but is not one JOURNAL-REFUSE-BAD
 # requires: a journal from before it gets it, empty.
 SCHEMA = TABLES + TRIGGERS + STEPS_SCHEMA
-# J4: the tables every journal of a schema has (a schema-1 file had ``turns`` and ``events`` from
-# its first version; ``health`` came later).
+# JOURNAL-REFUSE-BAD: the tables every journal of a schema has (a schema-1 file had ``turns`` and ``events``
+# from its first version; ``health`` came later).
 REQUIRED = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES))
 REQUIRED_V1 = frozenset({"turns", "events"})
 
-# Schema 1 -> 2, in the writer's first transaction on a schema-1 file (J4's checks passed first).
+# Schema 1 -> 2, in the writer's first transaction on a schema-1 file (JOURNAL-REFUSE-BAD's checks passed
+# first).
 MIGRATE_FROM_1 = (
     """
 ALTER TABLE turns RENAME TO turns_v1;
@@ -151,11 +152,11 @@ class JournalError(TurnpoolError):
 
 
 class JournalLocked(JournalError, DaemonAlreadyRunning):
-    """The journal is held by another live daemon (J-OWN): a ``JournalError`` and a
+    """The journal is held by another live daemon (JOURNAL-ONE-DAEMON): a ``JournalError`` and a
     ``DaemonAlreadyRunning``."""
 
 
-# J4: a bad journal is refused untouched (read-only checks).
+# JOURNAL-REFUSE-BAD: a bad journal is refused untouched (read-only checks).
 def check_existing(path: Path) -> None:
     """Validate an existing file read-only, so a bad file is refused without being touched."""
     try:
@@ -177,7 +178,7 @@ def check_existing(path: Path) -> None:
             check = con.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise JournalError(f"journal {path} is corrupt: {check}")
-            # J4: a table gone from a journal is damage, not a fresh start: the writer's
+            # JOURNAL-REFUSE-BAD: a table gone from a journal is damage, not a fresh start: the writer's
             # ``CREATE TABLE IF NOT EXISTS`` would make it again, empty, and its turns would be lost.
             missing = sorted((REQUIRED_V1 if version == 1 else REQUIRED) - tables)
             if missing:
@@ -192,7 +193,7 @@ def check_existing(path: Path) -> None:
         con.close()
 
 
-# J9: the journal is private.
+# SEC-JOURNAL: the journal is private.
 def check_private_dir(directory: Path) -> None:
     """Refuse a journal directory that other users can read or write: the journal holds every
     turn's input and output."""

@@ -1,10 +1,10 @@
-"""Step records in a daemon's journal (S-DURABLE): the ``steps`` table, the sink that writes a
-record and acknowledges it once committed, and what a restart reads back (S-RESUME).
+"""Step records in a daemon's journal (LOOP-STEP-DURABLE): the ``steps`` table, the sink that writes a
+record and acknowledges it once committed, and what a restart reads back (LOOP-RESUME).
 
 A record is one row, ``(turn_id, seq)`` its key, written through the journal's batched writer like
 every other row: a worker's ``StepAck`` goes out only from the commit's callback, so a record a
-worker was told is durable survives a SIGKILL of the daemon. The table is not among J4's required
-tables: a journal made before it existed gets it at open, empty. A turn's rows go with the turn
+worker was told is durable survives a SIGKILL of the daemon. The table is not among JOURNAL-REFUSE-BAD's
+required tables: a journal made before it existed gets it at open, empty. A turn's rows go with the turn
 (retention deletes its ``turns`` row; a trigger its steps).
 """
 
@@ -84,5 +84,5 @@ def attach_steps(sup: Supervisor, journal: Journal) -> None:
 
 
 def view_steps(path: Path | str, turn_id: str) -> list[dict[str, Any]]:
-    """S-INSPECT: a turn's steps as the journal holds them (``StepRecords.describe``)."""
+    """LOOP-STEP-INSPECT: a turn's steps as the journal holds them (``StepRecords.describe``)."""
     return describe([data for _, data in read_steps(path, turn_id)])

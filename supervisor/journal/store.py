@@ -6,20 +6,20 @@ and message, cause as the closed enum). No stack, no signal, no runtime object, 
 about the cancel.
 
 Writes are batched (``writer_link.py``): a writer thread — or, once the daemon calls ``attach``,
-the daemon's event loop (J-LOOP) — drains everything queued and hands it, as one transaction, to
+the daemon's event loop (JOURNAL-DIRECT) — drains everything queued and hands it, as one transaction, to
 the writer process (``writer``: the only owner of a writing
 connection, so a stalled disk can hold that process but never the daemon's exit), and only
 then resolves the waiters. A submit is acknowledged once its row is committed; a thousand
-concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (J6) is
+concurrent submits cost one commit, not a thousand. A turn's "dispatched" row (JOURNAL-GATE) is
 committed before any worker gets the turn.
 
-One live daemon per journal (J-OWN, ``lock.py``): an OFD lock on the journal file itself
+One live daemon per journal (JOURNAL-ONE-DAEMON, ``lock.py``): an OFD lock on the journal file itself
 (whatever namespace, link or mount reaches it) and an abstract unix socket named from its real path
 (nothing on disk, so deleting files cannot free it), both held for the daemon's lifetime.
 A corrupt file, a file from a newer schema, or a locked journal is refused at open with a clear
 error, and the file is left untouched.
 
-Write failures (J7): when a batch cannot be committed (disk full, read-only, I/O error) the
+Write failures (JOURNAL-UNAVAILABLE): when a batch cannot be committed (disk full, read-only, I/O error) the
 writer rolls it back, fails the accept rows of that batch (their submits get
 ``JournalUnavailable``; their turns never ran, the dispatch gate held them), keeps every other
 row and retries every ``retry_interval`` seconds until the disk takes them; ``error`` says what
@@ -82,10 +82,10 @@ from .writer_link import (
     runs,
 )
 
-# J10: durability is chosen, and said.
+# JOURNAL-DURABILITY: durability is chosen, and said.
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 """``--durability``: SQLite's ``synchronous`` setting (see docs/guarantees.md for what each promises)."""
-# J-KEEP: the default retention, by count: the newest 100,000 ended turns (≈ 40 MB of journal at
+# JOURNAL-KEEP-NEWEST: the default retention, by count: the newest 100,000 ended turns (≈ 40 MB of journal at
 # ≈ 400 bytes a turn) are kept, older ones deleted at the writer's next pass (every minute).
 KEEP_TURNS = 100_000
 
@@ -96,7 +96,7 @@ _encode = msgspec.msgpack.Encoder().encode
 
 
 _START_TIMEOUT = 30.0  # seconds the writer process has to open the database
-UPGRADE_TURNS_PER_S = 13_000.0  # J-APPEND: the slowest upgrade waited for (≈ 260,000 turns/s measured)
+UPGRADE_TURNS_PER_S = 13_000.0  # JOURNAL-APPEND: the slowest upgrade waited for (≈ 260,000 turns/s measured)
 
 
 def _ignore_failure(why: str, conflict: bool) -> None:
@@ -104,7 +104,7 @@ def _ignore_failure(why: str, conflict: bool) -> None:
 
 
 def _last_seq(path: Path) -> int:
-    """The highest seq the journal file has used (J-APPEND: the daemon gives each accepted turn
+    """The highest seq the journal file has used (JOURNAL-APPEND: the daemon gives each accepted turn
     the next one; a seq in a cleared run is never given again)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -136,25 +136,26 @@ class Journal(JournalLink):
         self.keep_days = keep_days
         if keep_turns is not None and (isinstance(keep_turns, bool) or not isinstance(keep_turns, int)):
             raise TypeError(f"keep_turns must be an int or None, got {keep_turns!r}")
-        self.keep_turns = keep_turns if keep_turns else None  # J-KEEP: 0 or None keeps every turn
+        # JOURNAL-KEEP-NEWEST: 0 or None keeps every turn
+        self.keep_turns = keep_turns if keep_turns else None
         self.journal_events = events
         self.durability = durability
         self.retry_interval = retry_interval
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # B2: rows written during one pass of the event loop reach the writer thread as one item
+        # JOURNAL-HANDOFF: rows written during one pass of the event loop reach the writer thread as one item
         # (a put per row woke the thread per row, and the two fought over the GIL a row at a time).
-        self._held = Rows()  # J-GROUP: grouped per statement as they are written
-        # J-APPEND: every open turn this object accepted or recovered: turn id -> [seq, started_at,
+        self._held = Rows()  # JOURNAL-GROUP: grouped per statement as they are written
+        # JOURNAL-APPEND: every open turn this object accepted or recovered: turn id -> [seq, started_at,
         # worker_pid] (its end row carries its start). Guarded by ``_held_lock``.
         self._live: dict[str, list[Any]] = {}
         self._next_seq = 1
         self._held_lock = threading.Lock()
         self._scheduled = False  # a hand-over of the held rows is on its way (``_schedule``)
-        # B3: when set, the ``on_commit`` callbacks of a committed batch are passed to it as one list
-        # (the daemon runs them on its loop) instead of being called one by one in the writer thread.
+        # JOURNAL-CALLBACKS: when set, the ``on_commit`` callbacks of a committed batch are passed to it as
+        # one list (the daemon runs them on its loop) instead of being called one by one in the writer thread.
         self.deliver: Callable[[list[Callable[[], None]]], None] | None = None
         self._thread: threading.Thread | None = None
-        # J-LOOP: once ``attach`` is called the daemon's event loop talks to the writer process
+        # JOURNAL-DIRECT: once ``attach`` is called the daemon's event loop talks to the writer process
         # itself (non-blocking socket, reader callback) and the writer thread is gone; on any
         # failure the journal goes back to the thread (``_detach``), which knows how to retry.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -165,10 +166,10 @@ class Journal(JournalLink):
         self._inflight_groups: list[Any] = []  # as it was sent (conflicts are indexes into it)
         self._inflight_waiters: list[Callable[[], None]] = []
         self._wbuf = b""  # what of the batch's frame the socket did not take yet
-        self._lost = False  # J-LOST: the batch in flight lost its writer before its reply
+        self._lost = False  # JOURNAL-LOST-WRITER: the batch in flight lost its writer before its reply
         self._rbuf = bytearray()
-        self._lock: socket.socket | None = None  # J-OWN: the abstract lock socket
-        self._lock_fd = -1  # J-OWN: the journal file, OFD-locked
+        self._lock: socket.socket | None = None  # JOURNAL-ONE-DAEMON: the abstract lock socket
+        self._lock_fd = -1  # JOURNAL-ONE-DAEMON: the journal file, OFD-locked
         self._sock: socket.socket | None = None  # to the writer process
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: sqlite3.Connection | None = None  # for ``lookup``
@@ -176,7 +177,7 @@ class Journal(JournalLink):
         self.commits = 0
         self.rows_written = 0
         self.failures = 0  # batches that could not be committed
-        self.fd_shortage = 0  # of those, the ones that met EMFILE/ENFILE here (P-FD)
+        self.fd_shortage = 0  # of those, the ones that met EMFILE/ENFILE here (WORKER-FD-RETRY)
         self.error: str | None = None  # what is wrong now (None: writing fine)
         self.broken = False  # the file was deleted or replaced: nothing more will be written
         # Called (in the writer thread) with the new ``error`` each time it changes.
@@ -210,7 +211,7 @@ class Journal(JournalLink):
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_private_dir(path.parent)
-        # J-OWN: the journal's two locks (``lock``), held for the daemon's life.
+        # JOURNAL-ONE-DAEMON: the journal's two locks (``lock``), held for the daemon's life.
         self._lock = lock_socket(path)
         try:
             self._lock_fd = lock_file(path)
@@ -237,7 +238,7 @@ class Journal(JournalLink):
         self._thread.start()
 
     def _spawn(self) -> None:
-        """Start the writer process (J7: see ``writer``) and open the database in it."""
+        """Start the writer process (JOURNAL-UNAVAILABLE: see ``writer``) and open the database in it."""
         assert self._lock is not None and self._lock_fd >= 0
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -255,7 +256,7 @@ class Journal(JournalLink):
             "keep_days": self.keep_days,
             "keep_turns": self.keep_turns,
             "schema": SCHEMA,  # idempotent: IF NOT EXISTS
-            "migrate_from_1": MIGRATE_FROM_1,  # J-APPEND: a schema-1 file is upgraded at open
+            "migrate_from_1": MIGRATE_FROM_1,  # JOURNAL-APPEND: a schema-1 file is upgraded at open
             "app_id": APP_ID,
             "version": SCHEMA_VERSION,
         }
@@ -264,7 +265,7 @@ class Journal(JournalLink):
             _journal_writer.send(mine, init)
             reply = _journal_writer.recv(mine)
             if reply is not None and reply[0] == "upgrading":
-                # J-APPEND: a schema-1 file is converted first, in one transaction; its time grows
+                # JOURNAL-APPEND: a schema-1 file is converted first, in one transaction; its time grows
                 # with the file, so the bound does too (a twentieth of the rate measured here).
                 log.warning(
                     "journal %s: upgrading %d turns to schema %d", self.path, reply[1], SCHEMA_VERSION
@@ -343,8 +344,8 @@ class Journal(JournalLink):
         failed (``conflict``: the row was not inserted because the id was already there).
 
         On an event loop the row is held until the end of the loop's pass, then handed over with
-        every other row of that pass (B2); elsewhere it is handed over at once. Rows are grouped per
-        statement as they are written (J-GROUP, ``writer_link.Rows``)."""
+        every other row of that pass (JOURNAL-HANDOFF); elsewhere it is handed over at once. Rows are grouped
+        per statement as they are written (JOURNAL-GROUP, ``writer_link.Rows``)."""
         with self._held_lock:
             self._held.add(sql, params, on_commit, on_fail)
             first, self._scheduled = not self._scheduled, True
@@ -352,7 +353,7 @@ class Journal(JournalLink):
             self._schedule()
 
     def _schedule(self) -> None:
-        """The first row of a pass was held: hand the pass's rows over at its end (B2). Once per
+        """The first row of a pass was held: hand the pass's rows over at its end (JOURNAL-HANDOFF). Once per
         pass: the daemon also hands rows over before each reply (``before_reply``), and a row
         written after that is taken by the next one or by this call at the end of the pass (a
         ``call_soon`` per reply cost more than the rows it handed over)."""
@@ -375,7 +376,7 @@ class Journal(JournalLink):
         on_fail: Callable[[str, bool], None] | None = None,
     ) -> None:
         """Record an accepted turn (a ``TurnRecord``-like object with ``input`` as msgpack bytes).
-        An id already in the journal is never silently kept (J8): ``on_fail(why, True)``."""
+        An id already in the journal is never silently kept (JOURNAL-LOOKUP): ``on_fail(why, True)``."""
         params = [
             0,  # the seq, given under the lock
             turn.id,
@@ -390,7 +391,7 @@ class Journal(JournalLink):
             turn.attempts,
             time.time(),
         ]
-        # J-GROUP: straight into the batch's accept group (the per-row work of ``write``, inlined:
+        # JOURNAL-GROUP: straight into the batch's accept group (the per-row work of ``write``, inlined:
         # this runs once per submit).
         with self._held_lock:
             seq = params[0] = self._next_seq
@@ -408,7 +409,7 @@ class Journal(JournalLink):
 
     def _forget(self, accepts: list[Any]) -> None:
         # Kept, with no seq, until the turn's end (its withdrawal, right after): that end writes
-        # nothing, not even by id (the id may be another turn's, J8).
+        # nothing, not even by id (the id may be another turn's, JOURNAL-LOOKUP).
         with self._held_lock:
             live = self._live
             for p in accepts:
@@ -436,8 +437,8 @@ class Journal(JournalLink):
         return [accepts[j][:2] for j in absent]
 
     def dispatched(self, turn_ids: list[str], on_commit: Callable[[], None]) -> None:
-        """J6: record that these turns may now run (committed before any worker gets them): one
-        ``cleared`` row per run of consecutive seqs (J-APPEND)."""
+        """JOURNAL-GATE: record that these turns may now run (committed before any worker gets them): one
+        ``cleared`` row per run of consecutive seqs (JOURNAL-APPEND)."""
         with self._held_lock:
             known = [e[0] for e in map(self._live.get, turn_ids) if e is not None and e[0] is not None]
         self.write(_DISPATCHED, runs(known), on_commit)
@@ -473,7 +474,7 @@ class Journal(JournalLink):
         else:
             self.write(_REQUEUED, (attempts, entry[0]))
 
-    # J2: the durable record is coarse: outcome, error type and message, cause kind.
+    # JOURNAL-COARSE: the durable record is coarse: outcome, error type and message, cause kind.
     def ended(self, result: TurnResult) -> None:
         cause, error = result.cause, result.error
         ended_at = result.ended_at or time.time()
@@ -486,7 +487,7 @@ class Journal(JournalLink):
             entry = self._live.pop(result.turn_id, None)
             held = self._held
             if entry is not None and entry[0] is None:
-                return  # refused: not in the journal (and its id may be another turn's, J8)
+                return  # refused: not in the journal (and its id may be another turn's, JOURNAL-LOOKUP)
             if entry is None:
                 params: tuple[Any, ...] = (result.worker_pid, ended_at, outcome, kind, etype, emsg, data)
                 held.add(_ENDED_BY_ID, (*params, result.turn_id), None, None)

@@ -1,10 +1,10 @@
 """The journal's writer process: the only thing that writes the daemon's SQLite journal.
 
-Why a process and not a thread (J7): a write to a stalled filesystem (frozen, a hung network
+Why a process and not a thread (JOURNAL-UNAVAILABLE): a write to a stalled filesystem (frozen, a hung network
 disk) puts the writing thread in uninterruptible sleep, and the kernel cannot end a process while
 one of its threads is in that state: a writer *thread* would keep ``turnpool serve`` from exiting
 after SIGTERM for as long as the disk stalls. A stuck writer *process* only keeps itself; the
-daemon stops on time. The process holds the journal's locks too (inherited, J-OWN), so no second
+daemon stops on time. The process holds the journal's locks too (inherited, JOURNAL-ONE-DAEMON), so no second
 daemon opens the journal while a stuck writer might still write to it; it dies with the daemon
 (parent-death signal) or at the end of its pipe.
 
@@ -12,8 +12,8 @@ Run as a script (``python -I writer.py FD``) so it imports nothing but the stand
 library. It speaks length-prefixed ``marshal`` frames over the socket ``FD``: first an init dict,
 answered ``(None, None)`` or ``(error, None)`` (after ``("upgrading", turns)`` when a schema-1 file is
 converted first); then one frame per batch, a list of
-``(sql, rows, accept)`` (one per statement, J-GROUP; ``accept`` is ``"seq"`` for rows that lead with
-the seq of the turn they insert, J-APPEND), answered ``(error or None, [(group, row)
+``(sql, rows, accept)`` (one per statement, JOURNAL-GROUP; ``accept`` is ``"seq"`` for rows that lead with
+the seq of the turn they insert, JOURNAL-APPEND), answered ``(error or None, [(group, row)
 indexes of accept rows that inserted nothing])``. A batch runs in one transaction: all or nothing.
 """
 
@@ -59,7 +59,7 @@ INCOMPLETE: Any = object()
 
 
 def parse(buf: bytearray) -> Any:
-    """The first whole frame of ``buf`` (removed from it), or ``INCOMPLETE`` (J-LOOP: the daemon's
+    """The first whole frame of ``buf`` (removed from it), or ``INCOMPLETE`` (JOURNAL-DIRECT: the daemon's
     loop reads the reply in pieces from a non-blocking socket)."""
     if len(buf) < _LEN.size:
         return INCOMPLETE
@@ -111,7 +111,7 @@ class Writer:
         self.path: str = init["path"]
         self.synchronous: str = init["synchronous"]
         self.keep_days: float | None = init["keep_days"]
-        self.keep_turns: int | None = init.get("keep_turns")  # J-KEEP
+        self.keep_turns: int | None = init.get("keep_turns")  # JOURNAL-KEEP-NEWEST
         self.con: sqlite3.Connection | None = None
         self.last_compaction = time.monotonic()
         self.batches = 0
@@ -129,8 +129,8 @@ class Writer:
         if init is not None:
             version = int(init["version"])
             if con.execute("PRAGMA user_version").fetchone()[0] == 1:
-                # J-APPEND: a schema-1 journal (J4 checked it) is brought to schema 2 in one
-                # transaction: all of it or, on any error, none of it.
+                # JOURNAL-APPEND: a schema-1 journal (JOURNAL-REFUSE-BAD checked it) is brought to schema 2 in
+                # one transaction: all of it or, on any error, none of it.
                 if upgrading is not None:
                     upgrading(con.execute("SELECT COUNT(*) FROM turns").fetchone()[0])
                 try:
@@ -149,10 +149,10 @@ class Writer:
     def commit(
         self, groups: list[tuple[str, list[Any], bool | str]]
     ) -> tuple[str | None, list[tuple[int, int]]]:
-        """Run a batch in one transaction: one ``executemany`` per group (J-GROUP: the daemon
+        """Run a batch in one transaction: one ``executemany`` per group (JOURNAL-GROUP: the daemon
         sends its rows grouped per statement, so nothing here loops over rows in Python). Returns
         the error as text (nothing written) or ``None`` and the ``(group, row)`` indexes of accept
-        rows that inserted nothing (J8)."""
+        rows that inserted nothing (JOURNAL-LOOKUP)."""
         conflicts: list[tuple[int, int]] = []
         try:
             if self.con is None:
@@ -163,7 +163,7 @@ class Writer:
                 if not accept:
                     con.executemany(sql, params)
                 elif accept == "seq":
-                    # J-APPEND: an accept row that inserted nothing left its (fresh) seq unused:
+                    # JOURNAL-APPEND: an accept row that inserted nothing left its (fresh) seq unused:
                     # the rows whose seq is not in the table are the conflicts. (A savepoint to undo
                     # and redo them one by one cost more than the inserts once the schema had triggers.)
                     if con.executemany(sql, params).rowcount != len(params):
@@ -206,7 +206,7 @@ class Writer:
 
 
 def missing(con: sqlite3.Connection, seqs: list[int]) -> list[int]:
-    """The indexes of ``seqs`` that have no ``turns`` row (J-APPEND: an accept row that inserted
+    """The indexes of ``seqs`` that have no ``turns`` row (JOURNAL-APPEND: an accept row that inserted
     nothing, here and in ``Journal._landed``)."""
     present: set[int] = set()
     for k in range(0, len(seqs), 500):
@@ -221,23 +221,23 @@ PRUNE_EVERY = 256
 
 
 def prune_cleared(con: sqlite3.Connection) -> None:
-    """J-APPEND: forget the cleared runs (J6) that hold no open turn: every turn in them has ended,
-    so they no longer tell anything (and the state of a turn is looked up in what is left). A long
-    turn still open keeps its own run only, not every run after it."""
+    """JOURNAL-APPEND: forget the cleared runs (JOURNAL-GATE) that hold no open turn: every turn in them has
+    ended, so they no longer tell anything (and the state of a turn is looked up in what is left). A long turn
+    still open keeps its own run only, not every run after it."""
     con.execute(
         "DELETE FROM cleared WHERE NOT EXISTS"
         " (SELECT 1 FROM open_turns o WHERE o.seq BETWEEN cleared.lo AND cleared.hi)"
     )
 
 
-# J5: retention in chunks, so it never blocks serving.
+# JOURNAL-RETENTION: retention in chunks, so it never blocks serving.
 COMPACT_EVERY = 60.0  # seconds between the writer's retention passes
 
 
 def compact(con: sqlite3.Connection, keep_days: float | None, keep_turns: int | None = None) -> int:
-    """Delete ended turns older than ``keep_days``, and (J-KEEP) all but the ``keep_turns`` newest
-    ended turns, in chunks of 500 (each its own transaction, so a reader never waits long); returns
-    how many."""
+    """Delete ended turns older than ``keep_days``, and (JOURNAL-KEEP-NEWEST) all but the ``keep_turns``
+    newest ended turns, in chunks of 500 (each its own transaction, so a reader never waits long); returns how
+    many."""
     removed = 0
     if keep_days is not None:
         removed += _delete_ended(con, "ended_at < ?", time.time() - keep_days * 86400)
@@ -279,11 +279,11 @@ def main() -> int:
     init = recv(sock)
     if init is None:
         return 0
-    # J9: private from the first byte.
+    # SEC-JOURNAL: private from the first byte.
     os.umask(0o077)  # SQLite makes -wal and -shm with the umask: private from the start
     writer = Writer(init)
     try:
-        # J-APPEND: an upgrade takes time in proportion to the file (≈ 260,000 turns a second
+        # JOURNAL-APPEND: an upgrade takes time in proportion to the file (≈ 260,000 turns a second
         # here): the daemon is told how many turns, and waits for them instead of its usual bound.
         writer.con = writer.connect(init, lambda turns: send(sock, ("upgrading", turns)))
     except (sqlite3.Error, OSError) as exc:

@@ -3,10 +3,10 @@
 Two paths, one at a time (``JournalLink``, mixed into ``Journal``): the **writer thread**, which
 takes batches from a queue, sends each to the writer process and blocks for the reply (any
 caller; the failure path: retries every ``retry_interval``, respawns a dead writer, notices a
-replaced file); and, once the daemon calls ``attach``, the **event loop** itself (J-LOOP): one
+replaced file); and, once the daemon calls ``attach``, the **event loop** itself (JOURNAL-DIRECT): one
 batch in flight over a non-blocking socket, the reply read in a reader callback, what is handed
 over meanwhile sent as the next batch. Any failure on the loop hands everything back to a thread.
-A turn's end carries its start: its "running" row in the same batch is dropped (J-ROWS).
+A turn's end carries its start: its "running" row in the same batch is dropped (JOURNAL-MERGE-ROWS).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ log = logging.getLogger("turnpool.journal")
 
 _PROBE = "INSERT OR REPLACE INTO health (id, at) VALUES (1, ?)"
 
-# J-APPEND (schema 2): rows are inserted, not rewritten, and name their turn by its ``seq`` (given
+# JOURNAL-APPEND (schema 2): rows are inserted, not rewritten, and name their turn by its ``seq`` (given
 # by the daemon when it accepts the turn, ``Journal.accepted``). A turn's end carries its start
 # (the journal keeps both in memory), so a trivial turn costs one accept row and one end row.
 # The ``_BY_ID`` forms find a turn by its id: for a turn that this journal object neither accepted
@@ -62,12 +62,12 @@ _ENDED_BY_ID = (
 
 
 LOST: Any = object()
-"""J-LOST: a batch was sent and its writer died before it replied; a writer thread finds out from the
-file whether it was committed (``JournalLink._finish``)."""
+"""JOURNAL-LOST-WRITER: a batch was sent and its writer died before it replied; a writer thread finds out from
+the file whether it was committed (``JournalLink._finish``)."""
 
 
 def runs(seqs: list[int]) -> list[tuple[int, int]]:
-    """``seqs`` as runs of consecutive numbers ``(lo, hi)``: one ``cleared`` row per run (J6)."""
+    """``seqs`` as runs of consecutive numbers ``(lo, hi)``: one ``cleared`` row per run (JOURNAL-GATE)."""
     out: list[tuple[int, int]] = []
     for seq in sorted(seqs):
         if out and seq == out[-1][1] + 1:
@@ -78,9 +78,9 @@ def runs(seqs: list[int]) -> list[tuple[int, int]]:
 
 
 class Group:
-    """The rows of one statement in a batch (J-GROUP): their parameters in order and the callbacks
+    """The rows of one statement in a batch (JOURNAL-GROUP): their parameters in order and the callbacks
     to run once they are committed. For an accept group (rows that report a conflict instead of
-    being retried, J8) ``commits`` and ``fails`` hold one entry per row (``None``: nobody waits);
+    being retried, JOURNAL-LOOKUP) ``commits`` and ``fails`` hold one entry per row (``None``: nobody waits);
     for any other group ``commits`` holds only the callbacks given."""
 
     __slots__ = ("accept", "commits", "fails", "params", "sql")
@@ -94,14 +94,14 @@ class Group:
 
 
 class Rows:
-    """J-GROUP: a batch of journal rows, grouped per statement as they are written, so that neither
+    """JOURNAL-GROUP: a batch of journal rows, grouped per statement as they are written, so that neither
     the daemon nor the writer process loops in Python over the rows of a batch: the writer runs one
     ``executemany`` per group. Groups run in the order a turn's rows must be applied — accept,
     queued again, dispatched, running, ended — then any other statement in the order first
     written: rows of one turn keep their order whichever turns they share a batch with, and rows
     of different turns never depended on each other's order.
 
-    J-ROWS: an end carries its turn's start, so a turn's "running" row in the same batch as its
+    JOURNAL-MERGE-ROWS: an end carries its turn's start, so a turn's "running" row in the same batch as its
     end is dropped (kept by seq until its end comes): a trivial turn's start and end reach the
     daemon in one frame, and SQLite then writes one row for both. A "queued again" row supersedes
     a "running" row of the same turn still in the batch."""
@@ -151,7 +151,7 @@ class Rows:
             group.commits.append(on_commit)
 
     def add_ended(self, p: Any) -> None:
-        self.started.pop(p[-1], None)  # the end carries the start (J-ROWS)
+        self.started.pop(p[-1], None)  # the end carries the start (JOURNAL-MERGE-ROWS)
         self.ended.params.append(p)
 
     def _other(self, sql: str, accept: bool) -> Group:
@@ -210,7 +210,7 @@ class Rows:
 
 def _callbacks(groups: list[Group], conflicts: list[Any]) -> list[Any]:
     """The commit callbacks of a committed batch, in order; an accept row that inserted nothing
-    (``conflicts``: ``(group, row)`` indexes) is refused instead, in its place (J8)."""
+    (``conflicts``: ``(group, row)`` indexes) is refused instead, in its place (JOURNAL-LOOKUP)."""
     done: list[Any] = []
     conflicted = set(map(tuple, conflicts)) if conflicts else None
     for k, group in enumerate(groups):
@@ -245,7 +245,8 @@ class JournalLink:
     commits: int
     rows_written: int
     failures: int
-    fd_shortage: int  # P-FD: commits that met EMFILE/ENFILE on this side (a writer respawned, a socket)
+    # WORKER-FD-RETRY: commits that met EMFILE/ENFILE on this side (a writer respawned, a socket)
+    fd_shortage: int
     error: str | None
     broken: bool
     _queue: queue.SimpleQueue[Any]
@@ -270,12 +271,13 @@ class JournalLink:
         raise NotImplementedError
 
     def _forget(self, accepts: list[Any]) -> None:
-        """J-APPEND: these accept rows were refused: their turns are not in the journal (so no row
+        """JOURNAL-APPEND: these accept rows were refused: their turns are not in the journal (so no row
         of theirs is written by seq any more). ``Journal`` keeps the open turns."""
 
     def _landed(self, groups: list[Group]) -> list[tuple[int, int]] | None:
-        """J-LOST: the writer died before it replied to ``groups``: if the file shows the batch was
-        committed, its accept rows that inserted nothing (J8), else ``None``. ``Journal`` reads it."""
+        """JOURNAL-LOST-WRITER: the writer died before it replied to ``groups``: if the file shows the batch
+        was committed, its accept rows that inserted nothing (JOURNAL-LOOKUP), else ``None``. ``Journal``
+        reads it."""
         return None
 
     def _stop_child(self, timeout: float | None) -> bool:
@@ -283,7 +285,7 @@ class JournalLink:
 
     def hand_over(self) -> None:
         """Give the writer every row held so far, in order: the writer thread as one item, or
-        (J-LOOP) the writer process at once when no commit is in flight, else with the next batch."""
+        (JOURNAL-DIRECT) the writer process at once when no commit is in flight, else with the next batch."""
         loop = self._loop
         if loop is not None:
             if threading.get_ident() != self._loop_thread:
@@ -292,7 +294,7 @@ class JournalLink:
                     loop.call_soon_threadsafe(self.hand_over)
                 return
             if self._inflight is not None:
-                # J-LOOP: a commit is in flight; the rows held go as the next batch, taken when its
+                # JOURNAL-DIRECT: a commit is in flight; the rows held go as the next batch, taken when its
                 # reply comes (``_on_reply``). Moving them aside at every reply the daemon sends
                 # (``before_reply``) only cost a new batch object and a merge each time: on the
                 # loop, held and handed over are the same memory until the batch is sent.
@@ -312,7 +314,7 @@ class JournalLink:
             self._send_pending()
 
     def flush(self) -> None:
-        """Block until everything queued so far is committed. With the loop attached (J-LOOP) this
+        """Block until everything queued so far is committed. With the loop attached (JOURNAL-DIRECT) this
         must be called from another thread: the loop itself reads the commit's reply."""
         done = threading.Event()
         loop = self._loop
@@ -348,7 +350,8 @@ class JournalLink:
                 self.on_error_change(error)
 
     def _identity_lost(self) -> str | None:
-        """Is the file we write still the one at the path? (J7: deleted or replaced is noticed.)"""
+        """Is the file we write still the one at the path? (JOURNAL-UNAVAILABLE: deleted or replaced is
+        noticed.)"""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -372,16 +375,17 @@ class JournalLink:
             reply = _journal_writer.recv(self._sock)
         except (OSError, JournalError) as exc:
             if is_shortage(exc):
-                self.fd_shortage += 1  # P-FD: counted; the batch is retried as any failed one (J7)
+                # WORKER-FD-RETRY: counted; the batch is retried as any failed one (JOURNAL-UNAVAILABLE)
+                self.fd_shortage += 1
             reply = (str(exc), [])
         return self._finish(groups, reply)
 
     def _finish(self, groups: list[Group], reply: Any) -> str | None:
         """Act on the writer's reply to ``groups`` (``None``: it died): the callbacks of a commit,
-        in order (B3: handed to ``deliver`` as one list), or the error as text."""
+        in order (JOURNAL-CALLBACKS: handed to ``deliver`` as one list), or the error as text."""
         if reply is None:
             self._stop_child(0)
-            # J-LOST: it may have died after its commit, before its reply: a batch is all or
+            # JOURNAL-LOST-WRITER: it may have died after its commit, before its reply: a batch is all or
             # nothing, so its accept rows in the file say it was committed. Refusing them then
             # would tell a client "not recorded, never run" of a turn that the next daemon on this
             # journal runs. (A batch without accept rows is retried: every other row is idempotent.)
@@ -399,7 +403,7 @@ class JournalLink:
             return None
         deliver = self.deliver
         if deliver is not None:
-            deliver(done)  # B3: the batch's callbacks, handed over at once
+            deliver(done)  # JOURNAL-CALLBACKS: the batch's callbacks, handed over at once
         else:
             for fn in done:
                 fn()  # in the writer thread, in order
@@ -506,10 +510,10 @@ class JournalLink:
             reply = (str(exc), [])
         return self._finish(groups, reply)
 
-    # ---- J-LOOP: the event loop talks to the writer process ----------------------------
+    # ---- JOURNAL-DIRECT: the event loop talks to the writer process ----------------------------
 
     def attach(self) -> bool:
-        """Take the writer thread out (J-LOOP): from now on the running event loop sends each batch
+        """Take the writer thread out (JOURNAL-DIRECT): from now on the running event loop sends each batch
         to the writer process over a non-blocking socket and reads the reply in a reader callback,
         so a commit's callbacks run as soon as the loop sees the reply — no thread blocked in
         ``recv`` that must then win the GIL from the busy loop. One batch is in flight at a time;
@@ -537,7 +541,7 @@ class JournalLink:
         return self._with_held(rows), waiters
 
     def _with_held(self, rows: Rows | None) -> Rows | None:
-        """``rows`` followed by the rows still held (J-LOOP: they wait there while a batch is in
+        """``rows`` followed by the rows still held (JOURNAL-DIRECT: they wait there while a batch is in
         flight), which are taken."""
         with self._held_lock:
             held = self._held
@@ -626,7 +630,7 @@ class JournalLink:
         if reply is None:
             self._unwatch()
             if any(g.sql is _ACCEPT and g.params for g in groups):
-                # J-LOST: whether the dead writer committed it is read from the file, by a writer
+                # JOURNAL-LOST-WRITER: whether the dead writer committed it is read from the file, by a writer
                 # thread (never the loop: the disk may be the reason the writer died).
                 self._inflight, self._inflight_groups, self._inflight_waiters = rows, groups, waiters
                 self._wbuf, self._rbuf, self._lost = b"", bytearray(), True

@@ -1,10 +1,10 @@
 """What a batch between the router and a node supervisor looks like on the way: msgpack bytes.
 
-R-ray-streams: a submit batch and a results batch each travel as one ``bytes`` object, encoded
+RAY-BATCHES: a submit batch and a results batch each travel as one ``bytes`` object, encoded
 with msgspec, not as a list of Python objects for Ray to pickle. Ray's pickler calls back into
 Python for every object of a list it pickles (cloudpickle's ``reducer_override``); a byte string
 it copies as one buffer. A turn's input is encoded once, on the driver, where it is checked
-(W-IN), and travels as those bytes to the node's engine (``Supervisor.accept_encoded``).
+(LINK-EXACT), and travels as those bytes to the node's engine (``Supervisor.accept_encoded``).
 
 Nothing here imports Ray: both the router and the node supervisor use it.
 """
@@ -16,7 +16,7 @@ import msgspec
 from wire import Cause, TurnResult
 
 # One request: agent, encoded input, session, timeout, grace, kill_after, turn_id, retry, attempts and
-# (S-RAY) the step records of its earlier attempts as (kind, record) pairs.
+# (RAY-STEP-RECORDS) the step records of its earlier attempts as (kind, record) pairs.
 Request = tuple[
     str,
     msgspec.Raw,
@@ -53,7 +53,7 @@ def decode_results(data: bytes) -> list[TurnResult]:
 
 
 def encode_cancel_reply(winner: Cause | None, result: TurnResult | None) -> bytes:
-    """A cancel's reply (R-ray-cancel-reply): the winning cause and the end, if it came in time.
+    """A cancel's reply (RAY-CANCEL-REPLY): the winning cause and the end, if it came in time.
     Bytes, so Ray sends the reply without pickling anything."""
     return _encoder.encode((winner, result))
 

@@ -5,7 +5,7 @@ hooks, turn records); this front end is written against the ``Backend`` contract
 on a ``RaySupervisor``. It speaks the same client protocol (``wire``'s client messages), so
 ``Client``, ``turnpool submit/cancel/status`` and ``batch --connect`` work unchanged. What it does
 not have: a journal (a restart forgets turns; each node's engine keeps no state either), the
-HTTP front end, CURVE over tcp. ``status`` shows each node's pool (R-ray-serve).
+HTTP front end, CURVE over tcp. ``status`` shows each node's pool (RAY-SERVE).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class RayDaemon:
         while True:
             ident, frame = await self._sock.recv_multipart()
             try:
-                msgs = client_link.decode_to_daemon_frame(frame)  # a Hello alone, then batches (B1)
+                # a Hello alone, then batches (CLIENT-BATCHES)
+                msgs = client_link.decode_to_daemon_frame(frame)
             except msgspec.DecodeError as exc:
                 self._send(ident, client_link.Error(0, "malformed", str(exc)[:200]))
                 continue
@@ -136,7 +137,7 @@ class RayDaemon:
                         client_link.Error(req, "protocol", f"unsupported client protocol {version}"),
                     )
                     return
-                # R-ray-serve: this endpoint reads the client's batches and answers one message per
+                # RAY-SERVE: this endpoint reads the client's batches and answers one message per
                 # frame (a client reads both); a Reload is refused (``protocol``): no workers to recycle.
                 self._send(ident, client_link.Welcome(req, version, wire.MAX_MESSAGE_SIZE, os.getpid()))
             case client_link.Submit(req=req):
@@ -218,7 +219,7 @@ def run_ray_daemon(endpoint: str, address: str, **options: Any) -> int:
     from .._errors import DaemonAlreadyRunning, WorkerStartError
 
     daemon = RayDaemon(endpoint, RaySupervisor(address, **options))
-    # B4 here too, and more so: the driver holds Ray's own tens of thousands of objects, and each
+    # DAEMON-GC here too, and more so: the driver holds Ray's own tens of thousands of objects, and each
     # full collection walked them all (≈ 90 ms a pass at load 10, several per 15k turns). They are
     # frozen out of collection once Ray and the node supervisors are up (the ready line).
     gc.set_threshold(*GC_THRESHOLDS)

@@ -140,7 +140,7 @@ class Membership:
         key = node_key(node_id)
         cpus = int(info.get("Resources", {}).get("CPU", 0))
         workers = self._workers_per_node or max(cpus, 1)
-        # R-ray-node: one node supervisor per node, pinned to it, its workers' CPUs reserved.
+        # RAY-NODE: one node supervisor per node, pinned to it, its workers' CPUs reserved.
         actor = self._actor_cls.options(
             name=f"node-{key}-{self._router_id}-{next(self._starts)}",  # a retry never meets a dying name
             namespace=self._namespace,
@@ -180,7 +180,7 @@ class Membership:
         self._changes.notify()
 
     async def lose(self, node: NodeLink, reason: str) -> None:
-        """R-ray-loss: every turn the node held ends exactly once, ``crashed``/``NodeLost``, or
+        """RAY-LOSS: every turn the node held ends exactly once, ``crashed``/``NodeLost``, or
         with ``retry`` is submitted again on another node with ``attempts + 1``."""
         if node.state != "live":
             return

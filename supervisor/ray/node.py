@@ -2,7 +2,7 @@
 
 Every cancellation rule stays node-local: the actor is a thin batching shell over the engine,
 which runs, escalates, kills and reaps exactly as it does embedded. What the actor adds is what
-living inside a Ray worker needs (R-ray-worker):
+living inside a Ray worker needs (RAY-WORKER):
 
 * Ray runs an async actor's ``__init__`` and every method on one long-lived event-loop thread
   ("AsyncIO Thread: default"). The engine is started on that thread, which lives as long as the
@@ -16,7 +16,7 @@ living inside a Ray worker needs (R-ray-worker):
 * Ray starts its workers at nice 15 (its ``worker_niceness``), below its own daemons; the node
   supervisor is turnpool's daemon on the node (its timers are the grace and the kill, its reaps
   the quiescence before a result), so it goes back to the given niceness, 0 by default, before
-  its workers start (R-ray-priority).
+  its workers start (RAY-PRIORITY).
 
 Nothing here imports Ray: the router wraps this class with ``ray.remote`` when it starts one
 per node, so the class can be read and type-checked without Ray installed.
@@ -54,7 +54,7 @@ SUBMIT_BATCH = 1024
 RESULT_BATCH = 256
 ACCEPT_CHUNK = 256  # turns of a submit batch accepted per dispatch pass
 
-# R-ray-cancel-reply: how long a cancel call waits for the turn's end before it replies without it
+# RAY-CANCEL-REPLY: how long a cancel call waits for the turn's end before it replies without it
 # (then the end comes on the results stream as any other). A cooperative cancel ends in well under a
 # millisecond on the node; a stubborn turn's cancel returns after this instead of at once.
 CANCEL_REPLY_WAIT = 0.05
@@ -69,7 +69,7 @@ log = logging.getLogger("turnpool.ray")
 def set_niceness(value: int) -> int:
     """Set every thread of this process to niceness ``value``; returns the calling thread's.
 
-    R-ray-priority: Linux keeps a niceness per thread, and a thread or process inherits its
+    RAY-PRIORITY: Linux keeps a niceness per thread, and a thread or process inherits its
     creator's, so each thread Ray made before us is set, and the threads and worker processes
     made from them afterwards start at ``value``. Lowering the niceness needs CAP_SYS_NICE (or
     RLIMIT_NICE): without it the node keeps Ray's and says so once (start Ray with
@@ -122,14 +122,14 @@ class NodeSupervisor:
         self._closed = False
         self._stop = asyncio.Event()
         self._main: asyncio.Future[None] | None = None
-        self._steps = NodeSteps()  # S-RAY: step records go to the router, acknowledged from there
+        self._steps = NodeSteps()  # RAY-STEP-RECORDS: step records go to the router, acknowledged from there
 
     async def start(self) -> dict[str, Any]:
         """Start the engine on this (the actor's event-loop) thread; returns who we are."""
-        # R-ray-worker: clear the signal mask Ray gave this thread (SIGINT blocked) before any
+        # RAY-WORKER: clear the signal mask Ray gave this thread (SIGINT blocked) before any
         # worker is spawned from it; children inherit it through posix_spawn.
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        # R-ray-priority: back from Ray's worker niceness before any worker inherits it.
+        # RAY-PRIORITY: back from Ray's worker niceness before any worker inherits it.
         nice = set_niceness(self.niceness) if self.niceness is not None else os.nice(0)
         base = runtime_dir()
         if len(str(base)) + IPC_SUFFIX_MAX > IPC_PATH_MAX:
@@ -188,7 +188,7 @@ class NodeSupervisor:
         sup = self._sup()
         requests = decode_requests(data)
         refused: list[tuple[int, BaseException]] = []
-        # A-PROBE: the agent names this node does not know yet are probed (at once, each bounded)
+        # ADAPT-PROBE: the agent names this node does not know yet are probed (at once, each bounded)
         # before the batch is accepted, so that what no worker can run is refused with
         # InvalidAgent, as a submit is. The router sends a node's batches one after the other:
         # holding this one keeps their order.
@@ -202,7 +202,7 @@ class NodeSupervisor:
             for i, row in enumerate(rows, first):
                 agent, raw, session, timeout, grace, kill_after, turn_id, retry, attempts, steps = row
                 try:
-                    if steps and turn_id:  # S-RAY: placed again after its node was lost
+                    if steps and turn_id:  # RAY-STEP-RECORDS: placed again after its node was lost
                         sup.steps.restore(turn_id, steps)
                     record = sup.accept_encoded(
                         agent,
@@ -240,12 +240,13 @@ class NodeSupervisor:
             yield encode_results(batch)
 
     async def steps(self) -> AsyncIterator[bytes]:
-        """S-RAY: step records of this node's turns, in batches, as they come (one consumer: the router)."""
+        """RAY-STEP-RECORDS: step records of this node's turns, in batches, as they come (one consumer: the
+        router)."""
         async for batch in self._steps.stream(lambda: self._closed):
             yield batch
 
     async def steps_acked(self, batch: int) -> None:
-        """S-RAY: the router holds step batch ``batch``: its records are durable."""
+        """RAY-STEP-RECORDS: the router holds step batch ``batch``: its records are durable."""
         self._steps.acked(batch)
 
     async def follow(self, turn_id: str) -> AsyncIterator[list[Any]]:
@@ -292,7 +293,7 @@ class NodeSupervisor:
         turn's grace) for its end; returns ``(True, bytes)`` (``batches.decode_cancel_reply``: the
         winning cause and the result, or ``None`` if it did not end in time).
 
-        R-ray-cancel-reply: a cooperative cancel's end then reaches the router in this reply, one
+        RAY-CANCEL-REPLY: a cooperative cancel's end then reaches the router in this reply, one
         Ray call, not in a second one on the results stream (where it goes too: the router
         settles the turn from whichever arrives first and drops the other). Arguments and reply
         are plain strings, numbers and bytes, which Ray sends without its pickler."""
@@ -328,7 +329,7 @@ class NodeSupervisor:
 
         ``ray.cancel`` of the ref cancels this coroutine; the engine's ``run`` then cancels the
         turn (cause ``user``) and waits for its quiescence before the cancellation completes
-        (R-ray-run-cancel)."""
+        (RAY-RUN-CANCEL)."""
         if kwargs.get("turn_id") is None:
             kwargs["turn_id"] = new_turn_id(self.key)
         sup = self._sup()

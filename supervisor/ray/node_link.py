@@ -2,7 +2,7 @@
 
 ``NodeLink`` holds what the router knows of one node (its actor, its workers, the turns it holds
 and the ones waiting for the next batch, its last status) and runs the node's two streams
-(R-ray-streams): the flusher, which sends submissions in batches, one batch in flight at a time,
+(RAY-BATCHES): the flusher, which sends submissions in batches, one batch in flight at a time,
 and the results stream, which brings results back in batches and is also the router's liveness
 channel: its failure is how the router learns the node is lost.
 """
@@ -67,7 +67,7 @@ class NodeLink:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     status: dict[str, Any] | None = None
     late: int = 0  # results dropped because their turn had ended already (see ``settle``)
-    last_sent: int = 0  # R-ray-spread: when a turn was last sent here (``_SENDS``): ties go round robin
+    last_sent: int = 0  # RAY-SPREAD: when a turn was last sent here (``_SENDS``): ties go round robin
 
     def load(self) -> tuple[float, int]:
         """Turns held or waiting, per worker: the least loaded node takes a turn with no home;
@@ -90,7 +90,7 @@ class NodeLink:
                 await self.wake.wait()
                 self.wake.clear()
                 continue
-            # R-ray-streams: one submit_batch call per node per flush, not one Ray call per turn,
+            # RAY-BATCHES: one submit_batch call per node per flush, not one Ray call per turn,
             # its requests as one msgpack byte string.
             batch, self.pending = self.pending[:SUBMIT_BATCH], self.pending[SUBMIT_BATCH:]
             try:
@@ -128,7 +128,7 @@ class NodeLink:
                     return  # closed: the stream ended after the last result
                 reason = "the node supervisor stopped"
             except ray.exceptions.ActorUnavailableError as exc:
-                # R-ray-loss: unreachable (restarting, partitioned) is not yet lost; after
+                # RAY-LOSS: unreachable (restarting, partitioned) is not yet lost; after
                 # node_loss_timeout it is, and the actor is killed so nothing runs twice.
                 now = time.monotonic()
                 unavailable_since = unavailable_since or now
@@ -142,7 +142,7 @@ class NodeLink:
             return
 
     async def steps_stream(self) -> None:
-        """S-RAY: keeps the node's step records on their turns, and acknowledges each batch to the
+        """RAY-STEP-RECORDS: keeps the node's step records on their turns, and acknowledges each batch to the
         node once kept. Ends when the node goes: its results stream tells the loss."""
 
         def mine(turn_id: str) -> RoutedTurn | None:
@@ -160,9 +160,9 @@ class NodeLink:
         """End a turn this node held with the result the node sent, unless it has ended already.
 
         A result reaches the router on the results stream, and a cancelled turn's also in the
-        cancel's reply (R-ray-cancel-reply): whichever comes first ends the turn, the other is
+        cancel's reply (RAY-CANCEL-REPLY): whichever comes first ends the turn, the other is
         counted in ``late`` and dropped. A result for a turn now held by another node (retried
-        after this one was declared lost) or already ended as lost is dropped too (R-ray-loss)."""
+        after this one was declared lost) or already ended as lost is dropped too (RAY-LOSS)."""
         turn = self.table.get(result.turn_id)
         if turn is None or turn.node is not self:
             return  # not ours (a Ray-native run), or moved to another node

@@ -4,8 +4,8 @@
   router (or a restarted one) finds the owning node from the id alone.
 * A caller-given ``turn_id`` has no node in it: it goes where rendezvous hashing of the id
   over the live nodes says, so the same id submitted twice lands on the same node, whose
-  supervisor then runs it once (R-ray-ids).
-* A session goes where rendezvous hashing of its name says (R-ray-sessions). Rendezvous
+  supervisor then runs it once (RAY-IDS).
+* A session goes where rendezvous hashing of its name says (RAY-SESSIONS). Rendezvous
   (highest random weight) hashing moves only the sessions the new node wins when a node joins,
   and only the lost node's sessions when one leaves; the router keeps a session on its node
   while the session has turns in flight, so a join never splits a session across two nodes.

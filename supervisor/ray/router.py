@@ -78,7 +78,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
     ``node_niceness`` (default 0, the niceness Ray's own daemons run at) is set on each node
     supervisor and so on its workers, in place of the 15 Ray starts its workers at: the node
     supervisor keeps the grace and does the kill, and at 15 a loaded node starves both
-    (R-ray-priority). ``None`` keeps Ray's.
+    (RAY-PRIORITY). ``None`` keeps Ray's.
 
     When a node or its node supervisor is lost (Ray reports the actor dead, or unreachable for
     longer than ``node_loss_timeout`` seconds, or the node dead), every turn it held ends once,
@@ -139,7 +139,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         self.keep_results = keep_results
         options = dict(supervisor_options or {})
         options.update(grace=grace, kill_after=kill_after, spares=spares, agent_path=agent_path)
-        # Validate every engine option here, at the call, not on the nodes (R-ray-boundary).
+        # Validate every engine option here, at the call, not on the nodes (RAY-BOUNDARY).
         from .._engine import Supervisor
 
         Supervisor(workers=1, **options)
@@ -260,14 +260,14 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         if not live:
             raise SupervisorClosed("no live turnpool node on the Ray cluster")
         if turn.session is not None:
-            # R-ray-sessions: a session stays on its node while it has turns in flight.
+            # RAY-SESSIONS: a session stays on its node while it has turns in flight.
             pinned = self._table.pinned(turn.session)
             if pinned is not None:
                 return pinned
             by_key = {n.key: n for n in live}
             return by_key[rendezvous(turn.session, by_key)]
         if turn.turn_id and turn.attempts == 1:
-            # R-ray-ids: a router-made id names its node; a caller's id goes where its hash says.
+            # RAY-IDS: a router-made id names its node; a caller's id goes where its hash says.
             by_key = {n.key: n for n in live}
             named = node_of(turn.turn_id)
             if named is not None and named in by_key:
@@ -310,8 +310,8 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         Raises as ``Supervisor.submit`` does (checked here first, then by the node)."""
         self._check_open()
         check_agent(agent)
-        # TypeError (W-IN too) or PayloadTooLarge at the call, before any Ray call; these bytes are
-        # what the node's engine gets (R-ray-streams).
+        # TypeError (LINK-EXACT too) or PayloadTooLarge at the call, before any Ray call; these bytes are
+        # what the node's engine gets (RAY-BATCHES).
         raw = wire.encode_payload(input, what="turn input", exact=True)
         session = check_optional_str("session", session)
         turn_id = check_optional_str("turn_id", turn_id)
@@ -333,7 +333,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         )
         existing = self._table.get(turn_id) if turn_id is not None else None
         if existing is not None:
-            # R-ray-ids: the same id goes to the node that has it; that node's engine runs it once
+            # RAY-IDS: the same id goes to the node that has it; that node's engine runs it once
             # (or refuses the same id with another request). Sent on its own: no order to keep.
             await existing.wait_acked()
             node = existing.node
@@ -357,7 +357,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
 
     async def run(self, agent: str, input: Any = None, **kwargs: Any) -> TurnResult:
         """``submit`` then ``result``; cancelling the caller cancels the turn (cause ``user``)
-        and waits for its truthful end (R-ray-run-cancel)."""
+        and waits for its truthful end (RAY-RUN-CANCEL)."""
         handle = await self.submit(agent, input, **kwargs)
         try:
             return await self.result(handle.turn_id)
@@ -373,7 +373,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         """A Ray ``ObjectRef`` to the ``TurnResult`` of a turn run on a node, for Ray-native code.
 
         ``ray.cancel(ref)`` cancels the turn with cause ``user`` on its node, which waits for the
-        turn's truthful end (R-ray-run-cancel). The turn goes to the least loaded node (or its
+        turn's truthful end (RAY-RUN-CANCEL). The turn goes to the least loaded node (or its
         session's node) and is not tracked by this router."""
         self._check_open()
         check_agent(agent)
@@ -478,7 +478,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         node = self._owner(turn_id)
         if node is None:
             raise UnknownTurn(turn_id)
-        # R-ray-cancel-reply: for a turn this router holds, the node waits (briefly) for the end
+        # RAY-CANCEL-REPLY: for a turn this router holds, the node waits (briefly) for the end
         # and sends it in this reply, so a cooperative cancel costs one Ray call, not two.
         wait = CANCEL_REPLY_WAIT if turn is not None else 0.0
         try:
@@ -524,7 +524,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
     def status_now(self) -> dict[str, Any]:
         """Per-node pools (``nodes``: each node's ``Supervisor.status()`` as of the last membership
         poll, with its node id, key and state) and the totals across nodes, without asking the
-        nodes (R-STATUS: ``status()`` is the awaitable that asks them first)."""
+        nodes (API-ONE-CONTRACT: ``status()`` is the awaitable that asks them first)."""
         nodes = []
         workers: list[dict[str, Any]] = []
         outcomes: collections.Counter[str] = collections.Counter()
@@ -572,7 +572,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """The node supervisors by node key: node id, actor, pid, state, turns held, and
-        ``late``: results that arrived for a turn already ended (R-ray-cancel-reply)."""
+        ``late``: results that arrived for a turn already ended (RAY-CANCEL-REPLY)."""
         return {
             n.key: {
                 "node_id": n.node_id,

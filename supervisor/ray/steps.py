@@ -1,4 +1,4 @@
-"""Step records on a Ray cluster (S-RAY): a node's records live with the router, so a turn placed
+"""Step records on a Ray cluster (RAY-STEP-RECORDS): a node's records live with the router, so a turn placed
 again on another node after its node was lost resumes from its last recorded step.
 
 ``NodeSteps`` is a node supervisor's step sink (``StepRecords.set_sink``): records go to the router

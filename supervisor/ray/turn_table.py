@@ -57,7 +57,8 @@ class RoutedTurn:
     result: TurnResult | None = None
     submitted_at: float = field(default_factory=time.time)
     resent: bool = False  # placed again after its node was lost
-    steps: list[tuple[str, bytes]] | None = None  # S-RAY: its step records, (kind, record) in seq order
+    # RAY-STEP-RECORDS: its step records, (kind, record) in seq order
+    steps: list[tuple[str, bytes]] | None = None
 
     def row(self) -> Request:
         """The request as it travels to the node (``batches.encode_requests``)."""
@@ -172,7 +173,7 @@ class TurnTable:
         self.open += 1
 
     def pin(self, turn: RoutedTurn, node: NodeLink) -> None:
-        """R-ray-sessions: the session stays on ``node`` while any of its turns is in flight."""
+        """RAY-SESSIONS: the session stays on ``node`` while any of its turns is in flight."""
         if turn.session is not None:
             _, count = self.pins.get(turn.session, (node, 0))
             self.pins[turn.session] = (node, count + 1)
@@ -213,7 +214,7 @@ class TurnTable:
         if turn.done:
             return
         turn.result = result
-        turn.steps = None  # S-RAY: resumed no more
+        turn.steps = None  # RAY-STEP-RECORDS: resumed no more
         self.open -= 1
         if turn.node is not None:
             turn.node.held.pop(turn.turn_id, None)

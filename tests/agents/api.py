@@ -19,7 +19,7 @@ def generator_agent(turn: worker.Turn) -> Any:
 
 
 async def starts_a_supervisor(turn: worker.Turn) -> str:
-    """Builds a supervisor inside its turn: refused (H3)."""
+    """Builds a supervisor inside its turn: refused (API-NO-NESTING)."""
     from supervisor import Supervisor
 
     async with Supervisor(workers=1, spares=0):
@@ -53,15 +53,15 @@ class _UnreadableError(Exception):
 
 
 async def raises_unreadable(turn: worker.Turn) -> None:
-    """E-TEXT: raises an exception whose ``__str__`` raises."""
+    """WORKER-ERROR-TEXT: raises an exception whose ``__str__`` raises."""
     raise _UnreadableError()
 
 
 def raises_unreadable_sync(turn: worker.Turn) -> None:
-    """E-TEXT, from a plain ``def`` agent (a thread)."""
+    """WORKER-ERROR-TEXT, from a plain ``def`` agent (a thread)."""
     raise _UnreadableError()
 
 
 async def raises_surrogate(turn: worker.Turn) -> None:
-    """E-TEXT: an error message holding a lone surrogate, which UTF-8 cannot carry."""
+    """WORKER-ERROR-TEXT: an error message holding a lone surrogate, which UTF-8 cannot carry."""
     raise ValueError("bad \ud800 text")

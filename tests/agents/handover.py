@@ -1,4 +1,4 @@
-"""Agents for ``tests/test_handover.py`` (K-HANDOVER): a doomed turn that survives its SIGTERM,
+"""Agents for ``tests/test_handover.py`` (LADDER-HANDOVER): a doomed turn that survives its SIGTERM,
 one that ends on it, and queued turns that note where and when they ran."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Agents for ``tests/test_heir.py`` (K-HEIR): a turn that notes whether the doomed worker it was
+"""Agents for ``tests/test_heir.py`` (LADDER-HEIR): a turn that notes whether the doomed worker it was
 held for still ran when it started, and one that makes its worker unable to watch a process."""
 
 from __future__ import annotations

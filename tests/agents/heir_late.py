@@ -1,4 +1,4 @@
-"""An agent module for ``tests/test_heir.py`` that notes when it is imported (K-HEIR: a held turn
+"""An agent module for ``tests/test_heir.py`` that notes when it is imported (LADDER-HEIR: a held turn
 whose agent is not imported yet must not import it before the doomed worker is gone). The note goes
 to the file named by ``TURNPOOL_TEST_IMPORT_NOTE``: ``pid monotonic``."""
 

@@ -1,4 +1,4 @@
-"""Agents for ``tests/test_isolation.py``: output floods (R-OUT)."""
+"""Agents for ``tests/test_isolation.py``: output floods (WORKER-OUTPUT)."""
 
 from __future__ import annotations
 

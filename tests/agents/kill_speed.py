@@ -40,8 +40,8 @@ async def watch_sigcont(turn: worker.Turn) -> None:
 
 
 async def warm_state(turn: worker.Turn) -> dict[str, Any]:
-    """What the warm-up (W-WARM) left in this worker."""
+    """What the warm-up (WORKER-WARM) left in this worker."""
     from worker import lowlevel
 
-    state = getattr(lowlevel, "warm_up_state", None)  # (absent before W-WARM)
+    state = getattr(lowlevel, "warm_up_state", None)  # (absent before WORKER-WARM)
     return state() if state is not None else {}

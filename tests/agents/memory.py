@@ -1,5 +1,5 @@
 """Agents that leave memory behind in their worker (``tests.agents.memory:NAME``), for
-``tests/test_memory_kept.py`` (M-TRIM, M-KEPT)."""
+``tests/test_memory_kept.py`` (MEM-TRIM, MEM-RETIRE)."""
 
 from __future__ import annotations
 

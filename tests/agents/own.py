@@ -1,5 +1,5 @@
 """Agents for ``tests/test_worker_own.py``: agents that go after what other workers and the engine
-keep (W-OWN, W-CWD, W-BIND), as an agent running as the daemon's user could."""
+keep (SEC-WORKER-FILES, WORKER-CWD, WORKER-REBIND), as an agent running as the daemon's user could."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def parent() -> int:
 
 
 def whose_calls(turn: worker.Turn) -> Any:
-    """Who forked this turn's isolated call and who ran the turn (T-WARM: a template, not the worker)."""
+    """Who forked this turn's isolated call and who ran the turn (TOOL-WARM: a template, not the worker)."""
     return {"parent": worker.isolated(parent)(), "worker": os.getpid()}
 
 

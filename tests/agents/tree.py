@@ -115,7 +115,8 @@ def _unified(path: str) -> str:
 
 
 async def where_am_i(turn: worker.Turn) -> dict[str, Any]:
-    """W-JOIN: the cgroup v2 line of this worker, of each of its threads and of a child it runs."""
+    """WORKER-JOIN-CGROUP: the cgroup v2 line of this worker, of each of its threads and of a child it
+    runs."""
     threads = {tid: _unified(f"/proc/self/task/{tid}/cgroup") for tid in os.listdir("/proc/self/task")}
     child = (await anyio.run_process(["cat", "/proc/self/cgroup"])).stdout.decode()
     return {

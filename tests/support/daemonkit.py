@@ -4,7 +4,7 @@ Each daemon gets its own short temp dir (``/tmp/tpd…``: an ``ipc://`` path mus
 bytes), its own ``TURNPOOL_ENDPOINT`` and ``XDG_RUNTIME_DIR``, so tests never share a daemon.
 Start-up is awaited on the daemon's own "ready" line on stdout, bounded; nothing sleeps.
 
-Workers import agents only from ``--path`` directories (R-PATH): ``start`` passes the repo root,
+Workers import agents only from ``--path`` directories (WORKER-PATH): ``start`` passes the repo root,
 so ``tests.agents:...`` resolves wherever the daemon runs. Commands run with ``python -P``, like
 the ``turnpool`` console script, which never searches its working directory either.
 """

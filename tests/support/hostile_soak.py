@@ -179,9 +179,9 @@ class Report:
             # daemon no longer reading) is not a bound: an overwhelmed event loop does that too.
             "endless_header_cut": "floods" in self.plan.skip
             or header.get("cut_by_daemon", 0) >= self.plan.header_streams,
-            # D-FD: while half-open connections hold the HTTP front end's share, a new connection is
+            # DAEMON-FD: while half-open connections hold the HTTP front end's share, a new connection is
             # refused (503) rather than the daemon dying; an authenticated client is served between
-            # them, as the header deadline (H-BOUND) frees the share.
+            # them, as the header deadline (HTTP-BOUND) frees the share.
             "http_served_under_flood": probe.get("ok", 0) > 0,
         }
 
@@ -255,7 +255,7 @@ async def hostile_soak(plan: Plan, *, progress: bool = False, keep_home: str | N
         *daemonkit.HTTP,
         "--http-token",
         str(token),
-        "--allow-agent",  # A-SHARED: a tcp endpoint names the agents its clients may run
+        "--allow-agent",  # SEC-SHARED: a tcp endpoint names the agents its clients may run
         f"{HOSTILE}:*",
         "--allow-agent",
         ORDINARY.split(":")[0] + ":*",
@@ -448,7 +448,7 @@ async def hostile_soak(plan: Plan, *, progress: bool = False, keep_home: str | N
                 except (TurnpoolError, OSError) as exc:
                     report.submit_errors[f"final: {type(exc).__name__}"] += 1
             if report.before is not None and not daemon_gone():
-                # Closed connections and freed memory take the daemon a moment (M-TRIM: memory is
+                # Closed connections and freed memory take the daemon a moment (MEM-TRIM: memory is
                 # handed back once a second): "after" is read once they are back, or at a bound.
                 daemon = psutil.Process(served.pid)
                 with anyio.move_on_after(5):

@@ -34,7 +34,7 @@ def completed(turn_id: str) -> wire.TurnResult:
     return wire.TurnResult(turn_id=turn_id, outcome="completed", output={"out": turn_id}, started=True)
 
 
-# A frozen copy of the journal's schema 1 (turnpool before J-APPEND: one row per turn, rewritten at
+# A frozen copy of the journal's schema 1 (turnpool before JOURNAL-APPEND: one row per turn, rewritten at
 # each step), to build the files an upgrade must read and convert.
 SCHEMA_1 = """
 CREATE TABLE turns (

@@ -1,4 +1,4 @@
-"""Waiting for a process's memory to come back (M-TRIM: the daemon hands freed memory back to the
+"""Waiting for a process's memory to come back (MEM-TRIM: the daemon hands freed memory back to the
 system once a second, so one reading right after a burst measures the allocator, not what is held)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ LangGraph graph, an OpenAI Agents SDK ``Agent`` or Claude Agent SDK options; the
 an adapter that runs it with the framework's own streaming API and maps its stream onto turnpool's
 event vocabulary.
 
-A-ADAPT: the core never imports a framework. The object's class is recognised by the names in its
+ADAPT-OBJECT: the core never imports a framework. The object's class is recognised by the names in its
 MRO (no import), and only then is the adapter module for it imported, which imports the
 framework (already imported by the user's module that built the object). One module per framework.
 """
@@ -144,7 +144,7 @@ def of_class(obj: Any, package: str, name: str) -> bool:
     return any(c.__name__ == name and c.__module__.partition(".")[0] == package for c in type(obj).__mro__)
 
 
-# A-QUIET: a framework turn ends only once the sync code it started in threads has returned, and
+# ADAPT-QUIET: a framework turn ends only once the sync code it started in threads has returned, and
 # the tasks it asked to cancel have ended.
 class TurnThreads(ThreadPoolExecutor):
     """The threads one framework turn runs sync code in (tools, nodes), as the event loop's default

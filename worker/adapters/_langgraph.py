@@ -76,7 +76,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
     async def run(turn: Turn) -> Any:
         saver = getattr(obj, "checkpointer", None)
         value, config = graph_input(turn.input, saver not in (None, False))
-        if type(saver).__name__ == "TurnCheckpointer":  # S-RESUME: step records behind the checkpoints
+        if type(saver).__name__ == "TurnCheckpointer":  # LOOP-RESUME: step records behind the checkpoints
             return await run_durable(obj, saver, turn, value, config)
         state: Any = None
 
@@ -92,7 +92,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
                         await turn.emit(event)
 
         async with TurnThreads():
-            # A-QUIET: the stream runs in a task of its own, cancelled once when the turn is.
+            # ADAPT-QUIET: the stream runs in a task of its own, cancelled once when the turn is.
             # LangGraph's cleanup (cancel its node tasks, wait for them) expects one cancellation:
             # under the turn's cancel scope, which cancels again at every await, the wait is cut
             # short and the nodes run on, not even cancelled. A node that swallows the cancel then

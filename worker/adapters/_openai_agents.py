@@ -77,7 +77,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
 
 def unconnected_servers(agent: Any) -> list[Any]:
     """The MCP servers of ``agent`` and of the agents it hands off to that are not connected
-    (A-MCP-FW): turnpool connects them for the turn."""
+    (ADAPT-MCP-FRAMEWORK): turnpool connects them for the turn."""
     servers: list[Any] = []
     seen: set[int] = set()
     stack = [agent]

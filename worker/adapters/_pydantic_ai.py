@@ -85,7 +85,7 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
 
 
 def mcp_toolsets(agent: Any) -> list[Any]:
-    """The agent's ``MCPToolset`` leaves (A-MCP-FW): entered by turnpool for the turn."""
+    """The agent's ``MCPToolset`` leaves (ADAPT-MCP-FRAMEWORK): entered by turnpool for the turn."""
     found: list[Any] = []
     for toolset in getattr(agent, "toolsets", ()):
         toolset.apply(

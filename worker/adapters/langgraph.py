@@ -2,12 +2,12 @@
 
 Compile a graph with ``checkpointer=TurnCheckpointer()`` and run it as a turn (the LangGraph
 adapter): every checkpoint and every task's writes LangGraph saves are recorded durably through the
-supervisor (a daemon: its journal), each acknowledged before LangGraph goes on (S-DURABLE). When
+supervisor (a daemon: its journal), each acknowledged before LangGraph goes on (LOOP-STEP-DURABLE). When
 the turn, submitted with ``retry=True``, runs again after its worker died, the adapter loads the
 records back and resumes the graph from its last checkpoint (``astream(None, config)``): a node
 whose writes were recorded does not run again.
 
-Tool nodes follow the rule of ``worker.agent`` (S-UNKNOWN): a task of a node named in
+Tool nodes follow the rule of ``worker.agent`` (LOOP-UNKNOWN-CALL): a task of a node named in
 ``tool_nodes`` (default: ``"tools"``, the prebuilt ``ToolNode``'s name) that the last checkpoint
 started and whose writes were not recorded is run again only if its node is in
 ``idempotent_nodes``; otherwise ``on_unknown_outcome="tell_model"`` answers each of its tool calls
@@ -135,7 +135,7 @@ class TurnCheckpointer(InMemorySaver):
         await self._record("lg_writes", (_keys(config), list(writes), task_id, task_path))
         InMemorySaver.put_writes(self, config, writes, task_id, task_path)
 
-    # ---- S-UNKNOWN for tool nodes ------------------------------------------------------------
+    # ---- LOOP-UNKNOWN-CALL for tool nodes ------------------------------------------------------------
 
     async def settle(self, graph: Any, config: Any) -> None:
         """Before resuming: a tool node's task the last checkpoint started without recorded writes

@@ -2,7 +2,7 @@
 
 ``myapp.agents:trip = durable(Agent(...), idempotent_tools=("reserve",))`` is a turnpool agent (name it
 in ``submit``): it runs the pydantic-ai agent node by node (``agent.iter``) and records, through the
-turn (S-DURABLE), every message of the run as it is made (``pa_msg``: the user's request, each model
+turn (LOOP-STEP-DURABLE), every message of the run as it is made (``pa_msg``: the user's request, each model
 response, each request carrying tool returns), and around each tool call a ``started`` record, durable
 before the tool runs, and a ``completed`` one with its return value, durable before the next model
 request. When the turn (``retry=True``) runs again after its worker died, the run continues from the
@@ -72,7 +72,7 @@ class _Run:
 
 
 class _Recording(WrapperToolset[Any]):
-    """Each tool call: its records, and the rule for a call the records say started (S-UNKNOWN)."""
+    """Each tool call: its records, and the rule for a call the records say started (LOOP-UNKNOWN-CALL)."""
 
     def __init__(self, wrapped: AbstractToolset[Any], run: _Run) -> None:
         super().__init__(wrapped)
@@ -81,7 +81,7 @@ class _Recording(WrapperToolset[Any]):
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any) -> Any:
         run, call_id = self.run, ctx.tool_call_id or name
         if call_id in run.completed:
-            return run.completed[call_id]  # S-RESUME: its recorded return, not run again
+            return run.completed[call_id]  # LOOP-RESUME: its recorded return, not run again
         if call_id in run.started and name not in run.idempotent:
             if run.on_unknown == "fail":
                 raise UnknownToolOutcome(name=name, call_id=call_id, step=run.steps)
@@ -90,7 +90,7 @@ class _Recording(WrapperToolset[Any]):
             return value
         if call_id not in run.started:
             run.post("started", call=call_id, name=name, index=0)
-            await run.durable()  # S-DURABLE: before the tool runs
+            await run.durable()  # LOOP-STEP-DURABLE: before the tool runs
         await run.turn.emit(
             {"type": "tool_call", "id": call_id, "title": name, "input": _jsonable(tool_args)}
         )
@@ -164,7 +164,8 @@ def durable(
                                 "pa_msg", messages=m.ModelMessagesTypeAdapter.dump_python(new, mode="json")
                             )
                         if Agent.is_model_request_node(node):
-                            await run.durable()  # S-DURABLE: the calls' records before the next request
+                            # LOOP-STEP-DURABLE: the calls' records before the next request
+                            await run.durable()
                     result = graph_run.result
         await run.durable()
         assert result is not None

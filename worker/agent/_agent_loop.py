@@ -83,7 +83,7 @@ class AgentLoop:
     is set (a supervisor ``Abort``), raising ``Cancelled`` (a ``worker.TurnCancelled``) with the
     turn's cause, and it streams ``delta`` / ``tool_call`` / ``tool_result`` events to the turn.
 
-    Bound to a turn it also records each step durably through the supervisor (S-DURABLE,
+    Bound to a turn it also records each step durably through the supervisor (LOOP-STEP-DURABLE,
     ``_steps.py``), and on a later attempt of the turn (``retry=True`` after its worker died) it
     resumes from them: recorded responses and outputs are used, not asked for or run again. A
     call that started and did not complete is run again only by an ``idempotent`` tool; otherwise
@@ -109,7 +109,7 @@ class AgentLoop:
         if on_unknown_outcome not in ON_UNKNOWN_OUTCOME:
             raise ValueError(f"on_unknown_outcome must be 'tell_model' or 'fail', got {on_unknown_outcome!r}")
         self.on_unknown_outcome = on_unknown_outcome
-        self._steps: LoopSteps | None = None  # the step records of the turn bound now (S-DURABLE)
+        self._steps: LoopSteps | None = None  # the step records of the turn bound now (LOOP-STEP-DURABLE)
         for name, value in (("max_steps", max_steps), ("max_tool_errors", max_tool_errors)):
             low = 1 if name == "max_steps" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -224,7 +224,7 @@ class AgentLoop:
         self._chan.attach()
         self._chan.drain()  # stale cancels from before this run never reach it
 
-    # R19: the agent loop's abort becomes its typed Cancelled after its hooks ran.
+    # LOOP-POINTS: the agent loop's abort becomes its typed Cancelled after its hooks ran.
     async def _finalize(self, steps: Any) -> RunResult:
         """The spec's ``finalize_interruption``: every result of run()/resume() passes here."""
         try:
@@ -333,7 +333,7 @@ class AgentLoop:
                 return outcome
             text, calls, finish = outcome
             if not calls:
-                await steps.durable()  # S-DURABLE: the answer is recorded before the agent acts on it
+                await steps.durable()  # LOOP-STEP-DURABLE: the answer is recorded before the agent acts on it
                 return Finished(text, index, finish)
 
     def _check_settings(self) -> None:
@@ -406,9 +406,9 @@ class AgentLoop:
     async def _model_step(self) -> tuple[str, list[FunctionCall], str | None] | Paused:
         steps = self._recorder()
         recorded = steps.next_model_step()
-        if recorded is not None:  # S-RESUME: an earlier attempt has this response: not asked again
+        if recorded is not None:  # LOOP-RESUME: an earlier attempt has this response: not asked again
             return self._replayed_response(recorded)
-        await steps.durable()  # S-DURABLE: the completed calls' records first
+        await steps.durable()  # LOOP-STEP-DURABLE: the completed calls' records first
         request = ModelRequest(
             messages=tuple(self.history),
             tools=tuple(t.spec for t in self.tools.values()),
@@ -503,7 +503,7 @@ class AgentLoop:
         failures: dict[str, BaseException] = {}
         turn_cancelled: list[TurnCancelled] = []
         steps = self._recorder()
-        # S-RESUME, S-UNKNOWN: outputs the records already hold; the other calls are recorded
+        # LOOP-RESUME, LOOP-UNKNOWN-CALL: outputs the records already hold; the other calls are recorded
         # ``started`` (durable) before any of them runs.
         known, replayed = steps.plan(calls, self.tools, self.on_unknown_outcome)
         await steps.started(
@@ -540,7 +540,7 @@ class AgentLoop:
             try:
                 value = await t(call.arguments)
             except ToolIsolationError as exc:
-                # T-AGENT: a tool stopped by its own limits (or dead) is told to the model, bounded
+                # TOOL-TOLD: a tool stopped by its own limits (or dead) is told to the model, bounded
                 # by max_tool_errors like the model's mistakes; the turn goes on.
                 await self._emit(_failed_update(call, exc))
                 self._tool_errors += 1
@@ -569,7 +569,7 @@ class AgentLoop:
                 return
             finally:
                 reset_current(token)
-            # S-DURABLE: posted at once (durable before the next model call, ``_model_step``).
+            # LOOP-STEP-DURABLE: posted at once (durable before the next model call, ``_model_step``).
             await self._not_recorded(call, steps.completed(call, value))
             outputs[call.call_id] = FunctionCallOutput(call.call_id, call.name, value)
             block.results[call.call_id] = value
@@ -614,7 +614,7 @@ class AgentLoop:
         return t.check_arguments(call.arguments)
 
     async def _not_recorded(self, call: FunctionCall, why: str | None) -> None:
-        """S-SIZE: a call's output that could not be recorded still reaches the model in this
+        """LOOP-STEP-SIZE: a call's output that could not be recorded still reaches the model in this
         attempt; the turn is told, and cannot be resumed past it."""
         if why is not None:
             logger.warning("%s", why)

@@ -100,7 +100,7 @@ class ConfigWarnings(AgentLoopError):
 
 class UnknownToolOutcome(AgentLoopError):
     """Raised by ``run()`` / ``resume()`` of a loop made with ``on_unknown_outcome="fail"`` when the
-    turn is resumed after a crash and a tool call had started but not completed (S-UNKNOWN): it
+    turn is resumed after a crash and a tool call had started but not completed (LOOP-UNKNOWN-CALL): it
     may or may not have taken effect, and the tool is not ``idempotent``. ``name`` and ``call_id``
     say which call; the turn ends ``failed``."""
 
@@ -119,4 +119,4 @@ class StepRecordError(AgentLoopError):
     """Raised by ``run()`` / ``resume()`` when the turn's step records cannot be used: a record
     that cannot be read or belongs to another turn or run (refused at resume: the loop never
     runs blind), a turn that cannot be resumed past a step whose record was too large, or the
-    supervisor could not make a record durable (S-CORRUPT)."""
+    supervisor could not make a record durable (LOOP-STEP-CORRUPT)."""

@@ -1,17 +1,17 @@
 """Step records of an ``AgentLoop`` bound to a turn, and the replay of them on a later attempt.
 
-S-DURABLE: a loop bound to a turn records each step through the turn's ``StepLog``
+LOOP-STEP-DURABLE: a loop bound to a turn records each step through the turn's ``StepLog``
 (``worker/_steps.py``): ``user`` (a run's prompt), ``model`` (a response: text, tool calls, finish
 reason), ``started`` (a tool call, durable before the tool runs) and ``completed`` (its output or
 error, durable before the next model call). Each record is a msgpack map with ``v`` (1), ``turn``,
 ``loop`` (the loop's index among the turn's loops), ``k`` (its kind) and ``step`` (the model step).
 
-S-RESUME: on a later attempt of the turn (``retry=True`` after its worker died) ``LoopSteps``
+LOOP-RESUME: on a later attempt of the turn (``retry=True`` after its worker died) ``LoopSteps``
 hands the loop the records of its earlier attempts in order: a recorded model response is used
 instead of asking the model again, a completed call's recorded output instead of running it, and a
-call that started without completing follows S-UNKNOWN (``plan``). A record that does not fit
+call that started without completing follows LOOP-UNKNOWN-CALL (``plan``). A record that does not fit
 where the loop is (another turn's, another prompt, out of order, unreadable) ends the run with
-``StepRecordError`` (S-CORRUPT): the loop never runs blind.
+``StepRecordError`` (LOOP-STEP-CORRUPT): the loop never runs blind.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class LoopSteps:
         return self.last
 
     async def durable(self) -> None:
-        """S-DURABLE: every record posted so far is durable (before the next model call)."""
+        """LOOP-STEP-DURABLE: every record posted so far is durable (before the next model call)."""
         if self.log is None or self.last < 0:
             return
         try:
@@ -201,7 +201,7 @@ class LoopSteps:
     def plan(
         self, calls: Sequence[FunctionCall], tools: dict[str, Tool], on_unknown: str
     ) -> tuple[dict[str, Any], set[str]]:
-        """S-UNKNOWN: for a batch of calls, the outputs known from the records (completed calls;
+        """LOOP-UNKNOWN-CALL: for a batch of calls, the outputs known from the records (completed calls;
         calls whose outcome is unknown, told to the model), and the ids of the calls whose output
         was recorded in an earlier attempt (not told to followers again). The others run."""
         known: dict[str, Any] = {}
@@ -242,7 +242,7 @@ class LoopSteps:
         return known, replayed
 
     async def started(self, calls: Sequence[FunctionCall]) -> None:
-        """S-DURABLE: a ``started`` record per call, durable before any of them runs."""
+        """LOOP-STEP-DURABLE: a ``started`` record per call, durable before any of them runs."""
         if self.log is None or not calls:
             return
         for call in calls:
@@ -251,7 +251,7 @@ class LoopSteps:
         await self.durable()
 
     def completed(self, call: FunctionCall, output: Any, error: str | None = None) -> str | None:
-        """Post a call's ``completed`` record; the reason it could not be, if so (S-SIZE: marked
+        """Post a call's ``completed`` record; the reason it could not be, if so (LOOP-STEP-SIZE: marked
         ``unresumable`` instead, the output still reaches the model in this attempt)."""
         if self.log is None:
             return None

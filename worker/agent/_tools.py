@@ -26,7 +26,7 @@ class Tool:
     fn: Callable[..., Any]
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
-    # S-UNKNOWN: a call that started in an attempt that crashed is run again (with the same
+    # LOOP-UNKNOWN-CALL: a call that started in an attempt that crashed is run again (with the same
     # ``current_call().idempotency_key``) only when the tool says it is safe to.
     idempotent: bool = False
 
@@ -49,7 +49,7 @@ class Tool:
 
     async def __call__(self, arguments: dict[str, Any]) -> Any:
         if isinstance(self.fn, Isolated):
-            # T-AGENT: awaited, so the loop's cancel reaches the call's ladder (a thread would not).
+            # TOOL-TOLD: awaited, so the loop's cancel reaches the call's ladder (a thread would not).
             return await self.fn.acall(**arguments)
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**arguments)

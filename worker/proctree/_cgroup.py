@@ -46,7 +46,7 @@ def unified_mount() -> str | None:
     return _mount  # type: ignore[return-value]
 
 
-# R-cgroup; R-removed-cgroup: removed=True still names a removed cgroup's zombies.
+# TREE-CGROUP; TREE-ZOMBIES: removed=True still names a removed cgroup's zombies.
 def cgroup_of(pid: int | str = "self", *, removed: bool = False) -> str | None:
     """The filesystem path of ``pid``'s cgroup v2 (zombies included), or None.
 

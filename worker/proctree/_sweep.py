@@ -47,7 +47,7 @@ def _idle_pool_thread(thread: threading.Thread) -> bool:
     return frame is not None and frame.f_code is _POOL_WORKER
 
 
-# R-sweep: a turn's end sweeps its processes.
+# TREE-SWEEP: a turn's end sweeps its processes.
 class TurnSweep:
     def __init__(self, guardian: int = -1, skip_threads: tuple[str, ...] = (_flusher.THREAD_NAME,)) -> None:
         self.me = os.getpid()
@@ -57,8 +57,8 @@ class TurnSweep:
         self._fds: list[int] = []
         self._threads = -1
         self._ok = os.path.exists(f"/proc/{self.me}/task/{self.me}/children")
-        self._engine: frozenset[int] | None = None  # the engine's threads (R-sweep-threads)
-        # R-sweep-kept: the worker's own children (worker-wide MCP servers) -> the thread that
+        self._engine: frozenset[int] | None = None  # the engine's threads (TREE-THREADS)
+        # TREE-KEPT-CHILDREN: the worker's own children (worker-wide MCP servers) -> the thread that
         # waits for each (asyncio's child watcher on 3.11), if any: neither is a turn's leftover.
         self.kept: dict[int, int | None] = {}
 
@@ -67,7 +67,7 @@ class TurnSweep:
         turn of the supervisor's): any other thread alive after a turn is the turn's."""
         self._engine = frozenset(sys._current_frames())
 
-    # R-sweep-threads: a thread a turn left running retires its worker.
+    # TREE-THREADS: a thread a turn left running retires its worker.
     def agent_threads(self) -> list[str]:
         """The names of the threads a turn left running: neither the engine's nor a thread pool's
         idle worker. Threads started with ``_thread`` (not in ``threading``'s table) count too.
@@ -141,7 +141,7 @@ class TurnSweep:
         return _tree.kill_descendants(self.me, exclude=self._spared())
 
     def _spared(self) -> frozenset[int]:
-        """The guardian, and each kept child with everything it started (R-sweep-kept)."""
+        """The guardian, and each kept child with everything it started (TREE-KEPT-CHILDREN)."""
         spared = {self.guardian, *self.kept}
         for pid in self.kept:
             spared.update(_tree.descendants(pid))

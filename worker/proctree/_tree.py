@@ -102,7 +102,7 @@ def _kill(pid: int, sig: int) -> bool:
         return False
 
 
-# R14: freeze, then list, then signal.
+# TREE-FREEZE: freeze, then list, then signal.
 def freeze_tree(root: int, *, include_root: bool = True, exclude: frozenset[int] = frozenset()) -> list[int]:
     """SIGSTOP ``root`` and every descendant, listing again until nothing new appears.
 
@@ -178,14 +178,14 @@ def start_time(pid: int) -> int | None:
 
 TREE_ENV = "TURNPOOL_TREE"
 _MARKER_FD = -1
-_MARKER_MAP: object = None  # the memfd's mapping, kept for the life of the process (R-markers)
+_MARKER_MAP: object = None  # the memfd's mapping, kept for the life of the process (TREE-MARKERS)
 
 
 def memfd_name(marker: str) -> str:
     return f"turnpool-tree:{marker}"
 
 
-# R-markers: a marker that forks inherit (memfd) besides the environment one.
+# TREE-MARKERS: a marker that forks inherit (memfd) besides the environment one.
 def mark_tree(marker: str) -> None:
     """Set both markers in this process (a worker, before it forks anything)."""
     global _MARKER_FD, _MARKER_MAP
@@ -234,7 +234,7 @@ def has_marker(pid: int, marker: str) -> bool:
 def markers_of(pid: int) -> frozenset[str]:
     """Every tree marker ``pid`` carries (what ``has_marker`` tests for one marker): the
     environment's, a held marker memfd's, a mapped one's. Read once, it answers for every worker
-    (K-ORPHANS: the supervisor classifies each adopted child once, not once per worker exit)."""
+    (LADDER-ORPHANS: the supervisor classifies each adopted child once, not once per worker exit)."""
     found: set[str] = set()
     prefix = f"{TREE_ENV}=".encode()
     try:

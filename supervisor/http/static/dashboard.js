@@ -32,7 +32,7 @@ const state = {
 
 function $(id) { return document.getElementById(id); }
 
-// An id as one path segment (R-TID): percent-encoded, and an id of dots only as %2E so that the
+// An id as one path segment (LINK-TURN-ID): percent-encoded, and an id of dots only as %2E so that the
 // browser does not take "." or ".." for a step of the path.
 function seg(id) {
   return /^\.+$/.test(id) ? "%2E".repeat(id.length) : encodeURIComponent(id);
