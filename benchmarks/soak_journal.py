@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from supervisor.daemon.journal import KEEP_TURNS, Journal, read_history
-
 import wire
+from supervisor.journal import Journal, read_history
+from supervisor.journal.store import KEEP_TURNS
 from tests.support.journalkit import record
 
 ROUND = 10_000

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from supervisor.daemon.journal import KEEP_TURNS, Journal, read_history
 
 import wire
+from supervisor.journal import Journal, read_history
+from supervisor.journal.store import KEEP_TURNS
 from tests.support.daemonkit import turnpool_argv
 from tests.support.journalkit import record
 
