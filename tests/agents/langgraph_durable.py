@@ -43,13 +43,17 @@ def _kill_once(d: str, kill: str | None, where: str, pid: int = 0) -> None:
         os.kill(pid or os.getpid(), signal.SIGKILL)
 
 
+def _append(path: Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 @tool
 async def charge(amount: int, dir: str, kill: str | None = None, pid: int = 0) -> dict[str, Any]:
     """Charge the card (not idempotent): a line in ``dir/charges`` per execution."""
-    with open(Path(dir) / "charges", "a") as f:
-        f.write(f"{amount}\n")
-        f.flush()
-        os.fsync(f.fileno())
+    _append(Path(dir) / "charges", f"{amount}")
     _kill_once(dir, kill, "in_charge", pid)
     if kill == "after_charge" and _first_time(dir):
         # As soon as the tool returned, before its writes are recorded.
