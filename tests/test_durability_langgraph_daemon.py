@@ -38,7 +38,12 @@ def final_text(output: dict[str, Any]) -> str:
 
 def prompt(d: Path, kill: str | None, pid: int) -> dict[str, Any]:
     return {
-        "input": {"messages": [{"role": "user", "content": "charge me"}], "dir": str(d), "kill": kill, "pid": pid}
+        "input": {
+            "messages": [{"role": "user", "content": "charge me"}],
+            "dir": str(d),
+            "kill": kill,
+            "pid": pid,
+        }
     }
 
 
