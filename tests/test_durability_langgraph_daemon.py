@@ -9,6 +9,7 @@ uninterrupted run gives."""
 from __future__ import annotations
 
 import shutil
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,16 @@ async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> Any:
     try:
         async with Client.connect(second.endpoint) as client:
             with anyio.fail_after(60):
-                return await client.handle(handle.turn_id).result()
+                resumed = client.handle(handle.turn_id)
+                result = await resumed.result()
+                async with aclosing(resumed.events()) as events:
+                    seen = [e async for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
     finally:
         stop_process(second.proc)
+    # The resumed event counts the model steps the journal held (the planner's recorded answers).
+    from_step = {"model1": 0, "model2": 1, "in_charge": 1, "after_charge": 1, "end": 2}[kill]
+    assert seen == [{"type": "resumed", "attempt": 2, "from_step": from_step}], (kill, seen)
+    return result
 
 
 async def test_sigkill_of_the_daemon_at_every_boundary_of_a_graph(tmp_path: Path) -> None:

@@ -43,6 +43,9 @@ MAX_TURN_BYTES = 24 * 1024 * 1024 + 65536
 KEEP_TURNS = 10_000
 KEEP_BYTES = 64 * 1024 * 1024
 
+# The kinds of the framework recorders' records (S-INSPECT reads their model steps from them).
+_FRAMEWORK_KINDS = frozenset({"lg_put", "lg_writes", "pa_msg"})
+
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.decode
 
@@ -156,7 +159,12 @@ class StepRecords:
         """How many model responses the turn's records hold (a resumed attempt does not ask the
         model for them again)."""
         steps = self.live.get(turn_id)
-        return 0 if steps is None else steps.kinds.count("model")
+        if steps is None:
+            return 0
+        if not any(k in _FRAMEWORK_KINDS for k in steps.kinds):
+            return steps.kinds.count("model")  # an AgentLoop's: one record per model response
+        # A framework's records (LangGraph, pydantic-ai) hold model responses among other data.
+        return sum(1 for s in describe(steps.records) if "calls" in s)
 
     # ---- resume ---------------------------------------------------------------------------
 
