@@ -44,6 +44,9 @@ MAX_TURN_BYTES = 24 * 1024 * 1024 + 65536
 KEEP_TURNS = 10_000
 KEEP_BYTES = 64 * 1024 * 1024
 
+# The kinds of the framework recorders' records (LOOP-STEP-INSPECT reads their model steps from them).
+_FRAMEWORK_KINDS = frozenset({"lg_put", "lg_writes", "pa_msg"})
+
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.decode
 
@@ -157,7 +160,12 @@ class StepRecords:
         """How many model responses the turn's records hold (a resumed attempt does not ask the
         model for them again)."""
         steps = self.live.get(turn_id)
-        return 0 if steps is None else steps.kinds.count("model")
+        if steps is None:
+            return 0
+        if not any(k in _FRAMEWORK_KINDS for k in steps.kinds):
+            return steps.kinds.count("model")  # an AgentLoop's: one record per model response
+        # A framework's records (LangGraph, pydantic-ai) hold model responses among other data.
+        return sum(1 for s in describe(steps.records) if "calls" in s)
 
     # ---- resume ---------------------------------------------------------------------------
 
@@ -220,35 +228,61 @@ class StepRecords:
 
 def describe(records: list[bytes]) -> list[dict[str, Any]]:
     """LOOP-STEP-INSPECT: records as steps: ``{"loop", "step", "text", "finish", "calls": [{"call_id",
-    "name", "arguments", "state", "output", "error"}]}``, each call's ``state`` one of
-    ``not_started``, ``started`` (its outcome unknown if the turn crashed then), ``completed``,
-    ``not_recorded`` (its output was too large to record). A record that cannot be read is shown
-    as ``{"unreadable": why}``."""
-    steps: dict[tuple[int, int], dict[str, Any]] = {}
-    calls: dict[tuple[int, str], dict[str, Any]] = {}
-    out: list[dict[str, Any]] = []
+    "name", "arguments", "state", "output", "error"}]}`` (a LangGraph step also names its
+    ``node``), each call's ``state`` one of ``not_started``, ``started`` (its outcome unknown if the
+    turn crashed then), ``completed``, ``not_recorded`` (its output was too large to record). Every
+    recorder's records are read: ``worker.agent.AgentLoop``'s (``model``, ``started``,
+    ``completed``, ``unresumable``), LangGraph's ``TurnCheckpointer``'s (``lg_writes`` /
+    ``lg_put``, by their plain ``view``) and pydantic-ai ``durable``'s (``pa_msg`` with the
+    ``started`` / ``completed`` records around its tools). A record that cannot be read is shown as
+    ``{"unreadable": why}``."""
+    view = _View()
     for data in records:
         try:
             r = _decode(data)
             loop, step, kind = r["loop"], r["step"], r["k"]
         except (msgspec.DecodeError, KeyError, TypeError) as exc:
-            out.append({"unreadable": str(exc)})
+            view.out.append({"unreadable": str(exc)})
             continue
-        key = (loop, step)
+        try:
+            view.take(r, loop, step, kind)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            view.out.append({"unreadable": f"a {kind} step record cannot be shown: {exc!r}"})
+    return view.out
+
+
+class _View:
+    """``describe``'s state: the steps so far, each call by ``(loop, call_id)``."""
+
+    def __init__(self) -> None:
+        self.out: list[dict[str, Any]] = []
+        self.calls: dict[tuple[Any, Any], dict[str, Any]] = {}
+        self.last: dict[str, Any] | None = None  # the last step a framework recorder made
+
+    def step(self, loop: Any, step: Any, text: Any, finish: Any, calls: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "loop": loop,
+            "step": step,
+            "text": text or "",
+            "finish": finish,
+            "calls": [],
+        }
+        self.out.append(entry)
+        for c in calls or ():
+            call = {"call_id": c[0], "name": c[1], "arguments": c[2], "state": "not_started"}
+            entry["calls"].append(call)
+            self.calls[(loop, c[0])] = call
+        return entry
+
+    def framework_step(self, text: Any, finish: Any, calls: Any) -> dict[str, Any]:
+        n = sum(1 for s in self.out if "calls" in s)
+        self.last = self.step(0, n, text, finish, calls)
+        return self.last
+
+    def take(self, r: dict[str, Any], loop: Any, step: Any, kind: str) -> None:
+        calls = self.calls
         if kind == "model":
-            entry = {
-                "loop": loop,
-                "step": step,
-                "text": r.get("text", ""),
-                "finish": r.get("finish"),
-                "calls": [],
-            }
-            steps[key] = entry
-            out.append(entry)
-            for c in r.get("calls") or ():
-                call = {"call_id": c[0], "name": c[1], "arguments": c[2], "state": "not_started"}
-                entry["calls"].append(call)
-                calls[(loop, c[0])] = call
+            self.step(loop, step, r.get("text", ""), r.get("finish"), r.get("calls"))
         elif kind in ("started", "completed", "unresumable") and (loop, r.get("call")) in calls:
             call = calls[(loop, r.get("call"))]
             if kind == "started" and call["state"] == "not_started":
@@ -258,5 +292,49 @@ def describe(records: list[bytes]) -> list[dict[str, Any]]:
             elif kind == "unresumable":
                 call.update(state="not_recorded", error=r.get("reason"))
         elif kind == "unresumable":
-            out.append({"loop": loop, "step": step, "not_recorded": r.get("reason")})
-    return out
+            self.out.append({"loop": loop, "step": step, "not_recorded": r.get("reason")})
+        elif kind in ("lg_writes", "lg_put"):
+            self.langgraph(kind, r.get("view") or {})
+        elif kind == "pa_msg":
+            self.pydantic_ai(r.get("messages") or ())
+
+    def langgraph(self, kind: str, view: dict[str, Any]) -> None:
+        """``TurnCheckpointer``: a model's message is a step (its calls ``not_started``); a
+        checkpoint that starts a tool node starts the last step's calls; a tool's answer
+        completes its call."""
+        for msg in view.get("messages") or ():
+            if "ai" in msg:
+                entry = self.framework_step(msg["ai"], None, msg.get("calls"))
+                entry["node"] = view.get("node")
+            elif "tool" in msg and (0, msg["tool"]) in self.calls:
+                output = msg.get("output")
+                error = (output if isinstance(output, str) else str(output)) if msg.get("error") else None
+                self.calls[(0, msg["tool"])].update(state="completed", output=output, error=error)
+        if kind == "lg_put" and view.get("tools") and self.last is not None:
+            for call in self.last["calls"]:
+                if call["state"] == "not_started":
+                    call["state"] = "started"
+
+    def pydantic_ai(self, messages: Any) -> None:
+        """``durable``: each model response is a step (its tool calls); the ``started`` /
+        ``completed`` records around each tool give its state, a tool's return in the next
+        request completes a call those records did not."""
+        for msg in messages:
+            parts = msg.get("parts") or ()
+            if msg.get("kind") == "response":
+                text = "".join(p.get("content", "") for p in parts if p.get("part_kind") == "text")
+                calls = [
+                    (p.get("tool_call_id"), p.get("tool_name"), p.get("args"))
+                    for p in parts
+                    if p.get("part_kind") == "tool-call"
+                ]
+                self.framework_step(text, msg.get("finish_reason"), calls)
+                continue
+            for p in parts:
+                call = self.calls.get((0, p.get("tool_call_id")))
+                if call is None or call["state"] == "completed":
+                    continue
+                if p.get("part_kind") == "tool-return":
+                    call.update(state="completed", output=p.get("content"), error=None)
+                elif p.get("part_kind") == "retry-prompt":
+                    call.update(state="completed", output=None, error=str(p.get("content")))

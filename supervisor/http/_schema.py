@@ -79,13 +79,16 @@ class StepCall(msgspec.Struct, kw_only=True):
 
 
 class TurnStep(msgspec.Struct, kw_only=True):
-    """One model step: the agent loop (``loop``), its index (``step``), the model's text and calls."""
+    """One model step: the agent loop (``loop``), its index (``step``), the model's text and calls
+    (an ``AgentLoop``'s, a pydantic-ai ``durable`` agent's, or a LangGraph graph's: then ``node``
+    names the graph node that made it)."""
 
     loop: int = 0
     step: int = 0
     text: str = ""
     finish: str | None = None
     calls: list[StepCall] = []
+    node: str | None = None
 
 
 class TurnSteps(msgspec.Struct, kw_only=True):

@@ -1,8 +1,8 @@
 """A pydantic-ai agent run on turnpool's step records (tests/test_durability_pydantic_ai.py): a
 ``FunctionModel`` calls ``charge`` (not idempotent), then ``reserve`` (idempotent), then answers with
-what they returned. ``PLAN`` (set from a file the test writes) says where its worker is SIGKILLed,
-once: ``model2`` (as the second model request is made), ``in_charge`` / ``in_reserve`` (inside the
-tool, after its effect)."""
+what they returned. ``PLAN`` (set from a file the test writes) says where its worker (or the
+process ``pid``, a daemon) is SIGKILLed, once: ``model2`` (as the second model request is made),
+``in_charge`` / ``in_reserve`` (inside the tool, after its effect)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _kill_once(where: str) -> None:
         os.close(os.open(Path(plan["dir"]) / "killed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(plan.get("pid") or os.getpid(), signal.SIGKILL)
 
 
 def _append(name: str, line: str) -> None:

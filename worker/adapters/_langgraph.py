@@ -76,7 +76,8 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
     async def run(turn: Turn) -> Any:
         saver = getattr(obj, "checkpointer", None)
         value, config = graph_input(turn.input, saver not in (None, False))
-        if type(saver).__name__ == "TurnCheckpointer":  # LOOP-RESUME: step records behind the checkpoints
+        # LOOP-RESUME: step records behind the checkpoints (a subclass of the checkpointer too).
+        if any(c.__name__ == "TurnCheckpointer" for c in type(saver).__mro__):
             return await run_durable(obj, saver, turn, value, config)
         state: Any = None
 

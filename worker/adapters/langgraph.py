@@ -18,6 +18,10 @@ although it had not run.
 
 Outside a turn (a graph run directly) it is a plain in-memory checkpointer. The records' kinds
 are ``lg_put`` and ``lg_writes``; the thread is the config's ``thread_id``, else the turn's id.
+Beside LangGraph's own serialized data, each record carries a plain ``view`` an operator's tools
+read without LangGraph (LOOP-STEP-INSPECT): a task's writes name its node and the messages it wrote (a
+model's text and tool calls, a tool's answer), a checkpoint the nodes it starts and whether a tool
+node is among them (its calls have then started).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .._steps import StepLog, StepRefused
 from .._turn import Turn
 from ..agent._errors import StepRecordError, UnknownToolOutcome
 from ..agent._steps import ON_UNKNOWN_OUTCOME
+from ._langgraph import jsonable
 
 __all__ = ["TurnCheckpointer"]
 
@@ -44,6 +49,34 @@ def unknown_text(call_id: str, name: str) -> str:
         "of this turn that crashed before it completed. It may have taken effect; do not assume it "
         "failed, and do not repeat it without checking."
     )
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else ()
+    return "".join(
+        b if isinstance(b, str) else str(b.get("text", "")) for b in parts if isinstance(b, (str, dict))
+    )
+
+
+def _messages_view(messages: Any) -> list[dict[str, Any]]:
+    """LOOP-STEP-INSPECT: a model's messages (text, tool calls) and tools' answers, plain."""
+    out: list[dict[str, Any]] = []
+    for msg in messages if isinstance(messages, list) else [messages]:
+        kind = getattr(msg, "type", None)
+        if kind == "ai":
+            calls = [[c.get("id"), c.get("name"), jsonable(c.get("args"))] for c in msg.tool_calls]
+            out.append({"ai": _text(msg.content), "calls": calls})
+        elif kind == "tool":
+            error = getattr(msg, "status", None) == "error"
+            out.append({"tool": msg.tool_call_id, "output": jsonable(msg.content), "error": error})
+    return out
+
+
+def _node(task_path: str) -> str:
+    """The node of a task path (``~__pregel_pull, tools``: ``tools``)."""
+    return task_path.rsplit(", ", 1)[-1] if task_path.startswith("~__pregel_pull") else task_path
 
 
 def _keys(config: Any) -> dict[str, Any]:
@@ -71,6 +104,7 @@ class TurnCheckpointer(InMemorySaver):
         self.on_unknown_outcome = on_unknown_outcome
         self._log: StepLog | None = None
         self._n = 0
+        self._told: list[dict[str, Any]] = []  # the answers ``settle`` gave, for the next checkpoint's view
 
     # ---- a turn's records -----------------------------------------------------------------
 
@@ -84,6 +118,7 @@ class TurnCheckpointer(InMemorySaver):
         if log.corrupt is not None:
             raise StepRecordError(log.corrupt)
         self._n = 0
+        self._told = []
         resumed = False
         for record in log.recorded:
             if not isinstance(record, dict) or record.get("turn") != turn.id or "data" not in record:
@@ -108,15 +143,14 @@ class TurnCheckpointer(InMemorySaver):
         _TURN.reset(token)
         self._log = None
 
-    async def _record(self, kind: str, args: tuple[Any, ...]) -> None:
+    async def _record(self, kind: str, args: tuple[Any, ...], view: dict[str, Any]) -> None:
         log = self._log
         turn = _TURN.get()
         if log is None or turn is None:
             return
         data = list(self.serde.dumps_typed(args))
-        seq = log.record(
-            self._n, kind, {"v": 1, "turn": turn.id, "loop": 0, "k": kind, "step": self._n, "data": data}
-        )
+        record = {"v": 1, "turn": turn.id, "loop": 0, "k": kind, "step": self._n, "data": data, "view": view}
+        seq = log.record(self._n, kind, record)
         self._n += 1
         try:
             await log.durable(seq)
@@ -126,13 +160,22 @@ class TurnCheckpointer(InMemorySaver):
     # ---- BaseCheckpointSaver ---------------------------------------------------------------
 
     async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-        await self._record("lg_put", (_keys(config), checkpoint, metadata, new_versions))
+        prefix = "branch:to:"
+        starts = sorted(
+            c[len(prefix) :] for c in checkpoint.get("channel_values", {}) if c.startswith(prefix)
+        )
+        view: dict[str, Any] = {"next": starts, "tools": any(n in self.tool_nodes for n in starts)}
+        if self._told:
+            view["messages"], self._told = self._told, []
+        await self._record("lg_put", (_keys(config), checkpoint, metadata, new_versions), view)
         return InMemorySaver.put(self, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        await self._record("lg_writes", (_keys(config), list(writes), task_id, task_path))
+        messages = [m for channel, value in writes if channel == "messages" for m in _messages_view(value)]
+        view = {"node": _node(task_path), "messages": messages}
+        await self._record("lg_writes", (_keys(config), list(writes), task_id, task_path), view)
         InMemorySaver.put_writes(self, config, writes, task_id, task_path)
 
     # ---- LOOP-UNKNOWN-CALL for tool nodes ------------------------------------------------------------
@@ -164,4 +207,5 @@ class TurnCheckpointer(InMemorySaver):
                 )
                 for c in calls
             ]
+            self._told = _messages_view(answers)  # LOOP-STEP-INSPECT: shown as the calls' outcome
             await graph.aupdate_state(config, {"messages": answers}, as_node=task.name)

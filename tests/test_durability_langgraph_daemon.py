@@ -1,0 +1,108 @@
+"""A LangGraph graph compiled with ``TurnCheckpointer`` run as a ``retry=True`` turn through
+``turnpool serve`` with its journal (LOOP-STEP-DURABLE, LOOP-RESUME): SIGKILL of the daemon at every boundary
+(as the model node runs, inside the tool node, between the tool's end and its writes' record,
+after the last checkpoint), then the daemon restarted on the same journal resumes the graph from
+its last committed checkpoint: the ``charge`` tool runs once across both attempts (a call whose
+outcome is unknown is told to the model, never run again) and the output is the one an
+uninterrupted run gives."""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+pytest.importorskip("langgraph", reason="needs the langgraph extra")
+
+from supervisor import Client
+from tests.support.daemonkit import FAST, short_dir, start, stop_process
+
+pytestmark = pytest.mark.anyio
+
+AGENT = "tests.agents.langgraph_durable:durable_trip"
+ARGS = (*FAST, "--heartbeat", "0")
+BOUNDARIES = ("model1", "model2", "in_charge", "after_charge", "end")
+
+
+def lines(d: Path, name: str) -> list[str]:
+    return (d / name).read_text().splitlines() if (d / name).exists() else []
+
+
+def final_text(output: dict[str, Any]) -> str:
+    return str(output["messages"][-1]["content"])
+
+
+def prompt(d: Path, kill: str | None, pid: int) -> dict[str, Any]:
+    return {
+        "input": {
+            "messages": [{"role": "user", "content": "charge me"}],
+            "dir": str(d),
+            "kill": kill,
+            "pid": pid,
+        }
+    }
+
+
+async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> Any:
+    """Submit the graph's turn to a daemon that it kills at ``kill`` (if any), restart the daemon
+    on the same journal, and return the turn's result there."""
+    first = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(first.endpoint) as client:
+            handle = await client.submit(AGENT, prompt(d, kill, first.pid), retry=True)
+            if kill is None:
+                with anyio.fail_after(60):
+                    return await handle.result()
+        with anyio.fail_after(60):
+            code = await anyio.to_thread.run_sync(first.proc.wait)
+        assert code == -9, code
+    finally:
+        stop_process(first.proc)
+    second = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(second.endpoint) as client:
+            with anyio.fail_after(60):
+                resumed = client.handle(handle.turn_id)
+                result = await resumed.result()
+                async with aclosing(resumed.events()) as events:
+                    seen = [e async for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
+    finally:
+        stop_process(second.proc)
+    # The resumed event counts the model steps the journal held (the planner's recorded answers).
+    from_step = {"model1": 0, "model2": 1, "in_charge": 1, "after_charge": 1, "end": 2}[kill]
+    assert seen == [{"type": "resumed", "attempt": 2, "from_step": from_step}], (kill, seen)
+    return result
+
+
+async def test_sigkill_of_the_daemon_at_every_boundary_of_a_graph(tmp_path: Path) -> None:
+    home = short_dir()
+    try:
+        base_dir = tmp_path / "baseline"
+        base_dir.mkdir()
+        base = await run_once(home, home / "baseline.sqlite3", base_dir, None)
+        assert base.outcome == "completed" and base.attempts == 1, base
+        assert final_text(base.output) == 'Done: {"charged": 5}'
+        for kill in BOUNDARIES:
+            d = tmp_path / kill
+            d.mkdir()
+            r = await run_once(home, home / f"{kill}.sqlite3", d, kill)
+            assert (d / "killed").exists(), kill
+            assert r.outcome == "completed" and r.attempts == 2, (kill, r)
+            assert len(lines(d, "charges")) == 1, kill  # exactly once across both attempts
+            opens = lines(d, "opens")
+            if kill in ("in_charge", "after_charge"):
+                # Its writes were never committed: the outcome is unknown and told to the model.
+                text = final_text(r.output)
+                assert "outcome of tool call 'call_c1'" in text and "unknown" in text, (kill, text)
+                assert opens == ["1", "2"], (kill, opens)  # the planner's first answer not asked again
+            else:
+                assert final_text(r.output) == final_text(base.output), (kill, r.output)
+                # Only the planner call the kill cut is made again (none after the last step).
+                assert len(opens) == {"model1": 3, "model2": 3, "end": 2}[kill], (kill, opens)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
