@@ -40,9 +40,11 @@ KINDS: dict[str, tuple[int, frozenset[str]]] = {
     "deadline": (30, frozenset({"aborted"})),
     "stubborn": (8, frozenset({"killed", "aborted"})),  # aborted only if cancelled before it started
     "session": (27, frozenset({"completed"})),
-    # Attacks on the promises (issue 13): an async agent that never awaits (only the ladder stops
-    # it), a fork-without-exec daemon left behind by a turn that completes, an output flood.
-    "spin": (6, frozenset({"killed"})),
+    # Attacks on the promises: an async agent that never awaits (only the ladder stops it once it
+    # runs; aborted only if its deadline's Abort reached the worker between Started and the agent's
+    # first instruction, seen once at load 140), a fork-without-exec daemon left behind by a turn
+    # that completes, an output flood.
+    "spin": (6, frozenset({"killed", "aborted"})),
     "forker": (12, frozenset({"completed"})),
     "flood": (6, frozenset({"completed"})),
 }
