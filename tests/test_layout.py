@@ -316,11 +316,11 @@ def test_engine_parts_are_given_their_collaborators_never_the_supervisor() -> No
     assert offenders == []
 
 
-# The daemon's wiring: ``server.py`` (``Daemon``: its state, the client link, the wiring of its parts),
-# ``run.py`` (its start-up and shutdown, functions over its state) and ``recovery.py`` (the journal's
+# The daemon's wiring: ``server.py`` (``Daemon``: its state, the client link, the wiring of its parts)
+# and ``recovery.py`` (the journal's
 # ``attach_journal``, which hooks a journal into the daemon's hook sites) - as ``Supervisor.__init__`` is
 # the engine's. Every other module of ``supervisor/daemon/`` is a part, given its collaborators.
-_DAEMON_WIRING = ("server.py", "run.py", "recovery.py", "__init__.py")
+_DAEMON_WIRING = ("server.py", "recovery.py", "__init__.py")
 
 
 def test_daemon_parts_are_given_their_collaborators_never_the_daemon() -> None:

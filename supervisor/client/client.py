@@ -13,9 +13,9 @@ short requests are bounded by ``request_timeout``. Waiting for a result or follo
 not bounded: a turn may run for as long as it likes.
 
 ``Client`` runs on anyio's asyncio backend (it uses ``zmq.asyncio``); ``SyncClient`` (``sync.py``)
-runs it on its own asyncio loop in a portal thread. Opening and closing the connection (the
-handshake, CURVE, the socket monitor) is in ``connection.py``; where replies wait, how a submit is
-encoded and how a daemon's errors are typed, in ``replies.py``.
+runs it on its own asyncio loop in a portal thread. The connection (its socket, the handshake, CURVE,
+the socket monitor, opening and closing) is a ``connection.Connection`` the client holds; where
+replies wait, how a submit is encoded and how a daemon's errors are typed, in ``replies.py``.
 """
 
 from __future__ import annotations
@@ -54,10 +54,9 @@ from .._errors import (
 )
 from .._events import EventsDropped
 from .._handle import TurnHandle
-from .._host import Background
 from .._paths import check_endpoint, default_endpoint
 from .._stream import OwnedStreams
-from .connection import close_connection, open_connection
+from .connection import Connection
 from .many import PipelinedMany
 from .replies import _check_turn_id, _error, _get_result, _Lost, _Many, _Replies, _Reply, _submit_request
 
@@ -102,10 +101,6 @@ class Client(PipelinedMany, OwnedStreams):
         self.daemon_pid: int | None = None
         self.max_message_size = wire.MAX_MESSAGE_SIZE
         self.bad_frames = 0
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._mon: zmq.asyncio.Socket | None = None
-        self._tg: Background | None = None
         self._reqs = itertools.count(1)
         self._pending: dict[int, _Reply | _Replies | _Many] = {}
         self._sync: zmq.Socket[bytes] | None = None  # a blocking shadow of _sock, for NOBLOCK I/O
@@ -119,9 +114,12 @@ class Client(PipelinedMany, OwnedStreams):
         # in order too: one timer for the oldest replaces a timer per request.
         self._deadlines: deque[_Reply | _Replies | _Many] = deque()
         self._deadline_timer: asyncio.TimerHandle | None = None
-        self._state = "new"  # new → open → closed
-        self._lost: str | None = None
-        self._auth_failed = False
+        # the link to the daemon: its socket, monitor, tasks, state (new → open → closed), why it was lost
+        self._conn = Connection(
+            self.endpoint, timeout=self.timeout, curve_server_key=curve_server_key,
+            curve_secret_key=curve_secret_key, linked=self._linked, reader=self._reader, hello=self._hello,
+            fail_pending=self._fail_pending,
+        )  # fmt: skip
         self.protocol = client_link.CLIENT_PROTOCOL_VERSION  # what the daemon and this client both speak
 
     @classmethod
@@ -168,11 +166,29 @@ class Client(PipelinedMany, OwnedStreams):
 
     async def open(self) -> None:
         """Connect and shake hands. Raises ``DaemonUnavailable`` (endpoint named) or ``ProtocolError``."""
-        await open_connection(self)
+        welcome = await self._conn.open()
+        self.daemon_pid = welcome.pid
+        self.max_message_size = welcome.max_message_size
+        self.protocol = welcome.version
 
     async def aclose(self) -> None:
         """Close the connection. Turns this client submitted go on running in the daemon."""
-        await close_connection(self)
+        await self._conn.aclose()
+
+    def _linked(self, sync: zmq.Socket[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        """The connection is made: ``sync`` (a blocking shadow of its socket, for NOBLOCK I/O) on ``loop``."""
+        self._sync = sync
+        self._loop = self._pass.loop = loop
+
+    async def _hello(self) -> Any:
+        """Shake hands: this client speaks ``CLIENT_PROTOCOL_VERSION``; a daemon that does not
+        (an older one) answers ``protocol`` and ``ProtocolError`` is raised. The daemon accepts
+        older clients and says in ``Welcome`` which version it speaks to this one."""
+        return await self._call(
+            lambda req: client_link.Hello(req, client_link.CLIENT_PROTOCOL_VERSION),
+            bounded=False,
+            handshake=True,
+        )
 
     def _fail_pending(self, why: str) -> None:
         lost = _Lost(why)
@@ -263,21 +279,22 @@ class Client(PipelinedMany, OwnedStreams):
             sync.send(frame, _NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("send to the daemon at %s failed: %s", self.endpoint, exc)
-            self._lost = self._lost or f"a send failed: {exc}"
-            self._fail_pending(self._lost)
+            conn = self._conn
+            conn.lost = conn.lost or f"a send failed: {exc}"
+            self._fail_pending(conn.lost)
             return
         if self._edge is not None:
             self._edge.after_send()  # LINK-EDGE: a send can consume the readable edge
 
     def _check_open(self) -> None:
-        if self._state != "open":
+        if self._conn.state != "open":
             raise SupervisorClosed(
                 "the client is closed"
-                if self._state == "closed"
+                if self._conn.state == "closed"
                 else "the client is not connected: use `async with Client.connect(...)`"
             )
-        if self._lost is not None:
-            raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {self._lost}")
+        if self._conn.lost is not None:
+            raise DaemonUnavailable(f"the daemon at {self.endpoint} is not reachable: {self._conn.lost}")
 
     async def _call(
         self,
@@ -360,7 +377,7 @@ class Client(PipelinedMany, OwnedStreams):
 
     def _abandon(self, req: int) -> None:
         """Tell the daemon we no longer wait for ``req`` (it frees the request; the turn goes on)."""
-        if self._state != "open" or self._lost is not None:
+        if self._conn.state != "open" or self._conn.lost is not None:
             return
         with contextlib.suppress(Exception):
             self._post(client_link.Abandon(req))
@@ -488,7 +505,7 @@ class Client(PipelinedMany, OwnedStreams):
                     with anyio.move_on_after(self.request_timeout):
                         first = await pending.get()
                         tid = first.turn_id if isinstance(first, client_link.Accepted) else None
-                if tid is None or self._lost is not None:
+                if tid is None or self._conn.lost is not None:
                     return
                 turn = tid
                 await self._call(lambda req: client_link.Cancel(req, turn, wire.USER), turn_id=turn)
@@ -616,6 +633,6 @@ class Client(PipelinedMany, OwnedStreams):
                     raise ProtocolError(f"unexpected reply to a follow: {type(item).__name__}")
         finally:
             self._pending.pop(req, None)
-            if not ended and self._state == "open" and self._lost is None:
+            if not ended and self._conn.state == "open" and self._conn.lost is None:
                 with contextlib.suppress(Exception):
                     self._post(client_link.Unfollow(req))

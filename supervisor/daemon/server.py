@@ -3,9 +3,10 @@
 Clients (``Client``, ``SyncClient``, the CLI) connect DEALERs and speak the client protocol
 (``wire/_client_protocol.py``). The daemon passes a client's encoded input bytes straight to its
 supervisor (never re-encoded). This module holds the ``Daemon``: its state, the client link (reading
-frames, batching and sending replies), admission and the engine's hooks; starting, signals and shutdown
-are in ``run.py``, what frees a client's state in ``client_watch.py``, the answer to each request in
-``requests.py``.
+frames, batching and sending replies), admission, the engine's hooks and the wiring of its parts, each
+given what it reads and writes: its lifecycle (start-up, signals, drain and shutdown) in ``run.py``
+(``Lifecycle``), the request tasks in ``tasks.py``, what frees a client's state in ``client_watch.py``,
+the answer to each request in ``requests.py``.
 
 Rules the daemon keeps (see ``docs/design.md`` and ``tests/test_daemon.py``):
 
@@ -65,7 +66,7 @@ from .._errors import (
     JournalUnavailable,
     TurnIdConflict,
 )
-from .._fds import FdBudget, nofile_limit
+from .._fds import FdBudget, nofile_limit, raise_nofile_limit
 from .._paths import default_endpoint
 from .client_watch import ClientWatch
 from .clients import (
@@ -81,7 +82,8 @@ from .endpoint import ClientEndpoint
 from .intake import Intake
 from .metrics import Metrics
 from .requests import Requests
-from .run import READY_PREFIX, run_daemon, serve_until_stopped
+from .run import READY_PREFIX, Lifecycle, run_process
+from .tasks import RequestTasks
 
 log = logging.getLogger("turnpool.daemon")
 
@@ -177,17 +179,14 @@ class Daemon:
         self._pass = LoopFlush(self._flush)
         # every client, its follow streams, their counters (CLIENT-STATE–CLIENT-NO-SKIP)
         self._clients = ClientTable()
-        self._mon: zmq.asyncio.Socket | None = None
         self.too_large_replies = 0
-        # MEM-TRIM: when to hand freed memory back (``run.give_back_memory``)
+        # MEM-TRIM: when to hand freed memory back (``run.Lifecycle.give_back_memory``)
         self.heap = lowlevel.HeapKeeper()
-        self._inflight = 0
-        self._inflight_zero = anyio.Event()
         self._cancel_times: dict[str, float] = {}
         self._cancelling_at: float | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._stop_asked: anyio.Event | None = None
-        self._skip_drain: anyio.Event | None = None
+        # the requests that wait run as tasks, registered under their clients (CLIENT-STATE)
+        self._tasks = RequestTasks(self._clients)
+        self._life: Lifecycle | None = None  # start-up, signals, shutdown: one per ``serve``
         # The parts, each given what it reads and writes (never the daemon). What frees a client's
         # state when it abandons a request, goes or stops reading (CLIENT-STATE, CLIENT-ISOLATED), called from
         # the reply path and the requests:
@@ -198,13 +197,21 @@ class Daemon:
         # the supervisor runs (``use``).
         self._requests: Requests | None = None
 
-    def use(self, sup: Supervisor) -> None:
-        """Serve with ``sup`` (started by ``run.serve_until_stopped``): the parts that need it are built."""
+    def use(self, sup: Supervisor) -> tuple[Metrics, ClientConnections]:
+        """Serve with ``sup`` (started by ``run.Lifecycle``): the parts that need it are built, the
+        descriptor limit shared (DAEMON-FD) and the engine's hooks added."""
         self.sup = sup
+        # DAEMON-FD: the soft descriptor limit up to the hard one, and each front end's share of it.
+        limit, _ = raise_nofile_limit()
+        self.fd_budget = FdBudget(limit=limit, workers=sup.workers + sup.spares)
+        self.conns = ClientConnections(self.fd_budget)
+        sup.add_hooks(on_start=self._on_start, on_result=self._on_end)
+        for hook in self.event_hooks:
+            sup.add_hooks(on_event=hook)
         watch = self._watch
         self._requests = Requests(
-            sup, self._clients, send=self._send, task=self._task, abandon=watch.abandon, admit=self._admit,
-            answer_result=self.answer_result, ack_when_done=self.ack_when_done,
+            sup, self._clients, send=self._send, task=self._tasks.start, abandon=watch.abandon,
+            admit=self._admit, answer_result=self.answer_result, ack_when_done=self.ack_when_done,
             cancel_timed=self.cancel_timed, status=self.status, lookup=self._lookup,
         )  # fmt: skip
         self.metrics = Metrics(
@@ -212,6 +219,7 @@ class Daemon:
             journal_error=lambda: self.unavailable, fd_facts=self.fd_facts,
             fd_refused=self.fd_refused, fd_shortages=self.fd_shortages,
         )  # fmt: skip
+        return self.metrics, self.conns
 
     def _lookup(self, turn_id: str) -> tuple[str, bytes, TurnResult | None] | None:
         """JOURNAL-LOOKUP: the journal's record of ``turn_id`` (``lookup``), or ``None`` (none, or no
@@ -236,25 +244,42 @@ class Daemon:
         ``DaemonAlreadyRunning`` when another daemon holds the endpoint and ``WorkerStartError``
         when the pool cannot start.
         """
-        self._stop_asked = anyio.Event()
-        self._skip_drain = anyio.Event()
-        self._inflight_zero = anyio.Event()
+        self._tasks.serving()
+        self._life = life = Lifecycle(
+            self._endpoint, self._watch, self.heap, sup_kwargs=self.sup_kwargs, drain=self.drain,
+            metrics_host=self.metrics_host, metrics_port=self.metrics_port, startup_hooks=self.startup_hooks,
+            front_ends=self.front_ends, keep_queued=self.journal_path is not None, use=self.use,
+            joined=self._tasks.joined, linked=self._linked, receive=self._receive,
+            set_accepting=self._set_accepting, disposing=self._disposed, metrics_bound=self._metrics_bound,
+            requests_answered=self._tasks.answered,
+        )  # fmt: skip
         # DAEMON-HUP
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             self._endpoint.claim()
             try:
-                await serve_until_stopped(self, signals, ready)
+                await life.serve_until_stopped(signals, ready)
             finally:
                 self._endpoint.release()
 
     def stop(self, *, skip_drain: bool = False) -> None:
         """Begin the shutdown, as the first SIGTERM does; a second call (or ``skip_drain``) skips
         the drain, as a second signal does. Call it on the daemon's event loop."""
-        if self._stop_asked is None or self._skip_drain is None:
+        if self._life is None:
             raise RuntimeError("the daemon is not serving")
-        if self._stop_asked.is_set() or skip_drain:
-            self._skip_drain.set()
-        self._stop_asked.set()
+        self._life.stop(skip_drain=skip_drain)
+
+    # What the lifecycle writes: the bound socket, the state status reports.
+    def _linked(self, sock: zmq.asyncio.Socket | None) -> None:
+        self._sock, self._sync = sock, (zmq.Socket.shadow(sock.underlying) if sock is not None else None)
+
+    def _set_accepting(self, accepting: bool) -> None:
+        self.accepting = accepting
+
+    def _disposed(self, at: float) -> None:
+        self.disposing_at = at
+
+    def _metrics_bound(self, port: int) -> None:
+        self.metrics_bound = port
 
     # ---- the client link ---------------------------------------------------------------
 
@@ -499,50 +524,6 @@ class Daemon:
                 gates.append(gate)
         return turn.id, False, gates
 
-    def _task(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        key: tuple[bytes, int, str] | None = None,
-        scope: anyio.CancelScope | None = None,
-    ) -> None:
-        """Run a request that waits (result, follow, when_idle) as a task; with ``key`` it is
-        registered under its client, so an ``Abandon``, a disconnect or a full queue cancels it."""
-        assert self._tg is not None
-        peer = None
-        if key is not None:
-            peer = self._clients.peers.get(key[0])
-            if peer is None:
-                return  # CLIENT-GONE: its client is gone (a request read before it went): nobody waits
-        self._inflight += 1
-        if self._inflight == 1:
-            self._inflight_zero = anyio.Event()
-        scope = scope or anyio.CancelScope()
-        if key is not None and peer is not None:
-            peer.hold(key[1], scope, key[2])
-        self._tg.start_soon(self._run_task, fn, args, scope, key)
-
-    async def _run_task(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        scope: anyio.CancelScope,
-        key: tuple[bytes, int, str] | None,
-    ) -> None:
-        try:
-            with scope:
-                await fn(*args)
-        except Exception:
-            log.exception("request task %s failed", getattr(fn, "__name__", fn))
-        finally:
-            if key is not None:
-                peer = self._clients.peers.get(key[0])
-                if peer is not None and peer.tasks.get(key[1], (None,))[0] is scope:
-                    del peer.tasks[key[1]]
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._inflight_zero.set()
-
     # ---- hooks and status --------------------------------------------------------------
 
     def _on_start(self, turn: TurnRecord, pid: int) -> None:
@@ -559,7 +540,7 @@ class Daemon:
         assert sup is not None
         turn = sup.find(turn_id)
         if turn is None:
-            self._task(fallback, ident, req, turn_id, key=(ident, req, "result"))
+            self._tasks.start(fallback, ident, req, turn_id, key=(ident, req, "result"))
             return
         if turn.result is not None:
             self._send(ident, client_link.Result(req, turn.result))
@@ -721,6 +702,11 @@ class Daemon:
             "refused": {"clients": self.conns.refused, **{k: f() for k, f in self.fd_refused.items()}},
             "client_endpoint_pauses": self.conns.pauses,
         }
+
+
+def run_daemon(daemon: Daemon) -> int:
+    """Run ``daemon`` to completion (blocking); the exit code of ``turnpool serve``."""
+    return run_process(lambda ready: daemon.serve(ready=ready), lambda: daemon.exit_code)
 
 
 __all__ = ["READY_PREFIX", "Daemon", "run_daemon"]
