@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from wire import Cause, TurnError, TurnResult
 
-from ._engine import Supervisor
+from ._engine.supervisor import Supervisor
 from ._errors import (
     AuthenticationFailed,
     DaemonAlreadyRunning,

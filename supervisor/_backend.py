@@ -119,7 +119,7 @@ async def open_backend(
         async with Client.connect(connect or default_endpoint()) as client:
             yield client
         return
-    from ._engine import Supervisor
+    from ._engine.supervisor import Supervisor
 
     given = {"grace": grace, "kill_after": kill_after, "spares": spares}
     kwargs: dict[str, Any] = {"agent_path": agent_path, **{k: v for k, v in given.items() if v is not None}}

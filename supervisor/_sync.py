@@ -339,7 +339,7 @@ class SyncSupervisor(SyncFront):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        from ._engine import Supervisor
+        from ._engine.supervisor import Supervisor
 
         refuse_inside_worker()  # API-NO-NESTING (``Supervisor`` checks it too)
         self._args = args

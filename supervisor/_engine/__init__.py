@@ -13,11 +13,9 @@ validation is shared with the client (``supervisor/_checks.py``). Front ends use
 """
 
 from .procs import check_agent_path
-from .supervisor import Supervisor
 from .turns import TurnRecord
 
 __all__ = [
-    "Supervisor",
     "TurnRecord",
     "check_agent_path",
 ]

@@ -31,7 +31,8 @@ from wire import TurnResult
 from .._fds import is_shortage
 
 if TYPE_CHECKING:
-    from .._engine import Supervisor, TurnRecord
+    from .._engine import TurnRecord
+    from .._engine.supervisor import Supervisor
 
 log = logging.getLogger("turnpool.daemon")
 

@@ -30,7 +30,8 @@ import msgspec
 import wire
 from wire import TurnError, TurnResult
 
-from .._engine import Supervisor, TurnRecord
+from .._engine import TurnRecord
+from .._engine.supervisor import Supervisor
 from .._errors import JournalUnavailable
 from ..journal import Journal, RecoveredTurn
 from ..journal.steps import attach_steps

@@ -48,7 +48,8 @@ from .clients import (
 )
 
 if TYPE_CHECKING:
-    from .._engine import Supervisor, TurnRecord
+    from .._engine import TurnRecord
+    from .._engine.supervisor import Supervisor
     from .clients import ClientTable
 
 log = logging.getLogger("turnpool.daemon")

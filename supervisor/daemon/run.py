@@ -31,7 +31,7 @@ import zmq.asyncio
 
 from worker import lowlevel
 
-from .._engine import Supervisor
+from .._engine.supervisor import Supervisor
 from .._errors import DaemonAlreadyRunning
 
 if TYPE_CHECKING:

@@ -60,7 +60,8 @@ from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
 from worker.zmqlink import LoopFlush, ReadableEdge
 
 from .._checks import check_agent
-from .._engine import Supervisor, TurnRecord
+from .._engine import TurnRecord
+from .._engine.supervisor import Supervisor
 from .._errors import (
     DaemonShuttingDown,
     JournalUnavailable,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .._engine.steps import describe
 
 if TYPE_CHECKING:
-    from .._engine import Supervisor
+    from .._engine.supervisor import Supervisor
     from .store import Journal
 
 STEPS_SCHEMA = """

@@ -38,7 +38,7 @@ import anyio
 
 from wire import TurnResult
 
-from .._engine import Supervisor
+from .._engine.supervisor import Supervisor
 from .._errors import TurnpoolError
 from .._paths import IPC_PATH_MAX, IPC_SUFFIX_MAX, runtime_dir
 from .batches import Request, decode_requests, encode_cancel_reply, encode_results

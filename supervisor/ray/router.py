@@ -140,7 +140,7 @@ class RaySupervisor(ManyTurns, OwnedStreams):
         options = dict(supervisor_options or {})
         options.update(grace=grace, kill_after=kill_after, spares=spares, agent_path=agent_path)
         # Validate every engine option here, at the call, not on the nodes (RAY-BOUNDARY).
-        from .._engine import Supervisor
+        from .._engine.supervisor import Supervisor
 
         Supervisor(workers=1, **options)
         self._options = options
