@@ -184,9 +184,11 @@ async def test_the_gate_walk_stays_exact_with_cancels_and_turns_back_at_the_fron
     for i, result in enumerate(results):
         if i % 97 == 96:
             assert result.outcome in ("crashed", "aborted"), (i, result)
-        elif result.cause is not None:
-            assert result.outcome == "aborted", (i, result)
-        else:
+        elif result.cause is not None and result.outcome != "aborted":
+            # A cancel that found the turn running races its End: an agent that had already returned
+            # ends completed (the Abort is stale when it arrives), with the cause it was asked with.
+            assert result.started and result.outcome == "completed" and result.output == {"i": i}, (i, result)
+        elif result.cause is None:
             assert result.outcome == "completed" and result.output == {"i": i}, (i, result)
     assert sum(r.outcome == "completed" for r in results) > 300
     assert worst <= bound, f"{worst} turns cleared and waiting, more than {bound}"
