@@ -108,7 +108,7 @@ def cooperative(pidfile: str) -> str:
 def c_sleep(pidfile: str) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # the cooperative step cannot reach it
     Path(pidfile).write_text(str(os.getpid()))
-    ctypes.CDLL("libc.so.6").sleep(1000)
+    ctypes.CDLL("libc.so.6").sleep(1000)  # allowed: the tool under test blocks in C until it is killed
 
 
 def fork_bomb(pidfile: str) -> None:
@@ -556,6 +556,7 @@ def test_call_groups_left_by_a_killed_caller_are_swept() -> None:
 
     if lowlevel.tool_limits_backend()["pids"] != "cgroup1":
         pytest.skip("no cgroup v1 controller here")
+    # allowed: the call kills its caller, then idles until the kernel ends it with its parent
     code = (
         "import os, worker\n"
         "from worker import lowlevel\n"

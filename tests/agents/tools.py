@@ -43,7 +43,7 @@ def stubborn(pidfile: str) -> None:
 def csleep(pidfile: str) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
     _mark(pidfile)
-    ctypes.CDLL("libc.so.6").sleep(1000)
+    ctypes.CDLL("libc.so.6").sleep(1000)  # allowed: the tool under test blocks in C until it is killed
 
 
 async def memory(turn: worker.Turn) -> Any:
