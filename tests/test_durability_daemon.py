@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,13 @@ from supervisor import Client
 from supervisor.journal.steps import view_steps
 from tests.support import httpkit
 from tests.support.daemonkit import FAST, short_dir, start, stop_process
-from tests.support.durablekit import AGENT, BOUNDARIES, check_resumed
+from tests.support.durablekit import (
+    AGENT,
+    BOUNDARIES,
+    check_resumed,
+    result_and_events,
+    submit_until_its_daemon_dies,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -34,30 +39,19 @@ async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> tupl
     same journal, and return the turn's result and events there."""
     first = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(first.endpoint) as client:
-            handle = await client.submit(AGENT, {"dir": str(d), "kill": kill, "pid": first.pid}, retry=True)
-            turn_id = handle.turn_id
-            if kill is None:
-                with anyio.fail_after(60):
-                    result = await handle.result()
-                    async with aclosing(handle.events()) as events:
-                        return result, [e async for e in events]
-        with anyio.fail_after(60):
-            code = await anyio.to_thread.run_sync(first.proc.wait)
-        assert code == -9, code
+        value = {"dir": str(d), "kill": kill, "pid": first.pid}
+        if kill is None:
+            async with Client.connect(first.endpoint) as client:
+                handle = await client.submit(AGENT, value, retry=True)
+            return await result_and_events(first.endpoint, handle.turn_id)
+        turn_id = await submit_until_its_daemon_dies(first, AGENT, value)
     finally:
         stop_process(first.proc)
     second = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(second.endpoint) as client:
-            with anyio.fail_after(60):
-                handle = client.handle(turn_id)
-                result = await handle.result()
-                async with aclosing(handle.events()) as events:
-                    seen = [e async for e in events]
+        return await result_and_events(second.endpoint, turn_id)
     finally:
         stop_process(second.proc)
-    return result, seen
 
 
 async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_committed_step(
@@ -92,31 +86,25 @@ async def test_a_corrupt_or_foreign_step_record_is_refused_at_resume(tmp_path: P
     journal = home / "journal.sqlite3"
     first = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(first.endpoint) as client:
-            handle = await client.submit(
-                AGENT, {"dir": str(tmp_path), "kill": "in_reserve", "pid": first.pid}, retry=True
-            )
-        with anyio.fail_after(60):
-            assert await anyio.to_thread.run_sync(first.proc.wait) == -9
+        value = {"dir": str(tmp_path), "kill": "in_reserve", "pid": first.pid}
+        turn_id = await submit_until_its_daemon_dies(first, AGENT, value)
     finally:
         stop_process(first.proc)
     con = sqlite3.connect(journal)
     with con:
-        data = con.execute(
-            "SELECT data FROM steps WHERE turn_id = ? AND seq = 1", (handle.turn_id,)
-        ).fetchone()[0]
+        data = con.execute("SELECT data FROM steps WHERE turn_id = ? AND seq = 1", (turn_id,)).fetchone()[0]
         if damage == "corrupt":
             bad = b"\xc1" + bytes(data)[1:]
         else:
             record = msgspec.msgpack.decode(data)
             bad = msgspec.msgpack.encode({**record, "turn": "another-turn"})
-        con.execute("UPDATE steps SET data = ? WHERE turn_id = ? AND seq = 1", (bad, handle.turn_id))
+        con.execute("UPDATE steps SET data = ? WHERE turn_id = ? AND seq = 1", (bad, turn_id))
     con.close()
     second = start(*ARGS, "--journal", str(journal), home=home)
     try:
         async with Client.connect(second.endpoint) as client:
             with anyio.fail_after(60):
-                result = await client.handle(handle.turn_id).result()
+                result = await client.handle(turn_id).result()
     finally:
         stop_process(second.proc)
         shutil.rmtree(home, ignore_errors=True)
@@ -136,13 +124,9 @@ async def test_result_steps_and_history_show_which_calls_completed_before_a_cras
     journal = home / "journal.sqlite3"
     first = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(first.endpoint) as client:
-            handle = await client.submit(
-                AGENT, {"dir": str(tmp_path), "kill": "in_lookup", "pid": first.pid}, retry=True
-            )
-        with anyio.fail_after(60):
-            assert await anyio.to_thread.run_sync(first.proc.wait) == -9
-        shown = first.cli("result", handle.turn_id, "--steps", "--journal", str(journal))
+        value = {"dir": str(tmp_path), "kill": "in_lookup", "pid": first.pid}
+        turn_id = await submit_until_its_daemon_dies(first, AGENT, value)
+        shown = first.cli("result", turn_id, "--steps", "--journal", str(journal))
         listed = first.cli("history", "--steps", "--json", "--journal", str(journal))
     finally:
         stop_process(first.proc)
@@ -150,8 +134,8 @@ async def test_result_steps_and_history_show_which_calls_completed_before_a_cras
     try:
         async with httpkit.client(second) as http:
             with anyio.fail_after(60):
-                done = await httpkit.result(http, handle.turn_id)
-            got = await http.get(f"/v1/turns/{handle.turn_id}/steps")
+                done = await httpkit.result(http, turn_id)
+            got = await http.get(f"/v1/turns/{turn_id}/steps")
             unknown = await http.get("/v1/turns/no-such-turn/steps")
     finally:
         stop_process(second.proc)
@@ -167,7 +151,7 @@ async def test_result_steps_and_history_show_which_calls_completed_before_a_cras
     assert len((tmp_path / "lookups").read_text().splitlines()) == 1
     assert shown.returncode == 0, shown.stderr
     out = json.loads(shown.stdout)
-    assert out["turn_id"] == handle.turn_id and out["result"] is None  # it has not ended
+    assert out["turn_id"] == turn_id and out["result"] is None  # it has not ended
     calls = [(c["name"], c["state"], c.get("output")) for s in out["steps"] for c in s["calls"]]
     assert calls == [
         ("charge", "completed", {"charged": 5}),

@@ -16,9 +16,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from supervisor import Client
 from tests.support import httpkit
 from tests.support.daemonkit import FAST, Served, short_dir, start, stop_process
+from tests.support.durablekit import submit_until_its_daemon_dies
 
 pytestmark = pytest.mark.anyio
 
@@ -36,11 +36,8 @@ async def crash_then_inspect(
     try:
         if plan is not None:
             plan(first.pid)
-        async with Client.connect(first.endpoint) as client:
-            handle = await client.submit(agent, prompt(first.pid), retry=True)
-        with anyio.fail_after(60):
-            assert await anyio.to_thread.run_sync(first.proc.wait) == -9
-        shown = first.cli("result", handle.turn_id, "--steps", "--journal", str(journal))
+        turn_id = await submit_until_its_daemon_dies(first, agent, prompt(first.pid))
+        shown = first.cli("result", turn_id, "--steps", "--journal", str(journal))
         listed = first.cli("history", "--steps", "--json", "--journal", str(journal))
     finally:
         stop_process(first.proc)
@@ -48,8 +45,8 @@ async def crash_then_inspect(
     try:
         async with httpkit.client(second) as http:
             with anyio.fail_after(60):
-                done = await httpkit.result(http, handle.turn_id)
-            got = await http.get(f"/v1/turns/{handle.turn_id}/steps")
+                done = await httpkit.result(http, turn_id)
+            got = await http.get(f"/v1/turns/{turn_id}/steps")
             doc = (await http.get("/v1/openapi.json")).json()
     finally:
         stop_process(second.proc)

@@ -9,7 +9,6 @@ uninterrupted run gives."""
 from __future__ import annotations
 
 import shutil
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ pytest.importorskip("langgraph", reason="needs the langgraph extra")
 
 from supervisor import Client
 from tests.support.daemonkit import FAST, short_dir, start, stop_process
+from tests.support.durablekit import result_and_events, submit_until_its_daemon_dies
 
 pytestmark = pytest.mark.anyio
 
@@ -53,26 +53,19 @@ async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> Any:
     on the same journal, and return the turn's result there."""
     first = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(first.endpoint) as client:
-            handle = await client.submit(AGENT, prompt(d, kill, first.pid), retry=True)
-            if kill is None:
+        if kill is None:
+            async with Client.connect(first.endpoint) as client:
                 with anyio.fail_after(60):
-                    return await handle.result()
-        with anyio.fail_after(60):
-            code = await anyio.to_thread.run_sync(first.proc.wait)
-        assert code == -9, code
+                    return await client.run(AGENT, prompt(d, kill, first.pid), retry=True)
+        turn_id = await submit_until_its_daemon_dies(first, AGENT, prompt(d, kill, first.pid))
     finally:
         stop_process(first.proc)
     second = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(second.endpoint) as client:
-            with anyio.fail_after(60):
-                resumed = client.handle(handle.turn_id)
-                result = await resumed.result()
-                async with aclosing(resumed.events()) as events:
-                    seen = [e async for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
+        result, events = await result_and_events(second.endpoint, turn_id)
     finally:
         stop_process(second.proc)
+    seen = [e for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
     # The resumed event counts the model steps the journal held (the planner's recorded answers).
     from_step = {"model1": 0, "model2": 1, "in_charge": 1, "after_charge": 1, "end": 2}[kill]
     assert seen == [{"type": "resumed", "attempt": 2, "from_step": from_step}], (kill, seen)

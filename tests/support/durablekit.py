@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
-from supervisor import TurnHandle, TurnResult
+from supervisor import Client, TurnHandle, TurnResult
+from tests.support.daemonkit import Served
 
 AGENT = "tests.agents.durable:trip"
 TOOLS = ("charge", "reserve", "lookup")
@@ -99,3 +101,24 @@ def check_resumed(
         ]
     else:
         assert result.output == baseline, (boundary, result.output)
+
+
+async def submit_until_its_daemon_dies(served: Served, agent: str, value: Any) -> str:
+    """Submit ``value`` to ``agent`` with ``retry=True`` on the daemon ``served``, which the turn
+    SIGKILLs; once the daemon is dead (-9), return the turn's id."""
+    async with Client.connect(served.endpoint) as client:
+        handle = await client.submit(agent, value, retry=True)
+    with anyio.fail_after(60):
+        code = await anyio.to_thread.run_sync(served.proc.wait)
+    assert code == -9, code
+    return handle.turn_id
+
+
+async def result_and_events(endpoint: str, turn_id: str) -> tuple[TurnResult, list[Any]]:
+    """The turn's result from the daemon at ``endpoint``, and every event it kept (all attempts')."""
+    async with Client.connect(endpoint) as client:
+        with anyio.fail_after(60):
+            handle = client.handle(turn_id)
+            result = await handle.result()
+            async with aclosing(handle.events()) as events:
+                return result, [e async for e in events]
