@@ -7,7 +7,6 @@ supervisor's ``handle``, ``cancel``, ``cancel_session``, ``follow_raw``, ``turn_
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import time
 from importlib import resources
@@ -39,6 +38,8 @@ from ..journal.schema import JournalError
 from ..journal.steps import view_steps
 from . import _schema
 from ._guard import Guard
+from ._reply import ApiError, query_float
+from ._reply import respond as _respond
 from ._sse import EventStream
 
 if TYPE_CHECKING:
@@ -51,19 +52,6 @@ _json = msgspec.json.Encoder()
 _submit_decoder = msgspec.json.Decoder(_schema.SubmitRequest)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
-def _respond(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
-
-
 def _result_json(result: Any) -> bytes:
     try:
         return _json.encode(result)
@@ -74,19 +62,6 @@ def _result_json(result: Any) -> bytes:
 def _front(request: Request) -> HttpFrontEnd:
     front: HttpFrontEnd = request.app.state.front  # set by the front end when it builds the app
     return front
-
-
-def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
-    text = request.query_params.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ApiError(400, "bad_value", f"{name} must be a number, got {text!r}") from None
-    if math.isnan(value) or value < low:
-        raise ApiError(400, "bad_value", f"{name} must be >= {low:g}, got {text!r}")
-    return min(value, high)
 
 
 # ---- ids in paths ----------------------------------------------------------------------
@@ -251,7 +226,7 @@ def _state(front: HttpFrontEnd, turn_id: str) -> dict[str, Any]:
 async def get_turn(request: Request) -> Response:
     front = _front(request)
     turn_id = _param(request, "turn_id")
-    wait = _number(request, "wait", 0.0, 0.0, MAX_WAIT)
+    wait = query_float(request, "wait", 0.0, 0.0, MAX_WAIT)
     try:
         handle = front.sup.handle(turn_id)
     except UnknownTurn as exc:
@@ -302,7 +277,7 @@ def read_result_or_none(path: str, turn_id: str) -> bool:
 async def list_turns(request: Request) -> Response:
     front = _front(request)
     states = tuple(s for s in request.query_params.get("state", "running").split(",") if s)
-    limit = int(_number(request, "limit", 100, 0, MAX_LIST))
+    limit = int(query_float(request, "limit", 100, 0, MAX_LIST))
     try:
         turns = front.sup.turns(states, limit=limit)
     except ValueError as exc:
@@ -340,7 +315,7 @@ async def status(request: Request) -> Response:
 
 async def outcomes(request: Request) -> Response:
     front = _front(request)
-    seconds = int(_number(request, "seconds", 300, 1, front.history.size))
+    seconds = int(query_float(request, "seconds", 300, 1, front.history.size))
     now = time.time()
     return _respond({"now": now, "interval": 1.0, "outcomes": front.history.series(seconds, now)})
 

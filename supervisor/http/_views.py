@@ -29,6 +29,8 @@ from .._errors import UnknownTurn
 from ..daemon.figures import OUTCOMES, AgentRing, kill_reason
 from ..journal import reader as journal_read
 from ..journal.schema import JournalError
+from ._reply import ApiError, query_int
+from ._reply import respond as _respond
 
 if TYPE_CHECKING:
     from .._engine.turns import TurnRecord
@@ -45,24 +47,7 @@ WINDOWS = {"5m": 300, "1h": 3600}
 # ---- request helpers -------------------------------------------------------------------------
 
 
-def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
-    from ._api import ApiError
-
-    text = request.query_params.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(400, "bad_value", f"{name} must be an integer, got {text!r}") from None
-    if value < low:
-        raise ApiError(400, "bad_value", f"{name} must be >= {low}, got {value}")
-    return min(value, high)
-
-
 def _filters(request: Request, names: tuple[str, ...]) -> dict[str, str]:
-    from ._api import ApiError
-
     out = {}
     for name in names:
         value = request.query_params.get(name, "").strip()
@@ -109,8 +94,6 @@ def _error_fields(view: dict[str, Any], result: TurnResult | None) -> dict[str, 
 
 def view_routes(front: HttpFrontEnd) -> list[Route]:
     """The views' routes for ``front``; its ended turns feed the per-agent figures from now on."""
-    from ._api import ApiError, _respond
-
     figures = AgentRing()
     front.daemon.end_hooks.append(figures.add)
 
@@ -123,8 +106,8 @@ def view_routes(front: HttpFrontEnd) -> list[Route]:
     async def live(request: Request) -> Response:
         state = request.query_params.get("state", "running")
         f = _filters(request, ("agent", "session", "outcome", "id", "q"))
-        offset = _int(request, "offset", 0, 0, 10**9)
-        limit = _int(request, "limit", 50, 1, MAX_PAGE)
+        offset = query_int(request, "offset", 0, 0, 10**9)
+        limit = query_int(request, "limit", 50, 1, MAX_PAGE)
         try:
             total, views = front.sup.turns_page(state, _matcher(f), offset, limit)
         except ValueError as exc:
@@ -146,8 +129,8 @@ def view_routes(front: HttpFrontEnd) -> list[Route]:
             raise ApiError(400, "bad_value", f"state must be ended or open, got {state!r}")
         if state:
             f["state"] = state
-        offset = _int(request, "offset", 0, 0, 10**9)
-        limit = _int(request, "limit", 50, 1, MAX_PAGE)
+        offset = query_int(request, "offset", 0, 0, 10**9)
+        limit = query_int(request, "limit", 50, 1, MAX_PAGE)
         path = front.daemon.journal_path
         now = time.time()
         if path is None:  # no journal: the ended turns this daemon keeps
@@ -210,7 +193,7 @@ def view_routes(front: HttpFrontEnd) -> list[Route]:
         )
 
     async def worker_log(request: Request) -> Response:
-        lines = _int(request, "lines", 200, 1, MAX_LOG_LINES)
+        lines = query_int(request, "lines", 200, 1, MAX_LOG_LINES)
         where = front.sup.describe_output()
         found = await anyio.to_thread.run_sync(lambda: _tail(Path(where), lines))
         if found is None:  # stderr, inherit, discarded, or a file not written yet
