@@ -195,7 +195,11 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
     it (by its cgroup), or it is never reaped and the result arrives before quiescence."""
     own = proctree.cgroup_of()
     assert own is not None
-    path = os.path.join(own, f"{proctree.CGROUP_POOL_PREFIX}{os.getpid()}-test-removed")
+    # Named as a live owner's pool (pid, start time): a supervisor another test starts meanwhile
+    # sweeps pool groups whose owner is gone, and must leave this one alone.
+    path = os.path.join(
+        own, f"{proctree.CGROUP_POOL_PREFIX}{os.getpid()}-{_start_of(os.getpid())}-test-removed"
+    )
     os.mkdir(path)
     daemon = subprocess.Popen(
         [sys.executable, "-c", "import signal\nwhile True: signal.pause()"], start_new_session=True
@@ -445,6 +449,12 @@ async def test_two_supervisors_in_one_process_keep_their_own_pools(tmp_path: Pat
             assert (await outer.run("examples.agents:echo", {"text": "still here"})).outcome == "completed"
 
 
+def _start_of(pid: int) -> str:
+    """A process's start time as a pool's name carries it (owner pid, then this)."""
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+
+
 def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
     """A pool cgroup named for a dead owner, holding one live process of ours. Its owner is alive
     while the pool is built and dies after: a supervisor that another test starts meanwhile
@@ -452,9 +462,7 @@ def _stale_pool_with_a_process() -> tuple[str, subprocess.Popen[bytes]]:
     owner = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
     own = proctree.cgroup_of(os.getpid())
     assert own is not None
-    stat = Path(f"/proc/{owner.pid}/stat").read_bytes()
-    started = stat[stat.rfind(b")") + 2 :].split()[19].decode()  # a pool's name: owner pid, its start time
-    stale = os.path.join(own, f"{proctree.CGROUP_POOL_PREFIX}{owner.pid}-{started}")
+    stale = os.path.join(own, f"{proctree.CGROUP_POOL_PREFIX}{owner.pid}-{_start_of(owner.pid)}")
     os.mkdir(stale)
     os.mkdir(os.path.join(stale, "w1"))
     victim = subprocess.Popen([sys.executable, "-c", "import signal\nwhile True: signal.pause()"])
