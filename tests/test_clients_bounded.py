@@ -196,7 +196,10 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     ``CLIENT_SNDHWM`` × 16 KiB (4 MiB) of a flood of ≈ 12 MB; before, when the daemon fell
     behind, 256 full 64 KiB batches held the whole flood, they were never dropped, the daemon
     pushed ≈ 12 MB to each (RSS +120-220 MiB) and the other client got 3-12 % of its rate."""
-    count = 400_000  # a window of 1-2 s (100,000 gave ≈ 0.3 s: too short to measure a rate)
+    # A window of 2-4 s (100,000 gave ≈ 0.3 s: too short to measure a rate). ≈ 24 MB: more than a
+    # window-less follower's queue can hold even when one loop pass merges several of its 16 KiB
+    # batches into one 64 KiB frame (256 such frames: 16 MiB), as a loaded daemon does.
+    count = 800_000
     with serving(*FAST, "--no-journal") as d:
         daemon = psutil.Process(d.pid)
         async with Client.connect(d.endpoint, timeout=30) as client:
