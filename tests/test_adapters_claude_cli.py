@@ -75,3 +75,28 @@ async def test_the_real_claude_cli_streams_completes_and_is_cancelled(
     assert clis, "the real CLI was not running during the turn"
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
     assert left == []
+
+
+async def test_an_isolated_call_in_an_sdk_tool_is_killed_alone_and_told_to_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI calls an in-process SDK tool (it runs in the worker) whose ``worker.isolated`` call
+    writes 2 GiB under 256 MiB: the call is killed for memory, the SDK hands the ``ToolKilled`` text to
+    the CLI as the tool's error, the model answers with it, and the turn completes; the worker runs the
+    next turn."""
+    async with (
+        messages_api(tmp_path, monkeypatch) as server,
+        Supervisor(workers=1, spares=0, grace=10, kill_after=1) as sup,
+    ):
+        handle = await sup.submit("tests.agents.claude_real:isolated", "allocate, isolated")
+        with anyio.fail_after(120):
+            result = await handle.result()
+            seen = await events_of(handle)
+            again = await sup.run(A, "hello there")
+    assert result.outcome == "completed", result
+    # (The CLI adds a hint of its own after a failed MCP tool's text.)
+    assert result.output.startswith("told: tool killed: memory limit 256 MiB reached"), result
+    updates = [e for e in seen if e["type"] == "tool_call_update"]
+    assert [u["status"] for u in updates] == ["failed"], seen
+    assert server.requests >= 2
+    assert again.outcome == "completed" and again.worker_pid == result.worker_pid, again

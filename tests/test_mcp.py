@@ -59,7 +59,7 @@ async def test_mcp_servers_are_children_of_the_turn(tmp_path: Path) -> None:
     assert added.outcome == "completed" and added.output == 5, added
     assert looped.outcome == "completed" and looped.output == {
         "text": "The sum is 42.",
-        "tools": ["add", "pid", "parent", "slow", "stubborn"],
+        "tools": ["add", "pid", "parent", "slow", "stubborn", "allocate"],
     }, looped
     assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
     # The server never sees stdin's EOF (NEVER_EOF): only notifications/cancelled cancels the call.
@@ -107,3 +107,20 @@ async def test_worker_wide_servers_outlive_turns_and_are_closed_after_a_cancel(t
     assert held_pid == third.output["server"]
     assert killed.outcome == "killed" and killed.cause == {"kind": "user"}, killed
     assert gone(held_pid)
+
+
+async def test_an_isolated_call_in_an_mcp_servers_tool_is_killed_alone_and_told_to_the_model() -> None:
+    """The server's ``allocate`` runs a ``worker.isolated`` call (forked by the server, which is not a
+    worker) that writes 2 GiB under 256 MiB: the call is killed for memory, the server answers the tool
+    call with the ``ToolKilled`` text as an error, ``AgentLoop`` hands it to the model, the turn
+    completes, and the same server answers the next call."""
+    async with Supervisor(workers=1, spares=0) as sup:
+        handle = await sup.submit(M + "isolated")
+        pid = await server_pid(handle)
+        with anyio.fail_after(120):
+            result = await handle.result()
+    assert result.outcome == "completed", result
+    assert result.output["text"] == "It did not fit." and result.output["after"] == 3, result
+    [told] = result.output["told"]
+    assert "tool killed: memory limit 256 MiB reached" in str(told), told
+    assert gone(pid)

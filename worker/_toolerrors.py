@@ -69,22 +69,46 @@ class CommandResult(msgspec.Struct, frozen=True):
     killed_reason: KillReason | None = None
 
 
-_FLAVOURED: dict[tuple[type, type], Any] = {}
+_FLAVOURED: dict[tuple[type, ...], Any] = {}
+
+
+def _framework_bases() -> list[type]:
+    """The failed-tool exceptions of the tool frameworks loaded in this process."""
+    found = []
+    pydantic_ai = sys.modules.get("pydantic_ai.exceptions")
+    base = getattr(pydantic_ai, "ToolFailed", None) or getattr(pydantic_ai, "ModelRetry", None)
+    if isinstance(base, type):
+        found.append(base)
+    # An MCP server written with the mcp package (2.x MCPServer, 1.x FastMCP) or fastmcp shows a
+    # ToolError's text to the client; any other exception's text stays on the server.
+    for name in _MCP_SERVER_ERRORS:
+        base = getattr(sys.modules.get(name), "ToolError", None)
+        if isinstance(base, type):
+            found.append(base)
+    return found
+
+
+_MCP_SERVER_ERRORS = (
+    "mcp.server.mcpserver.exceptions",
+    "mcp.server.fastmcp.exceptions",
+    "fastmcp.exceptions",
+)
 
 
 def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
     """TOOL-FRAMEWORK-ERROR: the error as the tool framework loaded in this process reports a failed tool to
     its model. Where pydantic-ai is imported, the same error is also its ``ToolFailed`` (or, in versions
     without it, ``ModelRetry``): raised from a pydantic-ai tool, the model sees the text and the run goes on.
-    ``except worker.ToolKilled`` catches it all the same."""
-    mod = sys.modules.get("pydantic_ai.exceptions")
-    base = getattr(mod, "ToolFailed", None) or getattr(mod, "ModelRetry", None)
-    if not isinstance(base, type) or isinstance(exc, base):
+    Where an MCP server of the ``mcp`` package runs, it is also that package's ``ToolError``: the client
+    (and its model) is told the text rather than a generic failure. ``except worker.ToolKilled`` catches
+    it all the same."""
+    bases = tuple(b for b in _framework_bases() if not isinstance(exc, b))
+    if not bases:
         return exc
-    key = (type(exc), base)
+    key = (type(exc), *bases)
     cls = _FLAVOURED.get(key)
     if cls is None:
-        cls = type(type(exc).__name__, (type(exc), base), {"__module__": type(exc).__module__})
+        cls = type(type(exc).__name__, (type(exc), *bases), {"__module__": type(exc).__module__})
         cls.__qualname__ = type(exc).__qualname__
         _FLAVOURED[key] = cls
     out: Any = Exception.__new__(cls)

@@ -83,8 +83,13 @@ class Server:
         ]
 
     def _caller(self, tool: str) -> Any:
+        # ADAPT-MCP-ERROR: a tool that answers with ``isError`` is told to the model as the call's output
+        # (what MCP's tool errors are for); ``call()`` itself raises ``McpToolError``.
         async def call(**arguments: Any) -> Any:
-            return await self.call(tool, arguments)
+            try:
+                return await self.call(tool, arguments)
+            except McpToolError as exc:
+                return {"error": str(exc)}
 
         return call
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import worker
 from worker import mcp
-from worker.agent import AgentLoop, Finish, Response, ScriptedModel, TextDelta, ToolCall
+from worker.agent import AgentLoop, Finish, FunctionCallOutput, Response, ScriptedModel, TextDelta, ToolCall
 
 SERVER = mcp.StdioServer(sys.executable, ["-P", str(Path(__file__).with_name("mcp_server.py"))])
 STUBBORN = mcp.StdioServer(SERVER.command, SERVER.args, env={"STUBBORN": "1"})
@@ -41,6 +41,23 @@ async def loop(turn: worker.Turn) -> Any:
     async with mcp.serve(calc=SERVER) as servers:
         result = await AgentLoop(model, tools=mcp.tools(servers), turn=turn).run("Add 20 and 22")
     return {"text": getattr(result, "text", None), "tools": [t.name for t in mcp.tools(servers)]}
+
+
+async def isolated(turn: worker.Turn) -> Any:
+    """``AgentLoop`` calls the server's ``allocate`` (a ``worker.isolated`` call in the server, killed for
+    memory) and finishes; then ``add`` on the same server. Returns what the model was told."""
+    model = ScriptedModel(
+        [
+            Response([ToolCall("call_1", "allocate", {}), Finish("tool_calls")]),
+            Response([TextDelta("It did not fit."), Finish("stop")]),
+        ]
+    )
+    async with mcp.serve(calc=SERVER) as servers:
+        result = await AgentLoop(model, tools=mcp.tools(servers), turn=turn).run("Allocate")
+        after = await servers["calc"].call("add", {"a": 1, "b": 2})
+        await turn.emit({"type": "mcp_server", "pid": await servers["calc"].call("pid")})
+    told = [m.output for m in model.requests[-1].messages if isinstance(m, FunctionCallOutput)]
+    return {"text": getattr(result, "text", None), "told": told, "after": after}
 
 
 # A worker-wide server (``mcp.shared``): one spec for the name in every agent of this module. It

@@ -4,7 +4,8 @@ Tools: ``add``; ``pid`` (this server's pid); ``parent`` (its parent's pid); ``sl
 "started" to ``mark``, sleeps until cancelled; on ``notifications/cancelled`` it writes
 "cancelled" there); ``stubborn`` (swallows the cancel and blocks in C). With ``STUBBORN=1`` in its
 environment it also ignores SIGTERM and stdin EOF; with ``NEVER_EOF=1`` it never sees stdin's EOF
-(the client's close then ends it with SIGTERM).
+(the client's close then ends it with SIGTERM). ``allocate`` writes 2 GiB in a ``worker.isolated`` call
+limited to 256 MiB (a call forked by this server, which is not a worker): killed alone, the server goes on.
 """
 
 import os
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import anyio
 from mcp.server.mcpserver import MCPServer
+
+import worker
 
 app = MCPServer("turnpool-test")
 
@@ -56,6 +59,17 @@ def stubborn(mark: str) -> str:
         f.write("started")
     time.sleep(1000)  # allowed: the agent's or tool's own work under test, not a wait
     return "done"
+
+
+@worker.isolated(memory_mb=256)
+def _hog() -> int:
+    return len(b"\x01" * (2 << 30))
+
+
+@app.tool()
+def allocate() -> int:
+    """Allocate a lot of memory, in a process of its own."""
+    return int(_hog())
 
 
 def _never_eof() -> None:

@@ -1,8 +1,10 @@
 """A loopback stand-in for the Anthropic Messages API (``POST /v1/messages``, streamed as Server-Sent
 Events), so that the real ``claude`` CLI runs with no model service (``ANTHROPIC_BASE_URL``). Every
 request is answered by its messages: a conversation containing "forever" gets two text deltas and then
-nothing until the client hangs up; any other "Hello from Claude." in three deltas. Any other path
-(token counting and the like) gets a small JSON body."""
+nothing until the client hangs up; one containing "isolated" gets a ``tool_use`` of
+``mcp__tools__allocate`` until a tool result is in it, then "told: " and that result's text; any other
+"Hello from Claude." in three deltas. Any other path (token counting and the like) gets a small JSON
+body."""
 
 from __future__ import annotations
 
@@ -21,6 +23,20 @@ OK_JSON = (
 
 def _sse(data: dict[str, Any]) -> bytes:
     return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _tool_results(messages: list[dict[str, Any]]) -> list[str]:
+    """The text of every ``tool_result`` block in the conversation, in order."""
+    found = []
+    for message in messages:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    inner = "".join(part.get("text", "") for part in inner if isinstance(part, dict))
+                found.append(str(inner))
+    return found
 
 
 class FakeAnthropicServer:
@@ -61,9 +77,16 @@ class FakeAnthropicServer:
             payload = json.dumps({"input_tokens": 1}).encode()
             await client.send(OK_JSON.format(len(payload)).encode() + payload)
             return
-        forever = "forever" in json.dumps(body.get("messages", []))
+        conversation = json.dumps(body.get("messages", []))
+        forever = "forever" in conversation
         words = ["Once ", "upon "] if forever else ["Hello ", "from ", "Claude."]
         model = body.get("model", "stand-in")
+        if "isolated" in conversation and body.get("stream"):
+            told = _tool_results(body.get("messages", []))
+            if not told:
+                await self._tool_use(client, model, "mcp__tools__allocate")
+                return
+            words = ["told: ", told[-1]]
         usage = {"input_tokens": 1, "output_tokens": len(words)}
         if not body.get("stream"):
             message = {
@@ -94,5 +117,21 @@ class FakeAnthropicServer:
             return
         await client.send(_sse({"type": "content_block_stop", "index": 0}))
         end = {"stop_reason": "end_turn", "stop_sequence": None}
+        await client.send(_sse({"type": "message_delta", "delta": end, "usage": usage}))
+        await client.send(_sse({"type": "message_stop"}))
+
+    async def _tool_use(self, client: anyio.abc.SocketStream, model: str, name: str) -> None:
+        """Stream one assistant message that calls ``name`` with no arguments."""
+        usage = {"input_tokens": 1, "output_tokens": 1}
+        await client.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        start = {"id": "msg_2", "type": "message", "role": "assistant", "model": model, "content": []}
+        start |= {"stop_reason": None, "stop_sequence": None, "usage": usage}
+        await client.send(_sse({"type": "message_start", "message": start}))
+        block = {"type": "tool_use", "id": "toolu_1", "name": name, "input": {}}
+        await client.send(_sse({"type": "content_block_start", "index": 0, "content_block": block}))
+        delta = {"type": "input_json_delta", "partial_json": "{}"}
+        await client.send(_sse({"type": "content_block_delta", "index": 0, "delta": delta}))
+        await client.send(_sse({"type": "content_block_stop", "index": 0}))
+        end = {"stop_reason": "tool_use", "stop_sequence": None}
         await client.send(_sse({"type": "message_delta", "delta": end, "usage": usage}))
         await client.send(_sse({"type": "message_stop"}))
