@@ -229,3 +229,10 @@ def _escape(pid_file: str) -> None:
     os.close(r)
     if ok != b"x":
         raise RuntimeError("the escapee did not get ready")
+
+
+async def daemonize_then_wait(turn: worker.Turn) -> None:
+    """Leaves the same processes, says so, then waits (idle) until cancelled or killed."""
+    _daemonize(turn.input["pid_file"])
+    await turn.emit({"type": "started", "pid": os.getpid()})
+    await anyio.sleep_forever()
