@@ -6,11 +6,8 @@ emptied. (Timings of hundreds of workers are in benchmarks/, not here.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import anyio
 import psutil
 import pytest
 
+from tests.support import hostproc
 from worker import proctree
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -74,20 +72,14 @@ async def test_sigkill_of_a_supervisor_with_256_busy_workers_leaves_nothing(
 ) -> None:
     files = [str(tmp_path / f"pids{i}") for i in range(N)]
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    host = subprocess.Popen(  # noqa: ASYNC220 - its stdout is read in a thread
-        [sys.executable, "-c", HOST, "1" if cgroups else "0", *files], stdout=subprocess.PIPE, cwd=os.getcwd()
-    )
-    try:
-        assert host.stdout is not None
-        with anyio.fail_after(300):
-            seen = json.loads(await anyio.to_thread.run_sync(host.stdout.readline))
+    async with hostproc.host(HOST, "1" if cgroups else "0", *files, ready_s=300) as (proc, seen):
         assert len(seen["workers"]) == N
         left = await anyio.to_thread.run_sync(_pids, files)  # each turn's daemon and plain child
         assert len(left) == 2 * N and _alive(left) == left
-        os.kill(host.pid, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
         t0 = time.monotonic()
         with anyio.fail_after(60):
-            assert await anyio.to_thread.run_sync(host.wait) == -signal.SIGKILL
+            assert await anyio.to_thread.run_sync(proc.wait) == -signal.SIGKILL
         # What the host left is re-parented to this process (a child subreaper, see conftest): wait
         # on all of it, reaping as it goes.
         rest = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
@@ -98,9 +90,3 @@ async def test_sigkill_of_a_supervisor_with_256_busy_workers_leaves_nothing(
         assert _alive(left) == [] and _alive(seen["workers"]) == []
         if cgroups:
             assert proctree.cgroup_procs(seen["pool"]) == []
-    finally:
-        if host.poll() is None:
-            host.kill()
-        host.wait()
-        if host.stdout is not None:
-            host.stdout.close()

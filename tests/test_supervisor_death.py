@@ -12,7 +12,6 @@ within a few seconds. The worst time seen is printed (``-s`` shows it) and recor
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,8 @@ import time
 import anyio
 import psutil
 import pytest
+
+from tests.support import hostproc
 
 pytestmark = pytest.mark.anyio
 
@@ -92,14 +93,7 @@ async def kill_host_and_measure(rounds: int = 1) -> list[float]:
     process of its tree has exited. Returns one figure per round."""
     figures = []
     for _ in range(rounds):
-        host = subprocess.Popen(  # noqa: ASYNC220 - its stdout is read in a thread
-            [sys.executable, "-c", HOST], stdout=subprocess.PIPE, cwd=os.getcwd()
-        )
-        try:
-            assert host.stdout is not None
-            with anyio.fail_after(60):
-                line = await anyio.to_thread.run_sync(host.stdout.readline)
-            info = json.loads(line)
+        async with hostproc.host(HOST) as (host, info):
             events = info["events"]
             forker = next(e for e in events if e.get("type") == "pids")
             tree = {p.pid for p in psutil.Process(host.pid).children(recursive=True)}
@@ -117,12 +111,6 @@ async def kill_host_and_measure(rounds: int = 1) -> list[float]:
                 gone_at = await _wait_all_exit(pids)
             figures.append(max(gone_at.values(), default=t0) - t0)
             _reap_everything(pids)
-        finally:
-            if host.poll() is None:
-                host.kill()
-            host.wait()
-            if host.stdout is not None:
-                host.stdout.close()
     return figures
 
 

@@ -14,7 +14,6 @@ the fallback (subreaper, freeze-and-signal, tree markers) forced by ``cgroups=Fa
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -29,6 +28,7 @@ import pytest
 
 from supervisor import Supervisor
 from supervisor import lowlevel as sup_lowlevel
+from tests.support import hostproc
 from worker import proctree
 
 pytestmark = pytest.mark.anyio
@@ -270,15 +270,10 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
     plain child and its setsid daemon within a bound."""
     files = [str(tmp_path / f"pids{i}") for i in range(2)]
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    host = subprocess.Popen(  # noqa: ASYNC220 - its stdout is read in a thread
-        [sys.executable, "-c", HOST, "1" if cgroups else "0", *files], stdout=subprocess.PIPE, cwd=os.getcwd()
-    )
-    try:
-        assert host.stdout is not None
+    async with hostproc.host(HOST, "1" if cgroups else "0", *files) as (host, seen):
+        assert len(seen["workers"]) == 2
+        assert (seen["pool"] is not None) == cgroups
         with anyio.fail_after(60):
-            seen = json.loads(await anyio.to_thread.run_sync(host.stdout.readline))
-            assert len(seen["workers"]) == 2
-            assert (seen["pool"] is not None) == cgroups
             assert await anyio.to_thread.run_sync(host.wait) == -signal.SIGKILL
         left = [p for f in files for p in _pids(Path(f))]
         # Everything the host left (guardians, the agents' processes) was re-parented to this
@@ -299,12 +294,6 @@ async def test_a_host_that_sigkills_its_workers_leaves_nothing(tmp_path: Path, c
             assert proctree.cgroup_procs(seen["pool"]) == [] and not proctree.cgroup_populated(seen["pool"])
             assert await anyio.to_thread.run_sync(_subdirs, seen["pool"]) == []
             assert seen["pool"] in proctree.cgroup_sweep_stale(os.path.dirname(seen["pool"]))
-    finally:
-        if host.poll() is None:
-            host.kill()
-            host.wait()
-        if host.stdout is not None:
-            host.stdout.close()
 
 
 @pytest.mark.parametrize("cgroups", MODES)
