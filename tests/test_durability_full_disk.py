@@ -21,13 +21,11 @@ import pytest
 from supervisor import Client, JournalUnavailable
 from supervisor.journal import read_history
 from supervisor.journal.steps import view_steps
-from tests.support.daemonkit import FAST, Served, short_dir, start, stop_process
+from tests.support.daemonkit import Served, short_dir, start, stop_process
 from tests.support.diskkit import fill, tmpfs
-from tests.support.durablekit import AGENT, lines
+from tests.support.durablekit import AGENT, ARGS, lines, result_on_a_new_daemon
 
 pytestmark = pytest.mark.anyio
-
-ARGS = (*FAST, "--heartbeat", "0")
 
 
 async def _status(served: Served) -> dict[str, Any]:
@@ -49,6 +47,13 @@ async def _until_file(path: Path) -> None:
     with anyio.fail_after(60):
         while not path.exists():  # noqa: ASYNC110, ASYNC240 - a file the agent makes: no event to wait on
             await anyio.sleep(0.02)  # allowed: pacing a bounded wait for the agent's file
+
+
+async def _writes_again(served: Served, client: Client) -> None:
+    """The journal took its rows again: the daemon accepts, and a new turn runs."""
+    await _until_status(served, "accepting again", lambda s: s["daemon"]["accepting"])
+    with anyio.fail_after(60):
+        assert (await client.run("examples.agents:echo", 2)).output == 2
 
 
 def _writer_of(served: Served) -> psutil.Process:
@@ -118,9 +123,7 @@ async def test_a_full_disk_holds_the_next_tool_until_its_record_commits(tmp_path
                 unblock()
                 with anyio.fail_after(60):
                     result = await client.handle(turn_id).result()
-                await _until_status(served, "accepting again", lambda s: s["daemon"]["accepting"])
-                with anyio.fail_after(60):
-                    assert (await client.run("examples.agents:echo", 2)).output == 2
+                await _writes_again(served, client)
         finally:
             stop_process(served.proc)
             shutil.rmtree(home, ignore_errors=True)
@@ -156,13 +159,7 @@ async def test_a_sigkill_while_the_disk_is_full_resumes_from_what_was_committed(
             said = refused.stderr()
             assert code == 1 and "database or disk is full" in said, (code, said)
             unblock()
-            second = start(*ARGS, "--journal", str(journal), home=home)
-            try:
-                async with Client.connect(second.endpoint) as client:
-                    with anyio.fail_after(60):
-                        result = await client.handle(turn_id).result()
-            finally:
-                stop_process(second.proc)
+            result = await result_on_a_new_daemon(home, journal, turn_id)
         finally:
             shutil.rmtree(home, ignore_errors=True)
         assert result.outcome == "completed" and result.attempts == 2, result
@@ -187,9 +184,7 @@ async def test_a_turn_that_waits_on_a_full_disk_past_its_timeout_ends_timed_out(
                 with anyio.fail_after(60):
                     result = await client.handle(turn_id).result()
                 unblock()
-                await _until_status(served, "accepting again", lambda s: s["daemon"]["accepting"])
-                with anyio.fail_after(60):
-                    assert (await client.run("examples.agents:echo", 2)).output == 2
+                await _writes_again(served, client)
         finally:
             stop_process(served.proc)
             shutil.rmtree(home, ignore_errors=True)
