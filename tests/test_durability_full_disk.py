@@ -21,26 +21,11 @@ import pytest
 from supervisor import Client, JournalUnavailable
 from supervisor.journal import read_history
 from supervisor.journal.steps import view_steps
-from tests.support.daemonkit import Served, short_dir, start, stop_process
+from tests.support.daemonkit import Served, short_dir, start, status, stop_process, wait_status
 from tests.support.diskkit import fill, tmpfs
 from tests.support.durablekit import AGENT, ARGS, lines, result_on_a_new_daemon
 
 pytestmark = pytest.mark.anyio
-
-
-async def _status(served: Served) -> dict[str, Any]:
-    async with Client.connect(served.endpoint) as client:
-        return dict(await client.status())
-
-
-async def _until_status(served: Served, what: str, check: Any) -> dict[str, Any]:
-    """Poll the daemon's status (bounded) until ``check`` holds."""
-    with anyio.fail_after(60):
-        while True:
-            st = await _status(served)
-            if check(st):
-                return st
-            await anyio.sleep(0.05)  # allowed: polling the daemon's status, bounded by fail_after
 
 
 async def _until_file(path: Path) -> None:
@@ -51,7 +36,7 @@ async def _until_file(path: Path) -> None:
 
 async def _writes_again(served: Served, client: Client) -> None:
     """The journal took its rows again: the daemon accepts, and a new turn runs."""
-    await _until_status(served, "accepting again", lambda s: s["daemon"]["accepting"])
+    await wait_status(served, lambda s: s["daemon"]["accepting"])
     with anyio.fail_after(60):
         assert (await client.run("examples.agents:echo", 2)).output == 2
 
@@ -89,7 +74,7 @@ async def _paused_then_blocked(
     await _until_file(d / "paused")
     unblock = block()
     (d / "go").write_text("")
-    await _until_status(served, "journal refused", lambda s: s["daemon"]["journal_error"])
+    await wait_status(served, lambda s: s["daemon"]["journal_error"])
     return handle.turn_id, unblock
 
 
@@ -109,7 +94,7 @@ async def test_a_full_disk_holds_the_next_tool_until_its_record_commits(tmp_path
                 (lambda: _fill_disk(where)) if how == "full" else (lambda: _limit_file_size(served, journal))
             )
             turn_id, unblock = await _paused_then_blocked(served, tmp_path, block)
-            st = await _status(served)
+            st = await status(served)
             assert st["daemon"]["accepting"] is False and "journal" in st["daemon"]["journal_error"], st
             why = "database or disk is full" if how == "full" else "disk I/O error"
             assert why in st["daemon"]["journal_error"], st
@@ -118,7 +103,7 @@ async def test_a_full_disk_holds_the_next_tool_until_its_record_commits(tmp_path
                     await client.submit("examples.agents:echo", 1)
                 # Committed before the disk filled: the first step and its call.
                 assert lines(tmp_path, "charges") and not lines(tmp_path, "reserves")
-                st = await _until_status(served, "still refused", lambda s: s["running"] == 1)
+                st = await wait_status(served, lambda s: s["running"] == 1)
                 assert not lines(tmp_path, "reserves"), "a tool ran on a record the disk refused"
                 unblock()
                 with anyio.fail_after(60):
@@ -210,7 +195,7 @@ async def test_a_worker_that_dies_while_its_records_wait_resumes_from_them(tmp_p
                 served, tmp_path, lambda: _fill_disk(where), pause="model1"
             )
             psutil.Process(int((tmp_path / "paused").read_text())).kill()
-            await _until_status(served, "attempt 2", lambda s: s["daemon"]["journal_error"] and s["running"])
+            await wait_status(served, lambda s: s["daemon"]["journal_error"] and s["running"])
             unblock()
             async with Client.connect(served.endpoint) as client:
                 with anyio.fail_after(60):

@@ -28,7 +28,7 @@ import pytest
 
 from supervisor import Client, JournalUnavailable, TurnIdConflict
 from supervisor.journal import lock_name, read_history
-from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
+from tests.support.daemonkit import FAST, Served, serving, short_dir, start, status, stop_process, wait_status
 from tests.support.diskkit import fill, run_quiet, tmpfs
 
 pytestmark = pytest.mark.anyio
@@ -83,21 +83,6 @@ def runs(log: Path) -> collections.Counter[str]:
     if not log.exists():
         return collections.Counter()
     return collections.Counter(line for line in log.read_text().splitlines() if line)
-
-
-async def status(served: Served) -> dict:
-    async with Client.connect(served.endpoint) as client:
-        return await client.status()
-
-
-async def wait_status(served: Served, check) -> dict:  # type: ignore[no-untyped-def]
-    """Poll the daemon's status (a request per loop, bounded) until ``check`` holds."""
-    with anyio.fail_after(30):
-        while True:
-            st = await status(served)
-            if check(st):
-                return st
-            await anyio.sleep(0.05)  # allowed: polling the daemon's status, bounded by fail_after
 
 
 # ---- item 2: SIGKILL under load --------------------------------------------------------------
