@@ -23,7 +23,7 @@ import zmq.auth
 
 import wire
 from supervisor import AuthenticationFailed, Client, DaemonUnavailable, EventsDropped, InvalidAgent
-from supervisor.daemon.clients import WINDOWLESS_BATCH_BYTES
+from supervisor.daemon.clients import WINDOWLESS_BATCH_BYTES, batch_frames
 from supervisor.daemon.endpoint import CLIENT_SNDHWM
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
@@ -451,6 +451,22 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
         ) as friend:
             with anyio.fail_after(60):
                 assert (await friend.run("examples.agents:echo", 1)).output == 1
+
+
+def test_batch_frames_keep_order_and_give_the_alone_replies_frames_of_their_own() -> None:
+    """CLIENT-NO-WINDOW, the flush's framing: replies go out in order, merged up to ``BATCH_BYTES``, except
+    those queued alone (a window-less follow's events), each in a frame of its own."""
+    replies = [wire.encode(client_link.Ok(i)) for i in range(6)]
+    big = [wire.encode(client_link.Error(i, "internal", "x" * 40_000)) for i in range(3)]
+
+    def framed(out: list[bytes], alone: list[int]) -> list[list[int]]:
+        return [[m.req for m in client_link.decode_from_daemon_frame(f)] for f in batch_frames(out, alone)]
+
+    assert framed(replies, []) == [[0, 1, 2, 3, 4, 5]]
+    assert framed(replies, [0]) == [[0], [1, 2, 3, 4, 5]]
+    assert framed(replies, [2, 3]) == [[0, 1], [2], [3], [4, 5]]
+    assert framed(replies, list(range(6))) == [[i] for i in range(6)]
+    assert framed(big, []) == [[0], [1], [2]]  # 64 KiB frames: two 40 KB replies do not share one
 
 
 def test_wire_evolves_by_addition_only() -> None:

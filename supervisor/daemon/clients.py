@@ -98,19 +98,22 @@ class Peer:
 def batch_frames(out: list[bytes], alone: list[int]) -> list[bytes]:
     """CLIENT-BATCHES: a client's replies of one pass (encoded, in order) as batch frames of at most
     ``BATCH_BYTES`` each (or one larger reply). CLIENT-NO-WINDOW: the replies at the positions ``alone``
-    (a window-less follow's events) each get a frame of their own: merged, four such 16 KiB batches of
-    a client's follows filled a 64 KiB frame, and its queue held 16 MiB of them instead of 4 MiB."""
+    (ascending: a window-less follow's events) each get a frame of their own: merged, four such 16 KiB
+    batches of a client's follows filled a 64 KiB frame, and its queue held 16 MiB of them, not 4 MiB."""
     frames: list[bytes] = []
+    start = 0
+    for i in alone:
+        _merge(out[start:i], frames)
+        frames.append(client_link.encode_batch([out[i]]))
+        start = i + 1
+    _merge(out[start:] if start else out, frames)
+    return frames
+
+
+def _merge(replies: list[bytes], frames: list[bytes]) -> None:
     chunk: list[bytes] = []
     size = 0
-    solo = set(alone)
-    for i, frame in enumerate(out):
-        if solo and i in solo:
-            if chunk:
-                frames.append(client_link.encode_batch(chunk))
-                chunk, size = [], 0
-            frames.append(client_link.encode_batch([frame]))
-            continue
+    for frame in replies:
         if chunk and size + len(frame) > client_link.BATCH_BYTES:
             frames.append(client_link.encode_batch(chunk))
             chunk, size = [], 0
@@ -118,7 +121,6 @@ def batch_frames(out: list[bytes], alone: list[int]) -> list[bytes]:
         size += len(frame)
     if chunk:
         frames.append(client_link.encode_batch(chunk))
-    return frames
 
 
 class Waiter:
