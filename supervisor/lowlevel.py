@@ -5,8 +5,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 - ``procs``: the process helpers the pool calls through this module's attributes, so a test can
   replace ``procs.spawn_worker`` (``monkeypatch.setattr``) to inject worker start failures;
-  ``orphans_of`` finds a dead worker's descendants among this process's children (LADDER-STEPS);
-  ``OrphanIndex`` does it across many exits reading each child once (LADDER-ORPHANS), with its
+  ``OrphanIndex`` finds a dead worker's descendants among this process's children (LADDER-STEPS),
+  across many exits reading each child once (LADDER-ORPHANS), with its
   ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
@@ -47,7 +47,6 @@ from ._engine.exits import MAX_HANDOVERS
 from ._engine.orphans import FRESH as ORPHAN_FACTS_FRESH
 from ._engine.orphans import Facts as OrphanFacts
 from ._engine.orphans import OrphanIndex
-from ._engine.procs import orphans_of
 from ._engine.share import AutogroupShare, autogroup_nice
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
@@ -73,7 +72,6 @@ __all__ = [
     "check_optional_str",
     "connection_uid",
     "diag_uid",
-    "orphans_of",
     "peers",
     "private_dir",
     "probe",

@@ -23,6 +23,8 @@ import zmq.auth
 
 import wire
 from supervisor import AuthenticationFailed, Client, DaemonUnavailable, EventsDropped, InvalidAgent
+from supervisor.daemon.clients import WINDOWLESS_BATCH_BYTES, batch_frames
+from supervisor.daemon.endpoint import CLIENT_SNDHWM
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, serving
 from tests.support.memkit import rss_under
@@ -140,6 +142,80 @@ async def test_a_cancelled_wait_frees_its_state_and_the_turn_runs_on() -> None:
                 assert (await handle.result()).outcome == "aborted"
 
 
+# CLIENT-NO-WINDOW: what a client that reads nothing can have queued of its window-less follows' events: a
+# batch of at most WINDOWLESS_BATCH_BYTES in each message of its queue (CLIENT_SNDHWM of them), one more
+# batch per follow that the send which found the queue full kept owed, and what the kernel's socket
+# buffers took off the queue (at most its default send buffer: the client's receive side holds 1 message).
+def _windowless_bound(follows: int) -> int:
+    with open("/proc/sys/net/core/wmem_default") as f:
+        kernel = int(f.read())
+    return (CLIENT_SNDHWM + follows) * WINDOWLESS_BATCH_BYTES + kernel
+
+
+async def _read_until_told(sock: zmq.Socket[bytes], reqs: set[int]) -> tuple[int, dict[int, str]]:
+    """A client that read nothing reads now: every frame queued for it, until each follow ``reqs``
+    was ended (``FollowEnd``: everything was sent) or dropped (the ``Error`` owed to a client dropped
+    when its queue filled). Returns the bytes of events it got and how each follow ended."""
+    got = 0
+    ended: dict[int, str] = {}
+    with anyio.fail_after(60):
+        while len(ended) < len(reqs):
+            while not sock.poll(0):  # noqa: ASYNC110 - a plain (sync) zmq socket: no event on the loop
+                await anyio.sleep(0.01)  # allowed: pacing a bounded poll of it
+            for reply in client_link.decode_from_daemon_frame(sock.recv()):
+                if isinstance(reply, client_link.Events):
+                    got += sum(map(len, reply.data))
+                elif isinstance(reply, (client_link.FollowEnd, client_link.Error)) and reply.req in reqs:
+                    ended[reply.req] = reply.code if isinstance(reply, client_link.Error) else "end"
+    return got, ended
+
+
+async def test_a_stopped_windowless_client_is_dropped_within_its_bound() -> None:
+    """CLIENT-NO-WINDOW, measured: a turn emits 1,000 events of 8 KB (8 MB, all kept) and waits. A raw
+    client that follows it once without a window, and one that follows it eight times, read nothing
+    until the daemon drops them; then they read what was queued for them. Each was dropped (each
+    follow ends with ``lagged``), and the events it had queued are within ``_windowless_bound``:
+    CLIENT_SNDHWM × 16 KiB (4 MiB), one owed batch per follow, the kernel's socket buffer. Before,
+    the eight follows' 16 KiB batches of one loop pass went out merged into 64 KiB frames, and the
+    client's queue held ≈ 16 MiB of them."""
+    with serving(*FAST, "--no-journal") as d:
+        ctx = zmq.Context()
+        socks: list[zmq.Socket[bytes]] = []
+        try:
+            async with Client.connect(d.endpoint, timeout=30) as client:
+                stalled_before = (await _daemon_facts(client))["clients_stalled"]
+                handle = await client.submit(
+                    "tests.agents.client:flood", {"count": 1000, "size": 8000, "wait": True}
+                )
+                plans = {1: {2}, 8: set(range(2, 10))}
+                for reqs in plans.values():
+                    sock = ctx.socket(zmq.DEALER)
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.setsockopt(zmq.RCVHWM, 1)  # a client that reads nothing keeps its queue full
+                    sock.connect(d.endpoint)
+                    sock.send(wire.encode(client_link.Hello(1, client_link.CLIENT_PROTOCOL_VERSION)))
+                    for req in sorted(reqs):
+                        sock.send(wire.encode(client_link.Follow(req, handle.turn_id, 0)))
+                    socks.append(sock)
+                await _until(client, "dropped", lambda f: f["clients_stalled"] >= stalled_before + 2)
+                measured = []
+                for (follows, reqs), sock in zip(plans.items(), socks, strict=True):
+                    got, ended = await _read_until_told(sock, reqs)
+                    measured.append((follows, got, _windowless_bound(follows)))
+                    assert set(ended.values()) == {"lagged"}, ended
+                print(f"window-less events queued (follows, bytes, bound): {measured}")
+                for follows, got, bound in measured:
+                    assert got <= bound, (follows, got, bound)
+                    assert got >= CLIENT_SNDHWM * WINDOWLESS_BATCH_BYTES // 2, (follows, got)  # it was full
+                await handle.cancel()
+                with anyio.fail_after(60):
+                    assert (await handle.result()).outcome == "aborted"
+        finally:
+            for sock in socks:
+                sock.close(linger=0)
+            ctx.term()
+
+
 async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, int, dict[str, Any]]:
     """Run a ``count``-event flood turn with ``stopped`` followers that never read (half with no
     window, half windowed) while another client submits echo turns. Returns the flood's run time,
@@ -174,13 +250,16 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
             assert result.outcome == "completed", result
             if not stopped:
                 return result.run_s, done, await _daemon_facts(client)
-            # CLIENT-NO-WINDOW: each window-less one fills its queue (4 MiB, less than the flood) and is
-            # dropped, if not during the turn then right after it, while its socket is still open.
-            facts = await _until(
-                client,
-                "window-less followers dropped",
-                lambda f: f["clients_stalled"] >= stalled_before + (stopped + 1) // 2,
-            )
+            # CLIENT-NO-WINDOW: each window-less one was either sent less than its bound (it skipped ahead
+            # when the daemon fell behind the flood: EVENTS-GAP-WHERE) and ended, or dropped when its
+            # queue filled; either way, what was queued for it (read now) is within the bound.
+            await _until(client, "window-less follows done", lambda f: f["streams"] <= stopped // 2)
+            for sock in socks[::2]:
+                got, ended = await _read_until_told(sock, {2})
+                assert got <= _windowless_bound(1), got
+                assert ended[2] in ("end", "lagged"), ended
+            facts = await _daemon_facts(client)
+            facts["windowless_dropped"] = facts["clients_stalled"] - stalled_before
             return result.run_s, done, facts
     finally:
         for sock in socks:
@@ -191,15 +270,13 @@ async def _flood_while(endpoint: str, count: int, stopped: int) -> tuple[float, 
 async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() -> None:
     """20 followers that never read an event-flooding turn: the turn runs about as fast as with
     none, another client's submits and results go on at a comparable rate (generous bounds), the
-    stopped followers are dropped (the daemon's memory stays bounded), and it gets back what
-    it grew once they are gone. CLIENT-NO-WINDOW: each window-less one is dropped after at most
-    ``CLIENT_SNDHWM`` × 16 KiB (4 MiB) of a flood of ≈ 12 MB; before, when the daemon fell
-    behind, 256 full 64 KiB batches held the whole flood, they were never dropped, the daemon
-    pushed ≈ 12 MB to each (RSS +120-220 MiB) and the other client got 3-12 % of its rate."""
-    # A window of 2-4 s (100,000 gave ≈ 0.3 s: too short to measure a rate). ≈ 24 MB: more than a
-    # window-less follower's queue can hold even when one loop pass merges several of its 16 KiB
-    # batches into one 64 KiB frame (256 such frames: 16 MiB), as a loaded daemon does.
-    count = 800_000
+    stopped followers cost a bounded queue each (the daemon's memory stays bounded), and it gets back
+    what it grew once they are gone. CLIENT-NO-WINDOW: what each window-less one had queued, read
+    once the turn is over, is within its bound (≈ 4 MiB) of a flood of ≈ 12 MB; before, when
+    the daemon fell behind, 256 full 64 KiB batches held the whole flood, the daemon pushed ≈ 12 MB
+    to each (RSS +120-220 MiB) and the other client got 3-12 % of its rate."""
+    # A window of 2-4 s (100,000 gave ≈ 0.3 s: too short to measure a rate).
+    count = 400_000
     with serving(*FAST, "--no-journal") as d:
         daemon = psutil.Process(d.pid)
         async with Client.connect(d.endpoint, timeout=30) as client:
@@ -239,9 +316,8 @@ async def test_stopped_followers_hold_back_neither_the_turn_nor_other_clients() 
     # The windowed ones fell behind the kept events and were told; the window-less ones were
     # either sent everything within the socket's bound or dropped when their queue filled.
     assert facts["lagged_followers"] >= 10
-    # CLIENT-NO-WINDOW: the 10 window-less ones filled their queues with at most 4 MiB each, and were dropped
-    # (``_flood_while`` waited for it: on the old code, when the daemon fell behind, it never came).
-    assert facts["clients_stalled"] >= 10, facts
+    # CLIENT-NO-WINDOW: the 10 window-less ones had at most their bound queued each (``_flood_while`` read
+    # it); those sent more were dropped (test_a_stopped_windowless_client_is_dropped_within_its_bound).
     assert after["streams"] == 0
     # MEM-TRIM: back within ``RSS_BACK`` of where it stood before the crowd (+5 to +39 MiB measured, two
     # CPU hogs beside it; what stays is in use: Python's arenas, the other client's kept turns).
@@ -375,6 +451,22 @@ async def test_a_rejected_curve_key_is_an_authentication_error() -> None:
         ) as friend:
             with anyio.fail_after(60):
                 assert (await friend.run("examples.agents:echo", 1)).output == 1
+
+
+def test_batch_frames_keep_order_and_give_the_alone_replies_frames_of_their_own() -> None:
+    """CLIENT-NO-WINDOW, the flush's framing: replies go out in order, merged up to ``BATCH_BYTES``, except
+    those queued alone (a window-less follow's events), each in a frame of its own."""
+    replies = [wire.encode(client_link.Ok(i)) for i in range(6)]
+    big = [wire.encode(client_link.Error(i, "internal", "x" * 40_000)) for i in range(3)]
+
+    def framed(out: list[bytes], alone: list[int]) -> list[list[int]]:
+        return [[m.req for m in client_link.decode_from_daemon_frame(f)] for f in batch_frames(out, alone)]
+
+    assert framed(replies, []) == [[0, 1, 2, 3, 4, 5]]
+    assert framed(replies, [0]) == [[0], [1, 2, 3, 4, 5]]
+    assert framed(replies, [2, 3]) == [[0, 1], [2], [3], [4, 5]]
+    assert framed(replies, list(range(6))) == [[i] for i in range(6)]
+    assert framed(big, []) == [[0], [1], [2]]  # 64 KiB frames: two 40 KB replies do not share one
 
 
 def test_wire_evolves_by_addition_only() -> None:

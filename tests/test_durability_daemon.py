@@ -17,41 +17,27 @@ import anyio.to_thread
 import msgspec
 import pytest
 
-from supervisor import Client
 from supervisor.journal.steps import view_steps
 from tests.support import httpkit
-from tests.support.daemonkit import FAST, short_dir, start, stop_process
+from tests.support.daemonkit import short_dir, start, stop_process
 from tests.support.durablekit import (
     AGENT,
+    ARGS,
     BOUNDARIES,
     check_resumed,
-    result_and_events,
+    result_on_a_new_daemon,
+    run_through_daemon,
     submit_until_its_daemon_dies,
 )
 
 pytestmark = pytest.mark.anyio
 
-ARGS = (*FAST, "--heartbeat", "0")
-
 
 async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> tuple[Any, list[Any]]:
     """Submit the turn to a daemon that it kills at ``kill`` (if any), restart the daemon on the
     same journal, and return the turn's result and events there."""
-    first = start(*ARGS, "--journal", str(journal), home=home)
-    try:
-        value = {"dir": str(d), "kill": kill, "pid": first.pid}
-        if kill is None:
-            async with Client.connect(first.endpoint) as client:
-                handle = await client.submit(AGENT, value, retry=True)
-            return await result_and_events(first.endpoint, handle.turn_id)
-        turn_id = await submit_until_its_daemon_dies(first, AGENT, value)
-    finally:
-        stop_process(first.proc)
-    second = start(*ARGS, "--journal", str(journal), home=home)
-    try:
-        return await result_and_events(second.endpoint, turn_id)
-    finally:
-        stop_process(second.proc)
+    value = {"dir": str(d), "kill": kill}
+    return await run_through_daemon(home, journal, AGENT, lambda pid: {**value, "pid": pid}, kill is not None)
 
 
 async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_committed_step(
@@ -100,13 +86,9 @@ async def test_a_corrupt_or_foreign_step_record_is_refused_at_resume(tmp_path: P
             bad = msgspec.msgpack.encode({**record, "turn": "another-turn"})
         con.execute("UPDATE steps SET data = ? WHERE turn_id = ? AND seq = 1", (bad, turn_id))
     con.close()
-    second = start(*ARGS, "--journal", str(journal), home=home)
     try:
-        async with Client.connect(second.endpoint) as client:
-            with anyio.fail_after(60):
-                result = await client.handle(turn_id).result()
+        result = await result_on_a_new_daemon(home, journal, turn_id)
     finally:
-        stop_process(second.proc)
         shutil.rmtree(home, ignore_errors=True)
     assert result.outcome == "failed" and result.attempts == 2, result
     assert result.error is not None and result.error.type == "StepRecordError", result

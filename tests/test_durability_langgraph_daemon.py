@@ -12,25 +12,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import pytest
 
 pytest.importorskip("langgraph", reason="needs the langgraph extra")
 
-from supervisor import Client
-from tests.support.daemonkit import FAST, short_dir, start, stop_process
-from tests.support.durablekit import result_and_events, submit_until_its_daemon_dies
+from tests.support.daemonkit import short_dir
+from tests.support.durablekit import lines, run_through_daemon
 
 pytestmark = pytest.mark.anyio
 
 AGENT = "tests.agents.langgraph_durable:durable_trip"
-ARGS = (*FAST, "--heartbeat", "0")
 BOUNDARIES = ("model1", "model2", "in_charge", "after_charge", "end")
-
-
-def lines(d: Path, name: str) -> list[str]:
-    return (d / name).read_text().splitlines() if (d / name).exists() else []
 
 
 def final_text(output: dict[str, Any]) -> str:
@@ -51,20 +43,11 @@ def prompt(d: Path, kill: str | None, pid: int) -> dict[str, Any]:
 async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> Any:
     """Submit the graph's turn to a daemon that it kills at ``kill`` (if any), restart the daemon
     on the same journal, and return the turn's result there."""
-    first = start(*ARGS, "--journal", str(journal), home=home)
-    try:
-        if kill is None:
-            async with Client.connect(first.endpoint) as client:
-                with anyio.fail_after(60):
-                    return await client.run(AGENT, prompt(d, kill, first.pid), retry=True)
-        turn_id = await submit_until_its_daemon_dies(first, AGENT, prompt(d, kill, first.pid))
-    finally:
-        stop_process(first.proc)
-    second = start(*ARGS, "--journal", str(journal), home=home)
-    try:
-        result, events = await result_and_events(second.endpoint, turn_id)
-    finally:
-        stop_process(second.proc)
+    result, events = await run_through_daemon(
+        home, journal, AGENT, lambda pid: prompt(d, kill, pid), kill is not None
+    )
+    if kill is None:
+        return result
     seen = [e for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
     # The resumed event counts the model steps the journal held (the planner's recorded answers).
     from_step = {"model1": 0, "model2": 1, "in_charge": 1, "after_charge": 1, "end": 2}[kill]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import os
 import signal
 import socket
@@ -339,6 +340,19 @@ CONNECT = (
 
 
 # ---- run_command -----------------------------------------------------------------------------
+
+
+def test_run_command_and_arun_command_take_the_same_parameters() -> None:
+    """One declaration of the options: both show it (names, kinds, defaults, annotations) and
+    refuse the same bad argument the same way; ``arun_command`` is a coroutine function."""
+    sync, async_ = inspect.signature(worker.run_command), inspect.signature(worker.arun_command)
+    assert list(sync.parameters.values()) == list(async_.parameters.values())
+    assert sync.parameters["timeout"].default == 30.0 and sync.return_annotation == "CommandResult"
+    assert inspect.iscoroutinefunction(worker.arun_command)
+    with pytest.raises(TypeError, match="no shell"):
+        worker.run_command("ls -l")
+    with pytest.raises(TypeError, match="no shell"):
+        anyio.run(worker.arun_command, "ls -l")
 
 
 @both

@@ -28,7 +28,8 @@ import pytest
 
 from supervisor import Client, JournalUnavailable, TurnIdConflict
 from supervisor.journal import lock_name, read_history
-from tests.support.daemonkit import FAST, Served, serving, short_dir, start, stop_process
+from tests.support.daemonkit import FAST, Served, serving, short_dir, start, status, stop_process, wait_status
+from tests.support.diskkit import fill, run_quiet, tmpfs
 
 pytestmark = pytest.mark.anyio
 
@@ -36,27 +37,6 @@ AGENT = "tests.agents.journal:count"
 
 
 # ---- real disks ----------------------------------------------------------------------------
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=60)
-
-
-@contextlib.contextmanager
-def tmpfs(size: str) -> Iterator[Path]:
-    """A private tmpfs of ``size`` (mode 0700), unmounted afterwards."""
-    where = short_dir()
-    try:
-        _run("mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        shutil.rmtree(where, ignore_errors=True)
-        pytest.skip(f"this machine cannot mount a tmpfs here: {exc}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(where)], capture_output=True, timeout=60)
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=60)
-        shutil.rmtree(where, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -68,8 +48,8 @@ def ext4_image(size_mb: int = 64, options: str = "loop") -> Iterator[Path]:
     try:
         with open(image, "wb") as f:
             f.truncate(size_mb * 1024 * 1024)
-        _run("mkfs.ext4", "-q", "-F", str(image))
-        _run("mount", "-o", options, str(image), str(where))
+        run_quiet("mkfs.ext4", "-q", "-F", str(image))
+        run_quiet("mount", "-o", options, str(image), str(where))
     except (OSError, subprocess.CalledProcessError) as exc:
         shutil.rmtree(home, ignore_errors=True)
         pytest.skip(f"this machine cannot loop-mount an ext4 image: {exc}")
@@ -98,42 +78,11 @@ def repair(image: Path) -> None:
     subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, timeout=120)
 
 
-def fill(where: Path) -> Path:
-    """Fill the filesystem at ``where`` to the last byte; returns the filler file."""
-    filler = where / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (65536, 512):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def runs(log: Path) -> collections.Counter[str]:
     """How many times each turn id ran, as its agent counted."""
     if not log.exists():
         return collections.Counter()
     return collections.Counter(line for line in log.read_text().splitlines() if line)
-
-
-async def status(served: Served) -> dict:
-    async with Client.connect(served.endpoint) as client:
-        return await client.status()
-
-
-async def wait_status(served: Served, check) -> dict:  # type: ignore[no-untyped-def]
-    """Poll the daemon's status (a request per loop, bounded) until ``check`` holds."""
-    with anyio.fail_after(30):
-        while True:
-            st = await status(served)
-            if check(st):
-                return st
-            await anyio.sleep(0.05)  # allowed: polling the daemon's status, bounded by fail_after
 
 
 # ---- item 2: SIGKILL under load --------------------------------------------------------------
@@ -173,7 +122,7 @@ async def _round(
         with anyio.move_on_after(60):
             await reached.wait()
         if freeze is not None:
-            _run("fsfreeze", "-f", str(freeze))
+            run_quiet("fsfreeze", "-f", str(freeze))
             before = len(runs(log))
             # Turns may go on running while the journal is frozen (the bug): give them the
             # chance, bounded; with the gate nothing new starts and this times out.
@@ -182,7 +131,7 @@ async def _round(
                     await anyio.sleep(0.01)  # allowed: polling the agents' own log, bounded
         served.proc.kill()
         if freeze is not None:
-            _run("fsfreeze", "-u", str(freeze))  # a task stuck on the frozen disk dies after the thaw
+            run_quiet("fsfreeze", "-u", str(freeze))  # a task stuck on the frozen disk dies after the thaw
         served.proc.wait(timeout=60)
         stop_process(served.proc)
         tg.cancel_scope.cancel()
@@ -361,9 +310,9 @@ async def test_read_only_remount_refuses_submits_and_loses_no_acknowledged_turn(
             assert "could not be written" in served.stderr()
         finally:
             stop_process(served.proc)
-        _run("umount", str(where))
+        run_quiet("umount", str(where))
         repair(where.parent / "fs.img")
-        _run("mount", "-o", "loop", str(where.parent / "fs.img"), str(where))
+        run_quiet("mount", "-o", "loop", str(where.parent / "fs.img"), str(where))
         again = start(*FAST, "--journal", str(journal), home=home)
         try:
             async with Client.connect(again.endpoint) as client:
@@ -429,7 +378,7 @@ async def test_sigterm_ends_the_daemon_in_bounded_time_with_a_frozen_journal_dis
             async with Client.connect(served.endpoint) as client:
                 with anyio.fail_after(60):
                     await client.run(AGENT, {"log": "/dev/null"})
-                _run("fsfreeze", "-f", str(where))
+                run_quiet("fsfreeze", "-f", str(where))
                 with anyio.move_on_after(1.0):  # this submit's commit stalls on the frozen disk
                     await client.submit(AGENT, {"log": "/dev/null"})
             t0 = time.monotonic()
@@ -595,7 +544,7 @@ async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
             async with Client.connect(served.endpoint, request_timeout=60) as client:
                 with anyio.fail_after(60):
                     await client.run(AGENT, {"log": str(log)}, turn_id="warm")
-                _run("fsfreeze", "-f", str(where))
+                run_quiet("fsfreeze", "-f", str(where))
 
                 async def submit() -> None:
                     h = await client.submit(AGENT, {"log": str(log)}, turn_id="lost")
@@ -608,7 +557,7 @@ async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
                         while "lost" not in runs(log):  # noqa: ASYNC110 — a file, not an event
                             await anyio.sleep(0.01)  # allowed: polling the agent's own log, bounded
                     served.proc.kill()
-                    _run("fsfreeze", "-u", str(where))
+                    run_quiet("fsfreeze", "-u", str(where))
                     served.proc.wait(timeout=60)
                     tg.cancel_scope.cancel()
         finally:

@@ -39,8 +39,9 @@ from supervisor import Client, Daemon, JournalUnavailable, Supervisor
 from supervisor.daemon.recovery import attach_journal
 from supervisor.journal import Journal, read_history, read_result
 from supervisor.lowlevel import CLEAR_AHEAD
-from tests.support.daemonkit import FAST, short_dir, start, stop_process
-from tests.test_journal_faults import fill, runs, tmpfs, wait_status
+from tests.support.daemonkit import FAST, short_dir, start, stop_process, wait_status
+from tests.support.diskkit import fill, tmpfs
+from tests.test_journal_faults import runs
 
 pytestmark = pytest.mark.anyio
 

@@ -213,7 +213,8 @@ def test_a_zombie_whose_cgroup_was_removed_is_still_found() -> None:
         assert psutil.Process(daemon.pid).status() == psutil.STATUS_ZOMBIE
         assert proctree.cgroup_of(daemon.pid) is None  # removed: not a live cgroup any more
         gone_worker = daemon.pid + 1_000_000  # no process leads its session: only the cgroup can match
-        assert daemon.pid in sup_lowlevel.orphans_of(gone_worker, "no-marker", set(), path)
+        # The pool's own scan (LADDER-ORPHANS): its index of our children, asked for the gone worker's.
+        assert daemon.pid in sup_lowlevel.OrphanIndex().of(gone_worker, "no-marker", set(), path)
     finally:
         os.close(fd)
         daemon.kill()

@@ -12,8 +12,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -289,17 +289,36 @@ def isolated(
     return lambda f: Isolated(f, limits, bool(fork_caller))
 
 
-def _command_limits(
-    timeout: float | None,
-    memory_mb: float | None,
-    pids: int | None,
-    env: dict[str, str] | None,
-    output_mb: float | None,
-    network: bool,
-    grace: float,
-    kill_after: float,
-    cgroups: bool | None,
-) -> Limits:
+class _Command(NamedTuple):
+    """A command checked and ready to start: what ``run_command``'s parameters come to."""
+
+    argv: list[str]
+    limits: Limits
+    cwd: str | None
+    stdin: bytes
+
+
+def _command(
+    argv: Sequence[str],
+    *,
+    timeout: float | None = 30.0,
+    memory_mb: float | None = 256,
+    pids: int | None = 64,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    output_mb: float | None = 8,
+    network: bool = True,
+    grace: float = 1.0,
+    kill_after: float = 1.0,
+    cgroups: bool | None = None,
+) -> _Command:
+    """The parameters of ``run_command`` and ``arun_command``, declared once (both are made from this
+    function's signature, so the two cannot drift): checked, and made into the command's limits."""
+    if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) for a in argv):
+        raise TypeError("run_command takes argv as a non-empty list of str (no shell)")
+    if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+        raise TypeError("stdin must be bytes or None")
     limits = Limits(
         memory_mb,
         timeout,
@@ -313,23 +332,13 @@ def _command_limits(
         cgroups,
     )
     limits.check()
-    return limits
+    return _Command(list(argv), limits, cwd, bytes(stdin) if stdin is not None else b"")
 
 
-def _check_command(argv: Sequence[str], stdin: bytes | None) -> None:
-    if isinstance(argv, (str, bytes)) or not argv or not all(isinstance(a, str) for a in argv):
-        raise TypeError("run_command takes argv as a non-empty list of str (no shell)")
-    if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
-        raise TypeError("stdin must be bytes or None")
-
-
-def _start_command(
-    argv: Sequence[str], limits: Limits, cwd: str | None, stdin: bytes | None
-) -> _toolproc.Proc:
-    _check_command(argv, stdin)
-    argv = list(argv)
+def _start_command(cmd: _Command) -> _toolproc.Proc:
+    argv, cwd = cmd.argv, cmd.cwd
     req = {"kind": "cmd", "argv": argv, "cwd": os.path.join(os.getcwd(), cwd or "")}
-    proc = _warm_start("cmd", limits, req, bytes(stdin) if stdin is not None else b"")
+    proc = _warm_start("cmd", cmd.limits, req, cmd.stdin)
     if proc is not None:
         return proc
 
@@ -343,7 +352,7 @@ def _start_command(
             _toolchild.report_setup_error(fd, exc)
         os._exit(127)
 
-    return _toolproc.start(limits, body, stdin=bytes(stdin) if stdin is not None else b"")
+    return _toolproc.start(cmd.limits, body, stdin=cmd.stdin)
 
 
 def _command_result(proc: _toolproc.Proc, o: _toolproc.Outcome) -> CommandResult:
@@ -360,48 +369,40 @@ def _command_result(proc: _toolproc.Proc, o: _toolproc.Outcome) -> CommandResult
     return CommandResult(code, bytes(o.out), bytes(o.err), o.truncated, o.killed)
 
 
-def run_command(
-    argv: Sequence[str],
-    *,
-    timeout: float | None = 30.0,
-    memory_mb: float | None = 256,
-    pids: int | None = 64,
-    cwd: str | None = None,
-    env: dict[str, str] | None = None,
-    stdin: bytes | None = None,
-    output_mb: float | None = 8,
-    network: bool = True,
-    grace: float = 1.0,
-    kill_after: float = 1.0,
-    cgroups: bool | None = None,
-) -> CommandResult:
-    """Run ``argv`` (no shell) under the limits and ladder of an isolated call; returns when the
-    command and everything it started are gone. Stops are reported in ``killed_reason``."""
-    limits = _command_limits(timeout, memory_mb, pids, env, output_mb, network, grace, kill_after, cgroups)
-    proc = _start_command(argv, limits, cwd, stdin)
-    return _command_result(proc, proc.watch(relay=False))
+_P = ParamSpec("_P")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-async def arun_command(
-    argv: Sequence[str],
-    *,
-    timeout: float | None = 30.0,  # noqa: ASYNC109 - the command's limit, not a wait of ours
-    memory_mb: float | None = 256,
-    pids: int | None = 64,
-    cwd: str | None = None,
-    env: dict[str, str] | None = None,
-    stdin: bytes | None = None,
-    output_mb: float | None = 8,
-    network: bool = True,
-    grace: float = 1.0,
-    kill_after: float = 1.0,
-    cgroups: bool | None = None,
-) -> CommandResult:
-    """``run_command`` for async code: the event loop runs on, and a cancel runs the ladder."""
-    limits = _command_limits(timeout, memory_mb, pids, env, output_mb, network, grace, kill_after, cgroups)
-    _check_command(argv, stdin)
-    proc, outcome = await _run_async(lambda: _start_command(argv, limits, cwd, stdin), False)
-    return _command_result(proc, outcome)
+def _public(fn: _F, params_of: Callable[..., Any]) -> _F:
+    """``fn`` (which takes ``*args, **kwargs``) shown with ``params_of``'s parameters and its own return."""
+    shown = inspect.signature(params_of).replace(return_annotation=inspect.signature(fn).return_annotation)
+    fn.__signature__ = shown  # type: ignore[attr-defined]
+    fn.__qualname__ = fn.__name__
+    return fn
+
+
+def _sync_command(prepare: Callable[_P, _Command]) -> Callable[_P, CommandResult]:
+    def run_command(*args: _P.args, **kwargs: _P.kwargs) -> CommandResult:
+        """Run ``argv`` (no shell) under the limits and ladder of an isolated call; returns when the
+        command and everything it started are gone. Stops are reported in ``killed_reason``."""
+        proc = _start_command(prepare(*args, **kwargs))
+        return _command_result(proc, proc.watch(relay=False))
+
+    return _public(run_command, prepare)
+
+
+def _async_command(prepare: Callable[_P, _Command]) -> Callable[_P, Coroutine[Any, Any, CommandResult]]:
+    async def arun_command(*args: _P.args, **kwargs: _P.kwargs) -> CommandResult:
+        """``run_command`` for async code: the event loop runs on, and a cancel runs the ladder."""
+        cmd = prepare(*args, **kwargs)
+        proc, outcome = await _run_async(lambda: _start_command(cmd), False)
+        return _command_result(proc, outcome)
+
+    return _public(arun_command, prepare)
+
+
+run_command = _sync_command(_command)
+arun_command = _async_command(_command)
 
 
 def current_call_cancelled() -> bool:

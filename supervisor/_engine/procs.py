@@ -20,8 +20,6 @@ import psutil
 
 from worker import proctree
 
-from .orphans import OrphanIndex
-
 log = logging.getLogger("turnpool.supervisor")
 
 TREE_ENV = proctree.TREE_ENV
@@ -261,19 +259,6 @@ def signal_tree(pid: int, sig: int, *, known: set[int]) -> list[int]:
     if sig != signal.SIGKILL:
         proctree.thaw(pids)
     return pids
-
-
-def orphans_of(worker_pid: int, marker: str, exclude: set[int], cgroup: str | None = None) -> list[int]:
-    """Our own children that descend from the worker: its session, its cgroup (zombies keep
-    theirs, even once it is removed), or its tree marker (environment or memfd, for ones that
-    called setsid). Nothing else of the host is ever touched.
-
-    A setsid descendant that died before this scan is a zombie with no marker left (no
-    environment, no fds): its cgroup is its only mark. The worker's guardian kills and removes
-    that cgroup as soon as the worker dies, possibly before this scan, so a removed cgroup
-    must still count, or the zombie is never reaped. One scan, nothing kept: the pool keeps an
-    ``OrphanIndex`` instead, which reads each child once across exits (LADDER-ORPHANS)."""
-    return OrphanIndex().of(worker_pid, marker, exclude, cgroup)
 
 
 # TREE-CGROUP: cgroup.kill, then reap by pidfd, then remove.

@@ -27,6 +27,8 @@ from typing import Any, cast
 
 import anyio
 
+from wire import client_link
+
 from .._errors import JournalUnavailable
 
 # An ``Events`` message carries at most this many bytes of events (or a single larger event):
@@ -34,8 +36,9 @@ from .._errors import JournalUnavailable
 # reads holds at most SNDHWM such batches in the daemon.
 EVENTS_BATCH_BYTES = 64 * 1024
 # CLIENT-NO-WINDOW: a follow without a window (no credit: nothing tells the daemon what its client read) sends
-# batches of at most this many bytes, so a client that never reads fills its CLIENT_SNDHWM-message queue
-# with 4 MiB, not 16 MiB, before the daemon drops it.
+# batches of at most this many bytes, each in a frame of its own (``batch_frames``), so a client that never
+# reads holds at most this many bytes of window-less events per message of its CLIENT_SNDHWM-message queue:
+# 4 MiB, however many window-less follows it has, not 16 MiB, before the daemon drops it.
 WINDOWLESS_BATCH_BYTES = 16 * 1024
 # CLIENT-SLICE: a batch holds at most this many events (however small they are), so cutting one
 # slices a bounded part of the turn's buffer; a stream starts by slicing ``BATCH_GUESS``.
@@ -66,7 +69,7 @@ MAX_OWED = 1024
 class Peer:
     """One client connection (one routing id)."""
 
-    __slots__ = ("fd", "ident", "out", "out_bytes", "owed", "suspect_since", "tasks", "version")
+    __slots__ = ("alone", "fd", "ident", "out", "out_bytes", "owed", "suspect_since", "tasks", "version")
 
     def __init__(self, ident: bytes, fd: int) -> None:
         self.ident = ident
@@ -81,6 +84,7 @@ class Peer:
         # CLIENT-BATCHES: replies to a version-3 client made in this pass of the loop, encoded, not sent yet.
         self.out: list[bytes] = []
         self.out_bytes = 0
+        self.alone: list[int] = []  # CLIENT-NO-WINDOW: which of ``out`` go in a frame of their own
 
     def hold(self, req: int, scope: anyio.CancelScope | Waiter, kind: str) -> None:
         """Register a request that waits (CLIENT-STATE); a client reusing a live request id replaces that
@@ -89,6 +93,34 @@ class Peer:
         if old is not None:
             old[0].cancel()
         self.tasks[req] = (scope, kind)
+
+
+def batch_frames(out: list[bytes], alone: list[int]) -> list[bytes]:
+    """CLIENT-BATCHES: a client's replies of one pass (encoded, in order) as batch frames of at most
+    ``BATCH_BYTES`` each (or one larger reply). CLIENT-NO-WINDOW: the replies at the positions ``alone``
+    (ascending: a window-less follow's events) each get a frame of their own: merged, four such 16 KiB
+    batches of a client's follows filled a 64 KiB frame, and its queue held 16 MiB of them, not 4 MiB."""
+    frames: list[bytes] = []
+    start = 0
+    for i in alone:
+        _merge(out[start:i], frames)
+        frames.append(client_link.encode_batch([out[i]]))
+        start = i + 1
+    _merge(out[start:] if start else out, frames)
+    return frames
+
+
+def _merge(replies: list[bytes], frames: list[bytes]) -> None:
+    chunk: list[bytes] = []
+    size = 0
+    for frame in replies:
+        if chunk and size + len(frame) > client_link.BATCH_BYTES:
+            frames.append(client_link.encode_batch(chunk))
+            chunk, size = [], 0
+        chunk.append(frame)
+        size += len(frame)
+    if chunk:
+        frames.append(client_link.encode_batch(chunk))
 
 
 class Waiter:

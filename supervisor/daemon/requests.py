@@ -67,6 +67,7 @@ class Requests:
         clients: ClientTable,
         *,
         send: Callable[[bytes, Any], bool],
+        send_alone: Callable[[bytes, Any], bool],
         task: Callable[..., None],
         abandon: Callable[[bytes, int], None],
         admit: Callable[..., tuple[str, bool, list[Awaitable[Any]]]],
@@ -79,6 +80,7 @@ class Requests:
         self.sup = sup
         self.clients = clients
         self.send = send
+        self.send_alone = send_alone  # CLIENT-NO-WINDOW: a reply in a frame of its own
         self.task = task
         self.abandon = abandon
         self.admit = admit
@@ -349,7 +351,10 @@ class Requests:
                         stream.guess = max(fit + fit // 4 + 1, 64)
                     elif want < stop:
                         stream.guess = min(2 * stream.guess, BATCH_EVENTS)
-                    if not self.send(ident, client_link.Events(req, seq, batch)):
+                    # CLIENT-NO-WINDOW: and each goes in a frame of its own, never merged with the client's
+                    # other replies: its queue holds at most 16 KiB of them per message.
+                    send = self.send if room is not None else self.send_alone
+                    if not send(ident, client_link.Events(req, seq, batch)):
                         return  # gone, or stopped reading (then it is owed a `lagged`)
                     stream.spent(sizes)
                     seq += len(batch)

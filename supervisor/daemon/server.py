@@ -76,6 +76,7 @@ from .clients import (
     Gate,
     Peer,
     Waiter,
+    batch_frames,
     gate_error,
 )
 from .conn_guard import ClientConnections
@@ -211,9 +212,10 @@ class Daemon:
             sup.add_hooks(on_event=hook)
         watch = self._watch
         self._requests = Requests(
-            sup, self._clients, send=self._send, task=self._tasks.start, abandon=watch.abandon,
-            admit=self._admit, answer_result=self.answer_result, ack_when_done=self.ack_when_done,
-            cancel_timed=self.cancel_timed, status=self.status, lookup=self._lookup,
+            sup, self._clients, send=self._send, send_alone=self._send_alone, task=self._tasks.start,
+            abandon=watch.abandon, admit=self._admit, answer_result=self.answer_result,
+            ack_when_done=self.ack_when_done, cancel_timed=self.cancel_timed, status=self.status,
+            lookup=self._lookup,
         )  # fmt: skip
         self.metrics = Metrics(
             sup, malformed=lambda: self.malformed, client_facts=self.client_facts,
@@ -316,15 +318,16 @@ class Daemon:
         log.log(level, "malformed frame from a client: %s", why)
         self._send(ident, client_link.Error(0, "malformed", why))
 
-    def _send(self, ident: bytes, msg: Any) -> bool:
+    def _send(self, ident: bytes, msg: Any, alone: bool = False) -> bool:
         """Send one reply; ``False`` when it did not go: the client is gone (``ROUTER_MANDATORY``
         says ``EHOSTUNREACH``: its state is freed) or its queue is full (``SNDHWM``: its requests
-        are dropped and it is owed an error each, CLIENT-ISOLATED)."""
+        are dropped and it is owed an error each, CLIENT-ISOLATED). ``alone``: the reply gets a frame
+        of its own, never merged with others (CLIENT-NO-WINDOW)."""
         peer = self._clients.peers.get(ident)
         if peer is None:
             return False  # CLIENT-GONE: every client has a peer from its first frame on; this one went
         if peer.version:  # after its Hello, CLIENT-BATCHES: replies are batched
-            self._queue_reply(peer, msg)  # goes in ``_flush``, which hands journal rows over first
+            self._queue_reply(peer, msg, alone)  # goes in ``_flush``, which hands journal rows over first
             return True
         for before in self.before_reply:  # JOURNAL-HANDOFF: this reply leaves now; the journal's rows first
             before()
@@ -335,19 +338,25 @@ class Daemon:
             self._watch.stall(peer)
         return sent == "ok"
 
-    def _queue_reply(self, peer: Peer, msg: Any) -> None:
+    def _send_alone(self, ident: bytes, msg: Any) -> bool:
+        return self._send(ident, msg, alone=True)
+
+    def _queue_reply(self, peer: Peer, msg: Any, alone: bool = False) -> None:
         """CLIENT-BATCHES: a reply to a version-3 client joins its outgoing batch; the batches go at the end
         of this pass of the event loop (``_flush``), so a burst of acks, results and events costs
         one send per client, not one per reply."""
         frame = self._encode_reply(msg, peer)
         peer.out.append(frame)
         peer.out_bytes += len(frame)
+        if alone:
+            peer.alone.append(len(peer.out) - 1)
         if len(peer.out) == 1:
             self._dirty.append(peer)
         self._pass.soon()
 
     def _flush(self) -> None:
-        """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES``. A
+        """Send each version-3 client its batched replies, as few frames as fit ``BATCH_BYTES`` (a reply
+        queued ``alone`` in a frame of its own, CLIENT-NO-WINDOW). A
         client whose queue is full (it stopped reading) keeps the frames that did not go, in order,
         with the errors it is owed (CLIENT-ISOLATED). Journal rows written in this pass go to the journal's
         writer first (``before_reply``, JOURNAL-HANDOFF): no reply overtakes the record of what it reports."""
@@ -357,18 +366,10 @@ class Daemon:
         peers = self._clients.peers
         for peer in dirty:
             out, peer.out, peer.out_bytes = peer.out, [], 0
+            alone, peer.alone = peer.alone, []
             if peers.get(peer.ident) is not peer or not out:
                 continue  # forgotten meanwhile: its replies have nobody to go to
-            frames: list[bytes] = []
-            chunk: list[bytes] = []
-            size = 0
-            for frame in out:
-                if chunk and size + len(frame) > client_link.BATCH_BYTES:
-                    frames.append(client_link.encode_batch(chunk))
-                    chunk, size = [], 0
-                chunk.append(frame)
-                size += len(frame)
-            frames.append(client_link.encode_batch(chunk))
+            frames = batch_frames(out, alone)
             if peer.owed:
                 self._watch.pay(peer)
             if peer.owed:

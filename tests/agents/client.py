@@ -26,12 +26,16 @@ async def near_limit_error(turn: worker.Turn) -> None:
 
 
 async def flood(turn: worker.Turn) -> dict[str, int]:
-    """Emits ``count`` small events as fast as it can (yielding to the worker's loop in between)."""
+    """Emits ``count`` small events as fast as it can (yielding to the worker's loop in between);
+    with ``wait``, then runs until cancelled (its events stay kept while it runs)."""
     count = int((turn.input or {}).get("count", 100_000))
     size = int((turn.input or {}).get("size", 16))
     pad = "p" * size
     for i in range(count):
         await turn.emit({"i": i, "p": pad})
+    if (turn.input or {}).get("wait"):
+        await turn.signal.wait()
+        await anyio.lowlevel.checkpoint()
     return {"events": count}
 
 

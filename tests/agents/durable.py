@@ -2,7 +2,8 @@
 boundary, once, by SIGKILL to its worker or to the daemon that runs it.
 
 Input: ``{"dir": path, "kill": boundary | None, "pid": pid to kill (0: this worker),
-"on_unknown": "tell_model" | "fail"}``. Boundaries: ``model1`` … ``model4`` (as the n-th model
+"on_unknown": "tell_model" | "fail", "pause": a ``model*`` boundary to wait at until ``dir/go``
+exists}``. Boundaries: ``model1`` … ``model4`` (as the n-th model
 call opens, before its response), ``in_charge`` / ``in_reserve`` / ``in_lookup`` (inside the tool,
 after its effect), ``after_charge`` / ``after_reserve`` / ``after_lookup`` (the tool returned,
 its record not sent yet), ``end`` (after the last step, before the agent returns). The kill happens
@@ -82,6 +83,15 @@ async def _maybe_hang(where: str) -> None:
         await asyncio.sleep(3600)  # allowed: the agent's own work under test (until its node is lost)
 
 
+async def _maybe_pause(where: str) -> None:
+    """``input["pause"] == where``, first attempt: say so in ``dir/paused`` and wait there until the
+    test makes ``dir/go`` (a full disk under the journal, made meanwhile)."""
+    if _PLAN.get("pause") == where and not (Path(_PLAN["dir"]) / "paused").exists():
+        (Path(_PLAN["dir"]) / "paused").write_text(str(os.getpid()))
+        while not (Path(_PLAN["dir"]) / "go").exists():  # noqa: ASYNC110 - a file: no event to wait on
+            await asyncio.sleep(0.01)  # allowed: the agent's own wait for the test's go-ahead
+
+
 @tool
 async def charge(amount: int) -> dict[str, Any]:
     """Charge the card (not idempotent)."""
@@ -117,6 +127,7 @@ class PlannedModel:
         n = len(outputs) + 1
         _append("opens", str(n))
         _maybe_kill(f"model{n}")
+        await _maybe_pause(f"model{n}")
         if n <= len(CALLS):
             call_id, name, args = CALLS[n - 1]
             events: list[Any] = [

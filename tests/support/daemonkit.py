@@ -22,7 +22,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import anyio
+
+from supervisor import Client
 from supervisor.daemon.server import READY_PREFIX
 
 ENTRY = "from supervisor.cli.main import entry; entry()"
@@ -211,3 +215,21 @@ def serving(*args: str, **kwargs: object) -> Iterator[Served]:
 # ``serve --http`` on a free loopback port (read the URL from ``Served.http_url``).
 HTTP = ("--http", "127.0.0.1:0")
 FAST = ("--workers", "2", "--spares", "0", "--grace", "0.5", "--kill-after", "0.5", "--drain", "0")
+
+
+async def status(served: Served) -> dict[str, Any]:
+    """The daemon's ``status()``, over a connection of its own."""
+    async with Client.connect(served.endpoint) as client:
+        return dict(await client.status())
+
+
+async def wait_status(
+    served: Served, check: Callable[[dict[str, Any]], Any], limit: float = 30
+) -> dict[str, Any]:
+    """Poll the daemon's status (a request per loop, bounded by ``limit``) until ``check`` holds."""
+    with anyio.fail_after(limit):
+        while True:
+            st = await status(served)
+            if check(st):
+                return st
+            await anyio.sleep(0.05)  # allowed: polling the daemon's status, bounded by fail_after

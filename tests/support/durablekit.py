@@ -1,10 +1,11 @@
 """Helpers for the step-record tests (``test_durability*.py``): the 3-tool turn of
-``tests/agents/durable.py``, its kill boundaries, and what a turn killed once at one of them and
-resumed must show."""
+``tests/agents/durable.py``, its kill boundaries, what a turn killed once at one of them and
+resumed must show, and a turn run through a daemon it may SIGKILL (restarted on its journal)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ import anyio
 import anyio.to_thread
 
 from supervisor import Client, TurnHandle, TurnResult
-from tests.support.daemonkit import Served
+from tests.support.daemonkit import FAST, Served, start, stop_process
 
 AGENT = "tests.agents.durable:trip"
+# The step-record tests' daemons: no heartbeat (a turn that kills its daemon needs none to be noticed).
+ARGS = (*FAST, "--heartbeat", "0")
 TOOLS = ("charge", "reserve", "lookup")
 BOUNDARIES = (
     ["model1", "model2", "model3", "model4"]
@@ -122,3 +125,38 @@ async def result_and_events(endpoint: str, turn_id: str) -> tuple[TurnResult, li
             result = await handle.result()
             async with aclosing(handle.events()) as events:
                 return result, [e async for e in events]
+
+
+async def run_through_daemon(
+    home: Path, journal: Path, agent: str, value_of: Callable[[int], Any], kill: bool
+) -> tuple[TurnResult, list[Any]]:
+    """Submit ``value_of(the daemon's pid)`` to ``agent`` as a ``retry=True`` turn on a daemon on
+    ``journal``. With ``kill``, the turn SIGKILLs that daemon, which is started again on the same
+    journal. Returns the turn's result and every event it kept, from the daemon that ended it."""
+    first = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        value = value_of(first.pid)
+        if not kill:
+            async with Client.connect(first.endpoint) as client:
+                handle = await client.submit(agent, value, retry=True)
+            return await result_and_events(first.endpoint, handle.turn_id)
+        turn_id = await submit_until_its_daemon_dies(first, agent, value)
+    finally:
+        stop_process(first.proc)
+    second = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        return await result_and_events(second.endpoint, turn_id)
+    finally:
+        stop_process(second.proc)
+
+
+async def result_on_a_new_daemon(home: Path, journal: Path, turn_id: str) -> TurnResult:
+    """Start a daemon on ``journal`` (its recovery resumes what it holds), wait for the turn's
+    result there, and stop it."""
+    served = start(*ARGS, "--journal", str(journal), home=home)
+    try:
+        async with Client.connect(served.endpoint) as client:
+            with anyio.fail_after(60):
+                return await client.handle(turn_id).result()
+    finally:
+        stop_process(served.proc)
