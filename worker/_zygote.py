@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import os
 import signal
@@ -430,6 +431,8 @@ def main(argv: list[str] | None = None) -> None:
         os.write(args.resp_fd, f"watcher {watcher_pid}\n".encode())
     except OSError as exc:
         print(f"turnpool zygote: no watcher ({exc}); each worker forks its guardian", file=sys.stderr)
+    # WORKER-SHARED-HEAP: what the imports built is never collected again, here or in a worker.
+    gc.freeze()
     serve(args.parent_pid, args.life_fd, args.endpoint, args.req_fd, args.resp_fd)
     os._exit(0)
 
