@@ -143,13 +143,7 @@ def _become_worker(
     _tree.mark_tree(marker)
     if release_fd >= 0:
         _await_release(release_fd)
-    deadline = time.monotonic() + 5.0
-    while os.getppid() != parent_pid:
-        # The intermediate child exits right after its forks; until then it is our parent (it has
-        # closed the release pipe a moment before its exit re-parents us).
-        if time.monotonic() > deadline or os.getppid() == 1:
-            os._exit(70)  # the supervisor is gone (or we were not re-parented to it)
-        time.sleep(0.0001)
+    _await_reparent(parent_pid)
     try:
         cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
         _guards.install_process_guards(parent_pid, life_fd, cgroup, watcher_fd=_WATCHER_FD)
@@ -170,6 +164,19 @@ def _become_worker(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _await_reparent(parent_pid: int) -> None:
+    """Return once our parent is the supervisor; exit if we were re-parented anywhere else (the
+    supervisor is gone) or nothing happened for 5 s. The intermediate child exits right after its
+    forks; until then it is our parent (a worker of a batch has seen its release pipe's EOF, which
+    comes a moment before the intermediate's exit re-parents us)."""
+    deadline = time.monotonic() + 5.0
+    first = os.getppid()
+    while (ppid := os.getppid()) != parent_pid:
+        if ppid != first or ppid == 1 or time.monotonic() > deadline:
+            os._exit(70)
+        time.sleep(0.0001)
 
 
 def _await_release(fd: int) -> None:
@@ -194,11 +201,7 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket)
     from .proctree import _tree
 
     os.setsid()
-    deadline = time.monotonic() + 5.0
-    while os.getppid() != parent_pid:
-        if time.monotonic() > deadline or os.getppid() == 1:
-            os._exit(70)
-        time.sleep(0.0001)
+    _await_reparent(parent_pid)
     # Until assigned it has no tree to clean: it simply dies with the supervisor.
     _tree.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
