@@ -142,7 +142,10 @@ def _become_worker(
     # process image was exec'd with (the zygote's). The memfd marker is inherited by any fork.
     _tree.mark_tree(marker)
     if release_fd >= 0:
-        _await_release(release_fd)
+        from ._guardian import wait_eof
+
+        wait_eof(release_fd)  # the intermediate that forked us has exited (WORKER-FORK-BATCH)
+        os.close(release_fd)
     _await_reparent(parent_pid)
     try:
         cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
@@ -177,19 +180,6 @@ def _await_reparent(parent_pid: int) -> None:
         if ppid != first or ppid == 1 or time.monotonic() > deadline:
             os._exit(70)
         time.sleep(0.0001)
-
-
-def _await_release(fd: int) -> None:
-    """Block until EOF on ``fd``: the intermediate child holding its write end has exited."""
-    while True:
-        try:
-            if not os.read(fd, 1):
-                break
-        except InterruptedError:
-            continue
-        except OSError:
-            break
-    os.close(fd)
 
 
 REQUEST_FDS = 4  # output, start marker, End log, working directory
