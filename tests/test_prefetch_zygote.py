@@ -249,9 +249,9 @@ async def test_workers_forked_in_one_burst_each_hold_only_their_own_files() -> N
     session, and holds only its own files: no other worker's output (which would let its agents
     write into another worker's log), start marker or End log (SEC-WORKER-FILES) is among its
     descriptors or mappings."""
-    from worker import _zygote
+    from worker.lowlevel import FORK_BATCH
 
-    n = _zygote.FORK_BATCH + 4
+    n = FORK_BATCH + 4
     async with Supervisor(workers=n, spares=0, start_timeout=120) as sup:
         assert sup.pool.ready_count() == n  # start() waits until every worker is ready
         slots = list(sup.pool.slots.values())

@@ -46,6 +46,7 @@ from ._turn import Turn
 from .zmqlink import EVENTS as _EVENTS
 from .zmqlink import NOBLOCK as _NOBLOCK
 from .zmqlink import POLLIN as _POLLIN
+from .zmqlink import ReadableEdge
 
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
@@ -599,10 +600,20 @@ async def serve(
 
 
 async def _watch_link(monitor: zmq.Socket[bytes]) -> None:
-    # The monitor's FD is edge-triggered (LINK-EDGE): look at EVENTS before each wait.
-    fd = cast(int, monitor.getsockopt(zmq.FD))
-    while not cast(int, monitor.getsockopt(_EVENTS)) & _POLLIN:
-        await anyio.wait_readable(fd)
+    # The monitor is read through its FD like the link (LINK-EDGE): one event is all it waits for.
+    dropped = asyncio.get_running_loop().create_future()
+    edge = ReadableEdge(monitor)
+
+    def on_event() -> None:
+        if edge.readable() and not dropped.done():
+            dropped.set_result(None)
+
+    edge.reader = on_event
+    edge.attach(asyncio.get_running_loop())  # (runs it once now: an event already there)
+    try:
+        await dropped
+    finally:
+        edge.detach()
     print("turnpool worker: the connection to the supervisor dropped; exiting", file=sys.stderr, flush=True)
     kill_own_tree_and_exit(exit_code=EXIT_LINK_LOST)
 
