@@ -13,6 +13,7 @@ from ._common import log, med, ms, pct, table
 
 _NAMES = {
     "turnpool": "turnpool",
+    "turnpool-preload": "turnpool, agent module preloaded",
     "ppe-fork": "ProcessPoolExecutor (fork)",
     "ppe-forkserver": "ProcessPoolExecutor (forkserver)",
     "pebble": "pebble",
@@ -58,8 +59,10 @@ def _curve(sizes: tuple[int, ...]) -> tuple[str, dict[tuple[str, int], dict[str,
     return table(head, rows), got
 
 
-def _ratio(got: dict[tuple[str, int], dict[str, Any]], key: str, n: int, peer: str) -> str:
-    a, b = got.get(("turnpool", n), {}), got.get((peer, n), {})
+def _ratio(
+    got: dict[tuple[str, int], dict[str, Any]], key: str, n: int, peer: str, system: str = "turnpool"
+) -> str:
+    a, b = got.get((system, n), {}), got.get((peer, n), {})
     if key not in a or key not in b or not b[key]:
         return "—"
     return f"{a[key] / b[key]:.2f}×"
@@ -119,14 +122,20 @@ def section(quick: bool) -> str:
         "0.5 s (N/100 s past 50 workers) so every worker gets one (each (system, N) in a fresh "
         "interpreter; `spares=0`). Start = pool "
         "created → the last task started; CPU = that start's CPU, every process counted, per worker; PSS = "
-        "every process below the parent once idle (turnpool: workers, the zygote and its one watcher); "
+        "every process below the parent once idle (turnpool: workers, the zygote and its one watcher; "
+        '"agent module preloaded": `preload=("benchmarks._agents",)`, so the workers inherit the agent\'s '
+        "module from the zygote as the peers' workers inherit their task's from their parent); "
         "close = "
         "`aclose()` / shutdown and join:\n\n"
         + curve
         + f"\n\nturnpool ÷ ProcessPoolExecutor (fork) at {mid}: start "
         f"{_ratio(got, 'start_s', mid, 'ppe-fork')}, "
         f"CPU per worker {_ratio(got, 'cpu_ms', mid, 'ppe-fork')}, PSS per worker "
-        f"{_ratio(got, 'pss_mib', mid, 'ppe-fork')}. `aclose()` {top} ÷ {low} workers: {close_lin}. "
+        f"{_ratio(got, 'pss_mib', mid, 'ppe-fork')} (agent module preloaded: start "
+        f"{_ratio(got, 'start_s', mid, 'ppe-fork', 'turnpool-preload')}, CPU per worker "
+        f"{_ratio(got, 'cpu_ms', mid, 'ppe-fork', 'turnpool-preload')}, PSS per worker "
+        f"{_ratio(got, 'pss_mib', mid, 'ppe-fork', 'turnpool-preload')}). `aclose()` {top} ÷ {low} workers: "
+        f"{close_lin}. "
         f"`turnpool serve` SIGTERM → exited: {'; '.join(serve)}.\n\n"
         f"Streaming: N turns each emitting `time.monotonic()` {_stream_rows.RATE:.0f} times a second for "
         f"{seconds:.0f} s (`benchmarks._agents:ticker`), every event followed (embedded: "

@@ -38,7 +38,7 @@ def hold(n: int) -> float:
 
 
 TICK = os.sysconf("SC_CLK_TCK")
-SYSTEMS = ("turnpool", "ppe-fork", "ppe-forkserver", "pebble", "forked")
+SYSTEMS = ("turnpool", "turnpool-preload", "ppe-fork", "ppe-forkserver", "pebble", "forked")
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -102,7 +102,7 @@ def _measure(
     }
 
 
-def _turnpool(n: int) -> dict[str, Any]:
+def _turnpool(n: int, preload: tuple[str, ...] = ()) -> dict[str, Any]:
     import anyio
 
     from supervisor import Supervisor
@@ -110,7 +110,7 @@ def _turnpool(n: int) -> dict[str, Any]:
     box: dict[str, Any] = {}
 
     async def main() -> None:
-        sup = Supervisor(workers=n, spares=0, start_timeout=600, max_queue=max(1000, 2 * n))
+        sup = Supervisor(workers=n, spares=0, start_timeout=600, max_queue=max(1000, 2 * n), preload=preload)
         stamps: list[tuple[int, float]] = []
 
         def start() -> tuple[list[tuple[int, float]], Callable[[], None]]:
@@ -227,6 +227,9 @@ def _forked(n: int) -> dict[str, Any]:
 def one(system: str, n: int) -> dict[str, Any]:
     if system == "turnpool":
         out = _turnpool(n)
+    elif system == "turnpool-preload":
+        # The agent's module imported once, in the zygote: what a worker of a peer gets by fork.
+        out = _turnpool(n, preload=("benchmarks._agents",))
     elif system.startswith("ppe-"):
         out = _ppe(n, system[4:])
     elif system == "pebble":

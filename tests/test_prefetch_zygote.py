@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -232,3 +233,41 @@ async def test_a_crash_never_takes_the_end_of_the_turn_before_it() -> None:
                 r1, r2 = await first.result(), await crash.result()
                 assert (r1.outcome, r1.output) == ("completed", {"i": i}), r1
                 assert r2.outcome == "crashed" and r2.exit_code == 3, r2
+
+
+def _fd_targets(pid: int) -> dict[int, str]:
+    targets = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            targets[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+    return targets
+
+
+async def test_workers_forked_in_one_burst_each_hold_only_their_own_files() -> None:
+    """WORKER-FORK-BATCH: a pool started at once has its workers forked in batches (more workers than one
+    batch holds here), each by one intermediate child. Every worker is still our child in its own
+    session, and holds only its own files: no other worker's output (which would let its agents
+    write into another worker's log), start marker or End log (SEC-WORKER-FILES) is among its
+    descriptors or mappings."""
+    from worker.lowlevel import FORK_BATCH
+
+    n = FORK_BATCH + 4
+    async with Supervisor(workers=n, spares=0, start_timeout=120) as sup:
+        assert sup.pool.ready_count() == n  # start() waits until every worker is ready
+        slots = list(sup.pool.slots.values())
+        outputs = {s.pid: _fd_targets(s.pid)[1] for s in slots}
+        assert len(set(outputs.values())) == n, outputs  # each its own output
+        for slot in slots:
+            assert psutil.Process(slot.pid).ppid() == os.getpid()
+            assert os.getsid(slot.pid) == slot.pid
+            held = set(_fd_targets(slot.pid).values())
+            others = {t for pid, t in outputs.items() if pid != slot.pid}
+            assert not held & others, (slot.id, held & others)
+            # Its own marker and End log are mapped and their descriptors closed; nobody else's is held.
+            assert not any(re.match(r"/memfd:turnpool-w\d+-(started|ends)", t) for t in held), (slot.id, held)
+            with open(f"/proc/{slot.pid}/maps") as f:  # noqa: ASYNC230 - procfs, never blocks
+                mapped = {line.split("/memfd:")[1].split()[0] for line in f if "/memfd:turnpool-w" in line}
+            assert mapped == {f"turnpool-{slot.id}-started", f"turnpool-{slot.id}-ends"}, (slot.id, mapped)
+        with anyio.fail_after(60):
+            results = [await sup.run("examples.agents:echo", i) for i in range(3)]
+    assert all(r.outcome == "completed" for r in results)

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 import wire
 from wire import worker_link
@@ -32,11 +31,8 @@ class Connection:
     stale flusher's thread (``worker/_flusher.py``, rule LADDER-EARLY): every use of the socket holds
     ``lock``, since a ZeroMQ socket must not be used by two threads at once."""
 
-    def __init__(
-        self, sock: zmq.Socket[bytes], asock: zmq.asyncio.Socket, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self._sock = sock
-        self._asock = asock
         self._loop = loop
         self._out: list[Any] = []
         self._spawns: dict[int, asyncio.Future[Any]] = {}

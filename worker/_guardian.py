@@ -48,11 +48,12 @@ def run(
         # every process on the machine (tens of ms); the supervisor does the same work among its
         # adopted orphans, and kills and reaps this guardian with them. So wait: only if the
         # supervisor dies first (a host that kills its workers, then itself) is the scan ours.
-        _wait_eof(life_fd)
+        wait_eof(life_fd)
     sweep(worker_pid, worker_start, cgroup, marker)
 
 
-def _wait_eof(fd: int) -> None:
+def wait_eof(fd: int) -> None:
+    """Block until EOF (or an error) on ``fd``, a pipe's read end, blocking or not."""
     while True:
         try:
             if not os.read(fd, 1):

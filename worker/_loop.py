@@ -21,7 +21,6 @@ from typing import Any, NoReturn, cast
 import anyio
 import msgspec
 import zmq
-import zmq.asyncio
 
 import wire
 from wire import TurnError, worker_link
@@ -47,6 +46,7 @@ from ._turn import Turn
 from .zmqlink import EVENTS as _EVENTS
 from .zmqlink import NOBLOCK as _NOBLOCK
 from .zmqlink import POLLIN as _POLLIN
+from .zmqlink import ReadableEdge
 
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
@@ -493,7 +493,9 @@ async def serve(
     endlog: _endlog.EndLog | None = None,
 ) -> None:
     """Run the worker's turn loop, noting each turn in ``marker`` and each end in ``endlog``."""
-    ctx = zmq.asyncio.Context()
+    # WORKER-LEAN-START: plain (not ``zmq.asyncio``) sockets: the link is read through its FD
+    # (``ReadableEdge``), the monitor below too, so nothing of zmq.asyncio's machinery runs here.
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
@@ -501,8 +503,8 @@ async def serve(
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
     sock.setsockopt(zmq.IDENTITY, worker_id.encode())
     sock.connect(endpoint)
-    sync_sock: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
-    conn = Connection(sync_sock, sock, asyncio.get_running_loop())
+    sync_sock = sock
+    conn = Connection(sync_sock, asyncio.get_running_loop())
     loop = WorkerLoop(conn, marker, endlog)
     # ZeroMQ drops a connection whose peer sent a frame above MAXMSGSIZE (or broke the
     # protocol) and does not reconnect it: a worker left like that could never report a turn's
@@ -597,8 +599,21 @@ async def serve(
         ctx.term()
 
 
-async def _watch_link(monitor: zmq.asyncio.Socket) -> None:
-    await monitor.recv_multipart()
+async def _watch_link(monitor: zmq.Socket[bytes]) -> None:
+    # The monitor is read through its FD like the link (LINK-EDGE): one event is all it waits for.
+    dropped = asyncio.get_running_loop().create_future()
+    edge = ReadableEdge(monitor)
+
+    def on_event() -> None:
+        if edge.readable() and not dropped.done():
+            dropped.set_result(None)
+
+    edge.reader = on_event
+    edge.attach(asyncio.get_running_loop())  # (runs it once now: an event already there)
+    try:
+        await dropped
+    finally:
+        edge.detach()
     print("turnpool worker: the connection to the supervisor dropped; exiting", file=sys.stderr, flush=True)
     kill_own_tree_and_exit(exit_code=EXIT_LINK_LOST)
 

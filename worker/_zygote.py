@@ -9,10 +9,11 @@ Rules it keeps (see PITFALLS):
 
 * it never creates a ZeroMQ context and starts no thread, so forking it is safe; each worker
   makes its own context after the fork;
-* each worker is double-forked: the intermediate child exits at once, so the worker is
+* each worker is double-forked: an intermediate child forks it and exits, so the worker is
   re-parented to the supervisor (a child subreaper), which reaps it by pid like any worker;
   only then does the worker arm its parent-death signal (tied to its parent *thread*), so
-  the signal follows the supervisor, not the short-lived intermediate;
+  the signal follows the supervisor, not the short-lived intermediate. WORKER-FORK-BATCH: the
+  requests read in one go (a pool starting, up to ``FORK_BATCH``) share one intermediate;
 * TREE-WATCHER: it forks one watcher (``_watcher``) after its imports; each worker registers with it
   instead of forking a guardian of its own;
 * the worker calls ``setsid`` (it leads its own session and group, like a spawned worker), sets
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import os
 import signal
@@ -118,9 +120,11 @@ def _become_worker(
     heartbeat: float,
     fds: list[int],
     reparented: bool = False,
+    release_fd: int = -1,
 ) -> None:
     """In the grandchild: wait to be re-parented to the supervisor, then run the worker. ``fds``:
-    its output, start marker, End log and working directory, from the request."""
+    its output, start marker, End log and working directory, from the request; ``release_fd``: the
+    pipe that reads EOF once the intermediate child that forked us has exited (WORKER-FORK-BATCH)."""
     from . import _guards, _loop
     from .proctree import _tree
 
@@ -137,12 +141,12 @@ def _become_worker(
     # putenv alone would not do: a child forked without exec keeps the environment block this
     # process image was exec'd with (the zygote's). The memfd marker is inherited by any fork.
     _tree.mark_tree(marker)
-    deadline = time.monotonic() + 5.0
-    while os.getppid() != parent_pid:
-        # The intermediate child exits right after the fork; until then it is our parent.
-        if time.monotonic() > deadline or os.getppid() == 1:
-            os._exit(70)  # the supervisor is gone (or we were not re-parented to it)
-        time.sleep(0.0001)
+    if release_fd >= 0:
+        from ._guardian import wait_eof
+
+        wait_eof(release_fd)  # the intermediate that forked us has exited (WORKER-FORK-BATCH)
+        os.close(release_fd)
+    _await_reparent(parent_pid)
     try:
         cgroup = os.path.join(_CGROUP_POOL, worker_id) if _CGROUP_POOL else None
         _guards.install_process_guards(parent_pid, life_fd, cgroup, watcher_fd=_WATCHER_FD)
@@ -165,6 +169,19 @@ def _become_worker(
     os._exit(0)
 
 
+def _await_reparent(parent_pid: int) -> None:
+    """Return once our parent is the supervisor; exit if we were re-parented anywhere else (the
+    supervisor is gone) or nothing happened for 5 s. The intermediate child exits right after its
+    forks; until then it is our parent (a worker of a batch has seen its release pipe's EOF, which
+    comes a moment before the intermediate's exit re-parents us)."""
+    deadline = time.monotonic() + 5.0
+    first = os.getppid()
+    while (ppid := os.getppid()) != parent_pid:
+        if ppid != first or ppid == 1 or time.monotonic() > deadline:
+            os._exit(70)
+        time.sleep(0.0001)
+
+
 REQUEST_FDS = 4  # output, start marker, End log, working directory
 EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this long (s)
 
@@ -174,11 +191,7 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket)
     from .proctree import _tree
 
     os.setsid()
-    deadline = time.monotonic() + 5.0
-    while os.getppid() != parent_pid:
-        if time.monotonic() > deadline or os.getppid() == 1:
-            os._exit(70)
-        time.sleep(0.0001)
+    _await_reparent(parent_pid)
     # Until assigned it has no tree to clean: it simply dies with the supervisor.
     _tree.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
@@ -288,6 +301,15 @@ def _fork_probe(
     probes[pid] = deadline
 
 
+FORK_BATCH = 16  # WORKER-FORK-BATCH: at most this many workers forked by one intermediate child
+
+
+def _readable(fd: int) -> bool:
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: int) -> None:
     import select
 
@@ -295,20 +317,29 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
     os.write(resp_fd, b"ready 0\n")
     embryo: tuple[int, socket.socket] | None = None
     probes: dict[int, float] = {}  # ADAPT-PROBE: pid -> deadline
+    batch: list[_Request] = []  # WORKER-FORK-BATCH: requests read, their workers not forked yet
     while True:
         if probes:
             _tend_probes(probes)
-        if embryo is None:
+        if batch and (len(batch) >= FORK_BATCH or not _readable(req_fd)):
+            _fork_workers(parent_pid, life_fd, endpoint, resp_fd, req_fd, batch)
+            batch = []
+            continue
+        if embryo is None and not batch:
             # Requests come in bursts (pool start, a kill): make the next embryo once they pause.
             ready, _, _ = select.select([req_fd], [], [], EMBRYO_IDLE)
             if not ready:
                 embryo = _prepare_embryo(parent_pid, life_fd, endpoint, req_fd, resp_fd)
                 continue
-        elif probes:
+        elif probes and not batch:
             ready, _, _ = select.select([req_fd], [], [], PROBE_TICK)
             if not ready:
                 continue
         line, fds, _, _ = socket.recv_fds(req, 4096, REQUEST_FDS)
+        if batch and (not line or line.startswith(b"probe ")):
+            # What was asked before goes first; a probe (agent code) never holds another worker's files.
+            _fork_workers(parent_pid, life_fd, endpoint, resp_fd, req_fd, batch)
+            batch = []
         if not line:
             if _WATCHER_FD >= 0 and os.getppid() == parent_pid:
                 from . import _watcher
@@ -327,64 +358,100 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
             continue
         try:
             worker_id, token, marker, heartbeat = line.decode().split(" ")
-            hb = float(heartbeat)
+            request = _Request(worker_id, token, marker, float(heartbeat), fds)
             if len(fds) != REQUEST_FDS:
                 raise ValueError("a request carries the worker's output, marker, End log and cwd")
         except ValueError:
             for fd in fds:
                 os.close(fd)
             continue
-        try:
-            if embryo is not None:
-                pid, ew = embryo
-                embryo = None
-                try:
-                    socket.send_fds(ew, [line], fds)
-                    os.write(resp_fd, f"{worker_id} {pid}\n".encode())
-                    continue
-                except OSError:
-                    pass  # the embryo died: fork one the direct way
-                finally:
-                    ew.close()
-            _fork_worker(parent_pid, life_fd, endpoint, resp_fd, worker_id, token, marker, hb, req_fd, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)  # the worker has its own copies now
+        if embryo is not None:
+            pid, ew = embryo
+            embryo = None
+            try:
+                socket.send_fds(ew, [line], fds)
+                os.write(resp_fd, f"{worker_id} {pid}\n".encode())
+                request.close()  # the worker has its own copies now
+                continue
+            except OSError:
+                pass  # the embryo died: fork one the direct way
+            finally:
+                ew.close()
+        batch.append(request)
 
 
-def _fork_worker(
-    parent_pid: int,
-    life_fd: int,
-    endpoint: str,
-    resp_fd: int,
-    worker_id: str,
-    token: str,
-    marker: str,
-    heartbeat: float,
-    req_fd: int,
-    fds: list[int],
+class _Request:
+    """One worker asked for: its id, token, tree marker, heartbeat and the four descriptors."""
+
+    __slots__ = ("fds", "heartbeat", "marker", "token", "worker_id")
+
+    def __init__(self, worker_id: str, token: str, marker: str, heartbeat: float, fds: list[int]) -> None:
+        self.worker_id, self.token, self.marker, self.heartbeat, self.fds = (
+            worker_id,
+            token,
+            marker,
+            heartbeat,
+            fds,
+        )
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def _fork_workers(
+    parent_pid: int, life_fd: int, endpoint: str, resp_fd: int, req_fd: int, batch: list[_Request]
 ) -> None:
+    """WORKER-FORK-BATCH: one intermediate child forks every worker of ``batch``, reports their pids
+    and exits, so that they are all re-parented to the supervisor at once: a fork per worker and one
+    intermediate's fork and exit per batch, not two forks and an exit per worker. Each worker holds
+    only its own request's descriptors, and waits for the intermediate's exit on a pipe only it
+    held (``release``) instead of polling for its re-parenting. Closes the batch's descriptors."""
     try:
-        mid = os.fork()
-    except OSError as exc:
-        os.write(resp_fd, f"{worker_id} -{exc.errno or 1}\n".encode())
-        return
-    if mid == 0:
-        # Intermediate child: fork the worker, report its pid, exit so it is re-parented.
         try:
-            os.close(req_fd)
-            pid = os.fork()
-            if pid == 0:
-                os.close(resp_fd)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _become_worker(parent_pid, life_fd, endpoint, worker_id, token, marker, heartbeat, fds)
-                os._exit(1)  # not reached
-            os.write(resp_fd, f"{worker_id} {pid}\n".encode())
-        except BaseException:  # noqa: BLE001
-            os.write(resp_fd, f"{worker_id} -1\n".encode())
-        finally:
-            os._exit(0)
-    _reap(mid)
+            mid = os.fork()
+        except OSError as exc:
+            os.write(resp_fd, "".join(f"{r.worker_id} -{exc.errno or 1}\n" for r in batch).encode())
+            return
+        if mid == 0:
+            reported = 0
+            try:
+                os.close(req_fd)
+                release_r, release_w = os.pipe()
+                for i, request in enumerate(batch):
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:
+                        pid = -(exc.errno or 1)
+                    if pid == 0:
+                        os.close(release_w)
+                        os.close(resp_fd)
+                        for other in batch:
+                            if other is not request:
+                                other.close()
+                        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                        _become_worker(
+                            parent_pid,
+                            life_fd,
+                            endpoint,
+                            request.worker_id,
+                            request.token,
+                            request.marker,
+                            request.heartbeat,
+                            request.fds,
+                            release_fd=release_r,
+                        )
+                        os._exit(1)  # not reached
+                    os.write(resp_fd, f"{request.worker_id} {pid}\n".encode())
+                    reported = i + 1
+            except BaseException:  # noqa: BLE001
+                os.write(resp_fd, "".join(f"{r.worker_id} -1\n" for r in batch[reported:]).encode())
+            finally:
+                os._exit(0)  # the release pipe's write end goes with us: the workers go on
+        _reap(mid)
+    finally:
+        for request in batch:
+            request.close()  # the workers have their own copies now
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -430,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
         os.write(args.resp_fd, f"watcher {watcher_pid}\n".encode())
     except OSError as exc:
         print(f"turnpool zygote: no watcher ({exc}); each worker forks its guardian", file=sys.stderr)
+    # WORKER-SHARED-HEAP: what the imports built is never collected again, here or in a worker.
+    gc.freeze()
     serve(args.parent_pid, args.life_fd, args.endpoint, args.req_fd, args.resp_fd)
     os._exit(0)
 

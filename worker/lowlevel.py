@@ -31,6 +31,7 @@ from ._ownfile import view as own_file_view
 from ._toolgroups import backend as tool_limits_backend
 from ._toolgroups import sweep_stale_groups as tool_groups_sweep
 from ._tooltemplate import enable as tool_templates
+from ._zygote import FORK_BATCH
 
 # What each name is for, beyond the supervisor's own use:
 # - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout
@@ -46,6 +47,7 @@ __all__ = [
     "ENDLOG_REC",
     "ENDLOG_SIZE",
     "EXIT_LINK_LOST",
+    "FORK_BATCH",
     "HEIR_GONE",
     "HEIR_UNWATCHABLE",
     "MARKER_SIZE",

@@ -56,3 +56,22 @@ async def allocate_and_wait(turn: worker.Turn) -> dict[str, float]:
     await turn.emit({"allocated_mb": len(block) / 2**20, "rss_mb": rss_mb()})
     await turn.signal.wait()
     return {"start_mb": start}
+
+
+def private_dirty_kib() -> int:
+    """This process's private dirty memory in KiB (``smaps_rollup``): what it wrote since its fork."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Private_Dirty in smaps_rollup")
+
+
+async def full_collection(turn: worker.Turn) -> dict[str, int]:
+    """Runs a full garbage collection, as a long-lived worker's collector eventually does by itself,
+    and says how much more memory its process then holds privately (KiB)."""
+    import gc
+
+    before = private_dirty_kib()
+    gc.collect()
+    return {"before_kib": before, "after_kib": private_dirty_kib()}
