@@ -76,9 +76,47 @@ def setup(
     out: int,
     err: int,
     stdin: int | None,
+    prepared: bool = False,
 ) -> None:
     """Everything a call's child does before the call (a fork of the caller or of a template):
-    own process group, groups joined first, then limits, signals, fds, environment."""
+    own process group, groups joined first, then limits, signals, fds, environment. ``prepared``:
+    the call-independent part (``own_process``) was done ahead of the call (an embryo)."""
+    if not prepared:
+        own_process(join, scrub=not command)
+    if memory_mb is not None and "memory" not in limited:
+        # Fallback: address space, counted from what the forked call already maps (a command: from 0).
+        base = 0 if command else _vm_size()
+        cap = base + int(memory_mb * MIB)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if pids is not None and "pids" not in limited and os.geteuid() != 0:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+    if cpu_s is not None:
+        soft = max(1, int(cpu_s + 0.999))
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+    if not network:
+        unshare_network()
+    os.environ.clear()
+    os.environ.update(env)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    if stdin is not None:
+        os.dup2(stdin, 0)
+    else:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+    last = 2
+    for fd in sorted(keep):
+        os.closerange(last + 1, fd)
+        last = fd
+    os.closerange(last + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def own_process(join: list[str], *, scrub: bool, keep: int | None = None) -> None:
+    """TOOL-EMBRYO: what a call's process does that depends on no call: its own process group and
+    parent-death signal, its groups joined (TOOL-JOIN-FIRST), default signals (SIGINT the call's
+    interruption), the caller's environment block scrubbed, and subreaper of its tree. An embryo
+    does it before its call comes (``keep``: the one descriptor it keeps, its template's socket)."""
     global _in_call, _call_cancelled
     _in_call, _call_cancelled = True, False
     os.setpgid(0, 0)
@@ -96,35 +134,11 @@ def setup(
             signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.signal(signal.SIGINT, _on_sigint)
-    if memory_mb is not None and "memory" not in limited:
-        # Fallback: address space, counted from what the forked call already maps (a command: from 0).
-        base = 0 if command else _vm_size()
-        cap = base + int(memory_mb * MIB)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    if pids is not None and "pids" not in limited and os.geteuid() != 0:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
-    if cpu_s is not None:
-        soft = max(1, int(cpu_s + 0.999))
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
-    if not network:
-        unshare_network()
-    os.environ.clear()
-    os.environ.update(env)
-    if not command:
+    if scrub:
         _scrub_proc_environ()  # (a command's exec gives it a block of its own)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    if stdin is not None:
-        os.dup2(stdin, 0)
-    else:
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-    last = 2
-    for fd in sorted(keep):
-        os.closerange(last + 1, fd)
-        last = fd
-    os.closerange(last + 1, os.sysconf("SC_OPEN_MAX"))
+    if keep is not None:
+        os.closerange(3, keep)  # the template's sockets and other calls' descriptors
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
     _tree.set_child_subreaper()  # a double-forked daemon of the call stays in the call's tree
 
 
@@ -137,6 +151,7 @@ _RESET = (
     signal.SIGUSR2,
     signal.SIGXCPU,
     signal.SIGQUIT,
+    signal.SIGXFSZ,
 )
 
 
@@ -192,6 +207,12 @@ def _scrub_proc_environ() -> None:
 
 def end_own_tree() -> None:
     """In the child, after the call: kill what the call left running (it is our subreaped tree)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)  # one syscall: no child at all (the usual case) is ECHILD
+    except ChildProcessError:
+        return  # (a subreaper: what the call left, even double-forked, would be our child)
+    except OSError:
+        pass
     with contextlib.suppress(Exception):
         _tree.kill_descendants(os.getpid(), timeout=1.0)
 

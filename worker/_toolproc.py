@@ -29,7 +29,7 @@ from typing import Any
 from . import _toolchild, _tooltemplate
 from ._toolerrors import KillReason
 from ._toolgroups import Groups, Limits
-from .proctree import _tree
+from .proctree import _cgroup, _tree
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
 MIB = 1024 * 1024
@@ -173,6 +173,7 @@ class Proc:
         self.started = time.monotonic()
         self.outcome = Outcome()
         self.tree: set[int] = {pid}
+        self.empty: bool | None = None  # once the call's process is gone: nothing of it left
 
     def cancel(self) -> None:
         """Start the call's ladder as for a cancel (from any thread; harmless once it ended: the
@@ -227,6 +228,7 @@ class Proc:
         ladder: list[tuple[float, int]] = []  # (when, signal) still to send
         exited = False
         leftovers_killed = False
+        next_check = self.started + WATCH_S
         watch_limits = (
             bool(self.groups.dirs)
             or lim.cpu_s is not None
@@ -254,7 +256,7 @@ class Proc:
                 elif lim.timeout is not None and o.killed is None:
                     waits.append(self.started + lim.timeout - now)
                 if watch_limits:
-                    waits.append(WATCH_S)
+                    waits.append(next_check - now)
                 wait_ms = None if not waits else max(0, int(min(waits) * 1000) + 1)
                 if exited and not self.fds:
                     break
@@ -263,10 +265,7 @@ class Proc:
                         # The call's process is gone: what it left running goes now, so a pipe a
                         # background child holds cannot keep the call open.
                         leftovers_killed = True
-                        left = self.groups.members()
-                        if left:
-                            self.tree.update(left)
-                            self.groups.kill()
+                        self._end_leftovers()
                     wait_ms = 50  # drain what is in the pipes; a pipe held past that is not waited for
                 events = poller.poll(wait_ms)
                 for fd, ev in events:
@@ -318,8 +317,11 @@ class Proc:
                         self._take_output(kind, data, cap, relay)
                 if exited and not events:
                     break  # the child is gone, its pipes quiet (a pipe a daemon kept is not ours to wait for)
-                if not exited:
+                if not exited and watch_limits and time.monotonic() >= next_check:
+                    # On a timer, not on each wake: a call that is killed wakes us by its exit, and
+                    # its end reads the counters (``_reap``).
                     self._check_limits()
+                    next_check = time.monotonic() + WATCH_S
         finally:
             for fd in list(self.fds):
                 os.close(fd)
@@ -370,6 +372,18 @@ class Proc:
             if used is not None and used > lim.cpu_s:
                 self._stop_now("cpu")
 
+    def _end_leftovers(self) -> None:
+        """The call's process is gone: kill what it left running (one read when nothing is left)."""
+        g = self.groups
+        if g.contain is not None and not _cgroup.populated(g.contain):
+            self.empty = True
+            return
+        left = g.members()
+        if left:
+            self.tree.update(left)
+            g.kill()
+        self.empty = g.contain is not None and not left and not _cgroup.populated(g.contain)
+
     def _reap(self) -> None:
         if self.status is not None:
             status = self.status()
@@ -380,16 +394,16 @@ class Proc:
                 status = signal.SIGKILL
         self.outcome.status = status
         g = self.groups
-        if self.outcome.killed is None and "memory" in g.dirs and g.oom_kills() > g.base.get("oom", 0):
+        counts = g.counters()
+        if self.outcome.killed is None and "memory" in g.dirs and counts["oom"] > g.base.get("oom", 0):
             self.outcome.killed = "memory"
+        g.base = counts  # the next call's starting point if the groups are kept
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU and self.outcome.killed is None:
             self.outcome.killed = "cpu"
         # What the call left (a daemon that escaped its own cleanup): killed with its groups.
-        left = g.members()
-        if left:
-            self.tree.update(left)
-            g.kill()
-        g.remove()
+        if self.empty is None:
+            self._end_leftovers()
+        g.remove(empty=bool(self.empty))
         self.tree.discard(self.pid)
         me = os.getpid()
         for pid in self.tree:  # orphans re-parented to us (we are a subreaper): reap them, by pid
