@@ -28,7 +28,7 @@ from pydantic_core import to_jsonable_python
 from .. import mcp
 from .._errors import TurnCancelled
 from .._turn import Turn
-from . import AgentFn, TurnThreads, split_input, too_old
+from . import AgentFn, TurnThreads, split_input, too_old, tool_update
 
 FRAMEWORK = "an OpenAI Agents SDK Agent"
 KEYS = ("context", "max_turns")
@@ -126,12 +126,7 @@ def map_event(event: Any) -> dict[str, Any] | None:
         return {"type": "tool_call", "id": call_id, "title": title, "input": _arguments(raw)}
     if event.name == "tool_output":
         call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
-        return {
-            "type": "tool_call_update",
-            "id": call_id,
-            "status": "completed",
-            "output": jsonable(item.output),
-        }
+        return tool_update(call_id, "completed", jsonable(item.output))
     if event.name in ("message_output_created", "reasoning_item_created"):
         return None
     return {"type": "framework", "name": event.name, "data": jsonable(raw)}
