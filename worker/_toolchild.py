@@ -96,8 +96,7 @@ def setup(
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
     if not network:
         unshare_network()
-    os.environ.clear()
-    os.environ.update(env)
+    set_environment(env)
     os.dup2(out, 1)
     os.dup2(err, 2)
     if stdin is not None:
@@ -110,6 +109,17 @@ def setup(
         os.closerange(last + 1, fd)
         last = fd
     os.closerange(last + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def set_environment(env: dict[str, str]) -> None:
+    """``os.environ`` (and the C environment) made ``env``, touching only what differs: an embryo
+    set it ahead of its call, which finds it done."""
+    current = os.environ
+    for key in [k for k in current if k not in env]:
+        del current[key]
+    for key, value in env.items():
+        if current.get(key) != value:
+            current[key] = value
 
 
 def own_process(join: list[str], *, scrub: bool, keep: int | None = None) -> None:

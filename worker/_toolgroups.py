@@ -379,8 +379,9 @@ def _keep(g: Groups) -> bool:
         unready = [k for k in free if template is not None and k.embryo_of is not template]
         for k in unready:
             k.template = k.embryo_of = template
+    env = g.limits.environment() if unready else None
     for k in unready:
-        template.prepare(k.paths())
+        template.prepare(k.paths(), env)
     return True
 
 

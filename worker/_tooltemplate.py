@@ -83,6 +83,7 @@ class _Server:
         self.calls: dict[int, tuple[socket.socket, list[str]]] = {}
         self.embryos: dict[tuple[str, ...], tuple[int, socket.socket]] = {}
         self.pending: dict[tuple[str, ...], None] = {}  # groups awaiting an embryo (() : none)
+        self.env: dict[tuple[str, ...], dict[str, str] | None] = {}  # the environment their next call expects
         self.retiring = False
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -125,6 +126,7 @@ class _Server:
                 if req.get("kind") == "prepare":
                     # Made right after the next call is handed over, or once requests pause.
                     self.pending[tuple(req["join"])] = None
+                    self.env[tuple(req["join"])] = req.get("env")
             return
         channel = socket.socket(fileno=fds[0])
         key: tuple[str, ...] = ()
@@ -144,6 +146,7 @@ class _Server:
                 pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
             if not key and not req.get("memfd"):
                 self.pending[key] = None  # calls without groups: the next one's process is made now
+                self.env[key] = req["env"]
         except Fallback as exc:
             self.discard(self.embryos.pop(key, None))  # (its groups go: the caller forks the call)
             with contextlib.suppress(OSError):
@@ -193,7 +196,7 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the embryo
-            _embryo(self, theirs, join)
+            _embryo(self, theirs, join, self.env.get(key))
         theirs.close()
         self.embryos[key] = (pid, ours)
 
@@ -354,11 +357,14 @@ def _enter(path: str) -> None:
         os.close(fd)
 
 
-def _embryo(server: _Server, sock: socket.socket, join: list[str]) -> None:
+def _embryo(server: _Server, sock: socket.socket, join: list[str], env: dict[str, str] | None) -> None:
     """A call's process made ahead of time: in its groups and set up as far as no call is needed
-    (``_toolchild.own_process``), waiting for its call (then as ``_child``)."""
+    (``_toolchild.own_process``; the environment the last call in them had, the call's own as a
+    rule), waiting for its call (then as ``_child``)."""
     try:
         _toolchild.own_process(join, scrub=server.kind != "cmd", keep=sock.fileno())
+        if env is not None:
+            _toolchild.set_environment(env)
         if os.getppid() != server.parent_pid:
             os._exit(0)  # the template died during the fork: no parent-death signal will come
         sock.send(b"ready")
@@ -458,11 +464,12 @@ class Template:
             self.close()
             raise OSError("the tool template did not start")
 
-    def prepare(self, join: list[str]) -> None:
-        """TOOL-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer)."""
+    def prepare(self, join: list[str], env: dict[str, str] | None = None) -> None:
+        """TOOL-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer),
+        its environment ``env`` set already."""
         if self.owner == os.getpid():
             with contextlib.suppress(OSError):
-                self.sock.send(_enc.encode({"kind": "prepare", "join": join}))
+                self.sock.send(_enc.encode({"kind": "prepare", "join": join, "env": env}))
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket]:
         """Ask for one call: (its pid, a pidfd of it, its channel). Raises ``Fallback`` or
