@@ -139,12 +139,12 @@ def own_process(join: list[str], *, scrub: bool, keep: int | None = None) -> Non
             os.close(fd)
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
-    for sig in _RESET:
+    for sig in _reset:
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     signal.signal(signal.SIGINT, _on_sigint)
-    if scrub:
+    if scrub and not _block_scrubbed:
         _scrub_proc_environ()  # (a command's exec gives it a block of its own)
     if keep is not None:
         os.closerange(3, keep)  # the template's sockets and other calls' descriptors
@@ -163,6 +163,26 @@ _RESET = (
     signal.SIGQUIT,
     signal.SIGXFSZ,
 )
+
+
+_reset: tuple[int, ...] = _RESET  # what a call's process resets (a template: only what it changed)
+_block_scrubbed = False  # this process's environment block is zeros already (a template's forks)
+
+
+def prepare_template() -> None:
+    """In a template, once its signals are set and after each import: what its forks need not redo
+    (signals it left at their default; the environment block, scrubbed here once for all)."""
+    global _reset, _block_scrubbed
+    _reset = tuple(s for s in _RESET if signal.getsignal(s) != signal.SIG_DFL)
+    if not _block_scrubbed:
+        # The C environment first moves out of the block (unset and set again: copies of its own),
+        # so that zeroing the block changes no variable of the template's.
+        saved = dict(os.environ)
+        for key in saved:
+            del os.environ[key]
+        os.environ.update(saved)
+        _scrub_proc_environ()
+        _block_scrubbed = True
 
 
 def unshare_network() -> None:

@@ -196,6 +196,7 @@ class Groups:
     kind: str | None = None  # the template kind whose calls use them (None: forked by the caller)
     template: Any = None  # that template: asked for an embryo in them once they are kept (TOOL-EMBRYO)
     embryo_of: Any = None  # the template that has an embryo waiting in them (kept groups)
+    env: dict[str, str] | None = None  # the environment of their last call (their embryo's)
 
     @classmethod
     def make(cls, limits: Limits, kind: str | None = None) -> Groups:
@@ -379,7 +380,7 @@ def _keep(g: Groups) -> bool:
         unready = [k for k in free if template is not None and k.embryo_of is not template]
         for k in unready:
             k.template = k.embryo_of = template
-    env = g.limits.environment() if unready else None
+    env = g.env if g.env is not None else g.limits.environment()
     for k in unready:
         template.prepare(k.paths(), env)
     return True

@@ -104,7 +104,7 @@ def start_in_template(
         theirs.append(in_r)
         ours.append(in_w)
     req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
-    req["env"] = limits.environment()
+    req["env"] = groups.env = limits.environment()
     req["join"] = groups.paths()
     req["limited"] = list(groups.dirs)
     req["contain"] = groups.contain
@@ -128,7 +128,8 @@ def start_in_template(
         in_w,
         stdin or b"",
         pidfd=pidfd,
-        status=lambda: _tooltemplate.exit_status(channel),
+        status=lambda wanted: _tooltemplate.exit_status(channel, wanted),
+        outcome_says=req["kind"] == "fn",
     )
 
 
@@ -157,7 +158,8 @@ class Proc:
         stdin_fd: int | None,
         stdin: bytes,
         pidfd: int | None = None,
-        status: Callable[[], int] | None = None,
+        status: Callable[[bool], int] | None = None,
+        outcome_says: bool = False,
     ) -> None:
         self.pid = pid
         self.limits = limits
@@ -169,6 +171,7 @@ class Proc:
         # before the template could reap it), and so does its exit status (``status``).
         self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
         self.status = status
+        self.outcome_says = outcome_says  # a function's result says how it ended (not its exit status)
         self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
         self.outcome = Outcome()
@@ -386,7 +389,12 @@ class Proc:
 
     def _reap(self) -> None:
         if self.status is not None:
-            status = self.status()
+            # A function that wrote its whole outcome ended by itself: its exit status (the template
+            # reports it once reaped) adds nothing, and the process is gone (a zombie until then).
+            o = self.outcome
+            status = self.status(
+                not (self.outcome_says and o.result and not o.truncated and o.killed is None)
+            )
         else:
             try:
                 _, status = os.waitpid(self.pid, 0)

@@ -111,6 +111,7 @@ class _Server:
                 self.retiring = True
                 raise Fallback(f"importing {name} started a thread", retire=True)
             gc.freeze()  # (see ``serve``)
+            _toolchild.prepare_template()  # (the module may have set a signal handler)
         obj: Any = module
         for part in qual.split("."):
             obj = getattr(obj, part, None)
@@ -293,6 +294,7 @@ class _Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at a terminal is for the caller
+        _toolchild.prepare_template()
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
@@ -517,8 +519,12 @@ class Template:
             self.sock.close()
 
 
-def exit_status(channel: socket.socket) -> int:
-    """The call's wait status, from its template once reaped (SIGKILL if the template is gone)."""
+def exit_status(channel: socket.socket, wanted: bool = True) -> int:
+    """The call's wait status, from its template once reaped (SIGKILL if the template is gone);
+    0 without waiting when not ``wanted``."""
+    if not wanted:
+        channel.close()
+        return 0
     channel.settimeout(REPLY_S)  # (the template reaps at once, unless busy importing for another call)
     try:
         data = channel.recv(256)
