@@ -85,6 +85,7 @@ class _Server:
         self.pending: dict[tuple[str, ...], None] = {}  # groups awaiting an embryo (() : none)
         self.env: dict[tuple[str, ...], dict[str, str] | None] = {}  # the environment their next call expects
         self.retiring = False
+        self.ignored: tuple[int, ...] = _ALL_SIGNALS  # signals we ignore (reset in a spawned command)
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -249,7 +250,8 @@ class _Server:
                 ],
                 setpgroup=0,
                 setsigmask=(),
-                setsigdef=_ALL_SIGNALS,
+                # What we ignore stays ignored across an exec (what we handle is reset by it).
+                setsigdef=self.ignored,
             )
         except OSError as exc:
             raise Fallback(f"spawn failed: {exc}") from None  # the caller forks and reports it
@@ -295,6 +297,7 @@ class _Server:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at a terminal is for the caller
         _toolchild.prepare_template()
+        self.ignored = tuple(s for s in _ALL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
