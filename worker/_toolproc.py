@@ -9,8 +9,9 @@ call's own groups before it runs anything: a cgroup v2 directory under the calle
 Without any of them the limits fall back to rlimits (see ``docs/tools.md`` for what that misses).
 
 The parent watches the child's pidfd, its output pipes, its result pipe and a cancel pipe in one
-``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds, output) are
-checked on each wake and at least every ``WATCH_S``. TOOL-LADDER: on timeout or cancel the call gets
+``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds) are read every
+``WATCH_S`` (output as it comes; the event counters once more at the end). TOOL-LADDER: on timeout or
+cancel the call gets
 SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit gets SIGKILL.
 """
 
