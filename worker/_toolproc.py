@@ -11,8 +11,8 @@ Without any of them the limits fall back to rlimits (see ``docs/tools.md`` for w
 The parent watches the child's pidfd, its output pipes, its result pipe and a cancel pipe in one
 ``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds) are read every
 ``WATCH_S`` (output as it comes; the event counters once more at the end). TOOL-LADDER: on timeout or
-cancel the call gets
-SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit gets SIGKILL.
+cancel the call gets SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit
+gets SIGKILL.
 """
 
 from __future__ import annotations
