@@ -85,6 +85,26 @@ async def test_each_framework_tells_its_model_of_a_memory_kill_and_the_turn_comp
         assert again.outcome == "completed" and again.worker_pid == result.worker_pid, (name, again)
 
 
+async def test_the_openai_sdks_default_failure_text_still_reports_the_kill_to_followers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TOOL-TOLD-FOLLOWERS through the OpenAI Agents SDK's default ``failure_error_function``, which hands
+    the model (and the adapter) a fixed text without the error: the adapter learns which call raised what
+    from the SDK's ``tool_error_formatter`` hook, so followers still get the call failed, with its reason
+    and text; the model gets the SDK's text and the turn completes."""
+    async with _model_server() as server:
+        monkeypatch.setenv(URL_VAR, server.base_url)
+        async with Supervisor(workers=1, spares=0) as sup:
+            result, events, again = await _run_twice(sup, "openai_hog_default")
+    assert result.outcome == "completed", result
+    assert isinstance(result.output, str) and result.output.startswith("told: ") and TOLD not in result.output
+    updates = [e for e in events if e.get("type") == "tool_call_update"]
+    assert [(u["status"], u.get("reason"), u.get("text")) for u in updates] == [("failed", "memory", TOLD)], (
+        events
+    )
+    assert again.outcome == "completed"
+
+
 def test_an_adapters_tool_result_carrying_a_kill_of_the_turn_is_failed_with_its_reason() -> None:
     """TOOL-TOLD-FOLLOWERS where no framework model runs here: the Claude Agent SDK's in-process tools run
     in the worker, but the `claude` CLI hands their errors back as tool results (``is_error``). Every

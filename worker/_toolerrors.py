@@ -121,11 +121,16 @@ def claim(output: Any) -> ToolIsolationError | None:
     text = output if isinstance(output, str) else repr(output)
     for exc in list(_RAISED):
         if str(exc) in text:
-            with_removed = [e for e in _RAISED if e is not exc]
-            _RAISED.clear()
-            _RAISED.extend(with_removed)
+            take(exc)
             return exc
     return None
+
+
+def take(exc: ToolIsolationError) -> None:
+    """``exc`` is claimed by other means (a framework said which call raised it)."""
+    kept = [e for e in _RAISED if e is not exc]
+    _RAISED.clear()
+    _RAISED.extend(kept)
 
 
 def failed_fields(exc: ToolIsolationError) -> dict[str, Any]:

@@ -118,6 +118,20 @@ openai_hog = OpenAIAgent(
 )
 
 
+@function_tool(name_override="allocate_oa")
+def allocate_oa_default() -> int:
+    """Allocate 2 GiB (the SDK's default failure function: the model gets a fixed text)."""
+    return int(_hog())
+
+
+openai_hog_default = OpenAIAgent(
+    name="hog",
+    instructions="Allocate.",
+    model=OpenAIChatCompletionsModel(model="test-model", openai_client=_client),
+    tools=[allocate_oa_default],
+)
+
+
 # ---- pydantic-ai on step records (``worker.adapters.pydantic_ai.durable``) -------------------------
 
 
