@@ -110,12 +110,16 @@ def allocate_oa() -> int:
     return int(_hog())
 
 
-openai_hog = OpenAIAgent(
-    name="hog",
-    instructions="Allocate.",
-    model=OpenAIChatCompletionsModel(model="test-model", openai_client=_client),
-    tools=[allocate_oa],
-)
+def _openai_agent(tool: Any) -> OpenAIAgent[Any]:
+    return OpenAIAgent(
+        name="hog",
+        instructions="Allocate.",
+        model=OpenAIChatCompletionsModel(model="test-model", openai_client=_client),
+        tools=[tool],
+    )
+
+
+openai_hog = _openai_agent(allocate_oa)
 
 
 @function_tool(name_override="allocate_oa")
@@ -124,12 +128,7 @@ def allocate_oa_default() -> int:
     return int(_hog())
 
 
-openai_hog_default = OpenAIAgent(
-    name="hog",
-    instructions="Allocate.",
-    model=OpenAIChatCompletionsModel(model="test-model", openai_client=_client),
-    tools=[allocate_oa_default],
-)
+openai_hog_default = _openai_agent(allocate_oa_default)
 
 
 # ---- pydantic-ai on step records (``worker.adapters.pydantic_ai.durable``) -------------------------
