@@ -21,7 +21,8 @@ import anyio.to_thread
 import msgspec
 
 from . import _toolchild, _toolproc, _tooltemplate
-from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled, for_frameworks
+from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled, raised
+from ._toolerrors import for_frameworks as _flavoured
 from ._toolgroups import Limits
 
 _enc = msgspec.msgpack.Encoder()
@@ -66,6 +67,12 @@ def _limit_of(reason: str, lim: Limits) -> float | None:
         "output": lim.output_mb,
         "cancelled": None,
     }.get(reason)
+
+
+def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
+    """The error as raised to the call's caller: in its framework's flavour, noted for the adapters
+    (TOOL-TOLD-FOLLOWERS)."""
+    return raised(_flavoured(exc))
 
 
 def _finish_call(proc: _toolproc.Proc, o: _toolproc.Outcome) -> Any:

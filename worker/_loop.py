@@ -26,7 +26,7 @@ import wire
 from wire import TurnError, worker_link
 from wire.worker_link import Abort, End, EndAck, Proceed, Revoke, Run, Shutdown, SpawnReply, StepAck
 
-from . import _endlog, _heap, _heir, _marker, _toolproc, adapters
+from . import _endlog, _heap, _heir, _marker, _toolerrors, _toolproc, adapters
 from ._connection import Connection
 from ._errors import TurnCancelled
 from ._errtext import error_message, safe_text
@@ -316,6 +316,7 @@ class WorkerLoop:
             return
         turn = Turn(msg.turn_id, value, msg.session, msg.parent, conn, msg.attempt, msg.steps)
         self.current = turn
+        _toolerrors.forget_raised()  # TOOL-TOLD-FOLLOWERS: what isolated calls raise is this turn's
         outcome: str
         output = wire.NIL
         error = None

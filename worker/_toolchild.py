@@ -76,26 +76,13 @@ def setup(
     out: int,
     err: int,
     stdin: int | None,
+    prepared: bool = False,
 ) -> None:
     """Everything a call's child does before the call (a fork of the caller or of a template):
-    own process group, groups joined first, then limits, signals, fds, environment."""
-    global _in_call, _call_cancelled
-    _in_call, _call_cancelled = True, False
-    os.setpgid(0, 0)
-    _tree.set_parent_death_signal(signal.SIGKILL)
-    for path in join:  # TOOL-JOIN-FIRST: before anything of the call runs (nothing forks outside its groups)
-        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
-        try:
-            os.write(fd, b"0")
-        finally:
-            os.close(fd)
-    with contextlib.suppress(ValueError, OSError):
-        signal.set_wakeup_fd(-1)
-    for sig in _RESET:
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    signal.signal(signal.SIGINT, _on_sigint)
+    own process group, groups joined first, then limits, signals, fds, environment. ``prepared``:
+    the call-independent part (``own_process``) was done ahead of the call (an embryo)."""
+    if not prepared:
+        own_process(join, scrub=not command)
     if memory_mb is not None and "memory" not in limited:
         # Fallback: address space, counted from what the forked call already maps (a command: from 0).
         base = 0 if command else _vm_size()
@@ -109,10 +96,7 @@ def setup(
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
     if not network:
         unshare_network()
-    os.environ.clear()
-    os.environ.update(env)
-    if not command:
-        _scrub_proc_environ()  # (a command's exec gives it a block of its own)
+    set_environment(env)
     os.dup2(out, 1)
     os.dup2(err, 2)
     if stdin is not None:
@@ -125,6 +109,46 @@ def setup(
         os.closerange(last + 1, fd)
         last = fd
     os.closerange(last + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def set_environment(env: dict[str, str]) -> None:
+    """``os.environ`` (and the C environment) made ``env``, touching only what differs: an embryo
+    set it ahead of its call, which finds it done."""
+    current = os.environ
+    for key in [k for k in current if k not in env]:
+        del current[key]
+    for key, value in env.items():
+        if current.get(key) != value:
+            current[key] = value
+
+
+def own_process(join: list[str], *, scrub: bool, keep: int | None = None) -> None:
+    """TOOL-EMBRYO: what a call's process does that depends on no call: its own process group and
+    parent-death signal, its groups joined (TOOL-JOIN-FIRST), default signals (SIGINT the call's
+    interruption), the caller's environment block scrubbed, and subreaper of its tree. An embryo
+    does it before its call comes (``keep``: the one descriptor it keeps, its template's socket)."""
+    global _in_call, _call_cancelled
+    _in_call, _call_cancelled = True, False
+    os.setpgid(0, 0)
+    _tree.set_parent_death_signal(signal.SIGKILL)
+    for path in join:  # TOOL-JOIN-FIRST: before anything of the call runs (nothing forks outside its groups)
+        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for sig in _reset:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, _on_sigint)
+    if scrub and not _block_scrubbed:
+        _scrub_proc_environ()  # (a command's exec gives it a block of its own)
+    if keep is not None:
+        os.closerange(3, keep)  # the template's sockets and other calls' descriptors
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
     _tree.set_child_subreaper()  # a double-forked daemon of the call stays in the call's tree
 
 
@@ -137,7 +161,28 @@ _RESET = (
     signal.SIGUSR2,
     signal.SIGXCPU,
     signal.SIGQUIT,
+    signal.SIGXFSZ,
 )
+
+
+_reset: tuple[int, ...] = _RESET  # what a call's process resets (a template: only what it changed)
+_block_scrubbed = False  # this process's environment block is zeros already (a template's forks)
+
+
+def prepare_template() -> None:
+    """In a template, once its signals are set and after each import: what its forks need not redo
+    (signals it left at their default; the environment block, scrubbed here once for all)."""
+    global _reset, _block_scrubbed
+    _reset = tuple(s for s in _RESET if signal.getsignal(s) != signal.SIG_DFL)
+    if not _block_scrubbed:
+        # The C environment first moves out of the block (unset and set again: copies of its own),
+        # so that zeroing the block changes no variable of the template's.
+        saved = dict(os.environ)
+        for key in saved:
+            del os.environ[key]
+        os.environ.update(saved)
+        _scrub_proc_environ()
+        _block_scrubbed = True
 
 
 def unshare_network() -> None:
@@ -192,6 +237,12 @@ def _scrub_proc_environ() -> None:
 
 def end_own_tree() -> None:
     """In the child, after the call: kill what the call left running (it is our subreaped tree)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)  # one syscall: no child at all (the usual case) is ECHILD
+    except ChildProcessError:
+        return  # (a subreaper: what the call left, even double-forked, would be our child)
+    except OSError:
+        pass
     with contextlib.suppress(Exception):
         _tree.kill_descendants(os.getpid(), timeout=1.0)
 

@@ -4,6 +4,7 @@ simply return: the errors it raises and the result of a command."""
 from __future__ import annotations
 
 import sys
+from collections import deque
 from typing import Any, Literal
 
 import msgspec
@@ -117,3 +118,47 @@ def for_frameworks(exc: ToolIsolationError) -> ToolIsolationError:
     out.message = str(exc)
     flavoured: ToolIsolationError = out
     return flavoured
+
+
+# TOOL-TOLD-FOLLOWERS: the isolation errors raised in this worker's turn, so an adapter can report a tool call
+# whose output is one of them as failed, with its reason: a framework hands the adapter the error's
+# text as the tool's output, not the error. A worker runs one turn at a time (cleared at each start).
+_RAISED: deque[ToolIsolationError] = deque(maxlen=64)
+
+
+def raised(exc: ToolIsolationError) -> ToolIsolationError:
+    """``exc``, noted as raised by an isolated call of this turn (see ``claim``)."""
+    _RAISED.append(exc)
+    return exc
+
+
+def forget_raised() -> None:
+    """A turn starts: what earlier turns raised is no longer theirs to claim."""
+    _RAISED.clear()
+
+
+def claim(output: Any) -> ToolIsolationError | None:
+    """The isolation error of this turn whose text ``output`` (a tool call's output as a framework
+    reports it) carries, taken so another call does not claim it too; None: the tool returned."""
+    if not _RAISED:
+        return None
+    text = output if isinstance(output, str) else repr(output)
+    for exc in list(_RAISED):
+        if str(exc) in text:
+            take(exc)
+            return exc
+    return None
+
+
+def take(exc: ToolIsolationError) -> None:
+    """``exc`` is claimed by other means (a framework said which call raised it)."""
+    kept = [e for e in _RAISED if e is not exc]
+    _RAISED.clear()
+    _RAISED.extend(kept)
+
+
+def failed_fields(exc: ToolIsolationError) -> dict[str, Any]:
+    """What a ``tool_call_update`` of a call stopped by its isolation says: ``status: "failed"``,
+    the ``reason`` (a ``ToolKilled`` reason, or ``"crashed"``) and the error's ``text``."""
+    reason = exc.reason if isinstance(exc, ToolKilled) else "crashed"
+    return {"status": "failed", "reason": reason, "text": str(exc)}

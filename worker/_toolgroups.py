@@ -195,6 +195,8 @@ class Groups:
     owner: int = field(default_factory=os.getpid)
     kind: str | None = None  # the template kind whose calls use them (None: forked by the caller)
     template: Any = None  # that template: asked for an embryo in them once they are kept (TOOL-EMBRYO)
+    embryo_of: Any = None  # the template that has an embryo waiting in them (kept groups)
+    env: dict[str, str] | None = None  # the environment of their last call (their embryo's)
 
     @classmethod
     def make(cls, limits: Limits, kind: str | None = None) -> Groups:
@@ -207,6 +209,11 @@ class Groups:
         kept = _take_kept(limits, kind)
         if kept is not None:
             return kept
+        return cls._new(limits, kind, be)
+
+    @classmethod
+    def _new(cls, limits: Limits, kind: str | None, be: dict[str, Any]) -> Groups:
+        g = cls(limits, kind=kind)
         prefix, own, parents = _place()
         tag = prefix + secrets.token_hex(4)
         if be["containment"] == "cgroup2" and own is not None:
@@ -251,7 +258,7 @@ class Groups:
                 continue
             g.dirs[name] = path
             g.v2[name] = be[name] == "cgroup2"
-        g.base = {"oom": g.oom_kills(), "pids": g.pids_hits()}
+        g.base = {"oom": 0, "pids": 0}  # (a new group's counters)
         return g
 
     def paths(self) -> list[str]:
@@ -304,8 +311,15 @@ class Groups:
         for path in self.paths():
             _cgroup.kill(path)  # v1: no cgroup.kill; signals what is listed
 
-    def remove(self) -> None:
-        if self.contain is not None and _keep(self):
+    def counters(self) -> dict[str, int]:
+        """The event counters the limits are checked against: read after each call, they are the
+        next call's starting point when the groups are kept (nothing runs in them in between)."""
+        return {"oom": self.oom_kills(), "pids": self.pids_hits()}
+
+    def remove(self, empty: bool = False) -> None:
+        """Remove the groups, or keep them for the next call when ``empty`` (the caller saw the v2
+        group unpopulated once the call's process had gone: nothing of the call is left in them)."""
+        if self.contain is not None and empty and _keep(self):
             return
         for path in self.paths():
             try:
@@ -326,8 +340,11 @@ class Groups:
 
 # TOOL-REUSE-GROUPS: the groups of a call that ended empty are kept (a few per process) for the next call with
 # the same limits: making and removing three groups was a good part of a short call's cost. Emptiness
-# is the v2 group's (every process of the call was in it); the counters are read again on reuse.
+# is the v2 group's (every process of the call was in it); the counters read at the call's end are the
+# next call's starting point. Calls of a template keep SPARE_GROUPS sets, used in turn (oldest first),
+# so that each has its embryo made while another set's call runs (TOOL-EMBRYO).
 KEEP_GROUPS = 4
+SPARE_GROUPS = 2
 _KEPT: dict[tuple[float | None, int | None, str | None], list[Groups]] = {}
 _KEPT_LOCK = threading.Lock()
 
@@ -339,24 +356,33 @@ def _key(limits: Limits, kind: str | None) -> tuple[float | None, int | None, st
 def _take_kept(limits: Limits, kind: str | None) -> Groups | None:
     with _KEPT_LOCK:
         free = _KEPT.get(_key(limits, kind))
-        g = free.pop() if free else None
+        g = free.pop(0) if free else None
     if g is None or g.owner != os.getpid():
         return None
     g.limits = limits
-    g.base = {"oom": g.oom_kills(), "pids": g.pids_hits()}
     return g
 
 
 def _keep(g: Groups) -> bool:
-    if g.owner != os.getpid() or _cgroup.populated(g.contain or ""):
+    if g.owner != os.getpid():
         return False
+    template = g.template
     with _KEPT_LOCK:
         free = _KEPT.setdefault(_key(g.limits, g.kind), [])
         if len(free) >= KEEP_GROUPS:
             return False
+        g.embryo_of = None  # (its embryo, if any, was this call's process)
         free.append(g)
-    if g.template is not None:
-        g.template.prepare(g.paths())  # TOOL-EMBRYO: the next call's process waits in them already
+        if template is not None and len(free) < SPARE_GROUPS:
+            spare = Groups._new(g.limits, g.kind, backend())  # (once: the sets are used in turn)
+            free.append(spare)
+        # TOOL-EMBRYO: the next call's process waits in them already (asked again of a new template).
+        unready = [k for k in free if template is not None and k.embryo_of is not template]
+        for k in unready:
+            k.template = k.embryo_of = template
+    env = g.env if g.env is not None else g.limits.environment()
+    for k in unready:
+        template.prepare(k.paths(), env)
     return True
 
 

@@ -9,9 +9,10 @@ call's own groups before it runs anything: a cgroup v2 directory under the calle
 Without any of them the limits fall back to rlimits (see ``docs/tools.md`` for what that misses).
 
 The parent watches the child's pidfd, its output pipes, its result pipe and a cancel pipe in one
-``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds, output) are
-checked on each wake and at least every ``WATCH_S``. TOOL-LADDER: on timeout or cancel the call gets
-SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit gets SIGKILL.
+``poll``; limits that the kernel does not stop by itself (pids reached, CPU seconds) are read every
+``WATCH_S`` (output as it comes; the event counters once more at the end). TOOL-LADDER: on timeout or
+cancel the call gets SIGINT (cooperative), then SIGTERM, then SIGKILL of its whole tree; a hard limit
+gets SIGKILL.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from . import _toolchild, _tooltemplate
 from ._toolerrors import KillReason
 from ._toolgroups import Groups, Limits
-from .proctree import _tree
+from .proctree import _cgroup, _tree
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
 MIB = 1024 * 1024
@@ -104,7 +105,7 @@ def start_in_template(
         theirs.append(in_r)
         ours.append(in_w)
     req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
-    req["env"] = limits.environment()
+    req["env"] = groups.env = limits.environment()
     req["join"] = groups.paths()
     req["limited"] = list(groups.dirs)
     req["contain"] = groups.contain
@@ -128,7 +129,8 @@ def start_in_template(
         in_w,
         stdin or b"",
         pidfd=pidfd,
-        status=lambda: _tooltemplate.exit_status(channel),
+        status=lambda wanted: _tooltemplate.exit_status(channel, wanted),
+        outcome_says=req["kind"] == "fn",
     )
 
 
@@ -157,7 +159,8 @@ class Proc:
         stdin_fd: int | None,
         stdin: bytes,
         pidfd: int | None = None,
-        status: Callable[[], int] | None = None,
+        status: Callable[[bool], int] | None = None,
+        outcome_says: bool = False,
     ) -> None:
         self.pid = pid
         self.limits = limits
@@ -169,10 +172,12 @@ class Proc:
         # before the template could reap it), and so does its exit status (``status``).
         self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
         self.status = status
+        self.outcome_says = outcome_says  # a function's result says how it ended (not its exit status)
         self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
         self.outcome = Outcome()
         self.tree: set[int] = {pid}
+        self.empty: bool | None = None  # once the call's process is gone: nothing of it left
 
     def cancel(self) -> None:
         """Start the call's ladder as for a cancel (from any thread; harmless once it ended: the
@@ -227,6 +232,7 @@ class Proc:
         ladder: list[tuple[float, int]] = []  # (when, signal) still to send
         exited = False
         leftovers_killed = False
+        next_check = self.started + WATCH_S
         watch_limits = (
             bool(self.groups.dirs)
             or lim.cpu_s is not None
@@ -254,7 +260,7 @@ class Proc:
                 elif lim.timeout is not None and o.killed is None:
                     waits.append(self.started + lim.timeout - now)
                 if watch_limits:
-                    waits.append(WATCH_S)
+                    waits.append(next_check - now)
                 wait_ms = None if not waits else max(0, int(min(waits) * 1000) + 1)
                 if exited and not self.fds:
                     break
@@ -263,10 +269,7 @@ class Proc:
                         # The call's process is gone: what it left running goes now, so a pipe a
                         # background child holds cannot keep the call open.
                         leftovers_killed = True
-                        left = self.groups.members()
-                        if left:
-                            self.tree.update(left)
-                            self.groups.kill()
+                        self._end_leftovers()
                     wait_ms = 50  # drain what is in the pipes; a pipe held past that is not waited for
                 events = poller.poll(wait_ms)
                 for fd, ev in events:
@@ -318,8 +321,11 @@ class Proc:
                         self._take_output(kind, data, cap, relay)
                 if exited and not events:
                     break  # the child is gone, its pipes quiet (a pipe a daemon kept is not ours to wait for)
-                if not exited:
+                if not exited and watch_limits and time.monotonic() >= next_check:
+                    # On a timer, not on each wake: a call that is killed wakes us by its exit, and
+                    # its end reads the counters (``_reap``).
                     self._check_limits()
+                    next_check = time.monotonic() + WATCH_S
         finally:
             for fd in list(self.fds):
                 os.close(fd)
@@ -370,9 +376,26 @@ class Proc:
             if used is not None and used > lim.cpu_s:
                 self._stop_now("cpu")
 
+    def _end_leftovers(self) -> None:
+        """The call's process is gone: kill what it left running (one read when nothing is left)."""
+        g = self.groups
+        if g.contain is not None and not _cgroup.populated(g.contain):
+            self.empty = True
+            return
+        left = g.members()
+        if left:
+            self.tree.update(left)
+            g.kill()
+        self.empty = g.contain is not None and not left and not _cgroup.populated(g.contain)
+
     def _reap(self) -> None:
         if self.status is not None:
-            status = self.status()
+            # A function that wrote its whole outcome ended by itself: its exit status (the template
+            # reports it once reaped) adds nothing, and the process is gone (a zombie until then).
+            o = self.outcome
+            status = self.status(
+                not (self.outcome_says and o.result and not o.truncated and o.killed is None)
+            )
         else:
             try:
                 _, status = os.waitpid(self.pid, 0)
@@ -380,16 +403,16 @@ class Proc:
                 status = signal.SIGKILL
         self.outcome.status = status
         g = self.groups
-        if self.outcome.killed is None and "memory" in g.dirs and g.oom_kills() > g.base.get("oom", 0):
+        counts = g.counters()
+        if self.outcome.killed is None and "memory" in g.dirs and counts["oom"] > g.base.get("oom", 0):
             self.outcome.killed = "memory"
+        g.base = counts  # the next call's starting point if the groups are kept
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU and self.outcome.killed is None:
             self.outcome.killed = "cpu"
         # What the call left (a daemon that escaped its own cleanup): killed with its groups.
-        left = g.members()
-        if left:
-            self.tree.update(left)
-            g.kill()
-        g.remove()
+        if self.empty is None:
+            self._end_leftovers()
+        g.remove(empty=bool(self.empty))
         self.tree.discard(self.pid)
         me = os.getpid()
         for pid in self.tree:  # orphans re-parented to us (we are a subreaper): reap them, by pid

@@ -25,6 +25,7 @@ control socket closes: at once, killing what it runs, when its caller is gone, e
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
@@ -43,7 +44,11 @@ _dec = msgspec.msgpack.Decoder()
 
 MAX_REQUEST = 60_000  # a larger request (big arguments) goes in a memfd instead of the message
 MAX_FDS = 8
-EMBRYO_IDLE = 0.02  # embryos are made once requests have paused this long (s)
+# Embryos asked for between calls are made once requests pause this long (s): a function's template
+# makes them at once after each call it hands over; a command's only after a pause (back to back, a
+# command spawned into its groups costs less than an embryo's fork, exec and teardown).
+EMBRYO_IDLE = {"fn": 0.002, "cmd": 0.02}
+READY_S = 0.05  # the longest a function's call waits for its embryo to stand in its groups
 REPLY_S = 60.0  # the longest a call waits for its template to answer (an import that hangs: fork the caller)
 
 
@@ -74,10 +79,13 @@ class _Server:
         self.kind = kind
         self.spec = spec  # the worker package, not yet executed: run in full before a function's import
         self.parent = os.getppid()
+        self.parent_pid = os.getpid()  # (an embryo's parent)
         self.calls: dict[int, tuple[socket.socket, list[str]]] = {}
         self.embryos: dict[tuple[str, ...], tuple[int, socket.socket]] = {}
-        self.pending: dict[tuple[str, ...], None] = {}  # kept groups awaiting an embryo
+        self.pending: dict[tuple[str, ...], None] = {}  # groups awaiting an embryo (() : none)
+        self.env: dict[tuple[str, ...], dict[str, str] | None] = {}  # the environment their next call expects
         self.retiring = False
+        self.ignored: tuple[int, ...] = _ALL_SIGNALS  # signals we ignore (reset in a spawned command)
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -103,6 +111,8 @@ class _Server:
             if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
                 self.retiring = True
                 raise Fallback(f"importing {name} started a thread", retire=True)
+            gc.freeze()  # (see ``serve``)
+            _toolchild.prepare_template()  # (the module may have set a signal handler)
         obj: Any = module
         for part in qual.split("."):
             obj = getattr(obj, part, None)
@@ -116,7 +126,9 @@ class _Server:
             with contextlib.suppress(Exception):
                 req = _dec.decode(data)
                 if req.get("kind") == "prepare":
-                    self.pending[tuple(req["join"])] = None  # made once requests pause (EMBRYO_IDLE)
+                    # Made right after the next call is handed over, or once requests pause.
+                    self.pending[tuple(req["join"])] = None
+                    self.env[tuple(req["join"])] = req.get("env")
             return
         channel = socket.socket(fileno=fds[0])
         key: tuple[str, ...] = ()
@@ -134,6 +146,9 @@ class _Server:
             pid = self.hand_over(embryo, data, fds) if embryo is not None else 0
             if not pid:
                 pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
+            if not key and not req.get("memfd"):
+                self.pending[key] = None  # calls without groups: the next one's process is made now
+                self.env[key] = req["env"]
         except Fallback as exc:
             self.discard(self.embryos.pop(key, None))  # (its groups go: the caller forks the call)
             with contextlib.suppress(OSError):
@@ -160,18 +175,30 @@ class _Server:
         for fd in fds[1:]:
             os.close(fd)
         self.calls[pid] = (channel, list(req["join"]))
+        self.make_embryos(now=True)  # TOOL-EMBRYO: the next calls' processes, while this one runs
 
-    # TOOL-EMBRYO: moving a process into a cgroup waits for an RCU grace period when no move happened just
-    # before (~10 ms here): a call whose groups are kept gets its process ready in them ahead of time.
+    def make_embryos(self, now: bool = False) -> None:
+        """Fork the embryos asked for (``now``: right after a call was handed over, those that
+        are worth it then: a function's, or a command's that cannot be spawned)."""
+        for key in list(self.pending):
+            if now and self.kind == "cmd" and key:
+                continue
+            del self.pending[key]
+            self.prepare(list(key))
+
+    # TOOL-EMBRYO: forking is most of a short call's cost, and moving a process into a cgroup waits for an
+    # RCU grace period when no move happened just before (~10 ms here): each call's process is made
+    # ahead of time, in the kept groups it will run in, set up as far as no call is needed.
     def prepare(self, join: list[str]) -> None:
-        """Fork an embryo into the kept groups ``join``: the next call that uses them is its work."""
+        """Fork an embryo into the groups ``join`` (none: for calls without groups): the next call
+        that uses them is its work."""
         key = tuple(join)
-        if self.retiring or key in self.embryos or not join:
+        if self.retiring or key in self.embryos:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the embryo
-            _embryo(self, theirs, join)
+            _embryo(self, theirs, join, self.env.get(key))
         theirs.close()
         self.embryos[key] = (pid, ours)
 
@@ -185,9 +212,9 @@ class _Server:
         """The call to its embryo once it stands in its groups (0: it does not; fork as usual)."""
         pid, sock = embryo
         try:
-            # Not ready yet (its move is waiting for the kernel: calls back to back): no wait here;
-            # the call moves itself, and the move in flight makes that one quick.
-            sock.settimeout(0.0)
+            # A function's embryo is forked already: what is left (its set-up, its move) is quicker
+            # than a fork of ours. A command's is not waited for: spawning it costs less.
+            sock.settimeout(READY_S if self.kind == "fn" else 0.0)
             if sock.recv(16) == b"ready":
                 socket.send_fds(sock, [data], fds)
                 sock.close()
@@ -223,7 +250,8 @@ class _Server:
                 ],
                 setpgroup=0,
                 setsigmask=(),
-                setsigdef=_ALL_SIGNALS,
+                # What we ignore stays ignored across an exec (what we handle is reset by it).
+                setsigdef=self.ignored,
             )
         except OSError as exc:
             raise Fallback(f"spawn failed: {exc}") from None  # the caller forks and reports it
@@ -268,20 +296,19 @@ class _Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at a terminal is for the caller
+        _toolchild.prepare_template()
+        self.ignored = tuple(s for s in _ALL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         self.sock.send(b"ready")
         closing = False
         while True:
-            wait = 1000 if closing else (int(EMBRYO_IDLE * 1000) if self.pending else None)
+            idle = max(1, int(EMBRYO_IDLE[self.kind] * 1000))
+            wait = 1000 if closing else (idle if self.pending else None)
             events = poller.poll(wait)
             if not events and self.pending and not closing:
-                # Requests paused: the embryos now. (Back to back, calls move themselves into their
-                # groups, each move quick after the last; an embryo's lone move would wait meanwhile.)
-                for key in list(self.pending):
-                    del self.pending[key]
-                    self.prepare(list(key))
+                self.make_embryos()  # requests paused: no call is waiting behind these forks
             for fd, _ in events:
                 if fd == wake_r:
                     with contextlib.suppress(OSError):
@@ -335,18 +362,16 @@ def _enter(path: str) -> None:
         os.close(fd)
 
 
-def _embryo(server: _Server, sock: socket.socket, join: list[str]) -> None:
-    """A call's process made ahead of time: in its groups, waiting for its call (then as ``_child``)."""
+def _embryo(server: _Server, sock: socket.socket, join: list[str], env: dict[str, str] | None) -> None:
+    """A call's process made ahead of time: in its groups and set up as far as no call is needed
+    (``_toolchild.own_process``; the environment the last call in them had, the call's own as a
+    rule), waiting for its call (then as ``_child``)."""
     try:
-        keep = sock.fileno()
-        os.setpgid(0, 0)
-        _tree.set_parent_death_signal(signal.SIGKILL)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.closerange(3, keep)  # the template's sockets and other calls' descriptors
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        for path in join:
-            _enter(path)
+        _toolchild.own_process(join, scrub=server.kind != "cmd", keep=sock.fileno())
+        if env is not None:
+            _toolchild.set_environment(env)
+        if os.getppid() != server.parent_pid:
+            os._exit(0)  # the template died during the fork: no parent-death signal will come
         sock.send(b"ready")
         data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST + 4096, MAX_FDS)
     except BaseException:  # noqa: BLE001 - not ready: the template forks the call itself
@@ -355,17 +380,16 @@ def _embryo(server: _Server, sock: socket.socket, join: list[str]) -> None:
         os._exit(0)
     os.close(fds[0])  # the call's channel is the template's business
     req = _dec.decode(data)
-    req["join"] = []  # in them already (a second write would be a move, with its wait)
     try:
         fn = server.resolve(req) if req["kind"] == "fn" else None
     except BaseException as exc:  # noqa: BLE001 - told to the caller
         with contextlib.suppress(BaseException):
             _toolchild.report_setup_error(fds[1], exc)
         os._exit(70)
-    _child(req, fn, fds[1:])
+    _child(req, fn, fds[1:], prepared=True)
 
 
-def _child(req: dict[str, Any], fn: Any, fds: list[int]) -> None:
+def _child(req: dict[str, Any], fn: Any, fds: list[int], prepared: bool = False) -> None:
     res_w, out_w, err_w = fds[:3]
     in_r = fds[3] if len(fds) > 3 else None
     try:
@@ -383,13 +407,14 @@ def _child(req: dict[str, Any], fn: Any, fds: list[int]) -> None:
             out=out_w,
             err=err_w,
             stdin=in_r,
+            prepared=prepared,
         )
         if req["cwd"] is not None:
             os.chdir(req["cwd"])
         if req["kind"] == "cmd":
             argv = req["argv"]
             try:
-                os.execvpe(argv[0], argv, dict(os.environ))
+                os.execvpe(argv[0], argv, req["env"])
             except OSError as exc:
                 _toolchild.report_setup_error(res_w, exc)
             os._exit(127)
@@ -404,6 +429,10 @@ def _child(req: dict[str, Any], fn: Any, fds: list[int]) -> None:
 def serve(fd: int, kind: str, spec: Any) -> None:
     """The template's main (see ``BOOT``)."""
     os.set_inheritable(fd, False)
+    _tree._prctl(3, 0)  # PR_GET_DUMPABLE: libc loaded here once, not in every fork (~0.4 ms each)
+    # What is imported so far is never collected in a fork: a collection there would write to every
+    # object's header, copying the template's whole heap page by page.
+    gc.freeze()
     _Server(socket.socket(fileno=fd), kind, spec).run()
 
 
@@ -440,11 +469,12 @@ class Template:
             self.close()
             raise OSError("the tool template did not start")
 
-    def prepare(self, join: list[str]) -> None:
-        """TOOL-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer)."""
+    def prepare(self, join: list[str], env: dict[str, str] | None = None) -> None:
+        """TOOL-EMBRYO: ask for a call's process to wait in the kept groups ``join`` (no answer),
+        its environment ``env`` set already."""
         if self.owner == os.getpid():
             with contextlib.suppress(OSError):
-                self.sock.send(_enc.encode({"kind": "prepare", "join": join}))
+                self.sock.send(_enc.encode({"kind": "prepare", "join": join, "env": env}))
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket]:
         """Ask for one call: (its pid, a pidfd of it, its channel). Raises ``Fallback`` or
@@ -492,8 +522,12 @@ class Template:
             self.sock.close()
 
 
-def exit_status(channel: socket.socket) -> int:
-    """The call's wait status, from its template once reaped (SIGKILL if the template is gone)."""
+def exit_status(channel: socket.socket, wanted: bool = True) -> int:
+    """The call's wait status, from its template once reaped (SIGKILL if the template is gone);
+    0 without waiting when not ``wanted``."""
+    if not wanted:
+        channel.close()
+        return 0
     channel.settimeout(REPLY_S)  # (the template reaps at once, unless busy importing for another call)
     try:
         data = channel.recv(256)

@@ -28,6 +28,9 @@ from ._marker import read_noted as marker_read_noted
 from ._ownfile import Mapping as OwnFileView
 from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
+from ._toolerrors import forget_raised as tool_errors_forget
+from ._toolerrors import raised as tool_error_raised
+from ._toolgroups import SPARE_GROUPS as TOOL_SPARE_GROUPS
 from ._toolgroups import backend as tool_limits_backend
 from ._toolgroups import sweep_stale_groups as tool_groups_sweep
 from ._tooltemplate import enable as tool_templates
@@ -51,6 +54,7 @@ __all__ = [
     "HEIR_GONE",
     "HEIR_UNWATCHABLE",
     "MARKER_SIZE",
+    "TOOL_SPARE_GROUPS",
     "TRIM_SLACK",
     "EndLog",
     "HeapKeeper",
@@ -69,6 +73,8 @@ __all__ = [
     "start_guardian",
     "start_ticks",
     "take_baton",
+    "tool_error_raised",
+    "tool_errors_forget",
     "tool_groups_sweep",
     "tool_limits_backend",
     "tool_templates",

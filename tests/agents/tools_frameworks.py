@@ -20,11 +20,12 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 import worker
 from tests.agents.tools import hog
+from worker.adapters.pydantic_ai import durable
 
 _hog = worker.isolated(hog, memory_mb=256)
 
@@ -109,9 +110,45 @@ def allocate_oa() -> int:
     return int(_hog())
 
 
-openai_hog = OpenAIAgent(
-    name="hog",
-    instructions="Allocate.",
-    model=OpenAIChatCompletionsModel(model="test-model", openai_client=_client),
-    tools=[allocate_oa],
-)
+def _openai_agent(tool: Any) -> OpenAIAgent[Any]:
+    return OpenAIAgent(
+        name="hog",
+        instructions="Allocate.",
+        model=OpenAIChatCompletionsModel(model="test-model", openai_client=_client),
+        tools=[tool],
+    )
+
+
+openai_hog = _openai_agent(allocate_oa)
+
+
+@function_tool(name_override="allocate_oa")
+def allocate_oa_default() -> int:
+    """Allocate 2 GiB (the SDK's default failure function: the model gets a fixed text)."""
+    return int(_hog())
+
+
+openai_hog_default = _openai_agent(allocate_oa_default)
+
+
+# ---- pydantic-ai on step records (``worker.adapters.pydantic_ai.durable``) -------------------------
+
+
+def _pydantic_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """``_pydantic_model``'s answers, whole (a durable run's requests are not streamed)."""
+    told = _told([p for m in messages for p in m.parts])
+    if told is not None:
+        return ModelResponse(parts=[TextPart(f"told: {told}")])
+    return ModelResponse(parts=[ToolCallPart("allocate", {}, tool_call_id="c1")])
+
+
+_durable_agent = Agent(FunctionModel(function=_pydantic_reply))
+
+
+@_durable_agent.tool_plain(name="allocate")
+def allocate_durable() -> int:
+    """Allocate 2 GiB."""
+    return int(_hog())
+
+
+pydantic_durable_hog = durable(_durable_agent)

@@ -20,8 +20,9 @@ from typing import Any
 import anyio
 
 from .._errors import WorkerError
+from .._toolerrors import ToolIsolationError, claim, failed_fields, take
 
-__all__ = ["InvalidAgent", "TurnThreads", "adapt", "split_input"]
+__all__ = ["InvalidAgent", "TurnThreads", "adapt", "split_input", "tool_update"]
 
 
 class InvalidAgent(WorkerError, TypeError):
@@ -76,6 +77,22 @@ def adapt(spec: str, obj: Any) -> Any:
             f"nor a supported framework object ({SUPPORTED})"
         )
     return obj
+
+
+def tool_update(
+    call_id: Any, status: str, output: Any, error: ToolIsolationError | None = None
+) -> dict[str, Any]:
+    """A ``tool_call_update`` event for a tool call's output as the framework reports it; a call whose
+    output is the text of an isolated call's error raised in this turn (the framework caught it and
+    told its model), or that the framework said raised ``error``, is ``failed``, with the kill's
+    ``reason`` and ``text`` (TOOL-TOLD-FOLLOWERS)."""
+    event = {"type": "tool_call_update", "id": call_id, "status": status, "output": output}
+    if error is not None:
+        take(error)
+    exc = error if error is not None else claim(output)
+    if exc is not None:
+        event.update(failed_fields(exc))
+    return event
 
 
 def too_old(spec: str, obj: Any, extra: str, missing: str) -> InvalidAgent:

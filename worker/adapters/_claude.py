@@ -27,7 +27,7 @@ import claude_agent_sdk as sdk
 
 from .._errors import TurnCancelled
 from .._turn import Turn
-from . import AgentFn, split_input, too_old
+from . import AgentFn, split_input, too_old, tool_update
 
 FRAMEWORK = "Claude Agent SDK options"
 KEYS = ("session_id",)
@@ -110,14 +110,7 @@ def map_message(message: Any, partial: bool) -> list[dict[str, Any]]:
                 )
             elif isinstance(block, sdk.ToolResultBlock):
                 status = "failed" if block.is_error else "completed"
-                events.append(
-                    {
-                        "type": "tool_call_update",
-                        "id": block.tool_use_id,
-                        "status": status,
-                        "output": jsonable(block.content),
-                    }
-                )
+                events.append(tool_update(block.tool_use_id, status, jsonable(block.content)))
         return events
     if isinstance(message, (sdk.AssistantMessage, sdk.UserMessage, sdk.ResultMessage)):
         return []

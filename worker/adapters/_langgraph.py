@@ -26,7 +26,7 @@ from langgraph.pregel import Pregel
 from pydantic_core import to_jsonable_python
 
 from .._turn import Turn
-from . import AgentFn, TurnThreads, acp_prompt, too_old
+from . import AgentFn, TurnThreads, acp_prompt, too_old, tool_update
 
 FRAMEWORK = "a LangGraph graph"
 MODES = ["messages", "updates", "custom", "values"]
@@ -186,14 +186,7 @@ def map_chunk(mode: str, chunk: Any) -> list[dict[str, Any]]:
             if getattr(message, "type", None) == "tool":
                 status = "failed" if getattr(message, "status", "success") == "error" else "completed"
                 output = jsonable(message.content)
-                out.append(
-                    {
-                        "type": "tool_call_update",
-                        "id": message.tool_call_id,
-                        "status": status,
-                        "output": output,
-                    }
-                )
+                out.append(tool_update(message.tool_call_id, status, output))
         out.append(
             {"type": "framework", "name": "update", "data": {"node": node, "update": jsonable(update)}}
         )

@@ -27,8 +27,9 @@ from pydantic_core import to_jsonable_python
 
 from .. import mcp
 from .._errors import TurnCancelled
+from .._toolerrors import ToolIsolationError
 from .._turn import Turn
-from . import AgentFn, TurnThreads, split_input, too_old
+from . import AgentFn, TurnThreads, split_input, too_old, tool_update
 
 FRAMEWORK = "an OpenAI Agents SDK Agent"
 KEYS = ("context", "max_turns")
@@ -52,12 +53,16 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
             if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
                 raise ValueError(f"'max_turns' is a positive int, got {max_turns!r}")
             kwargs["max_turns"] = max_turns
+        stopped: dict[str, ToolIsolationError] = {}
+        config = run_config(stopped)
+        if config is not None:
+            kwargs["run_config"] = config
         async with TurnThreads(), mcp.held(unconnected_servers(obj)):
             result = agents.Runner.run_streamed(obj, prompt, **kwargs)
             turn.signal.add_callback(lambda cause: result.cancel(mode="immediate"))
             try:
                 async for event in result.stream_events():
-                    mapped = map_event(event)
+                    mapped = map_event(event, stopped)
                     if mapped is not None:
                         await turn.emit(mapped)
             finally:
@@ -73,6 +78,23 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
             return jsonable(result.final_output)
 
     return run
+
+
+def run_config(stopped: dict[str, ToolIsolationError]) -> Any:
+    """The run's ``RunConfig`` (None: this SDK has no ``tool_error_formatter``). TOOL-TOLD-FOLLOWERS: a
+    tool with the SDK's default failure function hands over a fixed text, not the error; the SDK's
+    formatter hook is told which call raised what, and the isolation errors are kept by call id
+    (the model's text stays the SDK's)."""
+    fields = getattr(agents.RunConfig, "__dataclass_fields__", {})
+    if "tool_error_formatter" not in fields:
+        return None
+
+    def formatter(args: Any) -> None:
+        error = getattr(args, "error", None)
+        if isinstance(error, ToolIsolationError) and getattr(args, "call_id", None):
+            stopped[str(args.call_id)] = error
+
+    return agents.RunConfig(tool_error_formatter=formatter)
 
 
 def unconnected_servers(agent: Any) -> list[Any]:
@@ -103,8 +125,9 @@ def _arguments(raw: Any) -> Any:
         return text
 
 
-def map_event(event: Any) -> dict[str, Any] | None:
-    """One SDK stream event as a turnpool event, or None (whole messages: their text was streamed)."""
+def map_event(event: Any, stopped: dict[str, ToolIsolationError] | None = None) -> dict[str, Any] | None:
+    """One SDK stream event as a turnpool event, or None (whole messages: their text was streamed);
+    ``stopped``: the isolation errors of the run's calls, by call id (see ``run_config``)."""
     kind = getattr(event, "type", None)
     if kind == "raw_response_event":
         data = event.data
@@ -126,12 +149,8 @@ def map_event(event: Any) -> dict[str, Any] | None:
         return {"type": "tool_call", "id": call_id, "title": title, "input": _arguments(raw)}
     if event.name == "tool_output":
         call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
-        return {
-            "type": "tool_call_update",
-            "id": call_id,
-            "status": "completed",
-            "output": jsonable(item.output),
-        }
+        error = stopped.pop(str(call_id), None) if stopped else None
+        return tool_update(call_id, "completed", jsonable(item.output), error)
     if event.name in ("message_output_created", "reasoning_item_created"):
         return None
     return {"type": "framework", "name": event.name, "data": jsonable(raw)}

@@ -29,7 +29,7 @@ from pydantic_core import to_jsonable_python
 
 from .. import mcp
 from .._turn import Turn
-from . import AgentFn, TurnThreads, load_named, of_class, split_input, too_old
+from . import AgentFn, TurnThreads, load_named, of_class, split_input, too_old, tool_update
 
 FRAMEWORK = "a pydantic-ai Agent"
 KEYS = ("deps", "deps_args")
@@ -133,12 +133,7 @@ def map_event(event: Any) -> dict[str, Any] | None:
     if isinstance(event, m.FunctionToolResultEvent):
         result = event.part
         status = "completed" if getattr(result, "outcome", "success") == "success" else "failed"
-        return {
-            "type": "tool_call_update",
-            "id": result.tool_call_id,
-            "status": status,
-            "output": jsonable(result.content),
-        }
+        return tool_update(result.tool_call_id, status, jsonable(result.content))
     if isinstance(event, m.OutputToolCallEvent):
         part = event.part
         data = {"id": part.tool_call_id, "title": part.tool_name, "input": jsonable(part.args_as_dict())}

@@ -29,6 +29,7 @@ from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import to_jsonable_python
 
 from .._steps import StepLog, StepRefused
+from .._toolerrors import ToolIsolationError, failed_fields
 from .._turn import Turn
 from ..agent._errors import StepRecordError, UnknownToolOutcome
 from ..agent._steps import ON_UNKNOWN_OUTCOME, CallInfo, reset_current, set_current
@@ -99,6 +100,11 @@ class _Recording(WrapperToolset[Any]):
         token = set_current(CallInfo(call_id, name, run.steps, 0, run.turn.attempt, key, run.turn.id))
         try:
             value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
+        except (
+            ToolIsolationError
+        ) as exc:  # TOOL-TOLD-FOLLOWERS: pydantic-ai tells its model; followers see it
+            await run.turn.emit({"type": "tool_call_update", "id": call_id, **failed_fields(exc)})
+            raise
         finally:
             reset_current(token)
         run.post("completed", call=call_id, name=name, output=_jsonable(value), error=None)

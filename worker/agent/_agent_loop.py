@@ -27,7 +27,7 @@ import anyio
 
 from .._errors import TurnCancelled
 from .._isolated import Isolated
-from .._toolerrors import ToolIsolationError, ToolKilled
+from .._toolerrors import ToolIsolationError, ToolKilled, failed_fields
 from ._cancel import CancelReceiver, CancelSender, _Channel
 from ._errors import (
     Aborted,
@@ -631,13 +631,10 @@ class AgentLoop:
 
 def _failed_update(call: FunctionCall, exc: ToolIsolationError) -> dict[str, Any]:
     """The ``tool_call_update`` event of a call stopped by its isolation (editors show it failed)."""
-    reason = exc.reason if isinstance(exc, ToolKilled) else "crashed"
     return {
         "type": "tool_call_update",
         "id": call.call_id,  # ACP's key
         "call_id": call.call_id,  # the loop's tool_call / tool_result key
         "name": call.name,
-        "status": "failed",
-        "reason": reason,
-        "text": str(exc),
+        **failed_fields(exc),
     }
