@@ -7,7 +7,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   replace ``procs.spawn_worker`` (``monkeypatch.setattr``) to inject worker start failures;
   ``orphans_of`` finds a dead worker's descendants among this process's children (LADDER-STEPS);
   ``OrphanIndex`` does it across many exits reading each child once (LADDER-ORPHANS), with its
-  ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes.
+  ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes;
+  ``orphans`` is their module, whose ``adopted`` (the listing of our children) a test may wrap.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
 - ``TurnRecord``: the engine's record of a turn (the journal's hooks take one).
@@ -40,7 +41,7 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 from . import _peers as peers
 from ._checks import check_optional_str
-from ._engine import TurnRecord, probe, procs, treemem
+from ._engine import TurnRecord, orphans, probe, procs, treemem
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
@@ -73,6 +74,7 @@ __all__ = [
     "check_optional_str",
     "connection_uid",
     "diag_uid",
+    "orphans",
     "orphans_of",
     "peers",
     "private_dir",
