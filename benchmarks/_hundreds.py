@@ -91,7 +91,15 @@ def section(quick: bool) -> str:
         dae = anyio.run(_stream_rows.daemon, n, seconds)
         log(f"streams {n}: floor {fl} embedded {emb} daemon {dae}")
         rows.append(
-            [n, "floor: bare processes → one ZeroMQ reader", ms(fl["p50"]), ms(fl["p99"]), "—", "—", "—"]
+            [
+                n,
+                "floor: bare processes → one ZeroMQ reader",
+                ms(fl["p50"]),
+                ms(fl["p99"]),
+                "—",
+                "—",
+                f"{fl['cpu_us']:.0f} µs (reader)",
+            ]
         )
         for what, r in (("turnpool embedded", emb), ("turnpool daemon", dae)):
             rows.append(
@@ -102,7 +110,7 @@ def section(quick: bool) -> str:
                     ms(r["p99"]) + f" ({r['p99'] / fl['p99']:.1f}×)",
                     r["lost"],
                     f"{r['rate']:,.0f} of {r['want']:,.0f}/s",
-                    f"{r['cpu_us']:.0f} µs",
+                    f"{r['cpu_us']:.0f} µs ({r['cpu_us'] / fl['cpu_us']:.1f}×)",
                 ]
             )
     load_n = 64 if quick else 256
@@ -133,7 +141,8 @@ def section(quick: bool) -> str:
         "`handle.events()` in "
         "the supervisor's process; daemon: a `Client`); the floor is N bare processes sending the same "
         "over ZeroMQ to one reader (`_tick_floor`). Latency = emit → follower; rate = events delivered per "
-        "second (what the agents got out); CPU per event = the supervisor's or the daemon's process:\n\n"
+        "second (what the agents got out); CPU per event = the supervisor's or the daemon's process (the "
+        "floor: its reader, with ZeroMQ's I/O thread):\n\n"
         + table(["turns", "who", "p50", "p99", "lost", "rate", "CPU per event"], rows)
         + f"\n\nUnder {load_n} such streaming turns: a cooperative cancel (an awaiting agent: cancel → "
         f"`aborted`) p50 {ms(med(under['coop']))}, p99 {ms(pct(under['coop'], 99))}; a kill (a spinning "

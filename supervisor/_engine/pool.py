@@ -31,6 +31,7 @@ from . import output as _output
 from . import procs as _procs
 from .reaper import Reaper
 from .share import AutogroupShare
+from .treemem import TreeMemory
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
@@ -182,6 +183,7 @@ class WorkerPool:
         self.slots: dict[str, WorkerSlot] = {}
         self.reaper = Reaper(self)  # LADDER-STEPS, LADDER-ORPHANS, LADDER-BATCH
         self.share = AutogroupShare(timers.call_later)  # WORKER-CPU-SHARE
+        self.memory = TreeMemory()  # MEM-STATUS-SAMPLE: the workers' memory as status() reports it
         self.zygote: Zygote | None = None
         self.cgroups: proctree.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
