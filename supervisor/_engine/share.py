@@ -96,6 +96,24 @@ class AutogroupShare:
             self._scheduled = True
             self._call_later(RETRY, self._retry)
 
+    def release(self, pids: list[int], worker_nice: int | None = None) -> int:
+        """WORKER-SHARE-AT-CLOSE: the pool closes, so its workers' exits are all the work they have left,
+        and at the pool's lightest weight, on a machine busy with other programs, they waited seconds for
+        the CPU time to exit. Give each worker's autogroup back its weight (niceness 0, or
+        ``worker_nice``: any process may set 0 to 19), as far as the kernel takes them at once (with
+        CAP_SYS_ADMIN; without it, one change per 100 ms machine-wide): the first refusal ends it,
+        nothing else changes. Returns how many were set."""
+        self._pending.clear()
+        nice = worker_nice or 0
+        done = 0
+        for pid in pids:
+            got = self._write(pid, nice)
+            if got == 0:
+                done += 1
+            elif got in (errno.EPERM, errno.EACCES, errno.EAGAIN):
+                break  # not ours to raise (or rate-limited): the pool keeps its share
+        return done
+
     def forget(self, pid: int) -> None:
         """The worker is gone: no attempt for it (its pid may name another process later)."""
         if self._pending:
