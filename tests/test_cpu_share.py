@@ -100,7 +100,7 @@ async def test_a_closing_pool_gives_its_workers_their_weight_back() -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sup.aclose)
                 # the close waits on the stubborn turn's grace meanwhile
-                while any(_autogroup_nice(p) != 0 for p in pids):
+                while any(_autogroup_nice(p) != 0 for p in pids):  # noqa: ASYNC110 - /proc: no event to wait on
                     await anyio.sleep(0.01)  # allowed: a bounded poll of /proc, no event to wait on
                 assert (await handle.result()).outcome == "killed"
         finally:
