@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from . import _scale_curve, _stream_rows
+from . import _close_cost, _scale_curve, _stream_rows
 from ._common import log, med, ms, pct, table
 
 _NAMES = {
@@ -84,6 +84,17 @@ def section(quick: bool) -> str:
             serve.append(f"{n} idle workers {s['close_s']:.2f} s")
         except Exception as exc:  # noqa: BLE001 - reported, not fatal
             serve.append(f"{n} workers: failed ({exc!r:.100})")
+    costs = []
+    for n in (low, top):
+        try:
+            c = _close_cost.fresh(n)
+            costs.append(
+                f"{n} idle workers {c['close_s']:.2f} s, the supervisor's CPU "
+                f"{c['supervisor_ms_per_worker']:.2f} ms and each worker's "
+                f"{c['worker_exit_ms']:.2f} ms (median) per worker, load {c['load'][0]:.0f}"
+            )
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+            costs.append(f"{n} workers: failed ({exc!r:.100})")
     rows = []
     for n in streams:
         fl = _stream_rows.floor(n, seconds)
@@ -97,7 +108,7 @@ def section(quick: bool) -> str:
                 ms(fl["p50"]),
                 ms(fl["p99"]),
                 "—",
-                "—",
+                f"{fl['rate']:,.0f} of {n * _stream_rows.RATE:,.0f}/s",
                 f"{fl['cpu_us']:.0f} µs (reader)",
             ]
         )
@@ -135,7 +146,8 @@ def section(quick: bool) -> str:
         f"{_ratio(got, 'start_s', mid, 'ppe-fork')}, "
         f"CPU per worker {_ratio(got, 'cpu_ms', mid, 'ppe-fork')}, PSS per worker "
         f"{_ratio(got, 'pss_mib', mid, 'ppe-fork')}. `aclose()` {top} ÷ {low} workers: {close_lin}. "
-        f"`turnpool serve` SIGTERM → exited: {'; '.join(serve)}.\n\n"
+        f"`turnpool serve` SIGTERM → exited: {'; '.join(serve)}. What `aclose()` costs "
+        f"(`benchmarks._close_cost`: CPU from the close to each reap): {'; '.join(costs)}.\n\n"
         f"Streaming: N turns each emitting `time.monotonic()` {_stream_rows.RATE:.0f} times a second for "
         f"{seconds:.0f} s (`benchmarks._agents:ticker`), every event followed (embedded: "
         "`handle.events()` in "

@@ -88,6 +88,7 @@ def floor(n: int, seconds: float) -> dict[str, Any]:
         "p99": pct(r["lat"], 99),
         "cpu_us": r["reader_us"],
         "sender_us": r["cpu_us"],
+        "rate": r["rate"],
         "n": len(r["lat"]),
     }
 
