@@ -35,6 +35,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``treemem``: MEM-STATUS-SAMPLE, the workers' memory as ``status()`` reports it (sampled in the
   background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
+- ``FdBudget``: DAEMON-FD's descriptor budget, whose ``facts`` count the open descriptors at most once a
+  second (DAEMON-FD-COUNT), with a ``count`` and a ``clock`` a test may give it.
 - ``probe``: the agent probe (ADAPT-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
 """
@@ -53,6 +55,7 @@ from ._engine.share import AutogroupShare, autogroup_nice
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._errors import SUBMIT_ERROR_CODES
+from ._fds import FdBudget
 from ._paths import private_dir, runtime_dir
 from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
@@ -66,6 +69,7 @@ __all__ = [
     "SUBMIT_ERROR_CODES",
     "AgentAllowlist",
     "AutogroupShare",
+    "FdBudget",
     "OrphanFacts",
     "OrphanIndex",
     "Timers",
