@@ -120,3 +120,24 @@ def test_release_gives_the_weight_back_until_the_first_refusal() -> None:
     assert share.release([1, 2, 3, 4]) == 2
     assert written == [(1, 0), (2, 0)]
     assert share.release([5], worker_nice=7) == 1 and written[-1] == (5, 7)
+
+
+@pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
+@pytest.mark.skipif(os.geteuid() != 0, reason="one autogroup change per 100 ms without CAP_SYS_ADMIN")
+async def test_a_cancelled_turns_worker_weighs_a_program_until_it_is_idle() -> None:
+    """WORKER-SHARE-AT-CANCEL: the cancel sets the turn's worker's autogroup to niceness 0 (stopping is
+    all it has left to do); once the turn ended and the worker is idle, it is at the pool's again."""
+    n = 8
+    with anyio.fail_after(120):
+        async with Supervisor(workers=n, spares=0, start_timeout=60) as sup:
+            handle = await sup.submit("examples.agents:slow", {"seconds": 600})
+            async for _ in handle.events():
+                break
+            pid = next(w["pid"] for w in (await sup.status())["workers"] if w["turn_id"] == handle.turn_id)
+            assert _autogroup_nice(pid) == autogroup_nice(n)
+            await handle.cancel()
+            assert _autogroup_nice(pid) == 0
+            assert (await handle.result()).outcome == "aborted"
+            while next(w["state"] for w in (await sup.status())["workers"] if w["pid"] == pid) != "idle":  # noqa: ASYNC110 - a slot's state: no event to wait on
+                await anyio.sleep(0.01)
+            assert _autogroup_nice(pid) == autogroup_nice(n)

@@ -618,6 +618,15 @@ class WorkerPool:
         self.zygote = None
         await self._reap_zygote(zygote)
 
+    def boost(self, slot: WorkerSlot) -> None:
+        """WORKER-SHARE-AT-CANCEL: ``slot``'s turn is cancelled: its worker weighs a program until idle."""
+        if slot.pid:
+            self.share.boost(slot.pid, self.nice)
+
+    def settle(self, slot: WorkerSlot) -> None:
+        """``slot`` is idle again: back to the pool's share if it was boosted."""
+        self.share.settle(slot.pid, self._fill_target, self.nice)
+
     # ---- retiring and exits ------------------------------------------------------------
 
     def _start_timed_out(self, slot: WorkerSlot) -> None:
