@@ -37,6 +37,7 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
 - ``FdBudget``: DAEMON-FD's descriptor budget, whose ``facts`` count the open descriptors at most once a
   second (DAEMON-FD-COUNT), with a ``count`` and a ``clock`` a test may give it.
+- ``remove_tree``: WORKER-CWD's removal of a worker's directory (and the pool's) with what agents left there.
 - ``probe``: the agent probe (ADAPT-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
 """
@@ -54,6 +55,7 @@ from ._engine.procs import orphans_of
 from ._engine.share import AutogroupShare, autogroup_nice
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
+from ._engine.workspace import remove_tree
 from ._errors import SUBMIT_ERROR_CODES
 from ._fds import FdBudget
 from ._paths import private_dir, runtime_dir
@@ -85,6 +87,7 @@ __all__ = [
     "probe",
     "proc_uid",
     "procs",
+    "remove_tree",
     "runtime_dir",
     "socket_peer_uid",
     "treemem",
