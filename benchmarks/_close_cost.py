@@ -19,7 +19,7 @@ import anyio
 from supervisor import Supervisor
 from supervisor.lowlevel import procs
 
-from ._common import med
+from ._common import fresh_json, med
 
 
 def _thread_cpu_s(pid: int) -> float:
@@ -74,18 +74,8 @@ async def measure(n: int) -> dict[str, Any]:
 
 
 def fresh(n: int) -> dict[str, Any]:
-    import subprocess
-
-    from ._common import ROOT
-
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks._close_cost", str(n)],
-        cwd=str(ROOT),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    """``measure(n)`` in a fresh interpreter."""
+    return fresh_json("_close_cost", str(n))
 
 
 if __name__ == "__main__":
