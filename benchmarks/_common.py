@@ -254,3 +254,21 @@ def skipped_lines(skipped: dict[str, str]) -> str:
     if not skipped:
         return ""
     return "\n\nSkipped here: " + "; ".join(f"**{k}** — {v}" for k, v in skipped.items()) + "."
+
+
+def fresh_json(module: str, *args: str, timeout: float | None = None) -> dict[str, Any]:
+    """Run ``python -m benchmarks.<module> args...`` in a fresh interpreter and return the last JSON
+    object it printed; ``RuntimeError`` with its last stderr line if it failed or printed none."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError((proc.stderr.strip().splitlines() or ["?"])[-1][:200])
+    return dict(json.loads(lines[-1]))

@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from . import _scale_curve, _stream_rows
+from . import _close_cost, _scale_curve, _stream_rows
 from ._common import log, med, ms, pct, table
 
 _NAMES = {
@@ -87,6 +87,17 @@ def section(quick: bool) -> str:
             serve.append(f"{n} idle workers {s['close_s']:.2f} s")
         except Exception as exc:  # noqa: BLE001 - reported, not fatal
             serve.append(f"{n} workers: failed ({exc!r:.100})")
+    costs = []
+    for n in (low, top):
+        try:
+            c = _close_cost.fresh(n)
+            costs.append(
+                f"{n} idle workers {c['close_s']:.2f} s, the supervisor's CPU "
+                f"{c['supervisor_ms_per_worker']:.2f} ms and each worker's "
+                f"{c['worker_exit_ms']:.2f} ms (median) per worker, load {c['load'][0]:.0f}"
+            )
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+            costs.append(f"{n} workers: failed ({exc!r:.100})")
     rows = []
     for n in streams:
         fl = _stream_rows.floor(n, seconds)
@@ -94,7 +105,15 @@ def section(quick: bool) -> str:
         dae = anyio.run(_stream_rows.daemon, n, seconds)
         log(f"streams {n}: floor {fl} embedded {emb} daemon {dae}")
         rows.append(
-            [n, "floor: bare processes → one ZeroMQ reader", ms(fl["p50"]), ms(fl["p99"]), "—", "—", "—"]
+            [
+                n,
+                "floor: bare processes → one ZeroMQ reader",
+                ms(fl["p50"]),
+                ms(fl["p99"]),
+                "—",
+                f"{fl['rate']:,.0f} of {n * _stream_rows.RATE:,.0f}/s",
+                f"{fl['cpu_us']:.0f} µs (reader)",
+            ]
         )
         for what, r in (("turnpool embedded", emb), ("turnpool daemon", dae)):
             rows.append(
@@ -105,7 +124,7 @@ def section(quick: bool) -> str:
                     ms(r["p99"]) + f" ({r['p99'] / fl['p99']:.1f}×)",
                     r["lost"],
                     f"{r['rate']:,.0f} of {r['want']:,.0f}/s",
-                    f"{r['cpu_us']:.0f} µs",
+                    f"{r['cpu_us']:.0f} µs ({r['cpu_us'] / fl['cpu_us']:.1f}×)",
                 ]
             )
     load_n = 64 if quick else 256
@@ -136,13 +155,15 @@ def section(quick: bool) -> str:
         f"{_ratio(got, 'cpu_ms', mid, 'ppe-fork', 'turnpool-preload')}, PSS per worker "
         f"{_ratio(got, 'pss_mib', mid, 'ppe-fork', 'turnpool-preload')}). `aclose()` {top} ÷ {low} workers: "
         f"{close_lin}. "
-        f"`turnpool serve` SIGTERM → exited: {'; '.join(serve)}.\n\n"
+        f"`turnpool serve` SIGTERM → exited: {'; '.join(serve)}. What `aclose()` costs "
+        f"(`benchmarks._close_cost`: CPU from the close to each reap): {'; '.join(costs)}.\n\n"
         f"Streaming: N turns each emitting `time.monotonic()` {_stream_rows.RATE:.0f} times a second for "
         f"{seconds:.0f} s (`benchmarks._agents:ticker`), every event followed (embedded: "
         "`handle.events()` in "
         "the supervisor's process; daemon: a `Client`); the floor is N bare processes sending the same "
         "over ZeroMQ to one reader (`_tick_floor`). Latency = emit → follower; rate = events delivered per "
-        "second (what the agents got out); CPU per event = the supervisor's or the daemon's process:\n\n"
+        "second (what the agents got out); CPU per event = the supervisor's or the daemon's process (the "
+        "floor: its reader, with ZeroMQ's I/O thread):\n\n"
         + table(["turns", "who", "p50", "p99", "lost", "rate", "CPU per event"], rows)
         + f"\n\nUnder {load_n} such streaming turns: a cooperative cancel (an awaiting agent: cancel → "
         f"`aborted`) p50 {ms(med(under['coop']))}, p99 {ms(pct(under['coop'], 99))}; a kill (a spinning "

@@ -244,21 +244,12 @@ def one(system: str, n: int) -> dict[str, Any]:
 
 def fresh(system: str, n: int, timeout: float = 900) -> dict[str, Any]:
     """``one(system, n)`` in a fresh interpreter; ``{"error": ...}`` if it failed."""
-    import subprocess
+    from ._common import fresh_json
 
-    from ._common import ROOT
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks._scale_curve", system, str(n)],
-        cwd=str(ROOT),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"system": system, "n": n, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return dict(json.loads(lines[-1]))
+    try:
+        return fresh_json("_scale_curve", system, str(n), timeout=timeout)
+    except RuntimeError as exc:
+        return {"system": system, "n": n, "error": str(exc)}
 
 
 if __name__ == "__main__":

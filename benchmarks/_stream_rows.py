@@ -83,7 +83,14 @@ def floor(n: int, seconds: float) -> dict[str, Any]:
     from . import _tick_floor
 
     r = _tick_floor.tickers(n, RATE, seconds)
-    return {"p50": pct(r["lat"], 50), "p99": pct(r["lat"], 99), "cpu_us": r["cpu_us"], "n": len(r["lat"])}
+    return {
+        "p50": pct(r["lat"], 50),
+        "p99": pct(r["lat"], 99),
+        "cpu_us": r["reader_us"],
+        "sender_us": r["cpu_us"],
+        "rate": r["rate"],
+        "n": len(r["lat"]),
+    }
 
 
 async def _first(handle: Any) -> Any:

@@ -50,7 +50,9 @@ def _sender(endpoint: str, rate: float, seconds: float) -> None:
 
 def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
     """``lat``: emit → receive seconds of every event; ``cpu_us``: the senders' mean CPU per event
-    (µs, all their threads); ``start_s``: until every sender was up."""
+    (µs, all their threads); ``reader_us``: the reader's CPU per event (µs, its loop and ZeroMQ's I/O
+    thread, from the go to the last event); ``rate``: events received per second over that time;
+    ``start_s``: until every sender was up."""
     d = tempfile.mkdtemp(prefix="tp-tick-")
     endpoint = f"ipc://{d}/s"
     ctx = zmq.Context()
@@ -69,6 +71,9 @@ def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
             r.send_multipart([ident, b"go"])
         lat: list[float] = []
         cpu: list[float] = []
+        go = time.monotonic()
+        reader0 = time.thread_time()  # the reader's own CPU: this loop (and its ZeroMQ I/O thread's below)
+        io0 = _cpu_ns() - int(reader0 * 1e9)
         while len(cpu) < n:
             _, body = r.recv_multipart()
             now = time.monotonic()
@@ -76,6 +81,10 @@ def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
                 cpu.append(float(body[4:]))
             else:
                 lat.append(now - float(body))
+        delivered = len(lat) / (time.monotonic() - go)
+        reader_s = time.thread_time() - reader0
+        io_s = (_cpu_ns() - io0) / 1e9 - time.thread_time()  # the other threads: ZeroMQ's I/O thread
+        reader_us = (reader_s + max(0.0, io_s)) / max(1, len(lat)) * 1e6
     finally:
         for p in procs:
             p.join(10)
@@ -85,4 +94,5 @@ def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
         r.close(0)
         ctx.term()
         shutil.rmtree(d, ignore_errors=True)
-    return {"lat": lat, "cpu_us": sum(cpu) / len(cpu) / 1e3, "start_s": start_s}
+    cpu_us = sum(cpu) / len(cpu) / 1e3
+    return {"lat": lat, "cpu_us": cpu_us, "start_s": start_s, "reader_us": reader_us, "rate": delivered}

@@ -77,20 +77,9 @@ async def _queued(n: int, traced: bool) -> dict[str, float]:
 
 def _queued_fresh(n: int) -> dict[str, float]:
     """Each size in a fresh interpreter, so RSS growth is not hidden by memory an earlier run freed."""
-    import json
-    import subprocess
-    import sys
+    from ._common import fresh_json
 
-    from ._common import ROOT
-
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_scale", str(n)],
-        cwd=str(ROOT),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return fresh_json("bench_scale", str(n))
 
 
 async def _clients_run(endpoint: str, clients: int, total: int) -> float:

@@ -36,7 +36,18 @@ async def soak(turns: int, seconds: float, *, sample: float = SAMPLE, rate: floa
     from tests.support import daemonkit
 
     daemonkit.READY_TIMEOUT = max(daemonkit.READY_TIMEOUT, 60.0 + turns * 0.5)  # the pool starts first
-    opts = ("--workers", str(turns), "--spares", "0", "--drain", "0", "--no-journal", *daemonkit.HTTP)
+    opts = (
+        "--workers",
+        str(turns),
+        "--spares",
+        "0",
+        "--drain",
+        "0",
+        "--no-journal",
+        "--start-timeout",
+        "600",
+        *daemonkit.HTTP,
+    )
     out: dict[str, Any] = {"turns": turns, "seconds": seconds, "rate": rate}
     rss: list[float] = []
     status_s: list[float] = []

@@ -7,7 +7,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   replace ``procs.spawn_worker`` (``monkeypatch.setattr``) to inject worker start failures;
   ``OrphanIndex`` finds a dead worker's descendants among this process's children (LADDER-STEPS),
   across many exits reading each child once (LADDER-ORPHANS), with its
-  ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes.
+  ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes;
+  ``orphans`` is their module, whose ``adopted`` (the listing of our children) a test may wrap.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
 - ``TurnRecord``: the engine's record of a turn (the journal's hooks take one).
@@ -34,13 +35,16 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``treemem``: MEM-STATUS-SAMPLE, the workers' memory as ``status()`` reports it (sampled in the
   background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
+- ``FdBudget``: DAEMON-FD's descriptor budget, whose ``facts`` count the open descriptors at most once a
+  second (DAEMON-FD-COUNT), with a ``count`` and a ``clock`` a test may give it.
+- ``remove_tree``: WORKER-CWD's removal of a worker's directory (and the pool's) with what agents left there.
 - ``probe``: the agent probe (ADAPT-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
 """
 
 from . import _peers as peers
 from ._checks import check_optional_str
-from ._engine import TurnRecord, probe, procs, treemem
+from ._engine import TurnRecord, orphans, probe, procs, treemem
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
@@ -50,7 +54,9 @@ from ._engine.orphans import OrphanIndex
 from ._engine.share import AutogroupShare, autogroup_nice
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
+from ._engine.workspace import remove_tree
 from ._errors import SUBMIT_ERROR_CODES
+from ._fds import FdBudget
 from ._paths import private_dir, runtime_dir
 from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
@@ -64,6 +70,7 @@ __all__ = [
     "SUBMIT_ERROR_CODES",
     "AgentAllowlist",
     "AutogroupShare",
+    "FdBudget",
     "OrphanFacts",
     "OrphanIndex",
     "Timers",
@@ -72,11 +79,13 @@ __all__ = [
     "check_optional_str",
     "connection_uid",
     "diag_uid",
+    "orphans",
     "peers",
     "private_dir",
     "probe",
     "proc_uid",
     "procs",
+    "remove_tree",
     "runtime_dir",
     "socket_peer_uid",
     "treemem",

@@ -31,6 +31,7 @@ import zmq
 import zmq.auth
 
 from supervisor import AuthenticationFailed, Client, DaemonUnavailable, Supervisor
+from supervisor import lowlevel as sup_lowlevel
 from tests.support import daemonkit
 from tests.support.daemonkit import FAST, HTTP
 
@@ -304,3 +305,21 @@ async def test_a_flood_of_metrics_connections_leaves_room_for_clients() -> None:
                     if r.status_code == 200:
                         break
         assert "turnpool_fds_limit 128" in r.text
+
+
+def test_status_counts_open_descriptors_at_most_once_a_second() -> None:
+    """DAEMON-FD-COUNT: the listing of /proc/self/fd (a microsecond per descriptor) is made once per
+    ``OPEN_EVERY`` for status, not on every call."""
+    counted: list[int] = []
+    now = [10.0]
+
+    def count() -> int:
+        counted.append(1)
+        return 40 + len(counted)
+
+    budget = sup_lowlevel.FdBudget(limit=1024, workers=2, count=count, clock=lambda: now[0])
+    assert budget.facts()["open"] == 41
+    now[0] += 0.5
+    assert budget.facts()["open"] == 41 and len(counted) == 1
+    now[0] += 0.6
+    assert budget.facts()["open"] == 42 and len(counted) == 2

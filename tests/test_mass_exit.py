@@ -64,6 +64,35 @@ async def test_a_mass_exit_reads_each_adopted_child_about_once(
 
 
 @pytest.mark.parametrize("cgroups", MODES)
+async def test_idle_workers_exiting_together_share_a_listing_of_our_children(
+    monkeypatch: pytest.MonkeyPatch, cgroups: bool
+) -> None:
+    """LADDER-BATCH: ``aclose()`` of 24 idle workers lists this process's children a few times for
+    all of them, not once per exit (the listing of N pids at each of N exits was O(N²)); every
+    worker is gone when it returns."""
+    n = 24
+    listings = 0
+    real = sup_lowlevel.orphans.adopted
+
+    def counted() -> list[int]:
+        nonlocal listings
+        listings += 1
+        return real()
+
+    with anyio.fail_after(120):
+        sup = Supervisor(workers=n, spares=0, cgroups=cgroups, start_timeout=60)
+        await sup.start()
+        try:
+            pids = [w["pid"] for w in (await sup.status())["workers"]]
+            monkeypatch.setattr(sup_lowlevel.orphans, "adopted", counted)
+        finally:
+            await sup.aclose()
+    assert listings <= n // 3, f"{listings} listings of our children for {n} idle exits"
+    assert len(pids) == n
+    assert _alive(pids) == []
+
+
+@pytest.mark.parametrize("cgroups", MODES)
 async def test_aclose_of_many_busy_workers_leaves_no_process(cgroups: bool) -> None:
     """12 workers each running a turn that forked two children and a setsid daemon and ignores
     SIGTERM: ``aclose()`` kills every tree, and each dead worker's daemon is still found among

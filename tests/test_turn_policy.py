@@ -48,7 +48,7 @@ class Clock:
 
 
 class FakePool:
-    """What the parts use of ``WorkerPool``: its slots, retiring, filling, start notes."""
+    """What the parts use of ``WorkerPool``: its slots, retiring, filling, start notes, the share."""
 
     def __init__(self) -> None:
         self.slots: dict[str, policy.WorkerSlot] = {}
@@ -66,6 +66,9 @@ class FakePool:
 
     def read_noted(self, slot: policy.WorkerSlot) -> tuple[str, float] | None:
         return self.noted.get(slot.id)
+
+    def settle(self, slot: policy.WorkerSlot) -> None:
+        """WORKER-SHARE-AT-CANCEL: a slot idle again (no autogroups here)."""
 
 
 class Engine:

@@ -21,6 +21,7 @@ import anyio
 import pytest
 
 from supervisor import Supervisor
+from supervisor import lowlevel as sup_lowlevel
 from tests.support import daemonkit
 from tests.support.events import first_event
 
@@ -185,3 +186,27 @@ def test_a_daemon_survives_a_wiped_cwd_and_an_emptied_runtime_dir() -> None:
         assert re.search(r"^turnpool_worker_endpoint_rebinds_total [1-9]", metrics, re.M), metrics
     finally:
         daemonkit.stop_process(served.proc)
+
+
+def test_remove_tree_takes_empty_and_full_directories_and_follows_no_link(tmp_path: Path) -> None:
+    """WORKER-CWD: the pool's directory with its workers' - most empty (one ``rmdir`` each), some with
+    what agents left, one a symlink out - is removed whole; nothing behind a link is touched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    pool = tmp_path / "work"
+    pool.mkdir()
+    for i in range(20):
+        (pool / f"w{i}").mkdir()
+    (pool / "w3" / "sub").mkdir()
+    (pool / "w3" / "sub" / "file").write_text("left")
+    (pool / "w4" / "link").symlink_to(outside)
+    (pool / "w5").rmdir()
+    (pool / "w5").symlink_to(outside)
+    sup_lowlevel.remove_tree(str(pool))
+    assert not pool.exists()
+    assert (outside / "keep").read_text() == "x"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    sup_lowlevel.remove_tree(str(empty))
+    assert not empty.exists()

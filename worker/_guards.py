@@ -267,6 +267,11 @@ def release_child(pid: int) -> None:
         _SWEEP.kept.pop(pid, None)
 
 
+def keeps_children() -> bool:
+    """Whether the worker holds kept children (TREE-KEPT-CHILDREN) that its exit must close."""
+    return _SWEEP is not None and bool(_SWEEP.kept)
+
+
 def sweep_leftovers() -> bool:
     """Kill and reap what the turn that just ended left running (TREE-SWEEP: before its End).
     False when this worker cannot be made clean and must retire (``retire``): the turn left a

@@ -35,6 +35,7 @@ from ._guards import (
     EXIT_LINK_LOST,
     PARENT_DEATH_SIGNAL,
     cgroup_joined,
+    keeps_children,
     kill_own_tree_and_exit,
     mark_engine_threads,
     retire,
@@ -492,8 +493,10 @@ async def serve(
     heartbeat: float,
     marker: _marker.StartMarker | None = None,
     endlog: _endlog.EndLog | None = None,
+    quick_exit: bool = False,
 ) -> None:
-    """Run the worker's turn loop, noting each turn in ``marker`` and each end in ``endlog``."""
+    """Run the worker's turn loop, noting each turn in ``marker`` and each end in ``endlog``.
+    ``quick_exit``: at ``Shutdown`` the process ends at once (WORKER-QUICK-EXIT)."""
     # WORKER-LEAN-START: plain (not ``zmq.asyncio``) sockets: the link is read through its FD
     # (``ReadableEdge``), the monitor below too, so nothing of zmq.asyncio's machinery runs here.
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -570,6 +573,8 @@ async def serve(
                             # every turn this worker ran, so the log has nothing left to save (and
                             # the supervisor need not read thousands of stale records at the exit).
                             loop.endlog.clear()
+                        if quick_exit and not keeps_children():
+                            _exit_now()
                         if not stop.done():
                             stop.set_result(None)
 
@@ -598,6 +603,17 @@ async def serve(
         monitor.close(linger=0)
         sock.close(linger=0)
         ctx.term()
+
+
+def _exit_now() -> NoReturn:
+    """WORKER-QUICK-EXIT: an idle worker told to shut down ends here, in the message's handler. It
+    holds no turn, no kept child, nothing the supervisor still needs (it has every End; the link
+    closes with linger 0 either way): what the graceful path would add - cancelling the loop's tasks,
+    closing the sockets, joining ZeroMQ's and anyio's threads, closing the loop - is CPU each of
+    hundreds of exiting workers pays at once (about 1.5 of its 3.7 ms here), and nothing else."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 async def _watch_link(monitor: zmq.Socket[bytes]) -> None:

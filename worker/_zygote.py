@@ -152,7 +152,9 @@ def _become_worker(
         _guards.install_process_guards(parent_pid, life_fd, cgroup, watcher_fd=_WATCHER_FD)
         import anyio
 
-        anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, *own, backend="asyncio")
+        # WORKER-QUICK-EXIT: a forked worker ends with os._exit whatever happens: nothing of the
+        # graceful teardown is kept past it.
+        anyio.run(_loop.serve, endpoint, worker_id, token, heartbeat, *own, True, backend="asyncio")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
         sys.stdout.flush()

@@ -674,5 +674,6 @@ class Dispatcher:
             self.refill()
             return
         slot.state = "idle"
+        self.pool.settle(slot)  # WORKER-SHARE-AT-CANCEL: a cancelled turn's worker weighs as the pool again
         self.idle.append(slot)
         self.pump()

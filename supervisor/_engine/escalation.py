@@ -54,6 +54,7 @@ class Escalation:
         dispatcher: Dispatcher,
         finisher: Finisher,
         signal_tree: SignalTree,
+        boost: Callable[[WorkerSlot], None] = lambda slot: None,
     ) -> None:
         self.book = book
         self.slots = slots  # the pool's slots (the same dict)
@@ -63,6 +64,7 @@ class Escalation:
         self.dispatcher = dispatcher
         self.finisher = finisher
         self.signal_tree = signal_tree
+        self.boost = boost  # WORKER-SHARE-AT-CANCEL: the cancelled turn's worker gets its weight back
         self.kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
         self.counts: collections.Counter[str] = collections.Counter()  # steps taken: sigterm, sigkill
 
@@ -96,6 +98,7 @@ class Escalation:
         elif state == "running" and first:
             slot = turn.worker
             assert slot is not None
+            self.boost(slot)
             self.send(slot, worker_link.Abort(turn.id, cause))  # (first: the cause it now holds)
             self.hooks.stepped(turn, "abort")
             self.arm(turn, slot)

@@ -149,6 +149,8 @@ class Lifecycle:
             for turn in list(book.table.records.values()):
                 if turn.state in ("queued", "handed", "running"):
                     self.escalation.cancel(turn, DISPOSED)
+            # WORKER-SHARE-AT-CLOSE: the workers' exits get the weight of programs again, where we may.
+            pool.share.release([s.pid for s in pool.slots.values() if s.pid], pool.nice)
             await self.finisher.wait_idle()
             for slot in list(pool.slots.values()):
                 if slot.state in ("starting", "idle", "busy"):

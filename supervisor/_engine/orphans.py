@@ -37,6 +37,14 @@ class Facts(NamedTuple):
     read_at: float
 
 
+class Target(NamedTuple):
+    """A dead worker whose descendants are looked for: its pid (its session), marker and cgroup."""
+
+    pid: int
+    marker: str
+    cgroup: str | None
+
+
 def read_facts(pid: int, now: float) -> Facts:
     return Facts(
         proctree.session_of(pid), proctree.markers_of(pid), proctree.cgroup_of(pid, removed=True), now
@@ -70,7 +78,7 @@ class OrphanIndex:
         read: Callable[[int, float], Facts] = read_facts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._children = children or adopted
+        self._children = children
         self._read = read
         self._clock = clock
         self._facts: dict[int, Facts] = {}
@@ -80,8 +88,20 @@ class OrphanIndex:
         marker (environment or memfd: a setsid one), or its cgroup (zombies keep theirs, even once
         it is removed). ``exclude``: children that are not a dead worker's (live workers, the
         zygote and its embryos): never read."""
+        return self.of_any([Target(worker_pid, marker, cgroup)], exclude)
+
+    def of_any(self, targets: Iterable[Target], exclude: set[int]) -> list[int]:
+        """``of`` for several dead workers at once (LADDER-BATCH): one listing, one pass."""
+        sessions = set()
+        markers = set()
+        cgroups = set()
+        for t in targets:
+            sessions.add(t.pid)
+            markers.add(t.marker)
+            if t.cgroup is not None:
+                cgroups.add(t.cgroup)
         now = self._clock()
-        current = set(self._children())
+        current = set(self._children() if self._children is not None else adopted())
         facts = self._facts
         for pid in [p for p in facts if p not in current]:
             del facts[pid]  # no longer our child: reaped (its pid may come back as another process)
@@ -92,11 +112,7 @@ class OrphanIndex:
             known = facts.get(pid)
             if known is None or now - known.read_at > FRESH:
                 known = facts[pid] = self._read(pid, now)
-            if (
-                known.session == worker_pid
-                or marker in known.markers
-                or (cgroup is not None and known.cgroup == cgroup)
-            ):
+            if known.session in sessions or not markers.isdisjoint(known.markers) or known.cgroup in cgroups:
                 found.append(pid)
         return found
 

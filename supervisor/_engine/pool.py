@@ -29,8 +29,9 @@ from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
-from .orphans import OrphanIndex
+from .reaper import Reaper
 from .share import AutogroupShare
+from .treemem import TreeMemory
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
 
@@ -180,8 +181,9 @@ class WorkerPool:
         self.changed = changed
         self.refill = refill
         self.slots: dict[str, WorkerSlot] = {}
-        self.orphans = OrphanIndex()  # LADDER-ORPHANS: what dead workers left among our children
+        self.reaper = Reaper(self)  # LADDER-STEPS, LADDER-ORPHANS, LADDER-BATCH
         self.share = AutogroupShare(timers.call_later)  # WORKER-CPU-SHARE
+        self.memory = TreeMemory()  # MEM-STATUS-SAMPLE: the workers' memory as status() reports it
         self.zygote: Zygote | None = None
         self.cgroups: proctree.CgroupPool | None = None  # our pool cgroup, when cgroups are in use
         self.output: _output.WorkerOutput | None = None
@@ -291,7 +293,9 @@ class WorkerPool:
                 os.close(out_fd)
 
     async def close(self) -> None:
-        """Every worker is gone: stop the zygote, remove the pool cgroup."""
+        """Every worker is gone: sweep what they left (LADDER-BATCH), stop the zygote, remove the pool
+        cgroup."""
+        await self.reaper.settled()
         await self.stop_zygote()
         if self.cgroups is not None:
             await anyio.to_thread.run_sync(self.cgroups.close)
@@ -614,6 +618,15 @@ class WorkerPool:
         self.zygote = None
         await self._reap_zygote(zygote)
 
+    def boost(self, slot: WorkerSlot) -> None:
+        """WORKER-SHARE-AT-CANCEL: ``slot``'s turn is cancelled: its worker weighs a program until idle."""
+        if slot.pid:
+            self.share.boost(slot.pid, self.nice)
+
+    def settle(self, slot: WorkerSlot) -> None:
+        """``slot`` is idle again: back to the pool's share if it was boosted."""
+        self.share.settle(slot.pid, self._fill_target, self.nice)
+
     # ---- retiring and exits ------------------------------------------------------------
 
     def _start_timed_out(self, slot: WorkerSlot) -> None:
@@ -677,43 +690,9 @@ class WorkerPool:
             await self.on_exit(slot)
 
     async def reap_exit(self, slot: WorkerSlot) -> int | None:
-        """The worker's pid exited: reap it, then kill and reap every descendant of it (LADDER-STEPS:
-        quiescence, before any of its turns' results is out), and forget the slot. Returns its exit code."""
-        code = _procs.reap(slot.pid)
-        slot.exit_code = code
-        if slot.timer is not None:
-            slot.timer.cancel()
-        self.link.peers.pop(slot.ident, None)
-        exclude = {s.pid for s in self.slots.values()}
-        if self.zygote is not None:
-            exclude.add(self.zygote.pid)
-            exclude |= self.zygote.embryos
-        pending = set(slot.known) - {slot.pid}
-        if slot.cgroup is not None:
-            # Atomic: everything in the worker's cgroup dies at once, whatever sessions it made.
-            # Not excluded below: one reaped too early (its parent still dying) is a zombie of
-            # ours later, and the scan finds it by its cgroup.
-            await _procs.kill_cgroup(slot.cgroup)
-        for _ in range(8):  # LADDER-ORPHANS: each child of ours is read once, not at every exit
-            found = set(self.orphans.of(slot.pid, slot.marker, exclude, slot.cgroup)) - pending
-            if not pending and not found:
-                break
-            await _procs.kill_and_reap(pending | found)
-            self.orphans.forget(pending | found)
-            exclude |= pending | found
-            pending = set()
-        if slot.cgroup is not None:
-            _procs.CGROUPS.pop(slot.pid, None)
-            proctree.cgroup_remove(slot.cgroup)  # empty by now; the pool's removal retries what is not
-        self.share.forget(slot.pid)
-        del self.slots[slot.id]
-        slot.out = []
-        if slot.workdir is not None:
-            # WORKER-CWD: what its agents left in their directory goes with it, off the event loop.
-            assert self.tg is not None
-            self.tg.start_soon(anyio.to_thread.run_sync, remove_tree, slot.workdir)
-            slot.workdir = None
-        return code
+        """The worker's pid exited: reap it with its whole tree and forget the slot (``Reaper``).
+        Returns its exit code."""
+        return await self.reaper.reap(slot)
 
     def _drop_own(self, slot: WorkerSlot) -> None:
         """A worker that never ran: drop its marker, End log and directory at once."""

@@ -68,6 +68,7 @@ class AutogroupShare:
         self._pending: collections.deque[tuple[int, int]] = collections.deque()
         self._scheduled = False
         self.set = 0  # autogroups set (for tests and benchmarks)
+        self.boosted: set[int] = set()  # WORKER-SHARE-AT-CANCEL: workers given their weight back
 
     def apply(self, pid: int, workers: int, worker_nice: int | None = None) -> None:
         """Worker ``pid`` of a pool of ``workers`` is ready: set its autogroup's niceness, never
@@ -96,7 +97,44 @@ class AutogroupShare:
             self._scheduled = True
             self._call_later(RETRY, self._retry)
 
+    def boost(self, pid: int, worker_nice: int | None = None) -> bool:
+        """WORKER-SHARE-AT-CANCEL: worker ``pid``'s turn is cancelled: what it has left to do is stop (the
+        agent's cleanup, its End, or the handlers of the ladder's signals), and at the pool's weight, behind
+        hundreds of streaming workers, each of its wake-ups waited tens of ms. Its autogroup gets its weight
+        back (niceness 0, or ``worker_nice``) until ``settle``; nothing is retried if the kernel refuses."""
+        if pid in self.boosted:
+            return True
+        if self._write(pid, worker_nice or 0) != 0:
+            return False
+        self.boosted.add(pid)
+        return True
+
+    def settle(self, pid: int, workers: int, worker_nice: int | None = None) -> None:
+        """The boosted worker's turn is over: back to the pool's share (``apply``)."""
+        if pid in self.boosted:
+            self.boosted.discard(pid)
+            self.apply(pid, workers, worker_nice)
+
+    def release(self, pids: list[int], worker_nice: int | None = None) -> int:
+        """WORKER-SHARE-AT-CLOSE: the pool closes, so its workers' exits are all the work they have left,
+        and at the pool's lightest weight, on a machine busy with other programs, they waited seconds for
+        the CPU time to exit. Give each worker's autogroup back its weight (niceness 0, or
+        ``worker_nice``: any process may set 0 to 19), as far as the kernel takes them at once (with
+        CAP_SYS_ADMIN; without it, one change per 100 ms machine-wide): the first refusal ends it,
+        nothing else changes. Returns how many were set."""
+        self._pending.clear()
+        nice = worker_nice or 0
+        done = 0
+        for pid in pids:
+            got = self._write(pid, nice)
+            if got == 0:
+                done += 1
+            elif got in (errno.EPERM, errno.EACCES, errno.EAGAIN):
+                break  # not ours to raise (or rate-limited): the pool keeps its share
+        return done
+
     def forget(self, pid: int) -> None:
         """The worker is gone: no attempt for it (its pid may name another process later)."""
+        self.boosted.discard(pid)
         if self._pending:
             self._pending = collections.deque(p for p in self._pending if p[0] != pid)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +53,8 @@ def measure(pid: int) -> tuple[int, int]:
 
 
 class TreeMemory:
+    """The workers' memory for ``status()``, owned by the pool (``WorkerPool.memory``)."""
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._cache: dict[int, tuple[int, int]] = {}
@@ -66,10 +67,13 @@ class TreeMemory:
         if len(pids) <= SYNC_WORKERS or spawn is None:
             return {pid: measure(pid) for pid in pids}
         cache = self._cache
-        if not self._busy and (self._clock() - self._at > REFRESH or any(pid not in cache for pid in pids)):
+        complete = all(pid in cache for pid in pids)
+        if not self._busy and (not complete or self._clock() - self._at > REFRESH):
             self._busy = True
             spawn(self._sample, list(pids))
-        return {pid: cache.get(pid, (0, 0)) for pid in pids}
+        # The sample itself when it has every worker (it is replaced whole, never changed): no copy
+        # of a thousand entries on every call.
+        return cache if complete else {pid: cache.get(pid, (0, 0)) for pid in pids}
 
     async def _sample(self, pids: list[int]) -> None:
         try:
@@ -78,14 +82,3 @@ class TreeMemory:
             self._at = self._clock()
         finally:
             self._busy = False
-
-
-_OWNED: weakref.WeakKeyDictionary[Any, TreeMemory] = weakref.WeakKeyDictionary()
-
-
-def of(owner: Any) -> TreeMemory:
-    """The ``TreeMemory`` of ``owner`` (a worker pool), made on first use."""
-    memory = _OWNED.get(owner)
-    if memory is None:
-        memory = _OWNED[owner] = TreeMemory()
-    return memory

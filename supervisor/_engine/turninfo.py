@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Any
 import wire
 from worker import lowlevel
 
-from . import treemem
-
 if TYPE_CHECKING:
     from .book import TurnBook
     from .dispatch import Dispatcher
@@ -164,24 +162,30 @@ def status(
 ) -> dict[str, Any]:
     """``Supervisor.status``: the workers (with their trees' memory), the queue and the counters."""
     finisher, escalation, exits = counts
-    workers = []
     # MEM-STATUS-SAMPLE: sampled in the background for a large pool, measured now for a small one.
-    live_pids = [s.pid for s in pool.slots.values() if s.state != "dead" and s.pid]
+    slots = pool.slots.values()
     tg = pool.tg
-    memory = treemem.of(pool).figures(live_pids, tg.start_soon if tg is not None else None)
-    for slot in pool.slots.values():
-        rss, pss = memory.get(slot.pid, (0, 0)) if slot.state != "dead" and slot.pid else (0, 0)
-        workers.append(
+    memory = pool.memory.figures(
+        [s.pid for s in slots if s.state != "dead" and s.pid], tg.start_soon if tg is not None else None
+    )
+    zero = (0, 0)
+    workers: list[dict[str, Any]] = []
+    append = workers.append
+    for slot in slots:
+        pid = slot.pid
+        rss, pss = memory.get(pid, zero) if slot.state != "dead" and pid else zero
+        turn = slot.turn
+        append(
             {
                 "id": slot.id,
-                "pid": slot.pid,
+                "pid": pid,
                 "state": slot.state,
-                "turn_id": slot.turn.id if slot.turn else None,
+                "turn_id": turn.id if turn is not None else None,
                 "turns_run": slot.turns_run,
                 "rss": rss,
-                "rss_mb": _mib(rss),
+                "rss_mb": round(rss / 1048576, 1),
                 "pss": pss,
-                "pss_mb": _mib(pss),
+                "pss_mb": round(pss / 1048576, 1),
                 "cgroup": slot.cgroup,
             }
         )

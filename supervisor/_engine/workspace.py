@@ -103,9 +103,21 @@ def make_worker_dir(base: Path, worker_id: str) -> str:
 
 
 def remove_tree(path: str) -> None:
-    """Remove a worker's directory with whatever its agents left in it (symlinks are not followed)."""
+    """Remove a worker's directory with whatever its agents left in it (symlinks are not followed).
+
+    Empty directories - a worker's, most often; the pool's holds one per worker - go with one ``rmdir``
+    each, not the open, listing, close and ``rmdir`` that ``shutil.rmtree`` makes of every directory:
+    the pool's with 512 workers' empty ones took 173 ms at a close that way (WORKER-CWD)."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         if os.path.islink(path) or not os.path.isdir(path):
             os.unlink(path)
             return
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # (only ever removes an empty directory, never follows a link)
+        return
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.rmdir(entry.path)
     shutil.rmtree(path, ignore_errors=True)
