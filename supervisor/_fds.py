@@ -86,6 +86,48 @@ class FdShortage:
             log.error("out of file descriptors (%s, %d so far): %s", where, n, exc)
 
 
+class SpawnRoom:
+    """WORKER-FD-ESTIMATE: whether a worker start leaves ``headroom`` descriptors free, without listing
+    /proc/self/fd at every start (a microsecond per open descriptor: starting N workers that way is
+    O(N²), about a second of CPU for 512). The count is made again when it is older than ``every``
+    seconds or when the estimate - the last count plus ``per_start`` for each start since - comes
+    within ``headroom`` of the limit, so a start near the limit is always judged on a fresh count. A
+    start that meets ``EMFILE`` anyway is a failed start, retried (WORKER-FD-RETRY)."""
+
+    def __init__(
+        self,
+        headroom: int,
+        per_start: int,
+        *,
+        every: float = 1.0,
+        count: Callable[[], int | None] = lambda: open_fds(),
+        limit: Callable[[], int] = lambda: nofile_limit(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.headroom = headroom
+        self.per_start = per_start
+        self.every = every
+        self._count, self._limit, self._clock = count, limit, clock
+        self._open: int | None = None
+        self._at = -math.inf
+        self._starts = 0
+
+    def ok(self) -> bool:
+        """Whether one more start fits (counted as made)."""
+        now, limit = self._clock(), self._limit()
+        if (
+            self._open is None
+            or now - self._at >= self.every
+            or self._open + self._starts * self.per_start + self.headroom > limit
+        ):
+            self._open, self._at, self._starts = self._count(), now, 0
+        if self._open is None:
+            return False
+        fits = self._open + self._starts * self.per_start + self.headroom <= limit
+        self._starts += 1
+        return fits
+
+
 OPEN_EVERY = 1.0  # seconds: status()'s count of open descriptors is at most this old (DAEMON-FD-COUNT)
 
 

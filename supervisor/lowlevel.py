@@ -37,6 +37,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
 - ``FdBudget``: DAEMON-FD's descriptor budget, whose ``facts`` count the open descriptors at most once a
   second (DAEMON-FD-COUNT), with a ``count`` and a ``clock`` a test may give it.
+- ``SpawnRoom``: WORKER-FD-ESTIMATE, whether a worker start leaves room in the descriptor limit (for
+  tests with a fake count and clock).
 - ``remove_tree``: WORKER-CWD's removal of a worker's directory (and the pool's) with what agents left there.
 - ``probe``: the agent probe (ADAPT-PROBE), whose ``PROBE_SECONDS`` (the bound a submit waits for a
   name's probe) a test may lower with ``monkeypatch.setattr``.
@@ -56,7 +58,7 @@ from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._engine.workspace import remove_tree
 from ._errors import SUBMIT_ERROR_CODES
-from ._fds import FdBudget
+from ._fds import FdBudget, SpawnRoom
 from ._paths import private_dir, runtime_dir
 from ._peers import connection_uid, diag_uid, proc_uid, socket_peer_uid
 
@@ -73,6 +75,7 @@ __all__ = [
     "FdBudget",
     "OrphanFacts",
     "OrphanIndex",
+    "SpawnRoom",
     "Timers",
     "TurnRecord",
     "autogroup_nice",

@@ -323,3 +323,35 @@ def test_status_counts_open_descriptors_at_most_once_a_second() -> None:
     assert budget.facts()["open"] == 41 and len(counted) == 1
     now[0] += 0.6
     assert budget.facts()["open"] == 42 and len(counted) == 2
+
+
+def test_worker_starts_count_open_descriptors_again_only_when_stale_or_near_the_limit() -> None:
+    """WORKER-FD-ESTIMATE: starting hundreds of workers lists /proc/self/fd about once a second, not once
+    per start; an estimate nearing the limit is checked against a fresh count, and a start that would
+    leave less than the headroom is refused."""
+    counted: list[int] = []
+    opened = [100]
+    now = [0.0]
+
+    def count() -> int:
+        counted.append(opened[0])
+        return opened[0]
+
+    room = sup_lowlevel.SpawnRoom(16, 8, count=count, limit=lambda: 1024, clock=lambda: now[0])
+    for _ in range(50):  # 100 + 50 x 8 = 500: far from 1,024 - 16
+        assert room.ok()
+        opened[0] += 3  # what a start really keeps open
+    assert counted == [100]
+    now[0] += 1.0
+    assert room.ok() and counted == [100, 250]  # stale: counted again
+    # The estimate grows by 8 a start; once it nears the limit each start is judged on a fresh count,
+    # which here (3 a start) keeps it going.
+    for _ in range(100):
+        assert room.ok()
+        opened[0] += 3
+    assert len(counted) > 2 and counted[-1] + 16 <= 1024
+    now[0] += 1.0
+    opened[0] = 1010  # something else took descriptors: the next count refuses
+    assert not room.ok()
+    assert not room.ok()  # and again, still counted fresh
+    assert counted[-2:] == [1010, 1010]

@@ -25,7 +25,7 @@ from wire import worker_link
 from worker import proctree
 
 from .._checks import check_nice
-from .._fds import FdShortage, is_shortage, nofile_limit, open_fds
+from .._fds import FdShortage, SpawnRoom, is_shortage
 from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
@@ -45,6 +45,7 @@ log = logging.getLogger("turnpool.supervisor")
 # WORKER-FD-RETRY: a worker is started only while this many descriptors are free: its connection to the worker
 # link is accepted by libzmq, which aborts the process when that accept finds none.
 SPAWN_HEADROOM = 16
+SPAWN_FDS = 8  # descriptors one worker start may add here, counted generously (3 stay open per worker)
 # WORKER-SPARE: how long a replacement for a spare that took over waits before it starts (seconds).
 SPARE_REFILL_DELAY = 0.01
 
@@ -199,6 +200,7 @@ class WorkerPool:
         self.life_r = -1  # workers inherit the read end: its EOF tells them the supervisor is gone
         self.life_w = -1
         self._worker_ids = itertools.count(1)
+        self._spawn_room = SpawnRoom(SPAWN_HEADROOM, SPAWN_FDS)
         self._backoff_until = 0.0
         self._refill_timer: Timer | None = None
         self._fill_target = 0
@@ -412,8 +414,7 @@ class WorkerPool:
         marker = f"{os.getpid()}-{self.prefix}-{worker_id}"
         assert self.output is not None and self.work_dir is not None
         try:
-            used = open_fds()
-            if used is None or used + SPAWN_HEADROOM > nofile_limit():
+            if not self._spawn_room.ok():
                 raise OSError(errno.EMFILE, f"fewer than {SPAWN_HEADROOM} file descriptors are free")
             # WORKER-REBIND: the endpoint it will connect to is there (made again if it was deleted).
             self.link.ensure_bound()
