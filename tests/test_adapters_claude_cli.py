@@ -7,6 +7,7 @@ it started gone. The stand-in CLI (``tests/test_adapters_claude.py``) covers the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,13 +41,20 @@ async def messages_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Async
         tg.cancel_scope.cancel()
 
 
-def real_clis() -> list[psutil.Process]:
-    """The running processes of the bundled CLI."""
-    return [
-        p
-        for p in psutil.process_iter(["exe", "status"])
-        if p.info["exe"] == str(CLI) and p.info["status"] != psutil.STATUS_ZOMBIE
-    ]
+def real_clis(workers: list[int]) -> list[psutil.Process]:
+    """The running processes of the bundled CLI below ``workers`` (not another test's, running at once)."""
+    found = []
+    for pid in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found += psutil.Process(pid).children(recursive=True)
+    return [p for p in found if _is_cli(p)]
+
+
+def _is_cli(p: psutil.Process) -> bool:
+    try:
+        return p.exe() == str(CLI) and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 async def test_the_real_claude_cli_streams_completes_and_is_cancelled(
@@ -62,7 +70,7 @@ async def test_the_real_claude_cli_streams_completes_and_is_cancelled(
         seen = await events_of(hello)
         endless = await sup.submit(A, "tell me a story forever")
         first = await wait_for_event(endless, "delta")
-        clis = [p.pid for p in real_clis()]
+        clis = [p.pid for p in real_clis([w["pid"] for w in (await sup.status())["workers"]])]
         assert await endless.cancel() == {"kind": "user"}
         with anyio.fail_after(60):
             aborted = await endless.result()
