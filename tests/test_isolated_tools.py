@@ -782,6 +782,18 @@ def started_at() -> list[int]:
     return [os.getpid(), int(fields[19])]
 
 
+def _waiting(template: psutil.Process) -> set[int]:
+    """The template's children that are waiting for a call: sleeping, not exiting or a zombie."""
+    found = set()
+    for child in template.children():
+        try:
+            if child.status() == psutil.STATUS_SLEEPING:
+                found.add(child.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
 def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
     """TOOL-EMBRYO: once a call's groups are kept, the template puts the next call's process in them
     ahead of time (moving a process into a cgroup can wait ~10 ms for the kernel; a fork is most of a
@@ -794,10 +806,13 @@ def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
         iso = worker.isolated(started_at)
         template = psutil.Process(worker.isolated(parent)())
         deadline = time.monotonic() + 20
-        # The groups kept for these limits: SPARE_GROUPS sets used in turn, an embryo waiting in each.
-        while len(template.children()) < lowlevel.TOOL_SPARE_GROUPS and time.monotonic() < deadline:
+        # The groups kept for these limits: SPARE_GROUPS sets used in turn, an embryo waiting in each. (The
+        # call just made returned with its result: its process may still be exiting, or a zombie the template
+        # has yet to reap.)
+        embryos = _waiting(template)
+        while len(embryos) != lowlevel.TOOL_SPARE_GROUPS and time.monotonic() < deadline:
             time.sleep(0.01)  # allowed: bounded poll of another process's children
-        embryos = {p.pid for p in template.children()}
+            embryos = _waiting(template)
         assert len(embryos) == lowlevel.TOOL_SPARE_GROUPS, embryos
         before = time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
         pid, start = iso()
