@@ -809,11 +809,12 @@ def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
         # The groups kept for these limits: SPARE_GROUPS sets used in turn, an embryo waiting in each. (The
         # call just made returned with its result: its process may still be exiting, or a zombie the template
         # has yet to reap.)
+        # (Another embryo may wait too: the one made after the last hand-over.)
         embryos = _waiting(template)
-        while len(embryos) != lowlevel.TOOL_SPARE_GROUPS and time.monotonic() < deadline:
+        while len(embryos) < lowlevel.TOOL_SPARE_GROUPS and time.monotonic() < deadline:
             time.sleep(0.01)  # allowed: bounded poll of another process's children
             embryos = _waiting(template)
-        assert len(embryos) == lowlevel.TOOL_SPARE_GROUPS, embryos
+        assert len(embryos) >= lowlevel.TOOL_SPARE_GROUPS, embryos
         before = time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
         pid, start = iso()
         assert pid in embryos and start <= before
