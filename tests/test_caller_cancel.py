@@ -10,6 +10,7 @@ once the turn is quiescent (its worker killed and reaped when it had to be). Can
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -122,7 +123,8 @@ def _sync_script(kind: str, endpoint: str, marker: Path) -> str:
     )
     return textwrap.dedent(
         f"""
-        import sys
+        import faulthandler, signal, sys
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
         ROOT = {ROOT!r}
         sys.path.insert(0, ROOT)
         from supervisor import SyncClient, SyncSupervisor
@@ -160,11 +162,19 @@ def test_ctrl_c_in_a_blocking_run_cancels_its_turn(kind: str, tmp_path: Path) ->
                 assert time.monotonic() < deadline, "the turn never started"
                 time.sleep(0.02)  # allowed: bounded poll of a file written by another process
             os.kill(proc.pid, signal.SIGINT)
-            out, err = proc.communicate(timeout=BOUND)
+            try:
+                out, err = proc.communicate(timeout=BOUND)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGUSR1)  # every thread's stack on its stderr, then end it
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.communicate(timeout=5)
+                proc.kill()
+                out, err = proc.communicate()
+                pytest.fail(f"no exit {BOUND:.0f} s after Ctrl-C; where its threads were:\n{err[-6000:]}")
         finally:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+                proc.communicate()  # closes its pipes too
         assert proc.returncode == 0, err[-3000:]
         return out
 
