@@ -7,8 +7,9 @@ inline caches (in the code object), the type attribute cache (in the interpreter
 ctypes types it makes. Run ``WARM_ROUNDS`` times in the zygote, an event loop made, run and closed,
 a task group with timers, and the warm-up turn (WORKER-WARM) through a stub connection, leave that
 code specialised and those caches full; each worker forked after it writes less of the zygote's
-pages. Measured: a fork of the zygote running these paths writes 2.74 → 2.16 MiB; 64 idle workers
-after a first turn each, 5.89 → 5.52 MiB of PSS per worker (the pool's processes: 6.08 → 5.67).
+pages. Measured: a fork of the zygote running these paths writes 2.74 → 2.2 MiB (one round 2.52, 8
+rounds 2.24, 20 rounds 2.22: ten are enough, ≈ 25 ms of the zygote's start); 64 idle workers after a
+first turn each, 5.89 → 5.52 MiB of PSS per worker (the pool's processes: 6.08 → 5.67).
 
 Nothing here starts a thread, creates a ZeroMQ context or keeps a descriptor: the zygote stays safe
 to fork.
@@ -20,7 +21,7 @@ import ctypes
 import sys
 from typing import Any
 
-WARM_ROUNDS = 20
+WARM_ROUNDS = 10
 
 
 class _Edge:
