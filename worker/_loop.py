@@ -459,6 +459,12 @@ async def _warm_agent(turn: Turn) -> None:
     """The no-op agent of the warm-up turn (WORKER-WARM)."""
 
 
+def forget_warm_up() -> None:
+    """WORKER-SETTLE: the zygote ran the warm-up turn to specialise its code; its workers have not."""
+    global _WARMED
+    _WARMED = False
+
+
 def warm_up_state() -> dict[str, bool]:
     """WORKER-WARM, for tests (``worker.lowlevel``): whether this worker ran its warm-up turn, and
     whether the warm-up's agent is still in the agent cache (it must not be)."""

@@ -71,9 +71,8 @@ def _reap(pid: int) -> None:
 
 def _preload(modules: list[str]) -> None:
     # The worker stack itself: everything a worker imports before its first turn.
-    import anyio
     import anyio._backends._asyncio
-    import anyio.lowlevel  # anyio.run imports it lazily; pay it here once
+    import anyio.lowlevel  # noqa: F401 - anyio.run imports it lazily; pay it here once
     import msgspec  # noqa: F401
     import zmq
     import zmq.asyncio  # noqa: F401
@@ -82,12 +81,12 @@ def _preload(modules: list[str]) -> None:
 
     from . import _main  # noqa: F401 - the entry point pulls in the guards and the turn loop
 
-    # Warm the lazy parts a worker's first loop would pay (anyio's backend setup, asyncio's
-    # loop machinery); this starts no thread, so the zygote stays safe to fork.
-    async def _warm() -> None:
-        await anyio.lowlevel.checkpoint()
+    # WORKER-SETTLE: run the worker's own paths (an event loop, timers, the warm-up turn) here, so that
+    # their code is specialised once instead of in every worker; this starts no thread, so the
+    # zygote stays safe to fork.
+    from ._settle import warm
 
-    anyio.run(_warm, backend="asyncio")
+    warm()
     from .proctree import _tree
 
     _tree._prctl(0, 0)  # loads libc once (PR_GET_... no-op: option 0 is invalid and harmless)

@@ -28,6 +28,7 @@ from ._marker import read_noted as marker_read_noted
 from ._ownfile import Mapping as OwnFileView
 from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
+from ._settle import run_paths as zygote_worker_paths
 from ._toolerrors import forget_raised as tool_errors_forget
 from ._toolerrors import raised as tool_error_raised
 from ._toolgroups import SPARE_GROUPS as TOOL_SPARE_GROUPS
@@ -35,6 +36,7 @@ from ._toolgroups import backend as tool_limits_backend
 from ._toolgroups import sweep_stale_groups as tool_groups_sweep
 from ._tooltemplate import enable as tool_templates
 from ._zygote import FORK_BATCH
+from ._zygote import _preload as zygote_preload
 
 # What each name is for, beyond the supervisor's own use:
 # - ``EndLog``, ``ENDLOG_HEAD``/``ENDLOG_REC``/``ENDLOG_SIZE``: the End log's writer and layout
@@ -43,7 +45,9 @@ from ._zygote import FORK_BATCH
 #   guardian process, the baton that lets exactly one of worker and guardian kill the tree, the
 #   exit code of a worker whose link to the supervisor is lost), for tests that play the worker;
 # - ``start_ticks``, ``heir_watch``, ``HEIR_GONE``/``HEIR_UNWATCHABLE``: LADDER-HEIR's process identity
-#   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse.
+#   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse;
+# - ``zygote_preload``, ``zygote_worker_paths``: what the zygote imports and runs before it forks
+#   (WORKER-SETTLE), so a test can fork a process prepared like the zygote and measure a worker's writes.
 
 __all__ = [
     "ENDLOG_HEAD",
@@ -79,4 +83,6 @@ __all__ = [
     "tool_limits_backend",
     "tool_templates",
     "warm_up_state",
+    "zygote_preload",
+    "zygote_worker_paths",
 ]
