@@ -197,6 +197,8 @@ class Groups:
     template: Any = None  # that template: asked for an embryo in them once they are kept (TOOL-EMBRYO)
     embryo_of: Any = None  # the template that has an embryo waiting in them (kept groups)
     env: dict[str, str] | None = None  # the environment of their last call (their embryo's)
+    spawner: Any = None  # TOOL-SPAWNER: the process standing in them that starts their commands
+    killed: bool = False  # killed since their spawner stood in them (it went with the kill)
 
     @classmethod
     def make(cls, limits: Limits, kind: str | None = None) -> Groups:
@@ -303,13 +305,47 @@ class Groups:
         return None
 
     def members(self) -> list[int]:
+        """The call's processes (the groups' spawner is not the call's)."""
         if self.contain is None:
             return []
-        return _cgroup.procs(self.contain)
+        found = _cgroup.procs(self.contain)
+        if self.spawner is not None and self.spawner.pid in found:
+            found.remove(self.spawner.pid)
+        return found
+
+    def populated(self) -> bool:
+        """Whether anything of the call lives in them (one read)."""
+        if self.contain is None:
+            return False
+        if self.spawner is None:
+            return _cgroup.populated(self.contain)
+        return bool(self.members())
 
     def kill(self) -> None:
         for path in self.paths():
             _cgroup.kill(path)  # v1: no cgroup.kill; signals what is listed
+        self.killed = True  # (their spawner with them: let go once the call's status is read)
+
+    def set_spawner(self, spawner: Any) -> None:
+        """TOOL-SPAWNER: ``spawner`` stands in them from now on: their pids limit counts it on top
+        of the call's own."""
+        if self.spawner is not None:
+            self.spawner.close()
+        self.spawner, self.killed = spawner, False
+        if spawner is not None and "pids" in self.dirs and self.limits.pids is not None:
+            with contextlib.suppress(OSError):
+                _cgroup._write(os.path.join(self.dirs["pids"], "pids.max"), str(self.limits.pids + 1))
+
+    def drop_spawner(self) -> None:
+        """Their spawner is gone (or let go): the next keep asks for another."""
+        spawner, self.spawner, self.killed = self.spawner, None, False
+        if spawner is None:
+            return
+        spawner.close()
+        self.embryo_of = None
+        if "pids" in self.dirs and self.limits.pids is not None:
+            with contextlib.suppress(OSError):
+                _cgroup._write(os.path.join(self.dirs["pids"], "pids.max"), str(self.limits.pids))
 
     def counters(self) -> dict[str, int]:
         """The event counters the limits are checked against: read after each call, they are the
@@ -319,8 +355,13 @@ class Groups:
     def remove(self, empty: bool = False) -> None:
         """Remove the groups, or keep them for the next call when ``empty`` (the caller saw the v2
         group unpopulated once the call's process had gone: nothing of the call is left in them)."""
+        if self.spawner is not None and (self.killed or not self.spawner.alive or not empty):
+            self.drop_spawner()  # (it went with a kill, or died: the next keep asks for another)
         if self.contain is not None and empty and _keep(self):
             return
+        if self.spawner is not None:
+            self.spawner.close()  # (it exits: killed below if it has not yet)
+            self.spawner = None
         for path in self.paths():
             try:
                 os.rmdir(path)  # the usual case: empty, no group below it (one syscall, no listing)
@@ -371,7 +412,8 @@ def _keep(g: Groups) -> bool:
         free = _KEPT.setdefault(_key(g.limits, g.kind), [])
         if len(free) >= KEEP_GROUPS:
             return False
-        g.embryo_of = None  # (its embryo, if any, was this call's process)
+        if g.spawner is None:
+            g.embryo_of = None  # (its embryo, if any, was this call's process)
         free.append(g)
         if template is not None and len(free) < SPARE_GROUPS:
             spare = Groups._new(g.limits, g.kind, backend())  # (once: the sets are used in turn)
@@ -382,7 +424,10 @@ def _keep(g: Groups) -> bool:
             k.template = k.embryo_of = template
     env = g.env if g.env is not None else g.limits.environment()
     for k in unready:
-        template.prepare(k.paths(), env)
+        if k.kind == "cmd" and k.contain is not None:
+            k.set_spawner(template.spawner(k.paths()))  # TOOL-SPAWNER: stays for every call in them
+        else:
+            template.prepare(k.paths(), env)
     return True
 
 
@@ -392,6 +437,8 @@ def remove_kept() -> None:
         kept = [g for free in _KEPT.values() for g in free if g.owner == os.getpid()]
         _KEPT.clear()
     for g in kept:
+        if g.spawner is not None:
+            g.spawner.close()
         if g.contain is not None and _cgroup.populated(g.contain):
             _cgroup.kill(g.contain)  # an embryo waiting there
             _cgroup.wait_empty(g.contain, 1.0)
