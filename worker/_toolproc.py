@@ -112,10 +112,18 @@ def start_in_template(
     req["contain"] = groups.contain
     status: Callable[[bool], int]
     try:
+        if template.kind == "cmd" and groups.contain is not None and groups.spawner is None:
+            # New groups: their spawner is made now and waited for (what a spawn by the template would
+            # cost too: a move into them), and stays for the calls that keep them.
+            groups.set_spawner(template.spawner(groups.paths()))
+            groups.embryo_of = template
         spawner = groups.spawner
-        if spawner is not None and not spawner.ready():
-            groups.drop_spawner()
-            spawner = None
+        if spawner is not None and spawner.pid is None:  # (the first call since it was asked for)
+            if spawner.ready():
+                groups.spawner_counted()
+            else:
+                groups.drop_spawner()
+                spawner = None
         started = None
         if spawner is not None:  # TOOL-SPAWNER: born in its groups, by the process standing there
             try:

@@ -1,0 +1,118 @@
+"""TOOL-SPAWNER: a command run in kept groups is born there, started by the process that stands in them
+(no move into its groups, no fork of the commands template on the call's path). Real templates, cgroups
+and commands; the autouse fixture fails a test that leaves any process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import worker
+from worker import lowlevel
+
+
+@pytest.fixture(autouse=True)
+def templates() -> Iterator[None]:
+    if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+        pytest.skip("no cgroup v2 containment here: commands are not kept in groups")
+    lowlevel.tool_templates(True)
+    try:
+        yield
+    finally:
+        lowlevel.tool_templates(None)  # closes the templates (their spawners go with them)
+
+
+SHOW = "echo $PPID; cat /proc/self/cgroup"
+
+
+def _parent_and_groups(**limits: object) -> tuple[int, str]:
+    res = worker.run_command(["sh", "-c", SHOW], **limits)  # type: ignore[arg-type]
+    assert res.returncode == 0 and res.killed_reason is None, res
+    ppid, groups = res.stdout.decode().split("\n", 1)
+    return int(ppid), groups
+
+
+def _lineage(pid: int) -> list[int]:
+    """``pid``'s parent, grandparent, ... up to this process (excluded)."""
+    out, me = [], os.getpid()
+    proc = psutil.Process(pid)
+    while proc.pid != me:
+        out.append(proc.pid)
+        parent = proc.parent()
+        assert parent is not None, f"{pid} is not below this process"
+        proc = parent
+    return out
+
+
+def test_a_command_in_kept_groups_is_born_there_by_the_spawner_standing_in_them() -> None:
+    """After the first call with these limits (its groups made for it), each command's parent is a
+    process that is neither the caller nor the commands template (its parent), that stood in the
+    command's very groups before the call, and that outlives the call to start later ones."""
+    _parent_and_groups()  # the first call: its groups are made, then kept with a spawner asked for
+    seen: dict[int, int] = {}
+    for _ in range(3 * lowlevel.TOOL_SPARE_GROUPS):
+        started = time.time()
+        parent, groups = _parent_and_groups()
+        spawner = psutil.Process(parent)
+        lineage = _lineage(parent)
+        assert len(lineage) == 2, f"the command's parent is not the template's child: {lineage}"
+        assert spawner.create_time() < started, "the spawner was made for this call"
+        assert Path(f"/proc/{parent}/cgroup").read_text() == groups, "born elsewhere than its groups"
+        assert spawner.is_running() and spawner.status() != psutil.STATUS_ZOMBIE
+        seen[parent] = seen.get(parent, 0) + 1
+    assert len(seen) <= lowlevel.TOOL_SPARE_GROUPS and all(n >= 2 for n in seen.values()), seen
+
+
+def test_a_kill_of_the_calls_groups_takes_the_spawner_and_the_next_call_gets_another() -> None:
+    """The ladder's SIGKILL takes everything in the call's groups, the spawner too (it is not spared
+    at the cost of a kill that is not atomic); the next calls get a new one and run as usual."""
+    for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):
+        _parent_and_groups()
+    stubborn = ["sh", "-c", "trap '' INT TERM; echo $PPID; exec sleep 100"]  # (the ladder's last step)
+    killed = worker.run_command(stubborn, timeout=0.3, grace=0.05, kill_after=0.05)
+    assert killed.killed_reason == "timeout", killed
+    old = int(killed.stdout)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(old).wait(timeout=10)  # (killed: gone once its template has reaped it)
+    parents = {_parent_and_groups()[0] for _ in range(2 * lowlevel.TOOL_SPARE_GROUPS + 1)}
+    assert old not in parents
+    assert any(len(_lineage(p)) == 2 for p in parents), parents
+
+
+def test_the_spawner_does_not_count_in_the_calls_pids_limit() -> None:
+    """``pids=N`` lets a command's tree have N processes, and not N + 1, through the spawner as
+    without it (the spawner's own pid is added to its groups' limit)."""
+    three = ["sh", "-c", "sleep 0.2 & sleep 0.2 & wait"]  # sh and two children
+    for _ in range(2 * lowlevel.TOOL_SPARE_GROUPS + 1):
+        res = worker.run_command(three, pids=3)
+        assert res.returncode == 0 and res.killed_reason is None, res
+    four = ["sh", "-c", "sleep 0.2 & sleep 0.2 & sleep 0.2 & wait"]
+    for _ in range(2 * lowlevel.TOOL_SPARE_GROUPS + 1):
+        res = worker.run_command(four, pids=3)
+        assert res.returncode != 0 and b"fork" in res.stderr, res
+
+
+def test_a_command_through_the_spawner_keeps_every_call_option(tmp_path: Path) -> None:
+    """Through the spawner as through the template: scrubbed environment, added variables, stdin,
+    directory, output cap, a command that cannot start, and a command that needs a fork (no network)."""
+    os.environ["OPENAI_API_KEY"] = "sk-secret"
+    try:
+        for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):
+            env = worker.run_command(["env"], env={"EXTRA": "1"}).stdout.decode()
+            assert "OPENAI_API_KEY" not in env and "EXTRA=1" in env
+            assert worker.run_command(["cat"], stdin=b"fed").stdout == b"fed"
+            assert worker.run_command(["pwd"], cwd=str(tmp_path)).stdout.decode().strip() == str(tmp_path)
+            with pytest.raises(FileNotFoundError):
+                worker.run_command(["/no/such/command"])
+            flood = worker.run_command(["yes"], output_mb=1)
+            assert flood.killed_reason == "output" and len(flood.stdout) == 1024 * 1024
+        res = worker.run_command(["sh", "-c", "echo $PPID"], network=False)
+        assert res.returncode == 0 or res.killed_reason is None
+    finally:
+        del os.environ["OPENAI_API_KEY"]
