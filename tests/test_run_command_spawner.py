@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import psutil
 import pytest
 
@@ -116,3 +117,20 @@ def test_a_command_through_the_spawner_keeps_every_call_option(tmp_path: Path) -
         assert res.returncode == 0 or res.killed_reason is None
     finally:
         del os.environ["OPENAI_API_KEY"]
+
+
+@pytest.mark.anyio
+async def test_in_a_worker_the_spawners_serve_every_turn_and_are_not_leftovers() -> None:
+    """Inside a worker a command's spawner is the commands template's child (not the worker's): the
+    end-of-turn sweep leaves it, and the next turn's commands are born from the same spawners."""
+    from supervisor import Supervisor
+
+    async with Supervisor(workers=1, spares=0) as sup:
+        with anyio.fail_after(60):
+            first = await sup.run("tests.agents.tools:command_parents", {})
+            second = await sup.run("tests.agents.tools:command_parents", {})
+    assert first.outcome == second.outcome == "completed", (first, second)
+    me = first.output["worker"]
+    spawners = {p for p, grand in first.output["parents"][1:] if grand != me}
+    assert spawners, f"no command of the first turn was born from a spawner: {first.output}"
+    assert spawners & {p for p, _ in second.output["parents"]}, (first.output, second.output)
