@@ -183,6 +183,24 @@ def _place() -> tuple[str, str | None, dict[str, str]]:
     return _placed[1]
 
 
+def _read(path: str) -> bytes:
+    """A cgroup file's text ("" if it cannot be read): plain system calls, which cost a tenth of a
+    buffered ``open`` on some v1 files (``memory.oom_control``: ~0.35 ms that way, ~15 us this way)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Groups:
     """The call's cgroups (made by the parent before the fork, removed after the call)."""
@@ -276,13 +294,10 @@ class Groups:
         path = self.dirs.get(name)
         if path is None:
             return 0
-        try:
-            with open(os.path.join(path, file), "rb") as f:
-                for line in f:
-                    if line.startswith(key + b" "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            pass
+        with contextlib.suppress(ValueError, IndexError):
+            for line in _read(os.path.join(path, file)).splitlines():
+                if line.startswith(key + b" "):
+                    return int(line.split()[1])
         return 0
 
     def oom_kills(self) -> int:
@@ -308,7 +323,7 @@ class Groups:
         """The call's processes (the groups' spawner is not the call's)."""
         if self.contain is None:
             return []
-        found = _cgroup.procs(self.contain)
+        found = [int(x) for x in _read(os.path.join(self.contain, "cgroup.procs")).split()]
         if self.spawner is not None and self.spawner.pid in found:
             found.remove(self.spawner.pid)
         return found
@@ -318,7 +333,7 @@ class Groups:
         if self.contain is None:
             return False
         if self.spawner is None:
-            return _cgroup.populated(self.contain)
+            return b"populated 1" in _read(os.path.join(self.contain, "cgroup.events"))
         return bool(self.members())
 
     def kill(self) -> None:
