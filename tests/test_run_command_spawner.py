@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +85,23 @@ def test_a_kill_of_the_calls_groups_takes_the_spawner_and_the_next_call_gets_ano
     parents = {_parent_and_groups()[0] for _ in range(2 * lowlevel.TOOL_SPARE_GROUPS + 1)}
     assert old not in parents
     assert any(len(_lineage(p)) == 2 for p in parents), parents
+
+
+def test_spawners_of_a_killed_template_are_replaced_by_the_next_calls() -> None:
+    """The commands template killed from outside takes its spawners (parent-death signal): the next
+    call notices, a new template starts, and the kept groups' commands are born from its spawners."""
+    for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):
+        spawner, _ = _parent_and_groups()
+    template = psutil.Process(spawner).ppid()
+    assert template != os.getpid()
+    os.kill(template, signal.SIGKILL)
+    psutil.Process(template).wait(timeout=10)  # (our child: reaped here)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(spawner).wait(timeout=10)
+    for _ in range(2 * lowlevel.TOOL_SPARE_GROUPS + 1):
+        parent, _ = _parent_and_groups()
+        lineage = _lineage(parent)
+        assert len(lineage) == 2 and template not in lineage and parent != spawner, lineage
 
 
 def test_the_spawner_does_not_count_in_the_calls_pids_limit() -> None:

@@ -112,27 +112,10 @@ def start_in_template(
     req["contain"] = groups.contain
     status: Callable[[bool], int]
     try:
-        if template.kind == "cmd" and groups.contain is not None and groups.spawner is None:
-            # New groups: their spawner is made now and waited for (what a spawn by the template would
-            # cost too: a move into them), and stays for the calls that keep them.
-            groups.set_spawner(template.spawner(groups.paths()))
-            groups.embryo_of = template
-        spawner = groups.spawner
-        if spawner is not None and spawner.pid is None:  # (the first call since it was asked for)
-            if spawner.ready():
-                groups.spawner_counted()
-            else:
-                groups.drop_spawner()
-                spawner = None
-        started = None
-        if spawner is not None:  # TOOL-SPAWNER: born in its groups, by the process standing there
-            try:
-                started = spawner.start(req, theirs)
-                status = spawner.status
-            except _toolspawner.Gone:
-                groups.drop_spawner()
+        started = _by_spawner(template, groups, req, theirs) if template.kind == "cmd" else None
         if started is not None:
             pid, pidfd = started
+            status = groups.spawner.status
         else:
             pid, pidfd, channel = template.spawn(req, theirs)
             status = functools.partial(_tooltemplate.exit_status, channel)
@@ -157,6 +140,34 @@ def start_in_template(
         status=status,
         outcome_says=req["kind"] == "fn",
     )
+
+
+def _by_spawner(
+    template: _tooltemplate.Template, groups: Groups, req: dict[str, Any], fds: list[int]
+) -> tuple[int, int] | None:
+    """TOOL-SPAWNER: the command started by the spawner standing in its groups: (pid, pidfd), or None
+    where no spawner can be had (the template spawns it). Raises ``Fallback`` as ``Template.spawn``."""
+    for _ in range(2):
+        if groups.contain is None:
+            return None
+        if groups.spawner is None:
+            # New groups, or their spawner went: one is made now and waited for (what a spawn by the
+            # template would cost too: a move into them), and stays for the calls that keep them.
+            groups.set_spawner(template.spawner(groups.paths()))
+            groups.embryo_of = template
+        spawner = groups.spawner
+        if spawner is None:
+            return None
+        if spawner.pid is None:  # (the first call since it was asked for)
+            if not spawner.ready():
+                groups.drop_spawner()
+                return None
+            groups.spawner_counted()
+        try:
+            return spawner.start(req, fds)  # type: ignore[no-any-return]
+        except _toolspawner.Gone:
+            groups.drop_spawner()  # (killed since its last call, or its template was replaced: once more)
+    return None
 
 
 _LIVE: set[Proc] = set()  # calls being watched in this process
