@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +33,13 @@ def templates() -> Iterator[None]:
 
 
 SHOW = "echo $PPID; cat /proc/self/cgroup"
+CONNECT = (
+    "import os, socket, sys\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=2).close(); print('connected')\n"
+    "except OSError as exc:\n"
+    "    print('refused', os.getppid())\n"
+)
 
 
 def _parent_and_groups(**limits: object) -> tuple[int, str]:
@@ -131,8 +140,14 @@ def test_a_command_through_the_spawner_keeps_every_call_option(tmp_path: Path) -
                 worker.run_command(["/no/such/command"])
             flood = worker.run_command(["yes"], output_mb=1)
             assert flood.killed_reason == "output" and len(flood.stdout) == 1024 * 1024
-        res = worker.run_command(["sh", "-c", "echo $PPID"], network=False)
-        assert res.returncode == 0 or res.killed_reason is None
+        with socket.socket() as listener:  # a command that needs a fork (its own network namespace)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            port = str(listener.getsockname()[1])
+            for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):
+                res = worker.run_command([sys.executable, "-c", CONNECT, port], network=False)
+                assert res.returncode == 0 and res.stdout.startswith(b"refused"), res
+                assert len(_lineage(int(res.stdout.split()[-1]))) == 2, "not forked by a spawner"
     finally:
         del os.environ["OPENAI_API_KEY"]
 
