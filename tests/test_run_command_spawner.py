@@ -126,6 +126,35 @@ def test_the_spawner_does_not_count_in_the_calls_pids_limit() -> None:
         assert res.returncode != 0 and b"fork" in res.stderr, res
 
 
+def _v1_memory_dir(cgroup_text: str) -> Path | None:
+    """The v1 memory group named in a ``/proc/<pid>/cgroup`` text, under this machine's mount."""
+    mount = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        parts = post.split()
+        if len(parts) >= 3 and parts[0] == "cgroup" and "memory" in parts[2].split(","):
+            mount = pre.split(" ")[4]
+    for line in cgroup_text.splitlines():
+        _, names, path = line.split(":", 2)
+        if mount is not None and "memory" in names.split(","):
+            return Path(mount) / path.lstrip("/")
+    return None
+
+
+def test_the_spawners_own_memory_is_added_to_the_calls_memory_limit() -> None:
+    """The pages the spawner wrote after its move are charged to the call's memory group (v1: where first
+    touched): the group's limit is the call's ``memory_mb`` plus what the spawner held when it was ready
+    (a fraction of a MiB), so the call's own budget stays what it asked for."""
+    _parent_and_groups(memory_mb=64)
+    parent, groups = _parent_and_groups(memory_mb=64)
+    where = _v1_memory_dir(groups)
+    if where is None or lowlevel.tool_limits_backend()["memory"] != "cgroup1":
+        pytest.skip("no v1 memory group here")
+    limit = int((where / "memory.limit_in_bytes").read_text())
+    assert 64 << 20 < limit < (64 << 20) + (4 << 20), limit
+    assert len(_lineage(parent)) == 2
+
+
 def test_a_command_through_the_spawner_keeps_every_call_option(tmp_path: Path) -> None:
     """Through the spawner as through the template: scrubbed environment, added variables, stdin,
     directory, output cap, a command that cannot start, and a command that needs a fork (no network)."""
