@@ -165,6 +165,11 @@ def _by_spawner(
             groups.spawner_counted()
         try:
             return spawner.start(req, fds)  # type: ignore[no-any-return]
+        except _toolspawner.Died:
+            started = groups.members()  # (less the spawner, which may be still exiting)
+            groups.drop_spawner()
+            if started:  # it had started the command: not started twice here
+                raise _tooltemplate.Fallback("the command's spawner died") from None
         except _toolspawner.Gone:
             groups.drop_spawner()  # (killed since its last call, or its template was replaced: once more)
     return None

@@ -162,6 +162,10 @@ class Gone(Exception):
     """The spawner is gone (or never stood in its groups): the call is made without it."""
 
 
+class Died(Gone):
+    """The spawner died between the request and its answer (the command may have started)."""
+
+
 class Spawner:
     """A spawner, as its caller (the process whose kept groups it stands in) sees it."""
 
@@ -186,8 +190,9 @@ class Spawner:
 
     def start(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int]:
         """The command of ``req`` started by the spawner: (its pid, a pidfd of it). Raises ``Gone``
-        when the request could not reach the spawner (nothing started), ``Fallback`` when it could not
-        start the command (the caller forks it: the error is told from there)."""
+        when the request could not reach the spawner (nothing started), ``Died`` when it died before
+        answering, ``Fallback`` when it could not start the command (the caller forks it: the error is
+        told from there)."""
         from ._tooltemplate import Fallback
 
         try:
@@ -209,7 +214,8 @@ class Spawner:
             os.close(fd)
         if msg[0] == "fail":
             raise Fallback(str(msg[1]))
-        raise Fallback("the command's spawner died")
+        self.close()
+        raise Died("the command's spawner died")
 
     def status(self, wanted: bool = True) -> int:
         """The command's wait status, once the spawner reaped it (SIGKILL if the spawner died)."""
