@@ -5,7 +5,8 @@ round-robin, so load on the shared machine falls on every row alike).
 * a no-op call: in process, ``worker.isolated`` forked by this process's warm template (cgroups, and
   forced rlimit fallback) and by this process itself (``fork_caller=True``), ``multiprocessing`` fork
   (``Process.start`` + ``join``), ``subprocess.run([python, "-c", "pass"])``;
-* a command: ``worker.run_command(["true"])`` (template, and forking this process) vs
+* a command: ``worker.run_command(["true"])`` (started by the spawner standing in its kept groups,
+  and forking this process) vs
   ``subprocess.run(["true"])``;
 * from a limit to ``ToolKilled``: a call ignoring SIGINT and SIGTERM with timeout T, grace G and
   kill_after K (overshoot past T + G + K), and a call that writes 2 GiB under ``memory_mb=256``: the
@@ -276,7 +277,8 @@ def _run(quick: bool, n: int) -> str:
         + table(["call", "n", "p50", "p99", "vs isolated"], rows)
         + "\n\nA call after an idle moment (as a model's tool calls come): moving a process into a cgroup "
         "waits for an RCU grace period when no move happened just before (the kernel's "
-        "cgroup_threadgroup_rwsem); a kept group's embryo has made that move ahead of the call:\n\n"
+        "cgroup_threadgroup_rwsem); a kept group's embryo (a function's) or spawner (a command's, which "
+        "stays there) has made that move ahead of the call:\n\n"
         + table(["call", "n", "p50", "p99"], idle_rows)
         + "\n\nThe same inside a real worker (its imports, threads and event loop: what a tool call forks "
         "when it forks the worker); the last column against the template's call:\n\n"

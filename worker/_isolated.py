@@ -345,7 +345,7 @@ def _command(
 def _start_command(cmd: _Command) -> _toolproc.Proc:
     argv, cwd = cmd.argv, cmd.cwd
     req = {"kind": "cmd", "argv": argv, "cwd": os.path.join(os.getcwd(), cwd or "")}
-    proc = _warm_start("cmd", cmd.limits, req, cmd.stdin)
+    proc = _warm_start("cmd", cmd.limits, req, cmd.stdin or None)  # (none: /dev/null, no pipe)
     if proc is not None:
         return proc
 

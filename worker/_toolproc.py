@@ -18,6 +18,7 @@ gets SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import signal
@@ -27,10 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _toolchild, _tooltemplate
+from . import _toolchild, _toolspawner, _tooltemplate
 from ._toolerrors import KillReason
 from ._toolgroups import Groups, Limits
-from .proctree import _cgroup, _tree
+from .proctree import _tree
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs
 MIB = 1024 * 1024
@@ -109,8 +110,15 @@ def start_in_template(
     req["join"] = groups.paths()
     req["limited"] = list(groups.dirs)
     req["contain"] = groups.contain
+    status: Callable[[bool], int]
     try:
-        pid, pidfd, channel = template.spawn(req, theirs)
+        started = _by_spawner(template, groups, req, theirs) if template.kind == "cmd" else None
+        if started is not None:
+            pid, pidfd = started
+            status = groups.spawner.status
+        else:
+            pid, pidfd, channel = template.spawn(req, theirs)
+            status = functools.partial(_tooltemplate.exit_status, channel)
     except BaseException:
         for fd in ours:
             os.close(fd)
@@ -129,9 +137,42 @@ def start_in_template(
         in_w,
         stdin or b"",
         pidfd=pidfd,
-        status=lambda wanted: _tooltemplate.exit_status(channel, wanted),
+        status=status,
         outcome_says=req["kind"] == "fn",
     )
+
+
+def _by_spawner(
+    template: _tooltemplate.Template, groups: Groups, req: dict[str, Any], fds: list[int]
+) -> tuple[int, int] | None:
+    """TOOL-SPAWNER: the command started by the spawner standing in its groups: (pid, pidfd), or None
+    where no spawner can be had (the template spawns it). Raises ``Fallback`` as ``Template.spawn``."""
+    for _ in range(2):
+        if groups.contain is None:
+            return None
+        if groups.spawner is None:
+            # New groups, or their spawner went: one is made now and waited for (what a spawn by the
+            # template would cost too: a move into them), and stays for the calls that keep them.
+            groups.set_spawner(template.spawner(groups.paths()))
+            groups.embryo_of = template
+        spawner = groups.spawner
+        if spawner is None:
+            return None
+        if spawner.pid is None:  # (the first call since it was asked for)
+            if not spawner.ready():
+                groups.drop_spawner()
+                return None
+            groups.spawner_counted()
+        try:
+            return spawner.start(req, fds)  # type: ignore[no-any-return]
+        except _toolspawner.Died:
+            started = groups.members()  # (less the spawner, which may be still exiting)
+            groups.drop_spawner()
+            if started:  # it had started the command: not started twice here
+                raise _tooltemplate.Fallback("the command's spawner died") from None
+        except _toolspawner.Gone:
+            groups.drop_spawner()  # (killed since its last call, or its template was replaced: once more)
+    return None
 
 
 _LIVE: set[Proc] = set()  # calls being watched in this process
@@ -172,6 +213,7 @@ class Proc:
         # before the template could reap it), and so does its exit status (``status``).
         self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd
         self.status = status
+        self.stashed: int | None = None  # the status, read before the groups were killed
         self.outcome_says = outcome_says  # a function's result says how it ended (not its exit status)
         self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.started = time.monotonic()
@@ -379,17 +421,21 @@ class Proc:
     def _end_leftovers(self) -> None:
         """The call's process is gone: kill what it left running (one read when nothing is left)."""
         g = self.groups
-        if g.contain is not None and not _cgroup.populated(g.contain):
+        if g.contain is not None and not g.populated():
             self.empty = True
             return
         left = g.members()
         if left:
             self.tree.update(left)
+            if g.spawner is not None and self.status is not None and self.stashed is None:
+                self.stashed = self.status(True)  # (the spawner reported it, or goes with the kill)
             g.kill()
-        self.empty = g.contain is not None and not left and not _cgroup.populated(g.contain)
+        self.empty = g.contain is not None and not left and not g.populated()
 
     def _reap(self) -> None:
-        if self.status is not None:
+        if self.stashed is not None:
+            status = self.stashed
+        elif self.status is not None:
             # A function that wrote its whole outcome ended by itself: its exit status (the template
             # reports it once reaped) adds nothing, and the process is gone (a zombie until then).
             o = self.outcome

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgspec
 
-from . import _toolchild
+from . import _toolchild, _toolspawner
 from .proctree import _tree
 
 _enc = msgspec.msgpack.Encoder()
@@ -84,6 +84,7 @@ class _Server:
         self.embryos: dict[tuple[str, ...], tuple[int, socket.socket]] = {}
         self.pending: dict[tuple[str, ...], None] = {}  # groups awaiting an embryo (() : none)
         self.env: dict[tuple[str, ...], dict[str, str] | None] = {}  # the environment their next call expects
+        self.spawners: set[int] = set()  # TOOL-SPAWNER: ours, standing in kept command groups
         self.retiring = False
         self.ignored: tuple[int, ...] = _ALL_SIGNALS  # signals we ignore (reset in a spawned command)
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -122,6 +123,12 @@ class _Server:
         return obj
 
     def handle(self, data: bytes, fds: list[int]) -> None:
+        if len(fds) == 1 and self.kind == "cmd":
+            with contextlib.suppress(Exception):
+                req = _dec.decode(data)
+                if req.get("kind") == "spawner":
+                    self.make_spawner(req["join"], fds[0])
+                    return
         if not fds:
             with contextlib.suppress(Exception):
                 req = _dec.decode(data)
@@ -145,7 +152,7 @@ class _Server:
             embryo = self.embryos.pop(key, None)
             pid = self.hand_over(embryo, data, fds) if embryo is not None else 0
             if not pid:
-                pid = self.spawn(req, fds[1:]) if _spawnable(req) else os.fork()
+                pid = self.spawn(req, fds[1:]) if _toolspawner.spawnable(req) else os.fork()
             if not key and not req.get("memfd"):
                 self.pending[key] = None  # calls without groups: the next one's process is made now
                 self.env[key] = req["env"]
@@ -202,6 +209,19 @@ class _Server:
         theirs.close()
         self.embryos[key] = (pid, ours)
 
+    def make_spawner(self, join: list[str], fd: int) -> None:
+        """TOOL-SPAWNER: fork a spawner into the groups ``join``, on the caller's socket ``fd``."""
+        if self.retiring:
+            os.close(fd)
+            return
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the spawner
+            _toolspawner.serve(
+                socket.socket(fileno=fd), join, self.parent_pid, lambda req, fds: _child(req, None, fds, True)
+            )
+        os.close(fd)
+        self.spawners.add(pid)
+
     def discard(self, embryo: tuple[int, socket.socket] | None) -> None:
         if embryo is not None:
             with contextlib.suppress(OSError):
@@ -229,30 +249,14 @@ class _Server:
         is born in them: no moment outside), ``posix_spawn`` it (a vfork: no copy of our memory, as
         ``subprocess`` does), and step back. Its process group, signals and descriptors are set by
         the spawn; what the spawn cannot set (a parent-death signal, a network namespace, rlimits)
-        is why only calls with all their limits in cgroups come here (``_spawnable``)."""
-        _res_w, out_w, err_w = fds[:3]
-        stdin = fds[3] if len(fds) > 3 else self.null
+        is why only calls with all their limits in cgroups come here (``_toolspawner.spawnable``)."""
         joined: list[str] = []
         try:
             for path in req["join"]:
                 _enter(path)
                 joined.append(path)
             os.chdir(req["cwd"])
-            argv = req["argv"]
-            return os.posix_spawnp(
-                argv[0],
-                argv,
-                req["env"],
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, stdin, 0),
-                    (os.POSIX_SPAWN_DUP2, out_w, 1),
-                    (os.POSIX_SPAWN_DUP2, err_w, 2),
-                ],
-                setpgroup=0,
-                setsigmask=(),
-                # What we ignore stays ignored across an exec (what we handle is reset by it).
-                setsigdef=self.ignored,
-            )
+            return _toolspawner.posix_spawn(req, fds, self.null, self.ignored)
         except OSError as exc:
             raise Fallback(f"spawn failed: {exc}") from None  # the caller forks and reports it
         finally:
@@ -268,6 +272,7 @@ class _Server:
                 return
             if pid == 0:
                 return
+            self.spawners.discard(pid)
             entry = self.calls.pop(pid, None)
             if entry is not None:  # else an orphan of a call (we are their subreaper)
                 with contextlib.suppress(OSError):
@@ -275,6 +280,9 @@ class _Server:
                 entry[0].close()
 
     def end_embryos(self) -> None:
+        for pid in self.spawners:  # (their callers let the template go: their calls went before)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         for key in list(self.embryos):
             pid, _ = self.embryos[key]
             self.discard(self.embryos.pop(key))
@@ -337,21 +345,6 @@ class _Server:
 
 
 _ALL_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
-
-
-def _spawnable(req: dict[str, Any]) -> bool:
-    """Whether a command can be spawned rather than forked: a v2 group contains it (its tree is found
-    without it being a subreaper), cgroups hold its memory and pids limits, and it keeps the network."""
-    memory_mb, pids, cpu_s, network = req["lim"]
-    limited = req["limited"]
-    return (
-        req["kind"] == "cmd"
-        and bool(req.get("contain"))
-        and network
-        and cpu_s is None
-        and (memory_mb is None or "memory" in limited)
-        and (pids is None or "pids" in limited)
-    )
 
 
 def _enter(path: str) -> None:
@@ -475,6 +468,20 @@ class Template:
         if self.owner == os.getpid():
             with contextlib.suppress(OSError):
                 self.sock.send(_enc.encode({"kind": "prepare", "join": join, "env": env}))
+
+    def spawner(self, join: list[str]) -> _toolspawner.Spawner | None:
+        """TOOL-SPAWNER: a spawner to stand in the kept command groups ``join`` (not waited for)."""
+        if self.owner != os.getpid() or self.kind != "cmd":
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            socket.send_fds(self.sock, [_enc.encode({"kind": "spawner", "join": join})], [theirs.fileno()])
+        except OSError:
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        return _toolspawner.Spawner(ours)
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket]:
         """Ask for one call: (its pid, a pidfd of it, its channel). Raises ``Fallback`` or

@@ -91,6 +91,18 @@ def whose_calls(turn: worker.Turn) -> Any:
     return {"parent": worker.isolated(parent)(), "worker": os.getpid()}
 
 
+def command_parents(turn: worker.Turn) -> Any:
+    """The parent of each of three commands, and that parent's parent (TOOL-SPAWNER: a spawner, the
+    child of the commands template), and who ran the turn."""
+    out = []
+    for _ in range(3):
+        ppid = int(worker.run_command(["sh", "-c", "echo $PPID"]).stdout)
+        with open(f"/proc/{ppid}/stat") as f:
+            grand = int(f.read().rsplit(")", 1)[1].split()[1])
+        out.append([ppid, grand])
+    return {"parents": out, "worker": os.getpid()}
+
+
 def sleeper(pidfile: str) -> None:
     _mark(pidfile)
     while True:
