@@ -113,6 +113,46 @@ def test_spawners_of_a_killed_template_are_replaced_by_the_next_calls() -> None:
         assert len(lineage) == 2 and template not in lineage and parent != spawner, lineage
 
 
+def test_a_spawner_killed_after_starting_a_command_ends_the_call_and_never_starts_it_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spawner killed from outside between starting a command and answering for it: the call ends
+    as ``ToolCrashed(signal=9)`` with the command stopped, as a call whose template died mid-call, and
+    the command is not started a second time (by the caller or another spawner)."""
+    marks = tmp_path / "marks"
+    argv = ["sh", "-c", f"echo started >> {marks}; sleep 0.5"]
+    for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):  # every kept set has its spawner standing
+        _parent_and_groups()
+    real_start = lowlevel.ToolSpawner.start
+    started: list[int] = []
+
+    def start_then_killed(
+        self: lowlevel.ToolSpawner, req: dict[str, object], fds: list[int]
+    ) -> tuple[int, int]:
+        pid, pidfd = real_start(self, req, fds)  # the command runs in the groups...
+        started.append(pid)
+        os.close(pidfd)
+        deadline = time.monotonic() + 10
+        while not marks.exists():  # (the command has begun: what a second start would repeat)
+            assert time.monotonic() < deadline, "the command never began"
+            time.sleep(0.005)  # allowed: bounded poll of a file written by another process
+        assert self.pid is not None
+        os.kill(self.pid, signal.SIGKILL)  # ...and its spawner dies before its answer is read
+        raise lowlevel.ToolSpawnerDied("the command's spawner died")
+
+    monkeypatch.setattr(lowlevel.ToolSpawner, "start", start_then_killed)
+    with pytest.raises(worker.ToolCrashed) as err:
+        worker.run_command(argv)
+    monkeypatch.undo()
+    assert err.value.signal == signal.SIGKILL, err.value
+    assert len(started) == 1, started
+    with contextlib.suppress(psutil.NoSuchProcess):  # stopped with its groups (reaped by the template)
+        assert psutil.Process(started[0]).status() == psutil.STATUS_ZOMBIE
+    assert marks.read_text() == "started\n", marks.read_text()  # begun once, never started again
+    res = worker.run_command(["true"])  # and the next call gets a new spawner
+    assert res.returncode == 0, res
+
+
 def test_the_spawner_does_not_count_in_the_calls_pids_limit() -> None:
     """``pids=N`` lets a command's tree have N processes, and not N + 1, through the spawner as
     without it (the spawner's own pid is added to its groups' limit)."""

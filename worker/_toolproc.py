@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _toolchild, _toolspawner, _tooltemplate
-from ._toolerrors import KillReason
+from ._toolerrors import KillReason, ToolCrashed, for_frameworks
 from ._toolgroups import Groups, Limits
 from .proctree import _tree
 
@@ -92,7 +92,8 @@ def start_in_template(
     template: _tooltemplate.Template, limits: Limits, req: dict[str, Any], *, stdin: bytes | None = None
 ) -> Proc:
     """TOOL-WARM: the call, forked by ``template`` (see ``_tooltemplate``) rather than by us. Raises
-    ``_tooltemplate.Fallback`` (fork the caller instead) or ``OSError`` (the template is gone)."""
+    ``_tooltemplate.Fallback`` (fork the caller instead), ``OSError`` (the template is gone) or
+    ``ToolCrashed`` (a spawner killed while it started the command: it is not started again)."""
     groups = Groups.make(limits, template.kind)
     groups.template = template
     res_r, res_w = os.pipe2(os.O_CLOEXEC)
@@ -168,8 +169,8 @@ def _by_spawner(
         except _toolspawner.Died:
             started = groups.members()  # (less the spawner, which may be still exiting)
             groups.drop_spawner()
-            if started:  # it had started the command: not started twice here
-                raise _tooltemplate.Fallback("the command's spawner died") from None
+            if started:  # it had started the command, never to be started twice: it ends with its groups
+                raise for_frameworks(ToolCrashed(signal=signal.SIGKILL)) from None
         except _toolspawner.Gone:
             groups.drop_spawner()  # (killed since its last call, or its template was replaced: once more)
     return None

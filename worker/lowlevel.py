@@ -34,6 +34,8 @@ from ._toolerrors import raised as tool_error_raised
 from ._toolgroups import SPARE_GROUPS as TOOL_SPARE_GROUPS
 from ._toolgroups import backend as tool_limits_backend
 from ._toolgroups import sweep_stale_groups as tool_groups_sweep
+from ._toolspawner import Died as ToolSpawnerDied
+from ._toolspawner import Spawner as ToolSpawner
 from ._tooltemplate import enable as tool_templates
 from ._zygote import FORK_BATCH
 from ._zygote import _preload as zygote_preload
@@ -47,7 +49,9 @@ from ._zygote import _preload as zygote_preload
 # - ``start_ticks``, ``heir_watch``, ``HEIR_GONE``/``HEIR_UNWATCHABLE``: LADDER-HEIR's process identity
 #   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse;
 # - ``zygote_preload``, ``zygote_worker_paths``: what the zygote imports and runs before it forks
-#   (WORKER-SETTLE), so a test can fork a process prepared like the zygote and measure a worker's writes.
+#   (WORKER-SETTLE), so a test can fork a process prepared like the zygote and measure a worker's writes;
+# - ``ToolSpawner``, ``ToolSpawnerDied``: a command's spawner as its caller sees it (TOOL-SPAWNER), so a
+#   test can kill one between starting a command and answering for it.
 
 __all__ = [
     "ENDLOG_HEAD",
@@ -63,6 +67,8 @@ __all__ = [
     "EndLog",
     "HeapKeeper",
     "OwnFileView",
+    "ToolSpawner",
+    "ToolSpawnerDied",
     "cgroup_joined",
     "endlog_read",
     "heap_trim",
