@@ -125,6 +125,9 @@ def _sync_script(kind: str, endpoint: str, marker: Path) -> str:
         f"""
         import faulthandler, signal, sys
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
+        # Ctrl-C as an interactive Python gets it, whatever this test's own parent left: a run started in
+        # the background of a non-interactive shell inherits SIGINT ignored, and Python keeps it so.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         ROOT = {ROOT!r}
         sys.path.insert(0, ROOT)
         from supervisor import SyncClient, SyncSupervisor
