@@ -135,9 +135,10 @@ async def run_through_killed_daemons(
     to the daemon running then, which that turn SIGKILLs; the next daemon, started on the same
     journal, resumes it, its result and every event it kept are read there, and the next value
     goes to that daemon. Each turn is killed once and resumed by a new daemon from what the journal
-    committed, as with daemons of its own, for one daemon start per turn instead of two. Returns the
-    baseline's result and each turn's result and events, in order."""
-    served = start(*ARGS, "--journal", str(journal), home=home)
+    committed, as with daemons of its own, for one daemon start per turn instead of two; one worker
+    each, so a framework the agent imports is imported once per daemon. Returns the baseline's
+    result and each turn's result and events, in order."""
+    served = start(*ARGS, "--workers", "1", "--journal", str(journal), home=home)
     out: list[tuple[TurnResult, list[Any]]] = []
     try:
         async with Client.connect(served.endpoint) as client:
@@ -147,7 +148,7 @@ async def run_through_killed_daemons(
             try:
                 turn_id = await submit_until_its_daemon_dies(served, agent, value_of(served.pid))
                 stop_process(served.proc)
-                served = start(*ARGS, "--journal", str(journal), home=home)
+                served = start(*ARGS, "--workers", "1", "--journal", str(journal), home=home)
                 out.append(await result_and_events(served.endpoint, turn_id))
             except BaseException as exc:
                 exc.add_note(f"in the chain's turn {k} (the {k + 1}th value)")
