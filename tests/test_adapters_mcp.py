@@ -51,29 +51,50 @@ def output_of(events: list[dict[str, Any]], call: str) -> int:
     return number(next(e["output"] for e in events if e["type"] == "tool_call_update" and e["id"] == call))
 
 
-@pytest.mark.parametrize("agent", ["pydantic_agent", "openai_agent"])
+async def _turns_of(sup: Supervisor, agent: str, mark: Path) -> dict[str, Any]:
+    """The agent's ``mcp`` turn, then its ``slow`` turn cancelled while the call is in flight."""
+    done = await sup.submit(A + agent, "mcp")
+    with anyio.fail_after(60):
+        result = await done.result()
+    seen = await events_of(done)
+    slow = await sup.submit(A + agent, f"slow {mark}")
+    parent = await wait_for_event(slow, "tool_call_update")
+    assert await anyio.to_thread.run_sync(wait_for_file, mark) == "started", agent  # the call is in flight
+    cancelled = await slow.cancel()
+    with anyio.fail_after(60):
+        aborted = await slow.result()
+    # The server's pid, from its own tool: the same server served both calls of the turn.
+    pids = [e for e in await events_of(slow) if e["type"] == "tool_call"]
+    return {
+        "result": result,
+        "seen": seen,
+        "parent": parent,
+        "cancelled": cancelled,
+        "aborted": aborted,
+        "pids": pids,
+    }
+
+
 async def test_framework_mcp_servers_are_started_for_the_turn_inside_its_tree(
-    agent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each framework's own MCP server object (pydantic-ai, the OpenAI Agents SDK), one after the other
+    on one worker (its module imports both frameworks: once, not once per framework)."""
     async with model_server(monkeypatch), Supervisor(workers=1, spares=0, grace=20) as sup:
-        done = await sup.submit(A + agent, "mcp")
-        with anyio.fail_after(60):
-            result = await done.result()
-        seen = await events_of(done)
-        mark = tmp_path / "slow"
-        slow = await sup.submit(A + agent, f"slow {mark}")
-        parent = await wait_for_event(slow, "tool_call_update")
-        assert await anyio.to_thread.run_sync(wait_for_file, mark) == "started"  # the call is in flight
-        assert await slow.cancel() == {"kind": "user"}
-        with anyio.fail_after(60):
-            aborted = await slow.result()
-        # The server's pid, from its own tool: the same server served both calls of the turn.
-        pids = [e for e in await events_of(slow) if e["type"] == "tool_call"]
-    assert result.outcome == "completed" and result.output == "The sum is 5.", result
-    assert output_of(seen, "call_parent") == result.worker_pid  # the server is the worker's child
-    assert output_of(seen, "call_add") == 5
-    assert [p["title"] for p in pids] == ["parent", "slow"]
-    assert number(parent["output"]) == aborted.worker_pid
-    assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, aborted
-    assert mark.read_text() == "cancelled"  # notifications/cancelled reached the server
-    assert aborted.worker_pid == result.worker_pid  # no kill was needed
+        turns = {
+            agent: await _turns_of(sup, agent, tmp_path / agent)
+            for agent in ("pydantic_agent", "openai_agent")
+        }
+    for agent, t in turns.items():
+        result, seen, aborted = t["result"], t["seen"], t["aborted"]
+        assert result.outcome == "completed" and result.output == "The sum is 5.", (agent, result)
+        assert output_of(seen, "call_parent") == result.worker_pid, agent  # the server is the worker's child
+        assert output_of(seen, "call_add") == 5, agent
+        assert t["cancelled"] == {"kind": "user"}, agent
+        assert [p["title"] for p in t["pids"]] == ["parent", "slow"], agent
+        assert number(t["parent"]["output"]) == aborted.worker_pid, agent
+        assert aborted.outcome == "aborted" and aborted.cause == {"kind": "user"}, (agent, aborted)
+        assert (tmp_path / agent).read_text() == "cancelled", (
+            agent
+        )  # notifications/cancelled reached the server
+        assert aborted.worker_pid == result.worker_pid, agent  # no kill was needed

@@ -557,18 +557,19 @@ WAITED_BAD: tuple[tuple[str, ...], ...] = (
 )
 
 
-@pytest.mark.parametrize("mode", ["--wait", "--follow"])
-def test_submit_wait_and_follow_answer_bad_input_as_submit_does(mode: str) -> None:
+def test_submit_wait_and_follow_answer_bad_input_as_submit_does() -> None:
     """CLI-ONE-LINE: ``submit BAD --wait`` / ``--follow`` (a bad agent name, ``__main__:x``, a timeout
     of ``1e999``, a turn id or session LINK-TURN-ID refuses) prints the same one line and exit 2 as
-    ``submit BAD`` (was: a 53-line ExceptionGroup traceback and exit 1)."""
+    ``submit BAD`` (was: a 53-line ExceptionGroup traceback and exit 1). (One daemon for both modes.)"""
     home = daemonkit.short_dir()
     with serving(*FAST, "--no-journal", home=home) as d:
         for bad in WAITED_BAD:
             plain = d.cli("submit", *bad)
-            waited = d.cli("submit", *bad, mode)
-            assert plain.returncode == waited.returncode == 2, (bad, plain.stderr, waited.stderr)
-            assert one_line_error(waited) == one_line_error(plain), bad
+            assert plain.returncode == 2, (bad, plain.stderr)
+            for mode in ("--wait", "--follow"):
+                waited = d.cli("submit", *bad, mode)
+                assert waited.returncode == 2, (mode, bad, plain.stderr, waited.stderr)
+                assert one_line_error(waited) == one_line_error(plain), (mode, bad)
         status = d.cli("status", "--json")
         assert msgspec.json.decode(status.stdout)["outcomes"] == {}, status.stdout  # nothing ran
 

@@ -6,6 +6,7 @@ again with the same key, a call that started and did not complete is told to the
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sqlite3
@@ -26,41 +27,44 @@ from tests.support.durablekit import (
     BOUNDARIES,
     check_resumed,
     result_on_a_new_daemon,
-    run_through_daemon,
+    run_through_killed_daemons,
     submit_until_its_daemon_dies,
 )
 
 pytestmark = pytest.mark.anyio
 
 
-async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> tuple[Any, list[Any]]:
-    """Submit the turn to a daemon that it kills at ``kill`` (if any), restart the daemon on the
-    same journal, and return the turn's result and events there."""
-    value = {"dir": str(d), "kill": kill}
-    return await run_through_daemon(home, journal, AGENT, lambda pid: {**value, "pid": pid}, kill is not None)
-
-
 async def test_sigkill_of_the_daemon_at_every_boundary_resumes_from_the_last_committed_step(
     tmp_path: Path,
 ) -> None:
+    """One journal, a daemon per boundary: the turn killing the daemon at a boundary is resumed by
+    the next daemon started on the journal, which the next boundary's turn then kills."""
     home = short_dir()
+    journal = home / "journal.sqlite3"
+    dirs = {b: tmp_path / b for b in ("baseline", *BOUNDARIES)}
+    for d in dirs.values():
+        d.mkdir()
     try:
-        base_dir = tmp_path / "baseline"
-        base_dir.mkdir()
-        baseline, _ = await run_once(home, home / "baseline.sqlite3", base_dir, None)
+        baseline, resumed = await run_through_killed_daemons(
+            home,
+            journal,
+            AGENT,
+            {"dir": str(dirs["baseline"]), "kill": None},
+            [functools.partial(_value, dirs[b], b) for b in BOUNDARIES],
+        )
         assert baseline.outcome == "completed" and baseline.attempts == 1, baseline
-        for boundary in BOUNDARIES:
-            d = tmp_path / boundary
-            d.mkdir()
-            journal = home / f"{boundary}.sqlite3"
-            result, events = await run_once(home, journal, d, boundary)
-            check_resumed(boundary, d, result, events, baseline.output)
+        for boundary, (result, events) in zip(BOUNDARIES, resumed, strict=True):
+            check_resumed(boundary, dirs[boundary], result, events, baseline.output)
             # LOOP-STEP-INSPECT: the journal shows every call completed (the told one with its error output).
             steps = view_steps(journal, result.turn_id)
-            assert [s["step"] for s in steps] == [0, 1, 2, 3], steps
-            assert all(c["state"] == "completed" for s in steps for c in s["calls"]), steps
+            assert [s["step"] for s in steps] == [0, 1, 2, 3], (boundary, steps)
+            assert all(c["state"] == "completed" for s in steps for c in s["calls"]), (boundary, steps)
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _value(d: Path, kill: str, pid: int) -> dict[str, Any]:
+    return {"dir": str(d), "kill": kill, "pid": pid}
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "foreign"])

@@ -8,6 +8,7 @@ uninterrupted run gives."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 pytest.importorskip("langgraph", reason="needs the langgraph extra")
 
 from tests.support.daemonkit import short_dir
-from tests.support.durablekit import lines, run_through_daemon
+from tests.support.durablekit import lines, run_through_killed_daemons
 
 pytestmark = pytest.mark.anyio
 
@@ -40,45 +41,41 @@ def prompt(d: Path, kill: str | None, pid: int) -> dict[str, Any]:
     }
 
 
-async def run_once(home: Path, journal: Path, d: Path, kill: str | None) -> Any:
-    """Submit the graph's turn to a daemon that it kills at ``kill`` (if any), restart the daemon
-    on the same journal, and return the turn's result there."""
-    result, events = await run_through_daemon(
-        home, journal, AGENT, lambda pid: prompt(d, kill, pid), kill is not None
-    )
-    if kill is None:
-        return result
-    seen = [e for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
-    # The resumed event counts the model steps the journal held (the planner's recorded answers).
-    from_step = {"model1": 0, "model2": 1, "in_charge": 1, "after_charge": 1, "end": 2}[kill]
-    assert seen == [{"type": "resumed", "attempt": 2, "from_step": from_step}], (kill, seen)
-    return result
-
-
 async def test_sigkill_of_the_daemon_at_every_boundary_of_a_graph(tmp_path: Path) -> None:
+    """One journal, a daemon per boundary: the graph's turn killing the daemon at a boundary is
+    resumed by the next daemon started on the journal, which the next boundary's turn then kills."""
     home = short_dir()
+    dirs = {b: tmp_path / b for b in ("baseline", *BOUNDARIES)}
+    for d in dirs.values():
+        d.mkdir()
     try:
-        base_dir = tmp_path / "baseline"
-        base_dir.mkdir()
-        base = await run_once(home, home / "baseline.sqlite3", base_dir, None)
-        assert base.outcome == "completed" and base.attempts == 1, base
-        assert final_text(base.output) == 'Done: {"charged": 5}'
-        for kill in BOUNDARIES:
-            d = tmp_path / kill
-            d.mkdir()
-            r = await run_once(home, home / f"{kill}.sqlite3", d, kill)
-            assert (d / "killed").exists(), kill
-            assert r.outcome == "completed" and r.attempts == 2, (kill, r)
-            assert len(lines(d, "charges")) == 1, kill  # exactly once across both attempts
-            opens = lines(d, "opens")
-            if kill in ("in_charge", "after_charge"):
-                # Its writes were never committed: the outcome is unknown and told to the model.
-                text = final_text(r.output)
-                assert "outcome of tool call 'call_c1'" in text and "unknown" in text, (kill, text)
-                assert opens == ["1", "2"], (kill, opens)  # the planner's first answer not asked again
-            else:
-                assert final_text(r.output) == final_text(base.output), (kill, r.output)
-                # Only the planner call the kill cut is made again (none after the last step).
-                assert len(opens) == {"model1": 3, "model2": 3, "end": 2}[kill], (kill, opens)
+        base, resumed = await run_through_killed_daemons(
+            home,
+            home / "journal.sqlite3",
+            AGENT,
+            prompt(dirs["baseline"], None, 0),
+            [functools.partial(prompt, dirs[kill], kill) for kill in BOUNDARIES],
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
+    assert base.outcome == "completed" and base.attempts == 1, base
+    assert final_text(base.output) == 'Done: {"charged": 5}'
+    for kill, (r, events) in zip(BOUNDARIES, resumed, strict=True):
+        d = dirs[kill]
+        seen = [e for e in events if isinstance(e, dict) and e.get("type") == "resumed"]
+        # The resumed event counts the model steps the journal held (the planner's recorded answers).
+        from_step = {"model1": 0, "model2": 1, "in_charge": 1, "after_charge": 1, "end": 2}[kill]
+        assert seen == [{"type": "resumed", "attempt": 2, "from_step": from_step}], (kill, seen)
+        assert (d / "killed").exists(), kill
+        assert r.outcome == "completed" and r.attempts == 2, (kill, r)
+        assert len(lines(d, "charges")) == 1, kill  # exactly once across both attempts
+        opens = lines(d, "opens")
+        if kill in ("in_charge", "after_charge"):
+            # Its writes were never committed: the outcome is unknown and told to the model.
+            text = final_text(r.output)
+            assert "outcome of tool call 'call_c1'" in text and "unknown" in text, (kill, text)
+            assert opens == ["1", "2"], (kill, opens)  # the planner's first answer not asked again
+        else:
+            assert final_text(r.output) == final_text(base.output), (kill, r.output)
+            # Only the planner call the kill cut is made again (none after the last step).
+            assert len(opens) == {"model1": 3, "model2": 3, "end": 2}[kill], (kill, opens)

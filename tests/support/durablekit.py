@@ -1,6 +1,6 @@
 """Helpers for the step-record tests (``test_durability*.py``): the 3-tool turn of
 ``tests/agents/durable.py``, its kill boundaries, what a turn killed once at one of them and
-resumed must show, and a turn run through a daemon it may SIGKILL (restarted on its journal)."""
+resumed must show, and turns run through daemons they SIGKILL (restarted on their journal)."""
 
 from __future__ import annotations
 
@@ -127,27 +127,35 @@ async def result_and_events(endpoint: str, turn_id: str) -> tuple[TurnResult, li
                 return result, [e async for e in events]
 
 
-async def run_through_daemon(
-    home: Path, journal: Path, agent: str, value_of: Callable[[int], Any], kill: bool
-) -> tuple[TurnResult, list[Any]]:
-    """Submit ``value_of(the daemon's pid)`` to ``agent`` as a ``retry=True`` turn on a daemon on
-    ``journal``. With ``kill``, the turn SIGKILLs that daemon, which is started again on the same
-    journal. Returns the turn's result and every event it kept, from the daemon that ended it."""
-    first = start(*ARGS, "--journal", str(journal), home=home)
+async def run_through_killed_daemons(
+    home: Path, journal: Path, agent: str, baseline: Any, values_of: list[Callable[[int], Any]]
+) -> tuple[TurnResult, list[tuple[TurnResult, list[Any]]]]:
+    """A chain of daemons on one ``journal``. ``baseline`` first runs unkilled as a ``retry=True``
+    turn of ``agent`` on the first daemon; then each ``values_of[k](the daemon's pid)`` is submitted
+    to the daemon running then, which that turn SIGKILLs; the next daemon, started on the same
+    journal, resumes it, its result and every event it kept are read there, and the next value
+    goes to that daemon. Each turn is killed once and resumed by a new daemon from what the journal
+    committed, as with daemons of its own, for one daemon start per turn instead of two; one worker
+    each, so a framework the agent imports is imported once per daemon. Returns the baseline's
+    result and each turn's result and events, in order."""
+    served = start(*ARGS, "--workers", "1", "--journal", str(journal), home=home)
+    out: list[tuple[TurnResult, list[Any]]] = []
     try:
-        value = value_of(first.pid)
-        if not kill:
-            async with Client.connect(first.endpoint) as client:
-                handle = await client.submit(agent, value, retry=True)
-            return await result_and_events(first.endpoint, handle.turn_id)
-        turn_id = await submit_until_its_daemon_dies(first, agent, value)
+        async with Client.connect(served.endpoint) as client:
+            handle = await client.submit(agent, baseline, retry=True)
+        plain, _ = await result_and_events(served.endpoint, handle.turn_id)
+        for k, value_of in enumerate(values_of):
+            try:
+                turn_id = await submit_until_its_daemon_dies(served, agent, value_of(served.pid))
+                stop_process(served.proc)
+                served = start(*ARGS, "--workers", "1", "--journal", str(journal), home=home)
+                out.append(await result_and_events(served.endpoint, turn_id))
+            except BaseException as exc:
+                exc.add_note(f"in the chain's turn {k} (the {k + 1}th value)")
+                raise
     finally:
-        stop_process(first.proc)
-    second = start(*ARGS, "--journal", str(journal), home=home)
-    try:
-        return await result_and_events(second.endpoint, turn_id)
-    finally:
-        stop_process(second.proc)
+        stop_process(served.proc)
+    return plain, out
 
 
 async def result_on_a_new_daemon(home: Path, journal: Path, turn_id: str) -> TurnResult:
