@@ -29,7 +29,10 @@ async def wait_for_event(handle: TurnHandle, kind: str) -> dict[str, Any]:
             async for event in events:
                 if event["type"] == kind:
                     return event
-    raise AssertionError(f"the turn ended without a {kind} event")
+        result = await handle.result()  # (ended: at once) what ended it, for the failure's message
+    raise AssertionError(
+        f"the turn ended without a {kind} event: {result.outcome}, cause {result.cause}, error {result.error}"
+    )
 
 
 def wait_for_file(path: Path, bound: float = 60.0) -> str:
