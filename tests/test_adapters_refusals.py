@@ -125,8 +125,7 @@ async def test_import_failures_and_slow_imports_are_accepted_as_before(
     has passed, the turn accepted; it ends as the worker finds it (``failed`` with ``InvalidAgent``
     once the import finishes in the worker)."""
     monkeypatch.setattr(probe, "PROBE_SECONDS", 0.3)
-    # allowed: a module whose import outlasts the probe's bound is what is under test
-    _write(tmp_path, "slow.py", "import time\n\ntime.sleep(1.5)\ncount = 5\n")
+    _write(tmp_path, "slow.py", "import time\n\ntime.sleep(1.5)\ncount = 5\n")  # allowed: slow import
     _write(tmp_path, "pydantic_ai/__init__.py", "raise ImportError('pydantic-ai is broken here')\n")
     _write(tmp_path, "uses_broken.py", "import pydantic_ai\n\nagent = pydantic_ai.Agent('test')\n")
     async with Supervisor(workers=1, spares=0, agent_path=(str(tmp_path),)) as sup:

@@ -139,6 +139,5 @@ async def test_a_cancelled_turns_worker_weighs_a_program_until_it_is_idle() -> N
             assert _autogroup_nice(pid) == 0
             assert (await handle.result()).outcome == "aborted"
             while next(w["state"] for w in (await sup.status())["workers"] if w["pid"] == pid) != "idle":  # noqa: ASYNC110 - a slot's state: no event to wait on
-                # allowed: bounded poll (fail_after above) of the slot's state, which has no event to await
-                await anyio.sleep(0.01)
+                await anyio.sleep(0.01)  # allowed: bounded poll, no event
             assert _autogroup_nice(pid) == autogroup_nice(n)

@@ -22,8 +22,7 @@ def test_a_large_pool_is_sampled_once_per_refresh(monkeypatch: pytest.MonkeyPatc
     now = [100.0]
     memory = treemem.TreeMemory(clock=lambda: now[0])
     spawned: list[Any] = []
-    # allowed: the child only has to exist while its memory is read; the test kills it
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # allowed: it only exists
     try:
         pids = [os.getpid(), child.pid]
         first = memory.figures(pids, lambda fn, *args: spawned.append((fn, args)))
