@@ -106,6 +106,7 @@ def serve(sock: socket.socket, join: list[str], parent: int, child: Any) -> NoRe
             data, fds = b"", []
         if not data:
             os._exit(0)  # the caller let the groups go, or is gone
+        pid = 0
         try:
             req = _dec.decode(data)
             os.chdir(req["cwd"])
@@ -120,6 +121,12 @@ def serve(sock: socket.socket, join: list[str], parent: int, child: Any) -> NoRe
                     os._exit(70)
             pidfd = os.pidfd_open(pid)
         except BaseException as exc:  # noqa: BLE001 - told to the caller, which forks the call itself
+            if pid > 0:  # started, but not to be watched (no pidfd): stopped, so it never runs twice
+                for kill in (os.killpg, os.kill):  # (its group, if it made it yet; it, in any case)
+                    with contextlib.suppress(OSError):
+                        kill(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.waitpid(pid, 0)
             for fd in fds:
                 os.close(fd)
             with contextlib.suppress(OSError):
