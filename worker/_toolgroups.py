@@ -354,16 +354,10 @@ class Groups:
     def spawner_counted(self) -> None:
         """TOOL-SPAWNER: once their spawner stands in them, its memory is added to their memory limit:
         what it wrote after its move is charged to them (~0.3-0.5 MiB), and is not the call's."""
-        path, want = self.dirs.get("memory"), self.limits.memory_mb
-        if path is None or want is None:
+        want = self.limits.memory_mb
+        if "memory" not in self.dirs or want is None:
             return
-        v2 = self.v2.get("memory", False)
-        held = 0
-        with contextlib.suppress(OSError, ValueError), open(os.path.join(path, "memory.stat"), "rb") as f:
-            for line in f:
-                if line.startswith(b"anon " if v2 else b"rss "):
-                    held = int(line.split()[1])
-                    break
+        held = self._counter("memory", "memory.stat", b"anon" if self.v2.get("memory", False) else b"rss")
         self._memory_limit(int(float(want) * MIB) + held)
 
     def _memory_limit(self, nbytes: int) -> None:
