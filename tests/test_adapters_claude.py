@@ -27,6 +27,7 @@ pytest.importorskip("claude_agent_sdk", reason="the claude extra is not installe
 
 A = "tests.agents.claude_agents:assistant"
 WHOLE = "tests.agents.claude_agents:whole"
+MUTE = "tests.agents.claude_agents:mute"
 PRELOAD = ("tests.agents.claude_agents",)
 
 
@@ -57,7 +58,8 @@ async def test_sessions_stream_complete_cancel_and_are_killed_with_their_cli(tmp
     the common vocabulary and completes with the result's text, with partial messages (token
     deltas) and without (whole blocks); an unknown input key fails the turn; a cancel mid-stream
     reaches the CLI as the SDK's interrupt and ends ``aborted`` (cause ``user``) with the CLI and
-    its child gone; past a deadline, cause ``deadline``; a CLI that ignores interrupt, stdin EOF and
+    its child gone; past a deadline, cause ``deadline``, even one that comes while the SDK is still
+    connecting; a CLI that ignores interrupt, stdin EOF and
     SIGTERM ends ``killed`` after the grace, the CLI and its child gone, and a new worker serves on."""
     async with Supervisor(workers=1, spares=0, grace=0.5, kill_after=0.5, preload=PRELOAD) as sup:
         hello = await sup.submit(A, "hello there")
@@ -74,6 +76,7 @@ async def test_sessions_stream_complete_cancel_and_are_killed_with_their_cli(tmp
         with anyio.fail_after(60):
             aborted = await endless.result()
             late = await sup.run(A, "forever", timeout=0.5, grace=20)
+            connecting = await sup.run(MUTE, "hello", timeout=0.5, grace=20)
 
         stubborn = await sup.submit(A, "stubborn")
         stubborn_cli, stubborn_child = await cli_pids(stubborn)
@@ -97,6 +100,9 @@ async def test_sessions_stream_complete_cancel_and_are_killed_with_their_cli(tmp
     assert mark.read_text() == "interrupted"  # the SDK's interrupt() reached the CLI
     assert gone(cli) and gone(child)
     assert late.outcome == "aborted" and late.cause == {"kind": "deadline"}, late
+    # a deadline while the SDK still connects (its CLI never answers): no interrupt() of a session
+    # that never was, and no SDK error in place of the cancel
+    assert connecting.outcome == "aborted" and connecting.cause == {"kind": "deadline"}, connecting
     assert killed.outcome == "killed" and killed.cause == {"kind": "user"}, killed
     assert gone(stubborn_cli) and gone(stubborn_child)
     assert fresh.outcome == "completed" and fresh.worker_pid != killed.worker_pid

@@ -9,3 +9,5 @@ CLI = str(Path(__file__).with_name("fake_claude_cli.py"))
 
 assistant = ClaudeAgentOptions(cli_path=CLI, include_partial_messages=True)
 whole = ClaudeAgentOptions(cli_path=CLI)  # no partial messages: text and thinking come as whole blocks
+# never connects: a cancel comes mid-connect()
+mute = ClaudeAgentOptions(cli_path=CLI, env={"FAKE_CLAUDE_MUTE": "1"})

@@ -14,6 +14,9 @@ what it answers depends on the prompt's first word.
   ``result`` "done";
 * ``stubborn``: as ``forever``, but ignores ``interrupt``, SIGTERM and stdin EOF (only SIGKILL ends it).
 
+With ``FAKE_CLAUDE_MUTE`` in its environment it never answers a control request (the SDK's
+``initialize`` included: its ``connect()`` waits) and exits on stdin EOF.
+
 Stdlib only: it runs under any ``python3``.
 """
 
@@ -198,6 +201,8 @@ def main():
         if msg is None:
             return
         if msg.get("type") == "control_request":
+            if os.environ.get("FAKE_CLAUDE_MUTE"):
+                continue
             answer(msg, {"commands": [], "output_style": "default"})
         elif msg.get("type") == "user":
             content = msg["message"]["content"]

@@ -11,9 +11,9 @@ without them each whole text or thinking block is one ``delta``/``thought``. A `
 ``result`` text; a result with ``is_error`` fails the turn.
 
 Cancel: the turn's Abort cancels its scope; on the way out (shielded) the SDK's ``interrupt()`` is
-sent (bounded), then ``disconnect()`` closes the CLI's stdin and waits for it. A CLI that ignores both
-is still running when the grace ends: the ladder kills the worker's tree, the CLI and its children
-with it.
+sent (bounded) to a session that connected, then ``disconnect()`` closes the CLI's stdin and waits
+for it. A CLI that ignores both is still running when the grace ends: the ladder kills the worker's
+tree, the CLI and its children with it.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
             raise TypeError(f"'session_id' is a str, got {type(session_id).__name__}")
         client = sdk.ClaudeSDKClient(options=options)
         result: Any = None
+        connected = False
         try:
             await client.connect()
+            connected = True
             await client.query(prompt, session_id=session_id)
             async for message in client.receive_response():
                 if isinstance(message, sdk.ResultMessage):
@@ -66,7 +68,9 @@ def adapt(spec: str, obj: Any, extra: str) -> AgentFn | None:
                     await turn.emit(event)
         finally:
             with anyio.CancelScope(shield=True):
-                if turn.signal.cancelled and result is None:
+                # a cancel during connect() left no session to interrupt (the SDK then raises
+                # "Not connected", which would stand in for the cancel)
+                if turn.signal.cancelled and connected and result is None:
                     with anyio.move_on_after(INTERRUPT_SECONDS):
                         await client.interrupt()
                 await client.disconnect()
