@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -697,6 +698,34 @@ def test_calls_are_forked_by_a_warm_template_and_what_it_cannot_find_by_the_call
     finally:
         lowlevel.tool_templates(None)
     assert _gone(tpl) and _gone(fresh)
+
+
+def test_a_function_its_embryo_cannot_find_by_name_is_forked_by_the_caller() -> None:
+    """TOOL-EMBRYO-DIRECT: once its template has imported a module, a call of that module goes straight
+    to an embryo, which finds the function by name; one that a fresh import does not have (made at run
+    time) is told back by the embryo before anything of it runs, and the caller forks it, once."""
+    lowlevel.tool_templates(True)
+
+    def added_later(path: str) -> int:
+        with open(path, "a") as f:
+            f.write("ran\n")
+        return os.getppid()
+
+    added_later.__qualname__ = added_later.__name__
+    globals()["added_later"] = added_later
+    try:
+        me = os.getpid()
+        tpl = worker.isolated(parent)()
+        assert tpl != me and worker.isolated(parent)() == tpl  # (the second from an embryo)
+        with tempfile.TemporaryDirectory() as tmp:
+            ran = os.path.join(tmp, "ran")
+            late = worker.isolated(added_later)
+            assert late(ran) == me
+            assert late(ran) == me
+            assert Path(ran).read_text() == "ran\n" * 2  # never twice for one call
+    finally:
+        del globals()["added_later"]
+        lowlevel.tool_templates(None)
 
 
 def test_a_templates_calls_die_with_their_caller(tmp_path: Path) -> None:
