@@ -34,7 +34,7 @@ def _waiting_in(path: str) -> int | None:
 
 def main(n: int) -> None:
     import worker
-    from worker import _toolgroups, _tooltemplate, lowlevel
+    from worker import lowlevel
 
     lowlevel.tool_templates(True)
     from benchmarks import probe_tool_faults as here
@@ -42,24 +42,23 @@ def main(n: int) -> None:
     iso = worker.isolated(here.faults_at_start)
     for _ in range(5):
         iso()
-    tpl = _tooltemplate.get("fn")
+    tpl = lowlevel.tool_template_pid("fn")
     assert tpl is not None
-    key = _toolgroups._key(iso.limits, "fn")
     names = ("caller", "template", "embryo before fn", "embryo total", "ms")
     rows: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(n):
         time.sleep(0.03)  # let the embryos settle (forked, pre-faulted, waiting)
-        nxt = _toolgroups._KEPT[key][0]
-        embryo = _waiting_in(nxt.contain) if nxt.contain else None
+        contain = lowlevel.tool_next_call_groups(iso.limits, "fn")
+        embryo = _waiting_in(contain) if contain else None
         e0 = _minflt(embryo)[0] if embryo else None
-        t0 = _minflt(tpl.pid)
+        t0 = _minflt(tpl)
         c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         s = time.perf_counter()
         pid, at_start = iso()
         rows["ms"].append((time.perf_counter() - s) * 1e3)
         c1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         time.sleep(0.03)  # reaped by the template
-        t1 = _minflt(tpl.pid)
+        t1 = _minflt(tpl)
         rows["caller"].append(c1 - c0)
         rows["template"].append(t1[0] - t0[0])
         if e0 is not None and pid == embryo:

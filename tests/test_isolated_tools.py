@@ -867,8 +867,6 @@ def test_an_embryo_takes_the_copy_on_write_faults_of_a_calls_path_before_the_cal
     pages a call writes (interpreter state, type caches, the allocator's) are its own before the call:
     from waiting to the function's first line, a call takes few page faults (~15 here; ~50 before the
     rehearsal, each ~4 us of the call's time on this machine)."""
-    from worker import _toolgroups
-
     if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
         pytest.skip("no cgroup v2 containment here: no kept groups")
     lowlevel.tool_templates(True)
@@ -876,14 +874,13 @@ def test_an_embryo_takes_the_copy_on_write_faults_of_a_calls_path_before_the_cal
         iso = worker.isolated(faults_so_far)
         for _ in range(3):
             iso()  # the template has found it; its kept groups have an embryo each
-        key = _toolgroups._key(iso.limits, "fn")
         seen = []
         for _ in range(7):
-            groups = _toolgroups._KEPT[key][0]  # the set the next call takes
-            assert groups.contain is not None
+            contain = lowlevel.tool_next_call_groups(iso.limits, "fn")  # the set the next call takes
+            assert contain is not None
             deadline = time.monotonic() + 20
             while True:  # its embryo, once it waits for its call (in a socket's receive)
-                procs = [int(p) for p in Path(groups.contain, "cgroup.procs").read_text().split()]
+                procs = [int(p) for p in Path(contain, "cgroup.procs").read_text().split()]
                 if len(procs) == 1 and "wait_for_more_packets" in Path(f"/proc/{procs[0]}/wchan").read_text():
                     break
                 assert time.monotonic() < deadline, procs

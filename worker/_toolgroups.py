@@ -494,6 +494,14 @@ def remove_kept() -> None:
             _cgroup.remove(path)
 
 
+def next_kept(limits: Limits, kind: str | None) -> str | None:
+    """The v2 directory of the kept groups the next call with ``limits`` (made by a ``kind`` template)
+    takes, if any: its embryo waits there (for tests and probes)."""
+    with _KEPT_LOCK:
+        free = _KEPT.get(_key(limits, kind))
+        return free[0].contain if free else None
+
+
 def let_embryos_go(template: Any) -> None:
     """``template`` is let go: the embryos it made that wait in kept groups go too (each exits once
     its socket closes; the groups ask the next template for another)."""

@@ -18,6 +18,10 @@ instance, a module that fails to import there or starts a thread when imported (
 threads is not safe to fork) - is answered ``["fallback", why, retire]``, and the caller forks itself
 for it, as it does outside a worker.
 
+A function's calls after the first of its module go straight to an *embryo*: a fork of the template
+made ahead of the call in the call's groups, on a socket of the caller's (``_toolembryo``); the
+template only forks and reaps it.
+
 The template has no parent-death signal (its parent may be a thread that ends); it ends when its
 control socket closes: at once, killing what it runs, when its caller is gone, else once its calls end.
 """
@@ -680,6 +684,12 @@ def get(kind: str) -> Template | None:
 
         _guards.keep_child(t.pid)  # TREE-KEPT-CHILDREN: the worker's own, not a turn's leftover
         return t
+
+
+def pid_of(kind: str) -> int | None:
+    """The pid of this process's running template for ``kind``, if any (for tests and probes)."""
+    t = _TEMPLATES.get(kind)
+    return t.pid if t is not None and t.owner == os.getpid() else None
 
 
 def drop(t: Template) -> None:
