@@ -728,6 +728,27 @@ def test_a_function_its_embryo_cannot_find_by_name_is_forked_by_the_caller() -> 
         lowlevel.tool_templates(None)
 
 
+def measure(data: str) -> list[int]:
+    return [os.getpid(), len(data)]
+
+
+def test_arguments_too_large_for_a_message_cross_to_the_template_and_to_an_embryo() -> None:
+    """Arguments over a message's size go in a memfd: to the template (a first call) and to the embryo
+    waiting for a later one (TOOL-EMBRYO-DIRECT) alike."""
+    lowlevel.tool_templates(True)
+    try:
+        iso = worker.isolated(measure)
+        big = "x" * 300_000
+        pids = set()
+        for text in (big, big, "y", big):
+            pid, n = iso(text)
+            assert n == len(text)
+            pids.add(pid)
+        assert len(pids) == 4 and os.getpid() not in pids
+    finally:
+        lowlevel.tool_templates(None)
+
+
 def test_a_templates_calls_die_with_their_caller(tmp_path: Path) -> None:
     """A caller killed with SIGKILL while a call runs in its template: the template sees its control
     socket close with its caller gone, kills the call's tree and exits."""
