@@ -254,6 +254,25 @@ def end_own_tree() -> None:
         _tree.kill_descendants(os.getpid(), timeout=1.0)
 
 
+def receive(sock: Any, timeout: float, max_fds: int = 0) -> tuple[Any, list[int]]:
+    """One message on ``sock`` within ``timeout``: (decoded, or None if none came or it was not
+    msgpack; the descriptors it carried)."""
+    import socket
+
+    sock.settimeout(timeout)
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 256, max_fds)
+    except OSError:
+        return None, []
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(None)
+    try:
+        return (msgspec.msgpack.decode(data) if data else None), fds
+    except msgspec.DecodeError:
+        return None, fds
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

@@ -161,19 +161,12 @@ class Embryo:
     def ready(self, timeout: float = READY_S) -> bool:
         """Whether it waits for its call (waits for it at most ``timeout``)."""
         if self.pid is None:
-            self.sock.settimeout(timeout)
-            try:
-                data, fds, _, _ = socket.recv_fds(self.sock, 256, 1)
-                msg = _dec.decode(data) if data else None
-                if msg is not None and msg[0] == "ready" and fds:
+            msg, fds = _toolchild.receive(self.sock, timeout, 1)
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                if msg[0] == "ready" and fds:
                     self.pid, self.pidfd = int(msg[1]), fds.pop()
-                for fd in fds:
-                    os.close(fd)
-            except (OSError, ValueError, msgspec.DecodeError, IndexError):
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    self.sock.settimeout(None)
+            for fd in fds:
+                os.close(fd)
         return self.pid is not None
 
     def start(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int]:
