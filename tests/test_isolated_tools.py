@@ -749,6 +749,42 @@ def test_arguments_too_large_for_a_message_cross_to_the_template_and_to_an_embry
         lowlevel.tool_templates(None)
 
 
+async def test_a_call_in_an_embryo_whose_template_is_killed_is_a_crash_with_nothing_left(
+    tmp_path: Path,
+) -> None:
+    """TOOL-EMBRYO-DIRECT: a call handed straight to its embryo still ends as ``ToolCrashed(signal=9)`` when
+    its template is killed mid-call (the embryo dies with it: its exit status is nobody's to tell), and the
+    next call gets a new template."""
+    from tests.agents import tools
+
+    lowlevel.tool_templates(True)
+    try:
+        if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+            pytest.skip("no cgroup v2 containment here: no kept groups")
+        stuck = worker.isolated(tools.sleeper, timeout=None)
+        whose = worker.isolated(tools.parent)
+        first = whose()
+        assert whose() == first  # (its module imported there: the next calls go to embryos)
+        embryo = _embryo_waiting(stuck.limits)
+        pidfile = tmp_path / "call"
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    with pytest.raises(worker.ToolCrashed) as crashed:
+                        await stuck.acall(str(pidfile))
+                    assert crashed.value.signal == signal.SIGKILL
+
+                tg.start_soon(call)
+                await _wait_for(pidfile)
+                assert _pid_of(pidfile) == embryo
+                os.kill(first, signal.SIGKILL)
+        assert _gone(_pid_of(pidfile))
+        assert whose() not in (first, os.getpid())
+    finally:
+        lowlevel.tool_templates(None)
+
+
 def test_a_templates_calls_die_with_their_caller(tmp_path: Path) -> None:
     """A caller killed with SIGKILL while a call runs in its template: the template sees its control
     socket close with its caller gone, kills the call's tree and exits."""
@@ -883,6 +919,20 @@ def _minor_faults(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[7])
 
 
+def _embryo_waiting(limits: Any) -> int:
+    """The process waiting in the kept groups the next function call with ``limits`` takes, once it
+    waits for its call (in a socket's receive)."""
+    contain = lowlevel.tool_next_call_groups(limits, "fn")
+    assert contain is not None
+    deadline = time.monotonic() + 20
+    while True:
+        procs = [int(p) for p in Path(contain, "cgroup.procs").read_text().split()]
+        if len(procs) == 1 and "wait_for_more_packets" in Path(f"/proc/{procs[0]}/wchan").read_text():
+            return procs[0]
+        assert time.monotonic() < deadline, procs
+        time.sleep(0.005)  # allowed: bounded poll of another process's state
+
+
 def test_an_embryo_takes_the_copy_on_write_faults_of_a_calls_path_before_the_call() -> None:
     """TOOL-EMBRYO-DIRECT: the process waiting for a call has run the call's path on a dummy, so the
     pages a call writes (interpreter state, type caches, the allocator's) are its own before the call:
@@ -897,18 +947,10 @@ def test_an_embryo_takes_the_copy_on_write_faults_of_a_calls_path_before_the_cal
             iso()  # the template has found it; its kept groups have an embryo each
         seen = []
         for _ in range(7):
-            contain = lowlevel.tool_next_call_groups(iso.limits, "fn")  # the set the next call takes
-            assert contain is not None
-            deadline = time.monotonic() + 20
-            while True:  # its embryo, once it waits for its call (in a socket's receive)
-                procs = [int(p) for p in Path(contain, "cgroup.procs").read_text().split()]
-                if len(procs) == 1 and "wait_for_more_packets" in Path(f"/proc/{procs[0]}/wchan").read_text():
-                    break
-                assert time.monotonic() < deadline, procs
-                time.sleep(0.005)  # allowed: bounded poll of another process's state
-            waiting = _minor_faults(procs[0])
+            embryo = _embryo_waiting(iso.limits)
+            waiting = _minor_faults(embryo)
             pid, at_start = iso()
-            assert pid == procs[0]
+            assert pid == embryo
             seen.append(at_start - waiting)
         seen.sort()
         assert seen[len(seen) // 2] < 30, seen
