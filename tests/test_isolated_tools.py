@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -699,6 +700,91 @@ def test_calls_are_forked_by_a_warm_template_and_what_it_cannot_find_by_the_call
     assert _gone(tpl) and _gone(fresh)
 
 
+def test_a_function_its_embryo_cannot_find_by_name_is_forked_by_the_caller() -> None:
+    """TOOL-EMBRYO-DIRECT: once its template has imported a module, a call of that module goes straight
+    to an embryo, which finds the function by name; one that a fresh import does not have (made at run
+    time) is told back by the embryo before anything of it runs, and the caller forks it, once."""
+    lowlevel.tool_templates(True)
+
+    def added_later(path: str) -> int:
+        with open(path, "a") as f:
+            f.write("ran\n")
+        return os.getppid()
+
+    added_later.__qualname__ = added_later.__name__
+    globals()["added_later"] = added_later
+    try:
+        me = os.getpid()
+        tpl = worker.isolated(parent)()
+        assert tpl != me and worker.isolated(parent)() == tpl  # (the second from an embryo)
+        with tempfile.TemporaryDirectory() as tmp:
+            ran = os.path.join(tmp, "ran")
+            late = worker.isolated(added_later)
+            assert late(ran) == me
+            assert late(ran) == me
+            assert Path(ran).read_text() == "ran\n" * 2  # never twice for one call
+    finally:
+        del globals()["added_later"]
+        lowlevel.tool_templates(None)
+
+
+def measure(data: str) -> list[int]:
+    return [os.getpid(), len(data)]
+
+
+def test_arguments_too_large_for_a_message_cross_to_the_template_and_to_an_embryo() -> None:
+    """Arguments over a message's size go in a memfd: to the template (a first call) and to the embryo
+    waiting for a later one (TOOL-EMBRYO-DIRECT) alike."""
+    lowlevel.tool_templates(True)
+    try:
+        iso = worker.isolated(measure)
+        big = "x" * 300_000
+        pids = set()
+        for text in (big, big, "y", big):
+            pid, n = iso(text)
+            assert n == len(text)
+            pids.add(pid)
+        assert len(pids) == 4 and os.getpid() not in pids
+    finally:
+        lowlevel.tool_templates(None)
+
+
+async def test_a_call_in_an_embryo_whose_template_is_killed_is_a_crash_with_nothing_left(
+    tmp_path: Path,
+) -> None:
+    """TOOL-EMBRYO-DIRECT: a call handed straight to its embryo still ends as ``ToolCrashed(signal=9)`` when
+    its template is killed mid-call (the embryo dies with it: its exit status is nobody's to tell), and the
+    next call gets a new template."""
+    from tests.agents import tools
+
+    lowlevel.tool_templates(True)
+    try:
+        if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+            pytest.skip("no cgroup v2 containment here: no kept groups")
+        stuck = worker.isolated(tools.sleeper, timeout=None)
+        whose = worker.isolated(tools.parent)
+        first = whose()
+        assert whose() == first  # (its module imported there: the next calls go to embryos)
+        embryo = _embryo_waiting(stuck.limits)
+        pidfile = tmp_path / "call"
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    with pytest.raises(worker.ToolCrashed) as crashed:
+                        await stuck.acall(str(pidfile))
+                    assert crashed.value.signal == signal.SIGKILL
+
+                tg.start_soon(call)
+                await _wait_for(pidfile)
+                assert _pid_of(pidfile) == embryo
+                os.kill(first, signal.SIGKILL)
+        assert _gone(_pid_of(pidfile))
+        assert whose() not in (first, os.getpid())
+    finally:
+        lowlevel.tool_templates(None)
+
+
 def test_a_templates_calls_die_with_their_caller(tmp_path: Path) -> None:
     """A caller killed with SIGKILL while a call runs in its template: the template sees its control
     socket close with its caller gone, kills the call's tree and exits."""
@@ -818,5 +904,55 @@ def test_a_calls_process_waits_in_its_kept_groups_before_the_call() -> None:
         before = time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")
         pid, start = iso()
         assert pid in embryos and start <= before
+    finally:
+        lowlevel.tool_templates(None)
+
+
+def faults_so_far() -> list[int]:
+    """This process's pid and the page faults it took so far (read first thing in the call)."""
+    import resource
+
+    return [os.getpid(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt]
+
+
+def _minor_faults(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[7])
+
+
+def _embryo_waiting(limits: Any) -> int:
+    """The process waiting in the kept groups the next function call with ``limits`` takes, once it
+    waits for its call (in a socket's receive)."""
+    contain = lowlevel.tool_next_call_groups(limits, "fn")
+    assert contain is not None
+    deadline = time.monotonic() + 20
+    while True:
+        procs = [int(p) for p in Path(contain, "cgroup.procs").read_text().split()]
+        if len(procs) == 1 and "wait_for_more_packets" in Path(f"/proc/{procs[0]}/wchan").read_text():
+            return procs[0]
+        assert time.monotonic() < deadline, procs
+        time.sleep(0.005)  # allowed: bounded poll of another process's state
+
+
+def test_an_embryo_takes_the_copy_on_write_faults_of_a_calls_path_before_the_call() -> None:
+    """TOOL-EMBRYO-DIRECT: the process waiting for a call has run the call's path on a dummy, so the
+    pages a call writes (interpreter state, type caches, the allocator's) are its own before the call:
+    from waiting to the function's first line, a call takes few page faults (~15 here; ~50 before the
+    rehearsal, each ~4 us of the call's time on this machine)."""
+    if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
+        pytest.skip("no cgroup v2 containment here: no kept groups")
+    lowlevel.tool_templates(True)
+    try:
+        iso = worker.isolated(faults_so_far)
+        for _ in range(3):
+            iso()  # the template has found it; its kept groups have an embryo each
+        seen = []
+        for _ in range(7):
+            embryo = _embryo_waiting(iso.limits)
+            waiting = _minor_faults(embryo)
+            pid, at_start = iso()
+            assert pid == embryo
+            seen.append(at_start - waiting)
+        seen.sort()
+        assert seen[len(seen) // 2] < 30, seen
     finally:
         lowlevel.tool_templates(None)

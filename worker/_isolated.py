@@ -81,6 +81,8 @@ def _finish_call(proc: _toolproc.Proc, o: _toolproc.Outcome) -> Any:
     if o.result and not o.truncated:
         with contextlib.suppress(msgspec.DecodeError):
             msg = _dec.decode(o.result)
+    if msg and msg[0] == "fallback":  # its embryo did not find it (nothing of it ran): fork the caller
+        raise _tooltemplate.Fallback(str(msg[1]))
     if msg and msg[0] == "setup":
         raise for_frameworks(ToolIsolationError(f"isolated call could not start: {msg[1]}: {msg[2]}"))
     if o.killed is None and msg and msg[0] == "memory" and "memory" not in proc.groups.dirs:
@@ -229,7 +231,11 @@ class Isolated:
         if self.is_async:
             return self._acall(bound, args, kwargs)
         proc = self._start(args, kwargs, bound)
-        return _finish_call(proc, proc.watch())
+        try:
+            return _finish_call(proc, proc.watch())
+        except _tooltemplate.Fallback:
+            self._not_warm()
+            return self._call(bound, args, kwargs)
 
     async def acall(self, *args: Any, **kwargs: Any) -> Any:
         """The call, awaitable whatever the function is: a cancel runs the call's ladder."""
@@ -238,7 +244,16 @@ class Isolated:
     async def _acall(self, bound: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._check_early(args, kwargs)
         proc, outcome = await _run_async(lambda: self._start(args, kwargs, bound), True)
-        return _finish_call(proc, outcome)
+        try:
+            return _finish_call(proc, outcome)
+        except _tooltemplate.Fallback:
+            self._not_warm()
+            return await self._acall(bound, args, kwargs)
+
+    def _not_warm(self) -> None:
+        """Its template's embryo did not find it by name: its calls fork the caller from now on."""
+        if isinstance(self._ref, tuple):
+            _NOT_WARM.add(self._ref)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         # A method: the instance is the caller's own, carried by the fork (it does not cross, and what

@@ -77,10 +77,12 @@ def setup(
     err: int,
     stdin: int | None,
     prepared: bool = False,
+    rehearsal: bool = False,
 ) -> None:
     """Everything a call's child does before the call (a fork of the caller or of a template):
     own process group, groups joined first, then limits, signals, fds, environment. ``prepared``:
-    the call-independent part (``own_process``) was done ahead of the call (an embryo)."""
+    the call-independent part (``own_process``) was done ahead of the call (an embryo).
+    ``rehearsal``: the same path on a dummy, descriptors left alone (``_toolembryo.rehearse``)."""
     if not prepared:
         own_process(join, scrub=not command)
     if memory_mb is not None and "memory" not in limited:
@@ -97,6 +99,8 @@ def setup(
     if not network:
         unshare_network()
     set_environment(env)
+    if rehearsal:
+        return
     os.dup2(out, 1)
     os.dup2(err, 2)
     if stdin is not None:
@@ -250,6 +254,25 @@ def end_own_tree() -> None:
         _tree.kill_descendants(os.getpid(), timeout=1.0)
 
 
+def receive(sock: Any, timeout: float, max_fds: int = 0) -> tuple[Any, list[int]]:
+    """One message on ``sock`` within ``timeout``: (decoded, or None if none came or it was not
+    msgpack; the descriptors it carried)."""
+    import socket
+
+    sock.settimeout(timeout)
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 256, max_fds)
+    except OSError:
+        return None, []
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(None)
+    try:
+        return (msgspec.msgpack.decode(data) if data else None), fds
+    except msgspec.DecodeError:
+        return None, fds
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -263,9 +286,14 @@ def report_setup_error(fd: int, exc: BaseException) -> None:
 
 
 def child_body(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], is_async: bool
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    is_async: bool,
+    rehearsal: bool = False,
 ) -> Callable[[int], None]:
-    """What the call's process runs once set up: the function, its outcome on the result pipe."""
+    """What the call's process runs once set up: the function, its outcome on the result pipe
+    (``rehearsal``: then returns, the process goes on)."""
 
     def body(fd: int) -> None:
         try:
@@ -290,7 +318,10 @@ def child_body(
             payload = _enc.encode(["raised", type(exc).__module__, type(exc).__qualname__, args_])
         with contextlib.suppress(OSError):
             write_all(fd, payload)
-            os.close(fd)
+            if not rehearsal:
+                os.close(fd)
+        if rehearsal:
+            return
         end_own_tree()
         os._exit(0)
 

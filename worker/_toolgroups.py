@@ -21,6 +21,7 @@ MIB = 1024 * 1024
 # TOOL-ENV: what a scrubbed environment keeps (env=None), and prefixes kept whole.
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL", "PWD")
 ENV_ALLOW_PREFIXES = ("LC_",)
+_ALLOWED = frozenset(ENV_ALLOW)
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,10 @@ class Limits:
             raise TypeError("env must be a dict of str to str or None")
 
     def environment(self) -> dict[str, str]:
-        keep = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ENV_ALLOW or any(k.startswith(p) for p in ENV_ALLOW_PREFIXES)
-        }
+        # (Names looked up, values decoded only for what is kept: on every call's path, ~3x quicker
+        # than decoding the whole environment.)
+        env = os.environ
+        keep = {k: env[k] for k in env if k in _ALLOWED or k.startswith(ENV_ALLOW_PREFIXES)}
         keep.update(self.env or {})
         return keep
 
@@ -216,6 +216,7 @@ class Groups:
     embryo_of: Any = None  # the template that has an embryo waiting in them (kept groups)
     env: dict[str, str] | None = None  # the environment of their last call (their embryo's)
     spawner: Any = None  # TOOL-SPAWNER: the process standing in them that starts their commands
+    embryo: Any = None  # TOOL-EMBRYO-DIRECT: the next function call's process, waiting in them
     killed: bool = False  # killed since their spawner stood in them (it went with the kill)
 
     @classmethod
@@ -384,6 +385,12 @@ class Groups:
         if "memory" in self.dirs and self.limits.memory_mb is not None and spawner.pid is not None:
             self._memory_limit(int(float(self.limits.memory_mb) * MIB))
 
+    def set_embryo(self, embryo: Any) -> None:
+        """TOOL-EMBRYO-DIRECT: ``embryo`` waits in them from now on (the one before is let go)."""
+        old, self.embryo = self.embryo, embryo
+        if old is not None:
+            old.close()
+
     def counters(self) -> dict[str, int]:
         """The event counters the limits are checked against: read after each call, they are the
         next call's starting point when the groups are kept (nothing runs in them in between)."""
@@ -396,6 +403,7 @@ class Groups:
             self.drop_spawner()  # (it went with a kill, or died: the next keep asks for another)
         if self.contain is not None and empty and _keep(self):
             return
+        self.set_embryo(None)
         if self.spawner is not None:
             self.spawner.close()  # (it exits: killed below if it has not yet)
             self.spawner = None
@@ -463,6 +471,8 @@ def _keep(g: Groups) -> bool:
     for k in unready:
         if k.kind == "cmd" and k.contain is not None:
             k.set_spawner(template.spawner(k.paths()))  # TOOL-SPAWNER: stays for every call in them
+        elif k.kind == "fn":
+            k.set_embryo(template.embryo(k.paths(), env))  # TOOL-EMBRYO-DIRECT: the caller hands it the call
         else:
             template.prepare(k.paths(), env)
     return True
@@ -474,6 +484,7 @@ def remove_kept() -> None:
         kept = [g for free in _KEPT.values() for g in free if g.owner == os.getpid()]
         _KEPT.clear()
     for g in kept:
+        g.set_embryo(None)
         if g.spawner is not None:
             g.spawner.close()
         if g.contain is not None and _cgroup.populated(g.contain):
@@ -481,6 +492,25 @@ def remove_kept() -> None:
             _cgroup.wait_empty(g.contain, 1.0)
         for path in g.paths():
             _cgroup.remove(path)
+
+
+def next_kept(limits: Limits, kind: str | None) -> str | None:
+    """The v2 directory of the kept groups the next call with ``limits`` (made by a ``kind`` template)
+    takes, if any: its embryo waits there (for tests and probes)."""
+    with _KEPT_LOCK:
+        free = _KEPT.get(_key(limits, kind))
+        return free[0].contain if free else None
+
+
+def let_embryos_go(template: Any) -> None:
+    """``template`` is let go: the embryos it made that wait in kept groups go too (each exits once
+    its socket closes; the groups ask the next template for another)."""
+    with _KEPT_LOCK:
+        for free in _KEPT.values():
+            for g in free:
+                if g.embryo is not None and g.embryo.template is template:
+                    g.embryo_of = None
+                    g.set_embryo(None)
 
 
 atexit.register(remove_kept)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _toolchild, _toolspawner, _tooltemplate
+from . import _toolchild, _toolembryo, _toolspawner, _tooltemplate
 from ._toolerrors import KillReason, ToolCrashed, for_frameworks
 from ._toolgroups import Groups, Limits
 from .proctree import _tree
@@ -113,8 +113,11 @@ def start_in_template(
     req["contain"] = groups.contain
     status: Callable[[bool], int]
     try:
+        direct = _by_embryo(template, groups, req, theirs) if template.kind == "fn" else None
         started = _by_spawner(template, groups, req, theirs) if template.kind == "cmd" else None
-        if started is not None:
+        if direct is not None:
+            pid, pidfd, status = direct
+        elif started is not None:
             pid, pidfd = started
             status = groups.spawner.status
         else:
@@ -141,6 +144,33 @@ def start_in_template(
         status=status,
         outcome_says=req["kind"] == "fn",
     )
+
+
+def _by_embryo(
+    template: _tooltemplate.Template, groups: Groups, req: dict[str, Any], fds: list[int]
+) -> tuple[int, int, Callable[[bool], int]] | None:
+    """TOOL-EMBRYO-DIRECT: the call handed straight to the embryo waiting in its groups (or, for a call
+    without groups, the template's loose one): (pid, pidfd, its status), or None where there is none
+    ready for a function its template has found (the template makes the call; nothing of it ran)."""
+    if groups.paths():
+        embryo, groups.embryo = groups.embryo, None
+    else:
+        embryo = template.take_loose()
+    if embryo is None:
+        return None
+    if embryo.template is not template or req["mod"] not in template.known:
+        embryo.close()  # (made by a template let go, or a new module: the template imports it)
+        return None
+    req, extra = _tooltemplate.args_aside(req)
+    try:
+        pid, pidfd = embryo.start(req, [*fds, *extra])
+    except _toolembryo.Gone:
+        embryo.close()
+        return None
+    finally:
+        for fd in extra:
+            os.close(fd)
+    return pid, pidfd, embryo.status
 
 
 def _by_spawner(
@@ -460,6 +490,8 @@ class Proc:
         if self.empty is None:
             self._end_leftovers()
         g.remove(empty=bool(self.empty))
+        if g.kind == "fn" and g.template is not None and not g.paths():
+            g.template.refill_loose(g.env)  # TOOL-EMBRYO-DIRECT: the next call without groups' process
         self.tree.discard(self.pid)
         me = os.getpid()
         for pid in self.tree:  # orphans re-parented to us (we are a subreaper): reap them, by pid

@@ -183,16 +183,10 @@ class Spawner:
     def ready(self, timeout: float = READY_S) -> bool:
         """Whether it stands in its groups (waits for it at most ``timeout``)."""
         if self.pid is None:
-            self.sock.settimeout(timeout)
-            try:
-                msg = _dec.decode(self.sock.recv(256))
+            msg, _ = _toolchild.receive(self.sock, timeout)
+            with contextlib.suppress(TypeError, ValueError, IndexError):
                 if msg[0] == "ready":
                     self.pid = int(msg[1])
-            except (OSError, ValueError, msgspec.DecodeError, IndexError):
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    self.sock.settimeout(None)
         return self.pid is not None
 
     def start(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int]:

@@ -18,6 +18,10 @@ instance, a module that fails to import there or starts a thread when imported (
 threads is not safe to fork) - is answered ``["fallback", why, retire]``, and the caller forks itself
 for it, as it does outside a worker.
 
+A function's calls after the first of its module go straight to an *embryo*: a fork of the template
+made ahead of the call in the call's groups, on a socket of the caller's (``_toolembryo``); the
+template only forks and reaps it.
+
 The template has no parent-death signal (its parent may be a thread that ends); it ends when its
 control socket closes: at once, killing what it runs, when its caller is gone, else once its calls end.
 """
@@ -36,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from . import _toolchild, _toolspawner
+from . import _toolchild, _toolembryo, _toolspawner
 from .proctree import _tree
 
 _enc = msgspec.msgpack.Encoder()
@@ -85,6 +89,8 @@ class _Server:
         self.pending: dict[tuple[str, ...], None] = {}  # groups awaiting an embryo (() : none)
         self.env: dict[tuple[str, ...], dict[str, str] | None] = {}  # the environment their next call expects
         self.spawners: set[int] = set()  # TOOL-SPAWNER: ours, standing in kept command groups
+        # TOOL-EMBRYO-DIRECT: embryos whose caller hands them the call: pid -> (our end of its socket, groups)
+        self.direct: dict[int, tuple[socket.socket, list[str]]] = {}
         self.retiring = False
         self.ignored: tuple[int, ...] = _ALL_SIGNALS  # signals we ignore (reset in a spawned command)
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -93,18 +99,17 @@ class _Server:
     def resolve(self, req: dict[str, Any]) -> Any:
         if self.retiring:
             raise Fallback("the template is retiring", retire=True)
-        name, qual = req["mod"], req["qual"]
+        name = req["mod"]
         if req.get("path") is not None:
             sys.path[:] = req["path"]
-        module = sys.modules.get(name)
-        if module is None:
+        if sys.modules.get(name) is None:
             pkg = sys.modules["worker"]
             if not hasattr(pkg, "isolated"):
                 self.spec.loader.exec_module(pkg)  # the package in full, as an agent module imports it
             try:
                 import importlib
 
-                module = importlib.import_module(name)
+                importlib.import_module(name)
             except BaseException as exc:  # noqa: BLE001 - told to the caller, which forks itself
                 raise Fallback(
                     f"importing {name} failed in the template: {type(exc).__name__}: {exc}"
@@ -114,6 +119,19 @@ class _Server:
                 raise Fallback(f"importing {name} started a thread", retire=True)
             gc.freeze()  # (see ``serve``)
             _toolchild.prepare_template()  # (the module may have set a signal handler)
+        return self.find(req)
+
+    def find(self, req: dict[str, Any]) -> Any:
+        """The function of ``req`` (its module imported here if it was not: an embryo forked before
+        its template imported it), or ``Fallback``."""
+        name, qual = req["mod"], req["qual"]
+        if req.get("path") is not None:
+            sys.path[:] = req["path"]
+        module = sys.modules.get(name)
+        if module is None:
+            import importlib
+
+            module = importlib.import_module(name)
         obj: Any = module
         for part in qual.split("."):
             obj = getattr(obj, part, None)
@@ -128,6 +146,12 @@ class _Server:
                 req = _dec.decode(data)
                 if req.get("kind") == "spawner":
                     self.make_spawner(req["join"], fds[0])
+                    return
+        if len(fds) == 1 and self.kind == "fn":
+            with contextlib.suppress(Exception):
+                req = _dec.decode(data)
+                if req.get("kind") == "embryo":
+                    self.make_direct(req["join"], req.get("env"), fds[0])
                     return
         if not fds:
             with contextlib.suppress(Exception):
@@ -153,7 +177,7 @@ class _Server:
             pid = self.hand_over(embryo, data, fds) if embryo is not None else 0
             if not pid:
                 pid = self.spawn(req, fds[1:]) if _toolspawner.spawnable(req) else os.fork()
-            if not key and not req.get("memfd"):
+            if not key and not req.get("memfd") and self.kind == "cmd":
                 self.pending[key] = None  # calls without groups: the next one's process is made now
                 self.env[key] = req["env"]
         except Fallback as exc:
@@ -222,6 +246,19 @@ class _Server:
         os.close(fd)
         self.spawners.add(pid)
 
+    def make_direct(self, join: list[str], env: dict[str, str] | None, fd: int) -> None:
+        """TOOL-EMBRYO-DIRECT: fork an embryo into the groups ``join`` on the caller's socket ``fd``
+        (asked at a call's end: no call of theirs runs now). We keep our copy of its end, to send its
+        exit status there once reaped."""
+        sock = socket.socket(fileno=fd)
+        if self.retiring:
+            sock.close()
+            return
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the embryo
+            _toolembryo.serve(sock, join, env, self.parent_pid, True, self.find, _child)
+        self.direct[pid] = (sock, join)
+
     def discard(self, embryo: tuple[int, socket.socket] | None) -> None:
         if embryo is not None:
             with contextlib.suppress(OSError):
@@ -273,7 +310,7 @@ class _Server:
             if pid == 0:
                 return
             self.spawners.discard(pid)
-            entry = self.calls.pop(pid, None)
+            entry = self.calls.pop(pid, None) or self.direct.pop(pid, None)
             if entry is not None:  # else an orphan of a call (we are their subreaper)
                 with contextlib.suppress(OSError):
                     entry[0].send(_enc.encode(["exit", status]))
@@ -290,7 +327,7 @@ class _Server:
                 os.waitpid(pid, 0)
 
     def kill_all(self) -> None:
-        for pid, (_, groups) in self.calls.items():
+        for pid, (_, groups) in [*self.calls.items(), *self.direct.items()]:
             for path in groups:
                 with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.kill"), "w") as f:
                     f.write("1")
@@ -306,6 +343,8 @@ class _Server:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at a terminal is for the caller
         _toolchild.prepare_template()
         self.ignored = tuple(s for s in _ALL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+        if self.kind == "fn":
+            _toolembryo.settle(self.find, _child)  # TOOL-EMBRYO-DIRECT: the call's path specialised here once
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
@@ -340,8 +379,8 @@ class _Server:
                 self.end_embryos()
                 if os.getppid() != self.parent:
                     self.kill_all()  # the caller is gone: nobody watches these calls any more
-                if not self.calls:
-                    os._exit(0)
+                if not self.calls and not self.direct:
+                    os._exit(0)  # (a direct embryo ends with its call, or once its caller lets it go)
 
 
 _ALL_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
@@ -382,7 +421,11 @@ def _embryo(server: _Server, sock: socket.socket, join: list[str], env: dict[str
     _child(req, fn, fds[1:], prepared=True)
 
 
-def _child(req: dict[str, Any], fn: Any, fds: list[int], prepared: bool = False) -> None:
+def _child(
+    req: dict[str, Any], fn: Any, fds: list[int], prepared: bool = False, rehearsal: bool = False
+) -> None:
+    """The call's process, from its set-up on (``rehearsal``: the call's path run on a dummy in an
+    embryo or template, its descriptors left alone, returning: ``_toolembryo.rehearse``)."""
     res_w, out_w, err_w = fds[:3]
     in_r = fds[3] if len(fds) > 3 else None
     try:
@@ -401,6 +444,7 @@ def _child(req: dict[str, Any], fn: Any, fds: list[int], prepared: bool = False)
             err=err_w,
             stdin=in_r,
             prepared=prepared,
+            rehearsal=rehearsal,
         )
         if req["cwd"] is not None:
             os.chdir(req["cwd"])
@@ -412,8 +456,12 @@ def _child(req: dict[str, Any], fn: Any, fds: list[int], prepared: bool = False)
                 _toolchild.report_setup_error(res_w, exc)
             os._exit(127)
         args, kwargs = _dec.decode(req["args"])
-        _toolchild.child_body(fn, tuple(args), kwargs, req["async"])(res_w)
-    except BaseException as exc:  # noqa: BLE001 - told to the caller, then gone
+        _toolchild.child_body(fn, tuple(args), kwargs, req["async"], rehearsal)(res_w)
+        if rehearsal:
+            return
+    except BaseException as exc:  # told to the caller, then gone
+        if rehearsal:
+            raise
         with contextlib.suppress(BaseException):
             _toolchild.report_setup_error(res_w, exc)
     os._exit(70)
@@ -452,6 +500,9 @@ class Template:
         self.sock = ours
         self.owner = os.getpid()
         self.pid = self.proc.pid
+        self.known: set[str] = set()  # modules it imported: their calls can go to an embryo
+        self.loose: _toolembryo.Embryo | None = None  # the next call without groups' embryo
+        self.loose_lock = threading.Lock()
         ours.settimeout(60.0)
         try:
             ready = ours.recv(16)
@@ -468,6 +519,35 @@ class Template:
         if self.owner == os.getpid():
             with contextlib.suppress(OSError):
                 self.sock.send(_enc.encode({"kind": "prepare", "join": join, "env": env}))
+
+    def embryo(self, join: list[str], env: dict[str, str] | None) -> _toolembryo.Embryo | None:
+        """TOOL-EMBRYO-DIRECT: an embryo to wait in the kept groups ``join`` (none: a call without
+        groups), its environment ``env`` set already; not waited for."""
+        if self.owner != os.getpid() or self.kind != "fn":
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            msg = _enc.encode({"kind": "embryo", "join": join, "env": env})
+            socket.send_fds(self.sock, [msg], [theirs.fileno()])
+        except OSError:
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        return _toolembryo.Embryo(ours, self)
+
+    def take_loose(self) -> _toolembryo.Embryo | None:
+        """The embryo waiting for a call without groups (the caller's now), if any."""
+        with self.loose_lock:
+            embryo, self.loose = self.loose, None
+        return embryo
+
+    def refill_loose(self, env: dict[str, str] | None) -> None:
+        """Ask for the next call without groups' embryo (at a call's end)."""
+        with self.loose_lock:
+            if self.loose is not None:
+                return
+            self.loose = self.embryo([], env)
 
     def spawner(self, join: list[str]) -> _toolspawner.Spawner | None:
         """TOOL-SPAWNER: a spawner to stand in the kept command groups ``join`` (not waited for)."""
@@ -486,14 +566,7 @@ class Template:
     def spawn(self, req: dict[str, Any], fds: list[int]) -> tuple[int, int, socket.socket]:
         """Ask for one call: (its pid, a pidfd of it, its channel). Raises ``Fallback`` or
         ``OSError`` (the template is gone)."""
-        extra: list[int] = []
-        args = req.get("args")
-        if args is not None and len(args) > MAX_REQUEST:
-            memfd = os.memfd_create("turnpool-call-args", os.MFD_CLOEXEC)
-            _toolchild.write_all(memfd, args)
-            os.lseek(memfd, 0, os.SEEK_SET)
-            extra.append(memfd)
-            req = {**req, "args": None, "memfd": True}
+        req, extra = args_aside(req)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             socket.send_fds(self.sock, [_enc.encode(req)], [theirs.fileno(), *fds, *extra])
@@ -515,6 +588,8 @@ class Template:
         ours.settimeout(None)
         msg: list[Any] = _dec.decode(data) if data else ["error", "the tool template is gone"]
         if msg[0] == "pid" and got:
+            if req["kind"] == "fn":
+                self.known.add(req["mod"])  # imported there: its calls can go to an embryo
             return int(msg[1]), got[0], ours
         for fd in got:
             os.close(fd)
@@ -524,9 +599,28 @@ class Template:
         raise OSError(f"the tool template failed: {msg[1]}")
 
     def close(self) -> None:
-        """Close the control socket: the template ends once its calls have."""
+        """Close the control socket (and let its waiting embryos go): the template ends once its
+        calls have."""
+        from . import _toolgroups
+
+        _toolgroups.let_embryos_go(self)
+        loose = self.take_loose()
+        if loose is not None:
+            loose.close()
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def args_aside(req: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """``req`` with arguments too large for a message set aside in a memfd (sent as its last
+    descriptor), and that memfd (to close once sent)."""
+    args = req.get("args")
+    if args is None or len(args) <= MAX_REQUEST:
+        return req, []
+    memfd = os.memfd_create("turnpool-call-args", os.MFD_CLOEXEC)
+    _toolchild.write_all(memfd, args)
+    os.lseek(memfd, 0, os.SEEK_SET)
+    return {**req, "args": None, "memfd": True}, [memfd]
 
 
 def exit_status(channel: socket.socket, wanted: bool = True) -> int:
@@ -590,6 +684,12 @@ def get(kind: str) -> Template | None:
 
         _guards.keep_child(t.pid)  # TREE-KEPT-CHILDREN: the worker's own, not a turn's leftover
         return t
+
+
+def pid_of(kind: str) -> int | None:
+    """The pid of this process's running template for ``kind``, if any (for tests and probes)."""
+    t = _TEMPLATES.get(kind)
+    return t.pid if t is not None and t.owner == os.getpid() else None
 
 
 def drop(t: Template) -> None:

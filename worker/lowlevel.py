@@ -33,10 +33,12 @@ from ._toolerrors import forget_raised as tool_errors_forget
 from ._toolerrors import raised as tool_error_raised
 from ._toolgroups import SPARE_GROUPS as TOOL_SPARE_GROUPS
 from ._toolgroups import backend as tool_limits_backend
+from ._toolgroups import next_kept as tool_next_call_groups
 from ._toolgroups import sweep_stale_groups as tool_groups_sweep
 from ._toolspawner import Died as ToolSpawnerDied
 from ._toolspawner import Spawner as ToolSpawner
 from ._tooltemplate import enable as tool_templates
+from ._tooltemplate import pid_of as tool_template_pid
 from ._zygote import FORK_BATCH
 from ._zygote import _preload as zygote_preload
 
@@ -52,6 +54,8 @@ from ._zygote import _preload as zygote_preload
 #   (WORKER-SETTLE), so a test can fork a process prepared like the zygote and measure a worker's writes;
 # - ``ToolSpawner``, ``ToolSpawnerDied``: a command's spawner as its caller sees it (TOOL-SPAWNER), so a
 #   test can kill one between starting a command and answering for it.
+# - ``tool_next_call_groups``, ``tool_template_pid``: where the next isolated call's process waits and which
+#   template made it (TOOL-EMBRYO-DIRECT), so a test or probe can count that process's page faults.
 
 __all__ = [
     "ENDLOG_HEAD",
@@ -87,6 +91,8 @@ __all__ = [
     "tool_errors_forget",
     "tool_groups_sweep",
     "tool_limits_backend",
+    "tool_next_call_groups",
+    "tool_template_pid",
     "tool_templates",
     "warm_up_state",
     "zygote_preload",
