@@ -16,13 +16,11 @@ The map (each capability in a folder named for it; see docs/design.md, "Layout")
   node). Resolved lazily: ``import supervisor`` never imports Ray (the ``ray`` extra).
 """
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _distribution_version
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from wire import Cause, TurnError, TurnResult
 
-from ._engine.supervisor import Supervisor
 from ._errors import (
     AuthenticationFailed,
     DaemonAlreadyRunning,
@@ -41,16 +39,40 @@ from ._errors import (
 )
 from ._events import EventsDropped
 from ._handle import TurnHandle
-from ._sync import SyncSupervisor, SyncTurnHandle
-from .client import Client, SyncClient
-from .daemon.server import Daemon
 
 if TYPE_CHECKING:
+    from ._engine.supervisor import Supervisor
+    from ._sync import SyncSupervisor, SyncTurnHandle
+    from .client import Client, SyncClient
+    from .daemon.server import Daemon
     from .ray import RaySupervisor
+
+    __version__: str
+
+# The engine, the blocking fronts, the daemon's client and the daemon itself are imported on first
+# use (PEP 562), so that ``import supervisor`` (which every ``turnpool`` command and every
+# ``supervisor.*`` submodule import runs first) pays for none of them: a ``turnpool status`` needs
+# the client, not the engine. ``from supervisor import Supervisor`` works as before.
+_LAZY = {
+    "Supervisor": "._engine.supervisor",
+    "SyncSupervisor": "._sync",
+    "SyncTurnHandle": "._sync",
+    "Client": ".client",
+    "SyncClient": ".client",
+    "Daemon": ".daemon.server",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """``RaySupervisor`` on first use, so the core works (and imports fast) without Ray."""
+    """The engine's and the fronts' classes on first use; ``RaySupervisor`` too, so the core works
+    (and imports fast) without Ray."""
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     if name == "RaySupervisor":
         try:
             from .ray import RaySupervisor
@@ -62,12 +84,21 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# The version has one source, pyproject.toml's ``version``, read from the installed distribution's
-# metadata; ``turnpool --version`` prints this (tests/test_habits.py holds them together).
-try:
-    __version__ = _distribution_version("turnpool")
-except PackageNotFoundError:  # run from a checkout that was never installed
-    __version__ = "0+unknown"
+def _version() -> str:
+    """The version has one source, pyproject.toml's ``version``, read from the installed
+    distribution's metadata (on first use: ``importlib.metadata`` is slow to import); ``turnpool
+    --version`` prints this (tests/test_habits.py holds them together)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turnpool")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "AuthenticationFailed",

@@ -246,34 +246,35 @@ async def test_cancel_of_a_queued_turn_never_starts_it() -> None:
             assert (await blocker.result()).outcome == "aborted"
 
 
-@pytest.mark.parametrize(
-    ("cause", "error"),
-    [
-        ("user", TypeError),
-        ({"kind": "nope"}, ValueError),
-        ({"kind": "user", "extra": 1}, ValueError),
-        ({}, ValueError),
-        ([("kind", "user")], TypeError),
-        (ValueError("user"), TypeError),
-        (object(), TypeError),
-        ({"kind": 1}, TypeError),
-        ({1: "user"}, TypeError),
-    ],
-)
-async def test_bad_causes_are_rejected_at_the_call(cause: object, error: type[Exception]) -> None:
-    """A bad cause raises at the call, even when idle, and changes nothing."""
+BAD_CAUSES: list[tuple[object, type[Exception]]] = [
+    ("user", TypeError),
+    ({"kind": "nope"}, ValueError),
+    ({"kind": "user", "extra": 1}, ValueError),
+    ({}, ValueError),
+    ([("kind", "user")], TypeError),
+    (ValueError("user"), TypeError),
+    (object(), TypeError),
+    ({"kind": 1}, TypeError),
+    ({1: "user"}, TypeError),
+]
+
+
+async def test_bad_causes_are_rejected_at_the_call() -> None:
+    """A bad cause raises at the call, even when idle, and changes nothing. (One pool for every bad
+    cause: each is checked on an ended turn, a session and a running turn that then completes.)"""
     async with Supervisor(workers=1, spares=0) as sup:
-        with anyio.fail_after(30):
-            done = await sup.run("examples.agents:echo", 1)
-        with pytest.raises(error):
-            await sup.cancel(done.turn_id, cause)
-        with pytest.raises(error):
-            await sup.cancel_session("s", cause)
-        handle = await sup.submit("examples.agents:slow", {"seconds": 0.2})
-        with pytest.raises(error):
-            await handle.cancel(cause)
-        with anyio.fail_after(30):
-            assert (await handle.result()).outcome == "completed"
+        for cause, error in BAD_CAUSES:
+            with anyio.fail_after(30):
+                done = await sup.run("examples.agents:echo", 1)
+            with pytest.raises(error):
+                await sup.cancel(done.turn_id, cause)
+            with pytest.raises(error):
+                await sup.cancel_session("s", cause)
+            handle = await sup.submit("examples.agents:slow", {"seconds": 0.2})
+            with pytest.raises(error):
+                await handle.cancel(cause)
+            with anyio.fail_after(30):
+                assert (await handle.result()).outcome == "completed", cause
 
 
 async def test_first_cause_wins_and_ended_turns_are_unchanged() -> None:

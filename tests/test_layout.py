@@ -61,6 +61,22 @@ def test_import_supervisor_does_not_import_ray() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_the_command_line_parser_imports_neither_engine_nor_worker() -> None:
+    """``import supervisor`` and the ``turnpool`` parser (every command registered) load neither the
+    engine, the daemon, the worker side, the journal store nor rich: a ``turnpool status`` or a usage
+    error pays only for what it runs (the engine's names resolve on first use), and ``--version``
+    reads the distribution's metadata only when asked."""
+    code = (
+        "import sys, supervisor, supervisor.cli.main as m; m.build_parser(); "
+        "heavy = ['supervisor._engine.supervisor', 'supervisor._engine.procs', 'supervisor.daemon.server', "
+        "'supervisor.client', 'supervisor.journal.store', 'worker', 'rich', 'importlib.metadata']; "
+        "loaded = [n for n in heavy if n in sys.modules]; assert not loaded, loaded; "
+        "from supervisor import Supervisor, Client, Daemon, SyncSupervisor, __version__; "
+        "assert 'supervisor._engine.supervisor' in sys.modules and __version__ == supervisor.__version__"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
 def _modules(package: str) -> dict[str, Path]:
     found = {}
     for path in sorted((ROOT / package).rglob("*.py")):

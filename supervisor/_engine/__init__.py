@@ -12,8 +12,24 @@ validation is shared with the client (``supervisor/_checks.py``). Front ends use
 ``Supervisor``'s public methods; tests of the policy alone use ``supervisor.policy``.
 """
 
-from .procs import check_agent_path
+from typing import TYPE_CHECKING, Any
+
 from .turns import TurnRecord
+
+if TYPE_CHECKING:
+    from .procs import check_agent_path
+
+
+def __getattr__(name: str) -> Any:
+    """``check_agent_path`` on first use: ``procs`` imports the worker side, which the journal's
+    readers (``steps``, through ``supervisor.journal``) and the ``turnpool`` commands that only read
+    a journal or talk to a daemon never need."""
+    if name == "check_agent_path":
+        from .procs import check_agent_path
+
+        return check_agent_path
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "TurnRecord",

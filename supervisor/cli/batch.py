@@ -13,10 +13,9 @@ import json
 import logging
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from rich.console import Console
 
 from .._backend import open_backend
 from .._errors import TurnpoolError
@@ -32,8 +31,12 @@ from ..batch.runner import (
     OutputNotEmpty,
     prepare_batch,
 )
-from ..batch.view import PlainProgress, RichProgress, print_summary, summary_json
 from . import cluster, options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..batch.view import PlainProgress, RichProgress
 
 EPILOG = """\
 job line:  {"id": "j1", "input": {...}, "agent": "pkg.mod:fn", "timeout": 30, "session": "s"}
@@ -141,6 +144,8 @@ def register(subparsers: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``turnpool batch``: validate, then run; returns the exit code."""
+    from rich.console import Console  # here, not at the top: every other command would pay for it
+
     err = Console(stderr=True, highlight=False)
     conflict = cluster.ray_conflict(args)
     if conflict is not None:
@@ -223,6 +228,10 @@ def _setup_logging(console: Console, verbose: bool) -> None:
 
 
 async def _run_command(args: argparse.Namespace, plan: BatchPlan, err: Console) -> int:
+    from rich.console import Console
+
+    from ..batch.view import PlainProgress, RichProgress, print_summary, summary_json
+
     view: PlainProgress | RichProgress
     view = RichProgress(err) if err.is_terminal else PlainProgress(sys.stderr, args.progress_interval)
     state: dict[str, Any] = {"run": None, "signals": 0}

@@ -26,7 +26,6 @@ from wire import OUTCOMES
 from .._checks import check_known_id
 from .._errors import UnknownTurn, shown_id
 from .._paths import check_endpoint, default_endpoint
-from ..journal import JournalError, default_journal_path, read_history, read_result
 from . import options
 from .steps import summary as steps_summary
 from .steps import turn_steps
@@ -92,6 +91,8 @@ def _path(args: argparse.Namespace) -> str:
     """``--journal``, else the journal of the daemon at ``--endpoint`` (CLI-HISTORY): asked of the
     daemon when it runs, else that endpoint's default path. Raises ``JournalError`` when the
     running daemon keeps no journal."""
+    from ..journal import JournalError, default_journal_path  # here: only these commands read a journal
+
     if args.journal:
         return str(args.journal)
     endpoint = check_endpoint(args.endpoint or default_endpoint())
@@ -121,6 +122,7 @@ def _daemon_journal(endpoint: str) -> tuple[bool, str | None]:
 
     from .._errors import DaemonUnavailable
     from ..client.client import Client
+    from ..journal import default_journal_path  # here: only these commands read a journal
 
     async def ask() -> dict[str, Any]:
         async with Client.connect(endpoint, timeout=DAEMON_ASK_TIMEOUT) as client:
@@ -164,6 +166,8 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
 
 
 def history(args: argparse.Namespace) -> int:
+    from ..journal import JournalError, read_history  # here: only these commands read a journal
+
     try:
         path = _path(args)
         rows = read_history(
@@ -197,6 +201,8 @@ def history(args: argparse.Namespace) -> int:
 
 
 def result(args: argparse.Namespace) -> int:
+    from ..journal import JournalError, read_result  # here: only these commands read a journal
+
     try:
         check_known_id("TURN_ID", args.turn_id)
         path = _path(args)
@@ -217,6 +223,8 @@ def result(args: argparse.Namespace) -> int:
 
 
 def _print_steps(path: str, turn_id: str) -> int:
+    from ..journal import read_result  # here: only these commands read a journal
+
     try:
         res = read_result(path, turn_id)
     except UnknownTurn as exc:

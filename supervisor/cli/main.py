@@ -8,6 +8,7 @@ Each command lives in its own module and registers itself here: a module in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="turnpool",
         description="Process-isolated worker pool for agent turns, with hard termination.",
     )
-    parser.add_argument("--version", action="version", version=f"turnpool {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -41,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own action, except that the version is read when asked for, not
+    each time the parser is built (reading it imports ``importlib.metadata``)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS) -> None:
+        super().__init__(
+            option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help="show the version and exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        with contextlib.suppress(OSError):  # as argparse's own: what cannot be written is dropped
+            sys.stdout.write(f"turnpool {_version()}\n")
+        parser.exit()
 
 
 def _version() -> str:

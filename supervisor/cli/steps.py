@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..journal.steps import view_steps
-
 
 def turn_steps(path: str, turn_id: str) -> list[dict[str, Any]]:
     """The turn's steps (``describe``'s shape), read-only from the journal at ``path``."""
+    from ..journal.steps import view_steps  # here: only the journal commands read steps
+
     return view_steps(path, turn_id)
 
 
