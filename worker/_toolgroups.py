@@ -58,13 +58,29 @@ class Limits:
             raise TypeError("env must be a dict of str to str or None")
 
     def environment(self) -> dict[str, str]:
+        keep = dict(_scrubbed())
+        keep.update(self.env or {})
+        return keep
+
+
+_scrubbed_of: tuple[dict[bytes, bytes], dict[str, str]] | None = None
+
+
+def _scrubbed() -> dict[str, str]:
+    """TOOL-ENV: what the process's environment keeps when scrubbed; taken again only when the
+    environment changed (one comparison of its raw block, not a decode of every variable per call)."""
+    global _scrubbed_of
+    raw: dict[bytes, bytes] | None = getattr(os.environ, "_data", None)  # (None: os.environ replaced)
+    if _scrubbed_of is None or raw is None or _scrubbed_of[0] != raw:
         keep = {
             k: v
             for k, v in os.environ.items()
             if k in ENV_ALLOW or any(k.startswith(p) for p in ENV_ALLOW_PREFIXES)
         }
-        keep.update(self.env or {})
-        return keep
+        _scrubbed_of = (dict(raw or {}), keep)
+        if raw is None:
+            return keep
+    return _scrubbed_of[1]
 
 
 # ---- where the limits live ------------------------------------------------------------------

@@ -96,27 +96,32 @@ def start_in_template(
     ``ToolCrashed`` (a spawner killed while it started the command: it is not started again)."""
     groups = Groups.make(limits, template.kind)
     groups.template = template
-    res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
+    req["env"] = groups.env = limits.environment()
+    req["join"] = groups.paths()
+    req["limited"] = list(groups.dirs)
+    req["contain"] = groups.contain
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    ours = [res_r, out_r, err_r]
+    # A spawned command has no result pipe: nothing of ours runs in it to write one (what cannot
+    # start is told by the spawn itself). Its slot carries the output pipe once more.
+    res_r: int | None = None
+    res_w = out_w
+    if not _toolspawner.spawnable(req):
+        res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    ours = [fd for fd in (res_r, out_r, err_r) if fd is not None]
     theirs = [res_w, out_w, err_w]
     in_w = None
     if stdin is not None:
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         theirs.append(in_r)
         ours.append(in_w)
-    req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
-    req["env"] = groups.env = limits.environment()
-    req["join"] = groups.paths()
-    req["limited"] = list(groups.dirs)
-    req["contain"] = groups.contain
     status: Callable[[bool], int]
     try:
         started = _by_spawner(template, groups, req, theirs) if template.kind == "cmd" else None
         if started is not None:
             pid, pidfd = started
-            status = groups.spawner.status
+            status = groups.spawner.status_of(pid, pidfd)
         else:
             pid, pidfd, channel = template.spawn(req, theirs)
             status = functools.partial(_tooltemplate.exit_status, channel)
@@ -126,7 +131,7 @@ def start_in_template(
         groups.remove()
         raise
     finally:
-        for fd in theirs:
+        for fd in set(theirs):
             os.close(fd)
     return Proc(
         pid,
@@ -195,7 +200,7 @@ class Proc:
         pid: int,
         limits: Limits,
         groups: Groups,
-        res: int,
+        res: int | None,
         out: int,
         err: int,
         stdin_fd: int | None,
@@ -207,7 +212,7 @@ class Proc:
         self.pid = pid
         self.limits = limits
         self.groups = groups
-        self.fds = {res: "res", out: "out", err: "err"}
+        self.fds = {out: "out", err: "err"} if res is None else {res: "res", out: "out", err: "err"}
         self.stdin_fd = stdin_fd
         self.stdin = memoryview(stdin)
         # A call forked by a template is the template's child: its pidfd comes from there (taken
@@ -375,13 +380,15 @@ class Proc:
             self.fds.clear()
             if self.stdin_fd is not None:
                 os.close(self.stdin_fd)
-            os.close(self.pidfd)
             with _LIVE_LOCK:
                 _LIVE.discard(self)
                 os.close(self.cancel_r)
                 os.close(self.cancel_w)
                 self.cancel_w = -1
-            self._reap()
+            try:
+                self._reap()
+            finally:
+                os.close(self.pidfd)  # (after: a spawned command's status is read from it)
         return o
 
     def _take_output(self, kind: str, data: bytes, cap: int | None, relay: bool) -> None:
