@@ -183,6 +183,27 @@ def _by_spawner(
 
 _LIVE: set[Proc] = set()  # calls being watched in this process
 _LIVE_LOCK = threading.Lock()
+# Cancel pipes of calls that ended with nothing written to them, for the next calls (under _LIVE_LOCK):
+# a pipe made and closed per call is three system calls. A forked child lets its copies go.
+_CANCEL_PIPES: list[tuple[int, int]] = []
+
+
+def _cancel_pipe() -> tuple[int, int]:
+    with _LIVE_LOCK:
+        if _CANCEL_PIPES:
+            return _CANCEL_PIPES.pop()
+    return os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+def _forked() -> None:
+    for pair in _CANCEL_PIPES:
+        for fd in pair:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _CANCEL_PIPES.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def cancel_all() -> int:
@@ -221,7 +242,8 @@ class Proc:
         self.status = status
         self.stashed: int | None = None  # the status, read before the groups were killed
         self.outcome_says = outcome_says  # a function's result says how it ended (not its exit status)
-        self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.cancel_r, self.cancel_w = _cancel_pipe()
+        self.cancel_sent = False  # (a pipe written to is closed at the end, not used again)
         self.started = time.monotonic()
         self.outcome = Outcome()
         self.tree: set[int] = {pid}
@@ -229,9 +251,10 @@ class Proc:
 
     def cancel(self) -> None:
         """Start the call's ladder as for a cancel (from any thread; harmless once it ended: the
-        pipe is closed under the same lock, so a number reused by another file is never written)."""
+        pipe is let go under the same lock, so a number reused by another file is never written)."""
         with _LIVE_LOCK, contextlib.suppress(OSError):
             if self.cancel_w >= 0:
+                self.cancel_sent = True
                 os.write(self.cancel_w, b"x")
 
     # The ladder's steps ------------------------------------------------------------------------
@@ -382,8 +405,11 @@ class Proc:
                 os.close(self.stdin_fd)
             with _LIVE_LOCK:
                 _LIVE.discard(self)
-                os.close(self.cancel_r)
-                os.close(self.cancel_w)
+                if self.cancel_sent or len(_CANCEL_PIPES) >= 8:
+                    os.close(self.cancel_r)
+                    os.close(self.cancel_w)
+                else:
+                    _CANCEL_PIPES.append((self.cancel_r, self.cancel_w))
                 self.cancel_w = -1
             try:
                 self._reap()
@@ -468,7 +494,7 @@ class Proc:
             self._end_leftovers()
         g.remove(empty=bool(self.empty))
         self.tree.discard(self.pid)
-        me = os.getpid()
+        me = os.getpid() if self.tree else 0
         for pid in self.tree:  # orphans re-parented to us (we are a subreaper): reap them, by pid
             fields = _tree.stat_fields(pid)
             if fields is not None and int(fields[1]) == me:
