@@ -153,6 +153,22 @@ def test_a_spawner_killed_after_starting_a_command_ends_the_call_and_never_start
     assert res.returncode == 0, res
 
 
+def test_a_commands_exit_status_is_its_own_even_when_its_spawner_dies_before_reaping_it() -> None:
+    """The status of a command comes from the kernel (its pidfd), not from a message of its spawner: a
+    command that kills its spawner once it has been handed over (stdin is written only then), and then
+    exits with 3, is reported with 3, and the next call gets a new spawner."""
+    if not lowlevel.TOOL_STATUS_FROM_PIDFD:
+        pytest.skip("before Linux 6.15 a pidfd keeps no exit status: the spawner reports it")
+    for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):  # every kept set has its spawner standing
+        _parent_and_groups()
+    parricide = ["sh", "-c", "read go; kill -9 $PPID; exit 3"]
+    for _ in range(lowlevel.TOOL_SPARE_GROUPS + 1):
+        res = worker.run_command(parricide, stdin=b"go\n")
+        assert res.returncode == 3 and res.killed_reason is None, res
+        parent, _ = _parent_and_groups()
+        assert len(_lineage(parent)) == 2, "the next command was not born from a (new) spawner"
+
+
 def test_the_spawner_does_not_count_in_the_calls_pids_limit() -> None:
     """``pids=N`` lets a command's tree have N processes, and not N + 1, through the spawner as
     without it (the spawner's own pid is added to its groups' limit)."""

@@ -59,12 +59,27 @@ class Limits:
             raise TypeError("env must be a dict of str to str or None")
 
     def environment(self) -> dict[str, str]:
-        # (Names looked up, values decoded only for what is kept: on every call's path, ~3x quicker
-        # than decoding the whole environment.)
-        env = os.environ
-        keep = {k: env[k] for k in env if k in _ALLOWED or k.startswith(ENV_ALLOW_PREFIXES)}
+        keep = dict(_scrubbed())
         keep.update(self.env or {})
         return keep
+
+
+_scrubbed_of: tuple[dict[bytes, bytes], dict[str, str]] | None = None
+
+
+def _scrubbed() -> dict[str, str]:
+    """TOOL-ENV: what the process's environment keeps when scrubbed; taken again only when the
+    environment changed (one comparison of its raw block, not a decode of every variable per call),
+    and then names looked up and values decoded only for what is kept."""
+    global _scrubbed_of
+    raw: dict[bytes, bytes] | None = getattr(os.environ, "_data", None)  # (None: os.environ replaced)
+    if _scrubbed_of is None or raw is None or _scrubbed_of[0] != raw:
+        env = os.environ
+        keep = {k: env[k] for k in env if k in _ALLOWED or k.startswith(ENV_ALLOW_PREFIXES)}
+        _scrubbed_of = (dict(raw or {}), keep)
+        if raw is None:
+            return keep
+    return _scrubbed_of[1]
 
 
 # ---- where the limits live ------------------------------------------------------------------
@@ -166,6 +181,20 @@ def sweep_stale_groups() -> list[str]:
     return gone
 
 
+_pid = os.getpid()  # this process's pid (a system call each time asked of the kernel; kept here)
+
+
+def _me() -> int:
+    return _pid
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 _placed: tuple[int, tuple[str, str | None, dict[str, str]]] | None = None
 
 
@@ -173,7 +202,7 @@ def _place() -> tuple[str, str | None, dict[str, str]]:
     """(the name prefix of this process's call groups, its own v2 cgroup, the v1 parent of each
     controller), read once per process (a forked child reads its own)."""
     global _placed
-    me = os.getpid()
+    me = _me()
     if _placed is None or _placed[0] != me:
         # Named like a pool (owner pid and start time): one left by a caller killed with SIGKILL is swept.
         prefix = f"{_cgroup.POOL_PREFIX}{me}-{_cgroup._start_time(me)}-call"
@@ -210,7 +239,7 @@ class Groups:
     dirs: dict[str, str] = field(default_factory=dict)  # controller -> directory with the limit
     base: dict[str, int] = field(default_factory=dict)
     v2: dict[str, bool] = field(default_factory=dict)
-    owner: int = field(default_factory=os.getpid)
+    owner: int = field(default_factory=_me)
     kind: str | None = None  # the template kind whose calls use them (None: forked by the caller)
     template: Any = None  # that template: asked for an embryo in them once they are kept (TOOL-EMBRYO)
     embryo_of: Any = None  # the template that has an embryo waiting in them (kept groups)
@@ -218,12 +247,12 @@ class Groups:
     spawner: Any = None  # TOOL-SPAWNER: the process standing in them that starts their commands
     embryo: Any = None  # TOOL-EMBRYO-DIRECT: the next function call's process, waiting in them
     killed: bool = False  # killed since their spawner stood in them (it went with the kill)
+    opened: dict[str, int] = field(default_factory=dict)  # their files read after each call, kept open
 
     @classmethod
     def make(cls, limits: Limits, kind: str | None = None) -> Groups:
-        g = cls(limits, kind=kind)
         if limits.cgroups is False:
-            return g
+            return cls(limits, kind=kind)
         be = backend()
         if not _swept:
             sweep_stale_groups()
@@ -296,7 +325,7 @@ class Groups:
         if path is None:
             return 0
         with contextlib.suppress(ValueError, IndexError):
-            for line in _read(os.path.join(path, file)).splitlines():
+            for line in self._file(os.path.join(path, file)).splitlines():
                 if line.startswith(key + b" "):
                     return int(line.split()[1])
         return 0
@@ -324,17 +353,39 @@ class Groups:
         """The call's processes (the groups' spawner is not the call's)."""
         if self.contain is None:
             return []
-        found = [int(x) for x in _read(os.path.join(self.contain, "cgroup.procs")).split()]
+        found = [int(x) for x in self._file(os.path.join(self.contain, "cgroup.procs")).split()]
         if self.spawner is not None and self.spawner.pid in found:
             found.remove(self.spawner.pid)
         return found
+
+    def _file(self, path: str) -> bytes:
+        """A file of theirs, read afresh: opened once, then one ``pread`` at offset 0 per read (a
+        cgroup file's content is made anew at each read from 0), so the reads at each call's end cost
+        one system call each, not four."""
+        fd = self.opened.get(path)
+        if fd is None:
+            try:
+                fd = self.opened[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return b""
+        try:
+            data = os.pread(fd, 65536, 0)
+        except OSError:
+            return b""
+        return data if len(data) < 65536 else _read(path)
+
+    def close_files(self) -> None:
+        opened, self.opened = self.opened, {}
+        for fd in opened.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def populated(self) -> bool:
         """Whether anything of the call lives in them (one read)."""
         if self.contain is None:
             return False
         if self.spawner is None:
-            return b"populated 1" in _read(os.path.join(self.contain, "cgroup.events"))
+            return b"populated 1" in self._file(os.path.join(self.contain, "cgroup.events"))
         return bool(self.members())
 
     def kill(self) -> None:
@@ -407,6 +458,7 @@ class Groups:
         if self.spawner is not None:
             self.spawner.close()  # (it exits: killed below if it has not yet)
             self.spawner = None
+        self.close_files()
         for path in self.paths():
             try:
                 os.rmdir(path)  # the usual case: empty, no group below it (one syscall, no listing)
@@ -443,14 +495,14 @@ def _take_kept(limits: Limits, kind: str | None) -> Groups | None:
     with _KEPT_LOCK:
         free = _KEPT.get(_key(limits, kind))
         g = free.pop(0) if free else None
-    if g is None or g.owner != os.getpid():
+    if g is None or g.owner != _me():
         return None
     g.limits = limits
     return g
 
 
 def _keep(g: Groups) -> bool:
-    if g.owner != os.getpid():
+    if g.owner != _me():
         return False
     template = g.template
     with _KEPT_LOCK:
@@ -481,10 +533,11 @@ def _keep(g: Groups) -> bool:
 def remove_kept() -> None:
     """Remove the groups kept for reuse (at exit; a killed process's are swept by the next)."""
     with _KEPT_LOCK:
-        kept = [g for free in _KEPT.values() for g in free if g.owner == os.getpid()]
+        kept = [g for free in _KEPT.values() for g in free if g.owner == _me()]
         _KEPT.clear()
     for g in kept:
         g.set_embryo(None)
+        g.close_files()
         if g.spawner is not None:
             g.spawner.close()
         if g.contain is not None and _cgroup.populated(g.contain):

@@ -96,21 +96,26 @@ def start_in_template(
     ``ToolCrashed`` (a spawner killed while it started the command: it is not started again)."""
     groups = Groups.make(limits, template.kind)
     groups.template = template
-    res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
+    req["env"] = groups.env = limits.environment()
+    req["join"] = groups.paths()
+    req["limited"] = list(groups.dirs)
+    req["contain"] = groups.contain
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    ours = [res_r, out_r, err_r]
+    # A spawned command has no result pipe: nothing of ours runs in it to write one (what cannot
+    # start is told by the spawn itself). Its slot carries the output pipe once more.
+    res_r: int | None = None
+    res_w = out_w
+    if not _toolspawner.spawnable(req):
+        res_r, res_w = os.pipe2(os.O_CLOEXEC)
+    ours = [fd for fd in (res_r, out_r, err_r) if fd is not None]
     theirs = [res_w, out_w, err_w]
     in_w = None
     if stdin is not None:
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         theirs.append(in_r)
         ours.append(in_w)
-    req["lim"] = [limits.memory_mb, limits.pids, limits.cpu_s, limits.network]
-    req["env"] = groups.env = limits.environment()
-    req["join"] = groups.paths()
-    req["limited"] = list(groups.dirs)
-    req["contain"] = groups.contain
     status: Callable[[bool], int]
     try:
         direct = _by_embryo(template, groups, req, theirs) if template.kind == "fn" else None
@@ -119,7 +124,7 @@ def start_in_template(
             pid, pidfd, status = direct
         elif started is not None:
             pid, pidfd = started
-            status = groups.spawner.status
+            status = groups.spawner.status_of(pid, pidfd)
         else:
             pid, pidfd, channel = template.spawn(req, theirs)
             status = functools.partial(_tooltemplate.exit_status, channel)
@@ -129,7 +134,7 @@ def start_in_template(
         groups.remove()
         raise
     finally:
-        for fd in theirs:
+        for fd in set(theirs):
             os.close(fd)
     return Proc(
         pid,
@@ -208,6 +213,27 @@ def _by_spawner(
 
 _LIVE: set[Proc] = set()  # calls being watched in this process
 _LIVE_LOCK = threading.Lock()
+# Cancel pipes of calls that ended with nothing written to them, for the next calls (under _LIVE_LOCK):
+# a pipe made and closed per call is three system calls. A forked child lets its copies go.
+_CANCEL_PIPES: list[tuple[int, int]] = []
+
+
+def _cancel_pipe() -> tuple[int, int]:
+    with _LIVE_LOCK:
+        if _CANCEL_PIPES:
+            return _CANCEL_PIPES.pop()
+    return os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+def _forked() -> None:
+    for pair in _CANCEL_PIPES:
+        for fd in pair:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _CANCEL_PIPES.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def cancel_all() -> int:
@@ -225,7 +251,7 @@ class Proc:
         pid: int,
         limits: Limits,
         groups: Groups,
-        res: int,
+        res: int | None,
         out: int,
         err: int,
         stdin_fd: int | None,
@@ -237,7 +263,7 @@ class Proc:
         self.pid = pid
         self.limits = limits
         self.groups = groups
-        self.fds = {res: "res", out: "out", err: "err"}
+        self.fds = {out: "out", err: "err"} if res is None else {res: "res", out: "out", err: "err"}
         self.stdin_fd = stdin_fd
         self.stdin = memoryview(stdin)
         # A call forked by a template is the template's child: its pidfd comes from there (taken
@@ -246,7 +272,8 @@ class Proc:
         self.status = status
         self.stashed: int | None = None  # the status, read before the groups were killed
         self.outcome_says = outcome_says  # a function's result says how it ended (not its exit status)
-        self.cancel_r, self.cancel_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.cancel_r, self.cancel_w = _cancel_pipe()
+        self.cancel_sent = False  # (a pipe written to is closed at the end, not used again)
         self.started = time.monotonic()
         self.outcome = Outcome()
         self.tree: set[int] = {pid}
@@ -254,9 +281,10 @@ class Proc:
 
     def cancel(self) -> None:
         """Start the call's ladder as for a cancel (from any thread; harmless once it ended: the
-        pipe is closed under the same lock, so a number reused by another file is never written)."""
+        pipe is let go under the same lock, so a number reused by another file is never written)."""
         with _LIVE_LOCK, contextlib.suppress(OSError):
             if self.cancel_w >= 0:
+                self.cancel_sent = True
                 os.write(self.cancel_w, b"x")
 
     # The ladder's steps ------------------------------------------------------------------------
@@ -405,13 +433,18 @@ class Proc:
             self.fds.clear()
             if self.stdin_fd is not None:
                 os.close(self.stdin_fd)
-            os.close(self.pidfd)
             with _LIVE_LOCK:
                 _LIVE.discard(self)
-                os.close(self.cancel_r)
-                os.close(self.cancel_w)
+                if self.cancel_sent or len(_CANCEL_PIPES) >= 8:
+                    os.close(self.cancel_r)
+                    os.close(self.cancel_w)
+                else:
+                    _CANCEL_PIPES.append((self.cancel_r, self.cancel_w))
                 self.cancel_w = -1
-            self._reap()
+            try:
+                self._reap()
+            finally:
+                os.close(self.pidfd)  # (after: a spawned command's status is read from it)
         return o
 
     def _take_output(self, kind: str, data: bytes, cap: int | None, relay: bool) -> None:
@@ -493,7 +526,7 @@ class Proc:
         if g.kind == "fn" and g.template is not None and not g.paths():
             g.template.refill_loose(g.env)  # TOOL-EMBRYO-DIRECT: the next call without groups' process
         self.tree.discard(self.pid)
-        me = os.getpid()
+        me = os.getpid() if self.tree else 0
         for pid in self.tree:  # orphans re-parented to us (we are a subreaper): reap them, by pid
             fields = _tree.stat_fields(pid)
             if fields is not None and int(fields[1]) == me:

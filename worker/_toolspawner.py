@@ -8,9 +8,12 @@ template forks one *spawner* into it (its move made off the call's path, as an e
 sends each command of that set to it directly, on the spawner's own socket. The spawner
 ``posix_spawn``s the command (a vfork: nothing of it is copied) or, for a command that needs what a spawn
 cannot set (an rlimit, a network namespace), forks a child that sets it and execs. It answers
-``["pid", pid]`` with a pidfd of the command, and, having reaped it, ``["exit", status]``; then it waits
-for the next. It is not the call: the caller's ladder and limit checks leave it out, and the pids limit
-of its groups counts it on top of the call's own (``pids.max`` is the call's ``pids`` + 1).
+``["pid", pid]`` with a pidfd of the command and waits for the next: the command's end reaps it at
+once (SIGCHLD ignored once its pidfd is open), and the kernel keeps its status for its pidfd, where the
+caller reads it (``reaped_status``), so a call's end wakes only the caller. (Before Linux 6.15, which
+keeps no such record, the spawner waits, reaps it and answers ``["exit", status]``.) It is not the
+call: the caller's ladder and limit checks leave it out, and the pids limit of its groups counts it on
+top of the call's own (``pids.max`` is the call's ``pids`` + 1).
 
 A spawner dies with its groups' kill (a call killed: the next set keeps a new one), with its template
 (parent-death signal), and when its caller's end of the socket closes (the caller is gone: it kills what
@@ -20,10 +23,14 @@ it runs first).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
 import socket
+import struct
+import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
@@ -99,17 +106,20 @@ def serve(sock: socket.socket, join: list[str], parent: int, child: Any) -> NoRe
         sock.send(_enc.encode(["ready", os.getpid()]))
     except BaseException:  # noqa: BLE001 - never ready: the caller makes its calls without it
         os._exit(70)
+    last = 0  # the last command started (its groups are killed if the caller goes while it runs)
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST + 4096, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             data, fds = b"", []
         if not data:
-            os._exit(0)  # the caller let the groups go, or is gone
+            _let_go(join, last)  # the caller let the groups go, or is gone
         pid = 0
         try:
             req = _dec.decode(data)
             os.chdir(req["cwd"])
+            # Until its pidfd is open, the command's end leaves a zombie: its pid is not reused.
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             if spawnable(req):
                 pid = posix_spawn(req, fds, null, ignored)
             else:
@@ -132,16 +142,49 @@ def serve(sock: socket.socket, join: list[str], parent: int, child: Any) -> NoRe
             with contextlib.suppress(OSError):
                 sock.send(_enc.encode(["fail", f"{type(exc).__name__}: {exc}"]))
             continue
+        last = pid
+        if EXIT_INFO:
+            # From now on its end reaps it at once, and the kernel keeps its status for its pidfd,
+            # where the caller reads it: nothing of a call's end passes through here.
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # (it ended already: a zombie, reaped now)
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
             socket.send_fds(sock, [_enc.encode(["pid", pid])], [pidfd])
-        _wait(sock, pid, pidfd, join)
+        if not EXIT_INFO:
+            _wait(sock, pid, pidfd, join)
+        else:
+            os.close(pidfd)
+
+
+def _kill_groups(join: list[str], pid: int) -> NoReturn:
+    """The caller is gone while a command runs: nobody watches it any more. Everything in the groups
+    is killed (this spawner with it)."""
+    for path in join:
+        with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    os._exit(0)
+
+
+def _let_go(join: list[str], last: int) -> NoReturn:
+    """The caller closed the socket: exit, killing the groups first if the last command still runs
+    (a caller that lets kept groups go closes it between calls: then nothing runs)."""
+    try:
+        running = last > 0 and os.waitpid(-1, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        running = False  # (every command ended, and was reaped)
+    if running:
+        _kill_groups(join, last)
+    os._exit(0)
 
 
 def _wait(sock: socket.socket, pid: int, pidfd: int, join: list[str]) -> None:
-    """Until the command ends (then its status to the caller), or the caller goes (then the groups'
-    processes are killed, the spawner with them)."""
+    """Without the kernel's exit record (before Linux 6.15): until the command ends (then its status
+    to the caller), or the caller goes (then the groups' processes are killed, the spawner with them)."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     poller.register(sock, select.POLLIN)
@@ -149,17 +192,57 @@ def _wait(sock: socket.socket, pid: int, pidfd: int, join: list[str]) -> None:
         fds = [fd for fd, _ in poller.poll()]
         if pidfd in fds:
             break
-        if fds:  # the caller's end closed mid-call: nobody watches this command any more
-            for path in join:
-                with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.kill"), "w") as f:
-                    f.write("1")
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-            os._exit(0)
+        if fds:  # the caller's end closed mid-call
+            _kill_groups(join, pid)
     os.close(pidfd)
     _, status = os.waitpid(pid, 0)
     with contextlib.suppress(OSError):
         sock.send(_enc.encode(["exit", status]))
+
+
+def _exit_info_supported() -> bool:
+    """Whether a pidfd tells the exit status of a reaped process that was not our child
+    (``PIDFD_GET_INFO`` with ``PIDFD_INFO_EXIT``: Linux 6.15)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 15)
+
+
+EXIT_INFO = _exit_info_supported()
+PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(0xFF, 11, struct pidfd_info), its first 64 bytes
+PIDFD_INFO_EXIT = 8
+_INFO = struct.Struct("=Q52xi")  # mask, ..., exit_code (a wait status)
+
+
+def reaped_status(pidfd: int, pid: int, timeout: float) -> int | None:
+    """The wait status of the process of ``pidfd`` once it is reaped, by whoever reaps it (its
+    status is kept for its pidfd); None where it was not within ``timeout``. An exited process not
+    reaped yet is waited for (its pidfd hangs up when it is), or reaped here if it is our child."""
+    buf = bytearray(_INFO.size)
+    deadline: float | None = None
+    while True:
+        _INFO.pack_into(buf, 0, PIDFD_INFO_EXIT, 0)
+        try:
+            fcntl.ioctl(pidfd, PIDFD_GET_INFO, buf)
+        except OSError:
+            return None
+        mask, code = _INFO.unpack(buf)
+        if mask & PIDFD_INFO_EXIT:
+            return int(code)
+        if deadline is None:
+            deadline = time.monotonic() + timeout
+            with contextlib.suppress(ChildProcessError, OSError):
+                got, status = os.waitpid(pid, os.WNOHANG)  # (ours, re-parented to us: a subreaper)
+                if got == pid:
+                    return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        poller = select.poll()
+        poller.register(pidfd, select.POLLHUP)
+        poller.poll(int(left * 1000) + 1)
 
 
 # ---- the caller's side ----------------------------------------------------------------------------
@@ -200,14 +283,11 @@ class Spawner:
             socket.send_fds(self.sock, [_enc.encode(req)], fds)
         except OSError:
             raise Gone("the spawner is gone") from None
-        self.sock.settimeout(REPLY_S)
-        try:
-            data, got, _, _ = socket.recv_fds(self.sock, 4096, 1)
-        except OSError:
-            data, got = b"", []
-        finally:
+        data: bytes = b""
+        got: list[int] = []
+        if self._answers(REPLY_S):
             with contextlib.suppress(OSError):
-                self.sock.settimeout(None)
+                data, got, _, _ = socket.recv_fds(self.sock, 4096, 1)
         msg: list[Any] = _dec.decode(data) if data else ["gone"]
         if msg[0] == "pid" and got:
             return int(msg[1]), got[0]
@@ -218,22 +298,38 @@ class Spawner:
         self.close()
         raise Died("the command's spawner died")
 
+    def status_of(self, pid: int, pidfd: int) -> Callable[[bool], int]:
+        """How the caller learns the wait status of the command ``pid`` it watches through ``pidfd``
+        (SIGKILL where it cannot: the spawner died before it could tell)."""
+        if not EXIT_INFO:
+            return self.status
+
+        def status(wanted: bool = True) -> int:
+            got = reaped_status(pidfd, pid, REPLY_S)
+            return int(signal.SIGKILL) if got is None else got
+
+        return status
+
     def status(self, wanted: bool = True) -> int:
-        """The command's wait status, once the spawner reaped it (SIGKILL if the spawner died)."""
-        self.sock.settimeout(REPLY_S)
-        try:
-            data = self.sock.recv(256)
-        except OSError:
-            data = b""
-        finally:
+        """Before Linux 6.15: the command's wait status, once the spawner reaped it and sent it
+        (SIGKILL if the spawner died)."""
+        data = b""
+        if self._answers(REPLY_S):
             with contextlib.suppress(OSError):
-                self.sock.settimeout(None)
+                data = self.sock.recv(256)
         if data:
             msg = _dec.decode(data)
             if msg[0] == "exit":
                 return int(msg[1])
         self.close()
         return int(signal.SIGKILL)
+
+    def _answers(self, timeout: float) -> bool:
+        """Whether its answer (or its end) came within ``timeout``: the socket stays blocking (a
+        timeout on it would cost two system calls a message to set and unset)."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        return bool(poller.poll(int(timeout * 1000)))
 
     def close(self) -> None:
         """Let it go: it exits once its socket closes."""

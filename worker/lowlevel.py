@@ -35,6 +35,7 @@ from ._toolgroups import SPARE_GROUPS as TOOL_SPARE_GROUPS
 from ._toolgroups import backend as tool_limits_backend
 from ._toolgroups import next_kept as tool_next_call_groups
 from ._toolgroups import sweep_stale_groups as tool_groups_sweep
+from ._toolspawner import EXIT_INFO as TOOL_STATUS_FROM_PIDFD
 from ._toolspawner import Died as ToolSpawnerDied
 from ._toolspawner import Spawner as ToolSpawner
 from ._tooltemplate import enable as tool_templates
@@ -67,6 +68,7 @@ __all__ = [
     "HEIR_UNWATCHABLE",
     "MARKER_SIZE",
     "TOOL_SPARE_GROUPS",
+    "TOOL_STATUS_FROM_PIDFD",
     "TRIM_SLACK",
     "EndLog",
     "HeapKeeper",
