@@ -15,9 +15,6 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
-import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import msgspec
 
 from . import _toolchild, _toolproc, _tooltemplate
@@ -108,6 +105,10 @@ async def _run_async(
     """Start and watch the call in a thread (a template's first call of a module imports it there:
     the event loop runs on meanwhile); a cancel of the awaiting task runs the ladder, and the await
     returns (re-raising the cancel) only once the call's tree is gone."""
+    import anyio  # (here: a process that only makes sync calls, or a template, never imports it)
+    import anyio.lowlevel
+    import anyio.to_thread
+
     lock = threading.Lock()
     state: dict[str, Any] = {"proc": None, "cancelled": False}
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import secrets
 import signal
 import threading
 import time
@@ -265,7 +264,7 @@ class Groups:
     def _new(cls, limits: Limits, kind: str | None, be: dict[str, Any]) -> Groups:
         g = cls(limits, kind=kind)
         prefix, own, parents = _place()
-        tag = prefix + secrets.token_hex(4)
+        tag = prefix + os.urandom(4).hex()
         if be["containment"] == "cgroup2" and own is not None:
             path = os.path.join(own, tag)
             with contextlib.suppress(OSError):
