@@ -77,12 +77,17 @@ def test_every_public_name_and_star_import_still_work() -> None:
 
 
 def test_the_zygote_imports_every_public_name_before_it_forks() -> None:
-    """WORKER-LAZY, WORKER-SETTLE: after the zygote's preload, using every public name imports nothing
-    more and writes nothing to the package (a worker forked from it would pay for both)."""
+    """WORKER-LAZY, WORKER-SETTLE: after the zygote's preload, using every public name, a first isolated
+    call (sync and async) and a first command import nothing more and write nothing to the package (a
+    worker forked from it would pay for both)."""
     after = _fresh(
-        "import json, sys\nfrom worker import lowlevel\nlowlevel.zygote_preload([])\nimport worker\n"
+        # (the zygote's own preload: lowlevel would import more)
+        "import json, sys\nfrom worker import _zygote\n_zygote._preload([])\nimport worker\n"
         "before, bound = set(sys.modules), set(vars(worker))\n"
         "for n in worker.__all__: getattr(worker, n)\n"
+        "import anyio\n"
+        "assert worker.isolated(lambda: 7)() == 7 and worker.run_command(['true']).returncode == 0\n"
+        "assert anyio.run(worker.isolated(lambda: 8).acall) == 8\n"
         "print(json.dumps([sorted(set(sys.modules) - before), sorted(set(vars(worker)) - bound),"
         f" [m for m in {HEAVY!r} if m not in sys.modules]]))\n"
     )
