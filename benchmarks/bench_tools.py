@@ -122,8 +122,10 @@ def in_worker(turn: Any) -> dict[str, list[float]]:
     """An agent (run in a real worker): the same no-op call forked by the worker's template and by
     the worker itself, and a command, interleaved; the samples in seconds."""
     n = int(turn.input["n"])
-    iso = worker.isolated(_noop)
-    iso_fork = worker.isolated(_noop, fork_caller=True)
+    from ._tool_noop import noop
+
+    iso = worker.isolated(noop)
+    iso_fork = worker.isolated(noop, fork_caller=True)
     rows: dict[str, Callable[[], Any]] = {
         "template": iso,
         "fork the worker": iso_fork,
@@ -168,9 +170,11 @@ def _run(quick: bool, n: int) -> str:
     # ``__main__`` cannot be found by a template, and would fork this process.
     from benchmarks import bench_tools as here
 
-    iso = worker.isolated(here._noop)
-    iso_rl = worker.isolated(here._noop, cgroups=False)
-    iso_fork = worker.isolated(here._noop, fork_caller=True)
+    from ._tool_noop import noop  # (a module of its own: its template holds what a tool's would)
+
+    iso = worker.isolated(noop)
+    iso_rl = worker.isolated(noop, cgroups=False)
+    iso_fork = worker.isolated(noop, fork_caller=True)
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("in process", _noop),
         (ISO, iso),
