@@ -1,4 +1,4 @@
-"""Where an isolated call's limits live: the call's ``Limits``, what enforces each here (``backend``), and
+"""Where an isolated call's limits live: what enforces the call's ``Limits`` (``_toollimits``) here (``backend``), and
 its cgroups (``Groups``: made by the caller, joined by the call's process before it runs anything, kept for
 reuse or removed after it, TOOL-REUSE-GROUPS); the groups a killed caller left are swept by the next."""
 
