@@ -1,6 +1,7 @@
-"""Where an isolated call's limits live: what enforces the call's ``Limits`` (``_toollimits``) here (``backend``), and
-its cgroups (``Groups``: made by the caller, joined by the call's process before it runs anything, kept for
-reuse or removed after it, TOOL-REUSE-GROUPS); the groups a killed caller left are swept by the next."""
+"""Where an isolated call's limits live: what enforces the call's ``Limits`` (``_toollimits``) here
+(``backend``), and its cgroups (``Groups``: made by the caller, joined by the call's process before it runs
+anything, kept for reuse or removed after it, TOOL-REUSE-GROUPS); the groups a killed caller left are swept
+by the next."""
 
 from __future__ import annotations
 
