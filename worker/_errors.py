@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from wire import Cause
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wire import Cause
 
 
 class WorkerError(Exception):

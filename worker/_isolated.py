@@ -13,17 +13,17 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
-import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import msgspec
 
-from . import _toolchild, _toolproc, _tooltemplate
+from . import _toolchild, _tooltemplate
 from ._toolerrors import CommandResult, ToolCrashed, ToolIsolationError, ToolKilled, raised
 from ._toolerrors import for_frameworks as _flavoured
-from ._toolgroups import Limits
+from ._toollimits import Limits
+
+if TYPE_CHECKING:
+    from . import _toolproc  # (imported by a call, not by the decorator: WORKER-LAZY)
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
@@ -108,6 +108,10 @@ async def _run_async(
     """Start and watch the call in a thread (a template's first call of a module imports it there:
     the event loop runs on meanwhile); a cancel of the awaiting task runs the ladder, and the await
     returns (re-raising the cancel) only once the call's tree is gone."""
+    import anyio  # (here: a process that only makes sync calls, or a template, never imports it)
+    import anyio.lowlevel
+    import anyio.to_thread
+
     lock = threading.Lock()
     state: dict[str, Any] = {"proc": None, "cancelled": False}
 
@@ -158,6 +162,8 @@ def _reference(fn: Callable[..., Any], wrapper: Any) -> tuple[str, str] | None:
 
 def _warm_start(kind: str, limits: Limits, req: dict[str, Any], stdin: bytes | None) -> _toolproc.Proc | None:
     """TOOL-WARM: the call made by this process's template, or None: fork the caller instead."""
+    from . import _toolproc
+
     for _ in range(2):
         template = _tooltemplate.get(kind)
         if template is None:
@@ -214,6 +220,8 @@ class Isolated:
                     return proc
         kwargs = dict(kwargs)
         args = bound + _check_crossing(args, kwargs, name)
+        from . import _toolproc
+
         return _toolproc.start(self.limits, _toolchild.child_body(self.fn, args, kwargs, self.is_async))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -358,6 +366,8 @@ def _command(
 
 
 def _start_command(cmd: _Command) -> _toolproc.Proc:
+    from . import _toolproc
+
     argv, cwd = cmd.argv, cmd.cwd
     req = {"kind": "cmd", "argv": argv, "cwd": os.path.join(os.getcwd(), cwd or "")}
     proc = _warm_start("cmd", cmd.limits, req, cmd.stdin or None)  # (none: /dev/null, no pipe)

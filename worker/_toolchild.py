@@ -16,7 +16,8 @@ import msgspec
 from .proctree import _tree
 
 if TYPE_CHECKING:
-    from ._toolgroups import Groups, Limits
+    from ._toolgroups import Groups
+    from ._toollimits import Limits
 
 MIB = 1024 * 1024
 

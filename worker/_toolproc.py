@@ -30,7 +30,8 @@ from typing import Any
 
 from . import _toolchild, _toolembryo, _toolspawner, _tooltemplate
 from ._toolerrors import KillReason, ToolCrashed, for_frameworks
-from ._toolgroups import Groups, Limits
+from ._toolgroups import Groups
+from ._toollimits import Limits
 from .proctree import _tree
 
 WATCH_S = 0.02  # how often limits the kernel does not enforce by itself are read while a call runs

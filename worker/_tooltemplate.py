@@ -104,7 +104,7 @@ class _Server:
             sys.path[:] = req["path"]
         if sys.modules.get(name) is None:
             pkg = sys.modules["worker"]
-            if not hasattr(pkg, "isolated"):
+            if "__all__" not in vars(pkg):  # (not a name: that would import it, WORKER-LAZY)
                 self.spec.loader.exec_module(pkg)  # the package in full, as an agent module imports it
             try:
                 import importlib

@@ -79,7 +79,12 @@ def _preload(modules: list[str]) -> None:
 
     import wire  # noqa: F401
 
-    from . import _main  # noqa: F401 - the entry point pulls in the guards and the turn loop
+    from . import _load_all  # (_main: the entry point pulls in the guards and the turn loop)
+
+    _load_all()  # WORKER-LAZY: every public name of ``worker``, so that no worker imports one after its fork
+    import ctypes.util  # noqa: F401 - and what the process-tree code imports only where it needs it
+
+    import psutil  # noqa: F401
 
     # WORKER-SETTLE: run the worker's own paths (an event loop, timers, the warm-up turn) here, so that
     # their code is specialised once instead of in every worker; this starts no thread, so the

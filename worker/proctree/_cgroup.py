@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import select
 import signal
 import time
@@ -206,7 +205,7 @@ class Pool:
         sweep_stale(own)
         me = os.getpid()
         # A random tail: several supervisors may live in one process, each with its own pool.
-        path = os.path.join(own, f"{POOL_PREFIX}{me}-{_start_time(me)}-{secrets.token_hex(4)}")
+        path = os.path.join(own, f"{POOL_PREFIX}{me}-{_start_time(me)}-{os.urandom(4).hex()}")
         try:
             os.mkdir(path)
         except FileExistsError:

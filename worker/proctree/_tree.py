@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import mmap
 import os
 import signal
 import sys
 import time
-
-import psutil
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -33,7 +30,9 @@ def _prctl(option: int, arg: int) -> bool:
         try:
             _libc = ctypes.CDLL("libc.so.6", use_errno=True)
         except OSError:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            from ctypes.util import find_library  # (here: it imports shutil, subprocess and tempfile)
+
+            _libc = ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
     return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)  # ctypes' result is untyped
 
 
@@ -56,6 +55,8 @@ def children(pid: int) -> list[int]:
     Reads ``/proc/PID/task/*/children`` (Linux >= 3.5): a few small reads, where psutil scans
     every process on the machine (3-7 ms here, paid several times on each kill)."""
     if not _HAVE_PROC_CHILDREN:
+        import psutil  # (here: only a kernel without that file needs it)
+
         try:
             return [p.pid for p in psutil.Process(pid).children()]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -78,6 +79,8 @@ def children(pid: int) -> list[int]:
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` that /proc shows (children of children, recursively)."""
     if not _HAVE_PROC_CHILDREN:
+        import psutil
+
         try:
             return [p.pid for p in psutil.Process(pid).children(recursive=True)]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
