@@ -176,6 +176,11 @@ class Embryo:
             raise Gone("the embryo is not ready")
         if select.select([self.pidfd], [], [], 0)[0]:
             raise Gone("the embryo is gone")  # (killed while it waited: its template died?)
+        proc = getattr(self.template, "proc", None)
+        if proc is not None and proc.poll() is not None:
+            # Its template has died: its parent-death signal is on its way to the embryo (sent
+            # before the template's exit is seen), so the call would die with it, never run.
+            raise Gone("the embryo's template is gone")
         try:
             socket.send_fds(self.sock, [_enc.encode(req)], fds)
         except OSError:
