@@ -15,6 +15,25 @@ import msgspec
 
 from .proctree import _tree
 
+# Every signal a process can change (a spawned command gets what its spawner ignores back to defaults).
+ALL_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
+
+
+def ignored_signals() -> tuple[int, ...]:
+    """The signals this process ignores now."""
+    return tuple(s for s in ALL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+
+
+def take_args(req: dict[str, Any], fds: list[int]) -> bool:
+    """Arguments too large for a message, set aside in a memfd (its last descriptor,
+    ``_tooltemplate.args_aside``), read back into ``req``; whether there were any."""
+    if not req.get("memfd"):
+        return False
+    with os.fdopen(fds.pop(), "rb") as f:
+        req["args"] = f.read()
+    return True
+
+
 if TYPE_CHECKING:
     from ._toolgroups import Groups
     from ._toollimits import Limits

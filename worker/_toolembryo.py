@@ -127,9 +127,7 @@ def serve(
         os._exit(0)  # the caller let it go
     try:
         req = _dec.decode(data)
-        if req.get("memfd"):
-            with os.fdopen(fds.pop(), "rb") as f:
-                req["args"] = f.read()
+        _toolchild.take_args(req, fds)
         fn = find(req)
     except BaseException as exc:  # noqa: BLE001 - told to the caller
         with contextlib.suppress(BaseException):

@@ -45,7 +45,6 @@ MAX_REQUEST = 70_000
 MAX_FDS = 8
 READY_S = 5.0  # the longest a call waits for its groups' spawner to stand in them (then: without it)
 REPLY_S = 60.0
-_ALL_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -99,7 +98,7 @@ def serve(sock: socket.socket, join: list[str], parent: int, child: Any) -> NoRe
         # would hold a pid of the call's limit).
         _tree._prctl(PR_SET_CHILD_SUBREAPER, 0)
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # (the ladder's SIGINT is the command's alone)
-        ignored = tuple(s for s in _ALL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+        ignored = _toolchild.ignored_signals()
         if os.getppid() != parent:
             os._exit(0)  # the template died during the fork: no parent-death signal will come
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)

@@ -92,7 +92,8 @@ class _Server:
         # TOOL-EMBRYO-DIRECT: embryos whose caller hands them the call: pid -> (our end of its socket, groups)
         self.direct: dict[int, tuple[socket.socket, list[str]]] = {}
         self.retiring = False
-        self.ignored: tuple[int, ...] = _ALL_SIGNALS  # signals we ignore (reset in a spawned command)
+        # signals we ignore (reset in a spawned command)
+        self.ignored: tuple[int, ...] = _toolchild.ALL_SIGNALS
         self.null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -167,10 +168,7 @@ class _Server:
             req = _dec.decode(data)
             key = tuple(req["join"])
             self.pending.pop(key, None)
-            if req.get("memfd"):
-                memfd = fds.pop()
-                with os.fdopen(memfd, "rb") as f:
-                    req["args"] = f.read()
+            if _toolchild.take_args(req, fds):
                 self.discard(self.embryos.pop(key, None))  # (it would need the arguments' memfd again)
             fn = self.resolve(req) if req["kind"] == "fn" else None
             embryo = self.embryos.pop(key, None)
@@ -342,7 +340,7 @@ class _Server:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C at a terminal is for the caller
         _toolchild.prepare_template()
-        self.ignored = tuple(s for s in _ALL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+        self.ignored = _toolchild.ignored_signals()
         if self.kind == "fn":
             _toolembryo.settle(self.find, _child)  # TOOL-EMBRYO-DIRECT: the call's path specialised here once
         poller = select.poll()
@@ -381,9 +379,6 @@ class _Server:
                     self.kill_all()  # the caller is gone: nobody watches these calls any more
                 if not self.calls and not self.direct:
                     os._exit(0)  # (a direct embryo ends with its call, or once its caller lets it go)
-
-
-_ALL_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
 
 
 def _enter(path: str) -> None:
