@@ -79,7 +79,7 @@ def _preload(modules: list[str]) -> None:
 
     import wire  # noqa: F401
 
-    from . import _load_all  # (_main: the entry point pulls in the guards and the turn loop)
+    from . import _load_all  # (the guards and the turn loop come with the settle run below)
 
     _load_all()  # WORKER-LAZY: every public name of ``worker``, so that no worker imports one after its fork
     import ctypes.util  # noqa: F401 - and what the process-tree code imports only where it needs it
