@@ -133,7 +133,9 @@ def test_a_spawner_killed_after_starting_a_command_ends_the_call_and_never_start
         started.append(pid)
         os.close(pidfd)
         deadline = time.monotonic() + 10
-        while not marks.exists():  # (the command has begun: what a second start would repeat)
+        # (the command has begun, its line written: what a second start would repeat; the file
+        # exists from the shell's open, before the line is in it)
+        while not (marks.exists() and marks.read_text()):
             assert time.monotonic() < deadline, "the command never began"
             time.sleep(0.005)  # allowed: bounded poll of a file written by another process
         assert self.pid is not None
