@@ -693,6 +693,8 @@ def test_calls_are_forked_by_a_warm_template_and_what_it_cannot_find_by_the_call
         assert fresh not in (me, tpl)  # the template that imported a thread-starting module retired
 
         os.kill(fresh, signal.SIGKILL)
+        # (dead before the call: a template killed while it hands a call over takes the call with it)
+        psutil.Process(fresh).wait(timeout=10)  # (our child: reaped here)
         again = worker.isolated(parent)()  # the dead template is noticed, another started
         assert again not in (me, tpl, fresh)
     finally:
