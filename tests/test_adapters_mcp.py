@@ -52,8 +52,9 @@ def output_of(events: list[dict[str, Any]], call: str) -> int:
 
 
 async def _turns_of(sup: Supervisor, agent: str, mark: Path) -> dict[str, Any]:
-    """The agent's ``mcp`` turn, then its ``slow`` turn cancelled while the call is in flight."""
-    done = await sup.submit(A + agent, "mcp")
+    """The agent's ``mcp`` turn (its server ends at stdin's EOF), then its ``slow`` turn (its server
+    never sees EOF) cancelled while the call is in flight."""
+    done = await sup.submit(A + agent + "_eof", "mcp")
     with anyio.fail_after(60):
         result = await done.result()
     seen = await events_of(done)

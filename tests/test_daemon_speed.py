@@ -136,6 +136,7 @@ async def test_every_ack_is_durable_when_the_daemon_is_killed_right_after_it() -
                             tg.start_soon(submit, i)
             d.proc.wait(timeout=30)
         assert acked, "no submit was acknowledged"
+        daemonkit.wait_journal_released(journal)  # its writer dies of its parent-death signal after it
         with serving(*FAST, "--workers", "1", "--journal", journal) as again:
             async with Client.connect(again.endpoint, timeout=30) as client:
                 with anyio.fail_after(120):

@@ -16,6 +16,11 @@ from supervisor import Supervisor
 
 pytestmark = pytest.mark.anyio
 
+# Imported once, in the zygote: each kill's new worker forks with the framework and the agent loaded
+# instead of importing them again (seconds each); its memory is the zygote's, never the killed one's,
+# so what it resumes from is still only what was recorded.
+PRELOAD = ("tests.agents.langgraph_durable",)
+
 AGENT = "tests.agents.langgraph_durable:durable_trip"
 
 
@@ -28,7 +33,7 @@ def final_text(output: dict) -> str:  # type: ignore[type-arg]
 
 
 async def test_graph_resumes_from_its_last_checkpoint_at_each_kill(tmp_path: Path) -> None:
-    async with Supervisor(workers=2, spares=0, heartbeat=0) as sup:
+    async with Supervisor(workers=2, spares=0, heartbeat=0, preload=PRELOAD) as sup:
         runs = {}
         for kill in (None, "model1", "model2", "in_charge"):
             d = tmp_path / str(kill)
@@ -66,7 +71,7 @@ async def test_fail_on_an_unknown_tool_node(tmp_path: Path) -> None:
             "kill": "in_charge",
         }
     }
-    async with Supervisor(workers=1, spares=0, heartbeat=0) as sup:
+    async with Supervisor(workers=1, spares=0, heartbeat=0, preload=PRELOAD) as sup:
         with anyio.fail_after(120):
             r = await sup.run("tests.agents.langgraph_durable:durable_trip_strict", prompt, retry=True)
     assert r.outcome == "failed" and r.attempts == 2, r

@@ -17,6 +17,11 @@ from supervisor import Supervisor
 
 pytestmark = pytest.mark.anyio
 
+# Imported once, in the zygote: each kill's new worker forks with the framework and the agent loaded
+# instead of importing them again (seconds each); its memory is the zygote's, never the killed one's,
+# so what it resumes from is still only what was recorded.
+PRELOAD = ("tests.agents.pydantic_durable",)
+
 
 def write_plan(path: Path, d: Path, kill: str | None) -> None:
     """Where the agent kills its worker (it reads the file on each attempt: one turn at a time)."""
@@ -36,7 +41,7 @@ def plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 async def test_the_run_resumes_from_its_recorded_messages(tmp_path: Path, plan: Path) -> None:
     results = {}
-    async with Supervisor(workers=1, spares=0, heartbeat=0) as sup:
+    async with Supervisor(workers=1, spares=0, heartbeat=0, preload=PRELOAD) as sup:
         for kill in (None, "model2", "model3", "in_charge", "in_reserve"):
             d = tmp_path / str(kill)
             d.mkdir()
@@ -65,7 +70,7 @@ async def test_the_run_resumes_from_its_recorded_messages(tmp_path: Path, plan: 
 
 async def test_fail_on_an_unknown_call(tmp_path: Path, plan: Path) -> None:
     write_plan(plan, tmp_path, "in_charge")
-    async with Supervisor(workers=1, spares=0, heartbeat=0) as sup:
+    async with Supervisor(workers=1, spares=0, heartbeat=0, preload=PRELOAD) as sup:
         with anyio.fail_after(120):
             r = await sup.run("tests.agents.pydantic_durable:trip_strict", "book it", retry=True)
     assert r.outcome == "failed" and r.attempts == 2, r

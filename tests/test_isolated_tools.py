@@ -838,25 +838,36 @@ def _call_groups_of(pid: int) -> list[str]:
     return [name for name in os.listdir(own) if name.startswith(f"turnpool-{pid}-") and "-call" in name]
 
 
+def _ahead_of_the_machines_load() -> None:
+    """In a caller about to exec: run it (and the template, spawner and embryos it starts) at niceness
+    -10 where allowed. At exit a caller waits at most 1 s for its kept groups' last process to die before
+    removing them; at load 250-450 on this shared 2-core machine, a SIGKILLed process at niceness 0 waited
+    longer than that for a CPU (2 of 15 exits left a group there, 0 of 15 at -10)."""
+    with contextlib.suppress(OSError):
+        os.nice(-10)
+
+
 def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
     """TOOL-REUSE-GROUPS: a caller's groups kept for reuse are removed when it exits; those of a caller killed
     with SIGKILL are swept (its v2 groups too) by the next sweep."""
+    import functools
     import subprocess
 
     if lowlevel.tool_limits_backend()["containment"] != "cgroup2":
         pytest.skip("no cgroup v2 containment here")
+    run = functools.partial(
+        subprocess.run, capture_output=True, timeout=60, preexec_fn=_ahead_of_the_machines_load
+    )
     code = "import os, sys, worker\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    done = run([sys.executable, "-c", code], check=True)
     assert _call_groups_of(int(done.stdout)) == []
     warm = (  # with templates: the kept groups hold an embryo (TOOL-EMBRYO), killed and removed at exit
         "import os, worker\nfrom worker import lowlevel\nlowlevel.tool_templates(True)\n"
         "worker.run_command(['true'])\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
     )
-    done = subprocess.run([sys.executable, "-c", warm], capture_output=True, timeout=60, check=True)
+    done = run([sys.executable, "-c", warm], check=True)
     assert _call_groups_of(int(done.stdout)) == []
-    killed = subprocess.run(
-        [sys.executable, "-c", code + "os.kill(os.getpid(), 9)\n"], capture_output=True, timeout=60
-    )
+    killed = run([sys.executable, "-c", code + "os.kill(os.getpid(), 9)\n"])
     assert killed.returncode == -signal.SIGKILL
     pid = int(killed.stdout)
     assert _call_groups_of(pid), "the killed caller kept no group: nothing to sweep"

@@ -28,7 +28,17 @@ import pytest
 
 from supervisor import Client, JournalUnavailable, TurnIdConflict
 from supervisor.journal import lock_name, read_history
-from tests.support.daemonkit import FAST, Served, serving, short_dir, start, status, stop_process, wait_status
+from tests.support.daemonkit import (
+    FAST,
+    Served,
+    serving,
+    short_dir,
+    start,
+    status,
+    stop_process,
+    wait_journal_released,
+    wait_status,
+)
 from tests.support.diskkit import fill, run_quiet, tmpfs
 
 pytestmark = pytest.mark.anyio
@@ -152,6 +162,7 @@ async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: boo
             all_ids.extend(new)
             # Lost acks are retried with the same turn_id (and input); some acked ids are re-sent too.
             again = [t for t in all_ids[:-per_round] if t not in acked or rng.random() < 0.05]
+            wait_journal_released(journal)  # the last round's daemon was SIGKILLed: its writer dies after it
             served = start(*FAST, "--journal", str(journal), home=home)
             await _round(
                 served,
@@ -162,6 +173,7 @@ async def _kill_under_load(where: Path, rounds: int, per_round: int, freeze: boo
                 rng.randint(20, per_round // 2),
                 where if freeze else None,
             )
+        wait_journal_released(journal)
         served = start(*FAST, "--journal", str(journal), home=home)
         try:
             async with Client.connect(served.endpoint, request_timeout=60) as client:
@@ -564,6 +576,7 @@ async def test_lost_ack_retried_after_a_restart_runs_once() -> None:
             thaw(where)
             stop_process(served.proc)
         assert acks == []
+        wait_journal_released(journal)  # its writer, stuck on the frozen disk, dies after the thaw
         again = start(*FAST, "--journal", str(journal), home=home)
         try:
             async with Client.connect(again.endpoint) as client:

@@ -52,20 +52,27 @@ async def _stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterato
     yield {0: DeltaToolCall(name=name, json_args=json.dumps(args), tool_call_id=f"call_{name}")}
 
 
-pydantic_agent = Agent(
-    FunctionModel(stream_function=_stream),
-    toolsets=[MCPToolset(StdioTransport(sys.executable, ["-P", SERVER], env=ENV), read_timeout=120)],
-)
+def _pydantic(env: dict[str, str]) -> Agent[None, str]:
+    transport = StdioTransport(sys.executable, ["-P", SERVER], env=env)
+    # The server's start imports ``mcp`` (≈ 2 CPU-s, 4 s at load 400 here): MCPToolset's default 5 s for
+    # the start and handshake failed the turn under load ("Failed to initialize server session").
+    toolset = MCPToolset(transport, init_timeout=120, read_timeout=120)
+    return Agent(FunctionModel(stream_function=_stream), toolsets=[toolset])
 
-openai_agent = OpenAIAgent(
-    name="assistant",
-    instructions="Use the tools.",
-    model=_model,
-    mcp_servers=[
-        MCPServerStdio(
-            {"command": sys.executable, "args": ["-P", SERVER], "env": ENV},
-            name="calc",
-            client_session_timeout_seconds=120,
-        )
-    ],
-)
+
+def _openai(env: dict[str, str]) -> OpenAIAgent[Any]:
+    server = MCPServerStdio(
+        {"command": sys.executable, "args": ["-P", SERVER], "env": env},
+        name="calc",
+        client_session_timeout_seconds=120,
+    )
+    return OpenAIAgent(name="assistant", instructions="Use the tools.", model=_model, mcp_servers=[server])
+
+
+# For the "slow" turns, whose cancel only notifications/cancelled may reach: the server never sees EOF.
+pydantic_agent = _pydantic(ENV)
+openai_agent = _openai(ENV)
+# For the "mcp" turns, which complete: the server ends at its stdin's EOF when the framework closes it,
+# rather than waiting out the framework's 2 s before its SIGTERM.
+pydantic_agent_eof = _pydantic({})
+openai_agent_eof = _openai({})

@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ import anyio
 
 from supervisor import Client
 from supervisor.daemon.server import READY_PREFIX
+from supervisor.journal import lock_name
 
 ENTRY = "from supervisor.cli.main import entry; entry()"
 READY_TIMEOUT = 60.0
@@ -199,6 +201,28 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
         proc.stdout.close()
     if proc.stderr is not None:
         proc.stderr.close()
+
+
+def wait_journal_released(journal: str | Path, bound: float = 60.0) -> None:
+    """Wait (bounded) until nothing holds ``journal``'s lock. A SIGKILLed daemon's journal writer dies of
+    its parent-death signal a moment after the daemon (later on a loaded machine, or once a write stuck
+    on a frozen disk returns); until then a daemon started on the journal is refused (JOURNAL-ONE-DAEMON),
+    so a test restarting on it waits for that first."""
+    name = lock_name(Path(journal))
+    deadline = time.monotonic() + bound
+    while True:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(name)
+        except ConnectionRefusedError:
+            return  # nothing listens on the lock's name: released
+        except OSError:
+            pass  # (a full backlog times out: still held)
+        finally:
+            probe.close()
+        assert time.monotonic() < deadline, f"journal {journal} still locked after {bound} s"
+        time.sleep(0.01)  # allowed: bounded poll of a lock another process holds (no event to wait on)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import anyio
 import anyio.to_thread
 
 from supervisor import Client, TurnHandle, TurnResult
-from tests.support.daemonkit import FAST, Served, start, stop_process
+from tests.support.daemonkit import FAST, Served, start, stop_process, wait_journal_released
 
 AGENT = "tests.agents.durable:trip"
 # The step-record tests' daemons: no heartbeat (a turn that kills its daemon needs none to be noticed).
@@ -148,6 +148,7 @@ async def run_through_killed_daemons(
             try:
                 turn_id = await submit_until_its_daemon_dies(served, agent, value_of(served.pid))
                 stop_process(served.proc)
+                wait_journal_released(journal)
                 served = start(*ARGS, "--workers", "1", "--journal", str(journal), home=home)
                 out.append(await result_and_events(served.endpoint, turn_id))
             except BaseException as exc:
