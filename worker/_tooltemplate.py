@@ -451,7 +451,10 @@ def _child(
                 _toolchild.report_setup_error(res_w, exc)
             os._exit(127)
         args, kwargs = _dec.decode(req["args"])
-        _toolchild.child_body(fn, tuple(args), kwargs, req["async"], rehearsal)(res_w)
+        body = _toolchild.child_body(
+            fn, tuple(args), kwargs, req["async"], rehearsal, final=True, contain=req["contain"]
+        )
+        body(res_w)
         if rehearsal:
             return
     except BaseException as exc:  # told to the caller, then gone
