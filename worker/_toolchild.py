@@ -308,8 +308,10 @@ def report_setup_error(fd: int, exc: BaseException) -> None:
 
 
 # TOOL-LADDER: leads an outcome written once nothing else of the call can run again (never the first
-# byte of a msgpack value: an outcome without it is one the caller waits for the process to end after).
+# byte of a msgpack value: an outcome without it is one the caller waits for the process to end after),
+# then the outcome's length (4 bytes, little-endian): the caller knows it has it all without an end of file.
 FINAL = b"\xc1"
+FINAL_HEAD = 5
 
 
 def _alone(contain: str | None) -> bool:
@@ -341,6 +343,8 @@ def end_final(fd: int, payload: bytes, contain: str | None, rehearsal: bool = Fa
     handlers of those already come run here, before the checks) and the process is alone
     (``_alone``). Else returns, collections and signals as they were: the caller waits for the
     process to be gone and sweeps its tree. ``rehearsal``: the checks, then back as they were."""
+    if len(payload) >= 1 << 32:
+        return  # (its length would not fit: the caller waits for the end of the pipe)
     collecting = gc.isenabled()
     gc.disable()
     sys.setprofile(None)
@@ -355,8 +359,8 @@ def end_final(fd: int, payload: bytes, contain: str | None, rehearsal: bool = Fa
         alone = False
     if alone and not rehearsal:
         try:
-            write_all(fd, FINAL + payload)
-            os.close(fd)
+            write_all(fd, FINAL + len(payload).to_bytes(4, "little") + payload)
+            os.sched_yield()  # its caller, woken by the write, first (its exit can wait)
         finally:
             os._exit(0)
     if old is not None:

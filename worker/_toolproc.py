@@ -416,15 +416,17 @@ class Proc:
                             poller.unregister(fd)
                             os.close(fd)
                             del self.fds[fd]
-                            if kind == "res" and self._is_final():
-                                exited = True
-                                ladder = []
+                            if kind == "res" and o.result[:1] == _toolchild.FINAL:
+                                o.result = o.result[_toolchild.FINAL_HEAD :]  # (cut short: not final)
                             continue
                         if kind == "res":
                             o.result += data
                             if cap is not None and len(o.result) > cap:
                                 o.truncated = True
                                 self._stop_now("output")
+                            if o.result[:1] == _toolchild.FINAL and self._is_final():
+                                exited = True
+                                ladder = []
                             continue
                         self._take_output(kind, data, cap, relay)
                 if exited and not events:
@@ -456,14 +458,16 @@ class Proc:
         return o
 
     def _is_final(self) -> bool:
-        """TOOL-LADDER: whether the whole outcome is in and marked final (the call's process found
-        itself alone, and can run nothing more; the marker is taken off the outcome either way): then
-        the call returns without waiting for the process's exit, its groups empty but for it."""
+        """TOOL-LADDER: whether the whole outcome is in, marked final (the call's process found itself
+        alone, and can run nothing more; the mark and length are taken off once it is whole): then the
+        call returns without waiting for the process's exit (nor for its pipes' end), its groups empty
+        but for it."""
         o = self.outcome
-        if o.result[:1] != _toolchild.FINAL:
+        head = _toolchild.FINAL_HEAD
+        if len(o.result) < head or len(o.result) - head != int.from_bytes(o.result[1:head], "little"):
             return False
-        o.result = o.result[1:]
-        self.final = o.killed is None and not o.truncated and bool(o.result)
+        o.result = o.result[head:]
+        self.final = o.killed is None and not o.truncated
         if self.final:
             self.empty = self.groups.contain is not None  # (it checked: alone in them)
         return self.final

@@ -252,6 +252,7 @@ class _Server:
         if self.retiring:
             sock.close()
             return
+        os.sched_yield()  # the caller that asked, preempted by our wake-up perhaps, ends its call first
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the embryo
             _toolembryo.serve(sock, join, env, self.parent_pid, True, self.find, _child)
