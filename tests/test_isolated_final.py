@@ -102,6 +102,18 @@ def leave_finalisers(held: str, garbage: str) -> int:
     return os.getpid()
 
 
+def stops_when_asked(pidfile: str) -> str:
+    """Hold 256 MiB (a slow exit), then work until the ladder's interruption, and return."""
+    Path(pidfile).write_text(str(os.getpid()))
+    _HELD.append(b"\x01" * (256 << 20))
+    try:
+        while not worker.current_call_cancelled():
+            time.sleep(0.01)  # allowed: the tool's own work between its cancellation checks
+    except KeyboardInterrupt:
+        pass
+    return "stopped early"
+
+
 def alarm_after_return(path: str, delay: float) -> int:
     def handler(signum: int, frame: Any) -> None:
         Path(path).write_text("alarm")
@@ -178,3 +190,14 @@ def test_no_signal_handler_of_the_call_runs_after_it_returned(tmp_path: Path, cg
         at_return = path.exists()
         _until_gone(pid)
         assert path.exists() == at_return, i
+
+
+def test_a_stopped_call_returns_only_once_its_process_is_gone(tmp_path: Path, cgroups: bool | None) -> None:
+    """A call stopped by its ladder raises only once its process is gone, even when the process then
+    returned by itself, alone, and marked its outcome final (it was stopped: the old way holds)."""
+    for i in range(3):
+        pidfile = tmp_path / f"pid{i}"
+        with pytest.raises(worker.ToolKilled) as info:
+            worker.isolated(stops_when_asked, timeout=1.0, memory_mb=1024, cgroups=cgroups)(str(pidfile))
+        assert info.value.reason == "timeout"
+        assert _gone(int(pidfile.read_text()))

@@ -385,8 +385,10 @@ class Groups:
         if fd is None:
             return True
         try:
-            return bool(select.select([fd], [], [], bound)[0])
-        except (OSError, ValueError):
+            poller = select.poll()  # (not ``select``: a pidfd may be numbered past FD_SETSIZE)
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(int(bound * 1000)))
+        except OSError:
             return False
         finally:
             os.close(fd)
