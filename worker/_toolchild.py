@@ -315,10 +315,13 @@ FINAL_HEAD = 5
 
 
 def _alone(contain: str | None) -> bool:
-    """Whether this process is all that is left of its call: its only thread, no child of its own (it
-    is the subreaper of its tree: what its children left is its child), and, where the call has a v2
-    group ``contain``, the group's only process."""
+    """Whether this process is all that is left of its call: its only thread, no monitoring tool
+    registered, no child of its own (it is the subreaper of its tree: what its children left is its
+    child), and, where the call has a v2 group ``contain``, the group's only process."""
     if len(os.listdir("/proc/self/task")) != 1:
+        return False
+    monitoring = getattr(sys, "monitoring", None)  # (Python 3.12+: its callbacks would run on the way out)
+    if monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6)):
         return False
     try:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
