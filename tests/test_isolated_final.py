@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 import worker
+from tests.test_isolated_tools import cooperative
 from worker import lowlevel
 
 _HELD: list[Any] = []  # what a call's process keeps until its exit (module state: never finalised)
@@ -106,12 +107,7 @@ def stops_when_asked(pidfile: str) -> str:
     """Hold 256 MiB (a slow exit), then work until the ladder's interruption, and return."""
     Path(pidfile).write_text(str(os.getpid()))
     _HELD.append(b"\x01" * (256 << 20))
-    try:
-        while not worker.current_call_cancelled():
-            time.sleep(0.01)  # allowed: the tool's own work between its cancellation checks
-    except KeyboardInterrupt:
-        pass
-    return "stopped early"
+    return cooperative(pidfile)
 
 
 def alarm_after_return(path: str, delay: float) -> int:
