@@ -277,9 +277,10 @@ def _run(quick: bool, n: int) -> str:
         f'{ratio(fresh / iso_p50)} faster than a fresh interpreter; `run_command(["true"])` ≤ 1.5× '
         f'`subprocess.run(["true"])` — {ratio(cmd)}.\n\n'
         f"Limits here: {backend}. Each isolated call is forked by this process's warm template (or by "
-        "this process, where said), joins its own cgroups, sets its limits and signals, and is reaped "
-        "with its groups removed before the call returns; the last column is the median against the "
-        "isolated call.\n\n"
+        "this process, where said), joins its own cgroups, sets its limits and signals, and returns once "
+        "nothing of it can run again (a function's call whose process ends alone: without waiting for "
+        "the kernel to tear that process down; else once its process is reaped, what it left killed); "
+        "the last column is the median against the isolated call.\n\n"
         + table(["call", "n", "p50", "p99", "vs isolated"], rows)
         + "\n\nA call after an idle moment (as a model's tool calls come): moving a process into a cgroup "
         "waits for an RCU grace period when no move happened just before (the kernel's "

@@ -2,7 +2,8 @@
 the call's process (an embryo) from the moment it waits for its call to its end, split at the start of
 the function. Also the call's p50 in this run (not a benchmark: see ``bench_tools``).
 
-Run: ``.venv/bin/python -m benchmarks.probe_tool_faults [n]``.
+Run: ``.venv/bin/python -m benchmarks.probe_tool_faults [n]``
+(or ``.venv/bin/python benchmarks/probe_tool_faults.py [n]``).
 """
 
 from __future__ import annotations
@@ -70,4 +71,6 @@ def main(n: int) -> None:
 
 
 if __name__ == "__main__":
+    # (run as a file, ``python benchmarks/probe_tool_faults.py``: the package is found from the checkout)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 50)

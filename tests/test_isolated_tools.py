@@ -861,9 +861,12 @@ def test_kept_call_groups_go_at_exit_and_a_killed_callers_are_swept() -> None:
     code = "import os, sys, worker\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
     done = run([sys.executable, "-c", code], check=True)
     assert _call_groups_of(int(done.stdout)) == []
-    warm = (  # with templates: the kept groups hold an embryo (TOOL-EMBRYO), killed and removed at exit
+    warm = (  # with templates: the kept groups hold an embryo (TOOL-EMBRYO), killed and removed at exit;
+        # a function's last call may still be exiting there (TOOL-LADDER): waited for, then removed
         "import os, worker\nfrom worker import lowlevel\nlowlevel.tool_templates(True)\n"
-        "worker.run_command(['true'])\nworker.run_command(['true'])\nprint(os.getpid(), flush=True)\n"
+        "worker.run_command(['true'])\nworker.run_command(['true'])\n"
+        "for _ in range(3):\n    assert worker.isolated(os.getpid)() != os.getpid()\n"
+        "print(os.getpid(), flush=True)\n"
     )
     done = run([sys.executable, "-c", warm], check=True)
     assert _call_groups_of(int(done.stdout)) == []

@@ -5,9 +5,11 @@ what the call itself may ask (``current_call_cancelled``)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import resource
 import signal
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -305,15 +307,84 @@ def report_setup_error(fd: int, exc: BaseException) -> None:
     write_all(fd, _enc.encode(["setup", type(exc).__name__, str(exc), errno]))
 
 
+# TOOL-LADDER: leads an outcome written once nothing else of the call can run again (never the first
+# byte of a msgpack value: an outcome without it is one the caller waits for the process to end after),
+# then the outcome's length (4 bytes, little-endian): the caller knows it has it all without an end of file.
+FINAL = b"\xc1"
+FINAL_HEAD = 5
+
+
+def _alone(contain: str | None) -> bool:
+    """Whether this process is all that is left of its call: its only thread, no monitoring tool
+    registered, no child of its own (it is the subreaper of its tree: what its children left is its
+    child), and, where the call has a v2 group ``contain``, the group's only process."""
+    if len(os.listdir("/proc/self/task")) != 1:
+        return False
+    monitoring = getattr(sys, "monitoring", None)  # (Python 3.12+: its callbacks would run on the way out)
+    if monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6)):
+        return False
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return False  # (a child, running or a zombie)
+    except ChildProcessError:
+        pass
+    if contain is None:
+        return True
+    fd = os.open(os.path.join(contain, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).split() == [str(os.getpid()).encode()]
+    finally:
+        os.close(fd)
+
+
+def end_final(fd: int, payload: bytes, contain: str | None, rehearsal: bool = False) -> None:
+    """TOOL-LADDER, after the function returned and its outcome is encoded: where nothing else of the
+    call can run again, write the outcome marked ``FINAL`` and exit (not returning), so that the caller
+    returns without waiting for the kernel to tear the process down. Nothing else can run once
+    collections are off (no ``__del__`` or weakref callback of the call's objects: every one of them
+    stays referenced until the exit), profile and trace hooks are off, every signal is blocked (the
+    handlers of those already come run here, before the checks) and the process is alone
+    (``_alone``). Else returns, collections and signals as they were: the caller waits for the
+    process to be gone and sweeps its tree. ``rehearsal``: the checks, then back as they were."""
+    if len(payload) >= 1 << 32:
+        return  # (its length would not fit: the caller waits for the end of the pipe)
+    collecting = gc.isenabled()
+    gc.disable()
+    sys.setprofile(None)
+    sys.settrace(None)
+    old: set[Any] | None = None
+    alone = False
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # (pending handlers run here: before the checks)
+        signal.pthread_sigmask(signal.SIG_BLOCK, ALL_SIGNALS)
+        alone = _alone(contain)
+    except BaseException:  # noqa: BLE001 - a handler raised, or a check failed: the caller waits
+        alone = False
+    if alone and not rehearsal:
+        try:
+            write_all(fd, FINAL + len(payload).to_bytes(4, "little") + payload)
+            os.sched_yield()  # its caller, woken by the write, first (its exit can wait)
+        finally:
+            os._exit(0)
+    if old is not None:
+        with contextlib.suppress(BaseException):
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    if collecting:
+        gc.enable()
+
+
 def child_body(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     is_async: bool,
     rehearsal: bool = False,
+    final: bool = False,
+    contain: str | None = None,
 ) -> Callable[[int], None]:
     """What the call's process runs once set up: the function, its outcome on the result pipe
-    (``rehearsal``: then returns, the process goes on)."""
+    (``rehearsal``: then returns, the process goes on). ``final``: the outcome is marked final where
+    nothing else of the call can run again (``end_final``; ``contain``: the call's v2 group)."""
 
     def body(fd: int) -> None:
         try:
@@ -336,6 +407,8 @@ def child_body(
         except BaseException as exc:  # noqa: BLE001 - told to the caller
             args_ = [a if isinstance(a, (str, int, float, bool, type(None))) else repr(a) for a in exc.args]
             payload = _enc.encode(["raised", type(exc).__module__, type(exc).__qualname__, args_])
+        if final:
+            end_final(fd, payload, contain, rehearsal)  # (returns only where something of the call may run)
         with contextlib.suppress(OSError):
             write_all(fd, payload)
             if not rehearsal:

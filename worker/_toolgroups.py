@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ from ._toollimits import Limits
 from .proctree import _cgroup
 
 MIB = 1024 * 1024
+EXIT_S = 2.0  # the longest a set of groups waits for the exit of their last call's process (TOOL-LADDER)
 
 # ---- where the limits live ------------------------------------------------------------------
 
@@ -185,6 +187,9 @@ class Groups:
     embryo: Any = None  # TOOL-EMBRYO-DIRECT: the next function call's process, waiting in them
     killed: bool = False  # killed since their spawner stood in them (it went with the kill)
     opened: dict[str, int] = field(default_factory=dict)  # their files read after each call, kept open
+    # TOOL-LADDER: a pidfd of their last call's process, which wrote its outcome marked final (alone in
+    # them, running nothing more) and may be exiting still: waited for before they are used again.
+    exiting: int | None = None
 
     @classmethod
     def make(cls, limits: Limits, kind: str | None = None) -> Groups:
@@ -373,6 +378,21 @@ class Groups:
         if "memory" in self.dirs and self.limits.memory_mb is not None and spawner.pid is not None:
             self._memory_limit(int(float(self.limits.memory_mb) * MIB))
 
+    def settle(self, bound: float = EXIT_S) -> bool:
+        """Wait (at most ``bound``) for the exit of the process their last call left exiting (it
+        wrote its final outcome: nothing of it runs); whether it is gone."""
+        fd, self.exiting = self.exiting, None
+        if fd is None:
+            return True
+        try:
+            poller = select.poll()  # (not ``select``: a pidfd may be numbered past FD_SETSIZE)
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(int(bound * 1000)))
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def set_embryo(self, embryo: Any) -> None:
         """TOOL-EMBRYO-DIRECT: ``embryo`` waits in them from now on (the one before is let go)."""
         old, self.embryo = self.embryo, embryo
@@ -391,6 +411,7 @@ class Groups:
             self.drop_spawner()  # (it went with a kill, or died: the next keep asks for another)
         if self.contain is not None and empty and _keep(self):
             return
+        self.settle()  # (a process still exiting in them: removed once gone, else killed below)
         self.set_embryo(None)
         if self.spawner is not None:
             self.spawner.close()  # (it exits: killed below if it has not yet)
@@ -434,6 +455,9 @@ def _take_kept(limits: Limits, kind: str | None) -> Groups | None:
         g = free.pop(0) if free else None
     if g is None or g.owner != _me():
         return None
+    if not g.settle():  # their last call's process exits still (stopped?): not reused
+        g.remove()
+        return None
     g.limits = limits
     return g
 
@@ -473,6 +497,7 @@ def remove_kept() -> None:
         kept = [g for free in _KEPT.values() for g in free if g.owner == _me()]
         _KEPT.clear()
     for g in kept:
+        g.settle()
         g.set_embryo(None)
         g.close_files()
         if g.spawner is not None:

@@ -279,6 +279,7 @@ class Proc:
         self.outcome = Outcome()
         self.tree: set[int] = {pid}
         self.empty: bool | None = None  # once the call's process is gone: nothing of it left
+        self.final = False  # its outcome came marked final: nothing of it runs again (it may be exiting)
 
     def cancel(self) -> None:
         """Start the call's ladder as for a cancel (from any thread; harmless once it ended: the
@@ -343,7 +344,7 @@ class Proc:
         try:
             while True:
                 now = time.monotonic()
-                if not ladder and o.killed is None:
+                if not ladder and o.killed is None and not self.final:
                     reason: KillReason | None = None
                     if lim.timeout is not None and now - self.started >= lim.timeout:
                         reason = "timeout"
@@ -366,7 +367,9 @@ class Proc:
                 wait_ms = None if not waits else max(0, int(min(waits) * 1000) + 1)
                 if exited and not self.fds:
                     break
-                if exited:
+                if self.final:
+                    wait_ms = 0  # what is in the pipes is all there will be: taken, not waited for
+                elif exited:
                     if not leftovers_killed:
                         # The call's process is gone: what it left running goes now, so a pipe a
                         # background child holds cannot keep the call open.
@@ -413,12 +416,17 @@ class Proc:
                             poller.unregister(fd)
                             os.close(fd)
                             del self.fds[fd]
+                            if kind == "res" and o.result[:1] == _toolchild.FINAL:
+                                o.result = o.result[_toolchild.FINAL_HEAD :]  # (cut short: not final)
                             continue
                         if kind == "res":
                             o.result += data
                             if cap is not None and len(o.result) > cap:
                                 o.truncated = True
                                 self._stop_now("output")
+                            if o.result[:1] == _toolchild.FINAL and self._is_final():
+                                exited = True
+                                ladder = []
                             continue
                         self._take_output(kind, data, cap, relay)
                 if exited and not events:
@@ -445,8 +453,24 @@ class Proc:
             try:
                 self._reap()
             finally:
-                os.close(self.pidfd)  # (after: a spawned command's status is read from it)
+                if self.pidfd >= 0:
+                    os.close(self.pidfd)  # (after: a spawned command's status is read from it)
         return o
+
+    def _is_final(self) -> bool:
+        """TOOL-LADDER: whether the whole outcome is in, marked final (the call's process found itself
+        alone, and can run nothing more; the mark and length are taken off once it is whole): then the
+        call returns without waiting for the process's exit (nor for its pipes' end), its groups empty
+        but for it."""
+        o = self.outcome
+        head = _toolchild.FINAL_HEAD
+        if len(o.result) < head or len(o.result) - head != int.from_bytes(o.result[1:head], "little"):
+            return False
+        o.result = o.result[head:]
+        self.final = o.killed is None and not o.truncated
+        if self.final:
+            self.empty = self.groups.contain is not None  # (it checked: alone in them)
+        return self.final
 
     def _take_output(self, kind: str, data: bytes, cap: int | None, relay: bool) -> None:
         o = self.outcome
@@ -514,6 +538,9 @@ class Proc:
                 status = signal.SIGKILL
         self.outcome.status = status
         g = self.groups
+        if self.final and g.paths():
+            # Still exiting, perhaps: the groups wait for it before their next use (TOOL-REUSE-GROUPS).
+            g.exiting, self.pidfd = self.pidfd, -1
         counts = g.counters()
         if self.outcome.killed is None and "memory" in g.dirs and counts["oom"] > g.base.get("oom", 0):
             self.outcome.killed = "memory"

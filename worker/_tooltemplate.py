@@ -252,6 +252,7 @@ class _Server:
         if self.retiring:
             sock.close()
             return
+        os.sched_yield()  # the caller that asked, preempted by our wake-up perhaps, ends its call first
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the embryo
             _toolembryo.serve(sock, join, env, self.parent_pid, True, self.find, _child)
@@ -451,7 +452,10 @@ def _child(
                 _toolchild.report_setup_error(res_w, exc)
             os._exit(127)
         args, kwargs = _dec.decode(req["args"])
-        _toolchild.child_body(fn, tuple(args), kwargs, req["async"], rehearsal)(res_w)
+        body = _toolchild.child_body(
+            fn, tuple(args), kwargs, req["async"], rehearsal, final=True, contain=req["contain"]
+        )
+        body(res_w)
         if rehearsal:
             return
     except BaseException as exc:  # told to the caller, then gone
