@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from supervisor import Supervisor
-from supervisor.lowlevel import AutogroupShare, autogroup_nice
+from supervisor.lowlevel import AutogroupShare, OwnWeight, autogroup_nice, own_nice, pool_weight
 
 pytestmark = pytest.mark.anyio
 
@@ -125,19 +125,128 @@ def test_release_gives_the_weight_back_until_the_first_refusal() -> None:
 @pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
 @pytest.mark.skipif(os.geteuid() != 0, reason="one autogroup change per 100 ms without CAP_SYS_ADMIN")
 async def test_a_cancelled_turns_worker_weighs_a_program_until_it_is_idle() -> None:
-    """WORKER-SHARE-AT-CANCEL: the cancel sets the turn's worker's autogroup to niceness 0 (stopping is
-    all it has left to do); once the turn ended and the worker is idle, it is at the pool's again."""
+    """WORKER-SHARE-AT-CANCEL: the cancel gives the turn's worker's autogroup its weight back (stopping is all
+    it has left to do): the supervisor's own (SUPERVISOR-WEIGHT, raised here: root) for one worker at a time,
+    niceness 0 for a second cancelled meanwhile; once a turn ended and its worker is idle, it is at the pool's
+    again."""
     n = 8
     with anyio.fail_after(120):
         async with Supervisor(workers=n, spares=0, start_timeout=60) as sup:
-            handle = await sup.submit("examples.agents:slow", {"seconds": 600})
-            async for _ in handle.events():
+            handles = [await sup.submit("examples.agents:slow", {"seconds": 600}) for _ in range(2)]
+            pids = []
+            for handle in handles:
+                async for _ in handle.events():
+                    break
+                pids.append(
+                    next(w["pid"] for w in (await sup.status())["workers"] if w["turn_id"] == handle.turn_id)
+                )
+            assert [_autogroup_nice(pid) for pid in pids] == [autogroup_nice(n)] * 2
+            own = _autogroup_nice(os.getpid())
+            assert own == own_nice(pool_weight(n)) < 0
+            for handle in handles:
+                await handle.cancel()
+            assert [_autogroup_nice(pid) for pid in pids] == [own, 0]
+            for handle in handles:
+                assert (await handle.result()).outcome == "aborted"
+            for pid in pids:
+                while next(w["state"] for w in (await sup.status())["workers"] if w["pid"] == pid) != "idle":  # noqa: ASYNC110 - a slot's state: no event to wait on
+                    await anyio.sleep(0.01)  # allowed: bounded poll, no event
+                assert _autogroup_nice(pid) == autogroup_nice(n)
+
+
+def test_the_supervisor_weighs_what_its_pool_weighs() -> None:
+    """SUPERVISOR-WEIGHT: the niceness at which one autogroup weighs at least a pool of N workers."""
+    assert pool_weight(1) == 1024 and pool_weight(256) == 256 * 15
+    assert own_nice(pool_weight(1)) == 0  # one worker: one program against one
+    assert own_nice(pool_weight(2)) == -4  # 2,048 ≤ 2,501 (niceness -4; -3 is 1,991)
+    assert own_nice(pool_weight(4)) == -7  # four programs at niceness 0: 4,096 ≤ 4,904
+    assert own_nice(pool_weight(256)) == -6  # 3,840 ≤ 3,906
+    assert own_nice(10**9) == -10  # never past -10
+    assert own_nice(pool_weight(512)) == -10  # past 273 workers the pool outweighs four programs: 7,680
+    values = [own_nice(pool_weight(n)) for n in range(1, 274)]
+    assert min(values) == -7 and values[0] == 0
+
+
+def test_one_stopping_worker_at_a_time_weighs_what_the_supervisor_weighs() -> None:
+    """SUPERVISOR-WEIGHT: ``hurry`` raises one worker at a time; a second gets nothing from it (the pool
+    gives it a program's weight instead); once the first is settled or gone, the next one may."""
+    written: list[tuple[int, int]] = []
+
+    def write(pid: int | str, nice: int) -> int:
+        assert isinstance(pid, int)
+        written.append((pid, nice))
+        return 0
+
+    share = AutogroupShare(lambda delay, fn: None, write=write)
+    assert share.hurry(1, -6) and share.hurry(1, -6)
+    assert not share.hurry(2, -6)
+    assert share.boost(2) and written == [(1, -6), (2, 0)]
+    share.settle(1, 8)
+    assert share.hurry(3, -6)
+    share.forget(3)
+    assert share.hurry(4, -6) and written[-1] == (4, -6)
+    refused = AutogroupShare(lambda delay, fn: None, write=lambda pid, nice: errno.EPERM)
+    assert not refused.hurry(1, -6) and not refused.raised
+
+
+def test_own_weight_is_raised_while_pools_run_and_comes_back_after_the_last() -> None:
+    """SUPERVISOR-WEIGHT: the first pool raises this process's autogroup, a larger one raises it more, the
+    niceness it had comes back once the last closes; where the kernel refuses, nothing is retried."""
+    state = {"nice": 0}
+    writes: list[int] = []
+
+    def write(pid: int | str, nice: int) -> int:
+        assert pid == "self"
+        writes.append(nice)
+        state["nice"] = nice
+        return 0
+
+    own = OwnWeight(write=write, read=lambda pid: state["nice"])
+    assert own.hold(1, 0) is None and writes == []  # a small pool: nothing to raise
+    assert own.hold(2, -3) == -3
+    assert own.hold(3, -6) == -6
+    own.release(3)
+    assert own.nice == -3 and state["nice"] == -3
+    own.release(1)
+    own.release(2)
+    assert state["nice"] == 0 and own.nice is None and writes == [-3, -6, -3, 0]
+
+    refused = OwnWeight(write=lambda pid, nice: errno.EPERM, read=lambda pid: 0)
+    assert refused.hold(1, -6) is None
+    refused.release(1)
+    assert refused.nice is None
+
+
+@pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
+@pytest.mark.skipif(os.geteuid() != 0, reason="a niceness below 0 needs CAP_SYS_NICE")
+async def test_a_running_pool_raises_its_supervisors_weight_and_gives_it_back_at_close() -> None:
+    """SUPERVISOR-WEIGHT: with 24 workers (niceness 9 each) the pool weighs 3,288: the supervisor's autogroup
+    is at -6 (3,906) while it runs, back where it was after ``aclose()`` (fails before: it stayed at 0)."""
+    before = _autogroup_nice(os.getpid())
+    with anyio.fail_after(120):
+        async with Supervisor(workers=24, spares=0, start_timeout=60) as sup:
+            assert (await sup.run("tests.agents.stream_load:niceness")).outcome == "completed"
+            assert _autogroup_nice(os.getpid()) == own_nice(pool_weight(24)) == -6
+    assert _autogroup_nice(os.getpid()) == before
+
+
+@pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
+@pytest.mark.skipif(os.geteuid() != 0, reason="a niceness below 0 needs CAP_SYS_NICE")
+async def test_a_worker_being_killed_weighs_what_its_supervisor_weighs() -> None:
+    """SUPERVISOR-WEIGHT: a worker whose turn is cancelled and then killed weighs the supervisor's niceness
+    through the SIGTERM step (here the agent ignores SIGTERM, so the worker is still there to be looked at
+    until ``kill_now``; fails before: it stayed at 0, WORKER-SHARE-AT-CANCEL's weight)."""
+    n = 8
+    with anyio.fail_after(120):
+        async with Supervisor(workers=n, spares=0, grace=0.05, kill_after=60, start_timeout=60) as sup:
+            handle = await sup.submit("examples.agents:sigterm_ignorer")
+            async for event in handle.events():
+                pid = event["pid"]
                 break
-            pid = next(w["pid"] for w in (await sup.status())["workers"] if w["turn_id"] == handle.turn_id)
-            assert _autogroup_nice(pid) == autogroup_nice(n)
             await handle.cancel()
-            assert _autogroup_nice(pid) == 0
-            assert (await handle.result()).outcome == "aborted"
-            while next(w["state"] for w in (await sup.status())["workers"] if w["pid"] == pid) != "idle":  # noqa: ASYNC110 - a slot's state: no event to wait on
-                await anyio.sleep(0.01)  # allowed: bounded poll, no event
-            assert _autogroup_nice(pid) == autogroup_nice(n)
+            with anyio.fail_after(10):
+                while _autogroup_nice(pid) != own_nice(pool_weight(n)):  # noqa: ASYNC110 - /proc: no event
+                    await anyio.sleep(0.01)  # allowed: a bounded poll of /proc, no event to wait on
+            assert own_nice(pool_weight(n)) < 0
+            sup.kill_now([handle.turn_id])
+            assert (await handle.result()).outcome == "killed"
