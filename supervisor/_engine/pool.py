@@ -345,7 +345,7 @@ class WorkerPool:
         ``SPARE_REFILL_DELAY`` later instead: its start (the zygote's fork, the new process's
         imports and warm-up) no longer competes for the CPUs with the spare taking over the
         queued turn. A pool short of more than that (no spare left) starts them at once."""
-        if target != self._fill_target:
+        if target != self._fill_target and not self.closing:
             # SUPERVISOR-WEIGHT: where we may, we weigh what the pool weighs (a few programs), not one.
             self.own_nice = OWN.hold(id(self), own_nice(pool_weight(target, self.nice)))
         self._fill_target = target
