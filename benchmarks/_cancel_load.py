@@ -9,7 +9,7 @@ share it) and prints the median time of each, from the cancel:
   agent's task cancelled → its ``End`` decoded in the supervisor → the turn finished (result set) →
   the caller's ``await result()`` resumed;
 * kill: the grace timer fired (its lateness) → SIGTERM step signalled → the worker's handler
-  entered → its tree killed (just before it signals itself) → its exit (seen by an observer
+  entered → (``--trace``: its own SIGTERM, its threads' exits) → its exit (seen by an observer
   process at once, on a pidfd) → the supervisor's exit handler → its tree reaped → ``killed``
   finished → the caller resumed.
 
@@ -53,20 +53,24 @@ def _mark(turn_id: str, hop: str) -> None:
         hops[hop] = time.monotonic()
 
 
-def _instrument() -> None:
-    """Stamp the supervisor's hops for the turns in ``WATCH`` (class-level wrappers)."""
-    from supervisor._engine import ending, escalation, exits, link, pool
+def _instrument(sup: Any) -> None:
+    """Stamp the supervisor's hops for the turns in ``WATCH``: wrappers on ``sup``'s own parts (the link,
+    the pool, its reaper, the exit handler), on the policy's classes and on the modules the reaper calls,
+    each calling the real code unchanged."""
+    from supervisor import lowlevel, policy
     from wire import worker_link
     from wire.worker_link import Abort, End
+    from worker import proctree
 
-    flush = link.WorkerLink.flush
+    link, pool = sup.link, sup.pool
+    exits = pool.on_exit.__self__  # the exit handler (its bound method the pool calls)
+    flush = link.flush
 
-    @functools.wraps(flush)
-    def flush_stamped(self: Any) -> None:
+    def flush_stamped() -> None:
         aborts = [
-            m.turn_id for s in self._dirty for m in s.out if isinstance(m, Abort) and m.turn_id in WATCH
+            m.turn_id for s in link._dirty for m in s.out if isinstance(m, Abort) and m.turn_id in WATCH
         ]
-        flush(self)
+        flush()
         for turn_id in aborts:
             _mark(turn_id, "s_abort_sent")
 
@@ -80,7 +84,7 @@ def _instrument() -> None:
                     _mark(m.turn_id, "s_end_read")
         return msgs
 
-    finish = ending.Finisher.finish
+    finish = policy.Finisher.finish
 
     @functools.wraps(finish)
     def finish_stamped(self: Any, turn: Any, *a: Any, **kw: Any) -> None:
@@ -88,7 +92,7 @@ def _instrument() -> None:
         finish(self, turn, *a, **kw)
         _mark(turn.id, "s_result_set")
 
-    escalate = escalation.Escalation.escalate
+    escalate = policy.Escalation.escalate
 
     @functools.wraps(escalate)
     def escalate_stamped(self: Any, turn: Any, slot: Any, step: int) -> None:
@@ -96,29 +100,27 @@ def _instrument() -> None:
         escalate(self, turn, slot, step)
         _mark(turn.id, f"s_step{step}_signalled")
 
-    on_exit = exits.ExitHandler.on_exit
+    on_exit = pool.on_exit
 
-    @functools.wraps(on_exit)
-    async def on_exit_stamped(self: Any, slot: Any) -> None:
+    async def on_exit_stamped(slot: Any) -> None:
         if slot.turn is not None:
             _mark(slot.turn.id, "s_exit_seen")
-        await on_exit(self, slot)
+        await on_exit(slot)
 
-    reap = pool.WorkerPool.reap_exit
+    reap = pool.reap_exit
 
-    @functools.wraps(reap)
-    async def reap_stamped(self: Any, slot: Any) -> Any:
+    async def reap_stamped(slot: Any) -> Any:
         turn_id = slot.turn.id if slot.turn is not None else None
         if turn_id:
             _mark(turn_id, "s_reap_start")
-        code = await reap(self, slot)
+        code = await reap(slot)
         if turn_id:
             _mark(turn_id, "s_reaped")
         return code
 
     def span(owner: Any, name: str, label: str) -> None:
         """Stamp the start and the end of ``owner.name`` (a function or a coroutine function)
-        into the turn being killed."""
+        into the turn being killed, and (synchronous ones) its wall and thread CPU time."""
         fn = getattr(owner, name)
 
         def into(hop: str) -> None:
@@ -149,24 +151,20 @@ def _instrument() -> None:
 
             setattr(owner, name, wrapped)
 
-    from supervisor._engine import orphans, procs, reaper
-    from worker import proctree
-
-    span(procs, "reap", "r_waitpid")
-    span(procs, "kill_cgroup", "r_kill_cgroup")
-    span(reaper.Reaper, "_sweep", "r_sweep")
-    span(orphans.OrphanIndex, "of_any", "r_orphans")
-    span(orphans, "adopted", "r_list_children")
-    span(orphans, "read_facts", "r_read_facts")
-    span(procs, "kill_and_reap", "r_kill_and_reap")
+    span(lowlevel.procs, "reap", "r_waitpid")
+    span(lowlevel.procs, "kill_cgroup", "r_kill_cgroup")
+    span(pool.reaper, "_sweep", "r_sweep")
+    span(pool.reaper.orphans, "of_any", "r_orphans")
+    span(lowlevel.orphans, "adopted", "r_list_children")
+    span(lowlevel.procs, "kill_and_reap", "r_kill_and_reap")
     span(proctree, "cgroup_remove", "r_cgroup_remove")
-    span(link.WorkerLink, "drain", "r_drain")
-    link.WorkerLink.flush = flush_stamped  # type: ignore[method-assign]
+    span(exits, "drain", "r_drain")
+    link.flush = flush_stamped
     worker_link.decode_from_worker = decode_stamped
-    ending.Finisher.finish = finish_stamped  # type: ignore[method-assign]
-    escalation.Escalation.escalate = escalate_stamped  # type: ignore[method-assign]
-    exits.ExitHandler.on_exit = on_exit_stamped  # type: ignore[method-assign]
-    pool.WorkerPool.reap_exit = reap_stamped  # type: ignore[method-assign]
+    policy.Finisher.finish = finish_stamped  # type: ignore[method-assign]
+    policy.Escalation.escalate = escalate_stamped  # type: ignore[method-assign]
+    pool.on_exit = on_exit_stamped
+    pool.reap_exit = reap_stamped
 
 
 _OBSERVER = r"""
@@ -414,6 +412,8 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
             ) as sup,
             anyio.create_task_group() as tg,
         ):
+            if hops:
+                _instrument(sup)
 
             async def stream() -> None:
                 handle = await sup.submit(_stream_rows.AGENT, {"rate": _stream_rows.RATE, "seconds": 3600})
@@ -555,7 +555,6 @@ def main(argv: list[str]) -> None:
     n = int(args[0]) if args else 256
     k = int(args[1]) if len(args) > 1 else 30
     if hops:
-        _instrument()
         _instrument_loop()
     boost = os.environ.get("CANCEL_LOAD_AUTOGROUP_NICE")  # an experiment: this process's weight (root)
     if boost:

@@ -1,7 +1,7 @@
 """Agents for ``benchmarks._cancel_load --hops``: the ``awaiting`` and ``spin`` agents of the cancel and
 kill rows, stamping on the machine's ``CLOCK_MONOTONIC`` (the supervisor's clock too) each hop
 their worker passes: the ``Abort`` read, the agent's task cancelled; for a kill, the worker's SIGTERM
-handler entered and its tree killed (just before it signals itself). Stamps are appended to the
+handler entered. Stamps are appended to the
 file named in the turn's input (one ``name time`` line each; an append of a line is atomic).
 
 The patches wrap the worker's own handlers and call them unchanged: what is measured is the
@@ -29,37 +29,20 @@ def stamp(name: str, path: str | None = None) -> None:
         os.close(fd)
 
 
-def _patch_abort() -> None:
-    from worker import _loop
-
-    if getattr(_loop.WorkerLoop.on_abort, "_hop", False):
-        return
-    orig = _loop.WorkerLoop.on_abort
-
-    def on_abort(self: Any, msg: Any) -> None:
-        stamp("w_abort_read")
-        orig(self, msg)
-
-    on_abort._hop = True  # type: ignore[attr-defined]
-    _loop.WorkerLoop.on_abort = on_abort  # type: ignore[method-assign]
+def _on_abort(turn: worker.Turn) -> None:
+    """Stamp the ``Abort``'s arrival: the worker sets the turn's cancel signal as it reads it."""
+    turn.signal.add_callback(lambda cause: stamp("w_abort_read"))
 
 
 def _patch_term() -> None:
-    from worker.proctree import _tree
-
+    """Stamp the worker's SIGTERM handler's start (its own SIGTERM, the handler's last act, is in the
+    kernel's trace: ``--trace``)."""
     orig_handler = signal.getsignal(signal.SIGTERM)
     if getattr(orig_handler, "_hop", False):
         return
-    orig_signal_all = _tree.signal_all
-
-    def signal_all(pids: Any, sig: int) -> Any:
-        out = orig_signal_all(pids, sig)
-        stamp("w_tree_killed")
-        return out
 
     def on_term(signum: int, frame: Any) -> None:
         stamp("w_term_handler")
-        _tree.signal_all = signal_all
         orig_handler(signum, frame)  # type: ignore[operator]
 
     on_term._hop = True  # type: ignore[attr-defined]
@@ -69,7 +52,7 @@ def _patch_term() -> None:
 async def awaiting(turn: worker.Turn) -> None:
     """``_agents.awaiting`` with stamps: emits, then awaits in a loop (1 ms sleeps)."""
     _PATH[0] = turn.input["stamps"]
-    _patch_abort()
+    _on_abort(turn)
     await turn.emit({"pid": os.getpid()})
     try:
         while True:  # noqa: ASYNC110 - awaiting in a loop is what this agent is for
@@ -82,7 +65,7 @@ async def awaiting(turn: worker.Turn) -> None:
 async def spin(turn: worker.Turn) -> None:
     """``_agents.spin`` with stamps: emits its pid, then spins without ever awaiting."""
     _PATH[0] = turn.input["stamps"]
-    _patch_abort()
+    _on_abort(turn)
     _patch_term()
     await turn.emit({"pid": os.getpid(), "t": time.monotonic()})
     deadline = time.monotonic() + 3600

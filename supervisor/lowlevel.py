@@ -32,8 +32,9 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   ``keep_results_mb`` defaults equal.
 - ``autogroup_nice``, ``AutogroupShare``: WORKER-CPU-SHARE, the autogroup niceness a pool of N workers gives
   each worker, and what sets it (retrying what the kernel's rate limit refuses).
-- ``own_nice``, ``pool_weight``, ``OwnWeight``: SUPERVISOR-WEIGHT, the niceness at which the supervisor's own
-  autogroup weighs what its pool weighs, and what holds it there while pools run (where it may).
+- ``own_nice``, ``pool_weight``, ``OwnWeight``: WORKER-SUPERVISOR-WEIGHT, the niceness at which the
+  supervisor's own autogroup weighs what its pool weighs, and what holds it there while pools run (where it
+  may).
 - ``treemem``: MEM-STATUS-SAMPLE, the workers' memory as ``status()`` reports it (sampled in the
   background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.

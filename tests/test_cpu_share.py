@@ -126,9 +126,9 @@ def test_release_gives_the_weight_back_until_the_first_refusal() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="one autogroup change per 100 ms without CAP_SYS_ADMIN")
 async def test_a_cancelled_turns_worker_weighs_a_program_until_it_is_idle() -> None:
     """WORKER-SHARE-AT-CANCEL: the cancel gives the turn's worker's autogroup its weight back (stopping is all
-    it has left to do): the supervisor's own (SUPERVISOR-WEIGHT, raised here: root) for one worker at a time,
-    niceness 0 for a second cancelled meanwhile; once a turn ended and its worker is idle, it is at the pool's
-    again."""
+    it has left to do): the supervisor's own (WORKER-SUPERVISOR-WEIGHT, raised here: root) for one worker
+    at a time, niceness 0 for a second cancelled meanwhile; once a turn ended and its worker is idle, it is
+    at the pool's again."""
     n = 8
     with anyio.fail_after(120):
         async with Supervisor(workers=n, spares=0, start_timeout=60) as sup:
@@ -155,7 +155,7 @@ async def test_a_cancelled_turns_worker_weighs_a_program_until_it_is_idle() -> N
 
 
 def test_the_supervisor_weighs_what_its_pool_weighs() -> None:
-    """SUPERVISOR-WEIGHT: the niceness at which one autogroup weighs at least a pool of N workers."""
+    """WORKER-SUPERVISOR-WEIGHT: the niceness at which one autogroup weighs at least a pool of N workers."""
     assert pool_weight(1) == 1024 and pool_weight(256) == 256 * 15
     assert own_nice(pool_weight(1)) == 0  # one worker: one program against one
     assert own_nice(pool_weight(2)) == -4  # 2,048 ≤ 2,501 (niceness -4; -3 is 1,991)
@@ -168,8 +168,8 @@ def test_the_supervisor_weighs_what_its_pool_weighs() -> None:
 
 
 def test_one_stopping_worker_at_a_time_weighs_what_the_supervisor_weighs() -> None:
-    """SUPERVISOR-WEIGHT: ``hurry`` raises one worker at a time; a second gets nothing from it (the pool
-    gives it a program's weight instead); once the first is settled or gone, the next one may."""
+    """WORKER-SUPERVISOR-WEIGHT: ``hurry`` raises one worker at a time; a second gets nothing from it (the
+    pool gives it a program's weight instead); once the first is settled or gone, the next one may."""
     written: list[tuple[int, int]] = []
 
     def write(pid: int | str, nice: int) -> int:
@@ -190,8 +190,9 @@ def test_one_stopping_worker_at_a_time_weighs_what_the_supervisor_weighs() -> No
 
 
 def test_own_weight_is_raised_while_pools_run_and_comes_back_after_the_last() -> None:
-    """SUPERVISOR-WEIGHT: the first pool raises this process's autogroup, a larger one raises it more, the
-    niceness it had comes back once the last closes; where the kernel refuses, nothing is retried."""
+    """WORKER-SUPERVISOR-WEIGHT: the first pool raises this process's autogroup, a larger one raises it
+    more, the niceness it had comes back once the last closes; where the kernel refuses, nothing is
+    retried."""
     state = {"nice": 0}
     writes: list[int] = []
 
@@ -220,8 +221,9 @@ def test_own_weight_is_raised_while_pools_run_and_comes_back_after_the_last() ->
 @pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
 @pytest.mark.skipif(os.geteuid() != 0, reason="a niceness below 0 needs CAP_SYS_NICE")
 async def test_a_running_pool_raises_its_supervisors_weight_and_gives_it_back_at_close() -> None:
-    """SUPERVISOR-WEIGHT: with 24 workers (niceness 9 each) the pool weighs 3,288: the supervisor's autogroup
-    is at -6 (3,906) while it runs, back where it was after ``aclose()`` (fails before: it stayed at 0)."""
+    """WORKER-SUPERVISOR-WEIGHT: with 24 workers (niceness 9 each) the pool weighs 3,288: the supervisor's
+    autogroup is at -6 (3,906) while it runs, back where it was after ``aclose()`` (fails before: it stayed
+    at 0)."""
     before = _autogroup_nice(os.getpid())
     with anyio.fail_after(120):
         async with Supervisor(workers=24, spares=0, start_timeout=60) as sup:
@@ -233,9 +235,9 @@ async def test_a_running_pool_raises_its_supervisors_weight_and_gives_it_back_at
 @pytest.mark.skipif(not HAVE_AUTOGROUP, reason="this kernel has no autogroups")
 @pytest.mark.skipif(os.geteuid() != 0, reason="a niceness below 0 needs CAP_SYS_NICE")
 async def test_a_worker_being_killed_weighs_what_its_supervisor_weighs() -> None:
-    """SUPERVISOR-WEIGHT: a worker whose turn is cancelled and then killed weighs the supervisor's niceness
-    through the SIGTERM step (here the agent ignores SIGTERM, so the worker is still there to be looked at
-    until ``kill_now``; fails before: it stayed at 0, WORKER-SHARE-AT-CANCEL's weight)."""
+    """WORKER-SUPERVISOR-WEIGHT: a worker whose turn is cancelled and then killed weighs the supervisor's
+    niceness through the SIGTERM step (here the agent ignores SIGTERM, so the worker is still there to be
+    looked at until ``kill_now``; fails before: it stayed at 0, WORKER-SHARE-AT-CANCEL's weight)."""
     n = 8
     with anyio.fail_after(120):
         async with Supervisor(workers=n, spares=0, grace=0.05, kill_after=60, start_timeout=60) as sup:

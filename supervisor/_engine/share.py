@@ -46,8 +46,8 @@ def pool_weight(workers: int, worker_nice: int | None = None) -> int:
 
 
 def own_nice(weight: int) -> int:
-    """SUPERVISOR-WEIGHT: the autogroup niceness at which the supervisor weighs at least ``weight`` (its
-    pool's), down to -10; 0 when one program's weight already does."""
+    """WORKER-SUPERVISOR-WEIGHT: the autogroup niceness at which the supervisor weighs at least ``weight``
+    (its pool's), down to -10; 0 when one program's weight already does."""
     if weight <= WEIGHTS[0]:
         return 0
     for i, w in enumerate(RAISED_WEIGHTS):
@@ -66,7 +66,7 @@ def autogroup_nice_of(pid: int | str = "self") -> int | None:
 
 
 class OwnWeight:
-    """SUPERVISOR-WEIGHT: this process's autogroup weighs what its pools weigh, where it may.
+    """WORKER-SUPERVISOR-WEIGHT: this process's autogroup weighs what its pools weigh, where it may.
 
     Hundreds of busy workers at the lightest weight (WORKER-CPU-SHARE) still weigh about four programs, their
     supervisor one: with the CPUs full, its event loop waited 0.52 s of every second for one (on one 0.17 s)
@@ -118,8 +118,8 @@ class OwnWeight:
 
 def set_autogroup_nice(pid: int | str, nice: int) -> int:
     """Set the autogroup (session) niceness of ``pid`` (0 to 19 needs no privilege; below 0,
-    CAP_SYS_NICE: SUPERVISOR-WEIGHT). 0 on success, else the errno: ``EAGAIN`` is the kernel's rate limit (a
-    process without CAP_SYS_ADMIN may change an autogroup's niceness once per 100 ms, machine-wide);
+    CAP_SYS_NICE: WORKER-SUPERVISOR-WEIGHT). 0 on success, else the errno: ``EAGAIN`` is the kernel's rate
+    limit (a process without CAP_SYS_ADMIN may change an autogroup's niceness once per 100 ms, machine-wide);
     anything else (no autogroups here, the process gone, no privilege) is final."""
     try:
         with open(f"/proc/{pid}/autogroup", "w") as f:
@@ -129,10 +129,10 @@ def set_autogroup_nice(pid: int | str, nice: int) -> int:
         return exc.errno or errno.EIO
 
 
-OWN = OwnWeight()  # SUPERVISOR-WEIGHT: this process's
+OWN = OwnWeight()  # WORKER-SUPERVISOR-WEIGHT: this process's
 
 
-RAISED_AT_ONCE = 1  # SUPERVISOR-WEIGHT: stopping workers given the supervisor's weight at a time
+RAISED_AT_ONCE = 1  # WORKER-SUPERVISOR-WEIGHT: stopping workers given the supervisor's weight at a time
 RETRY = 0.11  # seconds between attempts the kernel's rate limit refused (it allows one per 100 ms)
 
 
@@ -151,7 +151,9 @@ class AutogroupShare:
         self._scheduled = False
         self.set = 0  # autogroups set (for tests and benchmarks)
         self.boosted: set[int] = set()  # WORKER-SHARE-AT-CANCEL: workers given their weight back
-        self.raised: set[int] = set()  # SUPERVISOR-WEIGHT: the worker given the supervisor's (``hurry``)
+        self.raised: set[int] = (
+            set()
+        )  # WORKER-SUPERVISOR-WEIGHT: the worker given the supervisor's (``hurry``)
 
     def apply(self, pid: int, workers: int, worker_nice: int | None = None) -> None:
         """Worker ``pid`` of a pool of ``workers`` is ready: set its autogroup's niceness, never
@@ -181,11 +183,11 @@ class AutogroupShare:
             self._call_later(RETRY, self._retry)
 
     def hurry(self, pid: int, nice: int) -> bool:
-        """SUPERVISOR-WEIGHT: worker ``pid`` is stopping (its turn cancelled, or the kill decided): while no
-        other worker holds it, its autogroup weighs what the supervisor's does (``nice``, below 0), so its
-        cleanup, its End, its handler and its exit (the kernel's teardown of its memory: 3.9 ms of CPU for
-        a worker here) do not queue behind the pool. One worker at a time (``RAISED_AT_ONCE``): a mass cancel
-        of agents that ignore it weighs at most one supervisor more, the rest a program each
+        """WORKER-SUPERVISOR-WEIGHT: worker ``pid`` is stopping (its turn cancelled, or the kill decided):
+        while no other worker holds it, its autogroup weighs what the supervisor's does (``nice``, below
+        0), so its cleanup, its End, its handler and its exit (the kernel's teardown of its memory: 3.9 ms
+        of CPU for a worker here) do not queue behind the pool. One worker at a time (``RAISED_AT_ONCE``):
+        a mass cancel of agents that ignore it weighs at most one supervisor more, the rest a program each
         (WORKER-SHARE-AT-CANCEL). Best effort, never retried; given back at ``settle``, forgotten at the
         exit."""
         if pid in self.raised:
