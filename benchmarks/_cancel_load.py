@@ -37,8 +37,6 @@ from typing import Any
 
 import anyio
 
-from supervisor import Supervisor
-
 from . import _stream_rows
 from ._common import med, ms, pct
 
@@ -63,7 +61,6 @@ def _instrument(sup: Any) -> None:
     from worker import proctree
 
     link, pool = sup.link, sup.pool
-    exits = pool.on_exit.__self__  # the exit handler (its bound method the pool calls)
     flush = link.flush
 
     def flush_stamped() -> None:
@@ -158,7 +155,21 @@ def _instrument(sup: Any) -> None:
     span(lowlevel.orphans, "adopted", "r_list_children")
     span(lowlevel.procs, "kill_and_reap", "r_kill_and_reap")
     span(proctree, "cgroup_remove", "r_cgroup_remove")
-    span(exits, "drain", "r_drain")
+    read = link._read
+
+    def read_stamped(*, fair: bool) -> None:
+        if fair:  # the reader callback; the exit handler's drain reads unfairly (all that is there)
+            return read(fair=fair)
+        w0, c0 = time.monotonic(), time.thread_time()
+        if KILLING:
+            _mark(KILLING[0], "r_drain<")
+        read(fair=fair)
+        if KILLING:
+            SPANS["r_drain"].append((time.monotonic() - w0, time.thread_time() - c0))
+            _mark(KILLING[0], "r_drain>")
+        return None
+
+    link._read = read_stamped
     link.flush = flush_stamped
     worker_link.decode_from_worker = decode_stamped
     policy.Finisher.finish = finish_stamped  # type: ignore[method-assign]
@@ -401,28 +412,9 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
     coop_agent = "benchmarks._hop_agents:awaiting" if hops else "benchmarks._agents:awaiting"
     kill_agent = "benchmarks._hop_agents:spin" if hops else "benchmarks._agents:spin"
     try:
-        async with (
-            Supervisor(
-                workers=n + 2,
-                spares=1,
-                start_timeout=600,
-                grace=grace,
-                kill_after=1.0,
-                max_queue=max(1000, 4 * n),
-            ) as sup,
-            anyio.create_task_group() as tg,
-        ):
+        async with _stream_rows.streaming(n, grace) as sup:
             if hops:
                 _instrument(sup)
-
-            async def stream() -> None:
-                handle = await sup.submit(_stream_rows.AGENT, {"rate": _stream_rows.RATE, "seconds": 3600})
-                async for _ in handle.events():
-                    pass
-
-            for _ in range(n):
-                tg.start_soon(stream)
-            await anyio.sleep(3.0)  # allowed: the streams get going
             if hops:
                 got = await anyio.to_thread.run_sync(
                     functools.partial(
@@ -507,7 +499,6 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
                         sched.append(
                             {"handler_" + n: v for n, v in a.items()} | {"exit_" + n: v for n, v in b.items()}
                         )
-            tg.cancel_scope.cancel()
     finally:
         if kernel is not None:
             kernel.stop()
