@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -75,25 +76,35 @@ class OwnWeight:
     weighs (``own_nice``); the niceness it had comes back when the last pool closes. Without the
     privilege the kernel refuses (EPERM/EACCES) or rate-limits (EAGAIN) the write: nothing changes and
     nothing is retried. One per process: the autogroup is the process's session's, shared by every pool in
-    it (and by the other processes of the session: the host's, when embedded)."""
+    it. Only a process that leads its own session does it (a daemon, a service, a program started with
+    ``setsid``): the session is then its own, and ends with it, so nothing stays raised after its exit,
+    SIGKILL included; in a shell's or a host's session nothing changes."""
 
     def __init__(
         self,
         write: Callable[[int | str, int], int] | None = None,
         read: Callable[[int | str], int | None] = autogroup_nice_of,
+        leads: Callable[[], bool] = lambda: os.getsid(0) == os.getpid(),
     ) -> None:
         self._write = write if write is not None else set_autogroup_nice
         self._read = read
+        self._leads = leads
         self._holders: dict[int, int] = {}  # pool id -> the niceness it asked for
         self._was: int | None = None  # the niceness before the first raise (None: not raised)
         self.nice: int | None = None  # the niceness set now (None: not raised)
 
     def hold(self, pool: int, nice: int) -> int | None:
-        """Pool ``pool`` runs and wants this process at niceness ``nice`` (or lower): the niceness set,
-        or None when it is not raised (not needed, or not allowed)."""
+        """Pool ``pool`` runs and wants this process at niceness ``nice`` (or lower): the niceness it
+        weighs at, below 0 (set now, or already that low: another process of the session raised it), or
+        None when it is not raised (not needed, or not allowed)."""
+        if not self._leads():
+            return None  # the session is another program's (a shell's, a host's): never weigh it
         self._holders[pool] = nice
         self._apply()
-        return self.nice
+        if self.nice is not None:
+            return self.nice
+        current = self._read("self") if nice < 0 else None
+        return current if current is not None and current <= nice else None
 
     def release(self, pool: int) -> None:
         """Pool ``pool`` closed: the niceness the others ask for, or back to the one it had."""
