@@ -6,9 +6,11 @@ SIGTERM → reaped. A daemon's SIGTERM with N idle workers, until its process is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -98,12 +100,10 @@ async def _first(handle: Any) -> Any:
         return event
 
 
-async def cancels_under_load(n: int, k: int, grace: float = 0.05) -> dict[str, list[float]]:
-    """``n`` ticking turns stream while ``k`` cooperative cancels (an awaiting agent: cancel →
-    ``aborted``) and ``k`` kills (a spinner: the SIGTERM step, ``grace`` after the cancel, →
-    ``killed``) are timed one after the other."""
-    coop: list[float] = []
-    kill: list[float] = []
+@contextlib.asynccontextmanager
+async def streaming(n: int, grace: float) -> AsyncIterator[Any]:
+    """A supervisor with ``n`` ticking turns streaming, each followed here, for cancels under their load
+    (the streams are cancelled at the exit)."""
     async with (
         Supervisor(
             workers=n + 2,
@@ -124,6 +124,17 @@ async def cancels_under_load(n: int, k: int, grace: float = 0.05) -> dict[str, l
         for _ in range(n):
             tg.start_soon(stream)
         await anyio.sleep(3.0)  # allowed: the streams get going
+        yield sup
+        tg.cancel_scope.cancel()
+
+
+async def cancels_under_load(n: int, k: int, grace: float = 0.05) -> dict[str, list[float]]:
+    """``n`` ticking turns stream while ``k`` cooperative cancels (an awaiting agent: cancel →
+    ``aborted``) and ``k`` kills (a spinner: the SIGTERM step, ``grace`` after the cancel, →
+    ``killed``) are timed one after the other."""
+    coop: list[float] = []
+    kill: list[float] = []
+    async with streaming(n, grace) as sup:
         for _ in range(k):
             handle = await sup.submit("benchmarks._agents:awaiting", grace=10.0)  # the abort, not a kill
             await _first(handle)
@@ -140,7 +151,6 @@ async def cancels_under_load(n: int, k: int, grace: float = 0.05) -> dict[str, l
             result = await handle.result()
             kill.append(time.monotonic() - t0 - grace)
             assert result.outcome == "killed", result
-        tg.cancel_scope.cancel()
     return {"coop": coop, "kill": kill}
 
 

@@ -32,6 +32,9 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   ``keep_results_mb`` defaults equal.
 - ``autogroup_nice``, ``AutogroupShare``: WORKER-CPU-SHARE, the autogroup niceness a pool of N workers gives
   each worker, and what sets it (retrying what the kernel's rate limit refuses).
+- ``own_nice``, ``pool_weight``, ``OwnWeight``: WORKER-SUPERVISOR-WEIGHT, the niceness at which the
+  supervisor's own autogroup weighs what its pool weighs, and what holds it there while pools run (where it
+  may).
 - ``treemem``: MEM-STATUS-SAMPLE, the workers' memory as ``status()`` reports it (sampled in the
   background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
@@ -53,7 +56,7 @@ from ._engine.exits import MAX_HANDOVERS
 from ._engine.orphans import FRESH as ORPHAN_FACTS_FRESH
 from ._engine.orphans import Facts as OrphanFacts
 from ._engine.orphans import OrphanIndex
-from ._engine.share import AutogroupShare, autogroup_nice
+from ._engine.share import AutogroupShare, OwnWeight, autogroup_nice, own_nice, pool_weight
 from ._engine.timers import Timers
 from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
 from ._engine.workspace import remove_tree
@@ -75,6 +78,7 @@ __all__ = [
     "FdBudget",
     "OrphanFacts",
     "OrphanIndex",
+    "OwnWeight",
     "SpawnRoom",
     "Timers",
     "TurnRecord",
@@ -83,7 +87,9 @@ __all__ = [
     "connection_uid",
     "diag_uid",
     "orphans",
+    "own_nice",
     "peers",
+    "pool_weight",
     "private_dir",
     "probe",
     "proc_uid",

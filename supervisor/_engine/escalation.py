@@ -55,6 +55,7 @@ class Escalation:
         finisher: Finisher,
         signal_tree: SignalTree,
         boost: Callable[[WorkerSlot], None] = lambda slot: None,
+        hurry: Callable[[WorkerSlot], object] = lambda slot: None,
     ) -> None:
         self.book = book
         self.slots = slots  # the pool's slots (the same dict)
@@ -65,6 +66,9 @@ class Escalation:
         self.finisher = finisher
         self.signal_tree = signal_tree
         self.boost = boost  # WORKER-SHARE-AT-CANCEL: the cancelled turn's worker gets its weight back
+        self.hurry = (
+            hurry  # WORKER-SUPERVISOR-WEIGHT: a worker being killed weighs what the supervisor weighs
+        )
         self.kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
         self.counts: collections.Counter[str] = collections.Counter()  # steps taken: sigterm, sigkill
 
@@ -150,6 +154,7 @@ class Escalation:
         # the queue now (another worker may take them); the slot itself is given up at the worker's exit.
         decided = escalated(turn, step, self.timers.clock())
         if decided:
+            self.hurry(slot)  # before the signal: the handler and the exit run at that weight
             self.dispatcher.take_back_ahead(slot)
         if step == 1:
             self.counts["sigterm"] += 1

@@ -30,7 +30,7 @@ from .._paths import private_dir
 from . import output as _output
 from . import procs as _procs
 from .reaper import Reaper
-from .share import AutogroupShare
+from .share import OWN, AutogroupShare, own_nice, pool_weight
 from .treemem import TreeMemory
 from .workspace import WorkerFiles, make_worker_dir, remove_tree
 from .zygote import Zygote
@@ -204,6 +204,7 @@ class WorkerPool:
         self._backoff_until = 0.0
         self._refill_timer: Timer | None = None
         self._fill_target = 0
+        self.own_nice: int | None = None  # WORKER-SUPERVISOR-WEIGHT: our autogroup's niceness while raised
         self._fill_scheduled = False  # WORKER-REPLACE-LATER: a fill is due in a loop callback
         self._spare_fill: Timer | None = None  # WORKER-SPARE: a replacement for a spare, due later
 
@@ -314,6 +315,10 @@ class WorkerPool:
         workers' (WORKER-CWD), and drain what workers left in their output and stop its pump, off the
         event loop."""
         self.close_pipe()
+        OWN.release(
+            id(self)
+        )  # WORKER-SUPERVISOR-WEIGHT: the niceness we had before, once no pool of ours runs
+        self.own_nice = None
         with anyio.CancelScope(shield=True):
             for directory in (self.runtime_dir, self.work_dir):
                 if directory is not None:
@@ -342,6 +347,9 @@ class WorkerPool:
         ``SPARE_REFILL_DELAY`` later instead: its start (the zygote's fork, the new process's
         imports and warm-up) no longer competes for the CPUs with the spare taking over the
         queued turn. A pool short of more than that (no spare left) starts them at once."""
+        if target != self._fill_target and not self.closing:
+            # WORKER-SUPERVISOR-WEIGHT: where we may, we weigh what the pool weighs (a few programs), not one.
+            self.own_nice = OWN.hold(id(self), own_nice(pool_weight(target, self.nice)))
         self._fill_target = target
         if self._fill_scheduled:
             return
@@ -620,9 +628,15 @@ class WorkerPool:
         await self._reap_zygote(zygote)
 
     def boost(self, slot: WorkerSlot) -> None:
-        """WORKER-SHARE-AT-CANCEL: ``slot``'s turn is cancelled: its worker weighs a program until idle."""
-        if slot.pid:
+        """WORKER-SHARE-AT-CANCEL: ``slot``'s turn is cancelled: its worker weighs a program until idle, or
+        what we weigh (WORKER-SUPERVISOR-WEIGHT: where we were raised, one such worker at a time)."""
+        if slot.pid and not self.hurry(slot):
             self.share.boost(slot.pid, self.nice)
+
+    def hurry(self, slot: WorkerSlot) -> bool:
+        """WORKER-SUPERVISOR-WEIGHT: ``slot``'s worker is stopping: it weighs what we weigh (one at a
+        time)."""
+        return bool(slot.pid) and self.own_nice is not None and self.share.hurry(slot.pid, self.own_nice)
 
     def settle(self, slot: WorkerSlot) -> None:
         """``slot`` is idle again: back to the pool's share if it was boosted."""

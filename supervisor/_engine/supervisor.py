@@ -215,7 +215,16 @@ class Supervisor(AcceptMany, OwnedStreams, Views):
         self._finisher = finisher = Finisher(book, hooks, send, timers)
         self._dispatcher = dispatcher = Dispatcher(book, options, pool, send, timers, hooks, steps)
         self._escalation = escalation = Escalation(
-            book, pool.slots, send, timers, hooks, dispatcher, finisher, _procs.signal_tree, pool.boost
+            book,
+            pool.slots,
+            send,
+            timers,
+            hooks,
+            dispatcher,
+            finisher,
+            _procs.signal_tree,
+            pool.boost,
+            pool.hurry,
         )
         finisher.connect(escalation=escalation, dispatcher=dispatcher)
         dispatcher.connect(finisher=finisher, escalation=escalation)
