@@ -18,7 +18,7 @@ agents with a stamp per hop). The floor: a bare spinner's SIGTERM → reaped (``
 after the load as in ``_hundreds``, and (``--hops``) the same from a process in the supervisor's
 session while the load runs.
 
-Run: ``flock /work/wt/_notes/bench.lock setsid -w .venv/bin/python -m benchmarks._cancel_load [--hops|--trace]
+Run: ``setsid -w .venv/bin/python -m benchmarks._cancel_load [--hops|--trace]
 [N] [K]`` (``setsid``: the supervisor leads its session, as a service's does, so that where it may
 (root) it weighs what its pool weighs: WORKER-SUPERVISOR-WEIGHT; ``--trace`` needs root and tracefs).
 """
