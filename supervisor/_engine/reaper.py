@@ -11,6 +11,9 @@ our children and one pass over them for the whole batch, instead of one of each 
 kernel's ``children`` file of a supervisor holding N workers lists N pids, so N exits each reading
 it cost O(N²). The pool's close waits for the batch (``settled``): ``aclose()`` still returns only
 once every descendant is reaped.
+
+WORKER-CWD at the close: a reaped worker's directory goes while the others still exit, the directories of the
+workers reaped meanwhile in one thread call; ``settled`` waits for them too.
 """
 
 from __future__ import annotations
