@@ -11,6 +11,9 @@ our children and one pass over them for the whole batch, instead of one of each 
 kernel's ``children`` file of a supervisor holding N workers lists N pids, so N exits each reading
 it cost O(N²). The pool's close waits for the batch (``settled``): ``aclose()`` still returns only
 once every descendant is reaped.
+
+WORKER-CWD at the close: a reaped worker's directory goes while the others still exit, the directories of the
+workers reaped meanwhile in one thread call; ``settled`` waits for them too.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class Reaper:
         self.orphans = OrphanIndex()  # LADDER-ORPHANS: what dead workers left among our children
         self._batch: list[WorkerSlot] = []  # LADDER-BATCH: idle workers' trees for the next sweep
         self._swept: anyio.Event | None = None  # set when the batch being swept is done
+        self._dirs: list[str] = []  # WORKER-CWD: reaped workers' directories, while the pool closes
+        self._removed: anyio.Event | None = None  # set when the directories being removed are gone
 
     def _exclude(self) -> set[int]:
         """Our children that are no dead worker's: live workers, the zygote and its embryos."""
@@ -73,13 +78,31 @@ class Reaper:
         pool.share.forget(slot.pid)
         del pool.slots[slot.id]
         slot.out = []
-        if slot.workdir is not None and not pool.closing:
+        if slot.workdir is not None:
             # WORKER-CWD: what its agents left in their directory goes with it, off the event loop
-            # (while the pool closes, with every worker's directory at once: ``WorkerPool.release``).
+            # (while the pool closes, batched: one thread removes the directories of the workers
+            # reaped meanwhile, during the other exits, not all of them after the last one).
             assert pool.tg is not None
-            pool.tg.start_soon(anyio.to_thread.run_sync, remove_tree, slot.workdir)
+            if pool.closing:
+                self._dirs.append(slot.workdir)
+                if self._removed is None:
+                    self._removed = anyio.Event()
+                    pool.tg.start_soon(self._remove_dirs)
+            else:
+                pool.tg.start_soon(anyio.to_thread.run_sync, remove_tree, slot.workdir)
             slot.workdir = None
         return code
+
+    async def _remove_dirs(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                while self._dirs:
+                    batch, self._dirs = self._dirs, []
+                    await anyio.to_thread.run_sync(_remove_all, batch)
+            finally:
+                removed, self._removed = self._removed, None
+                if removed is not None:
+                    removed.set()
 
     async def _sweep(self, slots: list[WorkerSlot], exclude: set[int]) -> None:
         """Kill and reap what the dead workers ``slots`` left among our children (LADDER-ORPHANS),
@@ -123,9 +146,17 @@ class Reaper:
                     swept.set()
 
     async def settled(self) -> None:
-        """Return once every batched tree is swept (the pool's close: every descendant reaped)."""
+        """Return once every batched tree is swept (the pool's close: every descendant reaped) and
+        every reaped worker's directory removed."""
         while self._swept is not None:
             await self._swept.wait()
         if self._batch:
             self._swept = anyio.Event()
             await self._sweep_batches()
+        while self._removed is not None:
+            await self._removed.wait()
+
+
+def _remove_all(paths: list[str]) -> None:
+    for path in paths:
+        remove_tree(path)
