@@ -243,7 +243,7 @@ async def main():
         await handle.cancel()
         with anyio.fail_after(10):
             while nice(pid) != out["during"]:
-                await anyio.sleep(0.01)  # a bounded poll of /proc: no event to wait on
+                await anyio.sleep(0.01)  # allowed: bounded poll of /proc (a niceness change has no event)
         out["killed"] = nice(pid)
         sup.kill_now([handle.turn_id])
         out["outcome"] = (await handle.result()).outcome

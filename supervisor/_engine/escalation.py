@@ -66,9 +66,8 @@ class Escalation:
         self.finisher = finisher
         self.signal_tree = signal_tree
         self.boost = boost  # WORKER-SHARE-AT-CANCEL: the cancelled turn's worker gets its weight back
-        self.hurry = (
-            hurry  # WORKER-SUPERVISOR-WEIGHT: a worker being killed weighs what the supervisor weighs
-        )
+        # WORKER-SUPERVISOR-WEIGHT: a worker being killed weighs what the supervisor weighs.
+        self.hurry = hurry
         self.kill_at_once = False  # kill_now(): every cancel goes straight to SIGKILL
         self.counts: collections.Counter[str] = collections.Counter()  # steps taken: sigterm, sigkill
 

@@ -315,9 +315,8 @@ class WorkerPool:
         workers' (WORKER-CWD), and drain what workers left in their output and stop its pump, off the
         event loop."""
         self.close_pipe()
-        OWN.release(
-            id(self)
-        )  # WORKER-SUPERVISOR-WEIGHT: the niceness we had before, once no pool of ours runs
+        # WORKER-SUPERVISOR-WEIGHT: the niceness we had before, once no pool of ours runs.
+        OWN.release(id(self))
         self.own_nice = None
         with anyio.CancelScope(shield=True):
             for directory in (self.runtime_dir, self.work_dir):

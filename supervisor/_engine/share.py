@@ -162,9 +162,8 @@ class AutogroupShare:
         self._scheduled = False
         self.set = 0  # autogroups set (for tests and benchmarks)
         self.boosted: set[int] = set()  # WORKER-SHARE-AT-CANCEL: workers given their weight back
-        self.raised: set[int] = (
-            set()
-        )  # WORKER-SUPERVISOR-WEIGHT: the worker given the supervisor's (``hurry``)
+        # WORKER-SUPERVISOR-WEIGHT: the worker given the supervisor's weight (``hurry``).
+        self.raised: set[int] = set()
 
     def apply(self, pid: int, workers: int, worker_nice: int | None = None) -> None:
         """Worker ``pid`` of a pool of ``workers`` is ready: set its autogroup's niceness, never
