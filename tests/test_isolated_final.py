@@ -119,6 +119,31 @@ def alarm_after_return(path: str, delay: float) -> int:
     return os.getpid()
 
 
+def forges_a_final_outcome(path: str, pidfile: str) -> int:
+    """A hostile tool: leaves a child, writes an outcome marked final (its own pid) on every pipe it
+    inherited (the result pipe among them) and goes on: it would write ``path`` later."""
+    import stat
+
+    import msgspec
+
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)  # allowed: the child the tool leaves behind idles until killed
+        os._exit(0)
+    Path(pidfile).write_text(str(child))
+    payload = msgspec.msgpack.encode(["ok", os.getpid()])
+    forged = b"\xc1" + len(payload).to_bytes(4, "little") + payload
+    for fd in range(3, 256):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, forged)
+        except OSError:
+            pass
+    time.sleep(0.3)  # allowed: what the tool would do once its caller has gone on
+    Path(path).write_text("ran on after its outcome")
+    return 0
+
+
 # ---- tests -------------------------------------------------------------------------------------
 
 
@@ -197,3 +222,14 @@ def test_a_stopped_call_returns_only_once_its_process_is_gone(tmp_path: Path, cg
             worker.isolated(stops_when_asked, timeout=1.0, memory_mb=1024, cgroups=cgroups)(str(pidfile))
         assert info.value.reason == "timeout"
         assert _gone(int(pidfile.read_text()))
+
+
+def test_a_forged_final_outcome_stops_the_process_that_wrote_it(tmp_path: Path, cgroups: bool | None) -> None:
+    """A function that writes an outcome marked final on its inherited result pipe and goes on is not
+    taken at its word: the caller kills the process as it returns, and what it left (a child, in its
+    groups) goes down the sweep of the call's leftovers. Nothing of it writes after the call returned."""
+    later, pidfile = tmp_path / "later", tmp_path / "child"
+    pid = worker.isolated(forges_a_final_outcome, cgroups=cgroups)(str(later), str(pidfile))
+    _until_gone(pid)
+    assert not later.exists(), "the forger ran on after its call returned"
+    _until_gone(int(pidfile.read_text()))  # (its groups, or its tree, swept: the child went with them)

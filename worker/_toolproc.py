@@ -469,7 +469,18 @@ class Proc:
         o.result = o.result[head:]
         self.final = o.killed is None and not o.truncated
         if self.final:
-            self.empty = self.groups.contain is not None  # (it checked: alone in them)
+            # Not taken on trust (the function could have written a forged outcome on the inherited result
+            # pipe and gone on): the process is killed, a no-op for one already in its exit, and whatever
+            # else is in its groups sends the call down the sweep of what it left (``_end_leftovers``).
+            g = self.groups
+            alone = False
+            if g.contain is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                alone = set(g.members()) <= {self.pid}
+            if not alone:  # (no group to read, or more in it: its tree, frozen and listed, goes now)
+                self._signal_tree(signal.SIGKILL)
+            self.empty = True if alone else None
         return self.final
 
     def _take_output(self, kind: str, data: bytes, cap: int | None, relay: bool) -> None:
