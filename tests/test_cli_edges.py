@@ -185,7 +185,10 @@ def test_batch_connect_backs_off_while_the_daemon_is_full(tmp_path: Path) -> Non
     results = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert len(results) == 12 and {r["outcome"] for r in results} == {"completed"}
     rate = float(out.stdout.split(" jobs/s")[0].rsplit("(", 1)[1])
-    assert 0 < rate <= 12 / (wall / 3), (rate, wall, out.stdout)  # 12 jobs of 0.1 s on one worker
+    # Jobs over the batch's own wall time: at most 12 jobs of 0.1 s run one at a time on the one worker
+    # allow (10/s), at least 12 over this CLI's whole run (its interpreter's start included, which the
+    # batch's clock does not see; the printed rate is rounded to 0.1).
+    assert 12 / wall - 0.05 <= rate <= 10.05, (rate, wall, out.stdout)
 
 
 # ---- item 13: Ctrl-C on submit --wait / --follow -------------------------------------------
