@@ -255,13 +255,7 @@ def _kernel_hops(lines: list[str], pid: int) -> dict[str, float]:
     the worker, the worker's own SIGTERM (its handler's last act) generated, its first and last
     thread's exit, its reap (free)."""
     out: dict[str, float] = {}
-    for line in lines:
-        m = _hops.TRACE_LINE.match(line)
-        if not m:
-            continue
-        _comm, tid, tgid, ts, event, rest = m.groups()
-        t = float(ts)
-        fields = _hops.fields(rest)
+    for tid, tgid, t, event, fields in _hops.parsed(lines):
         if event == "signal_generate" and fields.get("pid") == str(pid) and fields.get("sig") == "15":
             if tgid == str(pid):
                 out.setdefault("k_self_sigterm", t)

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._common import med, pct
@@ -65,21 +65,25 @@ def fields(rest: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
 
 
+def parsed(lines: Iterable[str]) -> Iterator[tuple[str, str, float, str, dict[str, str]]]:
+    """The trace's events: (thread id, process id, time, event name, fields), as text but the time."""
+    for line in lines:
+        m = TRACE_LINE.match(line)
+        if m:
+            _comm, tid, tgid, ts, event, rest = m.groups()
+            yield tid, tgid, float(ts), event, fields(rest)
+
+
 def kernel_sched(lines: list[str], tids: set[int], start: float, end: float) -> dict[str, float]:
     """Of threads ``tids`` between ``start`` and ``end``: their time on a CPU, and runnable but
     waiting for one (woken or preempted → switched in), in seconds."""
     on: dict[int, float] = {}
     ready: dict[int, float] = {}
     cpu = wait = 0.0
-    for line in lines:
-        m = TRACE_LINE.match(line)
-        if not m or m.group(5) not in ("sched_switch", "sched_waking"):
+    for _tid, _tgid, t, event, f in parsed(lines):
+        if event not in ("sched_switch", "sched_waking") or t < start or t > end:
             continue
-        t = float(m.group(4))
-        if t < start or t > end:
-            continue
-        f = fields(m.group(6))
-        if m.group(5) == "sched_waking":
+        if event == "sched_waking":
             tid = int(f["pid"])
             if tid in tids and tid not in on:
                 ready.setdefault(tid, t)

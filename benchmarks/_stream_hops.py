@@ -189,13 +189,7 @@ class _Sched:
         self.comm: dict[int, str] = {}
         self.waits: dict[int, list[float]] = defaultdict(list)  # woken → on a CPU, per thread
         pending: dict[int, float] = {}
-        for line in lines:
-            m = _hops.TRACE_LINE.match(line)
-            if not m:
-                continue
-            _comm, tid, tgid, ts, event, rest = m.groups()
-            t = float(ts)
-            f = _hops.fields(rest)
+        for tid, tgid, t, event, f in _hops.parsed(lines):
             if tgid.isdigit():
                 self.tgid.setdefault(int(tid), int(tgid))
             if event == "sched_waking":
