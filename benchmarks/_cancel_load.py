@@ -32,14 +32,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from typing import Any
 
 import anyio
 
-from . import _stream_rows
+from . import _hops, _stream_rows
 from ._common import med, ms, pct
 
 WATCH: dict[str, dict[str, float]] = {}  # turn id -> hop -> time (``--hops``)
@@ -224,7 +223,6 @@ class _Observer:
         self.proc.wait(5)
 
 
-_TRACEFS = "/sys/kernel/tracing"
 _EVENTS = (
     "signal/signal_generate",
     "signal/signal_deliver",
@@ -235,98 +233,29 @@ _EVENTS = (
 )
 
 
-class _KernelTrace:
-    """``--trace``: a tracefs instance of its own recording the signals 15 and 9, the threads' exits
-    and the reaps on ``CLOCK_MONOTONIC`` (root; where tracefs is mounted)."""
-
-    def __init__(self) -> None:
-        self.dir = os.path.join(_TRACEFS, "instances", f"cancelload-{os.getpid()}")
-        os.mkdir(self.dir)
-        self._w("trace_clock", "mono")
-        self._w("buffer_size_kb", "32768")
-        self._w("options/record-tgid", "1")
-        self.follow([])
-        for ev in _EVENTS:
-            if ev.startswith("signal/"):
-                self._w(f"events/{ev}/filter", "sig == 15 || sig == 9")
-            self._w(f"events/{ev}/enable", "1")
-        self._w("tracing_on", "1")
-
-    def _w(self, name: str, value: str) -> None:
-        with open(os.path.join(self.dir, name), "w") as f:
-            f.write(value)
-
-    def follow(self, tids: list[int]) -> None:
-        """Record the scheduling (switches, wake-ups) of these threads only (a doomed worker's)."""
-        tids = tids or [0x7FFFFFFF]
-        self._w(
-            "events/sched/sched_switch/filter",
-            " || ".join(f"prev_pid == {t} || next_pid == {t}" for t in tids),
-        )
-        self._w("events/sched/sched_waking/filter", " || ".join(f"pid == {t}" for t in tids))
-
-    def stop(self) -> list[str]:
-        self._w("tracing_on", "0")
-        with open(os.path.join(self.dir, "trace")) as f:
-            lines = f.read().splitlines()
-        for ev in _EVENTS:
-            self._w(f"events/{ev}/enable", "0")
-        os.rmdir(self.dir)
-        return lines
-
-
-def _kernel_sched(lines: list[str], tids: set[int], start: float, end: float) -> dict[str, float]:
-    """Of threads ``tids`` between ``start`` and ``end``: their time on a CPU, and runnable but
-    waiting for one (woken or preempted → switched in), in seconds."""
-    import re
-
-    rx = re.compile(
-        r"^\s*.+?-(\d+)\s+\(\s*\S+\)\s+\[\d+\]\s+\S+\s+([\d.]+):\s+(sched_switch|sched_waking):\s+(.*)$"
+def _kernel_trace() -> _hops.KernelTrace:
+    """``--trace``: the signals 15 and 9, the threads' exits and the reaps; the scheduling of the
+    threads ``_follow`` names."""
+    trace = _hops.KernelTrace(
+        "cancelload", _EVENTS, {ev: "sig == 15 || sig == 9" for ev in _EVENTS if ev.startswith("signal/")}
     )
-    on: dict[int, float] = {}
-    ready: dict[int, float] = {}
-    cpu = wait = 0.0
-    for line in lines:
-        m = rx.match(line)
-        if not m:
-            continue
-        t = float(m.group(2))
-        if t < start or t > end:
-            continue
-        f = dict(kv.split("=", 1) for kv in m.group(4).split() if "=" in kv)
-        if m.group(3) == "sched_waking":
-            tid = int(f["pid"])
-            if tid in tids and tid not in on:
-                ready.setdefault(tid, t)
-            continue
-        prev, nxt = int(f["prev_pid"]), int(f["next_pid"])
-        if prev in tids:
-            if prev in on:
-                cpu += t - on.pop(prev)
-            if f.get("prev_state", "").startswith("R"):
-                ready[prev] = t  # preempted: runnable, waiting
-        if nxt in tids:
-            on[nxt] = t
-            if nxt in ready:
-                wait += t - ready.pop(nxt)
-    return {"on_cpu": cpu, "waiting": wait}
+    _follow(trace, [])
+    return trace
+
+
+def _follow(trace: _hops.KernelTrace, tids: list[int]) -> None:
+    """Record the scheduling (switches, wake-ups) of these threads only (a doomed worker's)."""
+    tids = tids or [0x7FFFFFFF]
+    trace.filter("sched/sched_switch", " || ".join(f"prev_pid == {t} || next_pid == {t}" for t in tids))
+    trace.filter("sched/sched_waking", " || ".join(f"pid == {t}" for t in tids))
 
 
 def _kernel_hops(lines: list[str], pid: int) -> dict[str, float]:
     """The kernel's hops of worker ``pid``'s kill: the supervisor's SIGTERM generated, delivered in
     the worker, the worker's own SIGTERM (its handler's last act) generated, its first and last
     thread's exit, its reap (free)."""
-    import re
-
-    rx = re.compile(r"^\s*(.+?)-(\d+)\s+\(\s*(\S+)\)\s+\[\d+\]\s+\S+\s+([\d.]+):\s+(\w+):\s+(.*)$")
     out: dict[str, float] = {}
-    for line in lines:
-        m = rx.match(line)
-        if not m:
-            continue
-        _comm, tid, tgid, ts, event, rest = m.groups()
-        t = float(ts)
-        fields = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+    for tid, tgid, t, event, fields in _hops.parsed(lines):
         if event == "signal_generate" and fields.get("pid") == str(pid) and fields.get("sig") == "15":
             if tgid == str(pid):
                 out.setdefault("k_self_sigterm", t)
@@ -342,35 +271,6 @@ def _kernel_hops(lines: list[str], pid: int) -> dict[str, float]:
         elif event == "sched_process_free" and fields.get("pid") == str(pid):
             out.setdefault("k_freed", t)
     return out
-
-
-def _schedstat() -> tuple[float, float]:
-    """The event loop's thread (this one): seconds on a CPU and runnable-but-waiting so far."""
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-        run, wait, _ = f.read().split()
-    return int(run) / 1e9, int(wait) / 1e9
-
-
-LOOP: list[tuple[float, int]] = []  # (duration, ready callbacks) of each loop iteration while recording
-RECORD_LOOP: list[bool] = [False]
-
-
-def _instrument_loop() -> None:
-    """Record each asyncio loop iteration's duration and how many callbacks were ready at its start."""
-    from asyncio import base_events
-
-    run_once = base_events.BaseEventLoop._run_once
-
-    def run_once_timed(self: Any) -> None:
-        if not RECORD_LOOP[0]:
-            return run_once(self)
-        t = time.monotonic()
-        ready = len(self._ready)
-        run_once(self)
-        LOOP.append((time.monotonic() - t, ready))
-        return None
-
-    base_events.BaseEventLoop._run_once = run_once_timed  # type: ignore[method-assign]
 
 
 def _read_stamps(path: str) -> dict[str, float]:
@@ -428,9 +328,9 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
                     )
                 )
                 floor_loaded = json.loads(got.stdout)
-            s0, w0 = _schedstat()
+            s0, w0 = _hops.thread_schedstat()
             c0 = time.monotonic()
-            RECORD_LOOP[0] = hops
+            _hops.RECORD_LOOP[0] = hops
             for i in range(k):
                 path = os.path.join(tmp, f"c{i}")
                 handle = await sup.submit(coop_agent, {"stamps": path}, grace=10.0)  # the abort, not a kill
@@ -449,19 +349,19 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
                     h.update(_read_stamps(path))
                     h.update(s_cancel_returned=t_cancel, resumed=t1)
                     coop_hops.append({name: t - t0 for name, t in h.items()})
-            RECORD_LOOP[0] = False
-            s1, w1 = _schedstat()
+            _hops.RECORD_LOOP[0] = False
+            s1, w1 = _hops.thread_schedstat()
             phase = time.monotonic() - c0
             loop_share = {"run": (s1 - s0) / phase, "wait": (w1 - w0) / phase}
             if trace:
-                kernel = _KernelTrace()
+                kernel = _kernel_trace()
             for i in range(k):
                 path = os.path.join(tmp, f"k{i}")
                 handle = await sup.submit(kill_agent, {"stamps": path})
                 first = await _first(handle)
                 if kernel is not None:
                     tids = [int(t) for t in os.listdir(f"/proc/{first['pid']}/task")]
-                    kernel.follow(tids)
+                    _follow(kernel, tids)
                 if observer is not None:
                     await anyio.to_thread.run_sync(observer.watch, first["pid"])
                 if hops:
@@ -496,8 +396,8 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
                     k = _kernel_hops(lines, pid)
                     h.update({name: t - origin for name, t in k.items()})
                     if "k_sigterm_generated" in k and "k_self_sigterm" in k and "k_last_thread_exit" in k:
-                        a = _kernel_sched(lines, tids, k["k_sigterm_generated"], k["k_self_sigterm"])
-                        b = _kernel_sched(lines, tids, k["k_self_sigterm"], t_b)
+                        a = _hops.kernel_sched(lines, tids, k["k_sigterm_generated"], k["k_self_sigterm"])
+                        b = _hops.kernel_sched(lines, tids, k["k_self_sigterm"], t_b)
                         sched.append(
                             {"handler_" + n: v for n, v in a.items()} | {"exit_" + n: v for n, v in b.items()}
                         )
@@ -520,27 +420,6 @@ async def run(n: int, k: int, *, hops: bool, trace: bool = False, grace: float =
     }
 
 
-def _hop_table(rows: list[dict[str, float]], title: str) -> str:
-    """The median time of each hop from the origin, in the order the hops happen, and the step
-    from the hop before."""
-    at: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        for name, t in r.items():
-            at[name].append(t)
-    order = sorted(at, key=lambda name: med(at[name]))
-    lines = [f"{title} (median of {len(rows)}, ms from the origin; Δ: median of the per-cancel step)"]
-    prev: str | None = None
-    for name in order:
-        step = ""
-        if prev is not None:
-            deltas = [r[name] - r[prev] for r in rows if name in r and prev in r]
-            if deltas:
-                step = f"  Δ p50 {med(deltas) * 1e3:7.3f}  p90 {pct(deltas, 90) * 1e3:7.3f}"
-        lines.append(f"  {name:24s} {med(at[name]) * 1e3:8.3f}{step}")
-        prev = name
-    return "\n".join(lines)
-
-
 def main(argv: list[str]) -> None:
     trace = "--trace" in argv
     hops = "--hops" in argv or trace
@@ -548,18 +427,16 @@ def main(argv: list[str]) -> None:
     n = int(args[0]) if args else 256
     k = int(args[1]) if len(args) > 1 else 30
     if hops:
-        _instrument_loop()
+        _hops.instrument_loop()
     boost = os.environ.get("CANCEL_LOAD_AUTOGROUP_NICE")  # an experiment: this process's weight (root)
     if boost:
         with open("/proc/self/autogroup", "w") as f:
             f.write(boost)
-    with open("/proc/loadavg") as f:
-        before = f.read().strip()
+    before = _hops.loadavg()
     t = time.time()
     got = anyio.run(functools.partial(run, n, k, hops=hops, trace=trace))
     spin = _stream_rows.spinner_floor(k)
-    with open("/proc/loadavg") as f:
-        after = f.read().strip()
+    after = _hops.loadavg()
     print(f"loadavg before: {before}")
     print(f"{time.strftime('%H:%M:%S', time.gmtime(t))} UTC, {n} streaming turns, {k} each:")
     print(f"  cooperative cancel → aborted: p50 {ms(med(got['coop']))}, p99 {ms(pct(got['coop'], 99))}")
@@ -569,8 +446,8 @@ def main(argv: list[str]) -> None:
         fl = got["floor_loaded"]
         print(f"  bare spinner SIGTERM → reaped, under the load: p50 {ms(med(fl))}, p99 {ms(pct(fl, 99))}")
     if hops:
-        print(_hop_table(got["coop_hops"], "cooperative hops, origin: cancel() called"))
-        print(_hop_table(got["kill_hops"], "kill hops, origin: cancel() called + grace"))
+        print(_hops.hop_table(got["coop_hops"], "cooperative hops, origin: cancel() called"))
+        print(_hops.hop_table(got["kill_hops"], "kill hops, origin: cancel() called + grace"))
         if got.get("sched"):
             print(
                 "the doomed worker's threads: SIGTERM generated → its own SIGTERM, then → gone (median ms):"
@@ -583,14 +460,8 @@ def main(argv: list[str]) -> None:
             f"the supervisor's loop thread during the cooperative cancels: on a CPU {ls['run']:.2f} s/s, "
             f"runnable but waiting {ls['wait']:.2f} s/s"
         )
-        if LOOP:
-            durs = [d for d, _ in LOOP]
-            readies = [r for _, r in LOOP]
-            print(
-                f"loop iterations: {len(LOOP)}, duration p50 {med(durs) * 1e3:.3f} "
-                f"p90 {pct(durs, 90) * 1e3:.3f} p99 {pct(durs, 99) * 1e3:.3f} ms; ready callbacks "
-                f"p50 {med(readies)} p90 {pct(readies, 90)} p99 {pct(readies, 99)}"
-            )
+        if _hops.LOOP:
+            print(_hops.loop_summary())
         print("synchronous spans during the kills (median wall / thread CPU, calls):")
         for label, vals in SPANS.items():
             wall, cpu = [v[0] for v in vals], [v[1] for v in vals]

@@ -101,20 +101,25 @@ def section(quick: bool) -> str:
     rows = []
     for n in streams:
         fl = _stream_rows.floor(n, seconds)
+        apart = _stream_rows.floor(n, seconds, sessions=True)
         emb = anyio.run(_stream_rows.embedded, n, seconds)
         dae = anyio.run(_stream_rows.daemon, n, seconds)
-        log(f"streams {n}: floor {fl} embedded {emb} daemon {dae}")
-        rows.append(
-            [
-                n,
-                "floor: bare processes → one ZeroMQ reader",
-                ms(fl["p50"]),
-                ms(fl["p99"]),
-                "—",
-                f"{fl['rate']:,.0f} of {n * _stream_rows.RATE:,.0f}/s",
-                f"{fl['cpu_us']:.0f} µs (reader)",
-            ]
-        )
+        log(f"streams {n}: floor {fl} floor, a session each {apart} embedded {emb} daemon {dae}")
+        for what, f in (
+            ("floor: bare processes → one ZeroMQ reader", fl),
+            ("floor, a session each (weighed as turnpool's workers)", apart),
+        ):
+            rows.append(
+                [
+                    n,
+                    what,
+                    ms(f["p50"]),
+                    ms(f["p99"]),
+                    "—",
+                    f"{f['rate']:,.0f} of {n * _stream_rows.RATE:,.0f}/s",
+                    f"{f['cpu_us']:.0f} µs (reader)",
+                ]
+            )
         for what, r in (("turnpool embedded", emb), ("turnpool daemon", dae)):
             rows.append(
                 [
@@ -161,7 +166,11 @@ def section(quick: bool) -> str:
         f"{seconds:.0f} s (`benchmarks._agents:ticker`), every event followed (embedded: "
         "`handle.events()` in "
         "the supervisor's process; daemon: a `Client`); the floor is N bare processes sending the same "
-        "over ZeroMQ to one reader (`_tick_floor`). Latency = emit → follower; rate = events delivered per "
+        "over ZeroMQ to one reader (`_tick_floor`), all in this program's session: with autogroups one "
+        "scheduling group, where each turnpool worker leads a session of its own at the pool's light weight "
+        '(WORKER-CPU-SHARE); the floor "a session each" is weighed as turnpool\'s processes are (each sender '
+        "its own session at that weight, the reader raised as a supervisor leading its session would be). "
+        "Ratios are to the first floor. Latency = emit → follower; rate = events delivered per "
         "second (what the agents got out); CPU per event = the supervisor's or the daemon's process (the "
         "floor: its reader, with ZeroMQ's I/O thread):\n\n"
         + table(["turns", "who", "p50", "p99", "lost", "rate", "CPU per event"], rows)

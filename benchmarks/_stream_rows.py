@@ -18,7 +18,7 @@ import psutil
 
 from supervisor import Client, Supervisor
 
-from ._common import pct
+from ._common import ms, pct
 
 RATE = 20.0
 AGENT = "benchmarks._agents:ticker"
@@ -52,6 +52,7 @@ async def _streams(sup: Any, n: int, seconds: float, pid: int) -> dict[str, Any]
             tg.start_soon(one, {"rate": 100, "seconds": 0.02}, None)
     await anyio.sleep(1.0)  # allowed: the warm-up's exits settle
     cpu0, t0 = _cpu_s(pid), time.monotonic()
+    nice = _autogroup_nice(pid)  # WORKER-SUPERVISOR-WEIGHT: raised or not, while the pool runs
     async with anyio.create_task_group() as tg:
         for _ in range(n):
             tg.start_soon(one, {"rate": RATE, "seconds": seconds}, lat)
@@ -64,7 +65,16 @@ async def _streams(sup: Any, n: int, seconds: float, pid: int) -> dict[str, Any]
         "rate": len(lat) / dt,
         "want": n * RATE,
         "cpu_us": (_cpu_s(pid) - cpu0) / max(1, events) * 1e6,
+        "nice": nice,
     }
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 async def embedded(n: int, seconds: float) -> dict[str, Any]:
@@ -72,20 +82,26 @@ async def embedded(n: int, seconds: float) -> dict[str, Any]:
         return await _streams(sup, n, seconds, os.getpid())
 
 
-async def daemon(n: int, seconds: float) -> dict[str, Any]:
+async def daemon(n: int, seconds: float, own_session: bool = False) -> dict[str, Any]:
+    """``own_session``: the daemon leads a session of its own (``setsid``), as a service's process
+    does (systemd starts each in one): where it may, it raises its weight (WORKER-SUPERVISOR-WEIGHT).
+    Without it the daemon is a child in this program's session, which it does not lead."""
     from tests.support import daemonkit
 
     opts = ("--workers", str(n), "--spares", "0", "--drain", "0", "--no-journal", "--start-timeout", "600")
-    with daemonkit.serving(*opts) as served:
+    with daemonkit.serving(*opts, wrap=("setsid",) if own_session else ()) as served:
         async with Client.connect(served.endpoint, timeout=600) as client:
             return await _streams(client, n, seconds, served.pid)
 
 
-def floor(n: int, seconds: float) -> dict[str, Any]:
+def floor(n: int, seconds: float, sessions: bool = False) -> dict[str, Any]:
+    """``sessions``: each sender in a session (autogroup) of its own at the pool's niceness and the
+    reader raised as a supervisor would be, as turnpool's processes are weighed (``_tick_floor``)."""
     from . import _tick_floor
 
-    r = _tick_floor.tickers(n, RATE, seconds)
+    r = _tick_floor.tickers(n, RATE, seconds, sessions=sessions)
     return {
+        "nice": r["reader_nice"],
         "p50": pct(r["lat"], 50),
         "p99": pct(r["lat"], 99),
         "cpu_us": r["reader_us"],
@@ -186,3 +202,48 @@ def serve_sigterm(n: int) -> dict[str, float]:
         import shutil
 
         shutil.rmtree(served.home, ignore_errors=True)
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main(argv: list[str]) -> None:
+    """The streaming rows alone, each front end beside both floors, one after the other:
+    ``python -m benchmarks._stream_rows [--seconds=S] [N ...]`` (default 256 384, 5 s). Run it under
+    ``setsid -w`` to see what a supervisor that leads its session (a service's process) gets, and
+    without to see what one embedded in a program started from a shell gets. ``floor`` is the bare
+    processes in this program's one session; ``floor, a session each``: weighed as turnpool's are."""
+    seconds = next((float(a.split("=", 1)[1]) for a in argv if a.startswith("--seconds=")), 5.0)
+    sizes = tuple(int(a) for a in argv if not a.startswith("--")) or (256, 384)
+    leads = os.getsid(0) == os.getpid()
+    print(
+        f"loadavg before: {_loadavg()}; this process leads its session: {leads}; uid {os.getuid()}",
+        flush=True,
+    )
+    for n in sizes:
+        fl = floor(n, seconds)
+        runs: list[tuple[str, dict[str, Any]]] = [
+            ("floor: one session", fl),
+            ("floor: a session each", floor(n, seconds, sessions=True)),
+            ("embedded", anyio.run(embedded, n, seconds)),
+            ("daemon, this session", anyio.run(daemon, n, seconds)),
+            ("daemon, its own session", anyio.run(daemon, n, seconds, True)),
+        ]
+        for what, r in runs:
+            extra = f" lost {r['lost']}" if "lost" in r else ""
+            print(
+                f"{n} {what:26s} p50 {ms(r['p50'])} ({r['p50'] / fl['p50']:.1f}×) "
+                f"p99 {ms(r['p99'])} ({r['p99'] / fl['p99']:.1f}×) rate {r['rate']:,.0f}/s "
+                f"CPU/event {r['cpu_us']:.0f} µs ({r['cpu_us'] / fl['cpu_us']:.1f}×) "
+                f"autogroup nice {r['nice']}{extra} | load {_loadavg()}",
+                flush=True,
+            )
+    print(f"loadavg after: {_loadavg()}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

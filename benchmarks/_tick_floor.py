@@ -2,7 +2,14 @@
 200-streams row: ``n`` bare Python processes (asyncio, one ZeroMQ DEALER each, nothing of
 turnpool) each sending ``time.monotonic()`` ``rate`` times a second, one ROUTER reading them all
 in a plain blocking loop. Emit → receive latency and the senders' CPU per event: what any design
-built on these parts pays on this machine before doing anything else."""
+built on these parts pays on this machine before doing anything else.
+
+``sessions``: the floor weighed as turnpool's pool is. By default every sender is a forked child in
+the benchmark's session, so with autogroups (``sched_autogroup_enabled=1``) the senders and the reader
+are one scheduling group; a turnpool worker leads a session of its own (an autogroup each, at the
+pool's niceness: WORKER-CPU-SHARE) and its supervisor weighs its own session's group (raised where it
+leads it and may: WORKER-SUPERVISOR-WEIGHT). With ``sessions`` each sender calls ``setsid`` and sets
+its autogroup to that niceness, and the reader's session is raised as a supervisor's would be."""
 
 from __future__ import annotations
 
@@ -26,7 +33,20 @@ def _cpu_ns() -> int:
     return total
 
 
-def _sender(endpoint: str, rate: float, seconds: float) -> None:
+def _autogroup_nice() -> int | None:
+    try:
+        with open("/proc/self/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _sender(endpoint: str, rate: float, seconds: float, nice: int | None) -> None:
+    if nice is not None:  # ``sessions``: a session and an autogroup of its own, as a worker has
+        os.setsid()
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+
     async def main() -> None:
         ctx = zmq.Context()
         s = ctx.socket(zmq.DEALER)
@@ -48,11 +68,17 @@ def _sender(endpoint: str, rate: float, seconds: float) -> None:
     asyncio.run(main())
 
 
-def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
+def tickers(n: int, rate: float, seconds: float, *, sessions: bool = False) -> dict[str, Any]:
     """``lat``: emit → receive seconds of every event; ``cpu_us``: the senders' mean CPU per event
     (µs, all their threads); ``reader_us``: the reader's CPU per event (µs, its loop and ZeroMQ's I/O
     thread, from the go to the last event); ``rate``: events received per second over that time;
-    ``start_s``: until every sender was up."""
+    ``start_s``: until every sender was up; ``reader_nice``: the reader's autogroup niceness while
+    it read (``sessions``: raised where this process leads its session and may)."""
+    from supervisor.lowlevel import OwnWeight, autogroup_nice, own_nice, pool_weight
+
+    own = OwnWeight()
+    if sessions:
+        own.hold(0, own_nice(pool_weight(n)))
     d = tempfile.mkdtemp(prefix="tp-tick-")
     endpoint = f"ipc://{d}/s"
     ctx = zmq.Context()
@@ -61,7 +87,8 @@ def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
     r.bind(endpoint)
     t0 = time.monotonic()
     mp = multiprocessing.get_context("fork")
-    procs = [mp.Process(target=_sender, args=(endpoint, rate, seconds)) for _ in range(n)]
+    nice = autogroup_nice(n) if sessions else None
+    procs = [mp.Process(target=_sender, args=(endpoint, rate, seconds, nice)) for _ in range(n)]
     for p in procs:
         p.start()
     try:
@@ -85,7 +112,9 @@ def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
         reader_s = time.thread_time() - reader0
         io_s = (_cpu_ns() - io0) / 1e9 - time.thread_time()  # the other threads: ZeroMQ's I/O thread
         reader_us = (reader_s + max(0.0, io_s)) / max(1, len(lat)) * 1e6
+        reader_nice = _autogroup_nice()
     finally:
+        own.release(0)
         for p in procs:
             p.join(10)
             if p.is_alive():
@@ -95,4 +124,11 @@ def tickers(n: int, rate: float, seconds: float) -> dict[str, Any]:
         ctx.term()
         shutil.rmtree(d, ignore_errors=True)
     cpu_us = sum(cpu) / len(cpu) / 1e3
-    return {"lat": lat, "cpu_us": cpu_us, "start_s": start_s, "reader_us": reader_us, "rate": delivered}
+    return {
+        "lat": lat,
+        "cpu_us": cpu_us,
+        "start_s": start_s,
+        "reader_us": reader_us,
+        "rate": delivered,
+        "reader_nice": reader_nice,
+    }

@@ -34,6 +34,18 @@ async def test_a_turn_waiting_between_emits_leaves_the_watcher_thread_asleep() -
     assert result.output["wakes"] < 80, result.output
 
 
+async def test_heartbeats_leave_the_watcher_thread_asleep() -> None:
+    """WORKER-HEARTBEAT-NOW: a worker's heartbeat leaves at once instead of beginning a batch, so it
+    never wakes the parked watcher thread (WORKER-PARK) for its ticks. With a heartbeat every 20 ms
+    and a turn that waits between its events for a second, the thread stayed awake the whole time
+    before (≈ 200 wake-ups: each heartbeat's batch restarted its 50 ms of ticks); now it sleeps."""
+    with anyio.fail_after(BOUND):
+        async with Supervisor(workers=1, spares=0, heartbeat=0.02) as sup:
+            result = await sup.run("tests.agents.stream_load:slow_stream", {"n": 25, "period": 0.04})
+    assert result.outcome == "completed", result
+    assert result.output["wakes"] < 40, result.output
+
+
 async def _read_all(handle: Any) -> tuple[list[int], list[EventsDropped]]:
     got: list[int] = []
     markers: list[EventsDropped] = []

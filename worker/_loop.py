@@ -642,7 +642,9 @@ async def _watch_link(monitor: zmq.Socket[bytes]) -> None:
 
 
 async def _heartbeats(conn: Connection, interval: float) -> None:
+    # WORKER-HEARTBEAT-NOW: sent at once, with whatever this pass posted before it, never posted: a batch
+    # it began would wake the parked watcher thread for 50 ms of ticks (WORKER-PARK) every interval.
     pid = os.getpid()
     while True:
         await anyio.sleep(interval)
-        conn.post(worker_link.Heartbeat(pid))
+        conn.send_now(worker_link.Heartbeat(pid))
