@@ -31,10 +31,10 @@ Protocol: the supervisor sends ``"<id> <token> <marker> <heartbeat>"`` as one me
 seqpacket socket, with four or five fds attached (``SCM_RIGHTS``): the worker's output, which it makes
 its fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output; its start marker and
 End log, which it maps and closes (SEC-WORKER-FILES); its own working directory, which it enters
-(WORKER-CWD); and, where the supervisor made one, its tree's proof page, which it maps before it forks
-anything (LADDER-PROOF). The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces
-an embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says the imports
-are done.
+(WORKER-CWD); and, where the supervisor made one, its tree's proof page, which it maps before it
+forks anything (LADDER-PROOF). The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"``
+announces an embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
+the imports are done.
 
 ADAPT-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
 (``_probe``), a direct child of the zygote in a group of its own, that classifies the agent and
@@ -141,6 +141,7 @@ def _become_worker(
         own[0].take_token()  # (ours came with the request: erase the copy the supervisor left there)
     os.fchdir(cwd_fd)  # WORKER-CWD: its own directory, before any agent code
     os.close(cwd_fd)
+    _loop.OWN_DIR = os.getcwd()  # WORKER-CWD: an idle worker's quick exit removes it when it is empty
     if not reparented:
         os.setsid()
     # putenv alone would not do: a child forked without exec keeps the environment block this
