@@ -12,6 +12,9 @@ kernel's ``children`` file of a supervisor holding N workers lists N pids, so N 
 it cost O(N²). The pool's close waits for the batch (``settled``): ``aclose()`` still returns only
 once every descendant is reaped.
 
+LADDER-PROOF: a worker whose tree is provably gone (``left_nothing``: its cgroup and process group empty,
+no zombie of ours waiting, no process mapping its proof page) needs neither: no listing at all.
+
 WORKER-CWD at the close: a reaped worker's directory goes while the others still exit, the directories of the
 workers reaped meanwhile in one thread call; ``settled`` waits for them too.
 """
@@ -46,7 +49,6 @@ class Reaper:
         self._swept: anyio.Event | None = None  # set when the batch being swept is done
         self._dirs: list[str] = []  # WORKER-CWD: reaped workers' directories, while the pool closes
         self._removed: anyio.Event | None = None  # set when the directories being removed are gone
-        self.proved = 0  # LADDER-PROOF: exits whose tree was proved gone without a listing of our children
 
     def _exclude(self) -> set[int]:
         """Our children that are no dead worker's: live workers, the zygote and its embryos."""
@@ -76,7 +78,6 @@ class Reaper:
             _procs.CGROUPS.pop(slot.pid, None)  # the pid is reaped: it may name another worker soon
         if not left and left_nothing(slot):
             # LADDER-PROOF: nothing of its tree is left anywhere: no listing of our children.
-            self.proved += 1
             assert slot.cgroup is not None
             proctree.cgroup_remove(slot.cgroup)
         elif slot.turn is None and not slot.ahead:
