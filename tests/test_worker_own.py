@@ -249,8 +249,7 @@ async def test_an_idle_worker_removes_its_own_empty_directory_as_it_exits(
     it itself as it exits (WORKER-QUICK-EXIT), in parallel with the other exits, so none is left to the
     supervisor's thread, which removed them one after another after each reap; a directory an agent left
     something in is still removed by the supervisor, and the pool's directory is gone at the end."""
-    from supervisor._engine import reaper
-
+    reaper = sup_lowlevel.reaper
     left_for_us: list[bool] = []
     real = reaper._remove_all
 
