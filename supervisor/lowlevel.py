@@ -8,7 +8,9 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   ``OrphanIndex`` finds a dead worker's descendants among this process's children (LADDER-STEPS),
   across many exits reading each child once (LADDER-ORPHANS), with its
   ``OrphanFacts`` and ``ORPHAN_FACTS_FRESH`` (how long they are used), for tests with fakes;
-  ``orphans`` is their module, whose ``adopted`` (the listing of our children) a test may wrap.
+  ``orphans`` is their module, whose ``adopted`` (the listing of our children) a test may wrap;
+  ``reaper`` reaps a dead worker's tree (``left_nothing``: LADDER-PROOF), whose ``_remove_all`` (the
+  directories of reaped workers, WORKER-CWD) a test may wrap.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
 - ``TurnRecord``: the engine's record of a turn (the journal's hooks take one).
@@ -49,7 +51,7 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 from . import _peers as peers
 from ._checks import check_optional_str
-from ._engine import TurnRecord, orphans, probe, procs, treemem
+from ._engine import TurnRecord, orphans, probe, procs, reaper, treemem
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
@@ -94,6 +96,7 @@ __all__ = [
     "probe",
     "proc_uid",
     "procs",
+    "reaper",
     "remove_tree",
     "runtime_dir",
     "socket_peer_uid",

@@ -240,3 +240,37 @@ def test_remove_tree_takes_empty_and_full_directories_and_follows_no_link(tmp_pa
     empty.mkdir()
     sup_lowlevel.remove_tree(str(empty))
     assert not empty.exists()
+
+
+async def test_an_idle_worker_removes_its_own_empty_directory_as_it_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WORKER-CWD at ``aclose()``: an idle zygote-forked worker whose agents left its directory empty removes
+    it itself as it exits (WORKER-QUICK-EXIT), in parallel with the other exits, so none is left to the
+    supervisor's thread, which removed them one after another after each reap; a directory an agent left
+    something in is still removed by the supervisor, and the pool's directory is gone at the end."""
+    reaper = sup_lowlevel.reaper
+    left_for_us: list[bool] = []
+    real = reaper._remove_all
+
+    def recorded(paths: list[str]) -> None:
+        left_for_us.extend(os.path.lexists(p) for p in paths)
+        real(paths)
+
+    monkeypatch.setattr(reaper, "_remove_all", recorded)
+    n = 4
+    with anyio.fail_after(BOUND):
+        sup = Supervisor(workers=n, spares=0)
+        await sup.start()
+        try:
+            result = await sup.run("tests.agents.own:leave_files")
+            assert result.outcome == "completed", result
+            while sum(1 for w in (await sup.status())["workers"] if w["state"] == "idle" and w["pid"]) < n:  # noqa: ASYNC110
+                await anyio.sleep(0.01)  # allowed: bounded poll until every worker is idle
+        finally:
+            await sup.aclose()
+    assert len(left_for_us) == n
+    assert sum(left_for_us) == 1, (
+        f"{sum(left_for_us)} of {n} directories were left for the supervisor to remove"
+    )
+    assert sup.pool.work_dir is not None and not sup.pool.work_dir.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib
 import inspect
 import os
@@ -611,12 +612,24 @@ async def serve(
         ctx.term()
 
 
+# WORKER-CWD: the directory the zygote put this worker in, as it was named before any agent code ran.
+OWN_DIR: str | None = None
+
+
 def _exit_now() -> NoReturn:
     """WORKER-QUICK-EXIT: an idle worker told to shut down ends here, in the message's handler. It
     holds no turn, no kept child, nothing the supervisor still needs (it has every End; the link
     closes with linger 0 either way): what the graceful path would add - cancelling the loop's tasks,
     closing the sockets, joining ZeroMQ's and anyio's threads, closing the loop - is CPU each of
-    hundreds of exiting workers pays at once (about 1.5 of its 3.7 ms here), and nothing else."""
+    hundreds of exiting workers pays at once (about 1.5 of its 3.7 ms here), and nothing else.
+
+    WORKER-CWD: its own directory goes with it when its agents left it empty (one ``rmdir``, which never
+    removes anything else: a directory with something in it, a symlink put in its place), here, in
+    each exiting worker at once, instead of one after another in the supervisor's thread; whatever
+    is left the supervisor removes after the reap, as before."""
+    if OWN_DIR is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(OWN_DIR)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -28,12 +28,13 @@ is then one pipe write away from a worker; the next embryo is prepared once requ
 An embryo whose zygote dies sees EOF on that pipe and exits.
 
 Protocol: the supervisor sends ``"<id> <token> <marker> <heartbeat>"`` as one message on a unix
-seqpacket socket, with four fds attached (``SCM_RIGHTS``): the worker's output, which it makes its
-fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output; its start marker and
-End log, which it maps and closes (SEC-WORKER-FILES); and its own working directory, which it enters
-(WORKER-CWD). The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"`` announces an
-embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says the imports are
-done.
+seqpacket socket, with four or five fds attached (``SCM_RIGHTS``): the worker's output, which it makes
+its fd 1 and fd 2, so no worker shares the zygote's (or the supervisor's) output; its start marker and
+End log, which it maps and closes (SEC-WORKER-FILES); its own working directory, which it enters
+(WORKER-CWD); and, where the supervisor made one, its tree's proof page, which it maps before it
+forks anything (LADDER-PROOF). The answer on the response pipe is ``"<id> <pid>\\n"``. ``"embryo <pid>\\n"``
+announces an embryo (a child of the supervisor it must reap if it is never assigned); ``"ready 0\\n"`` says
+the imports are done.
 
 ADAPT-PROBE: ``"probe <deadline> <agent>"`` with one fd attached (a pipe's write end) forks a probe
 (``_probe``), a direct child of the zygote in a group of its own, that classifies the agent and
@@ -92,7 +93,7 @@ def _preload(modules: list[str]) -> None:
     from ._settle import warm
 
     warm()
-    from .proctree import _tree
+    from .proctree import _proof, _tree  # noqa: F401 - _proof: LADDER-PROOF, carried by each worker
 
     _tree._prctl(0, 0)  # loads libc once (PR_GET_... no-op: option 0 is invalid and harmless)
     for name in modules:
@@ -132,7 +133,7 @@ def _become_worker(
     from . import _guards, _loop
     from .proctree import _tree
 
-    out_fd, marker_fd, endlog_fd, cwd_fd = fds
+    out_fd, marker_fd, endlog_fd, cwd_fd = fds[:4]
     _take_output(out_fd)
     _guards.mark_role("worker")  # API-NO-NESTING
     own = _loop.own_files(marker_fd, endlog_fd)  # SEC-WORKER-FILES: before the guardian's fork
@@ -140,11 +141,16 @@ def _become_worker(
         own[0].take_token()  # (ours came with the request: erase the copy the supervisor left there)
     os.fchdir(cwd_fd)  # WORKER-CWD: its own directory, before any agent code
     os.close(cwd_fd)
+    _loop.OWN_DIR = os.getcwd()  # WORKER-CWD: an idle worker's quick exit removes it when it is empty
     if not reparented:
         os.setsid()
     # putenv alone would not do: a child forked without exec keeps the environment block this
     # process image was exec'd with (the zygote's). The memfd marker is inherited by any fork.
     _tree.mark_tree(marker)
+    if len(fds) > 4:
+        from .proctree import _proof
+
+        _proof.carry(fds[4])  # LADDER-PROOF: every fork of this worker maps it from now on
     if release_fd >= 0:
         from ._guardian import wait_eof
 
@@ -188,7 +194,7 @@ def _await_reparent(parent_pid: int) -> None:
         time.sleep(0.0001)
 
 
-REQUEST_FDS = 4  # output, start marker, End log, working directory
+REQUEST_FDS = 5  # output, start marker, End log, working directory, and the tree's proof page if made
 EMBRYO_IDLE = 0.01  # prepare the next embryo once requests have paused this long (s)
 
 
@@ -203,7 +209,7 @@ def _embryo(parent_pid: int, life_fd: int, endpoint: str, assign: socket.socket)
     if os.getppid() != parent_pid:
         os._exit(70)
     data, fds, _, _ = socket.recv_fds(assign, 4096, REQUEST_FDS)
-    if not data or len(fds) != REQUEST_FDS:
+    if not data or len(fds) not in (REQUEST_FDS - 1, REQUEST_FDS):
         os._exit(0)  # the zygote is gone: never assigned
     assign.close()
     worker_id, token, marker, heartbeat = data.decode().strip().split(" ")
@@ -365,8 +371,8 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
         try:
             worker_id, token, marker, heartbeat = line.decode().split(" ")
             request = _Request(worker_id, token, marker, float(heartbeat), fds)
-            if len(fds) != REQUEST_FDS:
-                raise ValueError("a request carries the worker's output, marker, End log and cwd")
+            if len(fds) not in (REQUEST_FDS - 1, REQUEST_FDS):
+                raise ValueError("a request carries the worker's output, marker, End log, cwd (and proof)")
         except ValueError:
             for fd in fds:
                 os.close(fd)
@@ -387,7 +393,7 @@ def serve(parent_pid: int, life_fd: int, endpoint: str, req_fd: int, resp_fd: in
 
 
 class _Request:
-    """One worker asked for: its id, token, tree marker, heartbeat and the four descriptors."""
+    """One worker asked for: its id, token, tree marker, heartbeat and its descriptors."""
 
     __slots__ = ("fds", "heartbeat", "marker", "token", "worker_id")
 

@@ -494,12 +494,15 @@ class WorkerPool:
         now = self.timers.clock()
         if zygote is not None and not zygote.lost:
             fds = [out_fd, files.marker_fd, files.endlog_fd, dir_fd]
+            if files.proof_fd >= 0:
+                fds.append(files.proof_fd)  # LADDER-PROOF: the worker maps it before it forks anything
             if zygote.request(worker_id, token, marker, self.heartbeat, fds):
                 # The pid comes back from the zygote (``_zygote_pids``); until then it is 0.
                 slot = WorkerSlot(worker_id=worker_id, pid=0, fd=None, token=token, marker=marker, now=now)
                 self._add(slot, cgroup)
                 return slot
             self._zygote_lost(zygote)
+        files.drop_proof()  # LADDER-PROOF: a fresh interpreter is not given the page: nothing to prove by
         try:
             pid = _procs.spawn_worker(
                 endpoint=self.link.endpoint,

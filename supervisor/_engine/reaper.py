@@ -12,12 +12,16 @@ kernel's ``children`` file of a supervisor holding N workers lists N pids, so N 
 it cost O(N²). The pool's close waits for the batch (``settled``): ``aclose()`` still returns only
 once every descendant is reaped.
 
+LADDER-PROOF: a worker whose tree is provably gone (``left_nothing``: its cgroup and process group empty,
+no zombie of ours waiting, no process mapping its proof page) needs neither: no listing at all.
+
 WORKER-CWD at the close: a reaped worker's directory goes while the others still exit, the directories of the
 workers reaped meanwhile in one thread call; ``settled`` waits for them too.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import anyio
@@ -65,13 +69,18 @@ class Reaper:
         if slot.timer is not None:
             slot.timer.cancel()
         pool.link.peers.pop(slot.ident, None)
+        left: list[int] = []
         if slot.cgroup is not None:
             # Atomic: everything in the worker's cgroup dies at once, whatever sessions it made.
             # Not excluded below: one reaped too early (its parent still dying) is a zombie of
             # ours later, and the scan finds it by its cgroup.
-            await _procs.kill_cgroup(slot.cgroup)
+            left = await _procs.kill_cgroup(slot.cgroup)
             _procs.CGROUPS.pop(slot.pid, None)  # the pid is reaped: it may name another worker soon
-        if slot.turn is None and not slot.ahead:
+        if not left and left_nothing(slot):
+            # LADDER-PROOF: nothing of its tree is left anywhere: no listing of our children.
+            assert slot.cgroup is not None
+            proctree.cgroup_remove(slot.cgroup)
+        elif slot.turn is None and not slot.ahead:
             self._later(slot)
         else:
             await self._sweep([slot], self._exclude())
@@ -155,6 +164,37 @@ class Reaper:
             await self._sweep_batches()
         while self._removed is not None:
             await self._removed.wait()
+
+
+def left_nothing(slot: WorkerSlot) -> bool:
+    """LADDER-PROOF: whether the dead (reaped) worker ``slot`` provably left no process, alive or a zombie,
+    so that no listing of our children is needed. Each condition is one system call:
+
+    * its cgroup is empty (read by the caller: ``kill_cgroup`` found nobody), and the SIGTERM step
+      listed no descendant of it (``known``: those are reaped by the sweep);
+    * no process maps its proof page any more (LADDER-PROOF: every fork of the worker inherited it, and
+      closing descriptors, ``setsid`` or leaving the cgroup do not remove it);
+    * no process is left in its process group (the guardian of a fresh interpreter, an exec'd child);
+    * no child of ours is a zombie waiting to be reaped (``WNOWAIT``: nothing is taken from another
+      waiter) - a descendant that died after its parent is ours to reap, and carries no mapping.
+
+    Anything else - a worker without a cgroup or a proof page, a crash that left a process, a zombie of
+    the host's - and the scan looks for what it left, as before."""
+    if slot.pid <= 0 or slot.cgroup is None or slot.files is None or slot.known - {slot.pid}:
+        return False
+    if not slot.files.tree_gone():
+        return False
+    try:
+        os.killpg(slot.pid, 0)
+        return False  # a process is still in its group
+    except ProcessLookupError:
+        pass
+    except OSError:
+        return False
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:  # no child at all
+        return True
 
 
 def _remove_all(paths: list[str]) -> None:

@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 
 from wire.worker_link import End
-from worker import lowlevel
+from worker import lowlevel, proctree
 
 log = logging.getLogger("turnpool.supervisor")
 
@@ -33,10 +33,12 @@ class WorkerFiles:
     """One worker's start marker and End log (SEC-WORKER-FILES): the descriptors to hand over, and the
     supervisor's read-only mappings, which stay readable after the worker died."""
 
-    __slots__ = ("endlog", "endlog_fd", "marker", "marker_fd")
+    __slots__ = ("endlog", "endlog_fd", "marker", "marker_fd", "proof_fd")
 
     def __init__(self, worker_id: str, token: str) -> None:
         self.marker_fd = self.endlog_fd = -1
+        # LADDER-PROOF: the page every fork of the worker maps; ours to seal once the worker is dead.
+        self.proof_fd = -1
         self.marker: lowlevel.OwnFileView | None = None
         self.endlog: lowlevel.OwnFileView | None = None
         try:
@@ -46,6 +48,7 @@ class WorkerFiles:
             self.endlog_fd = lowlevel.own_file(f"{worker_id}-ends", lowlevel.ENDLOG_SIZE)
             self.marker = lowlevel.own_file_view(self.marker_fd, lowlevel.MARKER_SIZE)
             self.endlog = lowlevel.own_file_view(self.endlog_fd, lowlevel.ENDLOG_SIZE)
+            self.proof_fd = proctree.proof_file()
         except BaseException:
             self.close()
             raise
@@ -59,6 +62,17 @@ class WorkerFiles:
                 os.close(fd)
                 setattr(self, name, -1)
 
+    def tree_gone(self) -> bool:
+        """LADDER-PROOF: no process maps the worker's proof page any more (after the worker died; False
+        when the worker was never given one)."""
+        return proctree.proof_unmapped(self.proof_fd)
+
+    def drop_proof(self) -> None:
+        """The worker was not given the proof page (started as a fresh interpreter): never claim it."""
+        if self.proof_fd >= 0:
+            os.close(self.proof_fd)
+            self.proof_fd = -1
+
     def noted(self) -> tuple[str, float] | None:
         """LADDER-EARLY: the turn the worker last noted it started, and when."""
         return lowlevel.marker_read_noted(self.marker.buf) if self.marker is not None else None
@@ -69,6 +83,7 @@ class WorkerFiles:
 
     def close(self) -> None:
         self.handed()
+        self.drop_proof()
         for name in ("marker", "endlog"):
             view = getattr(self, name)
             if view is not None:

@@ -236,3 +236,49 @@ async def daemonize_then_wait(turn: worker.Turn) -> None:
     _daemonize(turn.input["pid_file"])
     await turn.emit({"type": "started", "pid": os.getpid()})
     await anyio.sleep_forever()
+
+
+def _on_sigterm(then: Any) -> None:
+    """Replace the worker's SIGTERM handler with one that calls ``then()``, then dies of the signal."""
+
+    def handler(signum: int, frame: Any) -> None:
+        then()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+async def escape_at_sigterm(turn: worker.Turn) -> None:
+    """At its worker's SIGTERM (the ladder's SIGTERM step, which found nothing to list in the tree)
+    the agent's own handler makes the grandchild of ``escape_then_crash`` (setsid, the root cgroup, every
+    descriptor closed), then the worker dies of the signal."""
+    _on_sigterm(lambda: _escape(turn.input["pid_file"]))
+    await turn.emit({"type": "armed"})
+    while True:
+        time.sleep(0.01)  # noqa: ASYNC251 - blocking on purpose: only the ladder's SIGTERM ends it
+
+
+def _short_lived_child(pid_file: str) -> None:
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    fd = os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, f"{child}\n".encode())
+    os.close(fd)
+    while True:  # dead, not reaped: a zombie of the worker's, ours once the worker is gone
+        try:
+            if os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.001)
+
+
+async def zombie_at_sigterm(turn: worker.Turn) -> None:
+    """At its worker's SIGTERM the agent's own handler forks a child that exits at once, and the
+    worker dies of the signal without reaping it: the zombie comes to the supervisor."""
+    _on_sigterm(lambda: _short_lived_child(turn.input["pid_file"]))
+    await turn.emit({"type": "armed"})
+    while True:
+        time.sleep(0.01)  # noqa: ASYNC251 - blocking on purpose: only the ladder's SIGTERM ends it

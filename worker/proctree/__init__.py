@@ -16,6 +16,8 @@ from ._cgroup import pss_bytes as cgroup_pss_bytes
 from ._cgroup import remove as cgroup_remove
 from ._cgroup import sweep_stale as cgroup_sweep_stale
 from ._cgroup import usable as cgroups_usable
+from ._proof import make as proof_file
+from ._proof import unmapped as proof_unmapped
 from ._tree import (
     TREE_ENV,
     children,
@@ -47,6 +49,8 @@ __all__ = [
     "freeze_tree",
     "has_marker",
     "markers_of",
+    "proof_file",
+    "proof_unmapped",
     "session_of",
     "set_child_subreaper",
     "signal_all",
