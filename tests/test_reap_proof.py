@@ -92,6 +92,7 @@ async def test_a_zombie_left_at_the_sigterm_step_is_reaped_before_the_result(tmp
         async with Supervisor(workers=1, spares=0, grace=0.05, kill_after=2.0) as sup:
             result = await _kill_one(sup, "tests.agents.tree:zombie_at_sigterm", {"pid_file": str(pid_file)})
             assert result.outcome == "killed", result
+            assert pid_file.exists(), result
             assert [p for p in _pids(pid_file) if psutil.pid_exists(p)] == []
 
 

@@ -242,6 +242,9 @@ def _on_sigterm(then: Any) -> None:
     """Replace the worker's SIGTERM handler with one that calls ``then()``, then dies of the signal."""
 
     def handler(signum: int, frame: Any) -> None:
+        # The ladder signals the worker and then its process group: a second SIGTERM would run this
+        # again inside the first one's fork (and deadlock in the fork's own handlers).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         then()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
