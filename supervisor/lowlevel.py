@@ -37,8 +37,6 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   may).
 - ``treemem``: MEM-STATUS-SAMPLE, the workers' memory as ``status()`` reports it (sampled in the
   background above ``SYNC_WORKERS`` workers), whose constants a test may lower with ``monkeypatch``.
-- ``turninfo``: the read-only views behind ``status()``; its ``WorkerRows`` (MEM-STATUS-ROWS) builds a
-  worker's entry again only when it changed, which a test counts by wrapping ``turninfo._entry``.
 - ``check_optional_str``: LINK-TURN-ID, the one check of what a turn id or a session may hold.
 - ``FdBudget``: DAEMON-FD's descriptor budget, whose ``facts`` count the open descriptors at most once a
   second (DAEMON-FD-COUNT), with a ``count`` and a ``clock`` a test may give it.
@@ -51,7 +49,7 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
 
 from . import _peers as peers
 from ._checks import check_optional_str
-from ._engine import TurnRecord, orphans, probe, procs, treemem, turninfo
+from ._engine import TurnRecord, orphans, probe, procs, treemem
 from ._engine.allowlist import AgentAllowlist
 from ._engine.dispatch import CLEAR_AHEAD
 from ._engine.exits import MAX_HANDOVERS
@@ -100,5 +98,4 @@ __all__ = [
     "runtime_dir",
     "socket_peer_uid",
     "treemem",
-    "turninfo",
 ]

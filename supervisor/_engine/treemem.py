@@ -43,13 +43,21 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def measure(pid: int) -> tuple[int, int]:
-    """(summed RSS, PSS) of worker ``pid``'s tree, in bytes; zeros when it cannot be read now."""
+# (RSS bytes, RSS MiB, PSS bytes, PSS MiB) of a worker's tree as status() shows them; these: not known.
+Figures = tuple[int, float, int, float]
+UNKNOWN: Figures = (0, 0.0, 0, 0.0)
+
+
+def measure(pid: int) -> Figures:
+    """(summed RSS, its MiB, PSS, its MiB) of worker ``pid``'s tree: bytes, and MiB rounded to 0.1 here,
+    once per sample, not on every status() call (two ``round`` per worker were 2.3 of the 2.9 ms its
+    1,000 entries cost); zeros when it cannot be read now."""
     try:
         pids = _procs.tree_pids(pid)
-        return rss_bytes(pids), proctree.cgroup_pss_bytes(pids)
+        rss, pss = rss_bytes(pids), proctree.cgroup_pss_bytes(pids)
     except OSError:  # no descriptor free to read /proc (WORKER-FD-RETRY): unknown now
-        return 0, 0
+        return UNKNOWN
+    return rss, round(rss / 1048576, 1), pss, round(pss / 1048576, 1)
 
 
 class TreeMemory:
@@ -57,13 +65,13 @@ class TreeMemory:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._cache: dict[int, tuple[int, int]] = {}
+        self._cache: dict[int, Figures] = {}
         self._at = -math.inf
         self._busy = False
 
-    def figures(self, pids: list[int], spawn: Callable[..., Any] | None = None) -> dict[int, tuple[int, int]]:
-        """(RSS, PSS) of each worker in ``pids``; ``spawn(fn, *args)`` starts a task (the pool's task
-        group) for a background sample, or None to measure everything now."""
+    def figures(self, pids: list[int], spawn: Callable[..., Any] | None = None) -> dict[int, Figures]:
+        """``measure``'s figures of each worker in ``pids``; ``spawn(fn, *args)`` starts a task (the pool's
+        task group) for a background sample, or None to measure everything now."""
         if len(pids) <= SYNC_WORKERS or spawn is None:
             return {pid: measure(pid) for pid in pids}
         cache = self._cache
@@ -73,7 +81,7 @@ class TreeMemory:
             spawn(self._sample, list(pids))
         # The sample itself when it has every worker (it is replaced whole, never changed): no copy
         # of a thousand entries on every call.
-        return cache if complete else {pid: cache.get(pid, (0, 0)) for pid in pids}
+        return cache if complete else {pid: cache.get(pid, UNKNOWN) for pid in pids}
 
     async def _sample(self, pids: list[int]) -> None:
         try:
