@@ -46,6 +46,50 @@ def test_a_large_pool_is_sampled_once_per_refresh(monkeypatch: pytest.MonkeyPatc
         child.wait()
 
 
+def test_a_whole_sample_takes_at_most_its_share_of_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MEM-STATUS-SHARE: a sample that took 1 s of CPU is taken again only 1 / SHARE s later, however often
+    status() asks (fails before: again after REFRESH, so a 1,000-worker daemon sampled without a pause); a
+    worker new since is measured alone meanwhile."""
+    monkeypatch.setattr(treemem, "SYNC_WORKERS", 1)
+    now = [100.0]
+    cpu = [0.0]
+
+    def cpu_clock() -> float:
+        cpu[0] += 0.5  # each reading 0.5 s later: a sample reads it twice, so it costs 1 s
+        return cpu[0]
+
+    memory = treemem.TreeMemory(clock=lambda: now[0], cpu_clock=cpu_clock)
+    spawned: list[Any] = []
+
+    def spawn(fn: Any, *args: Any) -> None:
+        spawned.append((fn, args))
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # allowed: it only exists
+    try:
+        pids = [os.getpid(), child.pid]
+        memory.figures(pids, spawn)
+        fn, args = spawned.pop()
+        anyio.run(fn, *args)
+        assert set(memory.figures(pids, spawn)) == set(pids) and spawned == []
+        now[0] += 3 * treemem.REFRESH
+        memory.figures(pids, spawn)
+        assert spawned == []  # past REFRESH, but within 1 s / SHARE
+        new = [*pids, os.getppid()]
+        first = memory.figures(new, spawn)
+        assert first[os.getppid()] == treemem.UNKNOWN
+        fn, args = spawned.pop()
+        assert args[0] == [os.getppid()]  # only the new one
+        anyio.run(fn, *args)
+        got = memory.figures(new, spawn)
+        assert spawned == [] and got[os.getppid()][0] > 0 and got[os.getpid()][0] > 0
+        now[0] += 1 / treemem.SHARE
+        memory.figures(new, spawn)
+        assert len(spawned) == 1 and sorted(spawned[0][1][0]) == sorted(new)
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_the_sample_carries_the_mib_figures_status_shows() -> None:
     """Rounded once per sample, not for every worker on every status() call (fails before: the sample held
     bytes only, and each call rounded 2 figures per worker, 2.3 ms of CPU at 1,000 workers)."""

@@ -10,6 +10,15 @@ sample, taken in a worker thread when the previous one is more than ``REFRESH`` 
 worker is not in it; such a worker reports 0 until the sample lands (measuring it at once cost the
 first call of a 1,000-worker daemon 2.6 s). A pool of ``SYNC_WORKERS`` or fewer is measured on
 every call, as before. The memory limit (``max_rss_mb``) has its own, exact, measurement.
+
+MEM-STATUS-SHARE: a sample costs about 2.4 ms of CPU per worker on the loaded 2-core machine (its tree
+listed, then ``statm`` and ``smaps_rollup`` - a page-table walk - for each process): 2.4 s at 1,000
+workers, half of all the daemon's CPU when a status() every few seconds kept one running, in the
+daemon's own process and under its GIL. So a whole sample is taken again only once ``1 / SHARE`` times
+its own CPU time has passed since the last one (and at least ``REFRESH``): it never takes more than
+``SHARE`` of one CPU, whatever the pool's size or how often status() is asked - the figures of a
+1,000-worker pool are then up to about 50 s old there, a 100-worker pool's about 5 s. A worker not in
+the sample (new since) is measured alone, in the background, at the next call.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from worker import proctree
 from . import procs as _procs
 
 SYNC_WORKERS = 64  # pools up to this size are measured on every status() call
-REFRESH = 2.0  # seconds: a sample older than this is taken again (in a thread) by the next call
+REFRESH = 2.0  # seconds: a sample older than this is taken again (in a thread) by the next call...
+SHARE = 0.05  # ... and older than its own CPU time / SHARE (MEM-STATUS-SHARE)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -61,12 +71,17 @@ def measure(pid: int) -> Figures:
 
 
 class TreeMemory:
-    """The workers' memory for ``status()``, owned by the pool (``WorkerPool.memory``)."""
+    """The workers' memory for ``status()``, owned by the pool (``WorkerPool.memory``); ``cpu_clock``: the
+    sampling thread's CPU clock (MEM-STATUS-SHARE)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.thread_time
+    ) -> None:
         self._clock = clock
+        self._cpu_clock = cpu_clock
         self._cache: dict[int, Figures] = {}
         self._at = -math.inf
+        self._due = REFRESH  # seconds after ``_at`` that the next whole sample is due
         self._busy = False
 
     def figures(self, pids: list[int], spawn: Callable[..., Any] | None = None) -> dict[int, Figures]:
@@ -75,18 +90,32 @@ class TreeMemory:
         if len(pids) <= SYNC_WORKERS or spawn is None:
             return {pid: measure(pid) for pid in pids}
         cache = self._cache
-        complete = all(pid in cache for pid in pids)
-        if not self._busy and (not complete or self._clock() - self._at > REFRESH):
-            self._busy = True
-            spawn(self._sample, list(pids))
+        missing = [pid for pid in pids if pid not in cache]
+        if not self._busy:
+            if self._clock() - self._at > self._due:
+                self._busy = True
+                spawn(self._sample, list(pids), False)
+            elif missing:
+                self._busy = True
+                spawn(self._sample, missing, True)  # only the workers new since (MEM-STATUS-SHARE)
         # The sample itself when it has every worker (it is replaced whole, never changed): no copy
         # of a thousand entries on every call.
-        return cache if complete else {pid: cache.get(pid, UNKNOWN) for pid in pids}
+        return {pid: cache.get(pid, UNKNOWN) for pid in pids} if missing else cache
 
-    async def _sample(self, pids: list[int]) -> None:
+    async def _sample(self, pids: list[int], added: bool) -> None:
         try:
-            fresh = await anyio.to_thread.run_sync(lambda: {pid: measure(pid) for pid in pids})
-            self._cache = fresh  # (workers gone since are dropped with the old sample)
-            self._at = self._clock()
+            fresh, cost = await anyio.to_thread.run_sync(self._measure, pids)
+            if added:
+                self._cache = {**self._cache, **fresh}  # a new dict: callers may hold the old one
+            else:
+                self._cache = fresh  # (workers gone since are dropped with the old sample)
+                self._at = self._clock()
+                self._due = max(REFRESH, cost / SHARE)
         finally:
             self._busy = False
+
+    def _measure(self, pids: list[int]) -> tuple[dict[int, Figures], float]:
+        """(the figures of ``pids``, the CPU time they took): in the sampling thread."""
+        start = self._cpu_clock()
+        fresh = {pid: measure(pid) for pid in pids}
+        return fresh, self._cpu_clock() - start
