@@ -72,9 +72,10 @@ def _install() -> None:
             )
 
     sample = treemem.TreeMemory._sample
-    measure = treemem.TreeMemory._measure
+    measure = getattr(treemem.TreeMemory, "_measure", None)
 
     def timed_measure(self: Any, pids: list[int]) -> Any:
+        assert measure is not None
         fresh, cost = measure(self, pids)
         _write(f"sample workers={len(pids)} cpu={cost * 1e3:.1f}")
         return fresh, cost
@@ -88,8 +89,9 @@ def _install() -> None:
     server.Daemon.status = timed_status  # type: ignore[method-assign]
     server.Daemon._encode_reply = timed_encode  # type: ignore[method-assign]
     server.Daemon._flush = timed_flush  # type: ignore[method-assign]
-    treemem.TreeMemory._sample = timed_sample  # type: ignore[method-assign,assignment]
-    treemem.TreeMemory._measure = timed_measure  # type: ignore[method-assign]
+    if hasattr(treemem.TreeMemory, "_measure"):  # (a daemon before MEM-STATUS-SHARE: answers only)
+        treemem.TreeMemory._sample = timed_sample  # type: ignore[method-assign,assignment]
+        treemem.TreeMemory._measure = timed_measure  # type: ignore[method-assign]
 
 
 if _PATH and "serve" in sys.argv:
