@@ -29,6 +29,7 @@ import anyio
 from supervisor import Client
 
 from ._common import pct
+from .soak_thousand import AGENT, serve_options
 
 SITE = str(Path(__file__).with_name("_status_site"))
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -67,7 +68,7 @@ async def _drive(endpoint: str, workers: int, seconds: float, own: list[tuple[fl
     async with Client.connect(endpoint, timeout=600) as client:
 
         async def one() -> None:
-            handle = await client.submit("benchmarks._agents:ticker", {"rate": 1.0, "seconds": seconds})
+            handle = await client.submit(AGENT, {"rate": 1.0, "seconds": seconds})
             async for _ in handle.events():
                 pass
             await handle.result()
@@ -94,17 +95,7 @@ def probe(workers: int, seconds: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tpprobe"))
     answers, polled = work / "daemon.txt", work / "poller.txt"
     env = {"PYTHONPATH": SITE, "TURNPOOL_STATUS_PROBE": str(answers)}
-    opts = (
-        "--workers",
-        str(workers),
-        "--spares",
-        "0",
-        "--drain",
-        "0",
-        "--no-journal",
-        "--start-timeout",
-        "600",
-    )
+    opts = serve_options(workers)
     own: list[tuple[float, float]] = []
     load = [_loadavg()]
     with daemonkit.serving(*opts, env_extra=env) as served:
