@@ -6,8 +6,9 @@ that cost a /proc walk per process (and, for the RSS, a psutil scan of every pro
 machine per worker): 0.3 s for 16 workers on a loaded machine, seconds for 1,000. Now the RSS
 comes from each tree process's ``statm`` (the tree listed from its cgroup or its /proc children,
 as the PSS was), and for a pool above ``SYNC_WORKERS`` workers the figures are those of the last
-sample, taken in a worker thread when the previous one is more than ``REFRESH`` seconds old or a
-worker is not in it; such a worker reports 0 until the sample lands (measuring it at once cost the
+sample, taken in a worker thread when the previous one is more than ``REFRESH`` seconds old (and has
+paid for itself: MEM-STATUS-SHARE below) or a worker is not in it; such a worker, measured alone, reports
+0 until its figures land (measuring it at once cost the
 first call of a 1,000-worker daemon 2.6 s). A pool of ``SYNC_WORKERS`` or fewer is measured on
 every call, as before. The memory limit (``max_rss_mb``) has its own, exact, measurement.
 
