@@ -7,10 +7,9 @@ machine per worker): 0.3 s for 16 workers on a loaded machine, seconds for 1,000
 comes from each tree process's ``statm`` (the tree listed from its cgroup or its /proc children,
 as the PSS was), and for a pool above ``SYNC_WORKERS`` workers the figures are those of the last
 sample, taken in a worker thread when the previous one is more than ``REFRESH`` seconds old (and has
-paid for itself: MEM-STATUS-SHARE below) or a worker is not in it; such a worker, measured alone, reports
-0 until its figures land (measuring it at once cost the
-first call of a 1,000-worker daemon 2.6 s). A pool of ``SYNC_WORKERS`` or fewer is measured on
-every call, as before. The memory limit (``max_rss_mb``) has its own, exact, measurement.
+paid for itself: MEM-STATUS-SHARE below) or a worker is not in it; such a worker, measured alone,
+reports 0 until its figures land (measuring it at once cost the first call of a 1,000-worker daemon
+2.6 s). A pool of ``SYNC_WORKERS`` or fewer is measured on every call, as before. The memory limit (``max_rss_mb``) has its own, exact, measurement.
 
 MEM-STATUS-SHARE: a sample costs about 2.4 ms of CPU per worker on the loaded 2-core machine (its tree
 listed, then ``statm`` and ``smaps_rollup`` - a page-table walk - for each process): 2.4 s at 1,000
