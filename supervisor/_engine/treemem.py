@@ -9,7 +9,8 @@ as the PSS was), and for a pool above ``SYNC_WORKERS`` workers the figures are t
 sample, taken in a worker thread when the previous one is more than ``REFRESH`` seconds old (and has
 paid for itself: MEM-STATUS-SHARE below) or a worker is not in it; such a worker, measured alone,
 reports 0 until its figures land (measuring it at once cost the first call of a 1,000-worker daemon
-2.6 s). A pool of ``SYNC_WORKERS`` or fewer is measured on every call, as before. The memory limit (``max_rss_mb``) has its own, exact, measurement.
+2.6 s). A pool of ``SYNC_WORKERS`` or fewer is measured on every call, as before. The memory limit
+(``max_rss_mb``) has its own, exact, measurement.
 
 MEM-STATUS-SHARE: a sample costs about 2.4 ms of CPU per worker on the loaded 2-core machine (its tree
 listed, then ``statm`` and ``smaps_rollup`` - a page-table walk - for each process): 2.4 s at 1,000
