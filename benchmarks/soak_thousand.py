@@ -31,14 +31,11 @@ SAMPLE = 5.0
 TARGETS = {"rss_mib": 200.0, "status_s": 0.020}
 
 
-async def soak(turns: int, seconds: float, *, sample: float = SAMPLE, rate: float = 1.0) -> dict[str, Any]:
-    """Run the soak; returns its figures (no verdicts: the caller compares)."""
-    from tests.support import daemonkit
-
-    daemonkit.READY_TIMEOUT = max(daemonkit.READY_TIMEOUT, 60.0 + turns * 0.5)  # the pool starts first
-    opts = (
+def serve_options(workers: int) -> tuple[str, ...]:
+    """``turnpool serve``'s options for the soak's pool: ``workers`` workers, no spares, journal or drain."""
+    return (
         "--workers",
-        str(turns),
+        str(workers),
         "--spares",
         "0",
         "--drain",
@@ -46,8 +43,15 @@ async def soak(turns: int, seconds: float, *, sample: float = SAMPLE, rate: floa
         "--no-journal",
         "--start-timeout",
         "600",
-        *daemonkit.HTTP,
     )
+
+
+async def soak(turns: int, seconds: float, *, sample: float = SAMPLE, rate: float = 1.0) -> dict[str, Any]:
+    """Run the soak; returns its figures (no verdicts: the caller compares)."""
+    from tests.support import daemonkit
+
+    daemonkit.READY_TIMEOUT = max(daemonkit.READY_TIMEOUT, 60.0 + turns * 0.5)  # the pool starts first
+    opts = (*serve_options(turns), *daemonkit.HTTP)
     out: dict[str, Any] = {"turns": turns, "seconds": seconds, "rate": rate}
     rss: list[float] = []
     status_s: list[float] = []

@@ -307,6 +307,35 @@ async def test_a_flood_of_metrics_connections_leaves_room_for_clients() -> None:
         assert "turnpool_fds_limit 128" in r.text
 
 
+def test_open_descriptors_are_counted_without_listing_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DAEMON-FD-COUNT: where the kernel gives ``/proc/self/fd`` its count as its size (Linux 6.2 on), the
+    count is that one ``stat``, not a listing of the thousands a large daemon holds; right either way."""
+
+    def open_fds() -> int | None:
+        return sup_lowlevel.FdBudget(limit=1024, workers=1).facts()["open"]  # a new budget counts at once
+
+    listed: list[str] = []
+    real = os.listdir
+
+    def listdir(path: Any = ".") -> list[str]:
+        if str(path).startswith("/proc/self/fd"):
+            listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    before = open_fds()
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(50)]
+    try:
+        after = open_fds()
+        listing = len(real("/proc/self/fd")) - 1  # the listing's own descriptor
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert before is not None and after == before + 50 == listing
+    if os.stat("/proc/self/fd").st_size > 0:
+        assert listed == []
+
+
 def test_status_counts_open_descriptors_at_most_once_a_second() -> None:
     """DAEMON-FD-COUNT: the listing of /proc/self/fd (a microsecond per descriptor) is made once per
     ``OPEN_EVERY`` for status, not on every call."""

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import wire
 from worker import lowlevel
 
+from . import treemem
+
 if TYPE_CHECKING:
     from .book import TurnBook
     from .dispatch import Dispatcher
@@ -168,12 +170,13 @@ def status(
     memory = pool.memory.figures(
         [s.pid for s in slots if s.state != "dead" and s.pid], tg.start_soon if tg is not None else None
     )
-    zero = (0, 0)
+    zero = treemem.UNKNOWN
     workers: list[dict[str, Any]] = []
     append = workers.append
     for slot in slots:
         pid = slot.pid
-        rss, pss = memory.get(pid, zero) if slot.state != "dead" and pid else zero
+        # MEM-STATUS-SAMPLE: the MiB figures come rounded with the sample (2.3 of this loop's 2.9 ms).
+        rss, rss_mb, pss, pss_mb = memory.get(pid, zero) if slot.state != "dead" and pid else zero
         turn = slot.turn
         append(
             {
@@ -183,9 +186,9 @@ def status(
                 "turn_id": turn.id if turn is not None else None,
                 "turns_run": slot.turns_run,
                 "rss": rss,
-                "rss_mb": round(rss / 1048576, 1),
+                "rss_mb": rss_mb,
                 "pss": pss,
-                "pss_mb": round(pss / 1048576, 1),
+                "pss_mb": pss_mb,
                 "cgroup": slot.cgroup,
             }
         )
