@@ -18,9 +18,9 @@ import anyio
 import msgspec
 import pytest
 
-from supervisor._engine.turns import TurnRecord, TurnTable
 from supervisor.daemon.clients import ClientTable, FollowStream
 from supervisor.daemon.requests import Requests
+from supervisor.lowlevel import TurnRecord, TurnTable
 from wire import client_link
 
 pytestmark = pytest.mark.anyio
