@@ -20,7 +20,8 @@ import pytest
 
 from supervisor.daemon.clients import ClientTable, FollowStream
 from supervisor.daemon.requests import Requests
-from supervisor.lowlevel import TurnRecord, TurnTable
+from supervisor.lowlevel import TurnTable
+from tests.support import journalkit
 from wire import client_link
 
 pytestmark = pytest.mark.anyio
@@ -55,17 +56,7 @@ class _Rig:
 
     def __init__(self, window: int) -> None:
         self.table = TurnTable(keep=10, max_events=100_000)
-        self.turn = TurnRecord(
-            turn_id="t1",
-            agent="a:b",
-            input=msgspec.Raw(b"{}"),
-            session=None,
-            parent=None,
-            timeout=None,
-            grace=1.0,
-            kill_after=1.0,
-            now=0.0,
-        )
+        self.turn = journalkit.record("t1")
         self.turn.state = "running"
         self.clients = ClientTable()
         self.clients.get(IDENT, 0).version = client_link.CLIENT_PROTOCOL_VERSION
