@@ -13,7 +13,8 @@ user API is ``supervisor.__all__`` (SPEC.md); these names may change with the en
   directories of reaped workers, WORKER-CWD) a test may wrap.
 - ``MAX_HANDOVERS``: how many times a turn handed to workers that died before it was seen to
   start is re-queued before it ends ``crashed``.
-- ``TurnRecord``: the engine's record of a turn (the journal's hooks take one).
+- ``TurnRecord``: the engine's record of a turn (the journal's hooks take one); ``TurnTable``: the
+  engine's table of them, which keeps a turn's events for its followers.
 - ``SUBMIT_ERROR_CODES``: the error code of each way a submit is refused on the client link, the
   one table the daemon and the client read in opposite directions.
 - ``runtime_dir``, ``private_dir``: the per-user runtime directory and a supervisor's private
@@ -60,7 +61,7 @@ from ._engine.orphans import Facts as OrphanFacts
 from ._engine.orphans import OrphanIndex
 from ._engine.share import AutogroupShare, OwnWeight, autogroup_nice, own_nice, pool_weight
 from ._engine.timers import Timers
-from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES
+from ._engine.turns import HOLD_BYTES, KEEP_EVENT_BYTES, KEEP_RESULT_BYTES, TurnTable
 from ._engine.workspace import remove_tree
 from ._errors import SUBMIT_ERROR_CODES
 from ._fds import FdBudget, SpawnRoom
@@ -84,6 +85,7 @@ __all__ = [
     "SpawnRoom",
     "Timers",
     "TurnRecord",
+    "TurnTable",
     "autogroup_nice",
     "check_optional_str",
     "connection_uid",

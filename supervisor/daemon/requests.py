@@ -359,8 +359,14 @@ class Requests:
                     stream.spent(sizes)
                     seq += len(batch)
                     sent_at = anyio.current_time()
-                    await anyio.lowlevel.checkpoint()
-                    continue
+                    if seq < turn.events_base + len(turn.events):
+                        # CLIENT-ONE-STEP: more is ready (the batch was cut): let others run first.
+                        await anyio.lowlevel.checkpoint()
+                        continue
+                    # CLIENT-ONE-STEP: all that was ready went: straight to the wait below, in the step it
+                    # woke in. Yielding here, then waking to find nothing, was a second task step per
+                    # event per follower: hundreds of followed turns paid two loop passes an event.
+                    reader.seq = seq  # EVENTS-KEEP: what it read is no longer held for it
                 if turn.state == "ended" or turn.pending_result is not None:
                     self.send(ident, client_link.FollowEnd(req))
                     return
