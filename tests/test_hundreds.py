@@ -15,7 +15,7 @@ import anyio
 import psutil
 import pytest
 
-from tests.support import hostproc
+from tests.support import hostproc, leftovers
 from worker import proctree
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -47,6 +47,13 @@ anyio.run(main)
 
 def _pids(files: list[str]) -> list[int]:
     return [int(p) for f in files for p in Path(f).read_text().split()]
+
+
+def _ppid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -86,7 +93,9 @@ async def test_sigkill_of_a_supervisor_with_256_busy_workers_leaves_nothing(
         _, alive = await anyio.to_thread.run_sync(lambda: psutil.wait_procs(rest, timeout=BOUND))
         took = time.monotonic() - t0
         print(f"{N} workers, host SIGKILL -> {len(rest)} left processes gone in {took * 1000:.0f} ms")
-        assert alive == [], f"left behind after {BOUND} s: {[p.pid for p in alive][:20]}"
+        # What it was (a worker, its daemon, the zygote, the watcher...) says which cleaner missed it.
+        what = [f"{p.pid} ppid={_ppid(p)} {leftovers.cmd(p)}" for p in alive][:20]
+        assert alive == [], f"left behind after {BOUND} s: {what}"
         assert _alive(left) == [] and _alive(seen["workers"]) == []
         if cgroups:
             assert proctree.cgroup_procs(seen["pool"]) == []
