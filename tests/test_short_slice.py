@@ -11,12 +11,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import threading
 from typing import Any
 
 import anyio
 import pytest
+import zmq
 
 from supervisor import Client, Supervisor
 from tests.support import daemonkit
@@ -100,51 +100,57 @@ async def test_a_daemons_and_its_clients_zeromq_io_threads_run_at_the_short_slic
 
 
 def _refusing(err: int) -> Any:
-    """The kernel's ``syscall`` with ``sched_setattr`` refused with ``err``; ``sched_getattr`` still
-    answers, so the threads' slices can be read back."""
-    from worker import _slice
-
-    real = _slice._syscall()
-    assert real is not None
-    refused = _slice._SYSCALLS[platform.machine()][0]
+    """libc's ``syscall`` with ``sched_setattr`` refused with ``err`` (no such call, a seccomp filter, no
+    permission); ``sched_getattr`` still answers, as it would."""
+    real = ctypes.CDLL(None, use_errno=True).syscall
+    refused = lowlevel.SLICE_SYSCALLS[os.uname().machine][0]
 
     def call(nr: int, *args: Any) -> int:
         if nr == refused:
             ctypes.set_errno(err)
             return -1
-        return real(nr, *args)
+        return int(real(nr, *args))
 
     return call
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="no syscall numbers known here")
+@pytest.mark.skipif(os.uname().machine not in lowlevel.SLICE_SYSCALLS, reason="no syscall numbers known here")
 @pytest.mark.parametrize("err", [errno.EPERM, errno.ENOSYS, errno.EINVAL])
-async def test_a_kernel_that_refuses_the_slice_changes_nothing(
-    monkeypatch: pytest.MonkeyPatch, err: int
-) -> None:
-    """A kernel without ``sched_setattr``, a seccomp filter that refuses it, or an older kernel's EINVAL:
-    the errno comes back, no thread is touched, and a pool starts and runs a turn as ever."""
-    from worker import _slice
+async def test_a_kernel_that_refuses_the_slice_changes_nothing(err: int) -> None:
+    """Where ``sched_setattr`` is refused, the errno comes back, no thread is touched, and a ZeroMQ
+    context's first socket, made the way every turnpool link makes it, works as ever."""
+    call = _refusing(err)
+    assert lowlevel.set_slice(0, call=call) == err
+    ctx = zmq.Context()
+    try:
+        before = set(_threads(os.getpid()))
+        with lowlevel.new_threads_short(call=call) as done:
+            a = ctx.socket(zmq.PAIR)
+        new = {t: v for t, v in _threads(os.getpid()).items() if t not in before}
+        b = ctx.socket(zmq.PAIR)
+        a.bind("inproc://slice")
+        b.connect("inproc://slice")
+        a.send(b"frame")
+        assert b.poll(10_000) and b.recv() == b"frame"
+        a.close()
+        b.close()
+    finally:
+        ctx.term()
+    assert done == []
+    assert new and set(s for _, s in new.values()) == {_default_slice()}, new  # the context's threads as ever
 
-    fake = _refusing(err)
-    monkeypatch.setattr(_slice, "_syscall", lambda: fake)
-    assert lowlevel.set_slice(0) == err
-    before = set(_threads(os.getpid()))
-    with anyio.fail_after(60):
-        async with Supervisor(workers=1, spares=0) as sup:
-            result = await sup.run("benchmarks._agents:ticker", {"rate": 100, "seconds": 0.02})
-            new = {t: v for t, v in _threads(os.getpid()).items() if t not in before}
-    assert result.outcome == "completed", result
-    assert _io_slices(new) == [_default_slice()], new  # the supervisor's I/O thread as it was
 
+def test_no_such_call_changes_nothing() -> None:
+    """A kernel without the call at all (ENOSYS for getattr too): nothing read, nothing asked."""
 
-async def test_no_such_call_on_this_machine_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another architecture (no syscall number known): nothing is attempted."""
-    from worker import _slice
+    def absent(*args: Any) -> int:
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
 
-    monkeypatch.setattr(_slice, "_syscall", lambda: None)
-    assert lowlevel.set_slice(0) == errno.ENOSYS
-    assert lowlevel.slice_of(0) is None
-    with _slice.new_threads_short() as done:
-        threading.Thread(target=lambda: None).start()
+    assert lowlevel.set_slice(0, call=absent) == errno.ENOSYS
+    assert lowlevel.slice_of(0, call=absent) is None
+    with lowlevel.new_threads_short(call=absent) as done:
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
     assert done == []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,47 +27,48 @@ SLICE_NS = 100_000  # the shortest the kernel takes (0.1 ms); the default is 0.7
 _ATTR = struct.Struct("IIQiIQQQII")  # struct sched_attr, SCHED_ATTR_SIZE_VER1 (56 bytes)
 _RUNTIME = 5  # its field sched_runtime
 _SCHED_OTHER = 0
-_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # (sched_setattr, sched_getattr)
 
+Syscall = Callable[..., int]  # libc's ``syscall(2)``: a number, then its arguments; -1 and errno when refused
+NUMBERS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # (sched_setattr, sched_getattr)
 _libc: ctypes.CDLL | None = None
 
 
-def _syscall() -> Callable[..., int] | None:
+def _kernel() -> Syscall:
     global _libc
-    if platform.machine() not in _SYSCALLS:
-        return None
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     return _libc.syscall
 
 
-def slice_of(tid: int) -> int | None:
-    """Thread ``tid``'s slice in ns (``sched_getattr``), or None where it cannot be read."""
-    call = _syscall()
-    if call is None:
+def slice_of(tid: int, call: Syscall | None = None) -> int | None:
+    """Thread ``tid``'s slice in ns (``sched_getattr``; 0: the calling thread), or None where it cannot be
+    read. ``call``: the ``syscall`` to use (a test's fake; the kernel's by default)."""
+    numbers = NUMBERS.get(os.uname().machine)
+    if numbers is None:
         return None
     buf = ctypes.create_string_buffer(_ATTR.size)
-    if call(_SYSCALLS[platform.machine()][1], tid, buf, _ATTR.size, 0) != 0:
+    if (call or _kernel())(numbers[1], tid, buf, _ATTR.size, 0) != 0:
         return None
     attr = _ATTR.unpack(buf.raw)
     return int(attr[_RUNTIME]) if attr[1] == _SCHED_OTHER else None
 
 
-def set_slice(tid: int, ns: int = SLICE_NS) -> int:
-    """Ask for a ``ns`` slice for thread ``tid``, its policy, niceness and flags kept: 0 when the kernel
-    took it, else the errno (ENOSYS where there is no such call: nothing changed either way)."""
-    call = _syscall()
-    if call is None:
+def set_slice(tid: int, ns: int = SLICE_NS, call: Syscall | None = None) -> int:
+    """Ask for a ``ns`` slice for thread ``tid`` (0: the calling thread), its policy, niceness and flags
+    kept: 0 when the kernel took it, else the errno (ENOSYS where this machine's call is unknown); nothing
+    changed either way."""
+    numbers = NUMBERS.get(os.uname().machine)
+    if numbers is None:
         return errno.ENOSYS
-    setattr_nr, getattr_nr = _SYSCALLS[platform.machine()]
+    call = call or _kernel()
     buf = ctypes.create_string_buffer(_ATTR.size)
-    if call(getattr_nr, tid, buf, _ATTR.size, 0) != 0:
+    if call(numbers[1], tid, buf, _ATTR.size, 0) != 0:
         return ctypes.get_errno() or errno.EIO
     attr = list(_ATTR.unpack(buf.raw))
     if attr[1] != _SCHED_OTHER:
-        return errno.EINVAL  # a real-time or idle thread: not ours to touch
+        return errno.EINVAL  # a real-time, batch or idle thread: not ours to touch
     attr[0], attr[_RUNTIME] = _ATTR.size, ns
-    if call(setattr_nr, tid, ctypes.create_string_buffer(_ATTR.pack(*attr), _ATTR.size), 0) != 0:
+    if call(numbers[0], tid, ctypes.create_string_buffer(_ATTR.pack(*attr), _ATTR.size), 0) != 0:
         return ctypes.get_errno() or errno.EIO
     return 0
 
@@ -81,10 +81,10 @@ def _tids() -> set[int]:
 
 
 @contextmanager
-def new_threads_short(ns: int = SLICE_NS) -> Iterator[list[int]]:
+def new_threads_short(ns: int = SLICE_NS, call: Syscall | None = None) -> Iterator[list[int]]:
     """The threads this process starts within the block (a ZeroMQ context's I/O and reaper threads,
     started by its first socket) get a ``ns`` slice; the list holds those the kernel took."""
     before = _tids()
     done: list[int] = []
     yield done
-    done.extend(tid for tid in sorted(_tids() - before) if set_slice(tid, ns) == 0)
+    done.extend(tid for tid in sorted(_tids() - before) if set_slice(tid, ns, call) == 0)
