@@ -48,7 +48,7 @@ from ._turn import Turn
 from .zmqlink import EVENTS as _EVENTS
 from .zmqlink import NOBLOCK as _NOBLOCK
 from .zmqlink import POLLIN as _POLLIN
-from .zmqlink import ReadableEdge
+from .zmqlink import ReadableEdge, open_socket
 
 _IMPORT_CACHE: dict[str, Any] = {}
 _ASYNC_CACHE: dict[str, bool] = {}
@@ -507,7 +507,7 @@ async def serve(
     # WORKER-LEAN-START: plain (not ``zmq.asyncio``) sockets: the link is read through its FD
     # (``ReadableEdge``), the monitor below too, so nothing of zmq.asyncio's machinery runs here.
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = open_socket(ctx, zmq.DEALER)  # WORKER-SHORT-SLICE
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)

@@ -29,6 +29,9 @@ from ._ownfile import Mapping as OwnFileView
 from ._ownfile import create as own_file
 from ._ownfile import view as own_file_view
 from ._settle import run_paths as zygote_worker_paths
+from ._slice import NUMBERS as SLICE_SYSCALLS
+from ._slice import SLICE_NS as SHORT_SLICE_NS
+from ._slice import new_threads_short, set_slice, slice_of
 from ._toolerrors import forget_raised as tool_errors_forget
 from ._toolerrors import raised as tool_error_raised
 from ._toolgroups import SPARE_GROUPS as TOOL_SPARE_GROUPS
@@ -57,6 +60,9 @@ from ._zygote import _preload as zygote_preload
 #   test can kill one between starting a command and answering for it.
 # - ``tool_next_call_groups``, ``tool_template_pid``: where the next isolated call's process waits and which
 #   template made it (TOOL-EMBRYO-DIRECT), so a test or probe can count that process's page faults.
+# - ``slice_of``, ``set_slice``, ``new_threads_short``, ``SHORT_SLICE_NS``, ``SLICE_SYSCALLS``: a thread's
+#   EEVDF slice read and asked for, the one turnpool's ZeroMQ I/O threads ask for (WORKER-SHORT-SLICE) and the
+#   calls' numbers, so a test can read a process's threads back and fake a kernel that refuses.
 
 __all__ = [
     "ENDLOG_HEAD",
@@ -67,6 +73,8 @@ __all__ = [
     "HEIR_GONE",
     "HEIR_UNWATCHABLE",
     "MARKER_SIZE",
+    "SHORT_SLICE_NS",
+    "SLICE_SYSCALLS",
     "TOOL_SPARE_GROUPS",
     "TOOL_STATUS_FROM_PIDFD",
     "TRIM_SLACK",
@@ -83,9 +91,12 @@ __all__ = [
     "marker_give_token",
     "marker_read",
     "marker_read_noted",
+    "new_threads_short",
     "own_file",
     "own_file_view",
     "process_role",
+    "set_slice",
+    "slice_of",
     "start_guardian",
     "start_ticks",
     "take_baton",

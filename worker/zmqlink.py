@@ -1,6 +1,7 @@
 """The ZeroMQ plumbing every turnpool link shares, written once: the engine's worker link, the
 daemon's client link, the client and the worker read their sockets through a ``ReadableEdge``,
-batch what they send with a ``LoopFlush``, and use these plain-int flags.
+batch what they send with a ``LoopFlush``, use these plain-int flags, and open their context's first
+socket with ``open_socket`` (its I/O threads at a short slice).
 
 Owner-agnostic: it knows a socket and an event loop, never who holds them or what the frames say.
 It lives in ``worker/`` because the worker may not import the supervisor, and is public so the
@@ -17,10 +18,12 @@ import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import zmq
+
+from . import _slice
 
 NOBLOCK = int(zmq.NOBLOCK)
 EVENTS = int(zmq.EVENTS)
@@ -29,8 +32,19 @@ RCVMORE = int(zmq.RCVMORE)
 NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 
 
+_S = TypeVar("_S", bound=zmq.Socket[Any])
+
+
 def _nothing() -> None:
     pass
+
+
+def open_socket(ctx: zmq.Context[_S], kind: int) -> _S:
+    """A socket of ``ctx``; the threads its first socket starts (the context's I/O thread, which moves
+    every frame between the socket and the kernel, and its reaper) run at a short EEVDF slice, where the
+    kernel takes it (WORKER-SHORT-SLICE)."""
+    with _slice.new_threads_short():
+        return ctx.socket(kind)
 
 
 class ReadableEdge:

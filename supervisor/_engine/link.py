@@ -34,7 +34,7 @@ from worker.zmqlink import NOBLOCK as _NOBLOCK
 from worker.zmqlink import NOBLOCK_MORE as _NOBLOCK_MORE
 from worker.zmqlink import POLLIN as _POLLIN
 from worker.zmqlink import RCVMORE as _RCVMORE
-from worker.zmqlink import LoopFlush, ReadableEdge
+from worker.zmqlink import LoopFlush, ReadableEdge, open_socket
 
 from . import procs as _procs
 from .pool import WorkerSlot
@@ -95,7 +95,7 @@ class WorkerLink:
         a vanished worker is an error (ROUTER_MANDATORY), frames above the wire's maximum dropped."""
         self.endpoint = endpoint
         self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
+        sock = open_socket(self._ctx, zmq.ROUTER)  # WORKER-SHORT-SLICE
         for opt, val in (
             (zmq.LINGER, 0),
             (zmq.SNDHWM, 0),

@@ -24,6 +24,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from wire import client_link
+from worker.zmqlink import open_socket
 
 from .._errors import AuthenticationFailed, DaemonUnavailable
 from .._host import Background, require_asyncio
@@ -82,7 +83,7 @@ class Connection:
             why = f"no socket file {path}"
             raise DaemonUnavailable(f"no turnpool daemon is running at {self.endpoint} ({why})")
         self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.DEALER)
+        sock = open_socket(self._ctx, zmq.DEALER)  # WORKER-SHORT-SLICE
         client_link_options(sock)
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)

@@ -35,6 +35,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from worker.zmqlink import open_socket
+
 from .._errors import DaemonAlreadyRunning
 from .._paths import check_endpoint, client_link_options, ipc_path
 from .conn_guard import HANDSHAKE_SECONDS, LISTEN_BACKLOG
@@ -136,7 +138,7 @@ class ClientEndpoint:
     def bind(self) -> zmq.asyncio.Socket:
         """Bind the ROUTER (with CURVE when configured) and return it."""
         self._ctx = zmq.asyncio.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
+        sock = open_socket(self._ctx, zmq.ROUTER)  # WORKER-SHORT-SLICE
         client_link_options(sock)
         sock.setsockopt(zmq.SNDHWM, CLIENT_SNDHWM)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
