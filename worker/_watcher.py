@@ -10,10 +10,12 @@ for all of them what each guardian did for one:
 * a worker exits (its pidfd): with a cgroup, the cgroup is killed, emptied and removed at once;
   without one, the worker is kept on a list of the recently dead (``DEAD_KEEP`` seconds: the
   supervisor, alive, sweeps its orphans itself right after the exit);
-* the supervisor dies (EOF on the life pipe): for every live worker whose baton it takes, it
-  freezes and SIGKILLs the worker's tree, the worker last (it needs no GIL of the worker's: a worker
-  stuck in a C call that holds it is killed too); then it sweeps every worker it knew - live and
-  recently dead - by cgroup, or by one scan of /proc for their sessions and tree markers; then exits.
+* the supervisor dies (EOF on the life pipe): it gives every live worker's autogroup its default
+  weight back (WORKER-SHARE-AT-DEATH), then, for every one (taking its baton, so that a worker that has
+  not begun on its tree stands by), it freezes and SIGKILLs the worker's tree, the worker last (it
+  needs no GIL of the worker's: a worker stuck in a C call that holds it is killed too); then it
+  sweeps every worker it knew - live and recently dead - by cgroup, or by one scan of /proc for their
+  sessions and tree markers; then exits.
 
 It is the zygote's child, not the supervisor's: a host that SIGKILLs its direct children (the
 workers, the zygote) and then itself, as Ray does, leaves it running (re-parented) to sweep. It has
@@ -229,16 +231,36 @@ def _take_baton(worker: _Worker) -> bool:
         return False
 
 
-def _supervisor_gone(live: list[_Worker], dead: list[_Worker]) -> None:
+def supervisor_gone(pid: int, baton: int, kill_wait: float = KILL_WAIT) -> None:
+    """What the watcher does at the supervisor's death, for one worker ``pid`` whose baton's read end
+    is ``baton`` (closed here), waiting at most ``kill_wait`` for it before the sweep: for tests
+    that play a worker (``worker.lowlevel``)."""
+    worker = _Worker(pid, _tree.start_time(pid), None, None, baton)
+    if _watch(worker):
+        _supervisor_gone([worker], [], kill_wait)
+    else:
+        _release(worker)
+
+
+def _supervisor_gone(live: list[_Worker], dead: list[_Worker], kill_wait: float = KILL_WAIT) -> None:
     me = os.getpid()
+    for worker in live:
+        # WORKER-SHARE-AT-DEATH: the pool's share (WORKER-CPU-SHARE) made each worker's autogroup the
+        # lightest; their exits - the kernel's teardown of each process's memory, run at the process's own
+        # weight - must not queue behind a loaded machine at it.
+        if worker.start is not None and _tree.start_time(worker.pid) == worker.start:
+            _tree.set_autogroup_nice(worker.pid, 0)
     for worker in live:
         if worker.baton >= 0:
             os.set_blocking(worker.baton, False)
-        if _take_baton(worker):
-            pids = _tree.freeze_tree(worker.pid, include_root=True, exclude=frozenset({me}))
-            _tree.signal_all([p for p in pids if p != worker.pid], signal.SIGKILL)
-            _tree.signal_all([worker.pid], signal.SIGKILL)  # last: what it forks meanwhile is frozen
-    deadline = time.monotonic() + KILL_WAIT
+        # A worker that has not begun on its tree stands by once the baton is ours. One that took it
+        # first is killed all the same: we are in no worker's tree, so neither can stop the other for
+        # good, and a worker at its pool's weight on a loaded machine took seconds to finish (TREE-WATCHER).
+        _take_baton(worker)
+        pids = _tree.freeze_tree(worker.pid, include_root=True, exclude=frozenset({me}))
+        _tree.signal_all([p for p in pids if p != worker.pid], signal.SIGKILL)
+        _tree.signal_all([worker.pid], signal.SIGKILL)  # last: what it forks meanwhile is frozen
+    deadline = time.monotonic() + kill_wait
     for worker in live:
         if worker.fd >= 0:
             select.select([worker.fd], [], [], max(0.0, deadline - time.monotonic()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import signal
@@ -44,6 +45,19 @@ def set_child_subreaper() -> bool:
 def set_parent_death_signal(sig: int) -> bool:
     """Deliver ``sig`` to this process when the thread that started it exits."""
     return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def set_autogroup_nice(pid: int | str, nice: int) -> int:
+    """Set the autogroup (session) niceness of ``pid`` (0 to 19 needs no privilege; below 0,
+    CAP_SYS_NICE: WORKER-SUPERVISOR-WEIGHT). 0 on success, else the errno: ``EAGAIN`` is the kernel's rate
+    limit (a process without CAP_SYS_ADMIN may change an autogroup's niceness once per 100 ms, machine-wide);
+    anything else (no autogroups here, the process gone, no privilege) is final."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+        return 0
+    except OSError as exc:
+        return exc.errno or errno.EIO
 
 
 _HAVE_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
