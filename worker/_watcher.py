@@ -231,18 +231,21 @@ def _take_baton(worker: _Worker) -> bool:
         return False
 
 
-def supervisor_gone(pid: int, baton: int, kill_wait: float = KILL_WAIT) -> None:
+def supervisor_gone(
+    pid: int, baton: int, kill_wait: float = KILL_WAIT, marker: str | None = None
+) -> list[int]:
     """What the watcher does at the supervisor's death, for one worker ``pid`` whose baton's read end
-    is ``baton`` (closed here), waiting at most ``kill_wait`` for it before the sweep: for tests
-    that play a worker (``worker.lowlevel``)."""
-    worker = _Worker(pid, _tree.start_time(pid), None, None, baton)
+    is ``baton`` (closed here) and whose tree marker is ``marker``, waiting at most ``kill_wait`` for
+    it before the sweep; returns the pids whose markers the sweep read. For tests that play a worker
+    (``worker.lowlevel``)."""
+    worker = _Worker(pid, _tree.start_time(pid), None, marker, baton)
     if _watch(worker):
-        _supervisor_gone([worker], [], kill_wait)
-    else:
-        _release(worker)
+        return _supervisor_gone([worker], [], kill_wait)
+    _release(worker)
+    return []
 
 
-def _supervisor_gone(live: list[_Worker], dead: list[_Worker], kill_wait: float = KILL_WAIT) -> None:
+def _supervisor_gone(live: list[_Worker], dead: list[_Worker], kill_wait: float = KILL_WAIT) -> list[int]:
     me = os.getpid()
     for worker in live:
         # WORKER-SHARE-AT-DEATH: the pool's share (WORKER-CPU-SHARE) made each worker's autogroup the
@@ -266,40 +269,67 @@ def _supervisor_gone(live: list[_Worker], dead: list[_Worker], kill_wait: float 
             select.select([worker.fd], [], [], max(0.0, deadline - time.monotonic()))
     for worker in live:
         _release(worker)
-    _sweep([*live, *dead])
+    return _sweep([*live, *dead])
 
 
-def _sweep(workers: list[_Worker]) -> None:
-    """Kill what the (dead) workers left: each one's cgroup; then one scan of /proc for what is in
-    a dead worker's session (the pid not reused) or carries one of their tree markers."""
+def _sweep(workers: list[_Worker]) -> list[int]:
+    """Kill what the (dead) workers left: each one's cgroup; then a scan of /proc for what is in a
+    dead worker's session (the pid not reused) or carries one of their tree markers. Returns the
+    pids whose markers it read.
+
+    TREE-SWEEP-YOUNG: only a process started since the first of these workers can descend from one,
+    so only those are looked at: reading a process's markers (its environment, descriptors and
+    memory map) costs about 1 ms of CPU here, and a scan of every process on a loaded machine took
+    seconds at the watcher's weight. Each later round looks only at what started since the round
+    before it began (what it forked meanwhile): nothing is read twice."""
     for worker in workers:
         if worker.cgroup is not None and os.path.isdir(worker.cgroup):
             _cgroup.kill_and_remove(worker.cgroup)
     sessions = {w.pid: w.start for w in workers if w.pid > 0}
     markers = {w.marker for w in workers if w.marker}
+    read: list[int] = []
     if not sessions and not markers:
-        return
+        return read
+    starts = [w.start for w in workers if w.pid > 0]
+    known = [t for t in starts if t is not None]
+    since = min(known) if known and len(known) == len(starts) else 0  # (a start unknown: no filter)
     me = os.getpid()
     stopped: set[int] = {me}
     for _ in range(16):  # bounded: each round only adds what was forked meanwhile
-        found = [pid for pid in _tree.all_pids() if pid not in stopped and _ours(pid, sessions, markers)]
+        began = _tree.boot_ticks() - 1  # (a tick early: the kernel's start times are whole ticks)
+        found = [
+            pid
+            for pid in _tree.all_pids()
+            if pid not in stopped and _ours(pid, sessions, markers, since, read)
+        ]
         if not found:
             break
         for pid in found:
             stopped.add(pid)
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGSTOP)
+        since = began
     stopped.discard(me)
     _tree.signal_all(sorted(stopped), signal.SIGKILL)
+    return read
 
 
-def _ours(pid: int, sessions: dict[int, int | None], markers: set[str]) -> bool:
+def _ours(pid: int, sessions: dict[int, int | None], markers: set[str], since: int, read: list[int]) -> bool:
+    fields = _tree.stat_fields(pid)
+    try:
+        session, start = int(fields[3]), int(fields[19])  # type: ignore[index]
+    except (TypeError, IndexError, ValueError):
+        return False  # gone
+    if start < since:
+        return False  # older than every worker (or looked at by an earlier round)
     if pid in sessions:
-        return sessions[pid] is not None and _tree.start_time(pid) == sessions[pid]
-    session = _tree.session_of(pid)
+        return sessions[pid] is not None and start == sessions[pid]
     if session in sessions:
         # Its worker led this session; a new leader with that pid shows another start time.
         leader = _tree.start_time(session)
         if leader is None or leader == sessions[session]:
             return True
-    return bool(markers) and bool(_tree.markers_of(pid) & markers)
+    if not markers:
+        return False
+    read.append(pid)
+    return bool(_tree.markers_of(pid) & markers)

@@ -184,6 +184,14 @@ def start_time(pid: int) -> int | None:
     return _stat_int(pid, 19)  # field 22
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def boot_ticks() -> int:
+    """Now, in ``start_time``'s unit: clock ticks since boot (a process started later shows at least this)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
+
+
 # ---- tree markers ---------------------------------------------------------------------
 #
 # Two markers tell a worker's descendants that left its session (setsid) from everything else:
