@@ -34,7 +34,9 @@ def run(
     if os.getppid() != worker_pid and not _is(worker_pid, worker_start):
         pass  # the worker is already gone: sweep right away
     elif not _wait(worker_pid, worker_fd, life_fd):
-        # The supervisor died and the worker lives.
+        # The supervisor died and the worker lives: its session's default weight back (WORKER-SHARE-AT-DEATH;
+        # ours too, we are in it) whoever kills the tree.
+        _tree.set_autogroup_nice(worker_pid, 0)
         if not take_baton():
             return  # the worker is killing its tree itself (us included)
         me = os.getpid()

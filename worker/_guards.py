@@ -122,6 +122,9 @@ def _on_term(signum: int, frame: Any) -> None:
 
 
 def _on_supervisor_death() -> None:
+    # WORKER-SHARE-AT-DEATH: our session's default weight back first (the pool's share made it the lightest):
+    # the tree's kill and every exit in it run at it. One write; the watcher does it too, for every worker.
+    _tree.set_autogroup_nice("self", 0)
     kill_own_tree_and_exit(signal.SIGKILL)
 
 

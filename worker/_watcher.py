@@ -10,10 +10,12 @@ for all of them what each guardian did for one:
 * a worker exits (its pidfd): with a cgroup, the cgroup is killed, emptied and removed at once;
   without one, the worker is kept on a list of the recently dead (``DEAD_KEEP`` seconds: the
   supervisor, alive, sweeps its orphans itself right after the exit);
-* the supervisor dies (EOF on the life pipe): for every live worker whose baton it takes, it
-  freezes and SIGKILLs the worker's tree, the worker last (it needs no GIL of the worker's: a worker
-  stuck in a C call that holds it is killed too); then it sweeps every worker it knew - live and
-  recently dead - by cgroup, or by one scan of /proc for their sessions and tree markers; then exits.
+* the supervisor dies (EOF on the life pipe): it gives every live worker's autogroup its default
+  weight back (WORKER-SHARE-AT-DEATH), then, for every one (taking its baton, so that a worker that has
+  not begun on its tree stands by), it freezes and SIGKILLs the worker's tree, the worker last (it
+  needs no GIL of the worker's: a worker stuck in a C call that holds it is killed too); then it
+  sweeps every worker it knew - live and recently dead - by cgroup, or by one scan of /proc for their
+  sessions and tree markers; then exits.
 
 It is the zygote's child, not the supervisor's: a host that SIGKILLs its direct children (the
 workers, the zygote) and then itself, as Ray does, leaves it running (re-parented) to sweep. It has
@@ -229,55 +231,105 @@ def _take_baton(worker: _Worker) -> bool:
         return False
 
 
-def _supervisor_gone(live: list[_Worker], dead: list[_Worker]) -> None:
+def supervisor_gone(
+    pid: int, baton: int, kill_wait: float = KILL_WAIT, marker: str | None = None
+) -> list[int]:
+    """What the watcher does at the supervisor's death, for one worker ``pid`` whose baton's read end
+    is ``baton`` (closed here) and whose tree marker is ``marker``, waiting at most ``kill_wait`` for
+    it before the sweep; returns the pids whose markers the sweep read. For tests that play a worker
+    (``worker.lowlevel``)."""
+    worker = _Worker(pid, _tree.start_time(pid), None, marker, baton)
+    if _watch(worker):
+        return _supervisor_gone([worker], [], kill_wait)
+    _release(worker)
+    return []
+
+
+def _supervisor_gone(live: list[_Worker], dead: list[_Worker], kill_wait: float = KILL_WAIT) -> list[int]:
     me = os.getpid()
+    for worker in live:
+        # WORKER-SHARE-AT-DEATH: the pool's share (WORKER-CPU-SHARE) made each worker's autogroup the
+        # lightest; their exits - the kernel's teardown of each process's memory, run at the process's own
+        # weight - must not queue behind a loaded machine at it.
+        if worker.start is not None and _tree.start_time(worker.pid) == worker.start:
+            _tree.set_autogroup_nice(worker.pid, 0)
     for worker in live:
         if worker.baton >= 0:
             os.set_blocking(worker.baton, False)
-        if _take_baton(worker):
-            pids = _tree.freeze_tree(worker.pid, include_root=True, exclude=frozenset({me}))
-            _tree.signal_all([p for p in pids if p != worker.pid], signal.SIGKILL)
-            _tree.signal_all([worker.pid], signal.SIGKILL)  # last: what it forks meanwhile is frozen
-    deadline = time.monotonic() + KILL_WAIT
+        # A worker that has not begun on its tree stands by once the baton is ours. One that took it
+        # first is killed all the same: we are in no worker's tree, so neither can stop the other for
+        # good, and a worker at its pool's weight on a loaded machine took seconds to finish (TREE-WATCHER).
+        _take_baton(worker)
+        pids = _tree.freeze_tree(worker.pid, include_root=True, exclude=frozenset({me}))
+        _tree.signal_all([p for p in pids if p != worker.pid], signal.SIGKILL)
+        _tree.signal_all([worker.pid], signal.SIGKILL)  # last: what it forks meanwhile is frozen
+    deadline = time.monotonic() + kill_wait
     for worker in live:
         if worker.fd >= 0:
             select.select([worker.fd], [], [], max(0.0, deadline - time.monotonic()))
     for worker in live:
         _release(worker)
-    _sweep([*live, *dead])
+    return _sweep([*live, *dead])
 
 
-def _sweep(workers: list[_Worker]) -> None:
-    """Kill what the (dead) workers left: each one's cgroup; then one scan of /proc for what is in
-    a dead worker's session (the pid not reused) or carries one of their tree markers."""
+def _sweep(workers: list[_Worker]) -> list[int]:
+    """Kill what the (dead) workers left: each one's cgroup; then a scan of /proc for what is in a
+    dead worker's session (the pid not reused) or carries one of their tree markers. Returns the
+    pids whose markers it read.
+
+    TREE-SWEEP-YOUNG: only a process started since the first of these workers can descend from one,
+    so only those are looked at: reading a process's markers (its environment, descriptors and
+    memory map) costs about 1 ms of CPU here, and a scan of every process on a loaded machine took
+    seconds at the watcher's weight. Each later round looks only at what started since the round
+    before it began (what it forked meanwhile): nothing is read twice."""
     for worker in workers:
         if worker.cgroup is not None and os.path.isdir(worker.cgroup):
             _cgroup.kill_and_remove(worker.cgroup)
     sessions = {w.pid: w.start for w in workers if w.pid > 0}
     markers = {w.marker for w in workers if w.marker}
+    read: list[int] = []
     if not sessions and not markers:
-        return
+        return read
+    starts = [w.start for w in workers if w.pid > 0]
+    known = [t for t in starts if t is not None]
+    since = min(known) if known and len(known) == len(starts) else 0  # (a start unknown: no filter)
     me = os.getpid()
     stopped: set[int] = {me}
     for _ in range(16):  # bounded: each round only adds what was forked meanwhile
-        found = [pid for pid in _tree.all_pids() if pid not in stopped and _ours(pid, sessions, markers)]
+        began = _tree.boot_ticks() - 1  # (a tick early: the kernel's start times are whole ticks)
+        found = [
+            pid
+            for pid in _tree.all_pids()
+            if pid not in stopped and _ours(pid, sessions, markers, since, read)
+        ]
         if not found:
             break
         for pid in found:
             stopped.add(pid)
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGSTOP)
+        since = began
     stopped.discard(me)
     _tree.signal_all(sorted(stopped), signal.SIGKILL)
+    return read
 
 
-def _ours(pid: int, sessions: dict[int, int | None], markers: set[str]) -> bool:
+def _ours(pid: int, sessions: dict[int, int | None], markers: set[str], since: int, read: list[int]) -> bool:
+    fields = _tree.stat_fields(pid)
+    try:
+        session, start = int(fields[3]), int(fields[19])  # type: ignore[index]
+    except (TypeError, IndexError, ValueError):
+        return False  # gone
+    if start < since:
+        return False  # older than every worker (or looked at by an earlier round)
     if pid in sessions:
-        return sessions[pid] is not None and _tree.start_time(pid) == sessions[pid]
-    session = _tree.session_of(pid)
+        return sessions[pid] is not None and start == sessions[pid]
     if session in sessions:
         # Its worker led this session; a new leader with that pid shows another start time.
         leader = _tree.start_time(session)
         if leader is None or leader == sessions[session]:
             return True
-    return bool(markers) and bool(_tree.markers_of(pid) & markers)
+    if not markers:
+        return False
+    read.append(pid)
+    return bool(_tree.markers_of(pid) & markers)

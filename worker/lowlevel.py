@@ -43,6 +43,7 @@ from ._toolspawner import Died as ToolSpawnerDied
 from ._toolspawner import Spawner as ToolSpawner
 from ._tooltemplate import enable as tool_templates
 from ._tooltemplate import pid_of as tool_template_pid
+from ._watcher import supervisor_gone as watcher_supervisor_gone
 from ._zygote import FORK_BATCH
 from ._zygote import _preload as zygote_preload
 
@@ -52,6 +53,8 @@ from ._zygote import _preload as zygote_preload
 # - ``start_guardian``, ``take_baton``, ``EXIT_LINK_LOST``: the worker's process guards (its
 #   guardian process, the baton that lets exactly one of worker and guardian kill the tree, the
 #   exit code of a worker whose link to the supervisor is lost), for tests that play the worker;
+# - ``watcher_supervisor_gone``: what the pool's watcher does for a worker when the supervisor dies
+#   (TREE-WATCHER, WORKER-SHARE-AT-DEATH), for tests that play the worker;
 # - ``start_ticks``, ``heir_watch``, ``HEIR_GONE``/``HEIR_UNWATCHABLE``: LADDER-HEIR's process identity
 #   (pid + start time) and the watch a warm spare holds a turn on, for tests of pid reuse;
 # - ``zygote_preload``, ``zygote_worker_paths``: what the zygote imports and runs before it forks
@@ -108,6 +111,7 @@ __all__ = [
     "tool_template_pid",
     "tool_templates",
     "warm_up_state",
+    "watcher_supervisor_gone",
     "zygote_preload",
     "zygote_worker_paths",
 ]

@@ -24,6 +24,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from worker.proctree import set_autogroup_nice  # (also used by the pool's watcher: WORKER-SHARE-AT-DEATH)
+
 # The kernel's weight of each niceness (kernel/sched/core.c ``sched_prio_to_weight``), 0 to 19.
 WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
 # ... and of -1 to -10 (index 0 is -1): a niceness below 0 needs CAP_SYS_NICE (or RLIMIT_NICE).
@@ -125,19 +127,6 @@ class OwnWeight:
             self.nice = target
         if not self._holders:
             self._was = self.nice = None
-
-
-def set_autogroup_nice(pid: int | str, nice: int) -> int:
-    """Set the autogroup (session) niceness of ``pid`` (0 to 19 needs no privilege; below 0,
-    CAP_SYS_NICE: WORKER-SUPERVISOR-WEIGHT). 0 on success, else the errno: ``EAGAIN`` is the kernel's rate
-    limit (a process without CAP_SYS_ADMIN may change an autogroup's niceness once per 100 ms, machine-wide);
-    anything else (no autogroups here, the process gone, no privilege) is final."""
-    try:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
-        return 0
-    except OSError as exc:
-        return exc.errno or errno.EIO
 
 
 OWN = OwnWeight()  # WORKER-SUPERVISOR-WEIGHT: this process's

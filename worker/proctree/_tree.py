@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import signal
@@ -44,6 +45,19 @@ def set_child_subreaper() -> bool:
 def set_parent_death_signal(sig: int) -> bool:
     """Deliver ``sig`` to this process when the thread that started it exits."""
     return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def set_autogroup_nice(pid: int | str, nice: int) -> int:
+    """Set the autogroup (session) niceness of ``pid`` (0 to 19 needs no privilege; below 0,
+    CAP_SYS_NICE: WORKER-SUPERVISOR-WEIGHT). 0 on success, else the errno: ``EAGAIN`` is the kernel's rate
+    limit (a process without CAP_SYS_ADMIN may change an autogroup's niceness once per 100 ms, machine-wide);
+    anything else (no autogroups here, the process gone, no privilege) is final."""
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+        return 0
+    except OSError as exc:
+        return exc.errno or errno.EIO
 
 
 _HAVE_PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
@@ -168,6 +182,14 @@ def start_time(pid: int) -> int | None:
     the pid, it names one process: a pid reused by a later process comes with a later start time.
     A zombie (exited, not reaped) still has it."""
     return _stat_int(pid, 19)  # field 22
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def boot_ticks() -> int:
+    """Now, in ``start_time``'s unit: clock ticks since boot (a process started later shows at least this)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
 
 
 # ---- tree markers ---------------------------------------------------------------------
